@@ -68,7 +68,7 @@ func findCheckpointFile(dir string) (string, error) {
 	return "", fmt.Errorf("open checkpoint %s: several .safetensors files and no index: %s", dir, strings.Join(files, ", "))
 }
 
-func openSharded(indexPath string) (c *Checkpoint, err error) {
+func openSharded(indexPath string) (_ *Checkpoint, err error) {
 	raw, err := os.ReadFile(indexPath)
 	if err != nil {
 		return nil, fmt.Errorf("read index: %w", err)
@@ -80,7 +80,7 @@ func openSharded(indexPath string) (c *Checkpoint, err error) {
 	if len(idx.WeightMap) == 0 {
 		return nil, fmt.Errorf("%s: %w: empty weight_map", indexPath, ErrInvalid)
 	}
-	c = &Checkpoint{Path: indexPath, byName: map[string]*File{}}
+	c := &Checkpoint{Path: indexPath, byName: map[string]*File{}}
 	defer func() {
 		if err != nil {
 			c.Close()
