@@ -5,9 +5,11 @@ export PATH := $(shell $(GO) env GOPATH)/bin:$(PATH)
 BIN := $(CURDIR)/bin
 
 # Pinned tool versions (make setup installs them with `go install`).
-BUF_VERSION ?= v1.50.0
-PROTOC_GEN_GO_VERSION ?= v1.36.6
-PROTOC_GEN_GO_GRPC_VERSION ?= v1.5.1
+# protoc-gen-go matches google.golang.org/protobuf in go.mod; protoc-gen-go-grpc
+# v1.6 emits SupportPackageIsVersion9 (grpc >= v1.64).
+BUF_VERSION ?= v1.75.0
+PROTOC_GEN_GO_VERSION ?= v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 
 APT_PACKAGES := build-essential pkg-config libopenblas-dev ffmpeg
 
@@ -32,11 +34,18 @@ test: ## the whole suite
 bench: ## benchmark tables
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...
 
-proto: ## regenerate Go code from proto/
-	cd $(CURDIR) && buf generate
+proto: ## regenerate Go code from proto/ (stale *.pb.go removed first)
+	cd $(CURDIR) && { find proto/gen/go -name '*.pb.go' -delete 2>/dev/null || true; } && buf generate
 
-lint:
+.PHONY: proto-check
+proto-check: ## fail if proto/gen/go differs from what proto/ generates
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cd $(CURDIR) && buf generate -o "$$tmp" && \
+		diff -r -x '*_test.go' proto/gen/go "$$tmp/proto/gen/go" && echo 'proto/gen/go is current' || \
+		{ echo 'proto/gen/go is stale: run make proto (tools from make setup)'; exit 1; }
+
+lint: proto-check
 	buf lint
+	buf format --diff --exit-code
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '^proto/gen/'))" || { gofmt -l $$(git ls-files '*.go' | grep -v '^proto/gen/'); exit 1; }
 
