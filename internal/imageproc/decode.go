@@ -112,9 +112,9 @@ func Decode(data []byte, opts Options) (*Image, Meta, error) {
 	var exif []byte
 	switch f {
 	case FormatPNG:
-		var ok bool
-		if pngHdr, ok = parsePNGHeader(data); !ok {
-			return nil, meta, decodeErr(f, ErrTruncated, errors.New("no complete IHDR chunk"))
+		var err error
+		if pngHdr, err = parsePNGHeader(data); err != nil {
+			return nil, meta, err
 		}
 		if pngHdr.width == 0 || pngHdr.height == 0 {
 			return nil, meta, &DecodeError{Format: f, Kind: ErrZeroSize, Width: pngHdr.width, Height: pngHdr.height}

@@ -3,6 +3,7 @@ package imageproc
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 )
 
 // exifOrientation reads tag 0x0112 (Orientation) of IFD0 from an Exif block: a TIFF header,
@@ -101,12 +102,16 @@ type pngHeader struct {
 	exif                []byte
 }
 
-// parsePNGHeader reads IHDR and walks the chunk list (by length only, no CRC) for eXIf. ok is false
-// when the data is too short to hold an IHDR.
-func parsePNGHeader(b []byte) (h pngHeader, ok bool) {
+// parsePNGHeader reads IHDR and walks the chunk list (by length only, no CRC) for eXIf. It fails
+// with ErrTruncated when the data is too short to hold an IHDR and with ErrCorrupt when the first
+// chunk is not one.
+func parsePNGHeader(b []byte) (h pngHeader, err error) {
 	const sig = 8
-	if len(b) < sig+8+13 || string(b[sig+4:sig+8]) != "IHDR" {
-		return h, false
+	if len(b) < sig+8+13 {
+		return h, decodeErr(FormatPNG, ErrTruncated, errors.New("no complete IHDR chunk"))
+	}
+	if string(b[sig+4:sig+8]) != "IHDR" || binary.BigEndian.Uint32(b[sig:]) != 13 {
+		return h, decodeErr(FormatPNG, ErrCorrupt, errors.New("first chunk is not IHDR"))
 	}
 	ihdr := b[sig+8:]
 	h.width = int(binary.BigEndian.Uint32(ihdr[0:4]))
@@ -127,7 +132,7 @@ func parsePNGHeader(b []byte) (h pngHeader, ok bool) {
 		}
 		i = int(end)
 	}
-	return h, true
+	return h, nil
 }
 
 // webpHeader is what Decode needs from a WebP before decoding it.
