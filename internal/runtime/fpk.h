@@ -1,0 +1,1 @@
+../../native/include/fpk.h

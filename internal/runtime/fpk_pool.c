@@ -1,0 +1,1 @@
+../../native/cpu/fpk_pool.c

@@ -1,0 +1,277 @@
+// Package runtime is the Go face of framepackd's native tensor runtime (native/, C ABI in
+// native/include/fpk.h): tensors in backend memory, the ops the four models need, a memory cap
+// that fails with a typed out-of-memory error, and the convolution fallback chain with its
+// shared decision cache (package convcache).
+//
+// One Runtime is one backend instance (the cpu backend now; cuda and hip later) with its own
+// memory accounting; a worker process opens one at Load. Tensors are created by the runtime,
+// moved with Upload/Download, and freed with Free (or a Scope). Every op allocates and returns
+// a new tensor; inputs are never modified.
+//
+//	rt, err := runtime.New(runtime.Options{MemoryCap: 20 << 30})
+//	defer rt.Close()
+//	var sc runtime.Scope
+//	defer sc.Free()
+//	h, err := sc.Track(rt.Conv3d(x, w, b, runtime.Conv3dParams{Padding: [3]int{1, 1, 1}}))
+//	h, err = sc.Track(rt.SiLU(h))
+package runtime
+
+/*
+#include "fpk.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/framepackd/framepackd/internal/convcache"
+)
+
+// Options configure a Runtime. The zero value is a cpu backend on every core without a cap.
+type Options struct {
+	// Backend names the backend: "cpu" (the default; GPU backends come later).
+	Backend string
+	// Device is the device index on the backend (0 for cpu).
+	Device int
+	// Threads is the number of threads for the cpu backend's loops and BLAS (0 = every core).
+	Threads int
+	// MemoryCap is the most bytes the runtime may hold at once (tensors and scratch); 0 means
+	// no cap. Going over fails with *OOMError.
+	MemoryCap int64
+	// Poison fills every new tensor with NaN so elements an op fails to write show up (tests).
+	Poison bool
+
+	// ConvCache is the shared conv decision cache; nil keeps decisions in this process only.
+	ConvCache *convcache.Cache
+	// ConvPolicy adjusts the conv fallback chain.
+	ConvPolicy ConvPolicy
+	// ConvFaults inject failures and hangs into chosen conv tiers and shapes (tests).
+	ConvFaults []ConvFault
+	// OpObserver is told of every op's start and end (the worker's beacon).
+	OpObserver OpObserver
+
+	// hostBounce makes the cpu backend refuse its own conv tier so the core's host round trip
+	// serves the CPU tier, as it will on a GPU backend (tests).
+	hostBounce bool
+}
+
+// Runtime is one native backend instance with its memory accounting and conv chain. Its
+// methods are safe for concurrent use; ops from several goroutines run one after another where
+// they share the backend's thread pool.
+type Runtime struct {
+	be     C.fpk_backend_t
+	stream C.fpk_stream_t
+	opts   Options
+	info   BackendInfo
+
+	seq atomic.Uint64
+	cur atomic.Pointer[CurrentOp]
+
+	chain *convChain
+
+	// mu protects closed.
+	mu     sync.RWMutex
+	closed bool
+}
+
+// BackendInfo describes the backend a Runtime runs on.
+type BackendInfo struct {
+	Name         string // "cpu"
+	DeviceName   string // CPU model or GPU name
+	Device       int
+	APIVersion   int
+	IsHost       bool   // tensors are host memory
+	Threads      int    // threads of the cpu backend
+	ConvTiers    []Tier // tiers the backend itself has, in chain order
+	DeviceMemory uint64 // total device memory in bytes (0 if unknown)
+}
+
+// MemoryStats is the runtime allocator's accounting.
+type MemoryStats struct {
+	Cap         uint64 // 0 = no cap
+	Allocated   uint64 // bytes held now (tensors and scratch)
+	Peak        uint64 // most bytes held at once
+	Allocs      uint64 // allocations so far
+	LiveTensors uint64 // tensor handles not yet freed
+}
+
+// Stats is what a worker reports about its runtime.
+type Stats struct {
+	Backend BackendInfo
+	Memory  MemoryStats
+	Conv    ConvStats
+	Ops     uint64 // ops run so far
+}
+
+// New opens a backend.
+func New(opts Options) (*Runtime, error) {
+	if opts.Backend == "" {
+		opts.Backend = "cpu"
+	}
+	if opts.Backend != "cpu" {
+		return nil, fmt.Errorf("new runtime: backend %q: %w (only cpu is built)", opts.Backend, ErrUnavailable)
+	}
+	if opts.MemoryCap < 0 || opts.Threads < 0 || opts.Device < 0 {
+		return nil, argError("new runtime", "negative memory cap, threads or device")
+	}
+	for i, f := range opts.ConvFaults {
+		if err := f.validate(); err != nil {
+			return nil, fmt.Errorf("new runtime: conv fault %d: %w", i, err)
+		}
+	}
+	cfg := C.fpk_backend_config{
+		device:     C.int(opts.Device),
+		threads:    C.int(opts.Threads),
+		memory_cap: C.uint64_t(opts.MemoryCap),
+	}
+	if opts.Poison {
+		cfg.flags |= C.FPK_BACKEND_FLAG_POISON
+	}
+	if opts.hostBounce {
+		cfg.flags |= C.FPK_BACKEND_FLAG_TEST_HOST_BOUNCE
+	}
+	rt := &Runtime{opts: opts}
+	if err := call("new runtime", func() C.fpk_status { return C.fpk_backend_new_cpu(&cfg, &rt.be) }); err != nil {
+		return nil, err
+	}
+	rt.stream = C.fpk_backend_get_default_stream(rt.be)
+	var props C.fpk_backend_props
+	if err := call("new runtime", func() C.fpk_status { return C.fpk_backend_get_props(rt.be, &props) }); err != nil {
+		C.fpk_backend_free(rt.be)
+		return nil, err
+	}
+	rt.info = BackendInfo{
+		Name:         C.GoString(&props.name[0]),
+		DeviceName:   C.GoString(&props.device_name[0]),
+		Device:       int(props.device),
+		APIVersion:   int(props.api_version),
+		IsHost:       props.is_host != 0,
+		Threads:      int(props.threads),
+		DeviceMemory: uint64(props.device_memory),
+	}
+	for t := Tier(0); t < NumTiers; t++ {
+		if uint32(props.conv_tiers)&(1<<uint(t)) != 0 {
+			rt.info.ConvTiers = append(rt.info.ConvTiers, t)
+		}
+	}
+	rt.chain = newConvChain(rt, uint32(props.conv_tiers))
+	return rt, nil
+}
+
+// Close frees the backend. Every tensor must have been freed first: Close reports the number
+// still alive as an error (and then frees nothing, so their handles stay valid).
+func (rt *Runtime) Close() error {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if rt.closed {
+		return nil
+	}
+	if err := call("close runtime", func() C.fpk_status { return C.fpk_backend_free(rt.be) }); err != nil {
+		return err
+	}
+	rt.closed = true
+	rt.be = nil
+	rt.stream = nil
+	return nil
+}
+
+// Backend describes the backend.
+func (rt *Runtime) Backend() BackendInfo {
+	info := rt.info
+	info.ConvTiers = append([]Tier(nil), rt.info.ConvTiers...)
+	return info
+}
+
+// Memory returns the allocator's accounting.
+func (rt *Runtime) Memory() MemoryStats {
+	rt.mu.RLock()
+	defer rt.mu.RUnlock()
+	if rt.closed {
+		return MemoryStats{}
+	}
+	var m C.fpk_memory_stats
+	C.fpk_backend_get_memory(rt.be, &m)
+	return MemoryStats{Cap: uint64(m.cap), Allocated: uint64(m.allocated), Peak: uint64(m.peak),
+		Allocs: uint64(m.allocs), LiveTensors: uint64(m.live_tensors)}
+}
+
+// SetMemoryCap changes the cap (0 = none). Lowering it below what is held makes the next
+// allocation fail.
+func (rt *Runtime) SetMemoryCap(bytes int64) error {
+	if bytes < 0 {
+		return argError("set memory cap", "negative cap %d", bytes)
+	}
+	return rt.withBackend("set memory cap", func() C.fpk_status {
+		return C.fpk_backend_set_memory_cap(rt.be, C.uint64_t(bytes))
+	})
+}
+
+// ResetPeak sets the memory peak to what is allocated now.
+func (rt *Runtime) ResetPeak() error {
+	return rt.withBackend("reset peak", func() C.fpk_status { return C.fpk_backend_reset_peak(rt.be) })
+}
+
+// Stats returns the backend, memory, conv chain and op counts.
+func (rt *Runtime) Stats() Stats {
+	return Stats{Backend: rt.Backend(), Memory: rt.Memory(), Conv: rt.chain.stats(), Ops: rt.seq.Load()}
+}
+
+// ConvStats returns the conv fallback chain's statistics.
+func (rt *Runtime) ConvStats() ConvStats { return rt.chain.stats() }
+
+// CurrentOp returns the op the runtime is in now (ok false between ops).
+func (rt *Runtime) CurrentOp() (CurrentOp, bool) {
+	c := rt.cur.Load()
+	if c == nil {
+		return CurrentOp{}, false
+	}
+	return *c, true
+}
+
+// Synchronize waits for every queued operation (a no-op on cpu, where ops are synchronous).
+func (rt *Runtime) Synchronize() error {
+	return rt.withBackend("synchronize", func() C.fpk_status { return C.fpk_stream_synchronize(rt.stream) })
+}
+
+func (rt *Runtime) withBackend(op string, f func() C.fpk_status) error {
+	rt.mu.RLock()
+	defer rt.mu.RUnlock()
+	if rt.closed {
+		return fmt.Errorf("%s: %w", op, ErrClosed)
+	}
+	return call(op, f)
+}
+
+// run runs one op: observer begin, the native call, observer end. key and tier are for conv
+// tier attempts.
+func (rt *Runtime) run(op, key string, tier Tier, f func() C.fpk_status) error {
+	rt.mu.RLock()
+	defer rt.mu.RUnlock()
+	if rt.closed {
+		return fmt.Errorf("%s: %w", op, ErrClosed)
+	}
+	return rt.observe(op, key, tier, func() error { return call(op, f) })
+}
+
+// observe brackets f with op events and the current-op field.
+func (rt *Runtime) observe(op, key string, tier Tier, f func() error) error {
+	cur := &CurrentOp{Seq: rt.seq.Add(1), Op: op, Key: key, Tier: tier, Start: time.Now()}
+	rt.cur.Store(cur)
+	obs := rt.opts.OpObserver
+	if obs != nil {
+		obs(OpEvent{Seq: cur.Seq, Phase: OpBegin, Op: op, Key: key, Tier: tier, Start: cur.Start})
+	}
+	err := f()
+	rt.cur.CompareAndSwap(cur, nil)
+	if obs != nil {
+		obs(OpEvent{Seq: cur.Seq, Phase: OpEnd, Op: op, Key: key, Tier: tier, Start: cur.Start, Err: err})
+	}
+	return err
+}
+
+// isOOM reports whether err is an out-of-memory error.
+func isOOM(err error) bool { return errors.Is(err, ErrOutOfMemory) }

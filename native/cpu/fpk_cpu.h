@@ -1,0 +1,34 @@
+/* fpk_cpu.h — internals shared by the cpu backend's source files. */
+#ifndef FPK_CPU_H
+#define FPK_CPU_H
+
+#include "fpk_impl.h"
+#include "fpk_pool.h"
+
+typedef struct fpk_cpu_ctx {
+    fpk_pool *pool;
+    int threads;
+    uint32_t flags;
+    char device_name[128];
+} fpk_cpu_ctx;
+
+/* Fails with FPK_ERR_UNSUPPORTED unless t is NULL or F32 (the cpu backend computes in f32). */
+fpk_status fpk_cpu_require_f32(const char *op, fpk_tensor_t t, const char *name);
+
+/* Scratch memory counted against the backend's cap. */
+fpk_status fpk_cpu_scratch(fpk_tensor_t any, size_t nbytes, void **out);
+void fpk_cpu_scratch_free(fpk_tensor_t any, void *ptr, size_t nbytes);
+
+/* y[i] += bias[c] for the channel c of each element of [N, C, inner]. */
+void fpk_cpu_add_channel_bias(fpk_cpu_ctx *c, float *y, const float *bias, int64_t N, int64_t C,
+                              int64_t inner);
+
+fpk_status fpk_cpu_conv3d(void *ctx, void *stream, fpk_conv_tier tier, const fpk_conv3d_params *p,
+                          fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out);
+fpk_status fpk_cpu_attention(void *ctx, void *stream, const fpk_attention_params *p,
+                             fpk_tensor_t q, fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask,
+                             fpk_tensor_t out);
+/* Softmax of each of `rows` rows of length n in place (x*scale), rows with all -inf → zeros. */
+void fpk_cpu_softmax_rows(fpk_cpu_ctx *c, float *x, int64_t rows, int64_t n, float scale);
+
+#endif /* FPK_CPU_H */

@@ -1,0 +1,314 @@
+/*
+ * fpk.h — the C ABI of the framepackd native tensor runtime.
+ *
+ * One ABI for every backend (cpu now; cuda and hip as dlopen'ed shared libraries later).
+ * Rules:
+ *   - Opaque handles only: fpk_backend_t (one device of one backend library), fpk_stream_t
+ *     (an ordered queue of work on that device), fpk_tensor_t (an n-d array in the backend's
+ *     memory). The structs live in a private header.
+ *   - Names read lib_object_verb. Every object has a _free.
+ *   - Every call that can fail returns fpk_status and, on failure, sets a thread-local
+ *     last-error (fpk_last_error, fpk_last_error_info). Nothing aborts on misuse.
+ *   - Tensors are contiguous (row-major) and live in backend memory; data moves only through
+ *     fpk_tensor_upload / fpk_tensor_download (which convert between storage dtypes).
+ *   - Ops write into an output tensor the caller allocated with the right shape and dtype;
+ *     the op checks shapes and dtypes and fails with FPK_ERR_INVALID_ARGUMENT otherwise.
+ *   - Every allocation (tensors and backend scratch) counts against the backend's memory cap;
+ *     going over fails with FPK_ERR_OUT_OF_MEMORY and the requested and available sizes.
+ */
+#ifndef FPK_H
+#define FPK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Version of the backend function table; a backend library built for another version is refused. */
+#define FPK_API_VERSION 1
+
+/* Most dimensions a tensor may have. */
+#define FPK_MAX_DIMS 8
+
+typedef struct fpk_backend *fpk_backend_t;
+typedef struct fpk_stream *fpk_stream_t;
+typedef struct fpk_tensor *fpk_tensor_t;
+
+/* Status codes. */
+typedef enum fpk_status {
+    FPK_OK = 0,
+    FPK_ERR_INVALID_ARGUMENT = 1, /* bad shape, dtype, parameter or handle */
+    FPK_ERR_OUT_OF_MEMORY = 2,    /* allocation over the memory cap or refused by the device */
+    FPK_ERR_UNSUPPORTED = 3,      /* op or dtype not implemented by this backend */
+    FPK_ERR_UNAVAILABLE = 4,      /* a conv tier or vendor library this backend does not have */
+    FPK_ERR_BACKEND = 5,          /* a vendor library call failed */
+    FPK_ERR_DEVICE_LOST = 6,      /* the device stopped answering; the process should exit */
+    FPK_ERR_INTERNAL = 7          /* a bug in the runtime */
+} fpk_status;
+
+/* Element types. F16/BF16 are storage types; the cpu backend computes in F32. */
+typedef enum fpk_dtype {
+    FPK_F32 = 0,
+    FPK_F16 = 1,
+    FPK_BF16 = 2,
+    FPK_U8 = 3,  /* bytes; boolean masks (nonzero = keep) */
+    FPK_I32 = 4  /* indices (token ids) */
+} fpk_dtype;
+
+/* Size of one element of dtype in bytes, 0 for an unknown dtype. */
+size_t fpk_dtype_size(fpk_dtype dtype);
+
+/* ---- errors ---------------------------------------------------------------------------- */
+
+/* Details of the last failed call on this thread. */
+typedef struct fpk_error_info {
+    fpk_status status;
+    uint64_t requested; /* FPK_ERR_OUT_OF_MEMORY: bytes asked for */
+    uint64_t available; /* FPK_ERR_OUT_OF_MEMORY: bytes left under the cap (or on the device) */
+    char message[512];
+} fpk_error_info;
+
+/* Message of the last failed call on this thread ("" if none). Valid until the next call. */
+const char *fpk_last_error(void);
+/* Copies the last error of this thread into *out. */
+void fpk_last_error_info(fpk_error_info *out);
+/* Clears the last error of this thread. */
+void fpk_clear_error(void);
+/* Name of a status code ("out of memory"). */
+const char *fpk_status_name(fpk_status status);
+
+/* ---- backends -------------------------------------------------------------------------- */
+
+/* Fill every newly allocated tensor with NaN (integers with 0xff) so unwritten elements show. */
+#define FPK_BACKEND_FLAG_POISON 1u
+/* Test only: the cpu backend reports its own conv tier as unavailable, so the core's
+ * host round-trip path (download, cpu conv, upload) serves the CPU tier as on a GPU. */
+#define FPK_BACKEND_FLAG_TEST_HOST_BOUNCE 2u
+
+/* Configuration of a backend instance. Zero values mean defaults. */
+typedef struct fpk_backend_config {
+    int device;          /* device index (0 for cpu) */
+    int threads;         /* worker threads for own loops and BLAS; 0 = every online core */
+    uint64_t memory_cap; /* bytes; 0 = unlimited */
+    uint32_t flags;      /* FPK_BACKEND_FLAG_* */
+} fpk_backend_config;
+
+/* Conv tiers, in chain order. A backend reports which it has in fpk_backend_props.conv_tiers. */
+typedef enum fpk_conv_tier {
+    FPK_CONV_TIER_VENDOR_TUNED = 0,   /* MIOpen Find / cuDNN FindEx */
+    FPK_CONV_TIER_VENDOR_DEFAULT = 1, /* MIOpen immediate mode / cuDNN heuristics */
+    FPK_CONV_TIER_OWN_KERNEL = 2,     /* our own GPU kernel */
+    FPK_CONV_TIER_CPU = 3,            /* OpenBLAS im2col + GEMM on the host */
+    FPK_CONV_TIER_COUNT = 4
+} fpk_conv_tier;
+
+/* Properties of a backend instance. */
+typedef struct fpk_backend_props {
+    char name[32];         /* "cpu", "cuda", "hip" */
+    char device_name[128]; /* e.g. the CPU model or GPU name */
+    int device;
+    int api_version;
+    int is_host;           /* tensors are plain host memory */
+    int threads;
+    uint32_t conv_tiers;   /* bit (1 << tier) set for each tier this backend has */
+    uint64_t device_memory;/* total device memory in bytes (0 if unknown) */
+} fpk_backend_props;
+
+/* Memory accounting of a backend instance. */
+typedef struct fpk_memory_stats {
+    uint64_t cap;       /* 0 = unlimited */
+    uint64_t allocated; /* bytes held now (tensors + scratch) */
+    uint64_t peak;      /* most bytes held at once */
+    uint64_t allocs;    /* number of allocations so far */
+    uint64_t live_tensors;
+} fpk_memory_stats;
+
+/* Creates the cpu backend. */
+fpk_status fpk_backend_new_cpu(const fpk_backend_config *config, fpk_backend_t *out);
+/* Frees a backend. Every tensor and stream of it must have been freed first (else
+ * FPK_ERR_INVALID_ARGUMENT and nothing is freed). */
+fpk_status fpk_backend_free(fpk_backend_t backend);
+/* Name of the backend ("cpu"). */
+const char *fpk_backend_name(fpk_backend_t backend);
+fpk_status fpk_backend_get_props(fpk_backend_t backend, fpk_backend_props *out);
+fpk_status fpk_backend_get_memory(fpk_backend_t backend, fpk_memory_stats *out);
+/* Changes the memory cap (0 = unlimited). Lowering it below what is held is allowed; the
+ * next allocation then fails. */
+fpk_status fpk_backend_set_memory_cap(fpk_backend_t backend, uint64_t cap);
+/* Resets the peak to what is allocated now. */
+fpk_status fpk_backend_reset_peak(fpk_backend_t backend);
+
+/* ---- streams --------------------------------------------------------------------------- */
+
+/* The backend's default stream (owned by the backend; never freed by the caller). */
+fpk_stream_t fpk_backend_get_default_stream(fpk_backend_t backend);
+fpk_status fpk_stream_new(fpk_backend_t backend, fpk_stream_t *out);
+fpk_status fpk_stream_free(fpk_stream_t stream);
+/* Waits until every queued operation of the stream has finished. */
+fpk_status fpk_stream_synchronize(fpk_stream_t stream);
+
+/* ---- tensors --------------------------------------------------------------------------- */
+
+/* Allocates a contiguous tensor (contents undefined, or NaN with FPK_BACKEND_FLAG_POISON). */
+fpk_status fpk_tensor_new(fpk_backend_t backend, fpk_dtype dtype, int ndim, const int64_t *shape,
+                          fpk_tensor_t *out);
+/* A new handle on the same storage with another shape of the same element count (a reshape).
+ * Storage is freed when its last handle is freed. */
+fpk_status fpk_tensor_reshape(fpk_tensor_t src, int ndim, const int64_t *shape, fpk_tensor_t *out);
+/* Frees a handle (NULL is a no-op). */
+void fpk_tensor_free(fpk_tensor_t tensor);
+fpk_dtype fpk_tensor_dtype(fpk_tensor_t tensor);
+int fpk_tensor_ndim(fpk_tensor_t tensor);
+int64_t fpk_tensor_dim(fpk_tensor_t tensor, int i);
+int64_t fpk_tensor_numel(fpk_tensor_t tensor);
+size_t fpk_tensor_nbytes(fpk_tensor_t tensor);
+fpk_backend_t fpk_tensor_backend(fpk_tensor_t tensor);
+/* Host pointer to the data when the backend is host memory (cpu), NULL otherwise. */
+void *fpk_tensor_host_data(fpk_tensor_t tensor);
+
+/* Copies host data of src_dtype (nbytes = numel * size(src_dtype)) into the tensor, converting
+ * to the tensor's dtype (float types convert exactly where representable, round to nearest even
+ * otherwise). The host buffer may be reused when the call returns. */
+fpk_status fpk_tensor_upload(fpk_stream_t stream, fpk_tensor_t dst, fpk_dtype src_dtype,
+                             const void *src, size_t nbytes);
+/* Copies the tensor to host memory as dst_dtype (nbytes = numel * size(dst_dtype)). Waits for
+ * the stream. */
+fpk_status fpk_tensor_download(fpk_stream_t stream, fpk_tensor_t src, fpk_dtype dst_dtype,
+                               void *dst, size_t nbytes);
+/* Sets every element to value (converted to the tensor's dtype). */
+fpk_status fpk_tensor_fill(fpk_stream_t stream, fpk_tensor_t tensor, double value);
+
+/* ---- ops ------------------------------------------------------------------------------- */
+/* All ops: inputs first, output last; out must be allocated by the caller with the documented
+ * shape. Compute dtype is F32 on the cpu backend: float inputs and outputs must be F32 there
+ * unless the op says otherwise. Optional tensors may be NULL. */
+
+/* out = alpha * op(a) @ op(b) (+ bias). a: [batch, M, K] ([batch, K, M] if trans_a);
+ * b: [batch or 1, K, N] ([.., N, K] if trans_b); bias: [N] or NULL; out: [batch, M, N].
+ * Leading dims of a and out may be any number of dims that multiply to batch, and b may have
+ * rank 2 (shared by every batch); the last two dims are the matrix. */
+typedef struct fpk_gemm_params {
+    int trans_a;
+    int trans_b;
+    float alpha; /* 0 means 1 */
+} fpk_gemm_params;
+fpk_status fpk_op_gemm(fpk_stream_t stream, const fpk_gemm_params *params, fpk_tensor_t a,
+                       fpk_tensor_t b, fpk_tensor_t bias, fpk_tensor_t out);
+
+/* 3-D convolution, cross-correlation as in PyTorch. x: [N, Cin, T, H, W];
+ * w: [Cout, Cin/groups, kT, kH, kW]; bias: [Cout] or NULL;
+ * out: [N, Cout, (T+2pT-kT)/sT+1, (H+2pH-kH)/sH+1, (W+2pW-kW)/sW+1]. Zero padding.
+ * tier picks the implementation; a tier the backend lacks returns FPK_ERR_UNAVAILABLE. */
+typedef struct fpk_conv3d_params {
+    int64_t stride[3];  /* T, H, W; 0 means 1 */
+    int64_t padding[3]; /* T, H, W, both sides */
+    int64_t groups;     /* 0 means 1 */
+} fpk_conv3d_params;
+fpk_status fpk_op_conv3d(fpk_stream_t stream, fpk_conv_tier tier, const fpk_conv3d_params *params,
+                         fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out);
+
+/* Group norm over [N, C, ...]: statistics per (n, group) over C/groups channels and all
+ * trailing dims; weight and bias [C] or NULL. */
+fpk_status fpk_op_group_norm(fpk_stream_t stream, int64_t groups, float eps, fpk_tensor_t x,
+                             fpk_tensor_t weight, fpk_tensor_t bias, fpk_tensor_t out);
+/* Layer norm over the last dim D; weight and bias [D] or NULL. */
+fpk_status fpk_op_layer_norm(fpk_stream_t stream, float eps, fpk_tensor_t x, fpk_tensor_t weight,
+                             fpk_tensor_t bias, fpk_tensor_t out);
+/* RMS norm over the last dim D: x / sqrt(mean(x²) + eps) * weight; weight [D] or NULL. */
+fpk_status fpk_op_rms_norm(fpk_stream_t stream, float eps, fpk_tensor_t x, fpk_tensor_t weight,
+                           fpk_tensor_t out);
+
+/* Elementwise functions of one tensor. */
+typedef enum fpk_unary_op {
+    FPK_UNARY_SILU = 0,       /* x * sigmoid(x) */
+    FPK_UNARY_GELU_TANH = 1,  /* 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x³))) */
+    FPK_UNARY_QUICK_GELU = 2, /* x * sigmoid(1.702x) */
+    FPK_UNARY_GELU_ERF = 3,   /* 0.5x(1 + erf(x/sqrt 2)) */
+    FPK_UNARY_SIGMOID = 4,
+    FPK_UNARY_TANH = 5,
+    FPK_UNARY_EXP = 6,
+    FPK_UNARY_NEG = 7,
+    FPK_UNARY_SQRT = 8,
+    FPK_UNARY_RSQRT = 9,
+    FPK_UNARY_COUNT = 10
+} fpk_unary_op;
+fpk_status fpk_op_unary(fpk_stream_t stream, fpk_unary_op op, fpk_tensor_t x, fpk_tensor_t out);
+
+/* out = x * scale + shift, elementwise with scalars. */
+fpk_status fpk_op_affine(fpk_stream_t stream, float scale, float shift, fpk_tensor_t x,
+                         fpk_tensor_t out);
+
+/* Elementwise functions of two tensors with NumPy broadcasting (shapes right-aligned; a dim
+ * of 1 or a missing dim broadcasts). out has the broadcast shape. */
+typedef enum fpk_binary_op {
+    FPK_BINARY_ADD = 0,
+    FPK_BINARY_SUB = 1,
+    FPK_BINARY_MUL = 2,
+    FPK_BINARY_DIV = 3,
+    FPK_BINARY_MAX = 4,
+    FPK_BINARY_MIN = 5,
+    FPK_BINARY_COUNT = 6
+} fpk_binary_op;
+fpk_status fpk_op_binary(fpk_stream_t stream, fpk_binary_op op, fpk_tensor_t a, fpk_tensor_t b,
+                         fpk_tensor_t out);
+
+/* Softmax over the last dim of x * scale (scale 0 means 1). */
+fpk_status fpk_op_softmax(fpk_stream_t stream, float scale, fpk_tensor_t x, fpk_tensor_t out);
+
+/* Scaled dot-product attention. q: [B, H, Lq, D]; k: [B, Hkv, Lk, D]; v: [B, Hkv, Lk, Dv]
+ * with H a multiple of Hkv (grouped-query attention); out: [B, H, Lq, Dv].
+ * mask: NULL or U8 broadcastable to [B, H, Lq, Lk] (nonzero = attend). A query row whose mask
+ * is all zero gives zeros. Computed in chunks of queries so scratch stays bounded. */
+typedef struct fpk_attention_params {
+    float scale;         /* 0 means 1/sqrt(D) */
+    int64_t query_chunk; /* queries per chunk; 0 = backend default */
+} fpk_attention_params;
+fpk_status fpk_op_attention(fpk_stream_t stream, const fpk_attention_params *params,
+                            fpk_tensor_t q, fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask,
+                            fpk_tensor_t out);
+
+/* Rotary embedding on interleaved pairs of the last dim (x[2i], x[2i+1]):
+ * out[2i]   = x[2i] cos[2i]     - x[2i+1] sin[2i]
+ * out[2i+1] = x[2i+1] cos[2i+1] + x[2i] sin[2i+1]
+ * cos and sin broadcast to x (NumPy rules); the last dim D must be even. */
+fpk_status fpk_op_rope(fpk_stream_t stream, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
+                       fpk_tensor_t out);
+
+/* Concatenates n tensors along dim (all other dims equal). */
+fpk_status fpk_op_concat(fpk_stream_t stream, int dim, int n, const fpk_tensor_t *inputs,
+                         fpk_tensor_t out);
+/* out = x[..., start : start + step*len : step, ...] along dim (len = out's size at dim). */
+fpk_status fpk_op_slice(fpk_stream_t stream, int dim, int64_t start, int64_t step, fpk_tensor_t x,
+                        fpk_tensor_t out);
+/* out = x permuted: out dim i is x dim perm[i]. */
+fpk_status fpk_op_permute(fpk_stream_t stream, const int *perm, fpk_tensor_t x, fpk_tensor_t out);
+
+/* Padding of every dim: before[i] and after[i] elements (out dim = in + before + after). */
+typedef enum fpk_pad_mode {
+    FPK_PAD_ZERO = 0,
+    FPK_PAD_REPLICATE = 1
+} fpk_pad_mode;
+fpk_status fpk_op_pad(fpk_stream_t stream, fpk_pad_mode mode, const int64_t *before,
+                      const int64_t *after, fpk_tensor_t x, fpk_tensor_t out);
+
+/* Nearest upsampling by integer factors of the last three dims: x [..., T, H, W] →
+ * [..., T*sT, H*sH, W*sW]. */
+fpk_status fpk_op_upsample_nearest3d(fpk_stream_t stream, const int64_t *scale, fpk_tensor_t x,
+                                     fpk_tensor_t out);
+/* Average pooling of the last three dims without padding: out = (in - k)/s + 1 per dim. */
+fpk_status fpk_op_avg_pool3d(fpk_stream_t stream, const int64_t *kernel, const int64_t *stride,
+                             fpk_tensor_t x, fpk_tensor_t out);
+
+/* Copies src into dst of the same shape, converting dtype (this is cast). */
+fpk_status fpk_op_copy(fpk_stream_t stream, fpk_tensor_t src, fpk_tensor_t dst);
+
+/* Rows of table [V, D] picked by ids (I32, any shape S): out [S..., D]. */
+fpk_status fpk_op_embedding(fpk_stream_t stream, fpk_tensor_t table, fpk_tensor_t ids,
+                            fpk_tensor_t out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FPK_H */
