@@ -155,6 +155,11 @@ func fma32(a, b, c float32) float32 {
 	bv := s - p
 	err := (p - (s - bv)) + (cc - bv)
 	f := float32(s)
+	// Where float32 is normal, rounding drops the low 29 bits of float64's mantissa, and s is
+	// a tie only when those bits are exactly 1 followed by 28 zeros: the common, fast case.
+	if e := math.Float64bits(s) >> 52 & 0x7ff; e >= 1023-126 && e <= 1023+127 && math.Float64bits(s)&(1<<29-1) != 1<<28 {
+		return f
+	}
 	if err == 0 || math.IsInf(s, 0) || math.IsNaN(s) {
 		return f
 	}
