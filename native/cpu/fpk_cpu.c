@@ -526,11 +526,13 @@ static void group_norm_task(void *arg, int64_t gb, int64_t ge, int th) {
         float inv = (float)(1.0 / sqrt(var + j->eps));
         float m = (float)mean;
         for (int64_t c = 0; c < cpg; c++) {
+            /* (x - mean) first: folding the mean into the shift loses digits when the
+             * variance is tiny next to the mean (flat image regions) */
             float sc = inv * (j->w ? j->w[c0 + c] : 1.0f);
-            float sh = (j->b ? j->b[c0 + c] : 0.0f) - m * sc;
+            float sh = j->b ? j->b[c0 + c] : 0.0f;
             const float *xc = x + c * inner;
             float *yc = y + c * inner;
-            for (int64_t i = 0; i < inner; i++) yc[i] = xc[i] * sc + sh;
+            for (int64_t i = 0; i < inner; i++) yc[i] = (xc[i] - m) * sc + sh;
         }
     }
 }
