@@ -55,10 +55,10 @@ type Request struct {
 
 // Plan is what Sample will do for a request: the schedule and the UniPC order.
 type Plan struct {
-	SeqLength int
-	Mu        float64
-	Sigmas    []float32
-	Order     int
+	SeqLength int       // T·H·W // 4
+	Mu        float64   // the flux time shift's mu
+	Sigmas    []float32 // steps+1 values, the last 0
+	Order     int       // UniPC's order after the warm-up steps
 }
 
 // PlanFor computes a request's schedule without running the model.
