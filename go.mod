@@ -3,6 +3,7 @@ module github.com/framepackd/framepackd
 go 1.26.0
 
 require (
+	github.com/dlclark/regexp2 v1.12.0 // indirect
 	github.com/fatih/color v1.13.0 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/hashicorp/go-hclog v1.6.3 // indirect

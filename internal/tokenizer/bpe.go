@@ -1,0 +1,427 @@
+package tokenizer
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"unicode/utf8"
+)
+
+// maxCachedWord is the longest word (in bytes) the per-word cache keeps, as tokenizers' BPE cache.
+const maxCachedWord = 256
+
+// wordCacheCapacity bounds the number of cached words.
+const wordCacheCapacity = 1 << 16
+
+// bpeModel is tokenizers' BPE model: a word's characters (bytes when the pre-tokenizer is
+// ByteLevel) start as vocabulary ids and adjacent pairs are merged lowest rank first, leftmost
+// first among equal ranks.
+type bpeModel struct {
+	vocab  map[string]int32
+	tokens []string          // id → token; "" where the vocabulary has no such id
+	merges map[uint64]uint64 // pairKey(left, right) → rank<<32 | merged id
+
+	unkID        int32 // -1: no unk_token (unknown characters are dropped, as tokenizers does)
+	fuseUnk      bool
+	byteFallback bool
+	ignoreMerges bool
+	prefix       string // continuing_subword_prefix
+	suffix       string // end_of_word_suffix
+
+	byteLevel   bool
+	byteIDs     [4][256]int32 // byte-level: id of byte b's rune [+prefix (bit 0)] [+suffix (bit 1)], -1 when absent
+	fallbackIDs [256]int32    // id of "<0xXX>", -1 when absent
+
+	cache wordCache
+}
+
+func pairKey(a, b int32) uint64 { return uint64(uint32(a))<<32 | uint64(uint32(b)) }
+
+type bpeOptions struct {
+	unkToken     *string
+	fuseUnk      bool
+	byteFallback bool
+	ignoreMerges bool
+	prefix       string
+	suffix       string
+}
+
+// newBPE builds the model. merges are in rank order; every merge's two sides and their
+// concatenation (the right side less the continuing prefix) must be in the vocabulary.
+func newBPE(vocab map[string]int32, merges [][2]string, o bpeOptions) (*bpeModel, error) {
+	m := &bpeModel{
+		vocab:        vocab,
+		unkID:        -1,
+		fuseUnk:      o.fuseUnk,
+		byteFallback: o.byteFallback,
+		ignoreMerges: o.ignoreMerges,
+		prefix:       o.prefix,
+		suffix:       o.suffix,
+	}
+	maxID := int32(-1)
+	for tok, id := range vocab {
+		if id < 0 || id >= 1<<26 {
+			return nil, fmt.Errorf("vocab: token %q has id %d out of range", tok, id)
+		}
+		maxID = max(maxID, id)
+	}
+	m.tokens = make([]string, maxID+1)
+	for tok, id := range vocab {
+		m.tokens[id] = tok
+	}
+	if o.unkToken != nil {
+		id, ok := vocab[*o.unkToken]
+		if !ok {
+			return nil, fmt.Errorf("unk_token %q is not in the vocabulary", *o.unkToken)
+		}
+		m.unkID = id
+	}
+	m.merges = make(map[uint64]uint64, len(merges))
+	buf := make([]byte, 0, 64)
+	for rank, mg := range merges {
+		a, okA := vocab[mg[0]]
+		b, okB := vocab[mg[1]]
+		if !okA || !okB {
+			missing := mg[0]
+			if okA {
+				missing = mg[1]
+			}
+			return nil, fmt.Errorf("merge %d (%q %q): token %q is not in the vocabulary", rank, mg[0], mg[1], missing)
+		}
+		right := mg[1]
+		if len(m.prefix) > 0 {
+			if !strings.HasPrefix(right, m.prefix) {
+				return nil, fmt.Errorf("merge %d (%q %q): right side lacks the continuing prefix %q", rank, mg[0], mg[1], m.prefix)
+			}
+			right = right[len(m.prefix):]
+		}
+		buf = append(append(buf[:0], mg[0]...), right...)
+		id, ok := vocab[string(buf)]
+		if !ok {
+			return nil, fmt.Errorf("merge %d (%q %q): merged token %q is not in the vocabulary", rank, mg[0], mg[1], buf)
+		}
+		// A pair listed twice keeps its last rank, as tokenizers' map building does.
+		m.merges[pairKey(a, b)] = uint64(rank)<<32 | uint64(uint32(id))
+	}
+	for b := range 256 {
+		m.fallbackIDs[b] = m.lookup(fmt.Sprintf("<0x%02X>", b))
+	}
+	return m, nil
+}
+
+func (m *bpeModel) lookup(tok string) int32 {
+	if id, ok := m.vocab[tok]; ok {
+		return id
+	}
+	return -1
+}
+
+// setByteLevel makes the model read words as bytes spelled in the byte-level alphabet.
+func (m *bpeModel) setByteLevel() {
+	m.byteLevel = true
+	for b := range 256 {
+		ch := byteString[b]
+		m.byteIDs[0][b] = m.lookup(ch)
+		m.byteIDs[1][b] = m.lookup(m.prefix + ch)
+		m.byteIDs[2][b] = m.lookup(ch + m.suffix)
+		m.byteIDs[3][b] = m.lookup(m.prefix + ch + m.suffix)
+	}
+}
+
+type symbol struct {
+	id         int32
+	prev, next int32
+	size       int32 // bytes covered; 0 once merged into its left neighbour
+}
+
+type mergeItem struct {
+	rank  uint32
+	pos   int32
+	newID int32
+}
+
+// scratch holds per-call buffers.
+type scratch struct {
+	syms []symbol
+	heap []mergeItem
+	buf  []byte
+}
+
+var scratchPool = sync.Pool{New: func() any { return &scratch{} }}
+
+func getScratch() *scratch { return scratchPool.Get().(*scratch) }
+
+func putScratch(sc *scratch) {
+	if cap(sc.syms) > 1<<16 || cap(sc.heap) > 1<<16 || cap(sc.buf) > 1<<16 {
+		return // do not keep the buffers of a huge word
+	}
+	scratchPool.Put(sc)
+}
+
+// tokenize appends the ids of word w to out.
+func (m *bpeModel) tokenize(w string, out []int32, sc *scratch) []int32 {
+	if w == "" {
+		return out
+	}
+	if m.ignoreMerges {
+		var id int32 = -1
+		if m.byteLevel {
+			sc.buf = appendByteLevel(sc.buf[:0], w)
+			if v, ok := m.vocab[string(sc.buf)]; ok {
+				id = v
+			}
+		} else if v, ok := m.vocab[w]; ok {
+			id = v
+		}
+		if id >= 0 {
+			return append(out, id)
+		}
+	}
+	if ids, ok := m.cache.get(w); ok {
+		return append(out, ids...)
+	}
+	syms := m.initSymbols(w, sc)
+	m.mergeAll(syms, sc)
+	start := len(out)
+	if len(syms) > 0 {
+		for i := int32(0); i >= 0; i = syms[i].next {
+			out = append(out, syms[i].id)
+		}
+	}
+	if len(w) < maxCachedWord {
+		m.cache.put(w, out[start:])
+	}
+	return out
+}
+
+// initSymbols lays out the word's characters as symbols (tokenizers' BPE::merge_word).
+func (m *bpeModel) initSymbols(w string, sc *scratch) []symbol {
+	syms := sc.syms[:0]
+	add := func(id int32, size int) {
+		n := int32(len(syms))
+		if n > 0 {
+			syms[n-1].next = n
+		}
+		syms = append(syms, symbol{id: id, prev: n - 1, next: -1, size: int32(size)})
+	}
+	unkPending, unkLen := false, 0
+	unknown := func(tok string, size int) {
+		if m.byteFallback {
+			ok := true
+			for i := 0; i < len(tok); i++ {
+				if m.fallbackIDs[tok[i]] < 0 {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				// tokenizers adds the byte tokens without flushing a pending unk first.
+				for i := 0; i < len(tok); i++ {
+					add(m.fallbackIDs[tok[i]], 1)
+				}
+				return
+			}
+		}
+		if m.unkID < 0 {
+			return
+		}
+		switch {
+		case unkPending && m.fuseUnk:
+			unkLen += size
+		case unkPending:
+			add(m.unkID, unkLen)
+			unkLen = size
+		default:
+			unkPending, unkLen = true, size
+		}
+	}
+	known := func(id int32, size int) {
+		if unkPending {
+			add(m.unkID, unkLen)
+			unkPending = false
+		}
+		add(id, size)
+	}
+	if m.byteLevel {
+		last := len(w) - 1
+		for i := 0; i < len(w); i++ {
+			k := 0
+			if i > 0 {
+				k |= 1
+			}
+			if i == last {
+				k |= 2
+			}
+			if id := m.byteIDs[k][w[i]]; id >= 0 {
+				known(id, 1)
+				continue
+			}
+			tok := byteString[w[i]]
+			if k&1 != 0 {
+				tok = m.prefix + tok
+			}
+			if k&2 != 0 {
+				tok += m.suffix
+			}
+			unknown(tok, 1)
+		}
+	} else {
+		for i := 0; i < len(w); {
+			_, n := utf8.DecodeRuneInString(w[i:])
+			tok := w[i : i+n]
+			if i > 0 && m.prefix != "" {
+				tok = m.prefix + tok
+			}
+			if i+n == len(w) && m.suffix != "" {
+				tok += m.suffix
+			}
+			if id, ok := m.vocab[tok]; ok {
+				known(id, n)
+			} else {
+				unknown(tok, n)
+			}
+			i += n
+		}
+	}
+	if unkPending {
+		add(m.unkID, unkLen)
+	}
+	sc.syms = syms
+	return syms
+}
+
+func (m *bpeModel) pairMerge(a, b int32) (mergeItem, bool) {
+	v, ok := m.merges[pairKey(a, b)]
+	return mergeItem{rank: uint32(v >> 32), newID: int32(uint32(v))}, ok
+}
+
+// mergeAll merges pairs lowest rank first, leftmost first (tokenizers' Word::merge_all: a heap of
+// candidate pairs; an entry whose pair changed since it was queued is skipped).
+func (m *bpeModel) mergeAll(syms []symbol, sc *scratch) {
+	h := mergeHeap(sc.heap[:0])
+	for i := 0; i+1 < len(syms); i++ {
+		if it, ok := m.pairMerge(syms[i].id, syms[i+1].id); ok {
+			it.pos = int32(i)
+			h = append(h, it)
+		}
+	}
+	h.init()
+	for len(h) > 0 {
+		top := h.pop()
+		s := &syms[top.pos]
+		if s.size == 0 || s.next < 0 {
+			continue
+		}
+		nx := s.next
+		right := syms[nx]
+		if cur, ok := m.pairMerge(s.id, right.id); !ok || cur.newID != top.newID {
+			continue
+		}
+		s.id = top.newID
+		s.size += right.size
+		s.next = right.next
+		syms[nx].size = 0
+		if right.next >= 0 {
+			syms[right.next].prev = top.pos
+		}
+		if s.prev >= 0 {
+			if it, ok := m.pairMerge(syms[s.prev].id, s.id); ok {
+				it.pos = s.prev
+				h.push(it)
+			}
+		}
+		if s.next >= 0 {
+			if it, ok := m.pairMerge(s.id, syms[s.next].id); ok {
+				it.pos = top.pos
+				h.push(it)
+			}
+		}
+	}
+	sc.heap = h
+}
+
+// mergeHeap is a binary min-heap on (rank, pos).
+type mergeHeap []mergeItem
+
+func (h mergeHeap) less(i, j int) bool {
+	if h[i].rank != h[j].rank {
+		return h[i].rank < h[j].rank
+	}
+	return h[i].pos < h[j].pos
+}
+
+func (h mergeHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+func (h mergeHeap) down(i int) {
+	n := len(h)
+	for {
+		l := 2*i + 1
+		if l >= n {
+			return
+		}
+		j := l
+		if r := l + 1; r < n && h.less(r, l) {
+			j = r
+		}
+		if !h.less(j, i) {
+			return
+		}
+		h[i], h[j] = h[j], h[i]
+		i = j
+	}
+}
+
+func (h *mergeHeap) push(it mergeItem) {
+	*h = append(*h, it)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !s.less(i, p) {
+			break
+		}
+		s[i], s[p] = s[p], s[i]
+		i = p
+	}
+}
+
+func (h *mergeHeap) pop() mergeItem {
+	s := *h
+	top := s[0]
+	last := len(s) - 1
+	s[0] = s[last]
+	*h = s[:last]
+	h.down(0)
+	return top
+}
+
+// wordCache maps words to their ids; it stops growing at wordCacheCapacity.
+type wordCache struct {
+	mu sync.RWMutex
+	m  map[string][]int32
+}
+
+func (c *wordCache) get(w string) ([]int32, bool) {
+	c.mu.RLock()
+	ids, ok := c.m[w]
+	c.mu.RUnlock()
+	return ids, ok
+}
+
+func (c *wordCache) put(w string, ids []int32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = make(map[string][]int32)
+	}
+	if len(c.m) >= wordCacheCapacity {
+		return
+	}
+	if _, ok := c.m[w]; ok {
+		return
+	}
+	c.m[strings.Clone(w)] = append([]int32(nil), ids...)
+}
