@@ -432,9 +432,9 @@ func (c *convChain) run(key string, p Conv3dParams, hs []C.fpk_tensor_t, out *Te
 	}
 	c.count(func(s *ConvStats) { s.Failed++ })
 	if oom != nil {
-		return fmt.Errorf("conv3d %s: %w", key, oom)
+		return fmt.Errorf("conv [%s]: %w", key, oom)
 	}
-	return fmt.Errorf("conv3d %s: %w (%s)", key, ErrNoConvTier, strings.Join(tierErrs, "; "))
+	return fmt.Errorf("conv [%s]: %w (%s)", key, ErrNoConvTier, strings.Join(tierErrs, "; "))
 }
 
 // attempt runs one tier once, bracketed by op events.

@@ -112,7 +112,7 @@ typedef struct fpk_backend_props {
     int api_version;
     int is_host;           /* tensors are plain host memory */
     int threads;
-    uint32_t conv_tiers;   /* bit (1 << tier) set for each tier this backend has */
+    uint32_t conv_tiers;   /* bit (1 << tier) for each tier this backend has (CPU always) */
     uint64_t device_memory;/* total device memory in bytes (0 if unknown) */
 } fpk_backend_props;
 

@@ -217,8 +217,11 @@ fpk_status fpk_backend_get_props(fpk_backend_t b, fpk_backend_props *out) {
     out->api_version = b->iface->api_version;
     out->device = b->config.device;
     out->is_host = b->is_host;
-    if (b->iface->get_props) return b->iface->get_props(b->ctx, out);
-    return FPK_OK;
+    fpk_status st = b->iface->get_props ? b->iface->get_props(b->ctx, out) : FPK_OK;
+    /* the core serves the CPU tier for every backend (host round trip when the backend has
+     * no host conv of its own) */
+    out->conv_tiers |= 1u << FPK_CONV_TIER_CPU;
+    return st;
 }
 
 fpk_status fpk_backend_get_memory(fpk_backend_t b, fpk_memory_stats *out) {

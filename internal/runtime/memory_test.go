@@ -1,0 +1,241 @@
+package runtime
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestMemoryCapOOM(t *testing.T) {
+	rt := newTestRuntime(t, Options{MemoryCap: 1000})
+	a, err := rt.NewTensor(F32, 200) // 800 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Free()
+	_, err = rt.NewTensor(F32, 100) // 400 more: over the cap
+	var oom *OOMError
+	if !errors.As(err, &oom) || !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("allocation over the cap: got %v, want *OOMError", err)
+	}
+	if oom.Requested != 400 || oom.Available != 200 {
+		t.Fatalf("OOM sizes: requested %d available %d, want 400 and 200", oom.Requested, oom.Available)
+	}
+	m := rt.Memory()
+	if m.Allocated != 800 || m.Cap != 1000 || m.LiveTensors != 1 {
+		t.Fatalf("after a refused allocation: %+v", m)
+	}
+	// an op whose output does not fit fails the same way and leaves nothing behind
+	if _, err := rt.Copy(a); !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("copy over the cap: got %v, want out of memory", err)
+	}
+	if m := rt.Memory(); m.Allocated != 800 || m.LiveTensors != 1 {
+		t.Fatalf("after a failed op: %+v", m)
+	}
+	if m.Peak != 800 {
+		t.Fatalf("peak %d, want 800", m.Peak)
+	}
+	if err := rt.SetMemoryCap(0); err != nil {
+		t.Fatal(err)
+	}
+	b, err := rt.Copy(a)
+	if err != nil {
+		t.Fatalf("copy without a cap: %v", err)
+	}
+	b.Free()
+	if m := rt.Memory(); m.Peak != 1600 {
+		t.Fatalf("peak %d, want 1600", m.Peak)
+	}
+	if err := rt.ResetPeak(); err != nil {
+		t.Fatal(err)
+	}
+	if m := rt.Memory(); m.Peak != 800 {
+		t.Fatalf("peak after reset %d, want 800", m.Peak)
+	}
+}
+
+// TestScratchOOM: the tensors fit but an op's scratch (conv im2col, attention scores) does not;
+// the typed error comes out of the op (through the conv chain) and nothing leaks.
+func TestScratchOOM(t *testing.T) {
+	const cap = 64 << 10
+	rt := newTestRuntime(t, Options{MemoryCap: cap})
+	r := rng(t)
+	x, _ := randTensor(t, rt, r, 1, 8, 3, 16, 16) // 24 KiB
+	w, _ := randTensor(t, rt, r, 2, 8, 3, 3, 3)
+	_, err := rt.Conv3d(x, w, nil, Conv3dParams{Padding: [3]int{1, 1, 1}}) // out 6 KiB, col 216·256·4 = 216 KiB
+	var oom *OOMError
+	if !errors.As(err, &oom) {
+		t.Fatalf("conv with scratch over the cap: got %v, want *OOMError", err)
+	}
+	if oom.Requested != 216*256*4 {
+		t.Fatalf("requested %d, want the im2col scratch %d", oom.Requested, 216*256*4)
+	}
+	st := rt.ConvStats()
+	if st.Tiers[TierCPU].Failures != 1 || st.Failed != 1 {
+		t.Fatalf("stats after OOM: %+v", st)
+	}
+	if len(rt.chain.local) != 0 {
+		t.Fatalf("an OOM was recorded as a shape decision: %v", rt.chain.local)
+	}
+
+	q, _ := randTensor(t, rt, r, 1, 1, 40, 4)
+	k, _ := randTensor(t, rt, r, 1, 1, 300, 4)
+	if _, err := rt.Attention(q, k, k, nil, AttentionParams{}); !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("attention with scores over the cap: got %v, want out of memory", err)
+	}
+	y, err := rt.Attention(q, k, k, nil, AttentionParams{QueryChunk: 4}) // 4·300·4 bytes fit
+	if err != nil {
+		t.Fatalf("attention in small chunks: %v", err)
+	}
+	y.Free()
+}
+
+func TestTensorLifecycle(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	x, err := rt.FromFloat32([]float32{1, 2, 3, 4, 5, 6}, 2, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := x.Reshape(3, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := v.Shape(); !equalInts(got, []int{3, 2}) {
+		t.Fatalf("reshape shape %v", got)
+	}
+	if m := rt.Memory(); m.Allocated != 24 || m.LiveTensors != 2 {
+		t.Fatalf("a reshape must share storage: %+v", m)
+	}
+	x.Free()
+	x.Free() // idempotent
+	got, err := v.Float32()
+	if err != nil || got[5] != 6 {
+		t.Fatalf("view after the original was freed: %v %v", got, err)
+	}
+	if _, err := x.Float32(); !errors.Is(err, ErrFreed) {
+		t.Fatalf("download after free: got %v, want ErrFreed", err)
+	}
+	if _, err := rt.SiLU(x); !errors.Is(err, ErrFreed) {
+		t.Fatalf("op on a freed tensor: got %v, want ErrFreed", err)
+	}
+	if _, err := v.Reshape(4, -1); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("bad reshape: got %v", err)
+	}
+	if err := rt.Close(); err == nil {
+		t.Fatal("close with a live tensor must fail")
+	}
+	v.Free()
+
+	var sc Scope
+	a, err := sc.Track(rt.Zeros(F32, 4, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := sc.Track(rt.Full(F32, 2, 4, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sc.Track(rt.Add(a, b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep := sc.Keep(c)
+	if sc.Len() != 2 {
+		t.Fatalf("scope holds %d, want 2", sc.Len())
+	}
+	sc.Free()
+	vals, err := keep.Float32()
+	if err != nil || vals[15] != 2 {
+		t.Fatalf("kept tensor: %v %v", vals, err)
+	}
+	keep.Free()
+
+	other := newTestRuntime(t, Options{})
+	o, err := other.Zeros(F32, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Free()
+	z, err := rt.Zeros(F32, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer z.Free()
+	if _, err := rt.Add(z, o); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("mixing runtimes: got %v", err)
+	}
+}
+
+// TestBadArguments: wrong shapes and dtypes come back as ErrInvalidArgument/ErrUnsupported,
+// never a crash.
+func TestBadArguments(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	r := rng(t)
+	x, _ := randTensor(t, rt, r, 2, 3, 4)
+	w, _ := randTensor(t, rt, r, 5, 4)
+	h, err := rt.Cast(x, F16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Free()
+	ids, err := rt.FromInt32([]int32{1}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ids.Free()
+	cases := []struct {
+		name string
+		f    func() (*Tensor, error)
+		want error
+	}{
+		{"matmul inner", func() (*Tensor, error) { return rt.MatMul(x, w, GemmParams{}) }, ErrInvalidArgument},
+		{"linear bias size", func() (*Tensor, error) { return rt.Linear(x, w, w) }, ErrInvalidArgument},
+		{"layer norm weight", func() (*Tensor, error) { return rt.LayerNorm(x, w, nil, 1e-5) }, ErrInvalidArgument},
+		{"group norm groups", func() (*Tensor, error) { return rt.GroupNorm(x, nil, nil, 2, 1e-5) }, ErrInvalidArgument},
+		{"conv rank", func() (*Tensor, error) { return rt.Conv3d(x, w, nil, Conv3dParams{}) }, ErrInvalidArgument},
+		{"attention rank", func() (*Tensor, error) { return rt.Attention(x, x, x, nil, AttentionParams{}) }, ErrInvalidArgument},
+		{"attention mask dtype", func() (*Tensor, error) {
+			q, err := x.Reshape(1, 2, 3, 4)
+			if err != nil {
+				return nil, err
+			}
+			defer q.Free()
+			return rt.Attention(q, q, q, q, AttentionParams{})
+		}, ErrInvalidArgument},
+		{"rope odd", func() (*Tensor, error) {
+			y, err := x.Reshape(2, 12)
+			if err != nil {
+				return nil, err
+			}
+			defer y.Free()
+			z, err := x.Reshape(8, 3)
+			if err != nil {
+				return nil, err
+			}
+			defer z.Free()
+			return rt.RoPE(z, z, z)
+		}, ErrInvalidArgument},
+		{"f16 compute on cpu", func() (*Tensor, error) { return rt.SiLU(h) }, ErrUnsupported},
+		{"slice dim", func() (*Tensor, error) { return rt.Slice(x, 3, 0, 1) }, ErrInvalidArgument},
+		{"permute", func() (*Tensor, error) { return rt.Permute(x, 0, 0, 1) }, ErrInvalidArgument},
+		{"pad negative", func() (*Tensor, error) { return rt.Pad(x, PadZero, []int{0, -1, 0}, []int{0, 0, 0}) }, ErrInvalidArgument},
+		{"avg pool kernel", func() (*Tensor, error) { return rt.AvgPool3d(x, [3]int{3, 1, 1}, [3]int{1, 1, 1}) }, ErrInvalidArgument},
+		{"embedding table", func() (*Tensor, error) { return rt.Embedding(x, ids) }, ErrInvalidArgument},
+		{"embedding ids dtype", func() (*Tensor, error) { return rt.Embedding(w, w) }, ErrInvalidArgument},
+		{"concat ranks", func() (*Tensor, error) { return rt.Concat(0, x, w) }, ErrInvalidArgument},
+		{"upload size", func() (*Tensor, error) { return rt.FromFloat32([]float32{1, 2}, 3) }, ErrInvalidArgument},
+		{"nil tensor", func() (*Tensor, error) { return rt.SiLU(nil) }, ErrInvalidArgument},
+		{"too many dims", func() (*Tensor, error) { return rt.NewTensor(F32, 1, 1, 1, 1, 1, 1, 1, 1, 1) }, ErrInvalidArgument},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			y, err := c.f()
+			if err == nil {
+				y.Free()
+				t.Fatalf("no error")
+			}
+			if !errors.Is(err, c.want) {
+				t.Fatalf("got %v, want %v", err, c.want)
+			}
+		})
+	}
+}
