@@ -221,53 +221,76 @@ func resizeWindow(m *Image, width, height int, f Filter, box Box, w window) (*Im
 }
 
 // horizontalPass fills dst (one row per source row r0+y) with output columns x0 … x0+dst.Width-1.
+// Each source row is first split into three int32 planes so the per-pixel sums are plain dot
+// products. Sums are int32 as in Pillow; integer addition is associative, so the order of the
+// terms does not change the result.
 func horizontalPass(dst, src *Image, r0 int, c axisCoeffs, x0 int) {
 	const half = int32(1) << (precisionBits - 1)
+	planes := make([]int32, 3*src.Width)
+	pr, pg, pb := planes[:src.Width], planes[src.Width:2*src.Width], planes[2*src.Width:]
 	for y := 0; y < dst.Height; y++ {
 		in := src.Pix[(r0+y)*src.Width*3 : (r0+y+1)*src.Width*3]
+		for x := range pr {
+			p := in[x*3 : x*3+3 : x*3+3]
+			pr[x], pg[x], pb[x] = int32(p[0]), int32(p[1]), int32(p[2])
+		}
 		out := dst.Pix[y*dst.Width*3 : (y+1)*dst.Width*3]
 		for x := 0; x < dst.Width; x++ {
 			xx := x0 + x
-			n := c.count[xx]
+			st, n := c.start[xx], c.count[xx]
 			k := c.w[xx*c.ksize : xx*c.ksize+n]
-			p := in[c.start[xx]*3 : (c.start[xx]+n)*3]
+			r, g, b := pr[st:st+n], pg[st:st+n], pb[st:st+n]
+			r, g, b = r[:len(k)], g[:len(k)], b[:len(k)]
 			s0, s1, s2 := half, half, half
 			for i, kw := range k {
-				q := p[i*3 : i*3+3 : i*3+3]
-				s0 += int32(q[0]) * kw
-				s1 += int32(q[1]) * kw
-				s2 += int32(q[2]) * kw
+				s0 += r[i] * kw
+				s1 += g[i] * kw
+				s2 += b[i] * kw
 			}
-			out[x*3] = clip8(s0)
-			out[x*3+1] = clip8(s1)
-			out[x*3+2] = clip8(s2)
+			o := out[x*3 : x*3+3 : x*3+3]
+			o[0], o[1], o[2] = clip8(s0), clip8(s1), clip8(s2)
 		}
 	}
 }
 
 // verticalPass fills dst with output rows y0 … y0+dst.Height-1, reading src columns
-// x0 … x0+dst.Width-1.
+// x0 … x0+dst.Width-1. Taps are applied four source rows at a time to cut accumulator traffic.
 func verticalPass(dst, src *Image, c axisCoeffs, y0, x0 int) {
 	const half = int32(1) << (precisionBits - 1)
 	rowLen := dst.Width * 3
 	acc := make([]int32, rowLen)
+	row := func(sy int) []uint8 {
+		off := (sy*src.Width + x0) * 3
+		return src.Pix[off : off+rowLen]
+	}
 	for y := 0; y < dst.Height; y++ {
 		yy := y0 + y
 		for i := range acc {
 			acc[i] = half
 		}
-		n := c.count[yy]
+		st, n := c.start[yy], c.count[yy]
 		k := c.w[yy*c.ksize : yy*c.ksize+n]
-		for i, kw := range k {
-			off := ((c.start[yy]+i)*src.Width + x0) * 3
-			row := src.Pix[off : off+rowLen]
-			for j, v := range row {
-				acc[j] += int32(v) * kw
+		i := 0
+		for ; i+4 <= n; i += 4 {
+			k0, k1, k2, k3 := k[i], k[i+1], k[i+2], k[i+3]
+			a, b, cc, d := row(st+i), row(st+i+1), row(st+i+2), row(st+i+3)
+			a, b, cc, d = a[:len(acc)], b[:len(acc)], cc[:len(acc)], d[:len(acc)]
+			for j := range acc {
+				acc[j] += int32(a[j])*k0 + int32(b[j])*k1 + int32(cc[j])*k2 + int32(d[j])*k3
+			}
+		}
+		for ; i < n; i++ {
+			kw := k[i]
+			a := row(st + i)
+			a = a[:len(acc)]
+			for j := range acc {
+				acc[j] += int32(a[j]) * kw
 			}
 		}
 		out := dst.Pix[y*rowLen : (y+1)*rowLen]
-		for j, a := range acc {
-			out[j] = clip8(a)
+		out = out[:len(acc)]
+		for j, v := range acc {
+			out[j] = clip8(v)
 		}
 	}
 }
