@@ -182,6 +182,8 @@ func (s *jscan) object(fn func(key string) error) error {
 		case '}':
 			s.pos++
 			return nil
+		case 0:
+			return s.errorf("want ',' or '}', got end of input")
 		default:
 			return s.errorf("want ',' or '}'")
 		}
@@ -211,6 +213,8 @@ func (s *jscan) array(fn func() error) error {
 		case ']':
 			s.pos++
 			return nil
+		case 0:
+			return s.errorf("want ',' or ']', got end of input")
 		default:
 			return s.errorf("want ',' or ']'")
 		}
