@@ -239,3 +239,45 @@ func TestBadArguments(t *testing.T) {
 		})
 	}
 }
+
+// TestAllocatorCache: freed large blocks are reused (no new allocation from the system), stay
+// within the cap, and are given back when a new allocation needs the room.
+func TestAllocatorCache(t *testing.T) {
+	const mib = 1 << 20
+	rt := newTestRuntime(t, Options{MemoryCap: 10 * mib, CacheLimit: 8 * mib})
+	a, err := rt.NewTensor(F32, (3*mib+100)/4) // charged 3 MiB + 64 KiB
+	if err != nil {
+		t.Fatal(err)
+	}
+	charged := uint64(3*mib + 64<<10)
+	if m := rt.Memory(); m.Allocated != charged {
+		t.Fatalf("charged %d, want %d", m.Allocated, charged)
+	}
+	a.Free()
+	if m := rt.Memory(); m.Allocated != 0 || m.Cached != charged {
+		t.Fatalf("after free: %+v", m)
+	}
+	b, err := rt.NewTensor(F32, (3*mib+200)/4) // same charged size: reuses the block
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := rt.Memory(); m.Cached != 0 || m.Allocated != charged {
+		t.Fatalf("after reuse: %+v", m)
+	}
+	b.Free()
+	// a different size that fits only without the cached block: the cache is given back
+	c, err := rt.NewTensor(F32, 8*mib/4)
+	if err != nil {
+		t.Fatalf("allocation needing the cached room: %v", err)
+	}
+	if m := rt.Memory(); m.Cached != 0 || m.Allocated != 8*mib {
+		t.Fatalf("after eviction: %+v", m)
+	}
+	c.Free()
+	if err := rt.TrimCache(); err != nil {
+		t.Fatal(err)
+	}
+	if m := rt.Memory(); m.Cached != 0 {
+		t.Fatalf("after trim: %+v", m)
+	}
+}

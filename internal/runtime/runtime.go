@@ -42,6 +42,9 @@ type Options struct {
 	// MemoryCap is the most bytes the runtime may hold at once (tensors and scratch); 0 means
 	// no cap. Going over fails with *OOMError.
 	MemoryCap int64
+	// CacheLimit bounds the freed blocks the allocator keeps for reuse (within the cap);
+	// 0 means min(1 GiB, MemoryCap/4).
+	CacheLimit int64
 	// Poison fills every new tensor with NaN so elements an op fails to write show up (tests).
 	Poison bool
 
@@ -92,8 +95,10 @@ type BackendInfo struct {
 
 // MemoryStats is the runtime allocator's accounting.
 type MemoryStats struct {
-	Cap         uint64 // 0 = no cap
-	Allocated   uint64 // bytes held now (tensors and scratch)
+	Cap       uint64 // 0 = no cap
+	Allocated uint64 // bytes held now (tensors and scratch; blocks of 1 MiB and more are
+	// charged rounded up to 64 KiB)
+	Cached      uint64 // freed blocks kept for reuse; Allocated + Cached never exceeds Cap
 	Peak        uint64 // most bytes held at once
 	Allocs      uint64 // allocations so far
 	LiveTensors uint64 // tensor handles not yet freed
@@ -115,8 +120,8 @@ func New(opts Options) (*Runtime, error) {
 	if opts.Backend != "cpu" {
 		return nil, fmt.Errorf("new runtime: backend %q: %w (only cpu is built)", opts.Backend, ErrUnavailable)
 	}
-	if opts.MemoryCap < 0 || opts.Threads < 0 || opts.Device < 0 {
-		return nil, argError("new runtime", "negative memory cap, threads or device")
+	if opts.MemoryCap < 0 || opts.CacheLimit < 0 || opts.Threads < 0 || opts.Device < 0 {
+		return nil, argError("new runtime", "negative memory cap, cache limit, threads or device")
 	}
 	for i, f := range opts.ConvFaults {
 		if err := f.validate(); err != nil {
@@ -124,9 +129,10 @@ func New(opts Options) (*Runtime, error) {
 		}
 	}
 	cfg := C.fpk_backend_config{
-		device:     C.int(opts.Device),
-		threads:    C.int(opts.Threads),
-		memory_cap: C.uint64_t(opts.MemoryCap),
+		device:      C.int(opts.Device),
+		threads:     C.int(opts.Threads),
+		memory_cap:  C.uint64_t(opts.MemoryCap),
+		cache_limit: C.uint64_t(opts.CacheLimit),
 	}
 	if opts.Poison {
 		cfg.flags |= C.FPK_BACKEND_FLAG_POISON
@@ -195,8 +201,13 @@ func (rt *Runtime) Memory() MemoryStats {
 	}
 	var m C.fpk_memory_stats
 	C.fpk_backend_get_memory(rt.be, &m)
-	return MemoryStats{Cap: uint64(m.cap), Allocated: uint64(m.allocated), Peak: uint64(m.peak),
-		Allocs: uint64(m.allocs), LiveTensors: uint64(m.live_tensors)}
+	return MemoryStats{Cap: uint64(m.cap), Allocated: uint64(m.allocated), Cached: uint64(m.cached),
+		Peak: uint64(m.peak), Allocs: uint64(m.allocs), LiveTensors: uint64(m.live_tensors)}
+}
+
+// TrimCache gives the allocator's cached free blocks back to the system (or the device).
+func (rt *Runtime) TrimCache() error {
+	return rt.withBackend("trim cache", func() C.fpk_status { return C.fpk_backend_trim(rt.be) })
 }
 
 // SetMemoryCap changes the cap (0 = none). Lowering it below what is held makes the next

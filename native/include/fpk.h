@@ -15,6 +15,7 @@
  *     the op checks shapes and dtypes and fails with FPK_ERR_INVALID_ARGUMENT otherwise.
  *   - Every allocation (tensors and backend scratch) counts against the backend's memory cap;
  *     going over fails with FPK_ERR_OUT_OF_MEMORY and the requested and available sizes.
+ *     Freed large blocks are cached for reuse within the cap (fpk_backend_trim gives them back).
  */
 #ifndef FPK_H
 #define FPK_H
@@ -93,6 +94,7 @@ typedef struct fpk_backend_config {
     int threads;         /* worker threads for own loops and BLAS; 0 = every online core */
     uint64_t memory_cap; /* bytes; 0 = unlimited */
     uint32_t flags;      /* FPK_BACKEND_FLAG_* */
+    uint64_t cache_limit;/* most bytes of freed blocks kept for reuse; 0 = min(1 GiB, cap/4) */
 } fpk_backend_config;
 
 /* Conv tiers, in chain order. A backend reports which it has in fpk_backend_props.conv_tiers. */
@@ -119,7 +121,9 @@ typedef struct fpk_backend_props {
 /* Memory accounting of a backend instance. */
 typedef struct fpk_memory_stats {
     uint64_t cap;       /* 0 = unlimited */
-    uint64_t allocated; /* bytes held now (tensors + scratch) */
+    uint64_t allocated; /* bytes held now (tensors + scratch), as charged (large blocks are
+                           rounded up to 64 KiB) */
+    uint64_t cached;    /* freed blocks kept for reuse; allocated + cached <= cap */
     uint64_t peak;      /* most bytes held at once */
     uint64_t allocs;    /* number of allocations so far */
     uint64_t live_tensors;
@@ -137,6 +141,8 @@ fpk_status fpk_backend_get_memory(fpk_backend_t backend, fpk_memory_stats *out);
 /* Changes the memory cap (0 = unlimited). Lowering it below what is held is allowed; the
  * next allocation then fails. */
 fpk_status fpk_backend_set_memory_cap(fpk_backend_t backend, uint64_t cap);
+/* Gives every cached free block back to the system (or the device). */
+fpk_status fpk_backend_trim(fpk_backend_t backend);
 /* Resets the peak to what is allocated now. */
 fpk_status fpk_backend_reset_peak(fpk_backend_t backend);
 

@@ -149,6 +149,9 @@ void fpk_convert(void *dst, fpk_dtype ddt, const void *src, fpk_dtype sdt, size_
 
 /* ---- backends ----------------------------------------------------------------------------- */
 
+static struct fpk_cached_block *cache_take_all(fpk_backend_t b);
+static void cache_free_list(fpk_backend_t b, struct fpk_cached_block *list);
+
 fpk_status fpk_backend_wrap(const struct fpk_backend_iface *iface, void *ctx, int is_host,
                             const fpk_backend_config *config, fpk_backend_t *out) {
     if (!iface || !out) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "backend wrap: null argument");
@@ -201,6 +204,7 @@ fpk_status fpk_backend_free(fpk_backend_t b) {
         if (st != FPK_OK) return st;
         b->host = NULL;
     }
+    cache_free_list(b, cache_take_all(b));
     if (b->iface->free) b->iface->free(b->ctx);
     pthread_mutex_destroy(&b->mem_mu);
     pthread_mutex_destroy(&b->host_mu);
@@ -231,6 +235,7 @@ fpk_status fpk_backend_get_memory(fpk_backend_t b, fpk_memory_stats *out) {
     out->allocated = b->allocated;
     out->peak = b->peak;
     out->allocs = b->allocs;
+    out->cached = b->cached;
     pthread_mutex_unlock(&b->mem_mu);
     out->live_tensors = (uint64_t)atomic_load(&b->live_tensors);
     return FPK_OK;
@@ -240,7 +245,10 @@ fpk_status fpk_backend_set_memory_cap(fpk_backend_t b, uint64_t cap) {
     if (!b) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "backend set memory cap: null backend");
     pthread_mutex_lock(&b->mem_mu);
     b->cap = cap;
+    struct fpk_cached_block *evict = NULL;
+    if (cap && b->allocated + b->cached > cap) evict = cache_take_all(b);
     pthread_mutex_unlock(&b->mem_mu);
+    cache_free_list(b, evict);
     return FPK_OK;
 }
 
@@ -252,40 +260,127 @@ fpk_status fpk_backend_reset_peak(fpk_backend_t b) {
     return FPK_OK;
 }
 
-/* Counts nbytes against the cap, or fails with the sizes. */
-static fpk_status mem_reserve(fpk_backend_t b, size_t nbytes, const char *what) {
-    pthread_mutex_lock(&b->mem_mu);
-    if (b->cap && (b->allocated > b->cap || nbytes > b->cap - b->allocated)) {
-        uint64_t avail = b->allocated >= b->cap ? 0 : b->cap - b->allocated;
-        pthread_mutex_unlock(&b->mem_mu);
-        return fpk_set_oom(nbytes, avail, what);
-    }
-    b->allocated += nbytes;
-    b->allocs++;
-    if (b->allocated > b->peak) b->peak = b->allocated;
-    pthread_mutex_unlock(&b->mem_mu);
-    return FPK_OK;
+/* ---- allocator ----------------------------------------------------------------------------
+ * Every allocation is charged to the backend: `allocated` (live bytes) plus `cached` (freed
+ * blocks kept for reuse) never exceed the cap. Blocks of at least CACHE_MIN bytes are rounded
+ * up to CACHE_ROUND and, when freed, kept in a small cache (at most cache_limit bytes) so the
+ * same shapes in the next step reuse them without a trip to the system allocator (on the cpu:
+ * no page faults on fresh memory; on GPUs: no cudaMalloc/hipMalloc). A new allocation that
+ * would go over the cap first gives cached blocks back. */
+
+#define CACHE_MIN ((size_t)1 << 20)
+#define CACHE_ROUND ((size_t)64 << 10)
+#define CACHE_DEFAULT_LIMIT ((uint64_t)1 << 30)
+
+struct fpk_cached_block {
+    void *ptr;
+    size_t nbytes;
+    struct fpk_cached_block *next;
+};
+
+/* The bytes charged for a request of nbytes. */
+static size_t charged_size(size_t nbytes) {
+    if (nbytes < CACHE_MIN) return nbytes;
+    return (nbytes + CACHE_ROUND - 1) / CACHE_ROUND * CACHE_ROUND;
 }
 
-static void mem_release(fpk_backend_t b, size_t nbytes) {
+static uint64_t cache_limit(fpk_backend_t b) {
+    uint64_t lim = b->config.cache_limit ? b->config.cache_limit : CACHE_DEFAULT_LIMIT;
+    if (b->config.cache_limit == 0 && b->cap && b->cap / 4 < lim) lim = b->cap / 4;
+    return lim;
+}
+
+/* Unlinks every cached block (caller holds mem_mu); returns the list to free outside it. */
+static struct fpk_cached_block *cache_take_all(fpk_backend_t b) {
+    struct fpk_cached_block *list = b->cache;
+    b->cache = NULL;
+    b->cached = 0;
+    return list;
+}
+
+static void cache_free_list(fpk_backend_t b, struct fpk_cached_block *list) {
+    while (list) {
+        struct fpk_cached_block *n = list->next;
+        b->iface->buffer_free(b->ctx, list->ptr);
+        free(list);
+        list = n;
+    }
+}
+
+fpk_status fpk_backend_trim(fpk_backend_t b) {
+    if (!b) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "backend trim: null backend");
     pthread_mutex_lock(&b->mem_mu);
-    b->allocated -= nbytes <= b->allocated ? nbytes : b->allocated;
+    struct fpk_cached_block *list = cache_take_all(b);
     pthread_mutex_unlock(&b->mem_mu);
+    cache_free_list(b, list);
+    return FPK_OK;
 }
 
 static fpk_status device_alloc(fpk_backend_t b, size_t nbytes, void **out, const char *what) {
-    fpk_status st = mem_reserve(b, nbytes, what);
-    if (st != FPK_OK) return st;
-    st = b->iface->buffer_alloc(b->ctx, nbytes ? nbytes : 1, out);
-    if (st != FPK_OK) {
-        mem_release(b, nbytes);
-        if (st == FPK_ERR_OUT_OF_MEMORY && tls_err.requested == 0) {
-            uint64_t avail = 0;
-            fpk_set_oom(nbytes, avail, what);
+    size_t need = charged_size(nbytes);
+    struct fpk_cached_block *evict = NULL;
+    pthread_mutex_lock(&b->mem_mu);
+    if (need >= CACHE_MIN) {
+        for (struct fpk_cached_block **pp = &b->cache; *pp; pp = &(*pp)->next) {
+            if ((*pp)->nbytes != need) continue;
+            struct fpk_cached_block *blk = *pp;
+            *pp = blk->next;
+            b->cached -= need;
+            b->allocated += need;
+            b->allocs++;
+            if (b->allocated > b->peak) b->peak = b->allocated;
+            pthread_mutex_unlock(&b->mem_mu);
+            *out = blk->ptr;
+            free(blk);
+            return FPK_OK;
         }
+    }
+    if (b->cap && (b->allocated > b->cap || need > b->cap - b->allocated)) {
+        uint64_t avail = b->allocated >= b->cap ? 0 : b->cap - b->allocated;
+        pthread_mutex_unlock(&b->mem_mu);
+        return fpk_set_oom(need, avail, what);
+    }
+    if (b->cap && b->allocated + b->cached + need > b->cap) evict = cache_take_all(b);
+    b->allocated += need;
+    b->allocs++;
+    if (b->allocated > b->peak) b->peak = b->allocated;
+    pthread_mutex_unlock(&b->mem_mu);
+    cache_free_list(b, evict);
+
+    fpk_status st = b->iface->buffer_alloc(b->ctx, need ? need : 1, out);
+    if (st == FPK_ERR_OUT_OF_MEMORY) { /* the device may be fragmented by our cache: retry once */
+        fpk_backend_trim(b);
+        st = b->iface->buffer_alloc(b->ctx, need ? need : 1, out);
+    }
+    if (st != FPK_OK) {
+        pthread_mutex_lock(&b->mem_mu);
+        b->allocated -= need;
+        uint64_t avail = b->cap ? (b->allocated >= b->cap ? 0 : b->cap - b->allocated) : 0;
+        pthread_mutex_unlock(&b->mem_mu);
+        if (st == FPK_ERR_OUT_OF_MEMORY) fpk_set_oom(need, avail, what);
         return st;
     }
     return FPK_OK;
+}
+
+static void device_free(fpk_backend_t b, void *ptr, size_t nbytes) {
+    size_t size = charged_size(nbytes);
+    struct fpk_cached_block *blk = NULL;
+    if (size >= CACHE_MIN) blk = malloc(sizeof *blk);
+    pthread_mutex_lock(&b->mem_mu);
+    b->allocated -= size <= b->allocated ? size : b->allocated;
+    if (blk && b->cached + size <= cache_limit(b) && (!b->cap || b->allocated + b->cached + size <= b->cap)) {
+        blk->ptr = ptr;
+        blk->nbytes = size;
+        blk->next = b->cache;
+        b->cache = blk;
+        b->cached += size;
+        pthread_mutex_unlock(&b->mem_mu);
+        return;
+    }
+    pthread_mutex_unlock(&b->mem_mu);
+    free(blk);
+    b->iface->buffer_free(b->ctx, ptr);
 }
 
 fpk_status fpk_scratch_alloc(fpk_backend_t b, size_t nbytes, void **out) {
@@ -295,8 +390,7 @@ fpk_status fpk_scratch_alloc(fpk_backend_t b, size_t nbytes, void **out) {
 
 void fpk_scratch_free(fpk_backend_t b, void *ptr, size_t nbytes) {
     if (!b || !ptr) return;
-    b->iface->buffer_free(b->ctx, ptr);
-    mem_release(b, nbytes);
+    device_free(b, ptr, nbytes);
 }
 
 /* ---- streams ------------------------------------------------------------------------------ */
@@ -429,8 +523,7 @@ void fpk_tensor_free(fpk_tensor_t t) {
     struct fpk_buffer *buf = t->buf;
     fpk_backend_t b = buf->backend;
     if (atomic_fetch_sub(&buf->refs, 1) == 1) {
-        b->iface->buffer_free(b->ctx, buf->data);
-        mem_release(b, buf->nbytes);
+        device_free(b, buf->data, buf->nbytes);
         free(buf);
     }
     atomic_fetch_sub(&b->live_tensors, 1);

@@ -20,6 +20,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+struct fpk_cached_block;
+
 /* Storage shared by every handle reshaped from one allocation. */
 struct fpk_buffer {
     fpk_backend_t backend;
@@ -127,6 +129,8 @@ struct fpk_backend {
     /* Memory accounting; mem_mu protects nothing else. */
     pthread_mutex_t mem_mu;
     uint64_t cap, allocated, peak, allocs;
+    uint64_t cached;                /* bytes in freed blocks kept for reuse */
+    struct fpk_cached_block *cache; /* those blocks */
     atomic_long live_tensors;
     atomic_long live_streams;
 
