@@ -39,6 +39,7 @@ type DecodeError struct {
 	Err           error // the cause, may be nil
 }
 
+// Error describes the failure: format, kind, declared size when known, cause.
 func (e *DecodeError) Error() string {
 	s := "decode image"
 	if e.Format != "" {

@@ -61,6 +61,7 @@ pil.convert("L").save(f"{D}/jpeg_gray.jpg", quality=95)
 cmyk = Image.fromarray(np.concatenate([img, (np.arange(23 * 37).reshape(23, 37, 1) % 97).astype(np.uint8)], -1), "CMYK")
 cmyk.save(f"{D}/jpeg_cmyk.jpg", quality=95)
 Image.fromarray(pattern(1, 1)).save(f"{D}/jpeg_1x1.jpg", quality=95)
+pil.save(f"{D}/jpeg_progressive.jpg", quality=90, progressive=True)
 for o in (3, 6, 8):
     pil.save(f"{D}/jpeg_orient{o}.jpg", quality=95, subsampling=0, exif=exif_with_orientation(o))
 
