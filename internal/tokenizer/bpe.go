@@ -18,7 +18,9 @@ const wordCacheCapacity = 1 << 16
 // first among equal ranks.
 type bpeModel struct {
 	vocab  map[string]int32
-	tokens []string          // id → token; "" where the vocabulary has no such id
+	tokens []string          // id → token when ids are dense; "" where no token has that id
+	sparse map[int32]string  // id → token when they are not
+	maxID  int32             // largest id, -1 for an empty vocabulary
 	merges map[uint64]uint64 // pairKey(left, right) → rank<<32 | merged id
 
 	unkID        int32 // -1: no unk_token (unknown characters are dropped, as tokenizers does)
@@ -58,16 +60,23 @@ func newBPE(vocab map[string]int32, merges [][2]string, o bpeOptions) (*bpeModel
 		prefix:       o.prefix,
 		suffix:       o.suffix,
 	}
-	maxID := int32(-1)
+	m.maxID = -1
 	for tok, id := range vocab {
-		if id < 0 || id >= 1<<26 {
-			return nil, fmt.Errorf("vocab: token %q has id %d out of range", tok, id)
+		if id < 0 {
+			return nil, fmt.Errorf("vocab: token %q has negative id %d", tok, id)
 		}
-		maxID = max(maxID, id)
+		m.maxID = max(m.maxID, id)
 	}
-	m.tokens = make([]string, maxID+1)
-	for tok, id := range vocab {
-		m.tokens[id] = tok
+	if int(m.maxID) < 2*len(vocab)+1024 {
+		m.tokens = make([]string, m.maxID+1)
+		for tok, id := range vocab {
+			m.tokens[id] = tok
+		}
+	} else {
+		m.sparse = make(map[int32]string, len(vocab))
+		for tok, id := range vocab {
+			m.sparse[id] = tok
+		}
 	}
 	if o.unkToken != nil {
 		id, ok := vocab[*o.unkToken]
@@ -107,6 +116,18 @@ func newBPE(vocab map[string]int32, merges [][2]string, o bpeOptions) (*bpeModel
 		m.fallbackIDs[b] = m.lookup(fmt.Sprintf("<0x%02X>", b))
 	}
 	return m, nil
+}
+
+// token returns the vocabulary entry with this id.
+func (m *bpeModel) token(id int32) (string, bool) {
+	if m.sparse != nil {
+		tok, ok := m.sparse[id]
+		return tok, ok
+	}
+	if id >= 0 && int(id) < len(m.tokens) && m.tokens[id] != "" {
+		return m.tokens[id], true
+	}
+	return "", false
 }
 
 func (m *bpeModel) lookup(tok string) int32 {
@@ -197,6 +218,9 @@ func (m *bpeModel) tokenize(w string, out []int32, sc *scratch) []int32 {
 // initSymbols lays out the word's characters as symbols (tokenizers' BPE::merge_word).
 func (m *bpeModel) initSymbols(w string, sc *scratch) []symbol {
 	syms := sc.syms[:0]
+	if cap(syms) < len(w) {
+		syms = make([]symbol, 0, len(w)) // at most one symbol per byte
+	}
 	add := func(id int32, size int) {
 		n := int32(len(syms))
 		if n > 0 {
@@ -299,6 +323,9 @@ func (m *bpeModel) pairMerge(a, b int32) (mergeItem, bool) {
 // candidate pairs; an entry whose pair changed since it was queued is skipped).
 func (m *bpeModel) mergeAll(syms []symbol, sc *scratch) {
 	h := mergeHeap(sc.heap[:0])
+	if cap(h) < len(syms) {
+		h = make(mergeHeap, 0, len(syms)+len(syms)/2)
+	}
 	for i := 0; i+1 < len(syms); i++ {
 		if it, ok := m.pairMerge(syms[i].id, syms[i+1].id); ok {
 			it.pos = int32(i)
@@ -424,4 +451,11 @@ func (c *wordCache) put(w string, ids []int32) {
 		return
 	}
 	c.m[strings.Clone(w)] = append([]int32(nil), ids...)
+}
+
+// reset empties the cache.
+func (c *wordCache) reset() {
+	c.mu.Lock()
+	c.m = nil
+	c.mu.Unlock()
 }

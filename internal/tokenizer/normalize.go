@@ -71,26 +71,55 @@ func (r replaceLiteral) normalize(s string) string {
 type replaceWhitespace struct{ content string }
 
 func (r replaceWhitespace) normalize(s string) string {
-	if !strings.ContainsFunc(s, isSpace) {
+	var b strings.Builder
+	changed, last := false, 0 // last: start of the text not yet copied
+	for i := 0; i < len(s); {
+		var n int
+		if c := s[i]; c < utf8.RuneSelf {
+			if asciiClass[c] != clsSpace {
+				i++
+				continue
+			}
+			n = 1
+		} else {
+			var sp bool
+			if sp, n = spaceAt(s, i); !sp {
+				i += n
+				continue
+			}
+		}
+		start := i
+		for i += n; i < len(s); i += n {
+			var sp bool
+			if sp, n = spaceAt(s, i); !sp {
+				break
+			}
+		}
+		if i-start == 1 && s[start] == ' ' && r.content == " " {
+			continue // a single space stays as it is
+		}
+		if !changed {
+			b.Grow(len(s))
+			changed = true
+		}
+		b.WriteString(s[last:start])
+		b.WriteString(r.content)
+		last = i
+	}
+	if !changed {
 		return s
 	}
-	var b strings.Builder
-	b.Grow(len(s))
-	inRun := false
-	for i := 0; i < len(s); {
-		c, n := decodeAt(s, i)
-		if isSpace(c) {
-			if !inRun {
-				b.WriteString(r.content)
-			}
-			inRun = true
-		} else {
-			b.WriteString(s[i : i+n])
-			inRun = false
-		}
-		i += n
-	}
+	b.WriteString(s[last:])
 	return b.String()
+}
+
+// spaceAt reports whether the rune at s[i:] is whitespace, and its width.
+func spaceAt(s string, i int) (bool, int) {
+	if c := s[i]; c < utf8.RuneSelf {
+		return asciiClass[c] == clsSpace, 1
+	}
+	r, n := utf8.DecodeRuneInString(s[i:])
+	return isSpace(r), n
 }
 
 // replaceRegex replaces every match of a regex with a literal.

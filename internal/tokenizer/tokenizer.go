@@ -182,7 +182,7 @@ func (t *Tokenizer) addToken(a addedToken) {
 
 // nextID is the id transformers gives a token it adds: one past the largest id in use.
 func (t *Tokenizer) nextID() int32 {
-	next := int32(len(t.model.tokens))
+	next := t.model.maxID + 1
 	for _, a := range t.added {
 		next = max(next, a.ID+1)
 	}
@@ -222,10 +222,7 @@ func (t *Tokenizer) IDToToken(id int32) (string, bool) {
 	if i, ok := t.addedByID[id]; ok {
 		return t.added[i].Content, true
 	}
-	if id >= 0 && int(id) < len(t.model.tokens) && t.model.tokens[id] != "" {
-		return t.model.tokens[id], true
-	}
-	return "", false
+	return t.model.token(id)
 }
 
 // VocabSize returns the number of ids in use: the model vocabulary and the added tokens.
