@@ -1,0 +1,191 @@
+// Package nn holds the pieces both text encoders of the textenc worker share: a checkpoint
+// loader that checks names and shapes both ways, linear layers, activations by their
+// transformers names, and an embedding table that stays in the mapped checkpoint.
+package nn
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/internal/safetensors"
+)
+
+// ErrBadInput is wrapped by forward errors caused by the caller's input (a token id outside
+// the vocabulary, a sequence longer than the model's positions); workers map it to
+// InvalidArgument.
+var ErrBadInput = errors.New("bad input")
+
+// ErrCheckpoint is wrapped by load errors about the checkpoint's tensors (missing, wrong shape,
+// unsupported dtype).
+var ErrCheckpoint = errors.New("bad checkpoint")
+
+// Source is a set of named tensors: *safetensors.Checkpoint.
+type Source interface {
+	runtime.TensorSource
+	Names() []string
+}
+
+// Loader binds checkpoint tensors to runtime tensors. Every tensor it hands out is tracked so
+// that a failed load frees what it already uploaded (Free) and a finished load can report the
+// checkpoint tensors nobody asked for (Report).
+type Loader struct {
+	rt     *runtime.Runtime
+	src    Source
+	dtype  runtime.DType
+	prefix string
+
+	used    map[string]bool
+	skipped map[string]bool
+	loaded  []*runtime.Tensor
+	bytes   int64
+}
+
+// NewLoader returns a loader that uploads tensors of src into rt as dtype dt. prefix is put in
+// front of every name asked for ("model." for a LlamaForCausalLM checkpoint, "" for LlamaModel).
+func NewLoader(rt *runtime.Runtime, src Source, dt runtime.DType, prefix string) *Loader {
+	return &Loader{rt: rt, src: src, dtype: dt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{}}
+}
+
+// DetectPrefix returns the first of prefixes under which src holds name ("" included if
+// listed), so one loader serves checkpoints saved with or without a wrapper module.
+func DetectPrefix(src Source, name string, prefixes ...string) (string, error) {
+	for _, p := range prefixes {
+		if _, ok := src.Info(p + name); ok {
+			return p, nil
+		}
+	}
+	quoted := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		quoted[i] = fmt.Sprintf("%q", p+name)
+	}
+	return "", fmt.Errorf("%w: none of %s found", ErrCheckpoint, strings.Join(quoted, ", "))
+}
+
+// Prefix returns the prefix the loader puts in front of names.
+func (l *Loader) Prefix() string { return l.prefix }
+
+// DType returns the dtype tensors are uploaded as.
+func (l *Loader) DType() runtime.DType { return l.dtype }
+
+func shapeOf(info safetensors.TensorInfo) []int {
+	s := make([]int, len(info.Shape))
+	for i, d := range info.Shape {
+		s[i] = int(d)
+	}
+	return s
+}
+
+// info looks name up and checks its shape against shape.
+func (l *Loader) info(name string, shape []int) (safetensors.TensorInfo, error) {
+	full := l.prefix + name
+	info, ok := l.src.Info(full)
+	if !ok {
+		return info, fmt.Errorf("%w: tensor %q is missing", ErrCheckpoint, full)
+	}
+	if got := shapeOf(info); !slices.Equal(got, shape) {
+		return info, fmt.Errorf("%w: tensor %q: got %v, expected %v", ErrCheckpoint, full, got, shape)
+	}
+	l.used[full] = true
+	return info, nil
+}
+
+// Load uploads tensor name (prefix added), which must have exactly shape.
+func (l *Loader) Load(name string, shape ...int) (*runtime.Tensor, error) {
+	if _, err := l.info(name, shape); err != nil {
+		return nil, err
+	}
+	t, err := l.rt.LoadTensor(l.src, l.prefix+name, l.dtype)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
+	}
+	l.track(t)
+	return t, nil
+}
+
+// Raw returns the stored bytes of tensor name (a view into the mapped checkpoint) and their
+// dtype, for tensors the caller transforms on the host before uploading with Upload.
+func (l *Loader) Raw(name string, shape ...int) (runtime.DType, []byte, error) {
+	info, err := l.info(name, shape)
+	if err != nil {
+		return 0, nil, err
+	}
+	dt, ok := runtime.DTypeOf(info.DType)
+	if !ok || !dt.IsFloat() {
+		return 0, nil, fmt.Errorf("%w: tensor %q: dtype %s is not a float type the runtime stores", ErrCheckpoint, l.prefix+name, info.DType)
+	}
+	raw, err := l.src.Bytes(l.prefix + name)
+	if err != nil {
+		return 0, nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
+	}
+	return dt, raw, nil
+}
+
+// Upload uploads host data of dtype src (from Raw, possibly rearranged) as a loaded weight.
+func (l *Loader) Upload(name string, src runtime.DType, raw []byte, shape ...int) (*runtime.Tensor, error) {
+	t, err := l.rt.FromBytes(l.dtype, src, raw, shape...)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
+	}
+	l.track(t)
+	return t, nil
+}
+
+func (l *Loader) track(t *runtime.Tensor) {
+	l.loaded = append(l.loaded, t)
+	l.bytes += int64(t.NumBytes())
+}
+
+// Skip marks checkpoint tensors whose names start with prefix (loader prefix added) as known
+// but deliberately not loaded (layers a forward pass never reaches).
+func (l *Loader) Skip(prefix string) {
+	for _, n := range l.src.Names() {
+		if strings.HasPrefix(n, l.prefix+prefix) && !l.used[n] {
+			l.skipped[n] = true
+		}
+	}
+}
+
+// Tensors returns every tensor uploaded so far (the caller owns them once loading succeeded).
+func (l *Loader) Tensors() []*runtime.Tensor { return slices.Clone(l.loaded) }
+
+// Free frees every tensor uploaded so far (after a failed load).
+func (l *Loader) Free() {
+	for _, t := range l.loaded {
+		t.Free()
+	}
+	l.loaded = nil
+	l.bytes = 0
+}
+
+// Report says what a load did with the checkpoint's tensors.
+type Report struct {
+	// Loaded is the number of checkpoint tensors bound to the model.
+	Loaded int
+	// Bytes is the size of the uploaded weights in the runtime's memory.
+	Bytes int64
+	// Skipped lists tensors deliberately left in the checkpoint (never computed).
+	Skipped []string
+	// Unexpected lists tensors the model does not know (neither loaded nor skipped).
+	Unexpected []string
+}
+
+// Report returns what has been loaded, skipped and left over so far.
+func (l *Loader) Report() Report {
+	r := Report{Loaded: len(l.used), Bytes: l.bytes}
+	for _, n := range l.src.Names() {
+		switch {
+		case l.used[n]:
+		case l.skipped[n]:
+			r.Skipped = append(r.Skipped, n)
+		default:
+			r.Unexpected = append(r.Unexpected, n)
+		}
+	}
+	sort.Strings(r.Skipped)
+	sort.Strings(r.Unexpected)
+	return r
+}
