@@ -21,20 +21,20 @@ const (
 // Config is the model's config.json (diffusers' AutoencoderKLHunyuanVideo register_to_config
 // arguments). Absent keys take diffusers' defaults (the released HunyuanVideo VAE).
 type Config struct {
-	ClassName               string   `json:"_class_name"`
-	InChannels              int      `json:"in_channels"`
-	OutChannels             int      `json:"out_channels"`
-	LatentChannels          int      `json:"latent_channels"`
-	DownBlockTypes          []string `json:"down_block_types"`
-	UpBlockTypes            []string `json:"up_block_types"`
-	BlockOutChannels        []int    `json:"block_out_channels"`
-	LayersPerBlock          int      `json:"layers_per_block"`
-	ActFn                   string   `json:"act_fn"`
-	NormNumGroups           int      `json:"norm_num_groups"`
-	ScalingFactor           float64  `json:"scaling_factor"`
-	SpatialCompressionRatio int      `json:"spatial_compression_ratio"`
-	TemporalCompressionRatio  int      `json:"temporal_compression_ratio"`
-	MidBlockAddAttention    bool     `json:"mid_block_add_attention"`
+	ClassName                string   `json:"_class_name"`
+	InChannels               int      `json:"in_channels"`
+	OutChannels              int      `json:"out_channels"`
+	LatentChannels           int      `json:"latent_channels"`
+	DownBlockTypes           []string `json:"down_block_types"`
+	UpBlockTypes             []string `json:"up_block_types"`
+	BlockOutChannels         []int    `json:"block_out_channels"`
+	LayersPerBlock           int      `json:"layers_per_block"`
+	ActFn                    string   `json:"act_fn"`
+	NormNumGroups            int      `json:"norm_num_groups"`
+	ScalingFactor            float64  `json:"scaling_factor"`
+	SpatialCompressionRatio  int      `json:"spatial_compression_ratio"`
+	TemporalCompressionRatio int      `json:"temporal_compression_ratio"`
+	MidBlockAddAttention     bool     `json:"mid_block_add_attention"`
 }
 
 // DefaultConfig returns diffusers' defaults (block_out_channels 128/256/512/512, 16 latent
@@ -42,20 +42,20 @@ type Config struct {
 func DefaultConfig() Config {
 	four := func(s string) []string { return []string{s, s, s, s} }
 	return Config{
-		ClassName:               ClassName,
-		InChannels:              3,
-		OutChannels:             3,
-		LatentChannels:          16,
-		DownBlockTypes:          four(DownBlockType),
-		UpBlockTypes:            four(UpBlockType),
-		BlockOutChannels:        []int{128, 256, 512, 512},
-		LayersPerBlock:          2,
-		ActFn:                   "silu",
-		NormNumGroups:           32,
-		ScalingFactor:           0.476986,
-		SpatialCompressionRatio: 8,
-		TemporalCompressionRatio:  4,
-		MidBlockAddAttention:    true,
+		ClassName:                ClassName,
+		InChannels:               3,
+		OutChannels:              3,
+		LatentChannels:           16,
+		DownBlockTypes:           four(DownBlockType),
+		UpBlockTypes:             four(UpBlockType),
+		BlockOutChannels:         []int{128, 256, 512, 512},
+		LayersPerBlock:           2,
+		ActFn:                    "silu",
+		NormNumGroups:            32,
+		ScalingFactor:            0.476986,
+		SpatialCompressionRatio:  8,
+		TemporalCompressionRatio: 4,
+		MidBlockAddAttention:     true,
 	}
 }
 
