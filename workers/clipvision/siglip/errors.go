@@ -1,0 +1,12 @@
+package siglip
+
+import "errors"
+
+// ErrBadInput is wrapped by errors caused by the caller's input (an image of the wrong rank or
+// channel count, an empty image, pixel values of the wrong shape); workers answer it with
+// InvalidArgument.
+var ErrBadInput = errors.New("bad input")
+
+// ErrCheckpoint is wrapped by load errors about the checkpoint's tensors (missing, wrong shape,
+// unsupported dtype) and about the configs.
+var ErrCheckpoint = errors.New("bad checkpoint")
