@@ -244,7 +244,14 @@ func (s *jscan) vocab() (map[string]int32, error) {
 
 // merges reads a merges list: "a b" strings (legacy) or ["a", "b"] pairs.
 func (s *jscan) merges() ([][2]string, error) {
-	var out [][2]string
+	// Size the list first: every merge has at least two quotes.
+	s.ws()
+	start := s.pos
+	if err := s.skip(); err != nil {
+		return nil, err
+	}
+	out := make([][2]string, 0, strings.Count(s.src[start:s.pos], `"`)/2)
+	s.pos = start
 	err := s.array(func() error {
 		switch s.peek() {
 		case '"':

@@ -444,3 +444,39 @@ func TestDecodeRoundTrip(t *testing.T) {
 		t.Errorf("CLIP decode: %q", got)
 	}
 }
+
+func TestConcurrentEncode(t *testing.T) {
+	p := fixtureTokenizers(t)
+	prompts := []string{"The girl dances gracefully.", "A cat sits on a red chair", "émojis 🎉 café", benchWords(300)}
+	want := make([]PromptTokens, len(prompts))
+	for i, s := range prompts {
+		var err error
+		if want[i], err = p.Encode(s, DefaultPromptConfig()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p.Llama.model.cache.reset()
+	p.CLIP.model.cache.reset()
+	errs := make(chan error, 8)
+	for g := range 8 {
+		go func() {
+			for k := range 20 {
+				i := (g + k) % len(prompts)
+				got, err := p.Encode(prompts[i], DefaultPromptConfig())
+				if err == nil && !reflect.DeepEqual(got, want[i]) {
+					err = errors.New("concurrent result differs for " + prompts[i][:10])
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
