@@ -2,7 +2,7 @@ package runtime
 
 /*
 #cgo CFLAGS: -std=gnu11 -O3 -march=x86-64-v2 -mtune=generic -Wall -Wno-unused-function
-#cgo LDFLAGS: -lopenblas -lm -lpthread
+#cgo LDFLAGS: -lopenblas -lm -lpthread -ldl
 #include <stdlib.h>
 #include "fpk.h"
 */

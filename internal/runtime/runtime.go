@@ -17,6 +17,7 @@
 package runtime
 
 /*
+#include <stdlib.h>
 #include "fpk.h"
 */
 import "C"
@@ -24,17 +25,26 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/framepackd/framepackd/internal/convcache"
 )
 
 // Options configure a Runtime. The zero value is a cpu backend on every core without a cap.
 type Options struct {
-	// Backend names the backend: "cpu" (the default; GPU backends come later).
+	// Backend names the backend: "cpu" (the default, built in) or the name of a backend
+	// library ("cuda", "hip"), opened from LibraryPath or BackendDir/libfpk-<Backend>.so.
 	Backend string
+	// LibraryPath is the backend library to open (overrides BackendDir).
+	LibraryPath string
+	// BackendDir holds backend libraries; "" means the directory of the executable.
+	BackendDir string
 	// Device is the device index on the backend (0 for cpu).
 	Device int
 	// Threads is the number of threads for the cpu backend's loops and BLAS (0 = every core).
@@ -117,9 +127,6 @@ func New(opts Options) (*Runtime, error) {
 	if opts.Backend == "" {
 		opts.Backend = "cpu"
 	}
-	if opts.Backend != "cpu" {
-		return nil, fmt.Errorf("new runtime: backend %q: %w (only cpu is built)", opts.Backend, ErrUnavailable)
-	}
 	if opts.MemoryCap < 0 || opts.CacheLimit < 0 || opts.Threads < 0 || opts.Device < 0 {
 		return nil, argError("new runtime", "negative memory cap, cache limit, threads or device")
 	}
@@ -141,8 +148,20 @@ func New(opts Options) (*Runtime, error) {
 		cfg.flags |= C.FPK_BACKEND_FLAG_TEST_HOST_BOUNCE
 	}
 	rt := &Runtime{opts: opts}
-	if err := call("new runtime", func() C.fpk_status { return C.fpk_backend_new_cpu(&cfg, &rt.be) }); err != nil {
-		return nil, err
+	if opts.Backend == "cpu" {
+		if err := call("new runtime", func() C.fpk_status { return C.fpk_backend_new_cpu(&cfg, &rt.be) }); err != nil {
+			return nil, err
+		}
+	} else {
+		path, err := libraryPath(opts)
+		if err != nil {
+			return nil, err
+		}
+		cpath := C.CString(path)
+		defer C.free(unsafe.Pointer(cpath))
+		if err := call("open backend "+opts.Backend, func() C.fpk_status { return C.fpk_backend_open(cpath, &cfg, &rt.be) }); err != nil {
+			return nil, err
+		}
 	}
 	rt.stream = C.fpk_backend_get_default_stream(rt.be)
 	var props C.fpk_backend_props
@@ -166,6 +185,25 @@ func New(opts Options) (*Runtime, error) {
 	}
 	rt.chain = newConvChain(rt, uint32(props.conv_tiers))
 	return rt, nil
+}
+
+// libraryPath finds the shared library of a non-cpu backend.
+func libraryPath(opts Options) (string, error) {
+	if opts.LibraryPath != "" {
+		return opts.LibraryPath, nil
+	}
+	if strings.ContainsAny(opts.Backend, "/\\ ") {
+		return "", argError("new runtime", "bad backend name %q", opts.Backend)
+	}
+	dir := opts.BackendDir
+	if dir == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return "", fmt.Errorf("new runtime: find backend dir: %w", err)
+		}
+		dir = filepath.Dir(exe)
+	}
+	return filepath.Join(dir, "libfpk-"+opts.Backend+".so"), nil
 }
 
 // Close frees the backend. Every tensor must have been freed first: Close reports the number

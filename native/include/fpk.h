@@ -131,6 +131,11 @@ typedef struct fpk_memory_stats {
 
 /* Creates the cpu backend. */
 fpk_status fpk_backend_new_cpu(const fpk_backend_config *config, fpk_backend_t *out);
+/* Opens a backend library (libfpk-cuda.so, libfpk-hip.so) with dlopen and creates its backend
+ * for config->device. A library that is missing, lacks the entry point or was built for another
+ * FPK_API_VERSION fails with FPK_ERR_UNAVAILABLE / FPK_ERR_UNSUPPORTED, never a crash. */
+fpk_status fpk_backend_open(const char *library_path, const fpk_backend_config *config,
+                            fpk_backend_t *out);
 /* Frees a backend. Every tensor and stream of it must have been freed first (else
  * FPK_ERR_INVALID_ARGUMENT and nothing is freed). */
 fpk_status fpk_backend_free(fpk_backend_t backend);

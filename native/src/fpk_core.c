@@ -5,6 +5,7 @@
 #include "fpk_impl.h"
 #include "fpk_half.h"
 
+#include <dlfcn.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -192,6 +193,51 @@ fpk_status fpk_backend_new_cpu(const fpk_backend_config *config, fpk_backend_t *
     return st;
 }
 
+static const struct fpk_host_api host_api = {
+    .api_version = FPK_API_VERSION,
+    .set_error = fpk_set_error,
+    .scratch_alloc = fpk_scratch_alloc,
+    .scratch_free = fpk_scratch_free,
+    .set_oom = fpk_set_oom,
+    .convert = fpk_convert,
+};
+
+fpk_status fpk_backend_open(const char *path, const fpk_backend_config *config, fpk_backend_t *out) {
+    if (!path || !out) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "backend open: null argument");
+    *out = NULL;
+    fpk_backend_config cfg = {0};
+    if (config) cfg = *config;
+    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!dl) {
+        const char *why = dlerror();
+        return fpk_set_error(FPK_ERR_UNAVAILABLE, "backend open %s: %s", path, why ? why : "dlopen failed");
+    }
+    fpk_backend_create_fn create = (fpk_backend_create_fn)dlsym(dl, FPK_BACKEND_ENTRY);
+    if (!create) {
+        dlclose(dl);
+        return fpk_set_error(FPK_ERR_UNSUPPORTED, "backend open %s: no %s", path, FPK_BACKEND_ENTRY);
+    }
+    const struct fpk_backend_iface *iface = NULL;
+    void *ctx = NULL;
+    fpk_status st = create(&host_api, &cfg, &iface, &ctx);
+    if (st != FPK_OK) {
+        dlclose(dl);
+        return st;
+    }
+    if (!iface) {
+        dlclose(dl);
+        return fpk_set_error(FPK_ERR_INTERNAL, "backend open %s: no function table", path);
+    }
+    st = fpk_backend_wrap(iface, ctx, 0, &cfg, out);
+    if (st != FPK_OK) {
+        if (iface->free) iface->free(ctx);
+        dlclose(dl);
+        return st;
+    }
+    (*out)->dl = dl;
+    return FPK_OK;
+}
+
 fpk_status fpk_backend_free(fpk_backend_t b) {
     if (!b) return FPK_OK;
     long live = atomic_load(&b->live_tensors);
@@ -206,9 +252,11 @@ fpk_status fpk_backend_free(fpk_backend_t b) {
     }
     cache_free_list(b, cache_take_all(b));
     if (b->iface->free) b->iface->free(b->ctx);
+    void *dl = b->dl;
     pthread_mutex_destroy(&b->mem_mu);
     pthread_mutex_destroy(&b->host_mu);
     free(b);
+    if (dl) dlclose(dl);
     return FPK_OK;
 }
 

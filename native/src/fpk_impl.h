@@ -8,9 +8,13 @@
  * then answers FPK_ERR_UNSUPPORTED (ops), FPK_ERR_UNAVAILABLE (conv tiers) or uses its default
  * (streams: one synchronous stream).
  *
- * GPU backends are shared libraries (libfpk-cuda.so, libfpk-hip.so) that export
- *   const struct fpk_backend_iface *fpk_backend_iface_v1(const struct fpk_host_api *host);
- * and receive the host table below for errors and scratch memory.
+ * GPU backends are shared libraries (libfpk-cuda.so, libfpk-hip.so), opened by
+ * fpk_backend_open, that export
+ *   fpk_status fpk_backend_create_v1(const struct fpk_host_api *host,
+ *                                    const fpk_backend_config *config,
+ *                                    const struct fpk_backend_iface **iface, void **ctx);
+ * (FPK_BACKEND_ENTRY names it) and reach the core only through the host table below: the
+ * executable exports no symbols to them.
  */
 #ifndef FPK_IMPL_H
 #define FPK_IMPL_H
@@ -21,6 +25,7 @@
 #include <stdatomic.h>
 
 struct fpk_cached_block;
+struct fpk_backend_iface;
 
 /* Storage shared by every handle reshaped from one allocation. */
 struct fpk_buffer {
@@ -53,7 +58,17 @@ struct fpk_host_api {
     /* Device scratch memory counted against the cap (freed with scratch_free). */
     fpk_status (*scratch_alloc)(fpk_backend_t backend, size_t nbytes, void **out);
     void (*scratch_free)(fpk_backend_t backend, void *ptr, size_t nbytes);
+    /* Sets an out-of-memory error with sizes. */
+    fpk_status (*set_oom)(uint64_t requested, uint64_t available, const char *what);
+    /* Converts n elements between dtypes on the host. */
+    void (*convert)(void *dst, fpk_dtype ddt, const void *src, fpk_dtype sdt, size_t n);
 };
+
+/* Name of the entry point a backend library exports. */
+#define FPK_BACKEND_ENTRY "fpk_backend_create_v1"
+typedef fpk_status (*fpk_backend_create_fn)(const struct fpk_host_api *host,
+                                            const fpk_backend_config *config,
+                                            const struct fpk_backend_iface **iface, void **ctx);
 
 /* The function table of a backend. Every slot receives the backend's ctx. Tensors passed to
  * op slots have been checked by the core (shapes, dtypes, same backend). */
@@ -134,6 +149,8 @@ struct fpk_backend {
     atomic_long live_tensors;
     atomic_long live_streams;
 
+    void *dl; /* dlopen handle of the backend library (NULL for cpu) */
+
     /* Lazily created cpu backend used for the host round trip of the CPU conv tier. */
     pthread_mutex_t host_mu;
     fpk_backend_t host;
@@ -153,6 +170,11 @@ fpk_status fpk_backend_wrap(const struct fpk_backend_iface *iface, void *ctx, in
 
 /* Converts n elements between dtypes (same dtype: memcpy). */
 void fpk_convert(void *dst, fpk_dtype ddt, const void *src, fpk_dtype sdt, size_t n);
+
+/* fpk_dtype_size for backend libraries, which cannot call into the core. */
+static inline size_t fpk_dtype_bytes(fpk_dtype d) {
+    return d == FPK_F32 || d == FPK_I32 ? 4 : d == FPK_F16 || d == FPK_BF16 ? 2 : d == FPK_U8 ? 1 : 0;
+}
 
 static inline void *fpk_tensor_data(fpk_tensor_t t) {
     return (char *)t->buf->data + t->offset;
