@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -349,7 +350,8 @@ func (t *Tokenizer) applyConfig(cfg *tokenizerConfig) error {
 		}
 		ids = append(ids, id)
 	}
-	for _, id := range sortedInts(ids) {
+	slices.Sort(ids)
+	for _, id := range ids {
 		a := cfg.AddedTokensDecoder[strconv.Itoa(id)]
 		if _, ok := t.addedIndex[a.Content]; !ok {
 			a.ID = int32(id)
@@ -407,15 +409,6 @@ func (t *Tokenizer) applyConfig(cfg *tokenizerConfig) error {
 		t.modelMaxLength = int(*m)
 	}
 	return nil
-}
-
-func sortedInts(v []int) []int {
-	for i := 1; i < len(v); i++ {
-		for j := i; j > 0 && v[j] < v[j-1]; j-- {
-			v[j], v[j-1] = v[j-1], v[j]
-		}
-	}
-	return v
 }
 
 // loadCLIPFiles builds transformers 5's CLIPTokenizer from vocab.json and merges.txt: NFC,
