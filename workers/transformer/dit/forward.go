@@ -1,0 +1,249 @@
+package dit
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/framepackd/framepackd/internal/runtime"
+)
+
+// Tracer sees named intermediates of a forward (the fixture's names: "x_embedder" (as tokens
+// [1, L, dim]), "temb", "context_embedder", "packed_hidden_states", "rope_freqs",
+// "double_block_0_hidden", "last_single_block_hidden"). The tensor is only valid during the call.
+type Tracer func(name string, t *runtime.Tensor)
+
+// ForwardOptions are a forward's optional parts.
+type ForwardOptions struct {
+	// TeaCache, when non-nil and enabled, may skip the blocks (see TeaCache).
+	TeaCache *TeaCache
+	// Trace receives intermediates (tests).
+	Trace Tracer
+}
+
+// Forward runs the transformer on noisy latents x (float32 of the section's shape) at
+// timestep and guidance (the values the reference embeds: σ·1000 and gs·1000) and returns the
+// predicted flow velocity, float32 of the same shape.
+func (m *Model) Forward(ctx context.Context, s *Section, x []float32, timestep, guidance float32, opts ForwardOptions) ([]float32, error) {
+	out, err := m.forward(ctx, s, x, timestep, guidance, opts)
+	if err != nil {
+		return nil, fmt.Errorf("transformer forward: %w", err)
+	}
+	return out, nil
+}
+
+func (m *Model) forward(ctx context.Context, s *Section, x []float32, timestep, guidance float32, opts ForwardOptions) ([]float32, error) {
+	if s == nil || s.m != m {
+		return nil, invalidf("section prepared by another model")
+	}
+	shape := s.shape
+	if n := shape[0] * shape[1] * shape[2] * shape[3] * shape[4]; len(x) != n {
+		return nil, invalidf("hidden_states has %d values, the section's latents %v have %d", len(x), shape, n)
+	}
+	if err := checkFinite("hidden_states", x); err != nil {
+		return nil, err
+	}
+	for name, v := range map[string]float32{"timestep": timestep, "guidance": guidance} {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return nil, invalidf("%s is %v", name, v)
+		}
+	}
+	trace := opts.Trace
+	if trace == nil {
+		trace = func(string, *runtime.Tensor) {}
+	}
+	rt := m.rt
+	p := newPass(rt)
+	defer p.free()
+
+	// Image stream: [clean | noisy] tokens.
+	xt := p.do(rt.FromFloat32(x, shape[:]...))
+	noisy := m.XEmbedder.Proj.Forward(p, xt)
+	p.drop(xt)
+	if p.err != nil {
+		return nil, p.err
+	}
+	trace("x_embedder", noisy)
+	img := noisy
+	if s.clean != nil {
+		img = p.do(rt.Concat(1, s.clean, noisy))
+		p.drop(noisy)
+	}
+	if p.err != nil {
+		return nil, p.err
+	}
+	trace("packed_hidden_states", img)
+	if opts.Trace != nil {
+		if rf, err := s.ropeTable(); err == nil {
+			trace("rope_freqs", rf)
+			rf.Free()
+		}
+	}
+
+	temb := m.TimeTextEmbed.Forward(p, timestep, guidance, s.pooled)
+	text := m.ContextEmbedder.Forward(p, s.text, s.meanText, timestep, s.textMask)
+	if p.err != nil {
+		return nil, p.err
+	}
+	trace("temb", temb)
+	trace("context_embedder", text)
+	if text.Dim(1) != s.textKeep {
+		text = p.do(rt.Slice(text, 1, 0, s.textKeep))
+	}
+	txt := text
+	if s.image != nil {
+		txt = p.do(rt.Concat(1, s.image, text))
+	}
+	if p.err != nil {
+		return nil, p.err
+	}
+
+	compute := true
+	tc := opts.TeaCache
+	if tc != nil && tc.Enabled {
+		mod := m.teaCacheInput(p, img, temb)
+		if p.err != nil {
+			return nil, p.err
+		}
+		var err error
+		if compute, err = tc.decide(mod, img); err != nil {
+			return nil, err
+		}
+		p.drop(mod)
+	}
+
+	if compute {
+		out, err := m.blocks(ctx, img, txt, temb, s.rope, trace)
+		if err != nil {
+			return nil, err
+		}
+		if tc != nil && tc.Enabled {
+			res := p.do(rt.Sub(out, img))
+			if p.err != nil {
+				out.Free()
+				return nil, p.err
+			}
+			tc.setResidual(p.keep(res))
+		}
+		img = p.do(out, nil)
+	} else {
+		img = p.do(rt.Add(img, tc.residual))
+	}
+
+	h := m.NormOut.Forward(p, img, temb)
+	if p.err != nil {
+		return nil, p.err
+	}
+	if h.Dim(1) != s.noisyLen {
+		h = p.do(rt.Slice(h, 1, h.Dim(1)-s.noisyLen, h.Dim(1)))
+	}
+	o := m.ProjOut.Forward(p, h)
+	if p.err != nil {
+		return nil, p.err
+	}
+	flat, err := o.Float32()
+	if err != nil {
+		return nil, err
+	}
+	v := m.unpatchify(flat, shape)
+	if err := checkFinite("velocity", v); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNonFinite, err)
+	}
+	return v, nil
+}
+
+// teaCacheInput is transformer_blocks[0].norm1's modulated image input: TeaCache's
+// change detector.
+func (m *Model) teaCacheInput(p *pass, img, temb *runtime.Tensor) *runtime.Tensor {
+	if len(m.TransformerBlocks) == 0 {
+		p.fail(fmt.Errorf("%w: TeaCache needs at least one double block", ErrUnsupportedConfig))
+		return nil
+	}
+	a := m.TransformerBlocks[0].Norm1.Forward(p, img, temb)
+	return a.x
+}
+
+// blocks runs the double and single blocks on img [1, Li, dim] and txt [1, Lt, dim] and
+// returns the new image stream (the caller owns it); img and txt are not freed.
+func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r rope, trace Tracer) (*runtime.Tensor, error) {
+	li := img.Dim(1)
+	cur, curTxt := img, txt
+	release := func(t, keep *runtime.Tensor) {
+		if t != keep {
+			t.Free()
+		}
+	}
+	for i, blk := range m.TransformerBlocks {
+		if err := ctx.Err(); err != nil {
+			release(cur, img)
+			release(curTxt, txt)
+			return nil, err
+		}
+		ni, nt, err := blk.Forward(m.rt, cur, curTxt, temb, r)
+		release(cur, img)
+		release(curTxt, txt)
+		if err != nil {
+			return nil, fmt.Errorf("transformer_blocks.%d: %w", i, err)
+		}
+		cur, curTxt = ni, nt
+		if i == 0 {
+			trace("double_block_0_hidden", cur)
+		}
+	}
+	if len(m.SingleTransformerBlocks) == 0 {
+		release(curTxt, txt)
+		if cur == img {
+			return m.rt.Copy(img)
+		}
+		return cur, nil
+	}
+	x, err := m.rt.Concat(1, cur, curTxt)
+	release(cur, img)
+	release(curTxt, txt)
+	if err != nil {
+		return nil, err
+	}
+	for i, blk := range m.SingleTransformerBlocks {
+		if err := ctx.Err(); err != nil {
+			x.Free()
+			return nil, err
+		}
+		nx, err := blk.Forward(m.rt, x, temb, r)
+		x.Free()
+		if err != nil {
+			return nil, fmt.Errorf("single_transformer_blocks.%d: %w", i, err)
+		}
+		x = nx
+	}
+	out, err := m.rt.Slice(x, 1, 0, li)
+	x.Free()
+	if err != nil {
+		return nil, err
+	}
+	trace("last_single_block_hidden", out)
+	return out, nil
+}
+
+// unpatchify is 'b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)' with pt = 1.
+func (m *Model) unpatchify(flat []float32, shape [5]int) []float32 {
+	ps := m.Config.PatchSize
+	C, T, H, W := m.Config.OutChannelsOrIn(), shape[2], shape[3], shape[4]
+	h, w := H/ps, W/ps
+	out := make([]float32, C*T*H*W)
+	row := C * ps * ps
+	for t := range T {
+		for y := range h {
+			for x := range w {
+				tok := flat[((t*h+y)*w+x)*row:]
+				for c := range C {
+					for py := range ps {
+						for px := range ps {
+							out[((c*T+t)*H+y*ps+py)*W+x*ps+px] = tok[(c*ps+py)*ps+px]
+						}
+					}
+				}
+			}
+		}
+	}
+	return out
+}

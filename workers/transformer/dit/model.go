@@ -1,0 +1,140 @@
+package dit
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"strconv"
+
+	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/internal/safetensors"
+)
+
+// Model is HunyuanVideoTransformer3DModelPacked (FramePack's packed HunyuanVideo DiT) with its
+// weights in a runtime as float32. Field names follow the checkpoint's module names.
+type Model struct {
+	Config Config
+
+	XEmbedder       HunyuanVideoPatchEmbed                     // x_embedder
+	ContextEmbedder HunyuanVideoTokenRefiner                   // context_embedder
+	TimeTextEmbed   CombinedTimestepGuidanceTextProjEmbeddings // time_text_embed
+	CleanXEmbedder  *HunyuanVideoPatchEmbedForCleanLatents     // clean_x_embedder (has_clean_x_embedder)
+	ImageProjection *ClipVisionProjection                      // image_projection (has_image_proj)
+	Rope            HunyuanVideoRotaryPosEmbed                 // rope (no weights)
+
+	TransformerBlocks       []HunyuanVideoTransformerBlock       // transformer_blocks.N
+	SingleTransformerBlocks []HunyuanVideoSingleTransformerBlock // single_transformer_blocks.N
+
+	NormOut AdaLayerNormContinuous // norm_out (LayerNorm without affine)
+	ProjOut Linear                 // proj_out [p·p·out_channels, dim]
+
+	// Unexpected lists checkpoint tensors no module uses (the loader's caller logs them).
+	Unexpected []string
+
+	rt      *runtime.Runtime
+	weights []*runtime.Tensor
+}
+
+// LoadOptions adjust Load and New.
+type LoadOptions struct {
+	// RandomWeights makes every weight from a seeded generator instead of reading the checkpoint
+	// (benchmarks of configs without a checkpoint; only config.json is read).
+	RandomWeights bool
+	// Seed seeds RandomWeights.
+	Seed uint64
+}
+
+// Load reads dir/config.json and the checkpoint in dir (diffusion_pytorch_model.safetensors or
+// a sharded index) into rt.
+func Load(rt *runtime.Runtime, dir string, opts LoadOptions) (*Model, error) {
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		return nil, fmt.Errorf("load transformer: %w", err)
+	}
+	if opts.RandomWeights {
+		return New(rt, cfg, nil, opts)
+	}
+	ck, err := safetensors.OpenCheckpoint(dir)
+	if err != nil {
+		return nil, fmt.Errorf("load transformer: %w", err)
+	}
+	defer ck.Close()
+	m, err := New(rt, cfg, ck, opts)
+	if err != nil {
+		return nil, fmt.Errorf("load transformer %s: %w", filepath.Base(ck.Path), err)
+	}
+	return m, nil
+}
+
+// New builds the model of cfg with its weights from src (nil with opts.RandomWeights). Every
+// tensor the config needs must be in src with its shape; tensors src has beyond those are listed
+// in Model.Unexpected.
+func New(rt *runtime.Runtime, cfg Config, src WeightSource, opts LoadOptions) (*Model, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if src == nil && !opts.RandomWeights {
+		return nil, fmt.Errorf("new transformer: no weights (a checkpoint or RandomWeights)")
+	}
+	b := &binder{rt: rt, src: src, used: map[string]bool{}}
+	if src == nil {
+		b.rng = rand.New(rand.NewPCG(opts.Seed, 0x9e3779b97f4a7c15))
+	}
+	dim := cfg.InnerDim()
+	p := cfg.PatchSize
+	m := &Model{Config: cfg, rt: rt, Rope: HunyuanVideoRotaryPosEmbed{AxesDim: cfg.RopeAxesDim, Theta: cfg.RopeTheta}}
+	m.XEmbedder = HunyuanVideoPatchEmbed{Proj: bindPatchConv(b, "x_embedder.proj", cfg.InChannels, dim, [3]int{cfg.PatchSizeT, p, p})}
+	m.ContextEmbedder = bindTokenRefiner(b, "context_embedder", cfg)
+	m.TimeTextEmbed = bindTimeGuidanceText(b, "time_text_embed", dim, cfg.PooledProjectionDim)
+	if cfg.HasCleanXEmbedder {
+		m.CleanXEmbedder = bindCleanEmbedder(b, "clean_x_embedder", dim)
+	}
+	if cfg.HasImageProj {
+		ip := bindClipVisionProjection(b, "image_projection", cfg.ImageProjDim, dim)
+		m.ImageProjection = &ip
+	}
+	for i := range cfg.NumLayers {
+		m.TransformerBlocks = append(m.TransformerBlocks, bindDoubleBlock(b, "transformer_blocks."+strconv.Itoa(i), cfg))
+	}
+	for i := range cfg.NumSingleLayers {
+		m.SingleTransformerBlocks = append(m.SingleTransformerBlocks, bindSingleBlock(b, "single_transformer_blocks."+strconv.Itoa(i), cfg))
+	}
+	m.NormOut = AdaLayerNormContinuous{Linear: bindLinear(b, "norm_out.linear", dim, 2*dim, true)}
+	m.ProjOut = bindLinear(b, "proj_out", dim, cfg.PatchSizeT*p*p*cfg.OutChannelsOrIn(), true)
+	if b.err != nil {
+		b.free()
+		return nil, b.err
+	}
+	m.weights = b.all
+	m.Unexpected = b.unexpected()
+	return m, nil
+}
+
+// Runtime returns the runtime holding the weights.
+func (m *Model) Runtime() *runtime.Runtime { return m.rt }
+
+// WeightBytes is the size of the weights as held (float32).
+func (m *Model) WeightBytes() int64 {
+	var n int64
+	for _, t := range m.weights {
+		n += int64(t.NumBytes())
+	}
+	return n
+}
+
+// NumParams is the number of weight elements.
+func (m *Model) NumParams() int64 {
+	var n int64
+	for _, t := range m.weights {
+		n += int64(t.NumElements())
+	}
+	return n
+}
+
+// Close frees the weights.
+func (m *Model) Close() {
+	for _, t := range m.weights {
+		t.Free()
+	}
+	m.weights = nil
+}
