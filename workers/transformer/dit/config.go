@@ -13,28 +13,28 @@ const ClassName = "HunyuanVideoTransformer3DModelPacked"
 // Config is HunyuanVideoTransformer3DModelPacked's config.json. Zero values of a decoded file
 // are the reference constructor's defaults where it has them (DefaultConfig).
 type Config struct {
-	ClassName            string  `json:"_class_name"`
-	InChannels           int     `json:"in_channels"`
-	OutChannels          int     `json:"out_channels"`
-	NumAttentionHeads    int     `json:"num_attention_heads"`
-	AttentionHeadDim     int     `json:"attention_head_dim"`
-	NumLayers            int     `json:"num_layers"`
-	NumSingleLayers      int     `json:"num_single_layers"`
-	NumRefinerLayers     int     `json:"num_refiner_layers"`
-	MLPRatio             float64 `json:"mlp_ratio"`
-	PatchSize            int     `json:"patch_size"`
-	PatchSizeT           int     `json:"patch_size_t"`
-	QKNorm               string  `json:"qk_norm"`
-	GuidanceEmbeds       bool    `json:"guidance_embeds"`
-	TextEmbedDim         int     `json:"text_embed_dim"`
-	PooledProjectionDim  int     `json:"pooled_projection_dim"`
-	RopeTheta            float64 `json:"rope_theta"`
-	RopeAxesDim          [3]int  `json:"rope_axes_dim"`
-	HasImageProj         bool    `json:"has_image_proj"`
-	ImageProjDim         int     `json:"image_proj_dim"`
-	HasCleanXEmbedder    bool    `json:"has_clean_x_embedder"`
-	DiffusersVersion     string  `json:"_diffusers_version,omitempty"`
-	NameOrPath           string  `json:"_name_or_path,omitempty"`
+	ClassName           string  `json:"_class_name"`
+	InChannels          int     `json:"in_channels"`
+	OutChannels         int     `json:"out_channels"`
+	NumAttentionHeads   int     `json:"num_attention_heads"`
+	AttentionHeadDim    int     `json:"attention_head_dim"`
+	NumLayers           int     `json:"num_layers"`
+	NumSingleLayers     int     `json:"num_single_layers"`
+	NumRefinerLayers    int     `json:"num_refiner_layers"`
+	MLPRatio            float64 `json:"mlp_ratio"`
+	PatchSize           int     `json:"patch_size"`
+	PatchSizeT          int     `json:"patch_size_t"`
+	QKNorm              string  `json:"qk_norm"`
+	GuidanceEmbeds      bool    `json:"guidance_embeds"`
+	TextEmbedDim        int     `json:"text_embed_dim"`
+	PooledProjectionDim int     `json:"pooled_projection_dim"`
+	RopeTheta           float64 `json:"rope_theta"`
+	RopeAxesDim         [3]int  `json:"rope_axes_dim"`
+	HasImageProj        bool    `json:"has_image_proj"`
+	ImageProjDim        int     `json:"image_proj_dim"`
+	HasCleanXEmbedder   bool    `json:"has_clean_x_embedder"`
+	DiffusersVersion    string  `json:"_diffusers_version,omitempty"`
+	NameOrPath          string  `json:"_name_or_path,omitempty"`
 }
 
 // DefaultConfig is the reference constructor's defaults (the released FramePack model sets

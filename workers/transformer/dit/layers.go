@@ -176,8 +176,8 @@ type AdaLayerNormZero struct {
 // adaZeroOut is AdaLayerNormZero's result: the modulated input and the five other chunks
 // ([1, dim] each).
 type adaZeroOut struct {
-	x                                            *runtime.Tensor
-	gateMSA, shiftMLP, scaleMLP, gateMLP         *runtime.Tensor
+	x                                    *runtime.Tensor
+	gateMSA, shiftMLP, scaleMLP, gateMLP *runtime.Tensor
 }
 
 // Forward: x [1, L, dim], temb [1, dim].

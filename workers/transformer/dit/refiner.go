@@ -98,8 +98,8 @@ func (blk HunyuanVideoIndividualTokenRefinerBlock) Forward(p *pass, x, temb, mas
 // HunyuanVideoTokenRefiner is context_embedder: the text states' own small transformer,
 // conditioned on the timestep and the masked mean of the text states.
 type HunyuanVideoTokenRefiner struct {
-	TimeTextEmbed CombinedTimestepTextProjEmbeddings         // time_text_embed
-	ProjIn        Linear                                     // proj_in [dim, text_embed_dim]
+	TimeTextEmbed CombinedTimestepTextProjEmbeddings        // time_text_embed
+	ProjIn        Linear                                    // proj_in [dim, text_embed_dim]
 	Blocks        []HunyuanVideoIndividualTokenRefinerBlock // token_refiner.refiner_blocks.N
 }
 
