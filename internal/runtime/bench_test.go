@@ -108,3 +108,23 @@ func BenchmarkAttention(b *testing.B) {
 	}
 	reportGFLOPS(b, 4.0*L*L*D)
 }
+
+// BenchmarkUploadBF16: converting bf16 checkpoint bytes to an f32 tensor on upload (weight
+// loading), 32 M elements; the metric is source bytes per second.
+func BenchmarkUploadBF16(b *testing.B) {
+	const n = 32 << 20
+	rt := benchRuntime(b)
+	raw := make([]byte, 2*n)
+	for i := range raw {
+		raw[i] = byte(i * 7)
+	}
+	b.SetBytes(int64(len(raw)))
+	b.ResetTimer()
+	for range b.N {
+		t, err := rt.FromBytes(F32, BF16, raw, n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		t.Free()
+	}
+}

@@ -133,6 +133,13 @@ static void copy_task(void *arg, int64_t b, int64_t e, int th) {
                 j->sdt, (size_t)(e - b));
 }
 
+static void cpu_host_convert(void *ctx, void *dst, fpk_dtype ddt, const void *src, fpk_dtype sdt,
+                             size_t n) {
+    conv_job j = {.dst = dst, .src = src, .ddt = ddt, .sdt = sdt, .des = fpk_dtype_size(ddt),
+                  .ses = fpk_dtype_size(sdt)};
+    fpk_pool_run(CTX(ctx)->pool, (int64_t)n, 1 << 15, copy_task, &j);
+}
+
 static fpk_status cpu_copy(void *ctx, void *stream, fpk_tensor_t src, fpk_tensor_t dst) {
     (void)stream;
     conv_job j = {.dst = fpk_tensor_data(dst), .src = fpk_tensor_data(src), .ddt = dst->dtype,
@@ -979,6 +986,7 @@ static const struct fpk_backend_iface cpu_iface = {
     .copy_h2d = cpu_memcpy,
     .copy_d2h = cpu_memcpy,
     .copy_d2d = cpu_memcpy,
+    .host_convert = cpu_host_convert,
     .fill = cpu_fill,
     .gemm = cpu_gemm,
     .conv3d = cpu_conv3d_entry,

@@ -597,6 +597,14 @@ static fpk_status check_stream(fpk_stream_t s, fpk_tensor_t t, const char *what)
     return FPK_OK;
 }
 
+static void host_convert(fpk_backend_t b, void *dst, fpk_dtype ddt, const void *src, fpk_dtype sdt,
+                         size_t n) {
+    if (b->iface->host_convert && ddt != sdt)
+        b->iface->host_convert(b->ctx, dst, ddt, src, sdt, n);
+    else
+        fpk_convert(dst, ddt, src, sdt, n);
+}
+
 /* Host staging for conversions on a device backend, in pieces of at most this many bytes. */
 #define STAGE_BYTES ((size_t)16 << 20)
 
@@ -618,7 +626,7 @@ fpk_status fpk_tensor_upload(fpk_stream_t s, fpk_tensor_t dst, fpk_dtype sdt, co
     if (sdt == dst->dtype) return b->iface->copy_h2d(b->ctx, s->ctx, fpk_tensor_data(dst), src, nbytes);
     size_t des = fpk_dtype_size(dst->dtype);
     if (b->is_host) {
-        fpk_convert(fpk_tensor_data(dst), dst->dtype, src, sdt, (size_t)dst->numel);
+        host_convert(b, fpk_tensor_data(dst), dst->dtype, src, sdt, (size_t)dst->numel);
         return FPK_OK;
     }
     size_t per = STAGE_BYTES / des;
@@ -626,7 +634,7 @@ fpk_status fpk_tensor_upload(fpk_stream_t s, fpk_tensor_t dst, fpk_dtype sdt, co
     if (!stage) return fpk_set_oom(per * des, 0, "host staging buffer");
     for (size_t i = 0; i < (size_t)dst->numel; i += per) {
         size_t n = (size_t)dst->numel - i < per ? (size_t)dst->numel - i : per;
-        fpk_convert(stage, dst->dtype, (const char *)src + i * ses, sdt, n);
+        host_convert(b, stage, dst->dtype, (const char *)src + i * ses, sdt, n);
         st = b->iface->copy_h2d(b->ctx, s->ctx, (char *)fpk_tensor_data(dst) + i * des, stage, n * des);
         if (st == FPK_OK && b->iface->stream_synchronize) st = b->iface->stream_synchronize(b->ctx, s->ctx);
         if (st != FPK_OK) break;
@@ -654,7 +662,7 @@ fpk_status fpk_tensor_download(fpk_stream_t s, fpk_tensor_t src, fpk_dtype ddt, 
     }
     size_t ses = fpk_dtype_size(src->dtype);
     if (b->is_host) {
-        fpk_convert(dst, ddt, fpk_tensor_data(src), src->dtype, (size_t)src->numel);
+        host_convert(b, dst, ddt, fpk_tensor_data(src), src->dtype, (size_t)src->numel);
         return FPK_OK;
     }
     size_t per = STAGE_BYTES / ses;
@@ -665,7 +673,7 @@ fpk_status fpk_tensor_download(fpk_stream_t s, fpk_tensor_t src, fpk_dtype ddt, 
         st = b->iface->copy_d2h(b->ctx, s->ctx, stage, (const char *)fpk_tensor_data(src) + i * ses, n * ses);
         if (st == FPK_OK && b->iface->stream_synchronize) st = b->iface->stream_synchronize(b->ctx, s->ctx);
         if (st != FPK_OK) break;
-        fpk_convert((char *)dst + i * des, ddt, stage, src->dtype, n);
+        host_convert(b, (char *)dst + i * des, ddt, stage, src->dtype, n);
     }
     free(stage);
     return st;

@@ -93,6 +93,11 @@ struct fpk_backend_iface {
     fpk_status (*copy_d2h)(void *ctx, void *stream, void *dst, const void *src, size_t n);
     fpk_status (*copy_d2d)(void *ctx, void *stream, void *dst, const void *src, size_t n);
 
+    /* Host-side dtype conversion of n elements (optional; the core converts on one thread
+     * otherwise). Used by upload and download when the dtypes differ. */
+    void (*host_convert)(void *ctx, void *dst, fpk_dtype ddt, const void *src, fpk_dtype sdt,
+                         size_t n);
+
     /* Ops (optional). */
     fpk_status (*fill)(void *ctx, void *stream, fpk_tensor_t t, double value);
     fpk_status (*gemm)(void *ctx, void *stream, const fpk_gemm_params *p, fpk_tensor_t a,
