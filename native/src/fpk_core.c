@@ -116,6 +116,31 @@ void fpk_convert(void *dst, fpk_dtype ddt, const void *src, fpk_dtype sdt, size_
         memcpy(dst, src, n * fpk_dtype_size(ddt));
         return;
     }
+    /* the weight-loading paths, as tight loops */
+    if (ddt == FPK_F32 && sdt == FPK_BF16) {
+        const uint16_t *h = src;
+        uint32_t *f = dst;
+        for (size_t i = 0; i < n; i++) f[i] = (uint32_t)h[i] << 16;
+        return;
+    }
+    if (ddt == FPK_F32 && sdt == FPK_F16) {
+        const uint16_t *h = src;
+        float *f = dst;
+        for (size_t i = 0; i < n; i++) f[i] = fpk_f16_to_f32(h[i]);
+        return;
+    }
+    if (ddt == FPK_BF16 && sdt == FPK_F32) {
+        const float *f = src;
+        uint16_t *h = dst;
+        for (size_t i = 0; i < n; i++) h[i] = fpk_f32_to_bf16(f[i]);
+        return;
+    }
+    if (ddt == FPK_F16 && sdt == FPK_F32) {
+        const float *f = src;
+        uint16_t *h = dst;
+        for (size_t i = 0; i < n; i++) h[i] = fpk_f32_to_f16(f[i]);
+        return;
+    }
     if (ddt == FPK_I32 && sdt == FPK_U8) {
         for (size_t i = 0; i < n; i++) ((int32_t *)dst)[i] = ((const uint8_t *)src)[i];
         return;
