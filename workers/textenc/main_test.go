@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/framepackd/framepackd/internal/parity"
+	"github.com/framepackd/framepackd/internal/shm"
+	"github.com/framepackd/framepackd/internal/workerkit"
+)
+
+// workerBin is the textenc binary built for this test run.
+var workerBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "textenc-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	workerBin = filepath.Join(dir, "textenc")
+	out, err := exec.Command("go", "build", "-o", workerBin, ".").CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build textenc: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// callTimeout bounds every call to a worker process.
+const callTimeout = 2 * time.Minute
+
+// snapshotDir returns a folder laid out as a HunyuanVideo snapshot (text_encoder/,
+// text_encoder_2/, tokenizer/, tokenizer_2/) for the fixture's models: their common parent when
+// they are laid out so, otherwise a temporary folder of links.
+func snapshotDir(t *testing.T, fx *parity.Fixture) string {
+	t.Helper()
+	keys := []string{"text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"}
+	paths := map[string]string{}
+	for _, k := range keys {
+		p, err := fx.ModelPath(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		paths[k] = p
+	}
+	parent := filepath.Dir(paths[keys[0]])
+	standard := true
+	for _, k := range keys {
+		if paths[k] != filepath.Join(parent, k) {
+			standard = false
+		}
+	}
+	if standard {
+		return parent
+	}
+	dir := t.TempDir()
+	for _, k := range keys {
+		if err := os.Symlink(paths[k], filepath.Join(dir, k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// testLog is a quiet logger for worker processes (their stderr still reaches failures).
+func testLog() *logrus.Entry {
+	l := logrus.New()
+	l.SetLevel(logrus.WarnLevel)
+	return logrus.NewEntry(l)
+}
+
+// startWorker starts the textenc binary and kills it when the test ends.
+func startWorker(t *testing.T) *workerkit.Process {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+	defer cancel()
+	p, err := workerkit.Start(ctx, workerkit.Config{Name: "textenc", Path: workerBin, Log: testLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// loadWorker starts a worker and loads modelDir into it.
+func loadWorker(t *testing.T, modelDir string) (*workerkit.Process, *workerkit.LoadResponse) {
+	t.Helper()
+	p := startWorker(t)
+	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+	defer cancel()
+	resp, err := p.Load(ctx, &workerkit.LoadRequest{ModelDir: modelDir, Backend: "cpu"})
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	return p, resp
+}
+
+var segmentCount atomic.Int64
+
+// newArena makes a job arena in shared memory (/dev/shm when the machine has it) that is
+// removed when the test ends.
+func newArena(t *testing.T) *shm.Arena {
+	t.Helper()
+	rootDir := t.TempDir()
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		rootDir = filepath.Join("/dev/shm", fmt.Sprintf("framepackd-textenc-test-%d-%d", os.Getpid(), segmentCount.Add(1)))
+		t.Cleanup(func() { os.RemoveAll(rootDir) })
+	}
+	root, err := shm.OpenRoot(rootDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := root.NewArena("job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a
+}
+
+// outputs are the six output tensors of a text_encode stage, read back from shared memory.
+type outputs struct {
+	LlamaVec, ClipPooler, LlamaVecN, ClipPoolerN []float32
+	LlamaVecShape, ClipPoolerShape               []int64
+	LlamaMask, LlamaMaskN                        []int64
+}
+
+// stageRefs fills the output refs of req with segments of a (positive outputs in one file,
+// negative outputs in another, to cover both layouts).
+func stageRefs(t *testing.T, a *shm.Arena, req *workerkit.TextEncodeRequest) {
+	t.Helper()
+	n := segmentCount.Add(1)
+	pos, err := a.NewSegment(fmt.Sprintf("cond-%d", n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	neg, err := a.NewSegment(fmt.Sprintf("cond-n-%d", n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.LlamaVec = workerkit.TensorRef{Path: pos, Name: "llama_vec"}
+	req.LlamaMask = workerkit.TensorRef{Path: pos, Name: "llama_mask"}
+	req.ClipPooler = workerkit.TensorRef{Path: pos, Name: "clip_pooler"}
+	req.LlamaVecN = workerkit.TensorRef{Path: neg, Name: "llama_vec"}
+	req.LlamaMaskN = workerkit.TensorRef{Path: neg, Name: "llama_mask"}
+	req.ClipPoolerN = workerkit.TensorRef{Path: neg, Name: "clip_pooler"}
+}
+
+// readOutputs maps the result's segments and reads the six tensors.
+func readOutputs(t *testing.T, res *workerkit.Result) outputs {
+	t.Helper()
+	if len(res.Outputs) != 6 {
+		t.Fatalf("%d outputs, want 6", len(res.Outputs))
+	}
+	floats := func(r workerkit.TensorRef) ([]float32, []int64) {
+		m, err := shm.Open(r.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		v, shape, err := m.Float32(r.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !parity.SameShape(shape, r.Shape) {
+			t.Errorf("%s: file shape %v, result says %v", r.Name, shape, r.Shape)
+		}
+		return v, shape
+	}
+	ints := func(r workerkit.TensorRef) []int64 {
+		m, err := shm.Open(r.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		v, _, err := m.Int64(r.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	var o outputs
+	o.LlamaVec, o.LlamaVecShape = floats(res.Outputs[0])
+	o.LlamaMask = ints(res.Outputs[1])
+	o.ClipPooler, o.ClipPoolerShape = floats(res.Outputs[2])
+	o.LlamaVecN, _ = floats(res.Outputs[3])
+	o.LlamaMaskN = ints(res.Outputs[4])
+	o.ClipPoolerN, _ = floats(res.Outputs[5])
+	return o
+}
+
+// runStage runs one text_encode stage on p and reads its outputs.
+func runStage(t *testing.T, p *workerkit.Process, a *shm.Arena, req workerkit.TextEncodeRequest) (outputs, []workerkit.Event) {
+	t.Helper()
+	stageRefs(t, a, &req)
+	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+	defer cancel()
+	var events []workerkit.Event
+	res, err := p.Run(ctx, &workerkit.RunRequest{JobID: "test", Stage: &req}, func(e workerkit.Event) error {
+		events = append(events, e)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	return readOutputs(t, res), events
+}

@@ -1,0 +1,309 @@
+package main
+
+import (
+	"context"
+	"testing"
+
+	"github.com/framepackd/framepackd/internal/parity"
+	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/internal/shm"
+	"github.com/framepackd/framepackd/internal/tokenizer"
+	"github.com/framepackd/framepackd/internal/workerkit"
+)
+
+// loadEncoder loads the encoder in this process (for the ids checks and the in-process test).
+func loadEncoder(t *testing.T, dir string) *Encoder {
+	t.Helper()
+	rt, err := runtime.New(runtime.Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc, err := LoadEncoder(rt, SnapshotPaths(dir), runtime.F32)
+	if err != nil {
+		rt.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		enc.Close()
+		if m := rt.Memory(); m.LiveTensors != 0 {
+			t.Errorf("leak: %d tensors (%d bytes) still held", m.LiveTensors, m.Allocated)
+		}
+		rt.Close()
+	})
+	return enc
+}
+
+func mismatches(got, want []int64) int {
+	n := max(len(got), len(want)) - min(len(got), len(want))
+	for i := range min(len(got), len(want)) {
+		if got[i] != want[i] {
+			n++
+		}
+	}
+	return n
+}
+
+func boolsToInts(b []bool) []int64 {
+	v := make([]int64, len(b))
+	for i, x := range b {
+		if x {
+			v[i] = 1
+		}
+	}
+	return v
+}
+
+func count(v []int64) int {
+	n := 0
+	for _, x := range v {
+		if x != 0 {
+			n++
+		}
+	}
+	return n
+}
+
+func allZero(v []float32) bool {
+	for _, x := range v {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// encodeParams reads a textenc.encode_prompt_conds case's lengths.
+func encodeParams(t *testing.T, c parity.Case) Params {
+	t.Helper()
+	var index, cropStart, padLength int
+	if !c.Param(t, "hidden_state_index", &index) || !c.Param(t, "crop_start", &cropStart) || !c.Param(t, "pad_length", &padLength) {
+		t.Fatalf("case %s: params hidden_state_index, crop_start and pad_length are required", c.Name)
+	}
+	if index != LlamaHiddenStateIndex {
+		t.Fatalf("case %s: hidden_state_index %d; the worker computes FramePack's %d", c.Name, index, LlamaHiddenStateIndex)
+	}
+	llamaIDs := c.Input(t, "llama_ids")
+	clipIDs := c.Input(t, "clip_ids")
+	return Params{LlamaMaxLength: len(llamaIDs.Ints) - cropStart, CLIPMaxLength: len(clipIDs.Ints),
+		CropStart: cropStart, PadLength: padLength}
+}
+
+func stageRequest(prompt, negative string, cfg float32, p Params) workerkit.TextEncodeRequest {
+	return workerkit.TextEncodeRequest{Prompt: prompt, NegativePrompt: negative, CFG: cfg,
+		LlamaMaxLength: uint32(p.LlamaMaxLength), ClipMaxLength: uint32(p.CLIPMaxLength),
+		CropStart: uint32(p.CropStart), PadLength: uint32(p.PadLength)}
+}
+
+// checkEncodeOutputs compares one side (positive or negative) of a stage with case c's outputs.
+func checkEncodeOutputs(t *testing.T, c parity.Case, label string, vec []float32, vecShape []int64, mask []int64,
+	pooler []float32, poolerShape []int64) {
+	t.Helper()
+	want := c.Output(t, "llama_vec")
+	rows, hidden := want.Shape[1], want.Shape[2]
+	if int64(count(mask)) != rows {
+		t.Errorf("case %s %s: mask marks %d rows, llama_vec has %d", c.Name, label, count(mask), rows)
+	}
+	c.Check(t, label+"llama_vec", vec[:rows*hidden], []int64{1, rows, hidden}, want)
+	c.Check(t, label+"clip_pooler", pooler, poolerShape, c.Output(t, "clip_pooler"))
+	c.Check(t, label+"llama_vec_padded", vec, vecShape, c.Output(t, "llama_vec_padded"))
+	wantMask := c.Output(t, "llama_mask_padded")
+	m := mismatches(mask, wantMask.Ints)
+	t.Logf("case %s %sllama_mask_padded: mismatches=%d tol=0", c.Name, label, m)
+	if m != 0 {
+		t.Errorf("case %s %sllama_mask_padded: %d mismatches", c.Name, label, m)
+	}
+}
+
+// TestParityTextenc checks every case of the textenc fixture through the real worker process
+// and shared memory: tokenize (ids and masks exact, in process with the worker's tokenizer code,
+// and through the worker: its outputs for the prompt equal the models' outputs for the
+// reference ids) and textenc.encode_prompt_conds (llama_vec, clip_pooler and the padded outputs
+// within the case's rel_l2; the zero negative at cfg 1; the negative prompt encoded otherwise).
+func TestParityTextenc(t *testing.T) {
+	fx := parity.Load(t, "textenc")
+	dir := snapshotDir(t, fx)
+	p, _ := loadWorker(t, dir)
+	a := newArena(t)
+	enc := loadEncoder(t, dir)
+	var encodeCases []parity.Case
+	checked := 0
+	for _, c := range fx.Cases {
+		switch c.Op {
+		case "tokenize":
+			checkTokenizeCase(t, enc, p, a, c)
+		case "textenc.encode_prompt_conds":
+			checkEncodeCase(t, p, a, c)
+			encodeCases = append(encodeCases, c)
+		default:
+			t.Errorf("case %s: unknown op %q", c.Name, c.Op)
+			continue
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Fatal("the textenc fixture has no cases")
+	}
+	// The negative prompt: each encode case's prompt as the negative of the previous one.
+	for i, c := range encodeCases {
+		if len(encodeCases) < 2 {
+			break
+		}
+		n := encodeCases[(i+1)%len(encodeCases)]
+		pp, np := encodeParams(t, c), encodeParams(t, n)
+		if pp != np {
+			continue
+		}
+		var prompt, negative string
+		c.InputValue(t, "prompt", &prompt)
+		n.InputValue(t, "prompt", &negative)
+		o, _ := runStage(t, p, a, stageRequest(prompt, negative, 7.5, pp))
+		checkEncodeOutputs(t, c, "cfg7.5 ", o.LlamaVec, o.LlamaVecShape, o.LlamaMask, o.ClipPooler, o.ClipPoolerShape)
+		checkEncodeOutputs(t, n, "as negative ", o.LlamaVecN, o.LlamaVecShape, o.LlamaMaskN, o.ClipPoolerN, o.ClipPoolerShape)
+	}
+}
+
+func checkEncodeCase(t *testing.T, p *workerkit.Process, a *shm.Arena, c parity.Case) {
+	t.Helper()
+	params := encodeParams(t, c)
+	var prompt string
+	c.InputValue(t, "prompt", &prompt)
+	o, events := runStage(t, p, a, stageRequest(prompt, "not encoded at cfg 1", 1, params))
+	if len(events) == 0 {
+		t.Errorf("case %s: no progress events", c.Name)
+	}
+	checkEncodeOutputs(t, c, "", o.LlamaVec, o.LlamaVecShape, o.LlamaMask, o.ClipPooler, o.ClipPoolerShape)
+	// cfg 1: zeros_like(llama_vec) padded by crop_or_pad_yield_mask, so the mask is the positive's.
+	if !allZero(o.LlamaVecN) || !allZero(o.ClipPoolerN) || mismatches(o.LlamaMaskN, o.LlamaMask) != 0 {
+		t.Errorf("case %s: cfg 1 negative is not zeros with the positive's mask", c.Name)
+	}
+	if len(o.LlamaVecN) != len(o.LlamaVec) || len(o.ClipPoolerN) != len(o.ClipPooler) {
+		t.Errorf("case %s: cfg 1 negative shapes differ from the positive's", c.Name)
+	}
+}
+
+func checkTokenizeCase(t *testing.T, enc *Encoder, p *workerkit.Process, a *shm.Arena, c parity.Case) {
+	t.Helper()
+	var prompt, template string
+	var llamaMax, clipMax int
+	if !c.Param(t, "llama_template", &template) || !c.Param(t, "llama_max_length", &llamaMax) ||
+		!c.Param(t, "clip_max_length", &clipMax) {
+		t.Fatalf("case %s: params llama_template, llama_max_length and clip_max_length are required", c.Name)
+	}
+	if template != tokenizer.HunyuanTemplate {
+		t.Fatalf("case %s: the worker applies HunyuanVideo's template only", c.Name)
+	}
+	c.InputValue(t, "prompt", &prompt)
+	params := Params{LlamaMaxLength: llamaMax - DefaultCropStart, CLIPMaxLength: clipMax}
+
+	// The ids, exactly, from the tokenizer code the worker runs.
+	toks, err := enc.Tokenize(prompt, params)
+	if err != nil {
+		t.Fatalf("case %s: %v", c.Name, err)
+	}
+	want := tokenizer.PromptTokens{LlamaIDs: c.Output(t, "llama_ids").Ints, LlamaMask: c.Output(t, "llama_mask").Ints,
+		CLIPIDs: c.Output(t, "clip_ids").Ints}
+	total := 0
+	for _, o := range []struct {
+		name      string
+		got, want []int64
+	}{{"llama_ids", toks.LlamaIDs, want.LlamaIDs}, {"llama_mask", toks.LlamaMask, want.LlamaMask}, {"clip_ids", toks.CLIPIDs, want.CLIPIDs}} {
+		m := mismatches(o.got, o.want)
+		if m != 0 {
+			t.Errorf("case %s %s: %d mismatches\n got %v\nwant %v", c.Name, o.name, m, o.got, o.want)
+		}
+		total += m
+	}
+
+	// Through the worker: the stage's outputs for the prompt are the models' outputs for the
+	// reference ids (any id that reaches a model changes them far beyond this bound).
+	ref, err := enc.EncodeTokens(want, params)
+	if err != nil {
+		t.Fatalf("case %s: encode reference ids: %v", c.Name, err)
+	}
+	o, _ := runStage(t, p, a, stageRequest(prompt, "", 1, params))
+	eVec := parity.RelL2(o.LlamaVec, ref.LlamaVec)
+	ePool := parity.RelL2(o.ClipPooler, ref.CLIPPooler)
+	mm := mismatches(o.LlamaMask, boolsToInts(ref.LlamaMask))
+	const tol = 1e-5
+	t.Logf("case %s: ids mismatches=%d tol=0; worker vs reference ids: llama rel_l2=%.3g clip rel_l2=%.3g mask mismatches=%d tol=%g",
+		c.Name, total, eVec, ePool, mm, tol)
+	if !(eVec <= tol) || !(ePool <= tol) || mm != 0 {
+		t.Errorf("case %s: the worker's outputs for the prompt differ from the outputs for the reference ids", c.Name)
+	}
+}
+
+// TestEncoderInProcess runs the whole encode in process on the reference ids (no tokenizer, no
+// worker) and checks every output.
+func TestEncoderInProcess(t *testing.T) {
+	fx := parity.Load(t, "textenc")
+	enc := loadEncoder(t, snapshotDir(t, fx))
+	checked := 0
+	for _, c := range fx.Cases {
+		if c.Op != "textenc.encode_prompt_conds" {
+			continue
+		}
+		params := encodeParams(t, c)
+		toks := tokenizer.PromptTokens{LlamaIDs: c.Input(t, "llama_ids").Ints, LlamaMask: c.Input(t, "llama_mask").Ints,
+			CLIPIDs: c.Input(t, "clip_ids").Ints}
+		got, err := enc.EncodeTokens(toks, params)
+		if err != nil {
+			t.Fatalf("case %s: %v", c.Name, err)
+		}
+		hidden := int64(enc.Llama.Config.HiddenSize)
+		checkEncodeOutputs(t, c, "in process ", got.LlamaVec, []int64{1, int64(params.PadLength), hidden},
+			boolsToInts(got.LlamaMask), got.CLIPPooler, []int64{1, int64(len(got.CLIPPooler))})
+		checked++
+	}
+	if checked == 0 {
+		t.Fatal("the textenc fixture has no textenc.encode_prompt_conds case")
+	}
+}
+
+// TestLayersComputedInWorker checks through the worker's Stats (the runtime's op counters) that
+// a stage computes num_hidden_layers − 2 Llama layers per prompt and no final norm.
+func TestLayersComputedInWorker(t *testing.T) {
+	fx := parity.Load(t, "textenc")
+	dir := snapshotDir(t, fx)
+	enc := loadEncoder(t, dir) // for the configs
+	L, clipLayers := enc.Llama.Config.NumHiddenLayers, enc.CLIP.Config.NumHiddenLayers
+	p, resp := loadWorker(t, dir)
+	a := newArena(t)
+	if resp.WeightBytes == 0 || resp.Backend != "cpu" {
+		t.Errorf("load response %+v", resp)
+	}
+	stats := func() map[string]uint64 {
+		ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+		defer cancel()
+		st, err := p.Stats(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.OpCounts
+	}
+	before := stats()
+	runStage(t, p, a, stageRequest("a red chair", "", 1, Params{}))
+	mid := stats()
+	runStage(t, p, a, stageRequest("a red chair", "blurry", 3, Params{}))
+	after := stats()
+	for _, s := range []struct {
+		name     string
+		from, to map[string]uint64
+		prompts  uint64
+	}{{"cfg 1", before, mid, 1}, {"cfg 3", mid, after, 2}} {
+		attn := s.to["attention"] - s.from["attention"]
+		rms := s.to["rms norm"] - s.from["rms norm"]
+		wantAttn := s.prompts * uint64(L-2+clipLayers)
+		wantRMS := s.prompts * uint64(2*(L-2))
+		t.Logf("%s: %d attention ops (want %d: %d llama + %d clip layers per prompt), %d rms norms (want %d)",
+			s.name, attn, wantAttn, L-2, clipLayers, rms, wantRMS)
+		if attn != wantAttn || rms != wantRMS {
+			t.Errorf("%s: %d attention and %d rms norm ops, want %d and %d", s.name, attn, rms, wantAttn, wantRMS)
+		}
+	}
+	if enc.Llama.Plan.Layers != L-2 {
+		t.Errorf("plan computes %d layers, want %d", enc.Llama.Plan.Layers, L-2)
+	}
+	if enc.Llama.Norm != nil {
+		t.Error("the final norm was loaded")
+	}
+}

@@ -1,0 +1,463 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/internal/safetensors"
+	"github.com/framepackd/framepackd/internal/shm"
+	"github.com/framepackd/framepackd/internal/tokenizer"
+	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/workers/textenc/internal/nn"
+)
+
+// worker serves text_encode stages.
+type worker struct {
+	k   *workerkit.Kit
+	log *logrus.Entry
+
+	// mu protects rt, enc, fault, loadTime and computeTime; Run holds it for the whole stage.
+	mu          sync.Mutex
+	rt          *runtime.Runtime
+	enc         *Encoder
+	fault       *workerkit.Fault
+	loadTime    time.Duration
+	computeTime time.Duration
+
+	// opsMu protects ops.
+	opsMu sync.Mutex
+	ops   map[string]uint64
+}
+
+var _ workerkit.Worker = (*worker)(nil)
+
+func newWorker(k *workerkit.Kit) *worker {
+	log := k.Log
+	if log == nil {
+		log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	return &worker{k: k, log: log.WithField("worker", "textenc"), ops: map[string]uint64{}}
+}
+
+// invalid returns err as an InvalidArgument worker error.
+func invalid(err error) error {
+	return &workerkit.Error{Code: workerkit.CodeInvalidArgument, Message: err.Error()}
+}
+
+// classify maps an error of loading or encoding to the worker error the supervisor acts on.
+func classify(err error) error {
+	var oom *runtime.OOMError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &oom):
+		return &workerkit.Error{Code: workerkit.CodeOutOfMemory, Message: err.Error(),
+			RequestedBytes: oom.Requested, AvailableBytes: oom.Available}
+	case errors.Is(err, runtime.ErrOutOfMemory):
+		return &workerkit.Error{Code: workerkit.CodeOutOfMemory, Message: err.Error()}
+	case errors.Is(err, runtime.ErrDeviceLost):
+		return &workerkit.Error{Code: workerkit.CodeDeviceLost, Message: err.Error()}
+	case errors.Is(err, ErrInvalidArgument), errors.Is(err, nn.ErrBadInput), errors.Is(err, tokenizer.ErrInvalidPrompt):
+		return invalid(err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return &workerkit.Error{Code: workerkit.CodeCancelled, Message: err.Error()}
+	}
+	return err
+}
+
+// observe is the runtime's op observer: it keeps the beacon current, counts ops and fires
+// injected faults.
+func (w *worker) observe(e runtime.OpEvent) {
+	if e.Phase == runtime.OpEnd {
+		w.k.Beacon.EndOp()
+		return
+	}
+	seq := w.k.Beacon.BeginOp(e.Op) // the beacon's op number, which Fault counts in
+	if seq == 0 {
+		seq = e.Seq // no beacon: the runtime's own count (also from 1)
+	}
+	w.opsMu.Lock()
+	w.ops[e.Op]++
+	w.opsMu.Unlock()
+	if f := w.fault; f != nil {
+		if f.ExitAtOp != 0 && seq == f.ExitAtOp {
+			sig := syscall.Signal(f.ExitSignal)
+			if sig == 0 {
+				sig = syscall.SIGKILL
+			}
+			w.log.WithFields(logrus.Fields{"op": e.Op, "seq": seq, "signal": sig}).Warn("fault: exiting at op")
+			syscall.Kill(os.Getpid(), sig)
+			select {} // the signal ends the process
+		}
+		if f.HangAtOp != 0 && seq == f.HangAtOp {
+			w.log.WithFields(logrus.Fields{"op": e.Op, "seq": seq}).Warn("fault: hanging at op")
+			select {}
+		}
+	}
+}
+
+// Load opens the cpu runtime and loads both text encoders from the snapshot folder
+// req.ModelDir (text_encoder/, text_encoder_2/, tokenizer/, tokenizer_2/).
+func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerkit.LoadResponse, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.enc != nil {
+		return nil, invalid(errors.New("load: already loaded"))
+	}
+	start := time.Now()
+	if req.ModelDir == "" {
+		return nil, invalid(errors.New("load: model_dir is required"))
+	}
+	switch req.Backend {
+	case "", "auto", "cpu":
+	default:
+		return nil, workerkit.Errorf(workerkit.CodeInternal, "load: backend %q is not available in this build (cpu only)", req.Backend)
+	}
+	switch req.DType {
+	case "", "fp32":
+	default:
+		return nil, invalid(fmt.Errorf("load: dtype %q: the cpu backend computes in fp32", req.DType))
+	}
+	if f := req.Fault; f != nil {
+		if f.OOMAtOp != 0 || f.HangConvTier != workerkit.ConvTierUnspecified || f.HoldVRAMBytes != 0 {
+			return nil, invalid(errors.New("load: fault: textenc injects exit_at_op and hang_at_op only"))
+		}
+		w.fault = f
+	}
+	for k, v := range req.Env {
+		if err := os.Setenv(k, v); err != nil {
+			return nil, invalid(fmt.Errorf("load: env %s: %w", k, err))
+		}
+	}
+	if req.MemoryCapBytes > math.MaxInt64 {
+		return nil, invalid(fmt.Errorf("load: memory cap %d too large", req.MemoryCapBytes))
+	}
+	rt, err := runtime.New(runtime.Options{MemoryCap: int64(req.MemoryCapBytes), OpObserver: w.observe})
+	if err != nil {
+		return nil, classify(fmt.Errorf("load: %w", err))
+	}
+	enc, err := LoadEncoder(rt, SnapshotPaths(req.ModelDir), runtime.F32)
+	if err != nil {
+		rt.Close()
+		if !errors.As(err, new(*runtime.OOMError)) {
+			// A snapshot that cannot be read, parsed or bound will not load on a retry either.
+			return nil, invalid(fmt.Errorf("load %s: %w", req.ModelDir, err))
+		}
+		return nil, classify(fmt.Errorf("load %s: %w", req.ModelDir, err))
+	}
+	w.rt, w.enc = rt, enc
+	w.loadTime = time.Since(start)
+	w.logReport(enc)
+	mem := rt.Memory()
+	w.k.Beacon.SetBytes(int64(mem.Allocated))
+	info := rt.Backend()
+	return &workerkit.LoadResponse{
+		Backend: info.Name, DType: "fp32",
+		Device:               &workerkit.Device{Index: uint32(info.Device), Name: info.DeviceName, TotalMemoryBytes: info.DeviceMemory},
+		WeightBytes:          uint64(enc.WeightBytes()),
+		DeviceAllocatedBytes: mem.Allocated,
+		LoadDuration:         w.loadTime,
+	}, nil
+}
+
+func (w *worker) logReport(enc *Encoder) {
+	for _, r := range []struct {
+		model string
+		rep   nn.Report
+	}{{"text_encoder", enc.Llama.Report}, {"text_encoder_2", enc.CLIP.Report}} {
+		log := w.log.WithFields(logrus.Fields{"model": r.model, "tensors": r.rep.Loaded, "bytes": r.rep.Bytes,
+			"skipped": len(r.rep.Skipped)})
+		log.Info("model loaded")
+		for _, n := range r.rep.Unexpected {
+			w.log.WithFields(logrus.Fields{"model": r.model, "tensor": n}).Warn("unexpected tensor in checkpoint")
+		}
+	}
+	w.log.WithFields(logrus.Fields{"layers_computed": enc.Llama.Plan.Layers, "num_hidden_layers": enc.Llama.Config.NumHiddenLayers,
+		"hidden_state": enc.Llama.Plan.HiddenStateIndex}).Info("llama plan")
+	if enc.TemplatePrefix != DefaultCropStart {
+		w.log.WithFields(logrus.Fields{"template_prefix": enc.TemplatePrefix, "crop_start": DefaultCropStart}).
+			Warn("the prompt template's prefix is not crop_start tokens long with this tokenizer")
+	}
+}
+
+// Run serves one text_encode stage.
+func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit workerkit.Emit) (*workerkit.Result, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.enc == nil {
+		return nil, invalid(errors.New("run: not loaded"))
+	}
+	te, ok := req.Stage.(*workerkit.TextEncodeRequest)
+	if !ok {
+		return nil, invalid(fmt.Errorf("run: the textenc worker runs text_encode stages, not %T", req.Stage))
+	}
+	start := time.Now()
+	defer func() { w.computeTime += time.Since(start) }()
+	log := w.log.WithField("job", req.JobID)
+	res, err := w.textEncode(ctx, te, emit, start)
+	if err != nil {
+		err = classify(fmt.Errorf("text_encode: %w", err))
+		log.WithError(err).Warn("stage failed")
+		return nil, err
+	}
+	log.WithField("elapsed", time.Since(start)).Info("stage done")
+	return res, nil
+}
+
+// outputSpec is one output of a stage: where it goes and what it holds.
+type outputSpec struct {
+	ref   workerkit.TensorRef
+	field string
+	data  []byte
+	dtype safetensors.DType
+	shape []int64
+}
+
+func (w *worker) textEncode(ctx context.Context, req *workerkit.TextEncodeRequest, emit workerkit.Emit, start time.Time) (*workerkit.Result, error) {
+	refs := []struct {
+		field string
+		ref   workerkit.TensorRef
+	}{{"llama_vec", req.LlamaVec}, {"llama_mask", req.LlamaMask}, {"clip_pooler", req.ClipPooler},
+		{"llama_vec_n", req.LlamaVecN}, {"llama_mask_n", req.LlamaMaskN}, {"clip_pooler_n", req.ClipPoolerN}}
+	for _, r := range refs {
+		if err := checkOutputRef(r.field, r.ref); err != nil {
+			return nil, err
+		}
+	}
+	if math.IsNaN(float64(req.CFG)) || math.IsInf(float64(req.CFG), 0) {
+		return nil, fmt.Errorf("%w: cfg %v", ErrInvalidArgument, req.CFG)
+	}
+	p := Params{LlamaMaxLength: int(req.LlamaMaxLength), CLIPMaxLength: int(req.ClipMaxLength),
+		CropStart: int(req.CropStart), PadLength: int(req.PadLength)}
+	progress := func(phase string, step, total uint32) error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if emit == nil {
+			return nil
+		}
+		return emit(&workerkit.Progress{Phase: phase, Step: step, TotalSteps: total, Elapsed: time.Since(start)})
+	}
+	total := uint32(2)
+	if req.CFG == 1 {
+		total = 1
+	}
+	if err := progress("encode_prompt", 0, total); err != nil {
+		return nil, err
+	}
+	w.k.Beacon.SetStep(1, int(total))
+	pos, err := w.enc.Encode(req.Prompt, p)
+	if err != nil {
+		return nil, fmt.Errorf("prompt: %w", err)
+	}
+	if err := progress("encode_prompt", 1, total); err != nil {
+		return nil, err
+	}
+	var neg Conds
+	if req.CFG == 1 {
+		neg = ZeroNegative(pos) // demo_gradio.py: torch.zeros_like, negative prompt not encoded
+	} else {
+		w.k.Beacon.SetStep(2, int(total))
+		if neg, err = w.enc.Encode(req.NegativePrompt, p); err != nil {
+			return nil, fmt.Errorf("negative prompt: %w", err)
+		}
+		if err := progress("encode_negative", 2, total); err != nil {
+			return nil, err
+		}
+	}
+	w.k.Beacon.SetStep(0, 0)
+	if err := progress("write", 0, 0); err != nil {
+		return nil, err
+	}
+	pad := int64(len(pos.LlamaMask))
+	hidden := int64(w.enc.Llama.Config.HiddenSize)
+	clipHidden := int64(w.enc.CLIP.Config.HiddenSize)
+	outs := make([]outputSpec, 0, len(refs))
+	for i, c := range []Conds{pos, neg} {
+		vec, err := floatOutput(refs[3*i].field, refs[3*i].ref, c.LlamaVec, []int64{1, pad, hidden})
+		if err != nil {
+			return nil, err
+		}
+		mask, err := maskOutput(refs[3*i+1].field, refs[3*i+1].ref, c.LlamaMask, []int64{1, pad})
+		if err != nil {
+			return nil, err
+		}
+		pool, err := floatOutput(refs[3*i+2].field, refs[3*i+2].ref, c.CLIPPooler, []int64{1, clipHidden})
+		if err != nil {
+			return nil, err
+		}
+		outs = append(outs, vec, mask, pool)
+	}
+	written, err := writeOutputs(outs)
+	if err != nil {
+		return nil, err
+	}
+	return &workerkit.Result{Outputs: written, Stats: w.stats()}, nil
+}
+
+// checkOutputRef checks that an output names a tensor in an absolute, complete-segment path.
+func checkOutputRef(field string, r workerkit.TensorRef) error {
+	switch {
+	case r.Path == "" || r.Name == "":
+		return fmt.Errorf("%w: %s: path and name are required", ErrInvalidArgument, field)
+	case !filepath.IsAbs(r.Path):
+		return fmt.Errorf("%w: %s: path %q is not absolute", ErrInvalidArgument, field, r.Path)
+	case strings.HasSuffix(r.Path, shm.PartialExt):
+		return fmt.Errorf("%w: %s: path %q names a partial file", ErrInvalidArgument, field, r.Path)
+	}
+	return nil
+}
+
+func checkShape(field string, r workerkit.TensorRef, shape []int64) error {
+	if len(r.Shape) == 0 {
+		return nil
+	}
+	if len(r.Shape) != len(shape) {
+		return fmt.Errorf("%w: %s: shape %v asked, the output is %v", ErrInvalidArgument, field, r.Shape, shape)
+	}
+	for i := range shape {
+		if r.Shape[i] != shape[i] {
+			return fmt.Errorf("%w: %s: shape %v asked, the output is %v", ErrInvalidArgument, field, r.Shape, shape)
+		}
+	}
+	return nil
+}
+
+// floatOutput encodes v as the dtype r asks for (F32 by default, F16 or BF16).
+func floatOutput(field string, r workerkit.TensorRef, v []float32, shape []int64) (outputSpec, error) {
+	if err := checkShape(field, r, shape); err != nil {
+		return outputSpec{}, err
+	}
+	dt := r.DType
+	if dt == "" {
+		dt = safetensors.F32
+	}
+	var data []byte
+	switch dt {
+	case safetensors.F32:
+		data = safetensors.FromFloat32("", nil, v).Data
+	case safetensors.F16, safetensors.BF16:
+		data = make([]byte, 2*len(v))
+		for i, x := range v {
+			h := safetensors.F32ToF16(x)
+			if dt == safetensors.BF16 {
+				h = safetensors.F32ToBF16(x)
+			}
+			data[2*i], data[2*i+1] = byte(h), byte(h>>8)
+		}
+	default:
+		return outputSpec{}, fmt.Errorf("%w: %s: dtype %s (F32, F16 or BF16)", ErrInvalidArgument, field, dt)
+	}
+	return outputSpec{ref: r, field: field, data: data, dtype: dt, shape: shape}, nil
+}
+
+// maskOutput encodes a mask as BOOL (the default) or U8.
+func maskOutput(field string, r workerkit.TensorRef, m []bool, shape []int64) (outputSpec, error) {
+	if err := checkShape(field, r, shape); err != nil {
+		return outputSpec{}, err
+	}
+	dt := r.DType
+	if dt == "" {
+		dt = safetensors.Bool
+	}
+	if dt != safetensors.Bool && dt != safetensors.U8 {
+		return outputSpec{}, fmt.Errorf("%w: %s: dtype %s (BOOL or U8)", ErrInvalidArgument, field, dt)
+	}
+	data := make([]byte, len(m))
+	for i, b := range m {
+		if b {
+			data[i] = 1
+		}
+	}
+	return outputSpec{ref: r, field: field, data: data, dtype: dt, shape: shape}, nil
+}
+
+// writeOutputs writes the outputs into their segments (outputs sharing a path share a file) and
+// returns their refs as written, in order.
+func writeOutputs(outs []outputSpec) ([]workerkit.TensorRef, error) {
+	var paths []string
+	byPath := map[string][]outputSpec{}
+	for _, o := range outs {
+		if _, ok := byPath[o.ref.Path]; !ok {
+			paths = append(paths, o.ref.Path)
+		}
+		for _, prev := range byPath[o.ref.Path] {
+			if prev.ref.Name == o.ref.Name {
+				return nil, fmt.Errorf("%w: %s and %s both name tensor %q of %s", ErrInvalidArgument, prev.field, o.field, o.ref.Name, o.ref.Path)
+			}
+		}
+		byPath[o.ref.Path] = append(byPath[o.ref.Path], o)
+	}
+	for _, path := range paths {
+		group := byPath[path]
+		ts := make([]safetensors.Tensor, len(group))
+		for i, o := range group {
+			ts[i] = safetensors.Tensor{Name: o.ref.Name, DType: o.dtype, Shape: o.shape, Data: o.data}
+		}
+		if _, err := shm.WriteSegment(path, ts); err != nil {
+			return nil, fmt.Errorf("write outputs: %w", err)
+		}
+	}
+	written := make([]workerkit.TensorRef, len(outs))
+	for i, o := range outs {
+		written[i] = workerkit.TensorRef{Path: o.ref.Path, Name: o.ref.Name, DType: o.dtype, Shape: o.shape}
+	}
+	return written, nil
+}
+
+// Stats reports the runtime's memory, op counts and timings.
+func (w *worker) Stats(ctx context.Context) (*workerkit.Stats, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stats(), nil
+}
+
+// stats builds the counters; caller holds mu.
+func (w *worker) stats() *workerkit.Stats {
+	st := &workerkit.Stats{LoadTime: w.loadTime, ComputeTime: w.computeTime, OpCounts: map[string]uint64{}}
+	if w.rt != nil {
+		m := w.rt.Memory()
+		st.AllocatorCurrentBytes, st.AllocatorPeakBytes, st.MemoryCapBytes = m.Allocated, m.Peak, m.Cap
+	}
+	st.HostRSSBytes = hostRSS()
+	w.opsMu.Lock()
+	for k, v := range w.ops {
+		st.OpCounts[k] = v
+	}
+	w.opsMu.Unlock()
+	return st
+}
+
+// hostRSS reads the process's resident set size from /proc (0 when unavailable).
+func hostRSS() uint64 {
+	raw, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return pages * uint64(os.Getpagesize())
+}
+
+// Probe is refused: device probing is the probe worker's job.
+func (w *worker) Probe(context.Context, *workerkit.ProbeRequest) (*workerkit.ProbeResponse, error) {
+	return nil, invalid(errors.New("probe: the textenc worker does not probe devices"))
+}
