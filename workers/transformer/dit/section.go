@@ -112,6 +112,9 @@ func indices(name string, t IntTensor, n int) ([]int64, error) {
 	return t.Data, nil
 }
 
+// forceMaskedRefiner makes Prepare take the masked refiner path for every mask (tests).
+var forceMaskedRefiner bool
+
 // Prepare validates c for latents of shape [1, C, T, H, W] and embeds what the section's
 // forwards share. Errors about the inputs match ErrInvalidInput.
 func (m *Model) Prepare(c Conditioning, shape [5]int) (*Section, error) {
@@ -272,7 +275,7 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	// Text for the refiner: the real tokens alone when the mask is leading ones (exact: they
 	// attend only to each other in the reference too); otherwise all of them with the mask.
 	textData, textLen := c.EncoderHiddenStates.Data, L
-	if prefix {
+	if prefix && !forceMaskedRefiner {
 		textData, textLen = textData[:real*td], real
 	} else {
 		mask := make([]uint8, L*L)
