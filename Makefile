@@ -51,3 +51,12 @@ lint: proto-check
 
 clean:
 	rm -rf $(BIN)
+
+.PHONY: native
+native: ## compile native/ standalone with warnings as errors (a lint; cgo builds it for real)
+	@mkdir -p build/native
+	@set -e; for f in native/src/*.c native/cpu/*.c; do \
+		echo "cc $$f"; \
+		$(CC) -std=gnu11 -O2 -march=x86-64-v2 -Wall -Wextra -Werror -Inative/include -Inative/src -Inative/cpu \
+			-c $$f -o build/native/$$(basename $$f .c).o; \
+	done
