@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -28,13 +29,18 @@ type worker struct {
 	k   *workerkit.Kit
 	log *logrus.Entry
 
-	// mu protects rt, enc, fault, loadTime and computeTime; Run holds it for the whole stage.
-	mu          sync.Mutex
-	rt          *runtime.Runtime
-	enc         *Encoder
-	fault       *workerkit.Fault
-	loadTime    time.Duration
-	computeTime time.Duration
+	// runMu serialises Load and Run; fault is written under it (in Load) before any op runs.
+	runMu sync.Mutex
+	fault *workerkit.Fault
+
+	// mu protects rt, enc and loadTime (set once by Load); Stats takes it only briefly, so it
+	// answers while a stage runs.
+	mu       sync.Mutex
+	rt       *runtime.Runtime
+	enc      *Encoder
+	loadTime time.Duration
+
+	computeNanos atomic.Int64
 
 	// opsMu protects ops.
 	opsMu sync.Mutex
@@ -111,9 +117,9 @@ func (w *worker) observe(e runtime.OpEvent) {
 // Load opens the cpu runtime and loads both text encoders from the snapshot folder
 // req.ModelDir (text_encoder/, text_encoder_2/, tokenizer/, tokenizer_2/).
 func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerkit.LoadResponse, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.enc != nil {
+	w.runMu.Lock()
+	defer w.runMu.Unlock()
+	if w.loaded() != nil {
 		return nil, invalid(errors.New("load: already loaded"))
 	}
 	start := time.Now()
@@ -157,8 +163,10 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		}
 		return nil, classify(fmt.Errorf("load %s: %w", req.ModelDir, err))
 	}
-	w.rt, w.enc = rt, enc
-	w.loadTime = time.Since(start)
+	loadTime := time.Since(start)
+	w.mu.Lock()
+	w.rt, w.enc, w.loadTime = rt, enc, loadTime
+	w.mu.Unlock()
 	w.logReport(enc)
 	mem := rt.Memory()
 	w.k.Beacon.SetBytes(int64(mem.Allocated))
@@ -168,7 +176,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		Device:               &workerkit.Device{Index: uint32(info.Device), Name: info.DeviceName, TotalMemoryBytes: info.DeviceMemory},
 		WeightBytes:          uint64(enc.WeightBytes()),
 		DeviceAllocatedBytes: mem.Allocated,
-		LoadDuration:         w.loadTime,
+		LoadDuration:         loadTime,
 	}, nil
 }
 
@@ -194,9 +202,10 @@ func (w *worker) logReport(enc *Encoder) {
 
 // Run serves one text_encode stage.
 func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit workerkit.Emit) (*workerkit.Result, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.enc == nil {
+	w.runMu.Lock()
+	defer w.runMu.Unlock()
+	enc := w.loaded()
+	if enc == nil {
 		return nil, invalid(errors.New("run: not loaded"))
 	}
 	te, ok := req.Stage.(*workerkit.TextEncodeRequest)
@@ -204,9 +213,9 @@ func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit worker
 		return nil, invalid(fmt.Errorf("run: the textenc worker runs text_encode stages, not %T", req.Stage))
 	}
 	start := time.Now()
-	defer func() { w.computeTime += time.Since(start) }()
+	defer func() { w.computeNanos.Add(int64(time.Since(start))) }()
 	log := w.log.WithField("job", req.JobID)
-	res, err := w.textEncode(ctx, te, emit, start)
+	res, err := w.textEncode(ctx, enc, te, emit, start)
 	if err != nil {
 		err = classify(fmt.Errorf("text_encode: %w", err))
 		log.WithError(err).Warn("stage failed")
@@ -225,7 +234,14 @@ type outputSpec struct {
 	shape []int64
 }
 
-func (w *worker) textEncode(ctx context.Context, req *workerkit.TextEncodeRequest, emit workerkit.Emit, start time.Time) (*workerkit.Result, error) {
+// loaded returns the encoder once Load has succeeded (nil before).
+func (w *worker) loaded() *Encoder {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.enc
+}
+
+func (w *worker) textEncode(ctx context.Context, enc *Encoder, req *workerkit.TextEncodeRequest, emit workerkit.Emit, start time.Time) (*workerkit.Result, error) {
 	refs := []struct {
 		field string
 		ref   workerkit.TensorRef
@@ -239,8 +255,11 @@ func (w *worker) textEncode(ctx context.Context, req *workerkit.TextEncodeReques
 	if math.IsNaN(float64(req.CFG)) || math.IsInf(float64(req.CFG), 0) {
 		return nil, fmt.Errorf("%w: cfg %v", ErrInvalidArgument, req.CFG)
 	}
-	p := Params{LlamaMaxLength: int(req.LlamaMaxLength), CLIPMaxLength: int(req.ClipMaxLength),
-		CropStart: int(req.CropStart), PadLength: int(req.PadLength)}
+	p, err := enc.withDefaults(Params{LlamaMaxLength: int(req.LlamaMaxLength), CLIPMaxLength: int(req.ClipMaxLength),
+		CropStart: int(req.CropStart), PadLength: int(req.PadLength)})
+	if err != nil {
+		return nil, err
+	}
 	progress := func(phase string, step, total uint32) error {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -258,10 +277,11 @@ func (w *worker) textEncode(ctx context.Context, req *workerkit.TextEncodeReques
 		return nil, err
 	}
 	w.k.Beacon.SetStep(1, int(total))
-	pos, err := w.enc.Encode(req.Prompt, p)
+	pos, err := enc.Encode(req.Prompt, p)
 	if err != nil {
 		return nil, fmt.Errorf("prompt: %w", err)
 	}
+	w.k.Beacon.SetBytes(int64(w.memory().Allocated))
 	if err := progress("encode_prompt", 1, total); err != nil {
 		return nil, err
 	}
@@ -270,7 +290,7 @@ func (w *worker) textEncode(ctx context.Context, req *workerkit.TextEncodeReques
 		neg = ZeroNegative(pos) // demo_gradio.py: torch.zeros_like, negative prompt not encoded
 	} else {
 		w.k.Beacon.SetStep(2, int(total))
-		if neg, err = w.enc.Encode(req.NegativePrompt, p); err != nil {
+		if neg, err = enc.Encode(req.NegativePrompt, p); err != nil {
 			return nil, fmt.Errorf("negative prompt: %w", err)
 		}
 		if err := progress("encode_negative", 2, total); err != nil {
@@ -282,8 +302,8 @@ func (w *worker) textEncode(ctx context.Context, req *workerkit.TextEncodeReques
 		return nil, err
 	}
 	pad := int64(len(pos.LlamaMask))
-	hidden := int64(w.enc.Llama.Config.HiddenSize)
-	clipHidden := int64(w.enc.CLIP.Config.HiddenSize)
+	hidden := int64(enc.Llama.Config.HiddenSize)
+	clipHidden := int64(enc.CLIP.Config.HiddenSize)
 	outs := make([]outputSpec, 0, len(refs))
 	for i, c := range []Conds{pos, neg} {
 		vec, err := floatOutput(refs[3*i].field, refs[3*i].ref, c.LlamaVec, []int64{1, pad, hidden})
@@ -419,18 +439,17 @@ func writeOutputs(outs []outputSpec) ([]workerkit.TensorRef, error) {
 
 // Stats reports the runtime's memory, op counts and timings.
 func (w *worker) Stats(ctx context.Context) (*workerkit.Stats, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
 	return w.stats(), nil
 }
 
-// stats builds the counters; caller holds mu.
+// stats builds the counters.
 func (w *worker) stats() *workerkit.Stats {
-	st := &workerkit.Stats{LoadTime: w.loadTime, ComputeTime: w.computeTime, OpCounts: map[string]uint64{}}
-	if w.rt != nil {
-		m := w.rt.Memory()
-		st.AllocatorCurrentBytes, st.AllocatorPeakBytes, st.MemoryCapBytes = m.Allocated, m.Peak, m.Cap
-	}
+	w.mu.Lock()
+	loadTime := w.loadTime
+	w.mu.Unlock()
+	st := &workerkit.Stats{LoadTime: loadTime, ComputeTime: time.Duration(w.computeNanos.Load()), OpCounts: map[string]uint64{}}
+	m := w.memory()
+	st.AllocatorCurrentBytes, st.AllocatorPeakBytes, st.MemoryCapBytes = m.Allocated, m.Peak, m.Cap
 	st.HostRSSBytes = hostRSS()
 	w.opsMu.Lock()
 	for k, v := range w.ops {
@@ -438,6 +457,17 @@ func (w *worker) stats() *workerkit.Stats {
 	}
 	w.opsMu.Unlock()
 	return st
+}
+
+// memory returns the runtime's accounting (zero before Load).
+func (w *worker) memory() runtime.MemoryStats {
+	w.mu.Lock()
+	rt := w.rt
+	w.mu.Unlock()
+	if rt == nil {
+		return runtime.MemoryStats{}
+	}
+	return rt.Memory()
 }
 
 // hostRSS reads the process's resident set size from /proc (0 when unavailable).
