@@ -74,8 +74,8 @@ func (t Tiling) Validate(c Config) error {
 type RunOptions struct {
 	Tiling Tiling
 	// Progress, when set, is called after each tile (model run) with the number done and
-	// the total.
-	Progress func(done, total int)
+	// the total; an error stops the stage and is returned.
+	Progress func(done, total int) error
 }
 
 // axisTile is one tile along one axis: the input range it reads, how many of its output
@@ -245,7 +245,9 @@ func (e *executor) runTile(in Volume) (Volume, error) {
 	}
 	e.done++
 	if e.opts.Progress != nil {
-		e.opts.Progress(e.done, e.p.runs)
+		if err := e.opts.Progress(e.done, e.p.runs); err != nil {
+			return Volume{}, err
+		}
 	}
 	return out, nil
 }
@@ -340,6 +342,16 @@ func (e *executor) execute(in, dst Volume) error {
 		prev = res
 	}
 	return nil
+}
+
+// Tiles returns how many model runs (tiles) an encode (encode true) or decode of an input of
+// shape in takes with tiling t.
+func (m *Model) Tiles(in [5]int, t Tiling, encode bool) (int, error) {
+	p, err := m.makePlan(in, t, encode)
+	if err != nil {
+		return 0, err
+	}
+	return p.runs, nil
 }
 
 // EncodedShape returns the shape of the posterior mean (and log-variance) that Encode gives

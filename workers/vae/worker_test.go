@@ -1,0 +1,400 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"github.com/sirupsen/logrus/hooks/test"
+
+	"github.com/framepackd/framepackd/internal/parity"
+	"github.com/framepackd/framepackd/internal/safetensors"
+	"github.com/framepackd/framepackd/internal/shm"
+	"github.com/framepackd/framepackd/internal/shm/shmtest"
+	"github.com/framepackd/framepackd/internal/testbin"
+	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/workers/vae/causalvae"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testbin.Cleanup()
+	if left, err := shmtest.Leftovers(); err != nil || len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "shared-memory leftovers: %v %v\n", left, err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// callTimeout bounds each worker call of these tests (a stage of the tiny model takes seconds).
+const callTimeout = 2 * time.Minute
+
+func callCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// startVAE starts the real vae worker binary.
+func startVAE(t *testing.T) (*workerkit.Process, *test.Hook) {
+	t.Helper()
+	log, hook := test.NewNullLogger()
+	log.SetLevel(logrus.DebugLevel)
+	p, err := workerkit.Start(callCtx(t), workerkit.Config{Name: "vae", Path: testbin.Build(t, "./workers/vae"),
+		Log: logrus.NewEntry(log), SocketDir: t.TempDir()})
+	if err != nil {
+		t.Fatalf("start vae worker: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p, hook
+}
+
+func loadVAE(t *testing.T, p *workerkit.Process, dir string, memCap uint64) {
+	t.Helper()
+	resp, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", MemoryCapBytes: memCap,
+		Env: map[string]string{"MIOPEN_FIND_MODE": "FAST", "MIOPEN_FIND_ENFORCE": "3", "MIOPEN_USER_DB_PATH": t.TempDir()}})
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if resp.Backend != "cpu" || resp.WeightBytes == 0 {
+		t.Fatalf("load response: %+v", resp)
+	}
+}
+
+// writeInput writes a float32 tensor as a segment of arena and returns its reference.
+func writeInput(t *testing.T, a *shm.Arena, seg, name string, shape []int64, data []float32) workerkit.TensorRef {
+	t.Helper()
+	path, err := a.NewSegment(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := shm.WriteSegment(path, []safetensors.Tensor{safetensors.FromFloat32(name, shape, data)}); err != nil {
+		t.Fatal(err)
+	}
+	return workerkit.TensorRef{Path: path, Name: name}
+}
+
+func outputRefOf(t *testing.T, a *shm.Arena, seg, name string) workerkit.TensorRef {
+	t.Helper()
+	path, err := a.NewSegment(seg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return workerkit.TensorRef{Path: path, Name: name}
+}
+
+// readOutput maps a written output and returns its values and shape.
+func readOutput(t *testing.T, r workerkit.TensorRef) ([]float32, []int64) {
+	t.Helper()
+	seg, err := shm.Open(r.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	v, shape, err := seg.Float32(r.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, shape
+}
+
+// requestTiling maps a fixture case's params to the stage request, as the supervisor would ask
+// for diffusers' enable_tiling / framewise settings.
+func requestTiling(t *testing.T, c parity.Case) *workerkit.VAETiling {
+	var tl workerkit.VAETiling
+	any := false
+	for _, p := range []struct {
+		name    string
+		dst     *uint32
+		spatial bool
+	}{
+		{"tile_sample_min_height", &tl.TileSampleMinHeight, true},
+		{"tile_sample_min_width", &tl.TileSampleMinWidth, true},
+		{"tile_sample_stride_height", &tl.TileSampleStrideHeight, true},
+		{"tile_sample_stride_width", &tl.TileSampleStrideWidth, true},
+		{"tile_sample_min_num_frames", &tl.TileSampleMinNumFrames, false},
+		{"tile_sample_stride_num_frames", &tl.TileSampleStrideNumFrames, false},
+	} {
+		if c.Param(t, p.name, p.dst) {
+			any = true
+			if p.spatial {
+				tl.EnableSpatialTiling = true
+			}
+		}
+	}
+	if !any {
+		return nil
+	}
+	tl.EnableTemporalTiling = true
+	return &tl
+}
+
+// TestParityVAE runs every case of the vae fixture through the real worker process, with
+// inputs and outputs in shared memory (the preview map, a plain function the supervisor calls,
+// runs in process).
+func TestParityVAE(t *testing.T) {
+	fx := parity.Load(t, "vae")
+	dir, err := fx.ModelPath("vae")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, hook := startVAE(t)
+	loadVAE(t, p, dir, 0)
+	a := shmtest.Arena(t, "parity")
+	for i, c := range fx.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			switch c.Op {
+			case "vae.encode":
+				x := c.Input(t, "x")
+				in := writeInput(t, a, fmt.Sprintf("x%d", i), "x", x.Shape, x.F32)
+				out := outputRefOf(t, a, fmt.Sprintf("latents%d", i), "latents")
+				var events int
+				res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEEncodeRequest{
+					Pixels: in, Tiling: requestTiling(t, c), Latents: out}}, func(workerkit.Event) error { events++; return nil })
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(res.Outputs) != 2 || res.Outputs[1].Name != "latents"+LogvarSuffix || events == 0 {
+					t.Fatalf("outputs %+v, %d events", res.Outputs, events)
+				}
+				mean, ms := readOutput(t, res.Outputs[0])
+				c.Check(t, "mean", mean, ms, c.Output(t, "mean"))
+				if c.HasOutput("logvar") {
+					lv, ls := readOutput(t, res.Outputs[1])
+					c.Check(t, "logvar", lv, ls, c.Output(t, "logvar"))
+				}
+			case "vae.decode":
+				z := c.Input(t, "z")
+				in := writeInput(t, a, fmt.Sprintf("z%d", i), "z", z.Shape, z.F32)
+				out := outputRefOf(t, a, fmt.Sprintf("pixels%d", i), "pixels")
+				res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEDecodeRequest{
+					Latents: in, Tiling: requestTiling(t, c), Pixels: out}}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, shape := readOutput(t, res.Outputs[0])
+				c.Check(t, "sample", got, shape, c.Output(t, "sample"))
+				if res.Stats == nil || len(res.Stats.ConvTiers) == 0 || res.Stats.ConvTiers[0].Successes == 0 {
+					t.Fatalf("result stats without conv tiers: %+v", res.Stats)
+				}
+			case "vae.decode_fake":
+				z := c.Input(t, "z")
+				v, err := causalvae.WrapVolume([5]int{int(z.Shape[0]), int(z.Shape[1]), int(z.Shape[2]), int(z.Shape[3]), int(z.Shape[4])}, z.F32)
+				if err != nil {
+					t.Fatal(err)
+				}
+				out, err := causalvae.DecodeFake(v)
+				if err != nil {
+					t.Fatal(err)
+				}
+				c.Check(t, "sample", out.Data, out.ShapeInt64(), c.Output(t, "sample"))
+			default:
+				t.Fatalf("case %s: unknown op %q", c.Name, c.Op)
+			}
+		})
+	}
+	st, err := p.Stats(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.ConvTiers) == 0 || st.ConvTiers[0].Tier != workerkit.ConvTierCPU || st.ConvTiers[0].Successes == 0 ||
+		st.AllocatorPeakBytes == 0 || st.OpCounts["conv3d"] == 0 {
+		t.Fatalf("stats: %+v", st)
+	}
+	t.Logf("worker stats: peak %d bytes, %d conv attempts at %v, %v computing", st.AllocatorPeakBytes,
+		st.ConvTiers[0].Attempts, st.ConvTiers[0].Tier, st.ComputeTime)
+	// The conv statistics block is logged after every stage, and the MIOpen settings were
+	// recorded (not applied) on cpu, FIND_ENFORCE dropped with FAST.
+	var convLog, recorded, dropped bool
+	for _, e := range hook.AllEntries() {
+		convLog = convLog || strings.Contains(e.Message, "conv fallback statistics")
+		recorded = recorded || (e.Data["env"] == "MIOPEN_FIND_MODE" && strings.Contains(e.Message, "recorded"))
+		dropped = dropped || (e.Data["env"] == "MIOPEN_FIND_ENFORCE" && strings.Contains(e.Message, "dropped"))
+	}
+	if !convLog || !recorded || !dropped {
+		t.Errorf("logs: conv statistics %v, miopen recorded %v, find_enforce dropped %v", convLog, recorded, dropped)
+	}
+}
+
+// copyModel copies the fixture VAE folder to a temporary one, letting edit change the tensors
+// (nil removes one) and the config.
+func copyModel(t *testing.T, src string, edit func(ts []safetensors.Tensor) []safetensors.Tensor, config func(string) string) string {
+	t.Helper()
+	dst := t.TempDir()
+	raw, err := os.ReadFile(filepath.Join(src, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := string(raw)
+	if config != nil {
+		cfg = config(cfg)
+	}
+	if err := os.WriteFile(filepath.Join(dst, "config.json"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := safetensors.Open(filepath.Join(src, "diffusion_pytorch_model.safetensors"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var ts []safetensors.Tensor
+	for _, n := range f.Names() {
+		info, _ := f.Info(n)
+		b, err := f.Bytes(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts = append(ts, safetensors.Tensor{Name: n, DType: info.DType, Shape: info.Shape, Data: append([]byte(nil), b...)})
+	}
+	if edit != nil {
+		ts = edit(ts)
+	}
+	if err := safetensors.WriteFile(filepath.Join(dst, "diffusion_pytorch_model.safetensors"), ts, safetensors.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// TestBadModelAndInput checks that a checkpoint missing a tensor fails Load with
+// InvalidArgument naming it, that bad latents fail the stage with InvalidArgument, and that the
+// worker survives both and then serves a good request.
+func TestBadModelAndInput(t *testing.T) {
+	fx := parity.Load(t, "vae")
+	dir, err := fx.ModelPath("vae")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const missing = "decoder.up_blocks.1.resnets.0.conv2.conv.weight"
+	bad := copyModel(t, dir, func(ts []safetensors.Tensor) []safetensors.Tensor {
+		out := ts[:0]
+		for _, x := range ts {
+			if x.Name != missing {
+				out = append(out, x)
+			}
+		}
+		return out
+	}, nil)
+	p, _ := startVAE(t)
+	_, err = p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: bad, Backend: "cpu"})
+	if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("load without %s: %v", missing, err)
+	}
+	if _, err := p.Stats(callCtx(t)); err != nil {
+		t.Fatalf("stats after a failed load: %v", err)
+	}
+	if _, exited := p.Exited(); exited {
+		t.Fatal("worker exited after a failed load")
+	}
+	// A worker serves one Load, failed or not: the supervisor starts another.
+	p.Close()
+	p, _ = startVAE(t)
+	loadVAE(t, p, dir, 0)
+
+	a := shmtest.Arena(t, "bad")
+	out := outputRefOf(t, a, "pixels", "pixels")
+	for _, tc := range []struct {
+		name  string
+		shape []int64
+	}{
+		{"wrong channels", []int64{1, 8, 1, 4, 4}},
+		{"rank 4", []int64{1, 16, 4, 4}},
+		{"rank 6", []int64{1, 16, 1, 1, 4, 4}},
+	} {
+		n := int64(1)
+		for _, d := range tc.shape {
+			n *= d
+		}
+		in := writeInput(t, a, strings.ReplaceAll(tc.name, " ", "_"), "z", tc.shape, make([]float32, n))
+		_, err := p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil)
+		if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+		if _, err := os.Stat(out.Path + shm.PartialExt); !os.IsNotExist(err) {
+			t.Errorf("%s: partial output left behind (%v)", tc.name, err)
+		}
+	}
+	// Bad tiling is the request's fault too.
+	z := writeInput(t, a, "z", "z", []int64{1, 16, 1, 4, 4}, make([]float32, 256))
+	_, err = p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out,
+		Tiling: &workerkit.VAETiling{EnableSpatialTiling: true, TileSampleMinHeight: 64, TileSampleStrideHeight: 128}}}, nil)
+	if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument {
+		t.Errorf("stride over tile: %v", err)
+	}
+	if _, exited := p.Exited(); exited {
+		t.Fatal("worker exited after bad input")
+	}
+	res, err := p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out}}, nil)
+	if err != nil {
+		t.Fatalf("good decode after bad ones: %v", err)
+	}
+	if got := res.Outputs[0].Shape; fmt.Sprint(got) != "[1 3 1 32 32]" {
+		t.Fatalf("decoded shape %v", got)
+	}
+}
+
+// TestOOMThenSmallerTiles is the watchdog's retry: under a memory cap an untiled decode fails
+// with OutOfMemory (the worker survives), and the same decode with smaller tiles fits.
+func TestOOMThenSmallerTiles(t *testing.T) {
+	fx := parity.Load(t, "vae")
+	dir, err := fx.ModelPath("vae")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var z parity.Array
+	for _, c := range fx.Cases {
+		if c.Op == "vae.decode" {
+			z = c.Input(t, "z")
+			break
+		}
+	}
+	if z.Key == "" || len(z.Shape) != 5 || z.Shape[3] < 4 || z.Shape[4] < 4 {
+		t.Skip("fixture set has no decode case of at least 4×4 latents")
+	}
+	// The cap: weights plus a third of what an untiled decode of these latents peaks at.
+	probe, _ := startVAE(t)
+	loadVAE(t, probe, dir, 0)
+	a := shmtest.Arena(t, "oom")
+	in := writeInput(t, a, "z", "z", z.Shape, z.F32)
+	out := outputRefOf(t, a, "pixels", "pixels")
+	before, err := probe.Stats(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := probe.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	after, err := probe.Stats(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	weights, peak := before.AllocatorCurrentBytes, after.AllocatorPeakBytes
+	memCap := weights + (peak-weights)/3
+	probe.Close()
+
+	p, _ := startVAE(t)
+	loadVAE(t, p, dir, memCap)
+	_, err = p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil)
+	var we *workerkit.Error
+	if workerkit.CodeOf(err) != workerkit.CodeOutOfMemory || !errors.As(err, &we) || we.RequestedBytes == 0 {
+		t.Fatalf("decode under a cap of %d bytes: %v", memCap, err)
+	}
+	cfg, _, err := causalvae.LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tile := uint32(z.Shape[3]) * uint32(cfg.SpatialCompressionRatio) / 2 // half the height in pixels
+	tiled := &workerkit.VAETiling{EnableSpatialTiling: true, TileSampleMinHeight: tile, TileSampleMinWidth: tile,
+		TileSampleStrideHeight: tile * 3 / 4, TileSampleStrideWidth: tile * 3 / 4}
+	res, err := p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out, Tiling: tiled}}, nil)
+	if err != nil {
+		t.Fatalf("tiled decode (%d px) under the cap: %v", tile, err)
+	}
+	t.Logf("cap %d bytes (weights %d, untiled peak %d): untiled refused, %d px tiles peak %d", memCap, weights, peak, tile,
+		res.Stats.AllocatorPeakBytes)
+}
