@@ -176,7 +176,11 @@ func NewPage() (*Page, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create beacon: memfd: %w", err)
 	}
-	f := os.NewFile(uintptr(fd), "framepackd-beacon")
+	return newPage(os.NewFile(uintptr(fd), "framepackd-beacon"))
+}
+
+// newPage sizes f, maps it and marks it as a beacon page.
+func newPage(f *os.File) (*Page, error) {
 	if err := f.Truncate(PageSize); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("create beacon: size: %w", err)
@@ -188,6 +192,16 @@ func NewPage() (*Page, error) {
 	}
 	m.store(wMagic, magic)
 	return &Page{f: f, m: m}, nil
+}
+
+// NewFilePage creates a beacon page in a new file at path (mode 0600), for a worker that is told
+// the path instead of inheriting the page. The caller removes the file.
+func NewFilePage(path string) (*Page, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create beacon: %w", err)
+	}
+	return newPage(f)
 }
 
 // File returns the page's file, to be passed to the worker (exec.Cmd.ExtraFiles). The Page keeps

@@ -231,3 +231,27 @@ func BenchmarkSnapshot(b *testing.B) {
 		}
 	}
 }
+
+func TestFilePage(t *testing.T) {
+	path := t.TempDir() + "/worker.beacon"
+	p, err := NewFilePage(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := NewFilePage(path); err == nil {
+		t.Fatal("second page over an existing file")
+	}
+	w, err := AttachPath(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	w.BeginOp("decode")
+	if s, err := p.Snapshot(); err != nil || s.Op != "decode" || s.PID != os.Getpid() {
+		t.Fatalf("file page: %+v, %v", s, err)
+	}
+	if _, err := AttachPath(path + ".missing"); err == nil {
+		t.Fatal("attached a missing file")
+	}
+}

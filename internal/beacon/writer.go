@@ -38,6 +38,17 @@ func Attach(f *os.File) (*Writer, error) {
 	return w, nil
 }
 
+// AttachPath attaches to a beacon page kept in a file (one the supervisor created with
+// NewFilePage).
+func AttachPath(path string) (*Writer, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("attach beacon: %w", err)
+	}
+	defer f.Close()
+	return Attach(f)
+}
+
 // FromEnv attaches to the beacon whose descriptor number is in EnvFD and closes that descriptor
 // (so the worker's own children do not inherit it). Without EnvFD it returns a nil Writer and no
 // error: the worker then runs without a beacon.

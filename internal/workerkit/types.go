@@ -1,0 +1,411 @@
+// Package workerkit is the worker process machinery shared by the supervisor and every worker
+// binary (textenc, vae, clipvision, transformer, probe).
+//
+// Worker side: a worker implements Worker and its main calls Main, which serves the worker
+// protocol over go-plugin (gRPC), keeps the beacon page current and exits when the supervisor is
+// gone. Supervisor side: Start runs a worker binary in its own process group with a parent-death
+// signal, performs the go-plugin handshake and returns a Process whose methods are the Worker
+// calls (each with a context deadline), plus the beacon, the exit status and Kill.
+//
+// Neither side sees generated proto types: the Go types below mirror worker.proto and the gRPC
+// adapters only copy fields.
+package workerkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/framepackd/framepackd/internal/safetensors"
+)
+
+// Worker is the protocol every worker serves. Methods take ctx first; the supervisor's calls
+// always carry a deadline.
+type Worker interface {
+	// Load opens the backend and loads the model; it is the first call and comes once.
+	Load(ctx context.Context, req *LoadRequest) (*LoadResponse, error)
+	// Run runs one stage, reporting progress through emit, and returns the stage's result.
+	Run(ctx context.Context, req *RunRequest, emit Emit) (*Result, error)
+	// Stats returns the worker's counters; it may be called at any time.
+	Stats(ctx context.Context) (*Stats, error)
+	// Probe lists the devices of a backend without loading a model (probe worker only).
+	Probe(ctx context.Context, req *ProbeRequest) (*ProbeResponse, error)
+}
+
+// Emit sends one event of a running stage to the supervisor. An error means the stream is gone
+// (the supervisor cancelled or died); the stage should stop.
+type Emit func(Event) error
+
+// Event is one non-final message of a Run stream: *Progress, *StepPreview, *ConvFallback or
+// *LogLine.
+type Event interface{ isEvent() }
+
+func (*Progress) isEvent()     {}
+func (*StepPreview) isEvent()  {}
+func (*ConvFallback) isEvent() {}
+func (*LogLine) isEvent()      {}
+
+// TensorRef names one tensor inside a safetensors segment in shared memory (see package shm).
+type TensorRef struct {
+	Path  string
+	Name  string
+	DType safetensors.DType // checked on inputs when set; reported on outputs
+	Shape []int64           // checked on inputs when non-empty; reported on outputs
+}
+
+// ConvTier is one step of the convolution fallback chain, best first.
+type ConvTier int32
+
+// Convolution tiers (worker.proto ConvTier).
+const (
+	ConvTierUnspecified   ConvTier = 0
+	ConvTierVendorTuned   ConvTier = 1
+	ConvTierVendorDefault ConvTier = 2
+	ConvTierOwnKernel     ConvTier = 3
+	ConvTierCPU           ConvTier = 4
+)
+
+// ConvOutcome is what happened when one convolution shape met one tier.
+type ConvOutcome int32
+
+// Convolution outcomes (worker.proto ConvOutcome).
+const (
+	ConvOutcomeUnspecified ConvOutcome = 0
+	ConvOutcomeSucceeded   ConvOutcome = 1
+	ConvOutcomeFailed      ConvOutcome = 2
+	ConvOutcomeSkippedHung ConvOutcome = 3
+	ConvOutcomeUnavailable ConvOutcome = 4
+)
+
+// ConvPolicy tells a worker how to choose convolution tiers.
+type ConvPolicy struct {
+	TierOverrides     []ConvTierOverride
+	ForcedTier        ConvTier
+	DecisionCachePath string
+}
+
+// ConvTierOverride makes one convolution shape start at a given tier.
+type ConvTierOverride struct {
+	ShapeKey string
+	Tier     ConvTier
+}
+
+// ConvTierStats counts what one tier did in a worker.
+type ConvTierStats struct {
+	Tier          ConvTier
+	Attempts      uint64
+	Successes     uint64
+	Failures      uint64
+	SkippedAsHung uint64
+	Time          time.Duration
+}
+
+// LoadRequest asks a worker to open its backend and load its model.
+type LoadRequest struct {
+	ModelDir          string
+	DType             string // "bf16", "fp16", "fp32"; empty: the backend's default
+	Backend           string // "cpu", "cuda", "hip", "auto"; empty: auto
+	DeviceIndex       uint32
+	MemoryCapBytes    uint64 // 0: no cap
+	ConvPolicy        *ConvPolicy
+	Env               map[string]string
+	BeaconPath        string // a file beacon, for workers started without the inherited one
+	MaxResidentBlocks uint32
+	Fault             *Fault // tests only
+}
+
+// Fault injects failures into a worker, for tests (worker.proto Fault).
+type Fault struct {
+	ExitAtOp         uint64
+	ExitSignal       int32
+	HangAtOp         uint64
+	OOMAtOp          uint64
+	HangConvShapeKey string
+	HangConvTier     ConvTier
+	HoldVRAMBytes    uint64
+	HoldVRAMSeconds  uint32
+}
+
+// LoadResponse says what a worker loaded and where.
+type LoadResponse struct {
+	Backend              string
+	DType                string
+	Device               *Device
+	WeightBytes          uint64
+	DeviceAllocatedBytes uint64
+	LoadDuration         time.Duration
+}
+
+// ProbeRequest asks the probe worker to initialise a backend and list its devices.
+type ProbeRequest struct {
+	Backend             string // "cpu", "cuda", "hip", "auto"; empty: auto
+	Env                 map[string]string
+	AllocateBytes       uint64 // > 0: allocate, touch and free this much on AllocateDeviceIndex
+	AllocateDeviceIndex uint32
+}
+
+// ProbeResponse lists what a probe found.
+type ProbeResponse struct {
+	Backend       string
+	DriverVersion string
+	Devices       []Device
+	Allocate      *AllocateResult // nil when no allocation was asked
+}
+
+// Device describes one compute device.
+type Device struct {
+	Index            uint32
+	Name             string
+	Arch             string
+	TotalMemoryBytes uint64
+	FreeMemoryBytes  uint64
+	PCIBusID         string
+}
+
+// AllocateResult is the outcome of a probe's allocate-and-free test.
+type AllocateResult struct {
+	Succeeded bool
+	Error     string
+	Duration  time.Duration
+}
+
+// Stats holds a worker's counters since it started.
+type Stats struct {
+	AllocatorCurrentBytes uint64
+	AllocatorPeakBytes    uint64
+	MemoryCapBytes        uint64
+	HostRSSBytes          uint64
+	ConvTiers             []ConvTierStats
+	LoadTime              time.Duration
+	ComputeTime           time.Duration
+	OpCounts              map[string]uint64
+}
+
+// RunRequest asks a loaded worker to run one stage.
+type RunRequest struct {
+	JobID string
+	Stage Stage
+}
+
+// Stage is the work of one Run: *TextEncodeRequest, *VAEEncodeRequest, *VAEDecodeRequest,
+// *ImageEncodeRequest or *TransformerSectionRequest.
+type Stage interface{ isStage() }
+
+func (*TextEncodeRequest) isStage()         {}
+func (*VAEEncodeRequest) isStage()          {}
+func (*VAEDecodeRequest) isStage()          {}
+func (*ImageEncodeRequest) isStage()        {}
+func (*TransformerSectionRequest) isStage() {}
+
+// TextEncodeRequest encodes a prompt and its negative with LLaMA and CLIP-L.
+type TextEncodeRequest struct {
+	Prompt         string
+	NegativePrompt string
+	CFG            float32
+	LlamaMaxLength uint32
+	ClipMaxLength  uint32
+	CropStart      uint32
+	PadLength      uint32
+	LlamaVec       TensorRef
+	LlamaMask      TensorRef
+	ClipPooler     TensorRef
+	LlamaVecN      TensorRef
+	LlamaMaskN     TensorRef
+	ClipPoolerN    TensorRef
+}
+
+// VAETiling sets how the VAE splits its work; zero values mean the model's defaults.
+type VAETiling struct {
+	EnableSpatialTiling       bool
+	EnableTemporalTiling      bool
+	TileSampleMinHeight       uint32
+	TileSampleMinWidth        uint32
+	TileSampleMinNumFrames    uint32
+	TileSampleStrideHeight    uint32
+	TileSampleStrideWidth     uint32
+	TileSampleStrideNumFrames uint32
+}
+
+// VAEEncodeRequest encodes pixels into scaled latents.
+type VAEEncodeRequest struct {
+	Pixels  TensorRef
+	Tiling  *VAETiling
+	Latents TensorRef
+}
+
+// VAEDecodeRequest decodes scaled latents into pixels.
+type VAEDecodeRequest struct {
+	Latents TensorRef
+	Tiling  *VAETiling
+	Pixels  TensorRef
+}
+
+// ImageEncodeRequest runs SigLIP on one image.
+type ImageEncodeRequest struct {
+	Image           TensorRef
+	LastHiddenState TensorRef
+}
+
+// SamplerVariant selects the UniPC update rule.
+type SamplerVariant int32
+
+// Sampler variants (worker.proto SamplerVariant).
+const (
+	SamplerUnspecified SamplerVariant = 0
+	SamplerUniPCBH1    SamplerVariant = 1
+	SamplerUniPCBH2    SamplerVariant = 2
+)
+
+// TransformerSectionRequest samples one section's latents with the packed transformer.
+type TransformerSectionRequest struct {
+	LlamaVec             TensorRef
+	LlamaMask            TensorRef
+	ClipPooler           TensorRef
+	ImageEmbeddings      TensorRef
+	LlamaVecN            TensorRef
+	LlamaMaskN           TensorRef
+	ClipPoolerN          TensorRef
+	CleanLatents         TensorRef
+	CleanLatentIndices   []int64
+	CleanLatents2x       TensorRef
+	CleanLatent2xIndices []int64
+	CleanLatents4x       TensorRef
+	CleanLatent4xIndices []int64
+	LatentIndices        []int64
+	Steps                uint32
+	CFG                  float32
+	GS                   float32
+	RS                   float32
+	Shift                *float32 // nil: computed from the sequence length
+	UseTeaCache          bool
+	TeaCacheThreshold    float32
+	Sampler              SamplerVariant
+	GeneratorState       []byte
+	Seed                 int64
+	Width                uint32
+	Height               uint32
+	Frames               uint32
+	Latents              TensorRef
+	StepPreviews         []TensorRef
+}
+
+// Progress reports where a stage is.
+type Progress struct {
+	Phase      string
+	Step       uint32
+	TotalSteps uint32
+	Elapsed    time.Duration
+}
+
+// StepPreview says a preview tensor has been written.
+type StepPreview struct {
+	Step     uint32
+	Denoised TensorRef
+}
+
+// ConvFallback reports one tier decision for one convolution shape.
+type ConvFallback struct {
+	ShapeKey string
+	Tier     ConvTier
+	Outcome  ConvOutcome
+	Detail   string
+}
+
+// LogLevel is the severity of a LogLine.
+type LogLevel int32
+
+// Log levels (worker.proto LogLevel).
+const (
+	LogUnspecified LogLevel = 0
+	LogDebug       LogLevel = 1
+	LogInfo        LogLevel = 2
+	LogWarn        LogLevel = 3
+	LogError       LogLevel = 4
+)
+
+// LogLine is one structured log line from the worker.
+type LogLine struct {
+	Level   LogLevel
+	Message string
+	Fields  map[string]string
+}
+
+// Result ends a successful stage.
+type Result struct {
+	Outputs        []TensorRef
+	Stats          *Stats
+	GeneratorState []byte
+}
+
+// ErrorCode classifies a failed call for the supervisor's recovery.
+type ErrorCode int32
+
+// Error codes (worker.proto ErrorCode).
+const (
+	CodeUnspecified     ErrorCode = 0
+	CodeOutOfMemory     ErrorCode = 1
+	CodeDeviceLost      ErrorCode = 2
+	CodeInvalidArgument ErrorCode = 3
+	CodeInternal        ErrorCode = 4
+	CodeCancelled       ErrorCode = 5
+)
+
+var codeNames = map[ErrorCode]string{
+	CodeUnspecified: "unspecified", CodeOutOfMemory: "out of memory", CodeDeviceLost: "device lost",
+	CodeInvalidArgument: "invalid argument", CodeInternal: "internal", CodeCancelled: "cancelled",
+}
+
+// String returns the code's lower-case name.
+func (c ErrorCode) String() string {
+	if s, ok := codeNames[c]; ok {
+		return s
+	}
+	return fmt.Sprintf("code(%d)", int32(c))
+}
+
+// Error is a classified failure of a worker call. Workers return it (possibly wrapped) to choose
+// the code the supervisor sees; the supervisor gets it back from Process calls.
+type Error struct {
+	Code           ErrorCode
+	Message        string
+	RequestedBytes uint64 // CodeOutOfMemory only
+	AvailableBytes uint64 // CodeOutOfMemory only
+}
+
+// Error returns the message; the code is in Code.
+func (e *Error) Error() string { return e.Message }
+
+// Errorf returns an *Error with code and a formatted message.
+func Errorf(code ErrorCode, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// CodeOf classifies err: the code of the *Error it wraps, CodeCancelled for a cancelled or
+// expired context, CodeInternal otherwise (CodeUnspecified for nil).
+func CodeOf(err error) ErrorCode {
+	var we *Error
+	switch {
+	case err == nil:
+		return CodeUnspecified
+	case errors.As(err, &we):
+		return we.Code
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return CodeCancelled
+	}
+	return CodeInternal
+}
+
+// asError returns err as an *Error, classifying it with CodeOf when it is not one.
+func asError(err error) *Error {
+	var we *Error
+	if errors.As(err, &we) {
+		if err.Error() == we.Error() {
+			return we
+		}
+		out := *we // keep the wrapping context in the message
+		out.Message = err.Error()
+		return &out
+	}
+	return &Error{Code: CodeOf(err), Message: err.Error()}
+}
