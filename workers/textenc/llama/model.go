@@ -370,7 +370,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, e
 	} else {
 		ld.Skip("norm.weight")
 	}
-	ld.Skip("lm_head.") // LlamaForCausalLM's head: never used by an encoder
+	ld.SkipRoot("lm_head.") // LlamaForCausalLM's head, beside "model.": never used by an encoder
 	m.weights = ld.Tensors()
 	m.Report = ld.Report()
 	return m, nil

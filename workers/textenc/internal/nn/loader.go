@@ -141,9 +141,13 @@ func (l *Loader) track(t *runtime.Tensor) {
 
 // Skip marks checkpoint tensors whose names start with prefix (loader prefix added) as known
 // but deliberately not loaded (layers a forward pass never reaches).
-func (l *Loader) Skip(prefix string) {
+func (l *Loader) Skip(prefix string) { l.SkipRoot(l.prefix + prefix) }
+
+// SkipRoot is Skip without the loader's prefix, for tensors outside the wrapped module (a
+// causal LM's lm_head next to its "model." body).
+func (l *Loader) SkipRoot(prefix string) {
 	for _, n := range l.src.Names() {
-		if strings.HasPrefix(n, l.prefix+prefix) && !l.used[n] {
+		if strings.HasPrefix(n, prefix) && !l.used[n] {
 			l.skipped[n] = true
 		}
 	}
