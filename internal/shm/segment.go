@@ -279,6 +279,9 @@ func (w *Writer) Bytes(name string) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("segment %s: mmap: %w", w.path, err)
 		}
+		// Map every page writable in one call rather than one fault per page (Linux 5.14+;
+		// older kernels fault them in as they are written).
+		_ = unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
 		w.mem = mem
 	}
 	return w.mem[off : off+size : off+size], nil
