@@ -41,17 +41,34 @@ func benchWords(n int) string {
 	return b.String()
 }
 
-// BenchmarkLlamaTokenize2000Words tokenises a 2,000-word prompt completely (no truncation), with
-// the per-word cache warm (the steady state of a worker) and cold (every word merged anew).
+// randomWords builds n words of 3 to 12 random letters: no word is in the vocabulary or repeats,
+// so each one is merged from its bytes.
+func randomWords(n int) string {
+	rng := rand.New(rand.NewPCG(9, 10))
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		for range 3 + rng.IntN(10) {
+			b.WriteByte(byte('a' + rng.IntN(26)))
+		}
+	}
+	return b.String()
+}
+
+// BenchmarkLlamaTokenize2000Words tokenises a 2,000-word prompt completely (no truncation): warm
+// (the per-word cache filled, a worker's steady state), cold (cache emptied first), and random
+// (2,000 distinct non-words, cache emptied: every word goes through the merge loop).
 func BenchmarkLlamaTokenize2000Words(b *testing.B) {
 	tok := fixtureTokenizers(b).Llama
-	text := benchWords(2000)
-	for _, cold := range []bool{false, true} {
-		name := "warm"
-		if cold {
-			name = "cold"
-		}
-		b.Run(name, func(b *testing.B) {
+	for _, tc := range []struct {
+		name string
+		text string
+		cold bool
+	}{{"warm", benchWords(2000), false}, {"cold", benchWords(2000), true}, {"random", randomWords(2000), true}} {
+		text, cold := tc.text, tc.cold
+		b.Run(tc.name, func(b *testing.B) {
 			b.SetBytes(int64(len(text)))
 			var n int
 			for b.Loop() {

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -18,10 +19,10 @@ const wordCacheCapacity = 1 << 16
 // first among equal ranks.
 type bpeModel struct {
 	vocab  map[string]int32
-	tokens []string          // id → token when ids are dense; "" where no token has that id
-	sparse map[int32]string  // id → token when they are not
-	maxID  int32             // largest id, -1 for an empty vocabulary
-	merges map[uint64]uint64 // pairKey(left, right) → rank<<32 | merged id
+	tokens []string         // id → token when ids are dense; "" where no token has that id
+	sparse map[int32]string // id → token when they are not
+	maxID  int32            // largest id, -1 for an empty vocabulary
+	merges *mergeTable      // pairKey(left, right) → rank<<32 | merged id
 
 	unkID        int32 // -1: no unk_token (unknown characters are dropped, as tokenizers does)
 	fuseUnk      bool
@@ -85,32 +86,14 @@ func newBPE(vocab map[string]int32, merges [][2]string, o bpeOptions) (*bpeModel
 		}
 		m.unkID = id
 	}
-	m.merges = make(map[uint64]uint64, len(merges))
-	buf := make([]byte, 0, 64)
-	for rank, mg := range merges {
-		a, okA := vocab[mg[0]]
-		b, okB := vocab[mg[1]]
-		if !okA || !okB {
-			missing := mg[0]
-			if okA {
-				missing = mg[1]
-			}
-			return nil, fmt.Errorf("merge %d (%q %q): token %q is not in the vocabulary", rank, mg[0], mg[1], missing)
-		}
-		right := mg[1]
-		if len(m.prefix) > 0 {
-			if !strings.HasPrefix(right, m.prefix) {
-				return nil, fmt.Errorf("merge %d (%q %q): right side lacks the continuing prefix %q", rank, mg[0], mg[1], m.prefix)
-			}
-			right = right[len(m.prefix):]
-		}
-		buf = append(append(buf[:0], mg[0]...), right...)
-		id, ok := vocab[string(buf)]
-		if !ok {
-			return nil, fmt.Errorf("merge %d (%q %q): merged token %q is not in the vocabulary", rank, mg[0], mg[1], buf)
-		}
+	resolved, err := m.resolveMerges(merges)
+	if err != nil {
+		return nil, err
+	}
+	m.merges = newMergeTable(len(merges))
+	for rank, r := range resolved {
 		// A pair listed twice keeps its last rank, as tokenizers' map building does.
-		m.merges[pairKey(a, b)] = uint64(rank)<<32 | uint64(uint32(id))
+		m.merges.put(pairKey(r[0], r[1]), uint64(rank)<<32|uint64(uint32(r[2])))
 	}
 	for b := range 256 {
 		m.fallbackIDs[b] = m.lookup(fmt.Sprintf("<0x%02X>", b))
@@ -177,6 +160,57 @@ func putScratch(sc *scratch) {
 		return // do not keep the buffers of a huge word
 	}
 	scratchPool.Put(sc)
+}
+
+// resolveMerges turns each merge into (left id, right id, merged id). The vocabulary is only read,
+// so chunks are resolved in parallel (a Llama 3 file has 280k merges, 840k lookups).
+func (m *bpeModel) resolveMerges(merges [][2]string) ([][3]int32, error) {
+	out := make([][3]int32, len(merges))
+	workers := min(runtime.GOMAXPROCS(0), 8, len(merges)/4096+1)
+	errs := make([]error, workers)
+	var wg sync.WaitGroup
+	chunk := (len(merges) + workers - 1) / workers
+	for w := range workers {
+		lo, hi := w*chunk, min((w+1)*chunk, len(merges))
+		wg.Go(func() { errs[w] = m.resolveRange(merges, out, lo, hi) })
+	}
+	wg.Wait()
+	for _, err := range errs { // the first failing chunk has the lowest ranks
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (m *bpeModel) resolveRange(merges [][2]string, out [][3]int32, lo, hi int) error {
+	buf := make([]byte, 0, 64)
+	for rank := lo; rank < hi; rank++ {
+		mg := merges[rank]
+		a, okA := m.vocab[mg[0]]
+		b, okB := m.vocab[mg[1]]
+		if !okA || !okB {
+			missing := mg[0]
+			if okA {
+				missing = mg[1]
+			}
+			return fmt.Errorf("merge %d (%q %q): token %q is not in the vocabulary", rank, mg[0], mg[1], missing)
+		}
+		right := mg[1]
+		if len(m.prefix) > 0 {
+			if !strings.HasPrefix(right, m.prefix) {
+				return fmt.Errorf("merge %d (%q %q): right side lacks the continuing prefix %q", rank, mg[0], mg[1], m.prefix)
+			}
+			right = right[len(m.prefix):]
+		}
+		buf = append(append(buf[:0], mg[0]...), right...)
+		id, ok := m.vocab[string(buf)]
+		if !ok {
+			return fmt.Errorf("merge %d (%q %q): merged token %q is not in the vocabulary", rank, mg[0], mg[1], buf)
+		}
+		out[rank] = [3]int32{a, b, id}
+	}
+	return nil
 }
 
 // tokenize appends the ids of word w to out.
@@ -315,7 +349,7 @@ func (m *bpeModel) initSymbols(w string, sc *scratch) []symbol {
 }
 
 func (m *bpeModel) pairMerge(a, b int32) (mergeItem, bool) {
-	v, ok := m.merges[pairKey(a, b)]
+	v, ok := m.merges.get(pairKey(a, b))
 	return mergeItem{rank: uint32(v >> 32), newID: int32(uint32(v))}, ok
 }
 
