@@ -307,3 +307,52 @@ func TestLayersComputedInWorker(t *testing.T) {
 		t.Error("the final norm was loaded")
 	}
 }
+
+// TestCropOrPad checks crop_or_pad_yield_mask's two other branches on a fixture case: a
+// pad_length below the row count keeps the first rows with an all-true mask, and a crop_start
+// past the attended ids leaves no rows (zeros, all-false mask), as the reference's empty slice.
+func TestCropOrPad(t *testing.T) {
+	fx := parity.Load(t, "textenc")
+	enc := loadEncoder(t, snapshotDir(t, fx))
+	hidden := enc.Llama.Config.HiddenSize
+	for _, c := range fx.Cases {
+		if c.Op != "textenc.encode_prompt_conds" {
+			continue
+		}
+		want := c.Output(t, "llama_vec")
+		rows := int(want.Shape[1])
+		if rows < 2 {
+			continue
+		}
+		var prompt string
+		c.InputValue(t, "prompt", &prompt)
+		params := encodeParams(t, c)
+
+		short := params
+		short.PadLength = rows - 1
+		got, err := enc.Encode(prompt, short)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if count(boolsToInts(got.LlamaMask)) != rows-1 || len(got.LlamaVec) != (rows-1)*hidden {
+			t.Errorf("case %s: pad_length %d: %d mask rows, %d values", c.Name, rows-1, count(boolsToInts(got.LlamaMask)), len(got.LlamaVec))
+		}
+		e := parity.RelL2(got.LlamaVec, want.F32[:(rows-1)*hidden])
+		t.Logf("case %s pad_length %d (cropped): rel_l2=%.3g tol=%g", c.Name, rows-1, e, c.Tolerance.RelL2)
+		if !(e <= c.Tolerance.RelL2) {
+			t.Errorf("case %s: cropped rows rel_l2 %g", c.Name, e)
+		}
+
+		past := params
+		past.CropStart = params.CropStart + rows + 10
+		got, err = enc.Encode(prompt, past)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Rows != 0 || count(boolsToInts(got.LlamaMask)) != 0 || !allZero(got.LlamaVec) || allZero(got.CLIPPooler) {
+			t.Errorf("case %s: crop_start past the prompt: %d rows, mask %d", c.Name, got.Rows, count(boolsToInts(got.LlamaMask)))
+		}
+		return
+	}
+	t.Fatal("no textenc.encode_prompt_conds case with two rows or more")
+}
