@@ -40,6 +40,8 @@ type binder struct {
 	owned []*runtime.Tensor
 	bytes int64
 	errs  []error
+	// shapes, when set, makes the binder only record the tensors the model asks for.
+	shapes map[string][]int
 }
 
 func newBinder(rt *runtime.Runtime, src runtime.TensorSource, dt runtime.DType) *binder {
@@ -49,6 +51,10 @@ func newBinder(rt *runtime.Runtime, src runtime.TensorSource, dt runtime.DType) 
 // tensor loads name, which must have shape; after the first problem it only checks the rest.
 func (b *binder) tensor(name string, shape ...int) *runtime.Tensor {
 	b.used[name] = true
+	if b.shapes != nil {
+		b.shapes[name] = slices.Clone(shape)
+		return nil
+	}
 	info, ok := b.src.Info(name)
 	if !ok {
 		b.errs = append(b.errs, &TensorError{Name: name, Problem: fmt.Sprintf("missing from the checkpoint (expected shape %v)", shape)})
@@ -81,6 +87,21 @@ func (b *binder) tensor(name string, shape ...int) *runtime.Tensor {
 	b.owned = append(b.owned, t)
 	b.bytes += int64(t.NumBytes())
 	return t
+}
+
+// TensorShapes returns every checkpoint tensor the model of c needs, with its shape: what a
+// checkpoint for c must hold (the supervisor's size estimate, tests' synthetic weights).
+func (c Config) TensorShapes() (map[string][]int, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	b := &binder{used: map[string]bool{}, shapes: map[string][]int{}}
+	L := c.LatentChannels
+	bindEncoder(b, "encoder", c)
+	bindDecoder(b, "decoder", c)
+	bindConv3d(b, "quant_conv", 2*L, 2*L)
+	bindConv3d(b, "post_quant_conv", L, L)
+	return b.shapes, nil
 }
 
 // err returns the problems found, or nil.
