@@ -175,6 +175,7 @@ func (b *hclogBridge) StandardWriter(*hclog.StandardLoggerOptions) io.Writer {
 // side parses back into leveled log entries with fields.
 type workerFormatter struct{}
 
+// Format renders one entry as a JSON line with hclog's @level, @message and @timestamp keys.
 func (workerFormatter) Format(e *logrus.Entry) ([]byte, error) {
 	m := make(map[string]any, len(e.Data)+3)
 	for k, v := range e.Data {

@@ -119,6 +119,7 @@ func (s *grpcServer) phase(p beacon.Phase) func() {
 	return func() { s.beacon.SetPhase(beacon.PhaseIdle) }
 }
 
+// Load serves the one Load of the worker.
 func (s *grpcServer) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadResponse, error) {
 	s.mu.Lock()
 	if s.loading {
@@ -145,6 +146,7 @@ func (s *grpcServer) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRes
 	return toLoadResponse(resp), nil
 }
 
+// Run serves a stage: events, then exactly one Result or Error event.
 func (s *grpcServer) Run(req *pb.RunRequest, stream pb.WorkerService_RunServer) error {
 	s.mu.Lock()
 	loaded := s.loaded
@@ -174,6 +176,7 @@ func (s *grpcServer) Run(req *pb.RunRequest, stream pb.WorkerService_RunServer) 
 	return stream.Send(&pb.RunEvent{Event: &pb.RunEvent_Result{Result: toResult(res)}})
 }
 
+// Stats serves the worker's counters.
 func (s *grpcServer) Stats(ctx context.Context, _ *pb.StatsRequest) (*pb.StatsResponse, error) {
 	st, err := s.impl.Stats(ctx)
 	if err != nil {
@@ -185,6 +188,7 @@ func (s *grpcServer) Stats(ctx context.Context, _ *pb.StatsRequest) (*pb.StatsRe
 	return toStats(st), nil
 }
 
+// Probe serves a device probe.
 func (s *grpcServer) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
 	defer s.phase(beacon.PhaseProbing)()
 	resp, err := s.impl.Probe(ctx, fromProbeRequest(req))
@@ -199,6 +203,7 @@ type grpcClient struct {
 	c pb.WorkerServiceClient
 }
 
+// Load calls the worker's Load.
 func (c *grpcClient) Load(ctx context.Context, req *LoadRequest) (*LoadResponse, error) {
 	resp, err := c.c.Load(ctx, toLoadRequest(req))
 	if err != nil {
@@ -210,6 +215,7 @@ func (c *grpcClient) Load(ctx context.Context, req *LoadRequest) (*LoadResponse,
 // ErrNoResult is returned when a Run stream ends without a Result or Error event.
 var ErrNoResult = errors.New("run stream ended without a result")
 
+// Run calls the worker's Run and passes non-final events to emit.
 func (c *grpcClient) Run(ctx context.Context, req *RunRequest, emit Emit) (*Result, error) {
 	r, err := toRunRequest(req)
 	if err != nil {
@@ -247,6 +253,7 @@ func (c *grpcClient) Run(ctx context.Context, req *RunRequest, emit Emit) (*Resu
 	}
 }
 
+// Stats calls the worker's Stats.
 func (c *grpcClient) Stats(ctx context.Context) (*Stats, error) {
 	resp, err := c.c.Stats(ctx, &pb.StatsRequest{})
 	if err != nil {
@@ -255,6 +262,7 @@ func (c *grpcClient) Stats(ctx context.Context) (*Stats, error) {
 	return fromStats(resp), nil
 }
 
+// Probe calls the worker's Probe.
 func (c *grpcClient) Probe(ctx context.Context, req *ProbeRequest) (*ProbeResponse, error) {
 	resp, err := c.c.Probe(ctx, toProbeRequest(req))
 	if err != nil {
