@@ -1,0 +1,247 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/framepackd/framepackd/internal/torchrng"
+	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/workers/transformer/dit"
+	"github.com/framepackd/framepackd/workers/transformer/sampler"
+)
+
+// maxSteps is the most sampling steps a request may ask for (worker.proto).
+const maxSteps = 100
+
+// sectionPlan is a validated TransformerSectionRequest: the sampler request without its noise,
+// and the generator the noise comes from.
+type sectionPlan struct {
+	req       sampler.Request
+	gen       *torchrng.Generator
+	pos, neg  *sampler.Conditioning
+	previews  []workerkit.TensorRef
+	latentRef workerkit.TensorRef
+}
+
+func finite(name string, v float32) error {
+	if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+		return invalidf("%s is %v", name, v)
+	}
+	return nil
+}
+
+// plan checks the request's settings and reads its input tensors.
+func (w *worker) plan(req *workerkit.TransformerSectionRequest) (*sectionPlan, error) {
+	switch {
+	case req.Steps < 1 || req.Steps > maxSteps:
+		return nil, invalidf("steps %d (1 to %d)", req.Steps, maxSteps)
+	case req.Width == 0 || req.Height == 0 || req.Width%16 != 0 || req.Height%16 != 0:
+		return nil, invalidf("size %d×%d: width and height must be positive multiples of 16", req.Width, req.Height)
+	case req.Frames == 0 || req.Frames > 4096:
+		return nil, invalidf("frames %d", req.Frames)
+	}
+	for name, v := range map[string]float32{"cfg": req.CFG, "gs": req.GS, "rs": req.RS, "teacache_threshold": req.TeaCacheThreshold} {
+		if err := finite(name, v); err != nil {
+			return nil, err
+		}
+	}
+	if req.RS < 0 || req.RS > 1 {
+		return nil, invalidf("rs %v (0 to 1)", req.RS)
+	}
+	if req.TeaCacheThreshold < 0 {
+		return nil, invalidf("teacache_threshold %v", req.TeaCacheThreshold)
+	}
+	opts := sampler.Options{
+		Steps:             int(req.Steps),
+		Guidance:          sampler.Guidance{Distilled: float64(req.GS), CFG: float64(req.CFG), Rescale: float64(req.RS)},
+		DType:             w.dtype,
+		TeaCache:          req.UseTeaCache,
+		TeaCacheThreshold: float64(req.TeaCacheThreshold),
+	}
+	if req.Shift != nil {
+		if err := finite("shift", *req.Shift); err != nil || *req.Shift <= 0 {
+			return nil, invalidf("shift %v must be positive", *req.Shift)
+		}
+		opts.Shift = float64(*req.Shift)
+	}
+	switch req.Sampler {
+	case workerkit.SamplerUnspecified, workerkit.SamplerUniPCBH1:
+		opts.Variant = sampler.BH1
+	case workerkit.SamplerUniPCBH2:
+		opts.Variant = sampler.BH2
+	default:
+		return nil, invalidf("sampler %d", req.Sampler)
+	}
+	shape := sampler.LatentShape(1, int(req.Width), int(req.Height), int(req.Frames))
+
+	if err := checkOutputRef("latents", req.Latents); err != nil {
+		return nil, err
+	}
+	if _, err := floatDType("latents", req.Latents); err != nil {
+		return nil, err
+	}
+	if err := checkOutputShape("latents", req.Latents, shape.Ints()); err != nil {
+		return nil, err
+	}
+	if n := len(req.StepPreviews); n != 0 && n != int(req.Steps) {
+		return nil, invalidf("step_previews has %d entries, want 0 or steps (%d)", n, req.Steps)
+	}
+	for i, r := range req.StepPreviews {
+		field := fmt.Sprintf("step_previews[%d]", i)
+		if err := checkOutputRef(field, r); err != nil {
+			return nil, err
+		}
+		if _, err := floatDType(field, r); err != nil {
+			return nil, err
+		}
+		if err := checkOutputShape(field, r, shape.Ints()); err != nil {
+			return nil, err
+		}
+	}
+
+	gen := torchrng.New(torchrng.SeedFromInt(req.Seed))
+	if len(req.GeneratorState) > 0 {
+		if err := gen.UnmarshalBinary(req.GeneratorState); err != nil {
+			return nil, invalidf("generator_state: %v", err)
+		}
+	}
+
+	var in inputs
+	pos := &sampler.Conditioning{
+		EncoderHiddenStates:  in.float("llama_vec", req.LlamaVec, 3),
+		EncoderAttentionMask: in.mask("llama_mask", req.LlamaMask),
+		PooledProjections:    in.float("clip_pooler", req.ClipPooler, 2),
+		ImageEmbeddings:      in.float("image_embeddings", req.ImageEmbeddings, 3),
+		CleanLatents:         in.float("clean_latents", req.CleanLatents, 5),
+		CleanLatentIndices:   indexTensor(req.CleanLatentIndices),
+		CleanLatents2x:       in.float("clean_latents_2x", req.CleanLatents2x, 5),
+		CleanLatent2xIndices: indexTensor(req.CleanLatent2xIndices),
+		CleanLatents4x:       in.float("clean_latents_4x", req.CleanLatents4x, 5),
+		CleanLatent4xIndices: indexTensor(req.CleanLatent4xIndices),
+		LatentIndices:        indexTensor(req.LatentIndices),
+	}
+	var neg *sampler.Conditioning
+	if req.CFG != 1 {
+		n := *pos
+		n.EncoderHiddenStates = in.float("llama_vec_n", req.LlamaVecN, 3)
+		n.EncoderAttentionMask = in.mask("llama_mask_n", req.LlamaMaskN)
+		n.PooledProjections = in.float("clip_pooler_n", req.ClipPoolerN, 2)
+		neg = &n
+	}
+	if in.err != nil {
+		return nil, in.err
+	}
+	return &sectionPlan{
+		req:       sampler.Request{Shape: shape, Positive: pos, Negative: neg, Options: opts},
+		gen:       gen,
+		pos:       pos,
+		neg:       neg,
+		previews:  req.StepPreviews,
+		latentRef: req.Latents,
+	}, nil
+}
+
+// indexTensor is a request's frame index list as a [1, n] tensor (empty stays empty).
+func indexTensor(v []int64) sampler.IntTensor {
+	if len(v) == 0 {
+		return sampler.IntTensor{}
+	}
+	return sampler.IntTensor{Shape: []int{1, len(v)}, Data: v}
+}
+
+// section samples one section: prepare both branches, draw the noise, run UniPC with a
+// progress event and a preview per step, write the latents.
+func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionRequest, emit workerkit.Emit, start time.Time, log *logrus.Entry) (*workerkit.Result, error) {
+	sp, err := w.plan(req)
+	if err != nil {
+		return nil, err
+	}
+	shape := sp.req.Shape
+	m := w.model
+	send := func(e workerkit.Event) error {
+		if emit == nil {
+			return ctx.Err()
+		}
+		if err := emit(e); err != nil {
+			return fmt.Errorf("emit: %w", err)
+		}
+		return nil
+	}
+	if err := send(&workerkit.Progress{Phase: "prepare", Elapsed: time.Since(start)}); err != nil {
+		return nil, err
+	}
+	for _, c := range []*sampler.Conditioning{sp.pos, sp.neg} {
+		if c == nil {
+			continue
+		}
+		sec, err := m.Prepare(dit.ConditioningFrom(c), [5]int(shape))
+		if err != nil {
+			return nil, err
+		}
+		defer sec.Close()
+		c.Prepared = sec
+	}
+	noise, err := sp.gen.Randn(shape.Ints())
+	if err != nil {
+		return nil, fmt.Errorf("noise: %w", err)
+	}
+	state, err := sp.gen.MarshalBinary()
+	if err != nil {
+		return nil, fmt.Errorf("generator state: %w", err)
+	}
+
+	sm := dit.NewSamplerModel(m)
+	defer sm.Close()
+	calls := 0
+	sm.OnForward = func(sampler.ForwardInput) { calls++ }
+	steps := sp.req.Steps
+	req2 := sp.req
+	req2.Noise = noise
+	req2.OnStep = func(s sampler.StepInfo) error {
+		w.k.Beacon.SetStep(s.Step+1, s.Steps)
+		w.k.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
+		fields := map[string]string{"step": fmt.Sprint(s.Step + 1), "sigma": fmt.Sprint(s.Sigma)}
+		if req.UseTeaCache {
+			tc := sm.TeaCache(sampler.Positive).Calls
+			if n := len(tc); n > 0 {
+				fields["teacache"] = "computed"
+				if !tc[n-1].Computed {
+					fields["teacache"] = "skipped"
+				}
+				fields["teacache_accumulated"] = fmt.Sprint(tc[n-1].Accumulated)
+			}
+		}
+		if err := send(&workerkit.LogLine{Level: workerkit.LogDebug, Message: "step done", Fields: fields}); err != nil {
+			return err
+		}
+		if len(sp.previews) > 0 {
+			ref := sp.previews[s.Step]
+			written, err := writeFloat(ref, s.Denoised, shape.Ints())
+			if err != nil {
+				return fmt.Errorf("step %d preview: %w", s.Step+1, err)
+			}
+			if err := send(&workerkit.StepPreview{Step: uint32(s.Step + 1), Denoised: written}); err != nil {
+				return err
+			}
+		}
+		return send(&workerkit.Progress{Phase: "sample", Step: uint32(s.Step + 1), TotalSteps: uint32(steps), Elapsed: time.Since(start)})
+	}
+	out, err := sampler.Sample(ctx, sm, req2)
+	if err != nil {
+		return nil, err
+	}
+	if err := send(&workerkit.Progress{Phase: "write", Elapsed: time.Since(start)}); err != nil {
+		return nil, err
+	}
+	written, err := writeFloat(sp.latentRef, out, shape.Ints())
+	if err != nil {
+		return nil, fmt.Errorf("latents: %w", err)
+	}
+	log.WithFields(logrus.Fields{"steps": steps, "transformer_calls": calls, "teacache_skipped": sm.TeaCache(sampler.Positive).Skipped() + sm.TeaCache(sampler.Negative).Skipped(),
+		"shape": fmt.Sprint(shape.Ints())}).Info("section sampled")
+	return &workerkit.Result{Outputs: []workerkit.TensorRef{written}, Stats: w.stats(), GeneratorState: state}, nil
+}

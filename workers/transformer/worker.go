@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/workers/transformer/dit"
+	"github.com/framepackd/framepackd/workers/transformer/sampler"
+)
+
+// errInvalid marks a bad request found by the worker itself.
+var errInvalid = errors.New("invalid argument")
+
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errInvalid}, args...)...)
+}
+
+// worker serves transformer_section stages.
+type worker struct {
+	k   *workerkit.Kit
+	log *logrus.Entry
+
+	// mu protects rt, model, dtype and fault; Run holds it for the whole stage.
+	mu    sync.Mutex
+	rt    *runtime.Runtime
+	model *dit.Model
+	dtype sampler.DType
+	fault *workerkit.Fault
+
+	computeNanos atomic.Int64
+	loadNanos    atomic.Int64
+	// loaded holds the runtime once Load succeeded, for Stats while a stage holds mu.
+	loaded atomic.Pointer[runtime.Runtime]
+
+	// opsMu protects ops.
+	opsMu sync.Mutex
+	ops   map[string]uint64
+}
+
+var _ workerkit.Worker = (*worker)(nil)
+
+func newWorker(k *workerkit.Kit) *worker {
+	log := k.Log
+	if log == nil {
+		log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	return &worker{k: k, log: log.WithField("worker", "transformer"), ops: map[string]uint64{}}
+}
+
+// classify maps an error to the worker error the supervisor acts on.
+func classify(err error) error {
+	var oom *runtime.OOMError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &oom):
+		return &workerkit.Error{Code: workerkit.CodeOutOfMemory, Message: err.Error(),
+			RequestedBytes: oom.Requested, AvailableBytes: oom.Available}
+	case errors.Is(err, runtime.ErrOutOfMemory):
+		return &workerkit.Error{Code: workerkit.CodeOutOfMemory, Message: err.Error()}
+	case errors.Is(err, runtime.ErrDeviceLost):
+		return &workerkit.Error{Code: workerkit.CodeDeviceLost, Message: err.Error()}
+	case errors.Is(err, errInvalid), errors.Is(err, dit.ErrInvalidInput), errors.Is(err, dit.ErrUnsupportedConfig),
+		errors.Is(err, dit.ErrBadCheckpoint), errors.Is(err, sampler.ErrBadRequest):
+		return &workerkit.Error{Code: workerkit.CodeInvalidArgument, Message: err.Error()}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return &workerkit.Error{Code: workerkit.CodeCancelled, Message: err.Error()}
+	}
+	return err
+}
+
+// observe is the runtime's op observer: it keeps the beacon current, counts ops and fires
+// injected faults.
+func (w *worker) observe(e runtime.OpEvent) {
+	if e.Phase == runtime.OpEnd {
+		w.k.Beacon.EndOp()
+		return
+	}
+	seq := w.k.Beacon.BeginOp(e.Op)
+	if seq == 0 {
+		seq = e.Seq
+	}
+	w.opsMu.Lock()
+	w.ops[e.Op]++
+	w.opsMu.Unlock()
+	if f := w.fault; f != nil {
+		if f.ExitAtOp != 0 && seq == f.ExitAtOp {
+			sig := syscall.Signal(f.ExitSignal)
+			if sig == 0 {
+				sig = syscall.SIGKILL
+			}
+			w.log.WithFields(logrus.Fields{"op": e.Op, "seq": seq, "signal": sig}).Warn("fault: exiting at op")
+			syscall.Kill(os.Getpid(), sig)
+			select {} // the signal ends the process
+		}
+		if f.HangAtOp != 0 && seq == f.HangAtOp {
+			w.log.WithFields(logrus.Fields{"op": e.Op, "seq": seq}).Warn("fault: hanging at op")
+			select {}
+		}
+	}
+}
+
+// Load opens the cpu runtime and loads the transformer from req.ModelDir.
+func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerkit.LoadResponse, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.model != nil {
+		return nil, classify(invalidf("load: already loaded"))
+	}
+	start := time.Now()
+	if req.ModelDir == "" {
+		return nil, classify(invalidf("load: model_dir is required"))
+	}
+	switch req.Backend {
+	case "", "auto", "cpu":
+	default:
+		return nil, workerkit.Errorf(workerkit.CodeInternal, "load: backend %q is not available in this build (cpu only)", req.Backend)
+	}
+	switch req.DType {
+	case "", "fp32":
+		// fm_wrapper rounds the model's inputs to its dtype: nothing to round in float32.
+		w.dtype = sampler.F32
+	default:
+		return nil, classify(invalidf("load: dtype %q: the cpu backend computes in fp32", req.DType))
+	}
+	if f := req.Fault; f != nil {
+		if f.OOMAtOp != 0 || f.HangConvTier != workerkit.ConvTierUnspecified || f.HoldVRAMBytes != 0 {
+			return nil, classify(invalidf("load: fault: the transformer worker injects exit_at_op and hang_at_op only"))
+		}
+		w.fault = f
+	}
+	for k, v := range req.Env {
+		if err := os.Setenv(k, v); err != nil {
+			return nil, classify(invalidf("load: env %s: %v", k, err))
+		}
+	}
+	if req.MemoryCapBytes > math.MaxInt64 {
+		return nil, classify(invalidf("load: memory cap %d too large", req.MemoryCapBytes))
+	}
+	rt, err := runtime.New(runtime.Options{MemoryCap: int64(req.MemoryCapBytes), OpObserver: w.observe})
+	if err != nil {
+		return nil, classify(fmt.Errorf("load: %w", err))
+	}
+	m, err := dit.Load(rt, req.ModelDir, dit.LoadOptions{})
+	if err != nil {
+		rt.Close()
+		var oom *runtime.OOMError
+		if !errors.As(err, &oom) {
+			// A folder that cannot be read, parsed or bound will not load on a retry either.
+			return nil, &workerkit.Error{Code: workerkit.CodeInvalidArgument, Message: fmt.Sprintf("load %s: %v", req.ModelDir, err)}
+		}
+		return nil, classify(fmt.Errorf("load %s: %w", req.ModelDir, err))
+	}
+	w.rt, w.model = rt, m
+	w.loaded.Store(rt)
+	loadTime := time.Since(start)
+	w.loadNanos.Store(int64(loadTime))
+	cfg := m.Config
+	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "double_blocks": cfg.NumLayers,
+		"single_blocks": cfg.NumSingleLayers, "heads": cfg.NumAttentionHeads, "head_dim": cfg.AttentionHeadDim,
+		"elapsed": loadTime}).Info("model loaded")
+	for _, n := range m.Unexpected {
+		w.log.WithField("tensor", n).Warn("unexpected tensor in checkpoint")
+	}
+	if req.MaxResidentBlocks != 0 {
+		w.log.WithField("max_resident_blocks", req.MaxResidentBlocks).Info("cpu backend: every block stays resident")
+	}
+	mem := rt.Memory()
+	w.k.Beacon.SetBytes(int64(mem.Allocated))
+	info := rt.Backend()
+	return &workerkit.LoadResponse{
+		Backend: info.Name, DType: "fp32",
+		Device:               &workerkit.Device{Index: uint32(info.Device), Name: info.DeviceName, TotalMemoryBytes: info.DeviceMemory},
+		WeightBytes:          uint64(m.WeightBytes()),
+		DeviceAllocatedBytes: mem.Allocated,
+		LoadDuration:         loadTime,
+	}, nil
+}
+
+// Run serves one transformer_section stage.
+func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit workerkit.Emit) (*workerkit.Result, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.model == nil {
+		return nil, classify(invalidf("run: not loaded"))
+	}
+	ts, ok := req.Stage.(*workerkit.TransformerSectionRequest)
+	if !ok {
+		return nil, classify(invalidf("run: the transformer worker runs transformer_section stages, not %T", req.Stage))
+	}
+	start := time.Now()
+	defer func() { w.computeNanos.Add(int64(time.Since(start))) }()
+	log := w.log.WithField("job", req.JobID)
+	res, err := w.section(ctx, ts, emit, start, log)
+	if err != nil {
+		err = classify(fmt.Errorf("transformer_section: %w", err))
+		log.WithError(err).Warn("stage failed")
+		return nil, err
+	}
+	log.WithField("elapsed", time.Since(start)).Info("stage done")
+	return res, nil
+}
+
+// Stats reports the runtime's memory, op counts and timings.
+func (w *worker) Stats(ctx context.Context) (*workerkit.Stats, error) {
+	return w.stats(), nil
+}
+
+func (w *worker) stats() *workerkit.Stats {
+	st := &workerkit.Stats{LoadTime: time.Duration(w.loadNanos.Load()), ComputeTime: time.Duration(w.computeNanos.Load()),
+		OpCounts: map[string]uint64{}}
+	if rt := w.loaded.Load(); rt != nil {
+		m := rt.Memory()
+		st.AllocatorCurrentBytes, st.AllocatorPeakBytes, st.MemoryCapBytes = m.Allocated, m.Peak, m.Cap
+		for i, t := range rt.ConvStats().Tiers {
+			if t.Attempts == 0 && t.SkippedHung == 0 {
+				continue
+			}
+			st.ConvTiers = append(st.ConvTiers, workerkit.ConvTierStats{Tier: workerkit.ConvTier(i + 1),
+				Attempts: uint64(t.Attempts), Successes: uint64(t.Successes), Failures: uint64(t.Failures),
+				SkippedAsHung: uint64(t.SkippedHung), Time: t.Time})
+		}
+	}
+	st.HostRSSBytes = hostRSS()
+	w.opsMu.Lock()
+	for k, v := range w.ops {
+		st.OpCounts[k] = v
+	}
+	w.opsMu.Unlock()
+	return st
+}
+
+// hostRSS reads the process's resident set size from /proc (0 when unavailable).
+func hostRSS() uint64 {
+	raw, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 2 {
+		return 0
+	}
+	pages, err := strconv.ParseUint(f[1], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return pages * uint64(os.Getpagesize())
+}
+
+// Probe is refused: device probing is the probe worker's job.
+func (w *worker) Probe(context.Context, *workerkit.ProbeRequest) (*workerkit.ProbeResponse, error) {
+	return nil, classify(invalidf("probe: the transformer worker does not probe devices"))
+}
