@@ -551,6 +551,40 @@ func (rt *Runtime) AvgPool3d(x *Tensor, kernel, stride [3]int) (*Tensor, error) 
 	})
 }
 
+// ReduceOp is a reduction over one dim.
+type ReduceOp int
+
+// Reductions.
+const (
+	ReduceSum  ReduceOp = C.FPK_REDUCE_SUM
+	ReduceMean ReduceOp = C.FPK_REDUCE_MEAN
+	ReduceMax  ReduceOp = C.FPK_REDUCE_MAX
+)
+
+// Reduce reduces x over dim (negative counts from the end), keeping it with size 1: [.., n, ..]
+// → [.., 1, ..]. Sums accumulate in double.
+func (rt *Runtime) Reduce(op ReduceOp, x *Tensor, dim int) (*Tensor, error) {
+	const name = "reduce"
+	if err := required(name, x); err != nil {
+		return nil, err
+	}
+	d, err := normDim(name, dim, x.Rank())
+	if err != nil {
+		return nil, err
+	}
+	shape := slices.Clone(x.shape)
+	shape[d] = 1
+	return rt.op(name, x.dtype, shape, []*Tensor{x}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
+		return C.fpk_op_reduce(rt.stream, C.fpk_reduce_op(op), C.int(d), in[0], out)
+	})
+}
+
+// Sum sums x over dim, keeping it with size 1.
+func (rt *Runtime) Sum(x *Tensor, dim int) (*Tensor, error) { return rt.Reduce(ReduceSum, x, dim) }
+
+// Mean averages x over dim, keeping it with size 1.
+func (rt *Runtime) Mean(x *Tensor, dim int) (*Tensor, error) { return rt.Reduce(ReduceMean, x, dim) }
+
 // Cast returns x converted to dtype dt (a copy even when dt is x's dtype).
 func (rt *Runtime) Cast(x *Tensor, dt DType) (*Tensor, error) {
 	const op = "cast"

@@ -837,3 +837,40 @@ func TestEmbeddingCopy(t *testing.T) {
 	y, err = rt.Copy(table)
 	check(t, "copy", y, err, []int{11, 6}, tv)
 }
+
+func TestReduce(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	r := rng(t)
+	shape := []int{3, 5, 1, 7}
+	x, xv := randTensor(t, rt, r, shape...)
+	for _, dim := range []int{0, 1, 2, 3, -1} {
+		d := (dim + 4) % 4
+		out := slices.Clone(shape)
+		out[d] = 1
+		for _, op := range []ReduceOp{ReduceSum, ReduceMean, ReduceMax} {
+			want := make([]float64, numel(out))
+			for i := range want {
+				co := unravel(i, out)
+				acc := 0.0
+				if op == ReduceMax {
+					acc = math.Inf(-1)
+				}
+				for k := range shape[d] {
+					co[d] = k
+					v := xv[bcastIndex(co, shape)]
+					if op == ReduceMax {
+						acc = math.Max(acc, v)
+					} else {
+						acc += v
+					}
+				}
+				if op == ReduceMean {
+					acc /= float64(shape[d])
+				}
+				want[i] = acc
+			}
+			y, err := rt.Reduce(op, x, dim)
+			check(t, fmt.Sprint("reduce ", op, " dim ", dim), y, err, out, want)
+		}
+	}
+}

@@ -950,6 +950,48 @@ static fpk_status cpu_avg_pool3d(void *ctx, void *stream, const int64_t *kernel,
     return FPK_OK;
 }
 
+typedef struct {
+    const float *x;
+    float *y;
+    int64_t n, inner; /* reduced length; stride between its elements */
+    int op;
+} reduce_job;
+
+/* r indexes (outer, inner) pairs of the output */
+static void reduce_task(void *arg, int64_t rb, int64_t re, int th) {
+    (void)th;
+    reduce_job *j = arg;
+    for (int64_t r = rb; r < re; r++) {
+        int64_t o = r / j->inner, i = r % j->inner;
+        const float *x = j->x + o * j->n * j->inner + i;
+        if (j->op == FPK_REDUCE_MAX) {
+            float m = -INFINITY;
+            for (int64_t k = 0; k < j->n; k++) {
+                float v = x[k * j->inner];
+                m = v > m || v != v ? v : m;
+            }
+            j->y[r] = m;
+            continue;
+        }
+        double acc = 0;
+        for (int64_t k = 0; k < j->n; k++) acc += x[k * j->inner];
+        j->y[r] = (float)(j->op == FPK_REDUCE_MEAN ? acc / (double)j->n : acc);
+    }
+}
+
+static fpk_status cpu_reduce(void *ctx, void *stream, fpk_reduce_op op, int dim, fpk_tensor_t x,
+                             fpk_tensor_t out) {
+    (void)stream;
+    REQ("reduce", x);
+    REQ("reduce", out);
+    if (out->numel == 0) return FPK_OK;
+    int64_t inner = 1;
+    for (int d = dim + 1; d < x->ndim; d++) inner *= x->shape[d];
+    reduce_job j = {.x = CF(x), .y = F(out), .n = x->shape[dim], .inner = inner, .op = (int)op};
+    fpk_pool_run(CTX(ctx)->pool, out->numel, 4096 / (j.n ? j.n : 1) + 1, reduce_task, &j);
+    return FPK_OK;
+}
+
 static fpk_status cpu_embedding(void *ctx, void *stream, fpk_tensor_t table, fpk_tensor_t ids,
                                 fpk_tensor_t out) {
     (void)ctx;
@@ -1005,6 +1047,7 @@ static const struct fpk_backend_iface cpu_iface = {
     .pad = cpu_pad,
     .upsample_nearest3d = cpu_upsample_nearest3d,
     .avg_pool3d = cpu_avg_pool3d,
+    .reduce = cpu_reduce,
     .copy = cpu_copy,
     .embedding = cpu_embedding,
 };

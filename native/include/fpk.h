@@ -312,6 +312,16 @@ fpk_status fpk_op_upsample_nearest3d(fpk_stream_t stream, const int64_t *scale, 
 fpk_status fpk_op_avg_pool3d(fpk_stream_t stream, const int64_t *kernel, const int64_t *stride,
                              fpk_tensor_t x, fpk_tensor_t out);
 
+/* Reductions over one dim: out has x's shape with dim of size 1. Sums accumulate in double. */
+typedef enum fpk_reduce_op {
+    FPK_REDUCE_SUM = 0,
+    FPK_REDUCE_MEAN = 1,
+    FPK_REDUCE_MAX = 2,
+    FPK_REDUCE_COUNT = 3
+} fpk_reduce_op;
+fpk_status fpk_op_reduce(fpk_stream_t stream, fpk_reduce_op op, int dim, fpk_tensor_t x,
+                         fpk_tensor_t out);
+
 /* Copies src into dst of the same shape, converting dtype (this is cast). */
 fpk_status fpk_op_copy(fpk_stream_t stream, fpk_tensor_t src, fpk_tensor_t dst);
 

@@ -1192,6 +1192,21 @@ fpk_status fpk_op_avg_pool3d(fpk_stream_t s, const int64_t *kernel, const int64_
     return s->backend->iface->avg_pool3d(BCTX(s), kernel, stride, x, out);
 }
 
+fpk_status fpk_op_reduce(fpk_stream_t s, fpk_reduce_op rop, int dim, fpk_tensor_t x, fpk_tensor_t out) {
+    const char *op = "reduce";
+    fpk_tensor_t ts[] = {x, out};
+    TRY(check_args(op, s, 2, ts, 0x3));
+    CHECK(rop >= 0 && rop < FPK_REDUCE_COUNT, "%s: unknown op %d", op, (int)rop);
+    CHECK(dim >= 0 && dim < x->ndim, "%s: dim %d of %d", op, dim, x->ndim);
+    CHECK(x->ndim == out->ndim && x->dtype == out->dtype, "%s: out must have x's rank and dtype", op);
+    CHECK(x->shape[dim] > 0 || rop == FPK_REDUCE_SUM, "%s: mean or max over an empty dim", op);
+    for (int d = 0; d < x->ndim; d++)
+        CHECK(out->shape[d] == (d == dim ? 1 : x->shape[d]), "%s: out dim %d is %lld, want %lld", op, d,
+              (long long)out->shape[d], (long long)(d == dim ? 1 : x->shape[d]));
+    SLOT(s, reduce, op);
+    return s->backend->iface->reduce(BCTX(s), rop, dim, x, out);
+}
+
 fpk_status fpk_op_copy(fpk_stream_t s, fpk_tensor_t src, fpk_tensor_t dst) {
     const char *op = "copy";
     fpk_tensor_t ts[] = {src, dst};

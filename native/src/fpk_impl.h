@@ -133,6 +133,8 @@ struct fpk_backend_iface {
                                      fpk_tensor_t out);
     fpk_status (*avg_pool3d)(void *ctx, void *stream, const int64_t *kernel,
                              const int64_t *stride, fpk_tensor_t x, fpk_tensor_t out);
+    fpk_status (*reduce)(void *ctx, void *stream, fpk_reduce_op op, int dim, fpk_tensor_t x,
+                         fpk_tensor_t out);
     /* Same shape; dtypes may differ. */
     fpk_status (*copy)(void *ctx, void *stream, fpk_tensor_t src, fpk_tensor_t dst);
     fpk_status (*embedding)(void *ctx, void *stream, fpk_tensor_t table, fpk_tensor_t ids,
