@@ -398,6 +398,7 @@ func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit worker
 func (w *worker) progress(ctx context.Context, phase string, emit workerkit.Emit, start time.Time) func(done, total int) error {
 	return func(done, total int) error {
 		w.k.Beacon.SetStep(done, total)
+		w.k.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
 		if err := w.injectedOOM(); err != nil {
 			return err
 		}

@@ -398,3 +398,47 @@ func TestOOMThenSmallerTiles(t *testing.T) {
 	t.Logf("cap %d bytes (weights %d, untiled peak %d): untiled refused, %d px tiles peak %d", memCap, weights, peak, tile,
 		res.Stats.AllocatorPeakBytes)
 }
+
+// TestConvHangSeenInBeacon injects a hang at the first conv tier: the stage stops advancing,
+// the beacon shows the conv in progress, and the supervisor's kill ends the worker.
+func TestConvHangSeenInBeacon(t *testing.T) {
+	fx := parity.Load(t, "vae")
+	dir, err := fx.ModelPath("vae")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := startVAE(t)
+	if _, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu",
+		Fault: &workerkit.Fault{HangConvTier: workerkit.ConvTierVendorTuned}}); err != nil {
+		t.Fatal(err)
+	}
+	a := shmtest.Arena(t, "hang")
+	z := writeInput(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
+	out := outputRefOf(t, a, "pixels", "pixels")
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out}}, nil)
+		done <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		snap, err := p.Beacon()
+		if err == nil && snap.InOp && snap.Op == "conv3d" && snap.OpAge(time.Now()) > 300*time.Millisecond {
+			t.Logf("beacon: op %s #%d running for %v", snap.Op, snap.OpSeq, snap.OpAge(time.Now()).Round(time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("beacon never showed a stuck conv: %+v %v", snap, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("hung stage returned a result")
+	}
+	if st, ok := p.Exited(); !ok || !st.Killed {
+		t.Fatalf("exit %+v %v", st, ok)
+	}
+}

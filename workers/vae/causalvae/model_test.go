@@ -1,6 +1,7 @@
 package causalvae
 
 import (
+	"context"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/framepackd/framepackd/internal/parity"
+	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
@@ -406,6 +408,71 @@ func TestPlanShapes(t *testing.T) {
 			}
 			if p.out != tc.out || p.runs != tc.runs {
 				t.Fatalf("plan out %v runs %d, want %v runs %d", p.out, p.runs, tc.out, tc.runs)
+			}
+		})
+	}
+}
+
+// TestFailureFreesEverything stops decodes midway (cancelled context, a failing progress
+// callback, the memory cap) and checks that the runtime holds only the weights afterwards.
+func TestFailureFreesEverything(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.BlockOutChannels = []int{8, 8, 16, 16}
+	cfg.NormNumGroups = 4
+	ck, err := randomCheckpoint(cfg, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := newRuntime(t)
+	m, err := LoadFrom(rt, cfg, ck, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	weights := rt.Memory()
+	z := randomVolume([5]int{1, 16, 6, 4, 4}, 5) // two temporal chunks
+	tl := DefaultTiling()
+	tl.Spatial = true
+	tl.TileSampleMinHeight, tl.TileSampleMinWidth, tl.TileSampleStrideHeight, tl.TileSampleStrideWidth = 16, 16, 16, 16
+	stop := errors.New("stop")
+	for _, tc := range []struct {
+		name string
+		run  func() error
+		want error
+	}{
+		{"cancelled", func() error {
+			ctx, cancel := context.WithCancel(t.Context())
+			cancel()
+			_, err := m.Decode(ctx, z, RunOptions{Tiling: tl})
+			return err
+		}, context.Canceled},
+		{"progress error", func() error {
+			_, err := m.Decode(t.Context(), z, RunOptions{Tiling: tl, Progress: func(done, total int) error {
+				if done == 3 {
+					return stop
+				}
+				return nil
+			}})
+			return err
+		}, stop},
+		{"memory cap", func() error {
+			// half the untiled peak: the decode fails somewhere in the middle
+			peak, _, _ := decodePeak(t, m, z, DefaultTiling())
+			if err := rt.SetMemoryCap(int64(weights.Allocated + peak/2)); err != nil {
+				t.Fatal(err)
+			}
+			defer rt.SetMemoryCap(0)
+			_, err := m.Decode(t.Context(), z, RunOptions{Tiling: DefaultTiling()})
+			return err
+		}, runtime.ErrOutOfMemory},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.run(); !errors.Is(err, tc.want) {
+				t.Fatalf("got %v, want %v", err, tc.want)
+			}
+			if mem := rt.Memory(); mem.Allocated != weights.Allocated || mem.LiveTensors != weights.LiveTensors {
+				t.Fatalf("after failure: %d bytes in %d tensors, the weights are %d in %d", mem.Allocated,
+					mem.LiveTensors, weights.Allocated, weights.LiveTensors)
 			}
 		})
 	}
