@@ -138,16 +138,10 @@ type symbol struct {
 	size       int32 // bytes covered; 0 once merged into its left neighbour
 }
 
-type mergeItem struct {
-	rank  uint32
-	pos   int32
-	newID int32
-}
-
 // scratch holds per-call buffers.
 type scratch struct {
 	syms []symbol
-	heap []mergeItem
+	heap mergeHeap
 	buf  []byte
 }
 
@@ -348,114 +342,121 @@ func (m *bpeModel) initSymbols(w string, sc *scratch) []symbol {
 	return syms
 }
 
-func (m *bpeModel) pairMerge(a, b int32) (mergeItem, bool) {
+// pairMerge returns the rank and merged id of the pair (a, b).
+func (m *bpeModel) pairMerge(a, b int32) (rank uint32, newID int32, ok bool) {
 	v, ok := m.merges.get(pairKey(a, b))
-	return mergeItem{rank: uint32(v >> 32), newID: int32(uint32(v))}, ok
+	return uint32(v >> 32), int32(uint32(v)), ok
 }
 
 // mergeAll merges pairs lowest rank first, leftmost first (tokenizers' Word::merge_all: a heap of
-// candidate pairs; an entry whose pair changed since it was queued is skipped).
+// candidate pairs; an entry whose pair changed since it was queued is skipped). A heap entry is
+// rank<<32 | position. tokenizers checks that an entry is current by its merged id; checking the
+// rank is the same test, since a rank names one merge rule and the pair at a position only changes
+// by growing.
 func (m *bpeModel) mergeAll(syms []symbol, sc *scratch) {
-	h := mergeHeap(sc.heap[:0])
+	h := sc.heap[:0]
 	if cap(h) < len(syms) {
 		h = make(mergeHeap, 0, len(syms)+len(syms)/2)
 	}
 	for i := 0; i+1 < len(syms); i++ {
-		if it, ok := m.pairMerge(syms[i].id, syms[i+1].id); ok {
-			it.pos = int32(i)
-			h = append(h, it)
+		if rank, _, ok := m.pairMerge(syms[i].id, syms[i+1].id); ok {
+			h = append(h, uint64(rank)<<32|uint64(i))
 		}
 	}
 	h.init()
 	for len(h) > 0 {
 		top := h.pop()
-		s := &syms[top.pos]
+		rank, pos := uint32(top>>32), int32(uint32(top))
+		s := &syms[pos]
 		if s.size == 0 || s.next < 0 {
 			continue
 		}
 		nx := s.next
 		right := syms[nx]
-		if cur, ok := m.pairMerge(s.id, right.id); !ok || cur.newID != top.newID {
+		curRank, newID, ok := m.pairMerge(s.id, right.id)
+		if !ok || curRank != rank {
 			continue
 		}
-		s.id = top.newID
+		s.id = newID
 		s.size += right.size
 		s.next = right.next
 		syms[nx].size = 0
 		if right.next >= 0 {
-			syms[right.next].prev = top.pos
+			syms[right.next].prev = pos
 		}
 		if s.prev >= 0 {
-			if it, ok := m.pairMerge(syms[s.prev].id, s.id); ok {
-				it.pos = s.prev
-				h.push(it)
+			if r, _, ok := m.pairMerge(syms[s.prev].id, s.id); ok {
+				h.push(uint64(r)<<32 | uint64(s.prev))
 			}
 		}
 		if s.next >= 0 {
-			if it, ok := m.pairMerge(s.id, syms[s.next].id); ok {
-				it.pos = top.pos
-				h.push(it)
+			if r, _, ok := m.pairMerge(s.id, syms[s.next].id); ok {
+				h.push(uint64(r)<<32 | uint64(pos))
 			}
 		}
 	}
 	sc.heap = h
 }
 
-// mergeHeap is a binary min-heap on (rank, pos).
-type mergeHeap []mergeItem
-
-func (h mergeHeap) less(i, j int) bool {
-	if h[i].rank != h[j].rank {
-		return h[i].rank < h[j].rank
-	}
-	return h[i].pos < h[j].pos
-}
+// mergeHeap is a 4-ary min-heap of rank<<32 | position.
+type mergeHeap []uint64
 
 func (h mergeHeap) init() {
-	for i := len(h)/2 - 1; i >= 0; i-- {
+	if len(h) < 2 {
+		return
+	}
+	for i := (len(h) - 2) / 4; i >= 0; i-- {
 		h.down(i)
 	}
 }
 
 func (h mergeHeap) down(i int) {
 	n := len(h)
+	x := h[i]
 	for {
-		l := 2*i + 1
-		if l >= n {
-			return
-		}
-		j := l
-		if r := l + 1; r < n && h.less(r, l) {
-			j = r
-		}
-		if !h.less(j, i) {
-			return
-		}
-		h[i], h[j] = h[j], h[i]
-		i = j
-	}
-}
-
-func (h *mergeHeap) push(it mergeItem) {
-	*h = append(*h, it)
-	s := *h
-	for i := len(s) - 1; i > 0; {
-		p := (i - 1) / 2
-		if !s.less(i, p) {
+		c := 4*i + 1
+		if c >= n {
 			break
 		}
-		s[i], s[p] = s[p], s[i]
-		i = p
+		m := c
+		for j := c + 1; j < min(c+4, n); j++ {
+			if h[j] < h[m] {
+				m = j
+			}
+		}
+		if h[m] >= x {
+			break
+		}
+		h[i] = h[m]
+		i = m
 	}
+	h[i] = x
 }
 
-func (h *mergeHeap) pop() mergeItem {
+func (h *mergeHeap) push(v uint64) {
+	*h = append(*h, v)
+	s := *h
+	i := len(s) - 1
+	for i > 0 {
+		p := (i - 1) / 4
+		if s[p] <= v {
+			break
+		}
+		s[i] = s[p]
+		i = p
+	}
+	s[i] = v
+}
+
+func (h *mergeHeap) pop() uint64 {
 	s := *h
 	top := s[0]
 	last := len(s) - 1
 	s[0] = s[last]
 	*h = s[:last]
-	h.down(0)
+	if last > 0 {
+		h.down(0)
+	}
 	return top
 }
 

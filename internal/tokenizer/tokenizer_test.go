@@ -250,15 +250,15 @@ func naiveMerge(m *bpeModel, ids []int32) []int32 {
 	for {
 		best, bestRank := -1, uint32(0)
 		for i := 0; i+1 < len(ids); i++ {
-			if it, ok := m.pairMerge(ids[i], ids[i+1]); ok && (best < 0 || it.rank < bestRank) {
-				best, bestRank = i, it.rank
+			if rank, _, ok := m.pairMerge(ids[i], ids[i+1]); ok && (best < 0 || rank < bestRank) {
+				best, bestRank = i, rank
 			}
 		}
 		if best < 0 {
 			return ids
 		}
-		it, _ := m.pairMerge(ids[best], ids[best+1])
-		ids = append(append(ids[:best], it.newID), ids[best+2:]...)
+		_, newID, _ := m.pairMerge(ids[best], ids[best+1])
+		ids = append(append(ids[:best], newID), ids[best+2:]...)
 	}
 }
 
