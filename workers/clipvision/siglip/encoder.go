@@ -28,6 +28,10 @@ func LoadEncoder(rt *runtime.Runtime, imageEncoderDir, featureExtractorDir strin
 	if err != nil {
 		return nil, fmt.Errorf("load siglip encoder: %w", err)
 	}
+	if err := checkSizes(pc, m.Config); err != nil {
+		m.Free()
+		return nil, fmt.Errorf("load siglip encoder: %w", err)
+	}
 	return &Encoder{Processor: p, Model: m}, nil
 }
 
@@ -45,3 +49,16 @@ func (e *Encoder) Encode(pix []uint8, height, width, channels int, hook func(i i
 
 // Free frees the model's weights.
 func (e *Encoder) Free() { e.Model.Free() }
+
+// checkSizes refuses a processor whose output does not make the model's patch grid (the
+// position embeddings are not interpolated, as in transformers without interpolate_pos_encoding).
+func checkSizes(pc ProcessorConfig, c Config) error {
+	if !pc.DoResize {
+		return nil // any input size is passed through; Forward checks each image
+	}
+	if g := c.GridSize(); pc.Height/c.PatchSize != g || pc.Width/c.PatchSize != g {
+		return fmt.Errorf("%w: preprocessor size %dx%d makes a %dx%d patch grid, the model's is %dx%d (image_size %d, patch_size %d)",
+			ErrCheckpoint, pc.Height, pc.Width, pc.Height/c.PatchSize, pc.Width/c.PatchSize, g, g, c.ImageSize, c.PatchSize)
+	}
+	return nil
+}

@@ -408,3 +408,33 @@ func TestLoadConfigFullSiglip(t *testing.T) {
 		t.Fatalf("config %+v", c)
 	}
 }
+
+// TestLoadEncoderSizeMismatch refuses a processor size that does not make the model's grid.
+func TestLoadEncoderSizeMismatch(t *testing.T) {
+	cfg := Config{HiddenSize: 8, IntermediateSize: 12, NumHiddenLayers: 1, NumAttentionHeads: 2, ImageSize: 8, PatchSize: 4}
+	dir := t.TempDir()
+	newSynth(t, cfg, 9).write(t, dir, "", "", nil)
+	for _, tc := range []struct {
+		size string
+		ok   bool
+	}{{`{"height": 8, "width": 8}`, true}, {`{"height": 11, "width": 10}`, true}, {`{"height": 12, "width": 8}`, false}} {
+		if err := os.WriteFile(filepath.Join(dir, "preprocessor_config.json"), []byte(`{"size": `+tc.size+`}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rt := newRuntime(t)
+		enc, err := LoadEncoder(rt, dir, dir, "", LoadOptions{})
+		if tc.ok {
+			if err != nil {
+				t.Fatalf("size %s: %v", tc.size, err)
+			}
+			enc.Free()
+			continue
+		}
+		if !errors.Is(err, ErrCheckpoint) || !strings.Contains(err.Error(), "patch grid") {
+			t.Fatalf("size %s: err %v", tc.size, err)
+		}
+		if n := rt.Memory().LiveTensors; n != 0 {
+			t.Errorf("%d tensors alive after a refused load", n)
+		}
+	}
+}
