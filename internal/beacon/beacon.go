@@ -31,6 +31,13 @@ const PageSize = 4096
 // MaxOpName is the longest op name the page keeps; longer names are truncated.
 const MaxOpName = 64
 
+// MaxConvKey is the longest conv shape key the page keeps; longer keys are truncated (the
+// watchdog then cannot name the shape, so keys should stay below it).
+const MaxConvKey = 256
+
+// MaxConvTier is the longest conv tier name the page keeps.
+const MaxConvTier = 32
+
 // EnvFD names the environment variable that carries the beacon's file descriptor number in a
 // worker process.
 const EnvFD = "FRAMEPACK_BEACON_FD"
@@ -56,7 +63,13 @@ const (
 	wUpdated        // last write, unix ns
 	wNameLen        // length of the op name
 	wName           // op name, MaxOpName bytes
-	wEnd     = wName + MaxOpName/8
+	// The conv fields were added after the first layout; a worker that never sets them leaves
+	// them zero, which reads as "not a conv".
+	wKeyLen  = wName + MaxOpName/8 // length of the conv shape key
+	wKey     = wKeyLen + 1         // conv shape key, MaxConvKey bytes
+	wTierLen = wKey + MaxConvKey/8 // length of the conv tier name
+	wTier    = wTierLen + 1        // conv tier name, MaxConvTier bytes
+	wEnd     = wTier + MaxConvTier/8
 )
 
 // Phase is the coarse state of a worker.
@@ -98,6 +111,8 @@ type Snapshot struct {
 	Phase      Phase
 	OpSeq      uint64    // number of ops begun; advancing means the worker makes progress
 	Op         string    // name of the current op, or of the last one when InOp is false
+	ConvKey    string    // conv shape key of the current (or last) op; empty if not a conv
+	ConvTier   string    // conv fallback tier the op runs at ("vendor_tuned"); empty if not a conv
 	InOp       bool      // an op is in progress
 	OpStart    time.Time // start of the current (or last) op; zero if none yet
 	OpDeadline time.Time // deadline of the current op; zero if it has none
@@ -268,20 +283,27 @@ func read(m words) (Snapshot, error) {
 	}
 }
 
-func readFields(m words) Snapshot {
-	var name [MaxOpName]byte
-	for i := 0; i < MaxOpName/8; i++ {
-		v := m.load(wName + i)
-		for b := 0; b < 8; b++ {
-			name[i*8+b] = byte(v >> (8 * b))
+// loadString reads a string of at most maxLen bytes stored at word off, its length at lenOff.
+func loadString(m words, lenOff, off, maxLen int) string {
+	n := min(int(m.load(lenOff)), maxLen)
+	buf := make([]byte, 0, n)
+	for i := 0; len(buf) < n; i++ {
+		v := m.load(off + i)
+		for b := 0; b < 8 && len(buf) < n; b++ {
+			buf = append(buf, byte(v>>(8*b)))
 		}
 	}
-	n := min(int(m.load(wNameLen)), MaxOpName)
+	return strings.ToValidUTF8(string(buf), "?")
+}
+
+func readFields(m words) Snapshot {
 	return Snapshot{
 		PID:        int(m.load(wPID)),
 		Phase:      Phase(m.load(wPhase)),
 		OpSeq:      m.load(wOpSeq),
-		Op:         strings.ToValidUTF8(string(name[:n]), "?"),
+		Op:         loadString(m, wNameLen, wName, MaxOpName),
+		ConvKey:    loadString(m, wKeyLen, wKey, MaxConvKey),
+		ConvTier:   loadString(m, wTierLen, wTier, MaxConvTier),
 		InOp:       m.load(wInOp) != 0,
 		OpStart:    timeOf(m.load(wOpStart)),
 		OpDeadline: timeOf(m.load(wOpDead)),

@@ -111,7 +111,7 @@ func TestConsistentUnderConcurrentWrites(t *testing.T) {
 				m.store(wStepI, uint64(i))
 				m.store(wStepN, uint64(2*i))
 				m.store(wBytes, uint64(3*i))
-				storeName(m, fmt.Sprintf("op-%d", i))
+				storeString(m, wNameLen, wName, MaxOpName, fmt.Sprintf("op-%d", i))
 			})
 		}
 	}()
@@ -253,5 +253,33 @@ func TestFilePage(t *testing.T) {
 	}
 	if _, err := AttachPath(path + ".missing"); err == nil {
 		t.Fatal("attached a missing file")
+	}
+}
+
+// TestConvOp: a conv tier attempt carries its shape key and tier; a plain op after it clears
+// them; a key longer than MaxConvKey is truncated, not spilled into the tier.
+func TestConvOp(t *testing.T) {
+	p, w := newPair(t)
+	key := "conv3d x=1x128x9x68x88 w=128x128x3x3x3 s=1x1x1 p=0x0x0 g=1 f32/f32 cpu:0"
+	w.BeginConvOp("conv3d", key, "vendor_tuned", 0)
+	s, err := p.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Op != "conv3d" || s.ConvKey != key || s.ConvTier != "vendor_tuned" || !s.InOp {
+		t.Fatalf("conv op: %+v", s)
+	}
+	w.EndOp()
+	if s, _ = p.Snapshot(); s.ConvKey != key || s.InOp {
+		t.Fatalf("after end, the last conv stays readable: %+v", s)
+	}
+	w.BeginOp("gemm")
+	if s, _ = p.Snapshot(); s.Op != "gemm" || s.ConvKey != "" || s.ConvTier != "" {
+		t.Fatalf("plain op after a conv: %+v", s)
+	}
+	long := strings.Repeat("k", MaxConvKey+40)
+	w.BeginConvOp("conv3d", long, "own_kernel", time.Second)
+	if s, _ = p.Snapshot(); s.ConvKey != long[:MaxConvKey] || s.ConvTier != "own_kernel" || s.OpDeadline.IsZero() {
+		t.Fatalf("long key: len %d tier %q", len(s.ConvKey), s.ConvTier)
 	}
 }

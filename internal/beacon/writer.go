@@ -97,6 +97,13 @@ func (w *Writer) BeginOp(name string) uint64 {
 // BeginOpWithin records the start of an op that should finish within timeout (0: no deadline of
 // its own) and returns the op's sequence number.
 func (w *Writer) BeginOpWithin(name string, timeout time.Duration) uint64 {
+	return w.BeginConvOp(name, "", "", timeout)
+}
+
+// BeginConvOp records the start of a convolution tier attempt: like BeginOpWithin, plus the
+// conv's shape key and tier, so a watchdog that finds the op stuck can record "shape K hung at
+// tier T" (keys longer than MaxConvKey are truncated). Empty key and tier record a plain op.
+func (w *Writer) BeginConvOp(name, key, tier string, timeout time.Duration) uint64 {
 	if w == nil {
 		return 0
 	}
@@ -112,24 +119,27 @@ func (w *Writer) BeginOpWithin(name string, timeout time.Duration) uint64 {
 		m.store(wOpDead, dead)
 		m.store(wOpEnd, 0)
 		m.store(wInOp, 1)
-		storeName(m, name)
+		storeString(m, wNameLen, wName, MaxOpName, name)
+		storeString(m, wKeyLen, wKey, MaxConvKey, key)
+		storeString(m, wTierLen, wTier, MaxConvTier, tier)
 	})
 	return seq
 }
 
-// storeName writes up to MaxOpName bytes of name into the page.
-func storeName(m words, name string) {
-	n := min(len(name), MaxOpName)
-	for i := 0; i < MaxOpName/8; i++ {
+// storeString writes up to maxLen bytes of s at word off and its length at lenOff. Only the
+// words s needs are written; readers stop at the length.
+func storeString(m words, lenOff, off, maxLen int, s string) {
+	n := min(len(s), maxLen)
+	for i := 0; i*8 < n; i++ {
 		var v uint64
 		for b := 0; b < 8; b++ {
 			if j := i*8 + b; j < n {
-				v |= uint64(name[j]) << (8 * b)
+				v |= uint64(s[j]) << (8 * b)
 			}
 		}
-		m.store(wName+i, v)
+		m.store(off+i, v)
 	}
-	m.store(wNameLen, uint64(n))
+	m.store(lenOff, uint64(n))
 }
 
 // EndOp records that the current op finished. The op's name stays readable as the last op.
