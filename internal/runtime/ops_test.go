@@ -566,6 +566,8 @@ func TestAttention(t *testing.T) {
 		{name: "full mask chunked", B: 1, H: 2, Hkv: 2, Lq: 9, Lk: 7, D: 4, Dv: 3, maskShape: []int{1, 2, 9, 7}, chunk: 2},
 		{name: "2d mask", B: 2, H: 1, Hkv: 1, Lq: 5, Lk: 5, D: 2, Dv: 2, maskShape: []int{5, 5}, scale: 0.3},
 		{name: "fully masked row", B: 1, H: 1, Hkv: 1, Lq: 4, Lk: 3, D: 2, Dv: 2, maskShape: []int{4, 3}, maskAllRow: true},
+		{name: "query mask broadcast over keys", B: 1, H: 2, Hkv: 2, Lq: 6, Lk: 5, D: 3, Dv: 3, maskShape: []int{1, 1, 6, 1}},
+		{name: "long keys default chunk", B: 1, H: 1, Hkv: 1, Lq: 3, Lk: 1031, D: 4, Dv: 2, maskShape: []int{1, 1031}},
 		{name: "size-1", B: 1, H: 1, Hkv: 1, Lq: 1, Lk: 1, D: 1, Dv: 1},
 	}
 	for _, c := range cases {
