@@ -260,6 +260,7 @@ func (a *Attention) forward(f *fwd, x *runtime.Tensor) (*runtime.Tensor, error) 
 		o, err := func() (*runtime.Tensor, error) {
 			var fs runtime.Scope
 			defer fs.Free()
+			var err error
 			qt, kt, vt := q, k, v
 			if T > 1 {
 				if qt, err = fs.Track(rt.Slice(q, 2, t*HW, (t+1)*HW)); err != nil {

@@ -129,7 +129,7 @@ type plan struct {
 	temporal *axisPlan
 	h, w     *axisPlan
 	out      [5]int // assembled output shape
-	runs     int    // model runs
+	runs     int    // model runs (per batch sample: samples run one after another)
 }
 
 // spatialPlans plans the spatial tiles of an input of h×w (in input units) when tiling
@@ -245,7 +245,7 @@ func (e *executor) runTile(in Volume) (Volume, error) {
 	}
 	e.done++
 	if e.opts.Progress != nil {
-		if err := e.opts.Progress(e.done, e.p.runs); err != nil {
+		if err := e.opts.Progress(e.done, e.p.runs*e.p.out[0]); err != nil {
 			return Volume{}, err
 		}
 	}
@@ -296,11 +296,31 @@ func (e *executor) frames(in Volume) (Volume, error) {
 	return out, nil
 }
 
-// execute runs the plan on in and writes the assembled output into dst (shape p.out).
+// sample returns sample b of v as a [1, C, T, H, W] volume sharing v's data.
+func (v Volume) sample(b int) Volume {
+	s := v.Shape
+	s[0] = 1
+	n := numel5(s)
+	return Volume{Shape: s, Data: v.Data[b*n : (b+1)*n]}
+}
+
+// execute runs the plan on in and writes the assembled output into dst (shape p.out). Batch
+// samples run one after another, as diffusers' use_slicing does (every op is per sample, so
+// the result is the same and the runtime holds one sample's tile).
 func (e *executor) execute(in, dst Volume) error {
 	if dst.Shape != e.p.out || len(dst.Data) != numel5(dst.Shape) {
 		return fmt.Errorf("output volume %v, planned %v", dst.Shape, e.p.out)
 	}
+	for b := range in.Shape[0] {
+		if err := e.executeSample(in.sample(b), dst.sample(b)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// executeSample is execute for one sample (in and dst have batch 1).
+func (e *executor) executeSample(in, dst Volume) error {
 	if e.p.temporal == nil {
 		res, err := e.frames(in)
 		if err != nil {
@@ -344,7 +364,7 @@ func (e *executor) execute(in, dst Volume) error {
 	return nil
 }
 
-// Tiles returns how many model runs (tiles) an encode (encode true) or decode of an input of
+// Tiles returns how many model runs (tiles, per batch sample) an encode (encode true) or decode of an input of
 // shape in takes with tiling t.
 func (m *Model) Tiles(in [5]int, t Tiling, encode bool) (int, error) {
 	p, err := m.makePlan(in, t, encode)
