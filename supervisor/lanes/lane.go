@@ -1,0 +1,583 @@
+// Package lanes runs the model stages of a device lane, one worker process at a time: for each
+// stage the lane spawns the stage's worker binary (its own process group, parent-death signal,
+// go-plugin handshake; see internal/workerkit), loads the model, runs the stage, reads the
+// worker's counters, then kills the process group and reaps it before the next stage starts.
+// Killing the process is the unload: the driver takes back everything the worker held.
+//
+// Every stage is measured: spawn-to-ready, load, compute and teardown times, the worker
+// allocator's peak (Stats) and the process's peak resident set size (sampled with gopsutil
+// while the stage runs, also sent as telemetry). After teardown the lane checks that nothing is
+// left of the worker's process group.
+//
+// Residency (Config.Residency, off by default) keeps a worker alive after its stage when the
+// caller names the models that alternate with it (Stage.KeepWith, e.g. the transformer and the
+// VAE of the section loop) and the footprints measured on this lane prove that all of them fit
+// in Config.Budget together; its next stage then skips spawn and load. Without that proof the
+// worker is killed as usual.
+package lanes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/shirou/gopsutil/v3/process"
+	"github.com/sirupsen/logrus"
+
+	"github.com/framepackd/framepackd/internal/beacon"
+	"github.com/framepackd/framepackd/internal/workerkit"
+)
+
+// Model names a worker binary and the model it serves.
+type Model string
+
+// The model workers of a FramePack job.
+const (
+	// TextEnc is the LLaMA + CLIP-L text encoder worker.
+	TextEnc Model = "textenc"
+	// VAE is the HunyuanVideo causal 3-D VAE worker (encode and decode).
+	VAE Model = "vae"
+	// ClipVision is the SigLIP image encoder worker.
+	ClipVision Model = "clipvision"
+	// Transformer is the FramePack packed transformer worker (one section per Run).
+	Transformer Model = "transformer"
+)
+
+// Defaults for Config.
+const (
+	DefaultLoadTimeout  = 30 * time.Minute
+	DefaultStageTimeout = 24 * time.Hour
+	DefaultSampleEvery  = 250 * time.Millisecond
+	// statsTimeout bounds the Stats call after a stage.
+	statsTimeout = 5 * time.Second
+)
+
+// ErrLeftover is returned (wrapped) when a worker's process group still has members after
+// teardown.
+var ErrLeftover = errors.New("lanes: worker process group not empty after teardown")
+
+// ErrClosed is returned by a lane after Close.
+var ErrClosed = errors.New("lanes: lane closed")
+
+// Proc is what a lane needs of a running worker process (*workerkit.Process).
+type Proc interface {
+	Load(ctx context.Context, req *workerkit.LoadRequest) (*workerkit.LoadResponse, error)
+	Run(ctx context.Context, req *workerkit.RunRequest, emit workerkit.Emit) (*workerkit.Result, error)
+	Stats(ctx context.Context) (*workerkit.Stats, error)
+	PID() int
+	Close() error
+}
+
+// Config describes one lane.
+type Config struct {
+	// Name is the lane's name ("cpu", "cuda:0"); required.
+	Name string
+	// Backend is the workers' backend ("cpu", "cuda", "hip", "auto"); empty means "auto".
+	Backend string
+	// DeviceIndex is the GPU ordinal within the backend.
+	DeviceIndex uint32
+	// WorkerPath returns the binary of a model's worker; required (see BinDir).
+	WorkerPath func(Model) (string, error)
+	// MemoryCap caps each worker's device allocations; 0 means no cap.
+	MemoryCap uint64
+	// Residency lets a worker stay alive across stages when Budget proves it fits (see the
+	// package doc). Off by default.
+	Residency bool
+	// Budget is the memory the lane's workers may hold together, for residency decisions.
+	Budget uint64
+	// StartTimeout bounds a worker's start and handshake; 0 means workerkit's default.
+	StartTimeout time.Duration
+	// LoadTimeout bounds Load; 0 means DefaultLoadTimeout.
+	LoadTimeout time.Duration
+	// StageTimeout bounds one Run when the caller's context has no earlier deadline; 0 means
+	// DefaultStageTimeout.
+	StageTimeout time.Duration
+	// SampleEvery is the telemetry period while a stage runs; 0 means DefaultSampleEvery.
+	SampleEvery time.Duration
+	// SocketDir is where go-plugin puts the workers' sockets; empty means os.TempDir().
+	SocketDir string
+	// Env holds extra KEY=VALUE entries for every worker.
+	Env []string
+	// Log is the lane's logger; nil means the standard logger.
+	Log *logrus.Entry
+
+	// Start starts a worker; nil means workerkit.Start. Tests replace it.
+	Start func(ctx context.Context, cfg workerkit.Config) (Proc, error)
+	// RSS returns a process's resident set size; nil means gopsutil. Tests replace it.
+	RSS func(pid int) (uint64, error)
+}
+
+// BinDir returns a Config.WorkerPath that finds "<dir>/<model>".
+func BinDir(dir string) func(Model) (string, error) {
+	return func(m Model) (string, error) {
+		p := filepath.Join(dir, string(m))
+		st, err := os.Stat(p)
+		if err != nil {
+			return "", fmt.Errorf("worker binary %s: %w", m, err)
+		}
+		if st.IsDir() || st.Mode()&0o111 == 0 {
+			return "", fmt.Errorf("worker binary %s: %s is not an executable file", m, p)
+		}
+		return p, nil
+	}
+}
+
+// ExecutableDir is the directory of the running binary, where `make build` puts the workers
+// next to the daemon.
+func ExecutableDir() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("find own executable: %w", err)
+	}
+	if exe, err = filepath.EvalSymlinks(exe); err != nil {
+		return "", fmt.Errorf("find own executable: %w", err)
+	}
+	return filepath.Dir(exe), nil
+}
+
+// Stage is one model stage to run on a lane.
+type Stage struct {
+	// Model is the worker to run; required.
+	Model Model
+	// ModelDir is the model folder handed to Load; required.
+	ModelDir string
+	// Env holds LoadRequest.Env entries (set in the worker before its backend starts).
+	Env map[string]string
+	// DType is the compute dtype; empty means the backend's default.
+	DType string
+	// JobID labels the worker's logs.
+	JobID string
+	// Request is the stage's work; required.
+	Request workerkit.Stage
+	// KeepWith names the models that alternate with this one on the lane (this one included);
+	// with residency on, the worker stays alive when all of their footprints are known and fit
+	// in the budget together. Empty means the worker is always killed.
+	KeepWith []Model
+	// OnEvent receives the worker's progress, preview, fallback and log events; an error
+	// stops the stage.
+	OnEvent func(workerkit.Event) error
+	// OnTelemetry receives a memory sample every Config.SampleEvery while the stage runs, and
+	// one at its end.
+	OnTelemetry func(Telemetry)
+}
+
+// Telemetry is one memory sample of a running worker.
+type Telemetry struct {
+	Model Model
+	PID   int
+	// RSSBytes is the process's resident set size.
+	RSSBytes uint64
+	// AllocatorBytes and AllocatorPeakBytes are the worker allocator's current and peak use,
+	// as its beacon reports them.
+	AllocatorBytes, AllocatorPeakBytes uint64
+}
+
+// Report is what one stage did and cost.
+type Report struct {
+	Model Model
+	PID   int
+	// Reused says the stage ran in a resident worker (no spawn, no load).
+	Reused bool
+	// Kept says the worker stays resident after the stage.
+	Kept bool
+	// SpawnToReady is the start and handshake; Load the model load; Compute the Run call;
+	// Teardown the kill and reap (zero when Kept).
+	SpawnToReady, Load, Compute, Teardown time.Duration
+	// AllocPeakBytes is the worker allocator's peak (Stats after the stage).
+	AllocPeakBytes uint64
+	// RSSPeakBytes is the highest resident set size sampled during load and stage.
+	RSSPeakBytes uint64
+	// WeightBytes is the size of the loaded weights.
+	WeightBytes uint64
+	// Backend is the backend the worker loaded on.
+	Backend string
+	// Result is the stage's result.
+	Result *workerkit.Result
+}
+
+// Footprint is the memory a report shows the worker needs: the larger of its allocator peak
+// and its peak resident set size.
+func (r Report) Footprint() uint64 { return max(r.AllocPeakBytes, r.RSSPeakBytes) }
+
+// resident is a worker kept alive between stages.
+type resident struct {
+	proc    Proc
+	dir     string
+	env     string // canonical Env + DType, to match the next stage's load
+	rssPeak uint64
+	weights uint64
+	backend string
+}
+
+// Lane runs stages one at a time. Its methods are safe for concurrent use; stages queue on
+// the lane's mutex.
+type Lane struct {
+	cfg Config
+	log *logrus.Entry
+
+	// mu serialises stages and protects residents, footprints and closed.
+	mu         sync.Mutex
+	residents  map[Model]*resident
+	footprints map[Model]uint64
+	closed     bool
+}
+
+// New returns a lane.
+func New(cfg Config) (*Lane, error) {
+	if cfg.Name == "" || cfg.WorkerPath == nil {
+		return nil, errors.New("new lane: Name and WorkerPath are required")
+	}
+	if cfg.LoadTimeout <= 0 {
+		cfg.LoadTimeout = DefaultLoadTimeout
+	}
+	if cfg.StageTimeout <= 0 {
+		cfg.StageTimeout = DefaultStageTimeout
+	}
+	if cfg.SampleEvery <= 0 {
+		cfg.SampleEvery = DefaultSampleEvery
+	}
+	if cfg.Start == nil {
+		cfg.Start = func(ctx context.Context, c workerkit.Config) (Proc, error) { return workerkit.Start(ctx, c) }
+	}
+	if cfg.RSS == nil {
+		cfg.RSS = processRSS
+	}
+	log := cfg.Log
+	if log == nil {
+		log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	return &Lane{cfg: cfg, log: log.WithField("lane", cfg.Name), residents: map[Model]*resident{}, footprints: map[Model]uint64{}}, nil
+}
+
+// Name returns the lane's name.
+func (l *Lane) Name() string { return l.cfg.Name }
+
+// processRSS reads a process's resident set size with gopsutil.
+func processRSS(pid int) (uint64, error) {
+	p, err := process.NewProcess(int32(pid))
+	if err != nil {
+		return 0, err
+	}
+	m, err := p.MemoryInfo()
+	if err != nil {
+		return 0, err
+	}
+	return m.RSS, nil
+}
+
+func loadKey(st Stage) string {
+	keys := make([]string, 0, len(st.Env))
+	for k, v := range st.Env {
+		keys = append(keys, k+"="+v)
+	}
+	slices.Sort(keys)
+	return st.DType + "\x00" + strings.Join(keys, "\x00")
+}
+
+// Run runs one stage: spawn (or reuse a resident worker), load, run, stats, then kill and
+// reap unless residency keeps the worker. Cancelling ctx kills the worker at once.
+func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
+	if st.Model == "" || st.ModelDir == "" || st.Request == nil {
+		return Report{}, errors.New("run stage: Model, ModelDir and Request are required")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return Report{}, ErrClosed
+	}
+	rep.Model = st.Model
+	log := l.log.WithFields(logrus.Fields{"worker": string(st.Model), "job": st.JobID})
+
+	// Residents that will not run with this stage go first, so they do not hold memory it
+	// needs (and one with another model dir or settings cannot serve it).
+	for m, r := range l.residents {
+		if m == st.Model && r.dir == st.ModelDir && r.env == loadKey(st) {
+			continue
+		}
+		if m != st.Model && slices.Contains(st.KeepWith, m) {
+			continue
+		}
+		l.kill(m, r, log)
+	}
+
+	var proc Proc
+	var peak peakRSS
+	res := l.residents[st.Model]
+	if res != nil {
+		delete(l.residents, st.Model)
+		proc, rep.Reused = res.proc, true
+		rep.WeightBytes, rep.Backend = res.weights, res.backend
+		peak.observe(res.rssPeak)
+	} else {
+		path, err := l.cfg.WorkerPath(st.Model)
+		if err != nil {
+			return rep, fmt.Errorf("run %s: %w", st.Model, err)
+		}
+		t0 := time.Now()
+		proc, err = l.cfg.Start(ctx, workerkit.Config{Name: string(st.Model), Path: path, StartTimeout: l.cfg.StartTimeout,
+			SocketDir: l.cfg.SocketDir, Env: l.cfg.Env, Log: l.log})
+		if err != nil {
+			return rep, fmt.Errorf("run %s: %w", st.Model, err)
+		}
+		rep.SpawnToReady = time.Since(t0)
+	}
+	rep.PID = proc.PID()
+	kept := false
+	defer func() {
+		if kept {
+			return
+		}
+		t0 := time.Now()
+		if cerr := l.teardown(proc); cerr != nil {
+			log.WithError(cerr).Error("worker teardown")
+			if err == nil {
+				err = fmt.Errorf("run %s: %w", st.Model, cerr)
+			}
+		}
+		rep.Teardown = time.Since(t0)
+	}()
+
+	stop := l.sample(st, proc, &peak)
+	defer stop()
+
+	if !rep.Reused {
+		lctx, cancel := context.WithTimeout(ctx, l.cfg.LoadTimeout)
+		t0 := time.Now()
+		resp, err := proc.Load(lctx, &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
+			DeviceIndex: l.cfg.DeviceIndex, MemoryCapBytes: l.cfg.MemoryCap, Env: st.Env})
+		cancel()
+		rep.Load = time.Since(t0)
+		if err != nil {
+			return rep, fmt.Errorf("run %s: load %s: %w", st.Model, st.ModelDir, stageErr(ctx, err))
+		}
+		rep.WeightBytes, rep.Backend = resp.WeightBytes, resp.Backend
+	}
+
+	rctx, cancel := context.WithTimeout(ctx, l.cfg.StageTimeout)
+	t0 := time.Now()
+	res2, err := proc.Run(rctx, &workerkit.RunRequest{JobID: st.JobID, Stage: st.Request}, st.OnEvent)
+	cancel()
+	rep.Compute = time.Since(t0)
+	if err != nil {
+		return rep, fmt.Errorf("run %s: %w", st.Model, stageErr(ctx, err))
+	}
+	rep.Result = res2
+
+	sctx, cancel := context.WithTimeout(ctx, statsTimeout)
+	stats, serr := proc.Stats(sctx)
+	cancel()
+	if serr != nil {
+		log.WithError(serr).Warn("worker stats after stage")
+	} else if stats != nil {
+		rep.AllocPeakBytes = stats.AllocatorPeakBytes
+		peak.observe(stats.HostRSSBytes)
+	}
+	if rss, err := l.cfg.RSS(rep.PID); err == nil {
+		peak.observe(rss)
+	}
+	stop()
+	rep.RSSPeakBytes = peak.get()
+	l.footprints[st.Model] = max(l.footprints[st.Model], rep.Footprint())
+	if st.OnTelemetry != nil {
+		st.OnTelemetry(Telemetry{Model: st.Model, PID: rep.PID, RSSBytes: peak.last(), AllocatorPeakBytes: rep.AllocPeakBytes})
+	}
+
+	if l.mayKeep(st) {
+		kept = true
+		rep.Kept = true
+		l.residents[st.Model] = &resident{proc: proc, dir: st.ModelDir, env: loadKey(st), rssPeak: rep.RSSPeakBytes,
+			weights: rep.WeightBytes, backend: rep.Backend}
+	}
+	log.WithFields(logrus.Fields{"pid": rep.PID, "reused": rep.Reused, "kept": rep.Kept,
+		"spawn_to_ready": rep.SpawnToReady.Round(time.Microsecond).String(), "load": rep.Load.Round(time.Microsecond).String(),
+		"compute": rep.Compute.Round(time.Microsecond).String(), "alloc_peak": rep.AllocPeakBytes, "rss_peak": rep.RSSPeakBytes}).
+		Debug("stage done")
+	return rep, nil
+}
+
+// stageErr prefers the caller's cancellation over the transport error it caused.
+func stageErr(ctx context.Context, err error) error {
+	if cerr := context.Cause(ctx); cerr != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", cerr, err)
+	}
+	return err
+}
+
+// mayKeep reports whether residency keeps the stage's worker. Caller holds mu.
+func (l *Lane) mayKeep(st Stage) bool {
+	if !l.cfg.Residency || len(st.KeepWith) == 0 || !slices.Contains(st.KeepWith, st.Model) {
+		return false
+	}
+	var sum uint64
+	for _, m := range st.KeepWith {
+		f, ok := l.footprints[m]
+		if !ok || f == 0 {
+			return false // not measured yet: nothing is proven
+		}
+		sum += f
+	}
+	return sum <= l.cfg.Budget
+}
+
+// kill tears a resident worker down. Caller holds mu.
+func (l *Lane) kill(m Model, r *resident, log *logrus.Entry) {
+	delete(l.residents, m)
+	if err := l.teardown(r.proc); err != nil {
+		log.WithError(err).WithField("resident", string(m)).Error("resident worker teardown")
+	}
+}
+
+// teardown kills the worker's process group, reaps it and checks that the group is empty.
+func (l *Lane) teardown(p Proc) error {
+	pid := p.PID()
+	err := p.Close()
+	if pid > 0 {
+		if gerr := waitGroupGone(pid); gerr != nil {
+			err = errors.Join(err, gerr)
+		}
+	}
+	return err
+}
+
+// GroupAlive returns ErrLeftover (wrapped) when process group pgid still has a live member
+// (zombies waiting for their reaper do not count: they hold no memory).
+func GroupAlive(pgid int) error {
+	members, err := groupMembers(pgid)
+	if err != nil {
+		return err
+	}
+	if len(members) > 0 {
+		return fmt.Errorf("%w: group %d: pids %v", ErrLeftover, pgid, members)
+	}
+	return nil
+}
+
+// groupGrace is how long teardown waits for the members of a killed group to die.
+const groupGrace = 2 * time.Second
+
+// waitGroupGone waits up to groupGrace for process group pgid to have no live member.
+func waitGroupGone(pgid int) error {
+	deadline := time.Now().Add(groupGrace)
+	for {
+		err := GroupAlive(pgid)
+		if err == nil || !errors.Is(err, ErrLeftover) || time.Now().After(deadline) {
+			return err
+		}
+		_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Residents returns the models whose workers are alive between stages.
+func (l *Lane) Residents() []Model {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Model, 0, len(l.residents))
+	for m := range l.residents {
+		out = append(out, m)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Release kills every resident worker (a job ended); the lane stays usable.
+func (l *Lane) Release() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for m, r := range l.residents {
+		l.kill(m, r, l.log)
+	}
+}
+
+// Close kills every resident worker; later stages fail with ErrClosed.
+func (l *Lane) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for m, r := range l.residents {
+		l.kill(m, r, l.log)
+	}
+	l.closed = true
+	return nil
+}
+
+// peakRSS tracks the highest and the latest RSS sample; safe for concurrent use.
+type peakRSS struct {
+	mu         sync.Mutex
+	peak, prev uint64
+}
+
+func (p *peakRSS) observe(v uint64) {
+	p.mu.Lock()
+	p.peak = max(p.peak, v)
+	if v > 0 {
+		p.prev = v
+	}
+	p.mu.Unlock()
+}
+
+func (p *peakRSS) get() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.peak
+}
+
+func (p *peakRSS) last() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.prev
+}
+
+// beaconReader is implemented by *workerkit.Process: the worker's beacon page, read without
+// a call.
+type beaconReader interface {
+	Beacon() (beacon.Snapshot, error)
+}
+
+// sample samples the worker's RSS (and beacon allocator figures) every SampleEvery until the
+// returned stop is called (idempotent), feeding peak and st.OnTelemetry.
+func (l *Lane) sample(st Stage, p Proc, peak *peakRSS) (stop func()) {
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	pid := p.PID()
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(l.cfg.SampleEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+			}
+			rss, err := l.cfg.RSS(pid)
+			if err != nil {
+				continue
+			}
+			peak.observe(rss)
+			if st.OnTelemetry == nil {
+				continue
+			}
+			tel := Telemetry{Model: st.Model, PID: pid, RSSBytes: rss}
+			if b, ok := p.(beaconReader); ok {
+				if snap, err := b.Beacon(); err == nil {
+					tel.AllocatorBytes, tel.AllocatorPeakBytes = uint64(max(snap.Bytes, 0)), uint64(max(snap.PeakBytes, 0))
+				}
+			}
+			st.OnTelemetry(tel)
+		}
+	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			close(done)
+			<-finished
+		})
+	}
+}
