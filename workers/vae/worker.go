@@ -151,7 +151,13 @@ func (w *worker) observe(e runtime.OpEvent) {
 		w.obsMu.Unlock()
 		return
 	}
-	seq := w.k.Beacon.BeginOp(e.Op) // the beacon's op number, which Fault counts in
+	var seq uint64 // the beacon's op number, which Fault counts in
+	if e.Key != "" {
+		// a conv tier attempt: the watchdog can name the shape and tier if it hangs
+		seq = w.k.Beacon.BeginConvOp(e.Op, e.Key, e.Tier.String(), 0)
+	} else {
+		seq = w.k.Beacon.BeginOp(e.Op)
+	}
 	if seq == 0 {
 		seq = e.Seq // no beacon: the runtime's own count (also from 1)
 	}

@@ -424,7 +424,11 @@ func TestConvHangSeenInBeacon(t *testing.T) {
 	for {
 		snap, err := p.Beacon()
 		if err == nil && snap.InOp && snap.Op == "conv3d" && snap.OpAge(time.Now()) > 300*time.Millisecond {
-			t.Logf("beacon: op %s #%d running for %v", snap.Op, snap.OpSeq, snap.OpAge(time.Now()).Round(time.Millisecond))
+			t.Logf("beacon: op %s #%d (%s at %s) running for %v", snap.Op, snap.OpSeq, snap.ConvKey, snap.ConvTier,
+				snap.OpAge(time.Now()).Round(time.Millisecond))
+			if snap.ConvTier != "vendor_tuned" || !strings.HasPrefix(snap.ConvKey, "conv3d ") {
+				t.Fatalf("beacon does not name the hung conv: key %q tier %q", snap.ConvKey, snap.ConvTier)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
