@@ -1,0 +1,368 @@
+// Package api is framepackd's public gRPC API: framepack.v1 JobService and DeviceService,
+// the standard gRPC health service and server reflection, served on a unix socket (mode 0600)
+// and optionally on TCP.
+//
+// Every SubmitJobRequest field is validated before a job is stored; a bad request is answered
+// with INVALID_ARGUMENT, a message naming each bad field, and a google.rpc.BadRequest detail
+// with one field violation per field. Handlers never panic: a recovery interceptor turns a
+// panic into INTERNAL and a log line.
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"slices"
+	"time"
+
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/events"
+	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+)
+
+// Queue is what the API needs of the job queue (jobs.Queue).
+type Queue interface {
+	Submit(ctx context.Context, spec *framepackv1.JobSpec, image []byte) (*framepackv1.Job, error)
+	Cancel(ctx context.Context, id, reason string) (*framepackv1.Job, error)
+	Lanes() []string
+	Running() map[string]string
+}
+
+// Config holds the server's dependencies. The function fields are what tests replace.
+type Config struct {
+	// Store reads jobs; required.
+	Store *jobs.Store
+	// Queue takes and cancels jobs; required.
+	Queue Queue
+	// Hub streams job events; required.
+	Hub *events.Hub
+	// Devices lists the devices, one per lane (current_job_id is filled in from the queue);
+	// nil lists each lane with only its name and backend.
+	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
+	// DecodeImage checks a submitted image; nil means DecodeImage.
+	DecodeImage func([]byte) (width, height int, err error)
+	// Log is the server's logger; nil discards.
+	Log logrus.FieldLogger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Server implements framepack.v1 JobService and DeviceService.
+type Server struct {
+	framepackv1.UnimplementedJobServiceServer
+	framepackv1.UnimplementedDeviceServiceServer
+
+	cfg    Config
+	log    logrus.FieldLogger
+	health *health.Server
+}
+
+// New returns a server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Store == nil || cfg.Queue == nil || cfg.Hub == nil {
+		return nil, fmt.Errorf("new api server: Store, Queue and Hub are required")
+	}
+	if cfg.DecodeImage == nil {
+		cfg.DecodeImage = DecodeImage
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	log := cfg.Log
+	if log == nil {
+		l := logrus.New()
+		l.SetOutput(discard{})
+		log = l
+	}
+	return &Server{cfg: cfg, log: log, health: health.NewServer()}, nil
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// ServiceNames are the services the server registers, as the health service knows them.
+var ServiceNames = []string{framepackv1.JobService_ServiceDesc.ServiceName, framepackv1.DeviceService_ServiceDesc.ServiceName}
+
+// GRPCServer returns a gRPC server with the framepack.v1 services, health and reflection,
+// recovery and logging interceptors, and a receive limit that fits the largest image.
+func (s *Server) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
+	opts = append([]grpc.ServerOption{
+		grpc.MaxRecvMsgSize(MaxRecvMsgBytes),
+		grpc.ChainUnaryInterceptor(s.unaryInterceptor),
+		grpc.ChainStreamInterceptor(s.streamInterceptor),
+	}, opts...)
+	g := grpc.NewServer(opts...)
+	framepackv1.RegisterJobServiceServer(g, s)
+	framepackv1.RegisterDeviceServiceServer(g, s)
+	healthpb.RegisterHealthServer(g, s.health)
+	reflection.Register(g)
+	s.SetServing(true)
+	return g
+}
+
+// SetServing sets the health status of the server and its services: SERVING, or NOT_SERVING
+// while the daemon drains.
+func (s *Server) SetServing(ok bool) {
+	st := healthpb.HealthCheckResponse_SERVING
+	if !ok {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	for _, name := range ServiceNames {
+		s.health.SetServingStatus(name, st)
+	}
+}
+
+// Shutdown ends the health service's watches (call before grpc.Server.GracefulStop).
+func (s *Server) Shutdown() { s.health.Shutdown() }
+
+func (s *Server) recovered(method string, p any) error {
+	s.log.WithFields(logrus.Fields{"method": method, "panic": fmt.Sprint(p), "stack": string(debug.Stack())}).Error("rpc handler panicked")
+	return status.Errorf(codes.Internal, "internal error in %s (logged by the server)", method)
+}
+
+func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	start := time.Now()
+	defer func() {
+		if p := recover(); p != nil {
+			resp, err = nil, s.recovered(info.FullMethod, p)
+		}
+		s.log.WithFields(logrus.Fields{"method": info.FullMethod, "code": status.Code(err).String(), "duration": time.Since(start)}).Debug("rpc")
+	}()
+	return handler(ctx, req)
+}
+
+func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+	start := time.Now()
+	defer func() {
+		if p := recover(); p != nil {
+			err = s.recovered(info.FullMethod, p)
+		}
+		s.log.WithFields(logrus.Fields{"method": info.FullMethod, "code": status.Code(err).String(), "duration": time.Since(start)}).Debug("rpc")
+	}()
+	return handler(srv, ss)
+}
+
+// statusOf maps an internal error to a gRPC status.
+func statusOf(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	switch {
+	case errors.Is(err, jobs.ErrNotFound):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, jobs.ErrStopped), errors.Is(err, events.ErrClosed):
+		return status.Error(codes.Unavailable, "server is shutting down: "+err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+func requireID(id string) error {
+	var v Violations
+	if id == "" {
+		v.Add("job_id", "required")
+	} else if !jobs.ValidID(id) {
+		return status.Errorf(codes.NotFound, "no job %q", id)
+	}
+	return v.Err("request")
+}
+
+// SubmitJob validates the request and queues the job.
+func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
+	if err := validateSubmit(req, s.cfg.Queue.Lanes(), s.cfg.DecodeImage).Err("SubmitJobRequest"); err != nil {
+		return nil, err
+	}
+	job, err := s.cfg.Queue.Submit(ctx, jobs.WithDefaults(req.GetSpec()), req.GetImage())
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	s.log.WithFields(logrus.Fields{"job": job.GetId(), "seconds": job.GetSpec().GetTotalSecondLength(), "lane": job.GetSpec().GetLane()}).Info("job submitted")
+	return &framepackv1.SubmitJobResponse{Job: job}, nil
+}
+
+// GetJob returns one job.
+func (s *Server) GetJob(_ context.Context, req *framepackv1.GetJobRequest) (*framepackv1.GetJobResponse, error) {
+	if err := requireID(req.GetJobId()); err != nil {
+		return nil, err
+	}
+	job, err := s.cfg.Store.Get(req.GetJobId())
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	return &framepackv1.GetJobResponse{Job: job}, nil
+}
+
+// ListJobs returns a page of jobs, newest first.
+func (s *Server) ListJobs(_ context.Context, req *framepackv1.ListJobsRequest) (*framepackv1.ListJobsResponse, error) {
+	var v Violations
+	if req.GetPageSize() > jobs.MaxPageSize {
+		v.Add("page_size", "must be 0 to %d (0 means %d), got %d", jobs.MaxPageSize, jobs.DefaultPageSize, req.GetPageSize())
+	}
+	for _, st := range req.GetStates() {
+		if _, known := framepackv1.JobState_name[int32(st)]; !known || st == framepackv1.JobState_JOB_STATE_UNSPECIFIED {
+			v.Add("states", "unknown job state %d", st)
+			break
+		}
+	}
+	if err := v.Err("ListJobsRequest"); err != nil {
+		return nil, err
+	}
+	list, next, err := s.cfg.Store.List(jobs.ListOptions{States: req.GetStates(), PageSize: int(req.GetPageSize()), PageToken: req.GetPageToken()})
+	if errors.Is(err, jobs.ErrBadPageToken) {
+		v.Add("page_token", "not a token this server gave")
+		return nil, v.Err("ListJobsRequest")
+	}
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	return &framepackv1.ListJobsResponse{Jobs: list, NextPageToken: next}, nil
+}
+
+// CancelJob cancels a queued or running job.
+func (s *Server) CancelJob(ctx context.Context, req *framepackv1.CancelJobRequest) (*framepackv1.CancelJobResponse, error) {
+	if err := requireID(req.GetJobId()); err != nil {
+		return nil, err
+	}
+	var v Violations
+	checkReason(&v, req.GetReason())
+	if err := v.Err("CancelJobRequest"); err != nil {
+		return nil, err
+	}
+	job, err := s.cfg.Queue.Cancel(ctx, req.GetJobId(), req.GetReason())
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	s.log.WithFields(logrus.Fields{"job": job.GetId(), "state": job.GetState().String()}).Info("job cancel requested")
+	return &framepackv1.CancelJobResponse{Job: job}, nil
+}
+
+func checkReason(v *Violations, r string) {
+	switch {
+	case len(r) > MaxReasonBytes:
+		v.Add("reason", "%d bytes, the limit is %d", len(r), MaxReasonBytes)
+	case !utf8Valid(r):
+		v.Add("reason", "not valid UTF-8")
+	}
+}
+
+// WatchJob streams a snapshot, the job's history, then its live events, and ends after the
+// terminal event.
+func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerStreamingServer[framepackv1.JobEvent]) error {
+	id := req.GetJobId()
+	if err := requireID(id); err != nil {
+		return err
+	}
+	history, sub, err := s.cfg.Hub.Subscribe(id, events.SubscribeOptions{Previews: req.GetIncludePreviews()})
+	if err != nil {
+		return statusOf(err)
+	}
+	defer sub.Close()
+	// The snapshot is taken after subscribing, so nothing falls between it and the stream.
+	job, err := s.cfg.Store.Get(id)
+	if err != nil {
+		return statusOf(err)
+	}
+	if err := stream.Send(&framepackv1.JobEvent{JobId: id, Time: timestamppb.New(s.cfg.Now()), Event: &framepackv1.JobEvent_Snapshot{Snapshot: job}}); err != nil {
+		return err
+	}
+	for _, ev := range history {
+		if err := stream.Send(ev); err != nil {
+			return err
+		}
+		if events.IsTerminal(ev) {
+			return nil
+		}
+	}
+	if ev := terminalOf(job, s.cfg.Now()); ev != nil {
+		// Ended, but its terminal event is not in the log (yet): say how it ended.
+		return stream.Send(ev)
+	}
+	for {
+		ev, err := sub.Next(stream.Context())
+		if err != nil {
+			return statusOf(err)
+		}
+		if err := stream.Send(ev); err != nil {
+			return err
+		}
+		if events.IsTerminal(ev) {
+			if n := sub.Dropped(); n > 0 {
+				s.log.WithFields(logrus.Fields{"job": id, "dropped": n}).Debug("slow watcher lost events")
+			}
+			return nil
+		}
+	}
+}
+
+// terminalOf returns the terminal event a finished job's stream ends with, or nil while the
+// job has not ended.
+func terminalOf(job *framepackv1.Job, now time.Time) *framepackv1.JobEvent {
+	ev := &framepackv1.JobEvent{JobId: job.GetId(), Time: timestamppb.New(now)}
+	switch job.GetState() {
+	case framepackv1.JobState_JOB_STATE_SUCCEEDED:
+		ev.Event = &framepackv1.JobEvent_JobFinished{JobFinished: &framepackv1.JobFinished{Result: job.GetResult()}}
+	case framepackv1.JobState_JOB_STATE_FAILED:
+		ev.Event = &framepackv1.JobEvent_JobFailed{JobFailed: &framepackv1.JobFailed{Failure: job.GetFailure()}}
+	case framepackv1.JobState_JOB_STATE_CANCELLED:
+		ev.Event = &framepackv1.JobEvent_JobCancelled{JobCancelled: &framepackv1.JobCancelled{}}
+	default:
+		return nil
+	}
+	return ev
+}
+
+// ListDevices returns the devices, one per lane, with the job each lane runs.
+func (s *Server) ListDevices(ctx context.Context, _ *framepackv1.ListDevicesRequest) (*framepackv1.ListDevicesResponse, error) {
+	var devs []*framepackv1.Device
+	if s.cfg.Devices != nil {
+		var err error
+		if devs, err = s.cfg.Devices(ctx); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "list devices: %v", err)
+		}
+	} else {
+		for _, lane := range s.cfg.Queue.Lanes() {
+			devs = append(devs, &framepackv1.Device{Lane: lane, Backend: LaneBackend(lane), LaneState: framepackv1.LaneState_LANE_STATE_HEALTHY})
+		}
+	}
+	running := s.cfg.Queue.Running()
+	for _, d := range devs {
+		d.CurrentJobId = running[d.GetLane()]
+	}
+	slices.SortFunc(devs, func(a, b *framepackv1.Device) int {
+		switch {
+		case a.GetLane() < b.GetLane():
+			return -1
+		case a.GetLane() > b.GetLane():
+			return 1
+		}
+		return 0
+	})
+	return &framepackv1.ListDevicesResponse{Devices: devs}, nil
+}
+
+// LaneBackend is the backend part of a lane name: "cuda" of "cuda:0", "cpu" of "cpu".
+func LaneBackend(lane string) string {
+	for i := 0; i < len(lane); i++ {
+		if lane[i] == ':' {
+			return lane[:i]
+		}
+	}
+	return lane
+}

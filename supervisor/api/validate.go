@@ -1,0 +1,173 @@
+package api
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/framepackd/framepackd/internal/imageproc"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Limits of a SubmitJobRequest beyond the ranges written in the proto.
+const (
+	// MaxImageBytes is the largest input image (job_service.proto: at most 64 MiB).
+	MaxImageBytes = 64 << 20
+	// MaxImagePixels is the largest input image in pixels (40 MP), checked from the header
+	// before decoding.
+	MaxImagePixels = 40_000_000
+	// MaxPromptBytes is the longest prompt or negative prompt, in bytes of UTF-8.
+	MaxPromptBytes = 64 << 10
+	// MaxFilenameBytes is the longest image_filename.
+	MaxFilenameBytes = 255
+	// MaxReasonBytes is the longest cancellation reason.
+	MaxReasonBytes = 1 << 10
+	// MaxRecvMsgBytes is the largest request the server accepts: the largest image and room
+	// for the spec.
+	MaxRecvMsgBytes = MaxImageBytes + 1<<20
+)
+
+// Violations collects the field violations of one request.
+type Violations []*errdetails.BadRequest_FieldViolation
+
+// Add records that field is wrong and why.
+func (v *Violations) Add(field, format string, args ...any) {
+	*v = append(*v, &errdetails.BadRequest_FieldViolation{Field: field, Description: fmt.Sprintf(format, args...)})
+}
+
+// Err returns nil when there are no violations, else an INVALID_ARGUMENT status whose message
+// names every field and whose details hold a BadRequest with one violation per field.
+func (v Violations) Err(what string) error {
+	if len(v) == 0 {
+		return nil
+	}
+	parts := make([]string, len(v))
+	for i, fv := range v {
+		parts[i] = fv.GetField() + ": " + fv.GetDescription()
+	}
+	st := status.New(codes.InvalidArgument, fmt.Sprintf("invalid %s: %s", what, strings.Join(parts, "; ")))
+	withDetails, err := st.WithDetails(&errdetails.BadRequest{FieldViolations: v})
+	if err != nil {
+		return st.Err()
+	}
+	return withDetails.Err()
+}
+
+// DecodeImage checks that data is an image the pipeline can read: PNG, JPEG or WebP within
+// MaxImagePixels, fully decoded by internal/imageproc (the pipeline's own decoder).
+func DecodeImage(data []byte) (width, height int, err error) {
+	img, _, err := imageproc.Decode(data, imageproc.Options{MaxPixels: MaxImagePixels})
+	if err != nil {
+		return 0, 0, err
+	}
+	return img.Width, img.Height, nil
+}
+
+func badFloat(f float32) bool {
+	return math.IsNaN(float64(f)) || math.IsInf(float64(f), 0)
+}
+
+// validateSubmit checks every field of a SubmitJobRequest. lanes are the lanes a job may be
+// pinned to; decode checks the image.
+func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode func([]byte) (int, int, error)) Violations {
+	var v Violations
+	switch img := req.GetImage(); {
+	case len(img) == 0:
+		v.Add("image", "required: the start frame as PNG, JPEG or WebP bytes")
+	case len(img) > MaxImageBytes:
+		v.Add("image", "%d bytes, the limit is %d (64 MiB)", len(img), MaxImageBytes)
+	default:
+		if _, _, err := decode(img); err != nil {
+			v.Add("image", "not a usable image: %v", err)
+		}
+	}
+	s := req.GetSpec()
+	if s == nil {
+		v.Add("spec", "required: the job's parameters")
+		return v
+	}
+	if n := s.GetImageFilename(); n != "" {
+		switch {
+		case len(n) > MaxFilenameBytes:
+			v.Add("spec.image_filename", "%d bytes, the limit is %d", len(n), MaxFilenameBytes)
+		case !utf8.ValidString(n):
+			v.Add("spec.image_filename", "not valid UTF-8")
+		case strings.ContainsAny(n, `/\`) || n == "." || n == ".." || strings.ContainsFunc(n, unicode.IsControl):
+			v.Add("spec.image_filename", "must be a plain file name (no path separators or control characters)")
+		}
+	}
+	checkText(&v, "spec.prompt", s.GetPrompt(), true)
+	checkText(&v, "spec.negative_prompt", s.GetNegativePrompt(), false)
+	// spec.seed: every int64 is a valid seed (torch.Generator.manual_seed takes them all).
+	switch secs := s.GetTotalSecondLength(); {
+	case badFloat(secs):
+		v.Add("spec.total_second_length", "must be a finite number of seconds")
+	case secs == 0:
+		v.Add("spec.total_second_length", "required: the video length in seconds, in (0, 120]")
+	case secs < 0 || secs > 120:
+		v.Add("spec.total_second_length", "must be in (0, 120], got %g", secs)
+	}
+	if w := s.GetLatentWindowSize(); w > 33 {
+		v.Add("spec.latent_window_size", "must be 1 to 33 (0 means 9), got %d", w)
+	}
+	if n := s.GetSteps(); n > 100 {
+		v.Add("spec.steps", "must be 1 to 100 (0 means 25), got %d", n)
+	}
+	checkScale(&v, "spec.cfg", s.GetCfg(), "0 means 1, no negative pass")
+	checkScale(&v, "spec.gs", s.GetGs(), "0 means 10")
+	switch rs := s.GetRs(); {
+	case badFloat(rs):
+		v.Add("spec.rs", "must be a finite number")
+	case rs < 0 || rs > 1:
+		v.Add("spec.rs", "must be 0 to 1, got %g", rs)
+	}
+	// spec.use_teacache: true, false or unset (true) are all valid.
+	if r := s.GetResolution(); r != 0 {
+		if _, ok := imageproc.BucketTable(int(r)); !ok {
+			v.Add("spec.resolution", "no FramePack bucket table for %d (known: 640; 0 means 640)", r)
+		}
+	}
+	if s.Mp4Crf != nil && s.GetMp4Crf() > 51 {
+		v.Add("spec.mp4_crf", "must be 0 to 51, got %d", s.GetMp4Crf())
+	}
+	if s.GpuMemoryPreservationGb != nil {
+		switch g := s.GetGpuMemoryPreservationGb(); {
+		case badFloat(g):
+			v.Add("spec.gpu_memory_preservation_gb", "must be a finite number")
+		case g < 0 || g > 128:
+			v.Add("spec.gpu_memory_preservation_gb", "must be 0 to 128, got %g", g)
+		}
+	}
+	if l := s.GetLane(); l != "" && !slices.Contains(lanes, l) {
+		v.Add("spec.lane", "no lane %q on this server (lanes: %s)", l, strings.Join(lanes, ", "))
+	}
+	return v
+}
+
+func checkText(v *Violations, field, text string, required bool) {
+	switch {
+	case required && strings.TrimSpace(text) == "":
+		v.Add(field, "required: describe the motion")
+	case len(text) > MaxPromptBytes:
+		v.Add(field, "%d bytes, the limit is %d", len(text), MaxPromptBytes)
+	case !utf8.ValidString(text):
+		v.Add(field, "not valid UTF-8")
+	}
+}
+
+func checkScale(v *Violations, field string, x float32, zero string) {
+	switch {
+	case badFloat(x):
+		v.Add(field, "must be a finite number")
+	case x != 0 && (x < 1 || x > 32):
+		v.Add(field, "must be 1 to 32 (%s), got %g", zero, x)
+	}
+}
+
+func utf8Valid(s string) bool { return utf8.ValidString(s) }
