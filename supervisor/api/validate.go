@@ -10,6 +10,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/imageproc"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -128,10 +129,9 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 		v.Add("spec.rs", "must be 0 to 1, got %g", rs)
 	}
 	// spec.use_teacache: true, false or unset (true) are all valid.
-	if r := s.GetResolution(); r != 0 {
-		if _, ok := imageproc.BucketTable(int(r)); !ok {
-			v.Add("spec.resolution", "no FramePack bucket table for %d (known: 640; 0 means 640)", r)
-		}
+	// spec.resolution and spec.buckets: the pipeline's rules (supervisor/pipeline/plan).
+	for _, fv := range plan.CheckBuckets(s) {
+		v.Add(fv.Field, "%s", fv.Description)
 	}
 	if s.Mp4Crf != nil && s.GetMp4Crf() > 51 {
 		v.Add("spec.mp4_crf", "must be 0 to 51, got %d", s.GetMp4Crf())

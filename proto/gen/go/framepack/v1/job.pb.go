@@ -323,8 +323,9 @@ type JobSpec struct {
 	// use_teacache enables TeaCache (faster, slightly different output);
 	// unset means true.
 	UseTeacache *bool `protobuf:"varint,11,opt,name=use_teacache,json=useTeacache,proto3,oneof" json:"use_teacache,omitempty"`
-	// resolution is the bucket size in pixels that the image is fitted to,
-	// 256 to 1024; 0 means 640.
+	// resolution is the bucket size in pixels that the image is fitted to; it
+	// names a bucket table the server knows: 640 (FramePack's) or 96 (the tiny
+	// test models'); 0 means 640. With buckets set it only labels that table.
 	Resolution uint32 `protobuf:"varint,12,opt,name=resolution,proto3" json:"resolution,omitempty"`
 	// mp4_crf is the H.264 constant rate factor, 0 (lossless) to 51; unset
 	// means 16.
@@ -334,7 +335,15 @@ type JobSpec struct {
 	GpuMemoryPreservationGb *float32 `protobuf:"fixed32,14,opt,name=gpu_memory_preservation_gb,json=gpuMemoryPreservationGb,proto3,oneof" json:"gpu_memory_preservation_gb,omitempty"`
 	// lane pins the job to one lane (Device.lane); empty lets the scheduler
 	// choose.
-	Lane          string `protobuf:"bytes,15,opt,name=lane,proto3" json:"lane,omitempty"`
+	Lane string `protobuf:"bytes,15,opt,name=lane,proto3" json:"lane,omitempty"`
+	// buckets, when set, is the bucket table the image is fitted to instead of
+	// the server's table for resolution (FramePack's bucket_options[resolution]):
+	// the bucket nearest the image's aspect ratio is used, the later one on a
+	// tie. It is for models trained at other sizes, such as the tiny test models
+	// (64x96, 80x80, 96x64 at resolution 96). Empty means the table for
+	// resolution. At most 64 buckets, each side a multiple of 16 from 16 to
+	// 2048; with buckets set, resolution is a label from 16 to 2048.
+	Buckets       []*Bucket `protobuf:"bytes,16,rep,name=buckets,proto3" json:"buckets,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -474,6 +483,69 @@ func (x *JobSpec) GetLane() string {
 	return ""
 }
 
+func (x *JobSpec) GetBuckets() []*Bucket {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
+// Bucket is one frame size (height x width in pixels) a job's image can be
+// fitted to.
+type Bucket struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// height is the frame height in pixels.
+	Height uint32 `protobuf:"varint,1,opt,name=height,proto3" json:"height,omitempty"`
+	// width is the frame width in pixels.
+	Width         uint32 `protobuf:"varint,2,opt,name=width,proto3" json:"width,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Bucket) Reset() {
+	*x = Bucket{}
+	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Bucket) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Bucket) ProtoMessage() {}
+
+func (x *Bucket) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Bucket.ProtoReflect.Descriptor instead.
+func (*Bucket) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Bucket) GetHeight() uint32 {
+	if x != nil {
+		return x.Height
+	}
+	return 0
+}
+
+func (x *Bucket) GetWidth() uint32 {
+	if x != nil {
+		return x.Width
+	}
+	return 0
+}
+
 // Job is one image-to-video job.
 type Job struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -501,7 +573,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	mi := &file_framepack_v1_job_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -513,7 +585,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	mi := &file_framepack_v1_job_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -526,7 +598,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{1}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Job) GetId() string {
@@ -618,7 +690,7 @@ type JobProgress struct {
 
 func (x *JobProgress) Reset() {
 	*x = JobProgress{}
-	mi := &file_framepack_v1_job_proto_msgTypes[2]
+	mi := &file_framepack_v1_job_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +702,7 @@ func (x *JobProgress) String() string {
 func (*JobProgress) ProtoMessage() {}
 
 func (x *JobProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[2]
+	mi := &file_framepack_v1_job_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +715,7 @@ func (x *JobProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobProgress.ProtoReflect.Descriptor instead.
 func (*JobProgress) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{2}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *JobProgress) GetStage() Stage {
@@ -717,7 +789,7 @@ type JobResult struct {
 
 func (x *JobResult) Reset() {
 	*x = JobResult{}
-	mi := &file_framepack_v1_job_proto_msgTypes[3]
+	mi := &file_framepack_v1_job_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +801,7 @@ func (x *JobResult) String() string {
 func (*JobResult) ProtoMessage() {}
 
 func (x *JobResult) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[3]
+	mi := &file_framepack_v1_job_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +814,7 @@ func (x *JobResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobResult.ProtoReflect.Descriptor instead.
 func (*JobResult) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{3}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *JobResult) GetVideoPath() string {
@@ -784,7 +856,7 @@ type JobFailure struct {
 
 func (x *JobFailure) Reset() {
 	*x = JobFailure{}
-	mi := &file_framepack_v1_job_proto_msgTypes[4]
+	mi := &file_framepack_v1_job_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -796,7 +868,7 @@ func (x *JobFailure) String() string {
 func (*JobFailure) ProtoMessage() {}
 
 func (x *JobFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[4]
+	mi := &file_framepack_v1_job_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -809,7 +881,7 @@ func (x *JobFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobFailure.ProtoReflect.Descriptor instead.
 func (*JobFailure) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{4}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *JobFailure) GetMessage() string {
@@ -868,7 +940,7 @@ type Attempt struct {
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_framepack_v1_job_proto_msgTypes[5]
+	mi := &file_framepack_v1_job_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -880,7 +952,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[5]
+	mi := &file_framepack_v1_job_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -893,7 +965,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{5}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Attempt) GetStage() Stage {
@@ -963,7 +1035,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x04\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x04\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -982,11 +1054,15 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"resolution\x12\x1c\n" +
 	"\amp4_crf\x18\r \x01(\rH\x01R\x06mp4Crf\x88\x01\x01\x12@\n" +
 	"\x1agpu_memory_preservation_gb\x18\x0e \x01(\x02H\x02R\x17gpuMemoryPreservationGb\x88\x01\x01\x12\x12\n" +
-	"\x04lane\x18\x0f \x01(\tR\x04laneB\x0f\n" +
+	"\x04lane\x18\x0f \x01(\tR\x04lane\x12.\n" +
+	"\abuckets\x18\x10 \x03(\v2\x14.framepack.v1.BucketR\abucketsB\x0f\n" +
 	"\r_use_teacacheB\n" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +
-	"\x1b_gpu_memory_preservation_gb\"\x98\x03\n" +
+	"\x1b_gpu_memory_preservation_gb\"6\n" +
+	"\x06Bucket\x12\x16\n" +
+	"\x06height\x18\x01 \x01(\rR\x06height\x12\x14\n" +
+	"\x05width\x18\x02 \x01(\rR\x05width\"\x98\x03\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x16.framepack.v1.JobStateR\x05state\x12)\n" +
@@ -1077,43 +1153,45 @@ func file_framepack_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_framepack_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_framepack_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_framepack_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_framepack_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: framepack.v1.JobState
 	(Stage)(0),                    // 1: framepack.v1.Stage
 	(AttemptClass)(0),             // 2: framepack.v1.AttemptClass
 	(ConvTier)(0),                 // 3: framepack.v1.ConvTier
 	(*JobSpec)(nil),               // 4: framepack.v1.JobSpec
-	(*Job)(nil),                   // 5: framepack.v1.Job
-	(*JobProgress)(nil),           // 6: framepack.v1.JobProgress
-	(*JobResult)(nil),             // 7: framepack.v1.JobResult
-	(*JobFailure)(nil),            // 8: framepack.v1.JobFailure
-	(*Attempt)(nil),               // 9: framepack.v1.Attempt
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(*Bucket)(nil),                // 5: framepack.v1.Bucket
+	(*Job)(nil),                   // 6: framepack.v1.Job
+	(*JobProgress)(nil),           // 7: framepack.v1.JobProgress
+	(*JobResult)(nil),             // 8: framepack.v1.JobResult
+	(*JobFailure)(nil),            // 9: framepack.v1.JobFailure
+	(*Attempt)(nil),               // 10: framepack.v1.Attempt
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
 }
 var file_framepack_v1_job_proto_depIdxs = []int32{
-	0,  // 0: framepack.v1.Job.state:type_name -> framepack.v1.JobState
-	4,  // 1: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
-	10, // 2: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
-	10, // 3: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
-	6,  // 4: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
-	7,  // 5: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
-	8,  // 6: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
-	1,  // 7: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
-	11, // 8: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
-	11, // 9: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
-	1,  // 10: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
-	9,  // 11: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
-	1,  // 12: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
-	2,  // 13: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
-	10, // 14: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	11, // 15: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
-	16, // [16:16] is the sub-list for method output_type
-	16, // [16:16] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	5,  // 0: framepack.v1.JobSpec.buckets:type_name -> framepack.v1.Bucket
+	0,  // 1: framepack.v1.Job.state:type_name -> framepack.v1.JobState
+	4,  // 2: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
+	11, // 3: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
+	11, // 4: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
+	7,  // 5: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
+	8,  // 6: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
+	9,  // 7: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
+	1,  // 8: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
+	12, // 9: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
+	12, // 10: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
+	1,  // 11: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
+	10, // 12: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
+	1,  // 13: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
+	2,  // 14: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
+	11, // 15: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	12, // 16: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
+	17, // [17:17] is the sub-list for method output_type
+	17, // [17:17] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_job_proto_init() }
@@ -1128,7 +1206,7 @@ func file_framepack_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_v1_job_proto_rawDesc), len(file_framepack_v1_job_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
