@@ -172,3 +172,20 @@ func BenchmarkUploadBF16(b *testing.B) {
 		t.Free()
 	}
 }
+
+// BenchmarkGELU: GELU(tanh) over 16 M elements (a transformer MLP's activation); the metric is
+// elements per second.
+func BenchmarkGELU(b *testing.B) {
+	const n = 16 << 20
+	rt := benchRuntime(b)
+	x := benchTensor(b, rt, n)
+	b.ResetTimer()
+	for range b.N {
+		y, err := rt.GELU(x)
+		if err != nil {
+			b.Fatal(err)
+		}
+		y.Free()
+	}
+	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
+}

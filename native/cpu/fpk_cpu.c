@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #endif
 #include "fpk_cpu.h"
+#include "fpk_cpu_vexp.h"
 #include "fpk_half.h"
 
 #include <cblas.h>
@@ -215,6 +216,62 @@ static fpk_status cpu_gemm(void *ctx, void *stream, const fpk_gemm_params *p, fp
 
 /* ---- elementwise ---------------------------------------------------------------------------- */
 
+/* x[i] = exp((x[i] - mx) * scale) for a row whose max is mx (so every argument is <= 0), and
+ * returns the row's sum; arguments below -87 (masked scores, -inf) give exactly 0. */
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static double exp_row(float *x, int64_t n, float mx, float scale) {
+    const fpk_v8f vmx = FPK_V8F(mx), vsc = FPK_V8F(scale);
+    fpk_v8f acc8 = FPK_V8F(0.0f);
+    double acc = 0;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        fpk_v8f v;
+        memcpy(&v, x + i, sizeof v);
+        v = (v - vmx) * vsc;
+        fpk_v8f e = FPK_V8_SELECT(v < FPK_V8F(-87.0f), FPK_V8F(0.0f), FPK_V8_EXP(v));
+        memcpy(x + i, &e, sizeof e);
+        acc8 += e;
+        if ((i & 1023) == 1016) { /* fold into double now and then to keep the sum exact enough */
+            for (int l = 0; l < 8; l++) acc += acc8[l];
+            acc8 = FPK_V8F(0.0f);
+        }
+    }
+    for (int l = 0; l < 8; l++) acc += acc8[l];
+    for (; i < n; i++) {
+        float v = (x[i] - mx) * scale;
+        x[i] = v < -87.0f ? 0.0f : expf(v);
+        acc += x[i];
+    }
+    return acc;
+}
+
+/* The sigmoid family: y = (mulx ? x : 1) · sigmoid(x·(a + b·x²)). SiLU is (1, 0), quick-GELU
+ * (1.702, 0), GELU(tanh) (2√(2/π), 2√(2/π)·0.044715) since 0.5(1 + tanh z) = sigmoid(2z),
+ * sigmoid is (1, 0) without the factor x. */
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void sigmoid_family(float *y, const float *x, int64_t n, float a, float b, int mulx) {
+    const fpk_v8f va = FPK_V8F(a), vb = FPK_V8F(b), one = FPK_V8F(1.0f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        fpk_v8f v;
+        memcpy(&v, x + i, sizeof v);
+        fpk_v8f t = v * (va + vb * v * v);
+        fpk_v8f s = one / (one + FPK_V8_EXP(-t));
+        if (mulx) s *= v;
+        memcpy(y + i, &s, sizeof s);
+    }
+    for (; i < n; i++) {
+        float v = x[i], t = v * (a + b * v * v);
+        float s = 1.0f / (1.0f + expf(-t));
+        y[i] = mulx ? v * s : s;
+    }
+}
+
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void scale_row(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
 typedef struct {
     const float *x;
     float *y;
@@ -222,7 +279,6 @@ typedef struct {
     float a, b;
 } unary_job;
 
-static inline float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 static void unary_task(void *arg, int64_t b, int64_t e, int th) {
     (void)th;
@@ -231,22 +287,19 @@ static void unary_task(void *arg, int64_t b, int64_t e, int th) {
     float *y = j->y;
     switch (j->op) {
     case FPK_UNARY_SILU:
-        for (int64_t i = b; i < e; i++) y[i] = x[i] * sigmoidf_(x[i]);
+        sigmoid_family(y + b, x + b, e - b, 1.0f, 0.0f, 1);
         break;
     case FPK_UNARY_GELU_TANH:
-        for (int64_t i = b; i < e; i++) {
-            float v = x[i];
-            y[i] = 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-        }
+        sigmoid_family(y + b, x + b, e - b, 1.5957691216057308f, 1.5957691216057308f * 0.044715f, 1);
         break;
     case FPK_UNARY_QUICK_GELU:
-        for (int64_t i = b; i < e; i++) y[i] = x[i] * sigmoidf_(1.702f * x[i]);
+        sigmoid_family(y + b, x + b, e - b, 1.702f, 0.0f, 1);
         break;
     case FPK_UNARY_GELU_ERF:
         for (int64_t i = b; i < e; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.7071067811865476f));
         break;
     case FPK_UNARY_SIGMOID:
-        for (int64_t i = b; i < e; i++) y[i] = sigmoidf_(x[i]);
+        sigmoid_family(y + b, x + b, e - b, 1.0f, 0.0f, 0);
         break;
     case FPK_UNARY_TANH:
         for (int64_t i = b; i < e; i++) y[i] = tanhf(x[i]);
@@ -400,62 +453,6 @@ typedef struct {
     float scale;
 } softmax_job;
 
-/* x[i] = exp((x[i] - mx) * scale) for a row whose max is mx (so every argument is <= 0), and
- * returns the row's sum. exp is Cephes' expf polynomial (about 1 ulp) in GCC vector code, eight
- * lanes at a time; target_clones adds an AVX2/FMA build picked at load time. Arguments below
- * -87 (masked scores, -inf) give exactly 0. */
-typedef float fpk_v8f __attribute__((vector_size(32)));
-typedef int32_t fpk_v8i __attribute__((vector_size(32)));
-
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-static double exp_row(float *x, int64_t n, float mx, float scale) {
-    const fpk_v8f vmx = {mx, mx, mx, mx, mx, mx, mx, mx};
-    const fpk_v8f vsc = {scale, scale, scale, scale, scale, scale, scale, scale};
-#define SPLAT(c) ((fpk_v8f){c, c, c, c, c, c, c, c})
-    fpk_v8f acc8 = SPLAT(0.0f);
-    double acc = 0;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        fpk_v8f v;
-        memcpy(&v, x + i, sizeof v);
-        v = (v - vmx) * vsc;
-        fpk_v8i under = v < SPLAT(-87.0f);
-        fpk_v8f c = (fpk_v8f)((under & (fpk_v8i)SPLAT(-87.0f)) | (~under & (fpk_v8i)v));
-        fpk_v8i ki = __builtin_convertvector(c * SPLAT(1.44269504088896341f) + SPLAT(128.5f), fpk_v8i) -
-                     (fpk_v8i){128, 128, 128, 128, 128, 128, 128, 128};
-        fpk_v8f k = __builtin_convertvector(ki, fpk_v8f);
-        fpk_v8f r = c - k * SPLAT(0.693359375f);
-        r = r - k * SPLAT(-2.12194440e-4f);
-        fpk_v8f p = SPLAT(1.9875691500e-4f);
-        p = p * r + SPLAT(1.3981999507e-3f);
-        p = p * r + SPLAT(8.3334519073e-3f);
-        p = p * r + SPLAT(4.1665795894e-2f);
-        p = p * r + SPLAT(1.6666665459e-1f);
-        p = p * r + SPLAT(5.0000001201e-1f);
-        fpk_v8f e = p * r * r + r + SPLAT(1.0f);
-        fpk_v8f sc = (fpk_v8f)((ki + (fpk_v8i){127, 127, 127, 127, 127, 127, 127, 127}) << 23);
-        e = (fpk_v8f)(~under & (fpk_v8i)(e * sc));
-        memcpy(x + i, &e, sizeof e);
-        acc8 += e;
-        if ((i & 1023) == 1016) { /* fold into double now and then to keep the sum exact enough */
-            for (int l = 0; l < 8; l++) acc += acc8[l];
-            acc8 = SPLAT(0.0f);
-        }
-    }
-#undef SPLAT
-    for (int l = 0; l < 8; l++) acc += acc8[l];
-    for (; i < n; i++) {
-        float v = (x[i] - mx) * scale;
-        x[i] = v < -87.0f ? 0.0f : expf(v);
-        acc += x[i];
-    }
-    return acc;
-}
-
-__attribute__((target_clones("arch=x86-64-v3", "default")))
-static void scale_row(float *x, int64_t n, float s) {
-    for (int64_t i = 0; i < n; i++) x[i] *= s;
-}
 
 static void softmax_task(void *arg, int64_t rb, int64_t re, int th) {
     (void)th;
