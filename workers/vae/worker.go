@@ -11,12 +11,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/framepackd/framepackd/internal/convcache"
+	"github.com/framepackd/framepackd/internal/faults"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/workers/vae/causalvae"
@@ -34,7 +34,6 @@ type worker struct {
 	mu          sync.RWMutex
 	rt          *runtime.Runtime
 	model       *causalvae.Model
-	fault       *workerkit.Fault
 	env         envPlan
 	loadTime    time.Duration
 	computeTime time.Duration
@@ -45,8 +44,8 @@ type worker struct {
 	convEvents []workerkit.ConvFallback
 	lastFailed string // shape key whose last tier attempt failed
 
-	// oomArmed is set when the injected out-of-memory op has started; the stage then fails.
-	oomArmed atomic.Bool
+	// inj keeps the beacon and fires the test faults of LoadRequest.Fault (set in Load).
+	inj atomic.Pointer[faults.Injector]
 }
 
 var _ workerkit.Worker = (*worker)(nil)
@@ -56,7 +55,10 @@ func newWorker(k *workerkit.Kit) *worker {
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
 	}
-	return &worker{k: k, log: log.WithField("worker", "vae"), ops: map[string]uint64{}}
+	w := &worker{k: k, log: log.WithField("worker", "vae"), ops: map[string]uint64{}}
+	inj, _ := faults.New(nil, faults.Caps{}, k.Beacon, w.log) // no fault: never fails
+	w.inj.Store(inj)
+	return w
 }
 
 // errInvalid marks errors that are the request's fault.
@@ -151,48 +153,19 @@ func (w *worker) observe(e runtime.OpEvent) {
 		w.obsMu.Unlock()
 		return
 	}
-	var seq uint64 // the beacon's op number, which Fault counts in
-	if e.Key != "" {
-		// a conv tier attempt: the watchdog can name the shape and tier if it hangs
-		seq = w.k.Beacon.BeginConvOp(e.Op, e.Key, e.Tier.String(), 0)
-	} else {
-		seq = w.k.Beacon.BeginOp(e.Op)
-	}
-	if seq == 0 {
-		seq = e.Seq // no beacon: the runtime's own count (also from 1)
-	}
 	w.obsMu.Lock()
 	w.ops[e.Op]++
 	w.obsMu.Unlock()
-	f := w.fault
-	if f == nil {
-		return
+	tier := ""
+	if e.Key != "" {
+		tier = e.Tier.String() // a conv tier attempt: the watchdog can name the shape and tier if it hangs
 	}
-	switch {
-	case f.ExitAtOp != 0 && seq == f.ExitAtOp:
-		sig := syscall.Signal(f.ExitSignal)
-		if sig == 0 {
-			sig = syscall.SIGKILL
-		}
-		w.log.WithFields(logrus.Fields{"op": e.Op, "seq": seq, "signal": sig}).Warn("fault: exiting at op")
-		syscall.Kill(os.Getpid(), sig)
-		select {} // the signal ends the process
-	case f.HangAtOp != 0 && seq == f.HangAtOp:
-		w.log.WithFields(logrus.Fields{"op": e.Op, "seq": seq}).Warn("fault: hanging at op")
-		select {}
-	case f.OOMAtOp != 0 && seq == f.OOMAtOp:
-		w.log.WithFields(logrus.Fields{"op": e.Op, "seq": seq}).Warn("fault: out of memory at op")
-		w.oomArmed.Store(true)
-	}
+	// The beacon's op number, which Fault counts in; faults fire here (package faults).
+	w.inj.Load().BeginOp(e.Op, e.Key, tier, e.Seq)
 }
 
 // injectedOOM returns the injected out-of-memory error once its op has started.
-func (w *worker) injectedOOM() error {
-	if !w.oomArmed.Load() {
-		return nil
-	}
-	return &runtime.OOMError{Op: "fault", Requested: 1 << 30, Msg: "injected by fault oom_at_op"}
-}
+func (w *worker) injectedOOM() error { return w.inj.Load().Err() }
 
 // drainConvEvents returns the queued conv fallback events.
 func (w *worker) drainConvEvents() []workerkit.ConvFallback {
@@ -253,15 +226,14 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	if err := env.apply(); err != nil {
 		return nil, err
 	}
-	w.mu.Lock()
-	w.fault = req.Fault // read by the op observer from the first op on
-	w.mu.Unlock()
+	inj, err := faults.New(req.Fault, faults.Caps{Conv: true}, w.k.Beacon, w.log)
+	if err != nil {
+		return nil, invalidf("%v", err)
+	}
+	w.inj.Store(inj) // read by the op observer from the first op on
 	opts := runtime.Options{Backend: backend, Device: int(req.DeviceIndex), MemoryCap: int64(req.MemoryCapBytes),
 		OpObserver: w.observe}
 	if f := req.Fault; f != nil {
-		if f.HoldVRAMBytes != 0 || f.HoldVRAMSeconds != 0 {
-			return nil, invalidf("fault: hold_vram needs a GPU backend")
-		}
 		if f.HangConvTier != workerkit.ConvTierUnspecified {
 			tier, ok := toRuntimeTier(f.HangConvTier)
 			if !ok {
