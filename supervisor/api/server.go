@@ -174,6 +174,14 @@ func statusOf(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
+// jobStatus is statusOf for a call about job id: an unknown job reads "no job <id>".
+func jobStatus(err error, id string) error {
+	if errors.Is(err, jobs.ErrNotFound) {
+		return status.Errorf(codes.NotFound, "no job %q", id)
+	}
+	return statusOf(err)
+}
+
 func requireID(id string) error {
 	var v Violations
 	if id == "" {
@@ -204,7 +212,7 @@ func (s *Server) GetJob(_ context.Context, req *framepackv1.GetJobRequest) (*fra
 	}
 	job, err := s.cfg.Store.Get(req.GetJobId())
 	if err != nil {
-		return nil, statusOf(err)
+		return nil, jobStatus(err, req.GetJobId())
 	}
 	return &framepackv1.GetJobResponse{Job: job}, nil
 }
@@ -247,7 +255,7 @@ func (s *Server) CancelJob(ctx context.Context, req *framepackv1.CancelJobReques
 	}
 	job, err := s.cfg.Queue.Cancel(ctx, req.GetJobId(), req.GetReason())
 	if err != nil {
-		return nil, statusOf(err)
+		return nil, jobStatus(err, req.GetJobId())
 	}
 	s.log.WithFields(logrus.Fields{"job": job.GetId(), "state": job.GetState().String()}).Info("job cancel requested")
 	return &framepackv1.CancelJobResponse{Job: job}, nil
@@ -271,13 +279,13 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 	}
 	history, sub, err := s.cfg.Hub.Subscribe(id, events.SubscribeOptions{Previews: req.GetIncludePreviews()})
 	if err != nil {
-		return statusOf(err)
+		return jobStatus(err, id)
 	}
 	defer sub.Close()
 	// The snapshot is taken after subscribing, so nothing falls between it and the stream.
 	job, err := s.cfg.Store.Get(id)
 	if err != nil {
-		return statusOf(err)
+		return jobStatus(err, id)
 	}
 	if err := stream.Send(&framepackv1.JobEvent{JobId: id, Time: timestamppb.New(s.cfg.Now()), Event: &framepackv1.JobEvent_Snapshot{Snapshot: job}}); err != nil {
 		return err

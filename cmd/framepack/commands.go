@@ -1,0 +1,562 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/framepackd/framepackd/internal/imageproc"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/video"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// reconnectFor is how long watching keeps trying to reach a server that went away (a daemon
+// restart), after which it gives up.
+const reconnectFor = 60 * time.Second
+
+func cmdGenerate(ctx context.Context, e *env, args []string) error {
+	var c common
+	fs := newFlags("generate", e, &c)
+	var (
+		image, prompt, negative, out, lane string
+		seconds, cfg, gs, rs, gpuPreserve  float64
+		seed                               int64
+		steps, window, resolution, crf     uint
+		teacache, detach, quiet            bool
+	)
+	fs.StringVar(&image, "image", "", "start frame: PNG, JPEG or WebP (required)")
+	fs.StringVar(&prompt, "prompt", "", "what should happen (required)")
+	fs.StringVar(&negative, "negative-prompt", "", "negative prompt (used when --cfg > 1)")
+	fs.StringVar(&out, "out", "", "where to save the MP4 (required unless --detach)")
+	fs.Float64Var(&seconds, "seconds", 5, "video length in seconds, (0, 120]")
+	fs.Int64Var(&seed, "seed", 31337, "sampler seed")
+	fs.UintVar(&steps, "steps", 25, "sampling steps per section, 1–100")
+	fs.UintVar(&window, "window", 9, "latent window size, 1–33")
+	fs.Float64Var(&cfg, "cfg", 1, "real guidance scale, 1–32 (1: no negative pass)")
+	fs.Float64Var(&gs, "gs", 10, "distilled guidance scale, 1–32")
+	fs.Float64Var(&rs, "rs", 0, "guidance rescale, 0–1")
+	fs.BoolVar(&teacache, "teacache", true, "use TeaCache (faster, slightly different output)")
+	fs.UintVar(&resolution, "resolution", 640, "bucket resolution")
+	fs.UintVar(&crf, "crf", 16, "H.264 constant rate factor, 0–51")
+	fs.Float64Var(&gpuPreserve, "gpu-preserve", 6, "GB of GPU memory to leave free, 0–128")
+	fs.StringVar(&lane, "lane", "", "run on this lane (see framepack devices)")
+	fs.BoolVar(&detach, "detach", false, "submit, print the job id and return")
+	fs.BoolVar(&quiet, "quiet", false, "no progress output")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return fail(exitUsage, "generate: unexpected arguments %q", pos)
+	}
+	if image == "" || prompt == "" || (out == "" && !detach) {
+		return fail(exitUsage, "generate: --image, --prompt and --out are required (--out not with --detach)")
+	}
+	if out != "" && video.FramesDir(out) == out {
+		return fail(exitUsage, "generate: --out %q: give the file an extension (.mp4)", out)
+	}
+	img, err := os.ReadFile(image)
+	if err != nil {
+		return fail(exitError, "read image: %v", err)
+	}
+	spec := &framepackv1.JobSpec{
+		ImageFilename:           filepath.Base(image),
+		Prompt:                  prompt,
+		NegativePrompt:          negative,
+		Seed:                    seed,
+		TotalSecondLength:       float32(seconds),
+		LatentWindowSize:        uint32(min(window, 1<<31)),
+		Steps:                   uint32(min(steps, 1<<31)),
+		Cfg:                     float32(cfg),
+		Gs:                      float32(gs),
+		Rs:                      float32(rs),
+		UseTeacache:             proto.Bool(teacache),
+		Resolution:              uint32(min(resolution, 1<<31)),
+		Mp4Crf:                  proto.Uint32(uint32(min(crf, 1<<31))),
+		GpuMemoryPreservationGb: proto.Float32(float32(gpuPreserve)),
+		Lane:                    lane,
+	}
+	if imageproc.Sniff(img) == "" {
+		// Say it here, with the file name; the server would say "image: not a usable image".
+		return fail(exitRejected, "%s is not a PNG, JPEG or WebP image", image)
+	}
+	conn, err := dial(&c)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	client := framepackv1.NewJobServiceClient(conn)
+	sctx, cancel := context.WithTimeout(ctx, c.timeout)
+	resp, err := client.SubmitJob(sctx, &framepackv1.SubmitJobRequest{Image: img, Spec: spec})
+	cancel()
+	if err != nil {
+		return err
+	}
+	id := resp.GetJob().GetId()
+	if detach {
+		fmt.Fprintln(e.stdout, id)
+		return nil
+	}
+	if !quiet {
+		fmt.Fprintf(e.stderr, "job %s queued (%d sections)\n", id, sectionsOf(resp.GetJob()))
+	}
+
+	// Ctrl-C cancels the job; the stream then ends with job_cancelled. A second one leaves.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	sigs, stopSigs := e.signals()
+	defer stopSigs()
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-sigs:
+				n++
+				if n > 1 {
+					stopWatch()
+					return
+				}
+				fmt.Fprintf(e.stderr, "\ncancelling job %s (Ctrl-C again to leave without waiting)\n", id)
+				cctx, cancel := context.WithTimeout(ctx, c.timeout)
+				if _, err := client.CancelJob(cctx, &framepackv1.CancelJobRequest{JobId: id, Reason: "interrupted from the command line"}); err != nil {
+					_, msg := describe(err)
+					fmt.Fprintln(e.stderr, "framepack: cancel: "+msg)
+				}
+				cancel()
+			case <-wctx.Done():
+				return
+			}
+		}
+	}()
+
+	d := newDisplay(e, quiet)
+	last, err := follow(wctx, client, id, d, "")
+	if err != nil {
+		if wctx.Err() != nil && ctx.Err() == nil {
+			return fail(exitCancelled, "left job %s without waiting for it", id)
+		}
+		return err
+	}
+	return finish(e, last, out)
+}
+
+// finish reports a job's terminal event and saves its video to out (when out is set).
+func finish(e *env, last *framepackv1.JobEvent, out string) error {
+	switch {
+	case last.GetJobFinished() != nil:
+		res := last.GetJobFinished().GetResult()
+		src := res.GetVideoPath()
+		st, err := os.Stat(src)
+		if out == "" {
+			fmt.Fprintln(e.stdout, src)
+			if err == nil && st.IsDir() {
+				return fail(exitPNGFrames, "the server has no ffmpeg: the video is PNG frames in %s", src)
+			}
+			return nil
+		}
+		if err != nil {
+			return fail(exitError, "the video is at %s on the server and cannot be read here (%v); is the server remote?", src, err)
+		}
+		if st.IsDir() {
+			dst := video.FramesDir(out)
+			if err := copyDir(src, dst); err != nil {
+				return fail(exitError, "save frames: %v", err)
+			}
+			fmt.Fprintln(e.stdout, dst)
+			return fail(exitPNGFrames, "the server has no ffmpeg: saved the %d frames as PNG files in %s, not %s", res.GetFrameCount(), dst, out)
+		}
+		if err := copyFile(src, out); err != nil {
+			return fail(exitError, "save video: %v", err)
+		}
+		fmt.Fprintln(e.stdout, out)
+		return nil
+	case last.GetJobFailed() != nil:
+		return fail(exitFailed, "job %s failed: %s", last.GetJobId(), failureText(last.GetJobFailed().GetFailure()))
+	case last.GetJobCancelled() != nil:
+		msg := "job " + last.GetJobId() + " was cancelled"
+		if r := last.GetJobCancelled().GetReason(); r != "" {
+			msg += ": " + r
+		}
+		return fail(exitCancelled, "%s", msg)
+	}
+	return fail(exitError, "stream ended without a final event")
+}
+
+func failureText(f *framepackv1.JobFailure) string {
+	var b strings.Builder
+	b.WriteString(f.GetMessage())
+	if f.GetStage() != framepackv1.Stage_STAGE_UNSPECIFIED {
+		fmt.Fprintf(&b, " (stage %s, section %d)", stageName(f.GetStage()), f.GetSectionIndex()+1)
+	}
+	for _, a := range f.GetAttempts() {
+		fmt.Fprintf(&b, "\n  attempt %d of %s: %s", a.GetAttempt(), stageName(a.GetStage()), className(a.GetClass()))
+		if a.GetMessage() != "" {
+			b.WriteString(": " + a.GetMessage())
+		}
+		if a.GetChange() != "" {
+			b.WriteString("; then " + a.GetChange())
+		}
+	}
+	return b.String()
+}
+
+func className(c framepackv1.AttemptClass) string {
+	return strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(c.String(), "ATTEMPT_CLASS_"), "_", " "))
+}
+
+// follow streams job id's events into d until the terminal event, which it returns. When the
+// stream breaks because the server went away it reconnects (the server replays the history)
+// for up to reconnectFor. previews, when set, is a directory for preview PNGs.
+func follow(ctx context.Context, client framepackv1.JobServiceClient, id string, d *display, previews string) (*framepackv1.JobEvent, error) {
+	var lostSince time.Time
+	for {
+		ev, err := followOnce(ctx, client, id, d, previews)
+		if err == nil {
+			d.done()
+			return ev, nil
+		}
+		if ctx.Err() != nil {
+			d.done()
+			return nil, ctx.Err()
+		}
+		if status.Code(err) != codes.Unavailable {
+			d.done()
+			return nil, err
+		}
+		if lostSince.IsZero() {
+			lostSince = time.Now()
+			d.note("connection to the server lost; reconnecting")
+		}
+		if time.Since(lostSince) > reconnectFor {
+			d.done()
+			return nil, err
+		}
+		select {
+		case <-time.After(time.Second):
+		case <-ctx.Done():
+			d.done()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+func followOnce(ctx context.Context, client framepackv1.JobServiceClient, id string, d *display, previews string) (*framepackv1.JobEvent, error) {
+	stream, err := client.WatchJob(ctx, &framepackv1.WatchJobRequest{JobId: id, IncludePreviews: previews != ""})
+	if err != nil {
+		return nil, err
+	}
+	for {
+		ev, err := stream.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, status.Error(codes.Unavailable, "stream ended before the job did")
+			}
+			return nil, err
+		}
+		if p := ev.GetPreview(); p != nil && previews != "" {
+			name := filepath.Join(previews, fmt.Sprintf("section-%03d-step-%03d.png", p.GetSectionIndex(), p.GetStep()))
+			if err := os.WriteFile(name, p.GetPng(), 0o644); err != nil {
+				d.note(fmt.Sprintf("write preview: %v", err))
+			}
+		}
+		d.event(ev)
+		if ev.GetJobFinished() != nil || ev.GetJobFailed() != nil || ev.GetJobCancelled() != nil {
+			return ev, nil
+		}
+	}
+}
+
+func cmdWatch(ctx context.Context, e *env, args []string) error {
+	var c common
+	fs := newFlags("watch", e, &c)
+	var previews, out string
+	var quiet bool
+	fs.StringVar(&previews, "previews", "", "directory to save preview PNGs into")
+	fs.StringVar(&out, "out", "", "when the job finishes, save its video here")
+	fs.BoolVar(&quiet, "quiet", false, "no progress output")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fail(exitUsage, "watch: want one job id")
+	}
+	if previews != "" {
+		if err := os.MkdirAll(previews, 0o755); err != nil {
+			return fail(exitError, "previews: %v", err)
+		}
+	}
+	conn, err := dial(&c)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	last, err := follow(ctx, framepackv1.NewJobServiceClient(conn), pos[0], newDisplay(e, quiet), previews)
+	if err != nil {
+		return err
+	}
+	return finish(e, last, out)
+}
+
+func cmdCancel(ctx context.Context, e *env, args []string) error {
+	var c common
+	fs := newFlags("cancel", e, &c)
+	var reason string
+	fs.StringVar(&reason, "reason", "", "why (recorded with the job)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return fail(exitUsage, "cancel: want one job id")
+	}
+	conn, err := dial(&c)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	cctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	client := framepackv1.NewJobServiceClient(conn)
+	before, err := client.GetJob(cctx, &framepackv1.GetJobRequest{JobId: pos[0]})
+	if err != nil {
+		return err
+	}
+	if st := before.GetJob().GetState(); isFinal(st) {
+		fmt.Fprintf(e.stdout, "job %s had already ended: %s\n", pos[0], stateName(st))
+		return nil
+	}
+	resp, err := client.CancelJob(cctx, &framepackv1.CancelJobRequest{JobId: pos[0], Reason: reason})
+	if err != nil {
+		return err
+	}
+	if st := resp.GetJob().GetState(); st == framepackv1.JobState_JOB_STATE_CANCELLED {
+		fmt.Fprintf(e.stdout, "job %s cancelled\n", pos[0])
+	} else {
+		fmt.Fprintf(e.stdout, "job %s had already ended: %s\n", pos[0], stateName(st))
+	}
+	return nil
+}
+
+func isFinal(s framepackv1.JobState) bool {
+	switch s {
+	case framepackv1.JobState_JOB_STATE_SUCCEEDED, framepackv1.JobState_JOB_STATE_FAILED, framepackv1.JobState_JOB_STATE_CANCELLED:
+		return true
+	}
+	return false
+}
+
+func parseStates(s string) ([]framepackv1.JobState, error) {
+	var out []framepackv1.JobState
+	for _, name := range strings.Split(s, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		v, ok := framepackv1.JobState_value["JOB_STATE_"+strings.ToUpper(name)]
+		if !ok || v == 0 {
+			return nil, fail(exitUsage, "jobs: --state %q: want queued, running, succeeded, failed or cancelled", name)
+		}
+		out = append(out, framepackv1.JobState(v))
+	}
+	return out, nil
+}
+
+func cmdJobs(ctx context.Context, e *env, args []string) error {
+	var c common
+	fs := newFlags("jobs", e, &c)
+	var states string
+	var limit int
+	fs.StringVar(&states, "state", "", "only jobs in these states, comma-separated (queued,running,succeeded,failed,cancelled)")
+	fs.IntVar(&limit, "limit", 20, "most jobs to list, newest first (0: all)")
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return fail(exitUsage, "jobs: unexpected arguments %q", pos)
+	}
+	if limit < 0 {
+		return fail(exitUsage, "jobs: --limit must not be negative")
+	}
+	want, err := parseStates(states)
+	if err != nil {
+		return err
+	}
+	conn, err := dial(&c)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	client := framepackv1.NewJobServiceClient(conn)
+	var list []*framepackv1.Job
+	token := ""
+	for {
+		page := uint32(1000)
+		if limit > 0 {
+			page = uint32(min(limit-len(list), 1000))
+		}
+		lctx, cancel := context.WithTimeout(ctx, c.timeout)
+		resp, err := client.ListJobs(lctx, &framepackv1.ListJobsRequest{PageSize: page, PageToken: token, States: want})
+		cancel()
+		if err != nil {
+			return err
+		}
+		list = append(list, resp.GetJobs()...)
+		token = resp.GetNextPageToken()
+		if token == "" || (limit > 0 && len(list) >= limit) {
+			break
+		}
+	}
+	if len(list) == 0 {
+		fmt.Fprintln(e.stderr, "no jobs")
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tPROGRESS\tCREATED\tLENGTH\tLANE\tPROMPT")
+	for _, j := range list {
+		created := "-"
+		if j.GetCreateTime() != nil {
+			created = j.GetCreateTime().AsTime().Local().Format("2006-01-02 15:04:05")
+		}
+		prog := fmt.Sprintf("%3.0f%%", 100*j.GetProgress().GetFraction())
+		if p := j.GetProgress(); j.GetState() == framepackv1.JobState_JOB_STATE_RUNNING && p.GetTotalSections() > 0 {
+			prog += fmt.Sprintf(" s%d/%d", p.GetSectionIndex()+1, p.GetTotalSections())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%gs\t%s\t%s\n", j.GetId(), stateName(j.GetState()), prog, created,
+			j.GetSpec().GetTotalSecondLength(), orDash(j.GetLane()), truncate(j.GetSpec().GetPrompt(), 48))
+	}
+	return tw.Flush()
+}
+
+func cmdDevices(ctx context.Context, e *env, args []string) error {
+	var c common
+	fs := newFlags("devices", e, &c)
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return fail(exitUsage, "devices: unexpected arguments %q", pos)
+	}
+	conn, err := dial(&c)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	dctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	resp, err := framepackv1.NewDeviceServiceClient(conn).ListDevices(dctx, &framepackv1.ListDevicesRequest{})
+	if err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "LANE\tBACKEND\tNAME\tARCH\tMEMORY USED/TOTAL\tSTATE\tJOB")
+	for _, d := range resp.GetDevices() {
+		st := strings.ToLower(strings.TrimPrefix(d.GetLaneState().String(), "LANE_STATE_"))
+		if d.GetLaneStateReason() != "" {
+			st += " (" + d.GetLaneStateReason() + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%s\t%s\t%s\n", d.GetLane(), d.GetBackend(), orDash(d.GetName()), orDash(d.GetArch()),
+			gib(d.GetUsedMemoryBytes()), gib(d.GetTotalMemoryBytes()), st, orDash(d.GetCurrentJobId()))
+	}
+	return tw.Flush()
+}
+
+func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func truncate(s string, n int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
+}
+
+func stateName(s framepackv1.JobState) string {
+	return strings.ToLower(strings.TrimPrefix(s.String(), "JOB_STATE_"))
+}
+
+func sectionsOf(j *framepackv1.Job) int {
+	// The server fills total_sections when the job starts; before, compute as it will.
+	if n := j.GetProgress().GetTotalSections(); n > 0 {
+		return int(n)
+	}
+	return jobs.TotalSections(j.GetSpec())
+}
+
+// copyFile copies src to dst through "dst.partial", renamed when complete.
+func copyFile(src, dst string) error {
+	if same(src, dst) {
+		return nil
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	tmp := dst + ".partial"
+	out, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		os.Remove(tmp)
+		return err
+	}
+	if err := out.Close(); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, dst)
+}
+
+func same(a, b string) bool {
+	sa, err1 := os.Stat(a)
+	sb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
+}
+
+// copyDir copies the regular files of src into dst (created; files replaced).
+func copyDir(src, dst string) error {
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		return err
+	}
+	names := make([]string, 0, len(entries))
+	for _, en := range entries {
+		if en.Type().IsRegular() {
+			names = append(names, en.Name())
+		}
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		if err := copyFile(filepath.Join(src, n), filepath.Join(dst, n)); err != nil {
+			return err
+		}
+	}
+	return nil
+}

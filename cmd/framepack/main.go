@@ -1,0 +1,278 @@
+// Command framepack is the command-line client of framepackd.
+//
+// Usage:
+//
+//	framepack generate --image IN --prompt "…" --out OUT.mp4 [--seconds 5] [--seed 31337]
+//	                   [--steps 25] [--window 9] [--cfg 1] [--gs 10] [--rs 0] [--teacache=true]
+//	                   [--resolution 640] [--crf 16] [--gpu-preserve 6] [--negative-prompt …]
+//	                   [--lane LANE] [--detach] [--quiet]
+//	framepack jobs [--state queued,running,…] [--limit 20]
+//	framepack watch ID [--previews DIR] [--out OUT.mp4]
+//	framepack cancel ID [--reason …]
+//	framepack devices
+//
+// Every command takes --addr (default: the daemon's default socket, see framepackd; or
+// $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port.
+//
+// generate submits the job, shows its progress (a progress bar on a terminal, plain lines
+// otherwise, on stderr) and, when the job has finished, copies the video to --out and prints
+// its path on stdout. Ctrl-C cancels the job (a second Ctrl-C leaves at once). --out reads the
+// video from the server's file system, so it works when the daemon runs on this machine; for a
+// remote daemon use --detach and fetch the path that `framepack watch` prints.
+//
+// Exit status:
+//
+//	0  success
+//	1  other errors (reading the image, writing the output, an unexpected server error)
+//	2  bad command line
+//	3  the server cannot be reached
+//	4  the server refused the request (invalid argument; the bad fields are listed)
+//	5  no such job
+//	6  the job failed
+//	7  the job was cancelled
+//	8  the job finished but the server had no ffmpeg: the frames are PNG files (copied to
+//	   OUT's name with ".frames" instead of ".mp4")
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/framepackd/framepackd/supervisor/api"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// Exit statuses (see the package doc).
+const (
+	exitOK          = 0
+	exitError       = 1
+	exitUsage       = 2
+	exitUnreachable = 3
+	exitRejected    = 4
+	exitNotFound    = 5
+	exitFailed      = 6
+	exitCancelled   = 7
+	exitPNGFrames   = 8
+)
+
+// exitErr carries an exit status and the message printed for it.
+type exitErr struct {
+	code int
+	msg  string
+}
+
+func (e *exitErr) Error() string { return e.msg }
+
+func fail(code int, format string, args ...any) error {
+	return &exitErr{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// env is what a command works with.
+type env struct {
+	stdout, stderr io.Writer
+	stdinTTY       bool
+	stderrTTY      bool
+	width          func() int
+	signals        func() (<-chan os.Signal, func())
+}
+
+func main() {
+	e := &env{
+		stdout:    os.Stdout,
+		stderr:    os.Stderr,
+		stderrTTY: isTerminal(os.Stderr),
+		width:     func() int { return terminalWidth(os.Stderr) },
+		signals: func() (<-chan os.Signal, func()) {
+			ch := make(chan os.Signal, 2)
+			signal.Notify(ch, os.Interrupt, syscall.SIGTERM)
+			return ch, func() { signal.Stop(ch) }
+		},
+	}
+	os.Exit(run(context.Background(), e, os.Args[1:]))
+}
+
+const usage = `usage: framepack COMMAND [flags]
+
+commands:
+  generate   submit a job, show its progress, save the video
+  jobs       list jobs
+  watch      follow a job's progress
+  cancel     cancel a job
+  devices    list the server's devices and lanes
+
+Run 'framepack COMMAND -h' for a command's flags.
+`
+
+// run runs one command and returns the exit status.
+func run(ctx context.Context, e *env, args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(e.stderr, usage)
+		return exitUsage
+	}
+	cmds := map[string]func(context.Context, *env, []string) error{
+		"generate": cmdGenerate,
+		"jobs":     cmdJobs,
+		"watch":    cmdWatch,
+		"cancel":   cmdCancel,
+		"devices":  cmdDevices,
+	}
+	name := args[0]
+	if name == "-h" || name == "--help" || name == "help" {
+		fmt.Fprint(e.stdout, usage)
+		return exitOK
+	}
+	cmd, ok := cmds[name]
+	if !ok {
+		fmt.Fprintf(e.stderr, "framepack: unknown command %q\n\n%s", name, usage)
+		return exitUsage
+	}
+	err := cmd(ctx, e, args[1:])
+	if err == nil {
+		return exitOK
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
+	var ee *exitErr
+	if errors.As(err, &ee) {
+		if ee.msg != "" {
+			fmt.Fprintln(e.stderr, "framepack: "+ee.msg)
+		}
+		return ee.code
+	}
+	code, msg := describe(err)
+	fmt.Fprintln(e.stderr, "framepack: "+msg)
+	return code
+}
+
+// describe turns a gRPC error into an exit status and a readable message: the status code in
+// words, the server's message, and each field violation on its own line.
+func describe(err error) (int, string) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return exitError, err.Error()
+	}
+	var b strings.Builder
+	code := exitError
+	switch st.Code() {
+	case codes.Unavailable:
+		code = exitUnreachable
+		fmt.Fprintf(&b, "cannot reach the server: %s", st.Message())
+	case codes.DeadlineExceeded:
+		code = exitUnreachable
+		fmt.Fprintf(&b, "the server did not answer in time: %s", st.Message())
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange, codes.ResourceExhausted:
+		code = exitRejected
+		var fields []*errdetails.BadRequest_FieldViolation
+		for _, d := range st.Details() {
+			if br, ok := d.(*errdetails.BadRequest); ok {
+				fields = append(fields, br.GetFieldViolations()...)
+			}
+		}
+		if len(fields) == 0 {
+			fmt.Fprintf(&b, "the server refused the request: %s", st.Message())
+			break
+		}
+		b.WriteString("the server refused the request:")
+		for _, f := range fields {
+			fmt.Fprintf(&b, "\n  %s: %s", flagOf(f.GetField()), f.GetDescription())
+		}
+	case codes.NotFound:
+		code = exitNotFound
+		b.WriteString(st.Message())
+	default:
+		fmt.Fprintf(&b, "%s: %s", strings.ToLower(strings.ReplaceAll(st.Code().String(), "_", " ")), st.Message())
+	}
+	return code, b.String()
+}
+
+// flagOf names a request field by the flag that sets it, when there is one: "spec.steps"
+// reads "--steps (spec.steps)".
+func flagOf(field string) string {
+	flags := map[string]string{
+		"image":                           "--image",
+		"spec.prompt":                     "--prompt",
+		"spec.negative_prompt":            "--negative-prompt",
+		"spec.total_second_length":        "--seconds",
+		"spec.latent_window_size":         "--window",
+		"spec.steps":                      "--steps",
+		"spec.cfg":                        "--cfg",
+		"spec.gs":                         "--gs",
+		"spec.rs":                         "--rs",
+		"spec.resolution":                 "--resolution",
+		"spec.mp4_crf":                    "--crf",
+		"spec.gpu_memory_preservation_gb": "--gpu-preserve",
+		"spec.lane":                       "--lane",
+		"spec.image_filename":             "--image",
+		"reason":                          "--reason",
+	}
+	if f, ok := flags[field]; ok {
+		return f + " (" + field + ")"
+	}
+	return field
+}
+
+// common are the flags of every command.
+type common struct {
+	addr    string
+	timeout time.Duration
+}
+
+func defaultAddr() string {
+	if a := os.Getenv("FRAMEPACK_ADDR"); a != "" {
+		return a
+	}
+	return api.DefaultSocketPath()
+}
+
+func newFlags(name string, e *env, c *common) *flag.FlagSet {
+	fs := flag.NewFlagSet("framepack "+name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.StringVar(&c.addr, "addr", defaultAddr(), "server address: socket path, unix:///path or tcp://host:port ($FRAMEPACK_ADDR)")
+	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "deadline of each request (not of watching)")
+	return fs
+}
+
+// parse parses args, allowing flags after positional arguments ("watch ID --addr X").
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, &exitErr{code: exitUsage}
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// dial connects to the server (lazily: errors appear on the first call).
+func dial(c *common) (*grpc.ClientConn, error) {
+	a, err := api.ParseAddr(c.addr)
+	if err != nil {
+		return nil, fail(exitUsage, "--addr: %v", err)
+	}
+	conn, err := grpc.NewClient(a.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fail(exitUnreachable, "connect to %s: %v", a, err)
+	}
+	return conn, nil
+}

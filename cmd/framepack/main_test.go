@@ -1,0 +1,332 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"image"
+	"image/color"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/framepackd/framepackd/internal/testbin"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/video"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}
+
+// fakeRunner stands in for the pipeline below the process boundary. The prompt says what to
+// do: "fail …" fails, "block …" runs until cancelled, "nofffmpeg …" writes its video with no
+// ffmpeg (PNG frames); anything else makes one real MP4 per section.
+func fakeRunner(blocked chan<- string) func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error) {
+	return func(ctx context.Context, job *jobs.Job, emit func(*framepackv1.JobEvent)) (jobs.Result, error) {
+		prompt := job.Spec.GetPrompt()
+		emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageStarted{StageStarted: &framepackv1.StageStarted{Stage: framepackv1.Stage_STAGE_TEXT_ENCODE, Attempt: 1}}})
+		switch {
+		case strings.HasPrefix(prompt, "fail"):
+			return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{Message: "vae decode gave up", Stage: framepackv1.Stage_STAGE_VAE_DECODE,
+				Attempts: []*framepackv1.Attempt{{Stage: framepackv1.Stage_STAGE_VAE_DECODE, Attempt: 1, Class: framepackv1.AttemptClass_ATTEMPT_CLASS_OOM, Message: "out of memory", Change: "vae tile 256 -> 128 px"}}}}
+		case strings.HasPrefix(prompt, "block"):
+			blocked <- job.ID
+			<-ctx.Done()
+			return jobs.Result{}, context.Cause(ctx)
+		}
+		w := video.Writer{}
+		if strings.HasPrefix(prompt, "noffmpeg") {
+			w.FFmpeg = "/nonexistent/ffmpeg"
+		}
+		var out video.Output
+		for s := 0; s < job.TotalSections; s++ {
+			emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageStarted{StageStarted: &framepackv1.StageStarted{Stage: framepackv1.Stage_STAGE_TRANSFORMER, SectionIndex: uint32(s), Attempt: 1}}})
+			for i := uint32(1); i <= job.Spec.GetSteps(); i++ {
+				emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_SamplingStep{SamplingStep: &framepackv1.SamplingStep{SectionIndex: uint32(s), Step: i, TotalSteps: job.Spec.GetSteps(), Eta: durationpb.New(time.Second)}}})
+				emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_Preview{Preview: &framepackv1.Preview{SectionIndex: uint32(s), Step: i, Png: []byte("\x89PNG fake")}}})
+			}
+			frames := 3 * (s + 1)
+			clip := video.Clip{Frames: frames, Height: 16, Width: 32, RGB: bytes.Repeat([]byte{200, 100, byte(50 * s)}, frames*16*32)}
+			var err error
+			out, err = w.Write(ctx, filepath.Join(job.Dir.Videos(), fmt.Sprintf("%s_%d.mp4", job.ID, frames)), clip, int(job.Spec.GetMp4Crf()))
+			if err != nil {
+				return jobs.Result{}, err
+			}
+			emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_SectionVideo{SectionVideo: &framepackv1.SectionVideo{SectionIndex: uint32(s), Path: out.Path, FrameCount: uint32(frames)}}})
+		}
+		return jobs.Result{VideoPath: out.Path, FrameCount: out.Frames, PNGFrames: out.Format == video.FormatPNG}, nil
+	}
+}
+
+type fixture struct {
+	bin     string
+	addr    string
+	dir     string
+	image   string
+	blocked chan string
+	d       *api.Daemon
+}
+
+func setup(t *testing.T) *fixture {
+	t.Helper()
+	bin := testbin.Build(t, "./cmd/framepack")
+	dir, err := os.MkdirTemp("", "fpkcli")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	f := &fixture{bin: bin, dir: dir, addr: filepath.Join(dir, "d.sock"), blocked: make(chan string, 4)}
+	f.d, err = api.StartDaemon(api.DaemonConfig{
+		StateDir: filepath.Join(dir, "state"),
+		Listen:   []api.Addr{{Network: "unix", Address: f.addr}},
+		Lanes:    []string{"cpu"},
+		Run:      fakeRunner(f.blocked),
+		Grace:    time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.d.Kill)
+	img := image.NewNRGBA(image.Rect(0, 0, 48, 32))
+	for i := range img.Pix {
+		img.Pix[i] = byte(i)
+	}
+	img.Set(0, 0, color.NRGBA{1, 2, 3, 255})
+	var b bytes.Buffer
+	if err := png.Encode(&b, img); err != nil {
+		t.Fatal(err)
+	}
+	f.image = filepath.Join(dir, "start.png")
+	if err := os.WriteFile(f.image, b.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// cli runs the built binary with args (and --addr) and returns its exit status and output.
+func (f *fixture) cli(t *testing.T, args ...string) result {
+	t.Helper()
+	cmd := f.command(t, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !errors.As(err, &ee) {
+		t.Fatalf("run %v: %v", args, err)
+	}
+	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+}
+
+func (f *fixture) command(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, f.bin, args...)
+	cmd.Env = append(os.Environ(), "FRAMEPACK_ADDR="+f.addr)
+	return cmd
+}
+
+func ffprobeFrames(t *testing.T, path string) string {
+	t.Helper()
+	out, err := exec.Command("ffprobe", "-v", "error", "-count_frames", "-select_streams", "v:0",
+		"-show_entries", "stream=nb_read_frames,width,height,r_frame_rate,pix_fmt", "-of", "csv=p=0", path).Output()
+	if err != nil {
+		t.Fatalf("ffprobe %s: %v", path, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func TestCLI(t *testing.T) {
+	if _, err := exec.LookPath("ffprobe"); err != nil {
+		t.Skip("ffprobe not installed (make setup)")
+	}
+	f := setup(t)
+
+	t.Run("generate", func(t *testing.T) {
+		out := filepath.Join(f.dir, "out.mp4")
+		r := f.cli(t, "generate", "--image", f.image, "--prompt", "a cat walks", "--seconds", "2.4", "--steps", "4", "--crf", "20", "--out", out)
+		if r.code != exitOK || strings.TrimSpace(r.stdout) != out {
+			t.Fatalf("exit %d, stdout %q, stderr:\n%s", r.code, r.stdout, r.stderr)
+		}
+		// Not a terminal: plain lines, one per stage and section, steps at the end of a section.
+		for _, want := range []string{"queued (2 sections)", "section 1/2: transformer started", "section 2/2: step 4/4, 100% done",
+			"section 1/2: video so far:", "(3 frames)", "finished:"} {
+			if !strings.Contains(r.stderr, want) {
+				t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+			}
+		}
+		if strings.Contains(r.stderr, "\r") {
+			t.Error("carriage returns in plain output")
+		}
+		if got := ffprobeFrames(t, out); got != "32,16,yuv420p,30/1,6" {
+			t.Fatalf("ffprobe of %s: %s", out, got)
+		}
+	})
+
+	t.Run("generate refused", func(t *testing.T) {
+		r := f.cli(t, "generate", "--image", f.image, "--prompt", " ", "--steps", "101", "--gs", "40", "--out", filepath.Join(f.dir, "x.mp4"))
+		if r.code != exitRejected {
+			t.Fatalf("exit %d, stderr %s", r.code, r.stderr)
+		}
+		for _, want := range []string{"the server refused the request:", "--prompt (spec.prompt): required", "--steps (spec.steps): must be 1 to 100", "--gs (spec.gs): must be 1 to 32"} {
+			if !strings.Contains(r.stderr, want) {
+				t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+			}
+		}
+		bad := filepath.Join(f.dir, "notimage.png")
+		os.WriteFile(bad, []byte("hello"), 0o644)
+		if r := f.cli(t, "generate", "--image", bad, "--prompt", "p", "--out", filepath.Join(f.dir, "x.mp4")); r.code != exitRejected || !strings.Contains(r.stderr, "not a PNG, JPEG or WebP") {
+			t.Fatalf("not an image: exit %d, %s", r.code, r.stderr)
+		}
+	})
+
+	t.Run("failed job", func(t *testing.T) {
+		r := f.cli(t, "generate", "--image", f.image, "--prompt", "fail please", "--out", filepath.Join(f.dir, "x.mp4"))
+		if r.code != exitFailed || !strings.Contains(r.stderr, "vae decode gave up (stage vae decode, section 1)") ||
+			!strings.Contains(r.stderr, "attempt 1 of vae decode: oom: out of memory; then vae tile 256 -> 128 px") {
+			t.Fatalf("exit %d, stderr:\n%s", r.code, r.stderr)
+		}
+	})
+
+	t.Run("no ffmpeg on the server", func(t *testing.T) {
+		out := filepath.Join(f.dir, "frames.mp4")
+		r := f.cli(t, "generate", "--image", f.image, "--prompt", "noffmpeg", "--seconds", "1", "--steps", "1", "--out", out)
+		frames := filepath.Join(f.dir, "frames.frames")
+		if r.code != exitPNGFrames || strings.TrimSpace(r.stdout) != frames || !strings.Contains(r.stderr, "no ffmpeg") {
+			t.Fatalf("exit %d, stdout %q, stderr:\n%s", r.code, r.stdout, r.stderr)
+		}
+		entries, err := os.ReadDir(frames)
+		if err != nil || len(entries) != 3 || entries[0].Name() != "000000.png" {
+			t.Fatalf("frames %v %v", entries, err)
+		}
+	})
+
+	t.Run("cancel watch jobs", func(t *testing.T) {
+		r := f.cli(t, "generate", "--image", f.image, "--prompt", "block here", "--detach")
+		id := strings.TrimSpace(r.stdout)
+		if r.code != exitOK || !jobs.ValidID(id) {
+			t.Fatalf("detach: exit %d, %q %s", r.code, r.stdout, r.stderr)
+		}
+		<-f.blocked
+		watch := f.command(t, "watch", id, "--previews", filepath.Join(f.dir, "previews"))
+		var wout, werr bytes.Buffer
+		watch.Stdout, watch.Stderr = &wout, &werr
+		if err := watch.Start(); err != nil {
+			t.Fatal(err)
+		}
+		r = f.cli(t, "jobs", "--state", "running")
+		if r.code != exitOK || !strings.Contains(r.stdout, id) || !strings.Contains(r.stdout, "running") {
+			t.Fatalf("jobs: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		r = f.cli(t, "cancel", id, "--reason", "enough")
+		if r.code != exitOK || !strings.Contains(r.stdout, "cancelled") {
+			t.Fatalf("cancel: exit %d %s %s", r.code, r.stdout, r.stderr)
+		}
+		err := watch.Wait()
+		if code := watch.ProcessState.ExitCode(); code != exitCancelled || !strings.Contains(werr.String(), "cancelled: enough") {
+			t.Fatalf("watch: exit %d (%v), stderr:\n%s", code, err, werr.String())
+		}
+		r = f.cli(t, "cancel", id)
+		if r.code != exitOK || !strings.Contains(r.stdout, "already ended: cancelled") {
+			t.Fatalf("cancel again: %d %s", r.code, r.stdout)
+		}
+		r = f.cli(t, "jobs", "--limit", "0")
+		if r.code != exitOK || strings.Count(r.stdout, "\n") != 5 || !strings.HasPrefix(r.stdout, "ID") {
+			t.Fatalf("all jobs: exit %d\n%s", r.code, r.stdout)
+		}
+		for _, want := range []string{"succeeded", "failed", "cancelled", "block here", "a cat walks"} {
+			if !strings.Contains(r.stdout, want) {
+				t.Errorf("jobs output lacks %q:\n%s", want, r.stdout)
+			}
+		}
+	})
+
+	t.Run("watch a finished job", func(t *testing.T) {
+		r := f.cli(t, "generate", "--image", f.image, "--prompt", "x", "--seconds", "1", "--steps", "2", "--detach")
+		id := strings.TrimSpace(r.stdout)
+		out := filepath.Join(f.dir, "watched.mp4")
+		prev := filepath.Join(f.dir, "prev")
+		r = f.cli(t, "watch", id, "--out", out, "--previews", prev)
+		if r.code != exitOK || strings.TrimSpace(r.stdout) != out {
+			t.Fatalf("watch: exit %d %q\n%s", r.code, r.stdout, r.stderr)
+		}
+		if got := ffprobeFrames(t, out); !strings.HasSuffix(got, ",3") {
+			t.Fatalf("ffprobe %s", got)
+		}
+		if r := f.cli(t, "watch", "zzzzzzzzzz"); r.code != exitNotFound {
+			t.Fatalf("watch unknown: %d %s", r.code, r.stderr)
+		}
+	})
+
+	t.Run("ctrl-c cancels", func(t *testing.T) {
+		cmd := f.command(t, "generate", "--image", f.image, "--prompt", "block again", "--out", filepath.Join(f.dir, "never.mp4"))
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		id := <-f.blocked
+		if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Wait()
+		if code := cmd.ProcessState.ExitCode(); code != exitCancelled || !strings.Contains(stderr.String(), "interrupted from the command line") {
+			t.Fatalf("exit %d, stderr:\n%s", code, stderr.String())
+		}
+		job, err := f.d.Store().Get(id)
+		if err != nil || job.GetState() != framepackv1.JobState_JOB_STATE_CANCELLED {
+			t.Fatalf("job after ctrl-c: %v %v", job, err)
+		}
+	})
+
+	t.Run("devices", func(t *testing.T) {
+		r := f.cli(t, "devices")
+		if r.code != exitOK || !strings.Contains(r.stdout, "LANE") || !strings.Contains(r.stdout, "cpu ") {
+			t.Fatalf("devices: %d\n%s%s", r.code, r.stdout, r.stderr)
+		}
+	})
+
+	t.Run("usage and reachability", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			code int
+			want string
+		}{
+			{nil, exitUsage, "usage: framepack COMMAND"},
+			{[]string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
+			{[]string{"generate", "--image", "x.png"}, exitUsage, "required"},
+			{[]string{"generate", "--steps", "many"}, exitUsage, "invalid value"},
+			{[]string{"watch"}, exitUsage, "want one job id"},
+			{[]string{"jobs", "--state", "sleeping"}, exitUsage, "--state"},
+			{[]string{"devices", "--addr", "http://x"}, exitUsage, "--addr"},
+			{[]string{"devices", "--addr", filepath.Join(f.dir, "nobody.sock")}, exitUnreachable, "cannot reach the server"},
+			{[]string{"cancel", "zzzzzzzzzz"}, exitNotFound, "no job"},
+			{[]string{"generate", "--image", filepath.Join(f.dir, "missing.png"), "--prompt", "p", "--out", "o.mp4"}, exitError, "read image"},
+		} {
+			r := f.cli(t, tc.args...)
+			if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("%v: exit %d, stderr %q; want %d and %q", tc.args, r.code, r.stderr, tc.code, tc.want)
+			}
+		}
+		if r := f.cli(t, "help"); r.code != exitOK || !strings.Contains(r.stdout, "commands:") {
+			t.Errorf("help: %d %s", r.code, r.stdout)
+		}
+	})
+}
