@@ -12,7 +12,9 @@ import (
 )
 
 func jobEvents(t0 time.Time) []*framepackv1.JobEvent {
-	at := func(i int) *timestamppb.Timestamp { return timestamppb.New(t0.Add(time.Duration(i) * time.Millisecond)) }
+	at := func(i int) *timestamppb.Timestamp {
+		return timestamppb.New(t0.Add(time.Duration(i) * time.Millisecond))
+	}
 	evs := []*framepackv1.JobEvent{
 		{JobId: "j", Time: at(0), Event: &framepackv1.JobEvent_Snapshot{Snapshot: &framepackv1.Job{Id: "j", State: framepackv1.JobState_JOB_STATE_RUNNING,
 			Spec: &framepackv1.JobSpec{TotalSecondLength: 2.4, LatentWindowSize: 9, Steps: 4}}}},
