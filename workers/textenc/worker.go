@@ -11,11 +11,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/framepackd/framepackd/internal/faults"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
@@ -29,9 +29,11 @@ type worker struct {
 	k   *workerkit.Kit
 	log *logrus.Entry
 
-	// runMu serialises Load and Run; fault is written under it (in Load) before any op runs.
+	// runMu serialises Load and Run.
 	runMu sync.Mutex
-	fault *workerkit.Fault
+	// inj keeps the beacon and fires the test faults of LoadRequest.Fault (package faults);
+	// Load replaces it before any op runs.
+	inj atomic.Pointer[faults.Injector]
 
 	// mu protects rt, enc and loadTime (set once by Load); Stats takes it only briefly, so it
 	// answers while a stage runs.
@@ -54,7 +56,10 @@ func newWorker(k *workerkit.Kit) *worker {
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
 	}
-	return &worker{k: k, log: log.WithField("worker", "textenc"), ops: map[string]uint64{}}
+	w := &worker{k: k, log: log.WithField("worker", "textenc"), ops: map[string]uint64{}}
+	inj, _ := faults.New(nil, faults.Caps{}, k.Beacon, w.log) // no fault: never fails
+	w.inj.Store(inj)
+	return w
 }
 
 // invalid returns err as an InvalidArgument worker error.
@@ -90,28 +95,11 @@ func (w *worker) observe(e runtime.OpEvent) {
 		w.k.Beacon.EndOp()
 		return
 	}
-	seq := w.k.Beacon.BeginOp(e.Op) // the beacon's op number, which Fault counts in
-	if seq == 0 {
-		seq = e.Seq // no beacon: the runtime's own count (also from 1)
-	}
 	w.opsMu.Lock()
 	w.ops[e.Op]++
 	w.opsMu.Unlock()
-	if f := w.fault; f != nil {
-		if f.ExitAtOp != 0 && seq == f.ExitAtOp {
-			sig := syscall.Signal(f.ExitSignal)
-			if sig == 0 {
-				sig = syscall.SIGKILL
-			}
-			w.log.WithFields(logrus.Fields{"op": e.Op, "seq": seq, "signal": sig}).Warn("fault: exiting at op")
-			syscall.Kill(os.Getpid(), sig)
-			select {} // the signal ends the process
-		}
-		if f.HangAtOp != 0 && seq == f.HangAtOp {
-			w.log.WithFields(logrus.Fields{"op": e.Op, "seq": seq}).Warn("fault: hanging at op")
-			select {}
-		}
-	}
+	// The beacon's op number, which Fault counts in; faults fire here (package faults).
+	w.inj.Load().BeginOp(e.Op, "", "", e.Seq)
 }
 
 // Load opens the cpu runtime and loads both text encoders from the snapshot folder
@@ -136,12 +124,11 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	default:
 		return nil, invalid(fmt.Errorf("load: dtype %q: the cpu backend computes in fp32", req.DType))
 	}
-	if f := req.Fault; f != nil {
-		if f.OOMAtOp != 0 || f.HangConvTier != workerkit.ConvTierUnspecified || f.HoldVRAMBytes != 0 {
-			return nil, invalid(errors.New("load: fault: textenc injects exit_at_op and hang_at_op only"))
-		}
-		w.fault = f
+	inj, err := faults.New(req.Fault, faults.Caps{}, w.k.Beacon, w.log)
+	if err != nil {
+		return nil, invalid(fmt.Errorf("load: %w", err))
 	}
+	w.inj.Store(inj)
 	for k, v := range req.Env {
 		if err := os.Setenv(k, v); err != nil {
 			return nil, invalid(fmt.Errorf("load: env %s: %w", k, err))
@@ -263,6 +250,9 @@ func (w *worker) textEncode(ctx context.Context, enc *Encoder, req *workerkit.Te
 	progress := func(phase string, step, total uint32) error {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if err := w.inj.Load().Err(); err != nil {
+			return err // injected out of memory (a test fault)
 		}
 		if emit == nil {
 			return nil
