@@ -53,40 +53,47 @@ func TestMemoryCapOOM(t *testing.T) {
 	}
 }
 
-// TestScratchOOM: the tensors fit but an op's scratch (conv im2col, attention scores) does not;
-// the typed error comes out of the op (through the conv chain) and nothing leaks.
+// TestScratchOOM: the tensors fit but an op's scratch (conv im2col, attention scores) does not at
+// its preferred size: the op narrows its bands or chunks and succeeds; when even the narrowest
+// does not fit, the typed error comes out of the op (through the conv chain) and nothing leaks.
 func TestScratchOOM(t *testing.T) {
 	const cap = 64 << 10
 	rt := newTestRuntime(t, Options{MemoryCap: cap})
 	r := rng(t)
-	x, _ := randTensor(t, rt, r, 1, 8, 3, 16, 16) // 24 KiB
-	w, _ := randTensor(t, rt, r, 2, 8, 3, 3, 3)
-	_, err := rt.Conv3d(x, w, nil, Conv3dParams{Padding: [3]int{1, 1, 1}}) // out 6 KiB, col 216·256·4 = 216 KiB
+	xs, ws := []int{1, 8, 3, 16, 16}, []int{2, 8, 3, 3, 3} // x 24 KiB; one band of 16 rows 216 KiB
+	x, xv := randTensor(t, rt, r, xs...)
+	w, wv := randTensor(t, rt, r, ws...)
+	p := Conv3dParams{Padding: [3]int{1, 1, 1}}
+	want, shape := refConv3d(xv, xs, wv, ws, nil, p)
+	y, err := rt.Conv3d(x, w, nil, p)
+	check(t, "conv in narrow bands", y, err, shape, want)
+
+	big, _ := randTensor(t, rt, r, 1, 8, 3, 4, 40) // one output row of im2col: 216·40·4 = 34 KiB
+	_, err = rt.Conv3d(big, w, nil, p)
 	var oom *OOMError
 	if !errors.As(err, &oom) {
-		t.Fatalf("conv with scratch over the cap: got %v, want *OOMError", err)
+		t.Fatalf("conv whose one-row band is over the cap: got %v, want *OOMError", err)
 	}
-	if oom.Requested != 216*256*4 {
-		t.Fatalf("requested %d, want the im2col scratch %d", oom.Requested, 216*256*4)
+	if oom.Requested != 216*40*4 {
+		t.Fatalf("requested %d, want the one-row im2col band %d", oom.Requested, 216*40*4)
 	}
 	st := rt.ConvStats()
 	if st.Tiers[TierCPU].Failures != 1 || st.Failed != 1 {
 		t.Fatalf("stats after OOM: %+v", st)
 	}
-	if len(rt.chain.local) != 0 {
-		t.Fatalf("an OOM was recorded as a shape decision: %v", rt.chain.local)
+	if len(rt.chain.local) != 1 { // the earlier success only: an OOM is not a shape decision
+		t.Fatalf("decisions %v", rt.chain.local)
 	}
+	big.Free()
 
-	q, _ := randTensor(t, rt, r, 1, 1, 40, 4)
-	k, _ := randTensor(t, rt, r, 1, 1, 300, 4)
-	if _, err := rt.Attention(q, k, k, nil, AttentionParams{}); !errors.Is(err, ErrOutOfMemory) {
-		t.Fatalf("attention with scores over the cap: got %v, want out of memory", err)
+	q, qv := randTensor(t, rt, r, 1, 1, 40, 4)
+	k, kv := randTensor(t, rt, r, 1, 1, 300, 4) // all 40 query rows of scores: 47 KiB
+	wantA := refAttention(qv, kv, kv, 1, 1, 1, 40, 300, 4, 4, nil, nil, float64(float32(0.5)))
+	y, err = rt.Attention(q, k, k, nil, AttentionParams{})
+	check(t, "attention in smaller chunks", y, err, []int{1, 1, 40, 4}, wantA)
+	if _, err := rt.Attention(q, k, k, nil, AttentionParams{QueryChunk: 40}); !errors.Is(err, ErrOutOfMemory) {
+		t.Fatalf("attention with an explicit chunk over the cap: got %v, want out of memory", err)
 	}
-	y, err := rt.Attention(q, k, k, nil, AttentionParams{QueryChunk: 4}) // 4·300·4 bytes fit
-	if err != nil {
-		t.Fatalf("attention in small chunks: %v", err)
-	}
-	y.Free()
 }
 
 func TestTensorLifecycle(t *testing.T) {

@@ -59,7 +59,14 @@ fpk_status fpk_cpu_attention(void *ctx, void *stream, const fpk_attention_params
     size_t sbytes = (size_t)chunk * (size_t)Lk * sizeof(float);
     float *s = NULL;
     st = fpk_cpu_scratch(q, sbytes, (void **)&s);
+    /* with the default chunk, shrink it under memory pressure instead of failing */
+    while (st == FPK_ERR_OUT_OF_MEMORY && p->query_chunk == 0 && chunk > 1) {
+        chunk /= 2;
+        sbytes = (size_t)chunk * (size_t)Lk * sizeof(float);
+        st = fpk_cpu_scratch(q, sbytes, (void **)&s);
+    }
     if (st != FPK_OK) return st;
+    fpk_clear_error();
     /* mask strides over [B, H, Lq, Lk] */
     int64_t mst[4] = {0, 0, 0, 0};
     if (mask) {

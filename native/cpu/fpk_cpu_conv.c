@@ -98,7 +98,13 @@ fpk_status fpk_cpu_conv3d(void *ctx, void *stream, fpk_conv_tier tier, const fpk
         size_t colbytes = (size_t)K * (size_t)rows * (size_t)Wo * sizeof(float);
         float *col = NULL;
         st = fpk_cpu_scratch(x, colbytes, (void **)&col);
+        while (st == FPK_ERR_OUT_OF_MEMORY && rows > 1) { /* narrower bands under memory pressure */
+            rows = (rows + 1) / 2;
+            colbytes = (size_t)K * (size_t)rows * (size_t)Wo * sizeof(float);
+            st = fpk_cpu_scratch(x, colbytes, (void **)&col);
+        }
         if (st != FPK_OK) return st;
+        fpk_clear_error();
         im2col_job j = {.col = col, .Cg = Cg, .T = T, .H = H, .W = W, .kT = kT, .kH = kH, .kW = kW,
                         .sT = sT, .sH = sH, .sW = sW, .pT = p->padding[0], .pH = p->padding[1],
                         .pW = p->padding[2], .Wo = Wo};
