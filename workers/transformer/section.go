@@ -202,6 +202,9 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 	req2 := sp.req
 	req2.Noise = noise
 	req2.OnStep = func(s sampler.StepInfo) error {
+		if err := w.inj.Load().Err(); err != nil {
+			return err // injected out of memory (a test fault)
+		}
 		w.k.Beacon.SetStep(s.Step+1, s.Steps)
 		w.k.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
 		fields := map[string]string{"step": fmt.Sprint(s.Step + 1), "sigma": fmt.Sprint(s.Sigma)}
@@ -231,6 +234,9 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 		return send(&workerkit.Progress{Phase: "sample", Step: uint32(s.Step + 1), TotalSteps: uint32(steps), Elapsed: time.Since(start)})
 	}
 	out, err := sampler.Sample(ctx, sm, req2)
+	if err == nil {
+		err = w.inj.Load().Err() // injected out of memory in the last step (a test fault)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -10,11 +10,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/framepackd/framepackd/internal/faults"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/workers/transformer/dit"
@@ -33,12 +33,14 @@ type worker struct {
 	k   *workerkit.Kit
 	log *logrus.Entry
 
-	// mu protects rt, model, dtype and fault; Run holds it for the whole stage.
+	// mu protects rt, model and dtype; Run holds it for the whole stage.
 	mu    sync.Mutex
 	rt    *runtime.Runtime
 	model *dit.Model
 	dtype sampler.DType
-	fault *workerkit.Fault
+	// inj keeps the beacon and fires the test faults of LoadRequest.Fault (package faults);
+	// Load replaces it before any op runs.
+	inj atomic.Pointer[faults.Injector]
 
 	computeNanos atomic.Int64
 	loadNanos    atomic.Int64
@@ -57,7 +59,10 @@ func newWorker(k *workerkit.Kit) *worker {
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
 	}
-	return &worker{k: k, log: log.WithField("worker", "transformer"), ops: map[string]uint64{}}
+	w := &worker{k: k, log: log.WithField("worker", "transformer"), ops: map[string]uint64{}}
+	inj, _ := faults.New(nil, faults.Caps{}, k.Beacon, w.log) // no fault: never fails
+	w.inj.Store(inj)
+	return w
 }
 
 // classify maps an error to the worker error the supervisor acts on.
@@ -89,28 +94,11 @@ func (w *worker) observe(e runtime.OpEvent) {
 		w.k.Beacon.EndOp()
 		return
 	}
-	seq := w.k.Beacon.BeginOp(e.Op)
-	if seq == 0 {
-		seq = e.Seq
-	}
 	w.opsMu.Lock()
 	w.ops[e.Op]++
 	w.opsMu.Unlock()
-	if f := w.fault; f != nil {
-		if f.ExitAtOp != 0 && seq == f.ExitAtOp {
-			sig := syscall.Signal(f.ExitSignal)
-			if sig == 0 {
-				sig = syscall.SIGKILL
-			}
-			w.log.WithFields(logrus.Fields{"op": e.Op, "seq": seq, "signal": sig}).Warn("fault: exiting at op")
-			syscall.Kill(os.Getpid(), sig)
-			select {} // the signal ends the process
-		}
-		if f.HangAtOp != 0 && seq == f.HangAtOp {
-			w.log.WithFields(logrus.Fields{"op": e.Op, "seq": seq}).Warn("fault: hanging at op")
-			select {}
-		}
-	}
+	// The beacon's op number, which Fault counts in; faults fire here (package faults).
+	w.inj.Load().BeginOp(e.Op, "", "", e.Seq)
 }
 
 // Load opens the cpu runtime and loads the transformer from req.ModelDir.
@@ -136,12 +124,11 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	default:
 		return nil, classify(invalidf("load: dtype %q: the cpu backend computes in fp32", req.DType))
 	}
-	if f := req.Fault; f != nil {
-		if f.OOMAtOp != 0 || f.HangConvTier != workerkit.ConvTierUnspecified || f.HoldVRAMBytes != 0 {
-			return nil, classify(invalidf("load: fault: the transformer worker injects exit_at_op and hang_at_op only"))
-		}
-		w.fault = f
+	inj, err := faults.New(req.Fault, faults.Caps{}, w.k.Beacon, w.log)
+	if err != nil {
+		return nil, classify(invalidf("load: %v", err))
 	}
+	w.inj.Store(inj)
 	for k, v := range req.Env {
 		if err := os.Setenv(k, v); err != nil {
 			return nil, classify(invalidf("load: env %s: %v", k, err))
