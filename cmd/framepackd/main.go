@@ -1,0 +1,268 @@
+// Command framepackd is the FramePack supervisor daemon: it serves the framepack.v1 gRPC API
+// on a unix socket (and optionally TCP), keeps the job queue and store in its state directory,
+// and runs jobs one at a time per device lane through the model workers.
+//
+// Usage:
+//
+//	framepackd [--models DIR] [--state DIR] [--socket PATH] [--listen tcp://HOST:PORT]
+//	           [--backend auto|cpu|cuda|hip] [--workers-dir DIR] [--lanes LANE,…]
+//	           [--grace 30s] [--log-level info] [--log-format text|json] [--shm-root DIR]
+//
+// Defaults: the socket is $XDG_RUNTIME_DIR/framepackd.sock, else /run/user/<uid>/framepackd.sock
+// when that directory is this user's, else ~/.local/state/framepackd/framepackd.sock; the
+// state directory is $XDG_STATE_HOME/framepackd or ~/.local/state/framepackd; the worker
+// binaries are looked up next to this executable.
+//
+// At start the daemon removes the shared-memory directories of dead supervisors
+// (/dev/shm/framepackd-<uid>/…), probes the devices in a throwaway probe worker to name its
+// lanes (cpu, cuda:N, hip:N), and takes up the jobs it had queued or running (running ones
+// resume after their last finished section).
+//
+// SIGINT or SIGTERM stops it gracefully: no new job starts, a running job gets the grace
+// period (--grace) to reach a stage boundary and is then cancelled — it stays queued and
+// resumes at the next start — watch streams end, and the daemon exits 0. A second signal kills
+// it at once (jobs still resume at the next start).
+//
+// Exit status: 0 after a clean stop, 1 when it cannot start or fails while running, 2 for a
+// bad command line.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/framepackd/framepackd/internal/shm"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/video"
+	"github.com/sirupsen/logrus"
+)
+
+// options are the command-line flags.
+type options struct {
+	models     string
+	state      string
+	socket     string
+	listen     string
+	backend    string
+	workersDir string
+	lanes      string
+	grace      time.Duration
+	logLevel   string
+	logFormat  string
+	shmRoot    string
+}
+
+// errUsage marks a bad command line (exit status 2).
+var errUsage = errors.New("usage")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, stop, os.Args[1:], os.Stderr)
+	stop()
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case errors.Is(err, errUsage):
+		os.Exit(2)
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "framepackd: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func defaultModels() string {
+	if d := os.Getenv("XDG_DATA_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "framepackd", "models")
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "models"
+	}
+	return filepath.Join(home, ".local", "share", "framepackd", "models")
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("framepackd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.models, "models", defaultModels(), "directory of the model weights")
+	fs.StringVar(&o.state, "state", api.DefaultStateHome(), "state directory (job store, job files)")
+	fs.StringVar(&o.socket, "socket", api.DefaultSocketPath(), "unix socket to serve on (mode 0600)")
+	fs.StringVar(&o.listen, "listen", "", "also serve on TCP, tcp://HOST:PORT (no TLS: keep it on loopback or a trusted network)")
+	fs.StringVar(&o.backend, "backend", "auto", "compute backend: auto, cpu, cuda or hip")
+	fs.StringVar(&o.workersDir, "workers-dir", "", "directory of the worker binaries (default: next to this executable)")
+	fs.StringVar(&o.lanes, "lanes", "", "comma-separated lanes to run jobs on (default: one per probed device)")
+	fs.DurationVar(&o.grace, "grace", api.DefaultGrace, "on stop, how long a running job may take to reach a stage boundary before it is cancelled")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&o.shmRoot, "shm-root", shm.DefaultRoot(), "shared-memory root for tensors passed between processes")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "framepackd: unexpected arguments %q\n", fs.Args())
+		return nil, errUsage
+	}
+	switch o.backend {
+	case "auto", "cpu", "cuda", "hip":
+	default:
+		fmt.Fprintf(stderr, "framepackd: --backend %q: want auto, cpu, cuda or hip\n", o.backend)
+		return nil, errUsage
+	}
+	switch o.logFormat {
+	case "text", "json":
+	default:
+		fmt.Fprintf(stderr, "framepackd: --log-format %q: want text or json\n", o.logFormat)
+		return nil, errUsage
+	}
+	if o.grace < 0 {
+		fmt.Fprintln(stderr, "framepackd: --grace must not be negative")
+		return nil, errUsage
+	}
+	return o, nil
+}
+
+func newLogger(o *options, out io.Writer) (*logrus.Logger, error) {
+	log := logrus.New()
+	log.SetOutput(out)
+	lvl, err := logrus.ParseLevel(o.logLevel)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --log-level: %v", errUsage, err)
+	}
+	log.SetLevel(lvl)
+	if o.logFormat == "json" {
+		log.SetFormatter(&logrus.JSONFormatter{})
+	} else {
+		log.SetFormatter(&logrus.TextFormatter{FullTimestamp: true})
+	}
+	return log, nil
+}
+
+// run is the daemon; stopSignals stops catching SIGINT/SIGTERM (a second one then kills).
+func run(ctx context.Context, stopSignals func(), args []string, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(o, stderr)
+	if err != nil {
+		fmt.Fprintln(stderr, "framepackd:", err)
+		return err
+	}
+	if o.workersDir == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find workers: %w", err)
+		}
+		o.workersDir = filepath.Dir(exe)
+	}
+	listen := []api.Addr{{Network: "unix", Address: o.socket}}
+	if o.listen != "" {
+		a, err := api.ParseAddr(o.listen)
+		if err != nil || a.Network != "tcp" {
+			fmt.Fprintf(stderr, "framepackd: --listen %q: want tcp://HOST:PORT\n", o.listen)
+			return errUsage
+		}
+		listen = append(listen, a)
+	}
+	log.WithFields(logrus.Fields{"state": o.state, "models": o.models, "workers": o.workersDir, "backend": o.backend}).Info("framepackd starting")
+
+	cleanStaleShm(o.shmRoot, log)
+	if st, err := os.Stat(o.models); err != nil || !st.IsDir() {
+		log.WithField("models", o.models).Warn("models directory not found; jobs will fail until it exists")
+	}
+	if _, err := (&video.Writer{}).Available(); err != nil {
+		log.WithError(err).Warn("ffmpeg not found: videos will be kept as PNG frames (make setup installs ffmpeg)")
+	}
+
+	devs := &devices{workersDir: o.workersDir, backend: o.backend, log: logrus.NewEntry(log)}
+	lanes, err := devs.discover(ctx)
+	if err != nil {
+		return err
+	}
+	if o.lanes != "" {
+		lanes = nil
+		for _, l := range strings.Split(o.lanes, ",") {
+			if l = strings.TrimSpace(l); l != "" {
+				lanes = append(lanes, l)
+			}
+		}
+		if len(lanes) == 0 {
+			fmt.Fprintln(stderr, "framepackd: --lanes names no lane")
+			return errUsage
+		}
+	}
+	devs.lanes = lanes
+
+	d, err := api.StartDaemon(api.DaemonConfig{
+		StateDir: o.state,
+		Listen:   listen,
+		Lanes:    lanes,
+		Run:      noPipeline,
+		Devices:  devs.list,
+		Grace:    o.grace,
+		Log:      log,
+	})
+	if err != nil {
+		return err
+	}
+	log.WithField("lanes", strings.Join(lanes, ",")).Info("framepackd ready")
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("signal received; stopping (a second signal kills at once)")
+	case runErr = <-d.Err():
+		log.WithError(runErr).Error("serving failed; stopping")
+	}
+	stopSignals()
+	stopCtx, cancel := context.WithTimeout(context.Background(), o.grace+30*time.Second)
+	defer cancel()
+	if err := d.Stop(stopCtx); err != nil && runErr == nil {
+		runErr = fmt.Errorf("stop: %w", err)
+	}
+	return runErr
+}
+
+// cleanStaleShm removes the shared-memory directories of supervisors that are gone.
+func cleanStaleShm(dir string, log logrus.FieldLogger) {
+	root, err := shm.OpenRoot(dir)
+	if err != nil {
+		log.WithError(err).WithField("shm_root", dir).Warn("shared-memory root unusable")
+		return
+	}
+	removed, err := root.RemoveStale()
+	if len(removed) > 0 {
+		log.WithFields(logrus.Fields{"shm_root": dir, "removed": removed}).Info("removed stale shared-memory directories")
+	}
+	if err != nil {
+		log.WithError(err).WithField("shm_root", dir).Warn("remove stale shared-memory directories")
+	}
+}
+
+// noPipeline is the Runner of this build: the FramePack section loop (supervisor/pipeline)
+// does not exist yet, so a job fails at once and says why, instead of pretending to make a
+// video.
+func noPipeline(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error) {
+	return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{
+		Message: "this framepackd build has no pipeline yet (supervisor/pipeline): the job cannot run",
+	}}
+}
