@@ -412,3 +412,66 @@ func TestConvHangAcrossProcesses(t *testing.T) {
 	}
 	t.Logf("fresh worker:\n%s", s)
 }
+
+// TestConcurrentOps: goroutines share one runtime (pool, allocator, conv chain and cache);
+// every result is still right and the statistics add up.
+func TestConcurrentOps(t *testing.T) {
+	rt := newTestRuntime(t, Options{ConvCache: openCache(t)})
+	f := newConvFixture(t, rt)
+	r := rng(t)
+	a, av := randTensor(t, rt, r, 33, 17)
+	b, bv := randTensor(t, rt, r, 17)
+	sum := make([]float64, len(av))
+	for i := range av {
+		sum[i] = av[i] + bv[i%17]
+	}
+	const workers, rounds = 4, 5
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				y, err := rt.Conv3d(f.x, f.w, f.b, f.p)
+				if err != nil {
+					errs <- err
+					return
+				}
+				got, err := y.Float32()
+				y.Free()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if e := relL2(got, f.want); e > tol {
+					errs <- fmt.Errorf("conv rel L2 %g", e)
+					return
+				}
+				z, err := rt.Add(a, b)
+				if err != nil {
+					errs <- err
+					return
+				}
+				got, err = z.Float32()
+				z.Free()
+				if err != nil {
+					errs <- err
+					return
+				}
+				if e := relL2(got, sum); e > tol {
+					errs <- fmt.Errorf("add rel L2 %g", e)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if s := rt.ConvStats(); s.Convs != workers*rounds || s.Tiers[TierCPU].Successes != workers*rounds {
+		t.Fatalf("stats: %+v", s)
+	}
+}
