@@ -9,12 +9,12 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/framepackd/framepackd/internal/convcache"
+	"github.com/framepackd/framepackd/internal/faults"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/workers/clipvision/siglip"
@@ -31,11 +31,13 @@ type worker struct {
 	k   *workerkit.Kit
 	log *logrus.Entry
 
-	// mu protects rt, enc and fault; Run holds it for the whole stage.
-	mu    sync.Mutex
-	rt    *runtime.Runtime
-	enc   *siglip.Encoder
-	fault *workerkit.Fault
+	// mu protects rt and enc; Run holds it for the whole stage.
+	mu  sync.Mutex
+	rt  *runtime.Runtime
+	enc *siglip.Encoder
+	// inj keeps the beacon and fires the test faults of LoadRequest.Fault (package faults);
+	// Load replaces it before any op runs.
+	inj atomic.Pointer[faults.Injector]
 
 	// Stats reads these without mu, so it answers while a stage runs.
 	loaded       atomic.Pointer[runtime.Runtime]
@@ -51,7 +53,10 @@ func newWorker(k *workerkit.Kit) *worker {
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
 	}
-	return &worker{k: k, log: log}
+	w := &worker{k: k, log: log}
+	inj, _ := faults.New(nil, faults.Caps{}, k.Beacon, log) // no fault: never fails
+	w.inj.Store(inj)
+	return w
 }
 
 // modelDirs finds the image encoder and feature extractor folders from LoadRequest.model_dir:
@@ -88,7 +93,11 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if w.enc != nil {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: already loaded")
 	}
-	w.fault = req.Fault
+	inj, err := faults.New(req.Fault, faults.Caps{Conv: true}, w.k.Beacon, w.log)
+	if err != nil {
+		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: %v", err)
+	}
+	w.inj.Store(inj)
 	for k, v := range req.Env {
 		if err := os.Setenv(k, v); err != nil {
 			return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: set %s: %v", k, err)
@@ -196,10 +205,6 @@ func (w *worker) runtimeOptions(req *workerkit.LoadRequest) (runtime.Options, er
 	}
 	f := req.Fault
 	if f != nil {
-		if f.OOMAtOp != 0 || f.HoldVRAMBytes != 0 {
-			return opts, workerkit.Errorf(workerkit.CodeInvalidArgument,
-				"load: fault oom_at_op / hold_vram_bytes are not supported by the clipvision worker")
-		}
 		if f.HangConvTier != workerkit.ConvTierUnspecified {
 			t, ok := tierOf(f.HangConvTier)
 			if !ok {
@@ -235,31 +240,14 @@ func (w *worker) observe(e runtime.OpEvent) {
 		b.EndOp()
 		return
 	}
-	name := e.Op
+	tier := ""
 	if e.Key != "" {
-		name += " " + e.Tier.String() + " " + e.Key
+		tier = e.Tier.String() // a conv tier attempt: the watchdog can name the shape and tier if it hangs
 	}
-	seq := b.BeginOp(name)
-	if seq == 0 { // no beacon: count with the runtime
-		seq = e.Seq
-	}
-	if f := w.fault; f != nil {
-		switch {
-		case f.ExitAtOp != 0 && seq == f.ExitAtOp:
-			sig := syscall.Signal(f.ExitSignal)
-			if sig == 0 {
-				sig = syscall.SIGKILL
-			}
-			w.log.WithFields(logrus.Fields{"op": seq, "signal": sig.String()}).Warn("fault: exiting at op")
-			// (the Go runtime catches SIGABRT, SIGSEGV, …: those end the process with exit
-			// status 2 after a goroutine dump, not as a signal death)
-			_ = syscall.Kill(os.Getpid(), sig)
-			select {} // the signal ends the process
-		case f.HangAtOp != 0 && seq == f.HangAtOp:
-			w.log.WithField("op", seq).Warn("fault: hanging at op")
-			select {}
-		}
-	}
+	// The beacon's op number, which Fault counts in; faults fire here (package faults). (The
+	// Go runtime catches SIGABRT, SIGSEGV, …: an injected one ends the process with exit
+	// status 2 after a goroutine dump, not as a signal death.)
+	w.inj.Load().BeginOp(e.Op, e.Key, tier, e.Seq)
 }
 
 // Run runs one image_encode stage.
@@ -315,6 +303,9 @@ func (w *worker) encode(ctx context.Context, st *workerkit.ImageEncodeRequest, e
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		if err := w.inj.Load().Err(); err != nil {
+			return err // injected out of memory (a test fault)
+		}
 		w.k.Beacon.SetStep(i, n)
 		if i == 0 {
 			return nil
@@ -323,6 +314,9 @@ func (w *worker) encode(ctx context.Context, st *workerkit.ImageEncodeRequest, e
 	}
 	out, shape, err := enc.Model.ForwardHost(pv, []int{1, 3, oh, ow}, hook)
 	w.k.Beacon.SetStep(0, 0)
+	if err == nil {
+		err = w.inj.Load().Err() // injected out of memory in the last layer (a test fault)
+	}
 	if err != nil {
 		return nil, err
 	}
