@@ -40,8 +40,9 @@ type Caps struct {
 	Conv bool
 }
 
-// Injector fires one worker process's faults and keeps its beacon current. A nil *Injector is
-// valid: it only writes the beacon (through the nil-safe beacon.Writer it was given, if any).
+// Injector fires one worker process's faults and keeps its beacon current. A worker makes one
+// at start (New with a nil fault: beacon only) and replaces it in Load. A nil *Injector is
+// valid and does nothing (BeginOp returns the runtime's op number).
 type Injector struct {
 	f   workerkit.Fault
 	log *logrus.Entry
