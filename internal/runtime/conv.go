@@ -37,6 +37,24 @@ func (t Tier) String() string {
 	return fmt.Sprintf("tier(%d)", int(t))
 }
 
+// MarshalText writes the tier's name (so JSON stats read "cpu", not 3).
+func (t Tier) MarshalText() ([]byte, error) {
+	if t < 0 || t >= NumTiers {
+		return nil, fmt.Errorf("marshal tier %d: out of range", int(t))
+	}
+	return []byte(t.String()), nil
+}
+
+// UnmarshalText parses a tier's name.
+func (t *Tier) UnmarshalText(b []byte) error {
+	v, err := ParseTier(string(b))
+	if err != nil {
+		return err
+	}
+	*t = v
+	return nil
+}
+
 // ParseTier is the inverse of Tier.String.
 func ParseTier(s string) (Tier, error) {
 	for i, n := range tierNames {
