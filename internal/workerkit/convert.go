@@ -141,6 +141,7 @@ func toLoadResponse(r *LoadResponse) *pb.LoadResponse {
 	out := &pb.LoadResponse{
 		Backend: r.Backend, Dtype: r.DType, WeightBytes: r.WeightBytes,
 		DeviceAllocatedBytes: r.DeviceAllocatedBytes, LoadDuration: toDuration(r.LoadDuration),
+		Vae: toVAEInfo(r.VAE), Transformer: toTransformerInfo(r.Transformer), TextEncoder: toTextEncoderInfo(r.TextEncoder),
 	}
 	if r.Device != nil {
 		out.Device = toDevice(*r.Device)
@@ -152,12 +153,77 @@ func fromLoadResponse(r *pb.LoadResponse) *LoadResponse {
 	out := &LoadResponse{
 		Backend: r.GetBackend(), DType: r.GetDtype(), WeightBytes: r.GetWeightBytes(),
 		DeviceAllocatedBytes: r.GetDeviceAllocatedBytes(), LoadDuration: fromDuration(r.GetLoadDuration()),
+		VAE: fromVAEInfo(r.GetVae()), Transformer: fromTransformerInfo(r.GetTransformer()), TextEncoder: fromTextEncoderInfo(r.GetTextEncoder()),
 	}
 	if r.GetDevice() != nil {
 		d := fromDevice(r.GetDevice())
 		out.Device = &d
 	}
 	return out
+}
+
+func toVAEInfo(v *VAEInfo) *pb.VaeInfo {
+	if v == nil {
+		return nil
+	}
+	return &pb.VaeInfo{
+		ScalingFactor: v.ScalingFactor, LatentChannels: v.LatentChannels, SpatialCompressionRatio: v.SpatialCompressionRatio,
+		TemporalCompressionRatio: v.TemporalCompressionRatio, InChannels: v.InChannels, OutChannels: v.OutChannels,
+	}
+}
+
+func fromVAEInfo(v *pb.VaeInfo) *VAEInfo {
+	if v == nil {
+		return nil
+	}
+	return &VAEInfo{
+		ScalingFactor: v.GetScalingFactor(), LatentChannels: v.GetLatentChannels(), SpatialCompressionRatio: v.GetSpatialCompressionRatio(),
+		TemporalCompressionRatio: v.GetTemporalCompressionRatio(), InChannels: v.GetInChannels(), OutChannels: v.GetOutChannels(),
+	}
+}
+
+func toTransformerInfo(t *TransformerInfo) *pb.TransformerInfo {
+	if t == nil {
+		return nil
+	}
+	return &pb.TransformerInfo{
+		InChannels: t.InChannels, OutChannels: t.OutChannels, PatchSize: t.PatchSize, PatchSizeT: t.PatchSizeT,
+		TextEmbedDim: t.TextEmbedDim, PooledProjectionDim: t.PooledProjectionDim, ImageProjDim: t.ImageProjDim,
+		NumLayers: t.NumLayers, NumSingleLayers: t.NumSingleLayers, HasCleanXEmbedder: t.HasCleanXEmbedder,
+	}
+}
+
+func fromTransformerInfo(t *pb.TransformerInfo) *TransformerInfo {
+	if t == nil {
+		return nil
+	}
+	return &TransformerInfo{
+		InChannels: t.GetInChannels(), OutChannels: t.GetOutChannels(), PatchSize: t.GetPatchSize(), PatchSizeT: t.GetPatchSizeT(),
+		TextEmbedDim: t.GetTextEmbedDim(), PooledProjectionDim: t.GetPooledProjectionDim(), ImageProjDim: t.GetImageProjDim(),
+		NumLayers: t.GetNumLayers(), NumSingleLayers: t.GetNumSingleLayers(), HasCleanXEmbedder: t.GetHasCleanXEmbedder(),
+	}
+}
+
+func toTextEncoderInfo(t *TextEncoderInfo) *pb.TextEncoderInfo {
+	if t == nil {
+		return nil
+	}
+	return &pb.TextEncoderInfo{
+		LlamaHiddenSize: t.LlamaHiddenSize, ClipHiddenSize: t.ClipHiddenSize,
+		LlamaMaxPositionEmbeddings: t.LlamaMaxPositionEmbeddings, ClipMaxPositionEmbeddings: t.ClipMaxPositionEmbeddings,
+		TemplatePrefixTokens: t.TemplatePrefixTokens,
+	}
+}
+
+func fromTextEncoderInfo(t *pb.TextEncoderInfo) *TextEncoderInfo {
+	if t == nil {
+		return nil
+	}
+	return &TextEncoderInfo{
+		LlamaHiddenSize: t.GetLlamaHiddenSize(), ClipHiddenSize: t.GetClipHiddenSize(),
+		LlamaMaxPositionEmbeddings: t.GetLlamaMaxPositionEmbeddings(), ClipMaxPositionEmbeddings: t.GetClipMaxPositionEmbeddings(),
+		TemplatePrefixTokens: t.GetTemplatePrefixTokens(),
+	}
 }
 
 func toProbeRequest(r *ProbeRequest) *pb.ProbeRequest {
@@ -261,10 +327,11 @@ func toRunRequest(r *RunRequest) (*pb.RunRequest, error) {
 			LlamaMaxLength: s.LlamaMaxLength, ClipMaxLength: s.ClipMaxLength, CropStart: s.CropStart, PadLength: s.PadLength,
 			LlamaVec: toTensorRef(s.LlamaVec), LlamaMask: toTensorRef(s.LlamaMask), ClipPooler: toTensorRef(s.ClipPooler),
 			LlamaVecN: toTensorRef(s.LlamaVecN), LlamaMaskN: toTensorRef(s.LlamaMaskN), ClipPoolerN: toTensorRef(s.ClipPoolerN),
+			LlamaIds: toTensorRef(s.LlamaIDs), LlamaAttentionMask: toTensorRef(s.LlamaAttentionMask), ClipIds: toTensorRef(s.ClipIDs),
 		}}
 	case *VAEEncodeRequest:
 		out.Stage = &pb.RunRequest_VaeEncode{VaeEncode: &pb.VaeEncodeRequest{
-			Pixels: toTensorRef(s.Pixels), Tiling: toTiling(s.Tiling), Latents: toTensorRef(s.Latents),
+			Pixels: toTensorRef(s.Pixels), Tiling: toTiling(s.Tiling), Latents: toTensorRef(s.Latents), Logvar: toTensorRef(s.Logvar),
 		}}
 	case *VAEDecodeRequest:
 		out.Stage = &pb.RunRequest_VaeDecode{VaeDecode: &pb.VaeDecodeRequest{
@@ -287,6 +354,16 @@ func toRunRequest(r *RunRequest) (*pb.RunRequest, error) {
 			GeneratorState: s.GeneratorState, Seed: s.Seed, Width: s.Width, Height: s.Height, Frames: s.Frames,
 			Latents: toTensorRef(s.Latents), StepPreviews: toTensorRefs(s.StepPreviews),
 		}}
+	case *TransformerForwardRequest:
+		out.Stage = &pb.RunRequest_TransformerForward{TransformerForward: &pb.TransformerForwardRequest{
+			HiddenStates: toTensorRef(s.HiddenStates), Timestep: s.Timestep, Guidance: s.Guidance,
+			LlamaVec: toTensorRef(s.LlamaVec), LlamaMask: toTensorRef(s.LlamaMask), ClipPooler: toTensorRef(s.ClipPooler),
+			ImageEmbeddings: toTensorRef(s.ImageEmbeddings),
+			CleanLatents:    toTensorRef(s.CleanLatents), CleanLatentIndices: s.CleanLatentIndices,
+			CleanLatents_2X: toTensorRef(s.CleanLatents2x), CleanLatent_2XIndices: s.CleanLatent2xIndices,
+			CleanLatents_4X: toTensorRef(s.CleanLatents4x), CleanLatent_4XIndices: s.CleanLatent4xIndices,
+			LatentIndices: s.LatentIndices, Velocity: toTensorRef(s.Velocity),
+		}}
 	case nil:
 		return nil, Errorf(CodeInvalidArgument, "run request has no stage")
 	default:
@@ -305,10 +382,12 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 			LlamaMaxLength: t.GetLlamaMaxLength(), ClipMaxLength: t.GetClipMaxLength(), CropStart: t.GetCropStart(), PadLength: t.GetPadLength(),
 			LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler()),
 			LlamaVecN: fromTensorRef(t.GetLlamaVecN()), LlamaMaskN: fromTensorRef(t.GetLlamaMaskN()), ClipPoolerN: fromTensorRef(t.GetClipPoolerN()),
+			LlamaIDs: fromTensorRef(t.GetLlamaIds()), LlamaAttentionMask: fromTensorRef(t.GetLlamaAttentionMask()), ClipIDs: fromTensorRef(t.GetClipIds()),
 		}
 	case *pb.RunRequest_VaeEncode:
 		v := s.VaeEncode
-		out.Stage = &VAEEncodeRequest{Pixels: fromTensorRef(v.GetPixels()), Tiling: fromTiling(v.GetTiling()), Latents: fromTensorRef(v.GetLatents())}
+		out.Stage = &VAEEncodeRequest{Pixels: fromTensorRef(v.GetPixels()), Tiling: fromTiling(v.GetTiling()), Latents: fromTensorRef(v.GetLatents()),
+			Logvar: fromTensorRef(v.GetLogvar())}
 	case *pb.RunRequest_VaeDecode:
 		v := s.VaeDecode
 		out.Stage = &VAEDecodeRequest{Latents: fromTensorRef(v.GetLatents()), Tiling: fromTiling(v.GetTiling()), Pixels: fromTensorRef(v.GetPixels())}
@@ -328,6 +407,17 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 			UseTeaCache: t.GetUseTeacache(), TeaCacheThreshold: t.GetTeacacheThreshold(), Sampler: SamplerVariant(t.GetSampler()),
 			GeneratorState: t.GetGeneratorState(), Seed: t.GetSeed(), Width: t.GetWidth(), Height: t.GetHeight(), Frames: t.GetFrames(),
 			Latents: fromTensorRef(t.GetLatents()), StepPreviews: fromTensorRefs(t.GetStepPreviews()),
+		}
+	case *pb.RunRequest_TransformerForward:
+		t := s.TransformerForward
+		out.Stage = &TransformerForwardRequest{
+			HiddenStates: fromTensorRef(t.GetHiddenStates()), Timestep: t.GetTimestep(), Guidance: t.GetGuidance(),
+			LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler()),
+			ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
+			CleanLatents:    fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
+			CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
+			CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
+			LatentIndices: t.GetLatentIndices(), Velocity: fromTensorRef(t.GetVelocity()),
 		}
 	case nil:
 		return nil, Errorf(CodeInvalidArgument, "run request has no stage")

@@ -88,7 +88,7 @@ func TestRoundTripEveryField(t *testing.T) {
 
 	stages := []Stage{
 		filled[TextEncodeRequest](t, 10), filled[VAEEncodeRequest](t, 11), filled[VAEDecodeRequest](t, 12),
-		filled[ImageEncodeRequest](t, 13), filled[TransformerSectionRequest](t, 14),
+		filled[ImageEncodeRequest](t, 13), filled[TransformerSectionRequest](t, 14), filled[TransformerForwardRequest](t, 15),
 	}
 	for _, s := range stages {
 		in := &RunRequest{JobID: "job", Stage: s}
@@ -239,6 +239,11 @@ func TestProtoRoundTripEveryField(t *testing.T) {
 		{JobId: "j", Stage: &pb.RunRequest_VaeDecode{VaeDecode: filledProto[pb.VaeDecodeRequest](t, 12)}},
 		{JobId: "j", Stage: &pb.RunRequest_ImageEncode{ImageEncode: filledProto[pb.ImageEncodeRequest](t, 13)}},
 		{JobId: "j", Stage: &pb.RunRequest_TransformerSection{TransformerSection: filledProto[pb.TransformerSectionRequest](t, 14)}},
+		{JobId: "j", Stage: &pb.RunRequest_TransformerForward{TransformerForward: filledProto[pb.TransformerForwardRequest](t, 15)}},
+	}
+	// Every stage of the oneof is covered, so a new stage cannot miss its conversion.
+	if n := (&pb.RunRequest{}).ProtoReflect().Descriptor().Oneofs().ByName("stage").Fields().Len(); n != len(stages) {
+		t.Fatalf("RunRequest.stage has %d cases, the test covers %d", n, len(stages))
 	}
 	for _, in := range stages {
 		g, err := fromRunRequest(in)

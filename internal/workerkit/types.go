@@ -110,7 +110,7 @@ type LoadRequest struct {
 	MemoryCapBytes    uint64 // 0: no cap
 	ConvPolicy        *ConvPolicy
 	Env               map[string]string
-	BeaconPath        string // a file beacon, for workers started without the inherited one
+	BeaconPath        string // optional: a file beacon, for workers started without the inherited one
 	MaxResidentBlocks uint32
 	Fault             *Fault // tests only
 }
@@ -127,7 +127,8 @@ type Fault struct {
 	HoldVRAMSeconds  uint32
 }
 
-// LoadResponse says what a worker loaded and where.
+// LoadResponse says what a worker loaded and where. The model's constants come in the field of
+// its kind (VAE, Transformer or TextEncoder); the others are nil.
 type LoadResponse struct {
 	Backend              string
 	DType                string
@@ -135,6 +136,44 @@ type LoadResponse struct {
 	WeightBytes          uint64
 	DeviceAllocatedBytes uint64
 	LoadDuration         time.Duration
+	VAE                  *VAEInfo         // vae worker only
+	Transformer          *TransformerInfo // transformer worker only
+	TextEncoder          *TextEncoderInfo // textenc worker only
+}
+
+// VAEInfo holds a loaded VAE's constants, so the supervisor need not read its config.json.
+// vae_encode returns and vae_decode takes unscaled latents: the caller multiplies by
+// ScalingFactor after encoding and divides by it before decoding.
+type VAEInfo struct {
+	ScalingFactor            float64 // 0.476986 for HunyuanVideo
+	LatentChannels           uint32
+	SpatialCompressionRatio  uint32 // pixels per latent along H and W (8)
+	TemporalCompressionRatio uint32 // T pixel frames → (T−1)/4+1 latent frames (4)
+	InChannels               uint32 // pixel channels the encoder takes
+	OutChannels              uint32 // pixel channels the decoder writes
+}
+
+// TransformerInfo holds a loaded packed transformer's input widths and stack size.
+type TransformerInfo struct {
+	InChannels          uint32
+	OutChannels         uint32
+	PatchSize           uint32 // latent H and W must be multiples of it
+	PatchSizeT          uint32
+	TextEmbedDim        uint32 // llama_vec width
+	PooledProjectionDim uint32 // clip_pooler width
+	ImageProjDim        uint32 // image_embeddings width; 0 without an image projection
+	NumLayers           uint32 // double-stream blocks
+	NumSingleLayers     uint32 // single-stream blocks
+	HasCleanXEmbedder   bool
+}
+
+// TextEncoderInfo holds the loaded text encoders' output widths and length bounds.
+type TextEncoderInfo struct {
+	LlamaHiddenSize            uint32 // llama_vec width
+	ClipHiddenSize             uint32 // clip_pooler width
+	LlamaMaxPositionEmbeddings uint32 // bounds llama_max_length + crop_start; 0: unknown
+	ClipMaxPositionEmbeddings  uint32 // bounds clip_max_length
+	TemplatePrefixTokens       uint32 // Llama ids before the prompt (95: the default crop_start)
 }
 
 // ProbeRequest asks the probe worker to initialise a backend and list its devices.
@@ -189,7 +228,7 @@ type RunRequest struct {
 }
 
 // Stage is the work of one Run: *TextEncodeRequest, *VAEEncodeRequest, *VAEDecodeRequest,
-// *ImageEncodeRequest or *TransformerSectionRequest.
+// *ImageEncodeRequest, *TransformerSectionRequest or *TransformerForwardRequest.
 type Stage interface{ isStage() }
 
 func (*TextEncodeRequest) isStage()         {}
@@ -197,6 +236,7 @@ func (*VAEEncodeRequest) isStage()          {}
 func (*VAEDecodeRequest) isStage()          {}
 func (*ImageEncodeRequest) isStage()        {}
 func (*TransformerSectionRequest) isStage() {}
+func (*TransformerForwardRequest) isStage() {}
 
 // TextEncodeRequest encodes a prompt and its negative with LLaMA and CLIP-L.
 type TextEncodeRequest struct {
@@ -213,12 +253,17 @@ type TextEncodeRequest struct {
 	LlamaVecN      TensorRef
 	LlamaMaskN     TensorRef
 	ClipPoolerN    TensorRef
+	// Optional outputs (zero: not written), for checks: the positive prompt's tokenizer outputs.
+	LlamaIDs           TensorRef // [1, llama_max_length + crop_start], I64 or I32
+	LlamaAttentionMask TensorRef // the tokenizer's mask for LlamaIDs, I64, U8 or BOOL
+	ClipIDs            TensorRef // [1, clip_max_length], I64 or I32
 }
 
-// VAETiling sets how the VAE splits its work; zero values mean the model's defaults.
+// VAETiling sets how the VAE splits its work, as diffusers does: framewise (temporal) chunking
+// always on, spatial tiling only when enabled; zero sizes mean the model's defaults.
 type VAETiling struct {
 	EnableSpatialTiling       bool
-	EnableTemporalTiling      bool
+	EnableTemporalTiling      bool // Deprecated: ignored; framewise chunking is always on
 	TileSampleMinHeight       uint32
 	TileSampleMinWidth        uint32
 	TileSampleMinNumFrames    uint32
@@ -227,17 +272,21 @@ type VAETiling struct {
 	TileSampleStrideNumFrames uint32
 }
 
-// VAEEncodeRequest encodes pixels into scaled latents.
+// VAEEncodeRequest encodes pixels into the posterior's unscaled mean (Latents) and log-variance
+// (Logvar); multiply the mean by VAEInfo.ScalingFactor for the transformer.
 type VAEEncodeRequest struct {
 	Pixels  TensorRef
-	Tiling  *VAETiling
+	Tiling  *VAETiling // nil: diffusers' defaults (framewise on, spatial tiling off)
 	Latents TensorRef
+	// Logvar is optional: zero means the tensor "<Latents.Name>.logvar" in Latents' file.
+	Logvar TensorRef
 }
 
-// VAEDecodeRequest decodes scaled latents into pixels.
+// VAEDecodeRequest decodes unscaled latents (already divided by VAEInfo.ScalingFactor) into
+// pixels.
 type VAEDecodeRequest struct {
 	Latents TensorRef
-	Tiling  *VAETiling
+	Tiling  *VAETiling // nil: diffusers' defaults (framewise on, spatial tiling off)
 	Pixels  TensorRef
 }
 
@@ -288,6 +337,27 @@ type TransformerSectionRequest struct {
 	Frames               uint32
 	Latents              TensorRef
 	StepPreviews         []TensorRef
+}
+
+// TransformerForwardRequest runs one forward of the packed transformer (batch 1) and writes the
+// predicted flow velocity. Clean latents are optional, each with its indices; ImageEmbeddings is
+// needed when the model has an image projection; empty LatentIndices mean 0..T−1.
+type TransformerForwardRequest struct {
+	HiddenStates         TensorRef // noisy latents [1, C, T, h, w]
+	Timestep             float32   // σ·1000
+	Guidance             float32   // gs·1000
+	LlamaVec             TensorRef
+	LlamaMask            TensorRef
+	ClipPooler           TensorRef
+	ImageEmbeddings      TensorRef
+	CleanLatents         TensorRef
+	CleanLatentIndices   []int64
+	CleanLatents2x       TensorRef
+	CleanLatent2xIndices []int64
+	CleanLatents4x       TensorRef
+	CleanLatent4xIndices []int64
+	LatentIndices        []int64
+	Velocity             TensorRef // output, hidden_states' shape
 }
 
 // Progress reports where a stage is.

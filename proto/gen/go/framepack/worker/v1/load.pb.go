@@ -47,9 +47,13 @@ type LoadRequest struct {
 	// libraries are initialised (MIOPEN_FIND_MODE, MIOPEN_USER_DB_PATH,
 	// MIOPEN_CUSTOM_CACHE_DIR, MIOPEN_DEBUG_FORCE_IMMED_MODE_FALLBACK, ...).
 	Env map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// beacon_path is the file the worker maps and keeps current (pid, phase,
-	// op sequence, op name, op start, step i/n, bytes allocated) for the
-	// watchdog. REQUIRED.
+	// beacon_path is optional. The beacon (pid, phase, op sequence, op name,
+	// op start, step i/n, bytes allocated, read by the watchdog) is normally a
+	// shared page the worker inherits from the supervisor at start (a memfd,
+	// see workerkit.Start); beacon_path names a file to map as the beacon
+	// instead, for a worker started without the inherited page. It is ignored
+	// when the worker has an inherited beacon. Empty means the inherited
+	// beacon, or none.
 	BeaconPath string `protobuf:"bytes,8,opt,name=beacon_path,json=beaconPath,proto3" json:"beacon_path,omitempty"`
 	// max_resident_blocks limits how many transformer blocks stay on the
 	// device; the rest stream from pinned host memory. 0 means as many as the
@@ -297,7 +301,16 @@ type LoadResponse struct {
 	// device_allocated_bytes is what the worker's allocator holds after Load.
 	DeviceAllocatedBytes uint64 `protobuf:"varint,5,opt,name=device_allocated_bytes,json=deviceAllocatedBytes,proto3" json:"device_allocated_bytes,omitempty"`
 	// load_duration is how long Load took.
-	LoadDuration  *durationpb.Duration `protobuf:"bytes,6,opt,name=load_duration,json=loadDuration,proto3" json:"load_duration,omitempty"`
+	LoadDuration *durationpb.Duration `protobuf:"bytes,6,opt,name=load_duration,json=loadDuration,proto3" json:"load_duration,omitempty"`
+	// vae holds the VAE's constants; set by the vae worker only. The
+	// supervisor reads model facts here instead of the model's config.json.
+	Vae *VaeInfo `protobuf:"bytes,7,opt,name=vae,proto3" json:"vae,omitempty"`
+	// transformer holds the transformer's constants; set by the transformer
+	// worker only.
+	Transformer *TransformerInfo `protobuf:"bytes,8,opt,name=transformer,proto3" json:"transformer,omitempty"`
+	// text_encoder holds the text encoders' constants; set by the textenc
+	// worker only.
+	TextEncoder   *TextEncoderInfo `protobuf:"bytes,9,opt,name=text_encoder,json=textEncoder,proto3" json:"text_encoder,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -374,6 +387,348 @@ func (x *LoadResponse) GetLoadDuration() *durationpb.Duration {
 	return nil
 }
 
+func (x *LoadResponse) GetVae() *VaeInfo {
+	if x != nil {
+		return x.Vae
+	}
+	return nil
+}
+
+func (x *LoadResponse) GetTransformer() *TransformerInfo {
+	if x != nil {
+		return x.Transformer
+	}
+	return nil
+}
+
+func (x *LoadResponse) GetTextEncoder() *TextEncoderInfo {
+	if x != nil {
+		return x.TextEncoder
+	}
+	return nil
+}
+
+// VaeInfo is what the supervisor needs to know about a loaded VAE
+// (AutoencoderKLHunyuanVideo config.json), so that it never reads the
+// config itself.
+type VaeInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// scaling_factor is the config's scaling_factor (0.476986 for
+	// HunyuanVideo). vae_encode returns unscaled latents and vae_decode takes
+	// unscaled latents: the caller multiplies the posterior mean by it to get
+	// the transformer's latents, and divides the transformer's latents by it
+	// before decoding (FramePack's vae_encode and vae_decode).
+	ScalingFactor float64 `protobuf:"fixed64,1,opt,name=scaling_factor,json=scalingFactor,proto3" json:"scaling_factor,omitempty"`
+	// latent_channels is the number of latent channels (16 for HunyuanVideo).
+	LatentChannels uint32 `protobuf:"varint,2,opt,name=latent_channels,json=latentChannels,proto3" json:"latent_channels,omitempty"`
+	// spatial_compression_ratio is the pixels per latent along height and
+	// width (8): a latent is H/8 x W/8.
+	SpatialCompressionRatio uint32 `protobuf:"varint,3,opt,name=spatial_compression_ratio,json=spatialCompressionRatio,proto3" json:"spatial_compression_ratio,omitempty"`
+	// temporal_compression_ratio is the frame compression (4): T pixel frames
+	// encode to (T-1)/4+1 latent frames and T latent frames decode to 4T-3
+	// pixel frames.
+	TemporalCompressionRatio uint32 `protobuf:"varint,4,opt,name=temporal_compression_ratio,json=temporalCompressionRatio,proto3" json:"temporal_compression_ratio,omitempty"`
+	// in_channels is the number of pixel channels the encoder takes (3).
+	InChannels uint32 `protobuf:"varint,5,opt,name=in_channels,json=inChannels,proto3" json:"in_channels,omitempty"`
+	// out_channels is the number of pixel channels the decoder writes (3).
+	OutChannels   uint32 `protobuf:"varint,6,opt,name=out_channels,json=outChannels,proto3" json:"out_channels,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VaeInfo) Reset() {
+	*x = VaeInfo{}
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VaeInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VaeInfo) ProtoMessage() {}
+
+func (x *VaeInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VaeInfo.ProtoReflect.Descriptor instead.
+func (*VaeInfo) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *VaeInfo) GetScalingFactor() float64 {
+	if x != nil {
+		return x.ScalingFactor
+	}
+	return 0
+}
+
+func (x *VaeInfo) GetLatentChannels() uint32 {
+	if x != nil {
+		return x.LatentChannels
+	}
+	return 0
+}
+
+func (x *VaeInfo) GetSpatialCompressionRatio() uint32 {
+	if x != nil {
+		return x.SpatialCompressionRatio
+	}
+	return 0
+}
+
+func (x *VaeInfo) GetTemporalCompressionRatio() uint32 {
+	if x != nil {
+		return x.TemporalCompressionRatio
+	}
+	return 0
+}
+
+func (x *VaeInfo) GetInChannels() uint32 {
+	if x != nil {
+		return x.InChannels
+	}
+	return 0
+}
+
+func (x *VaeInfo) GetOutChannels() uint32 {
+	if x != nil {
+		return x.OutChannels
+	}
+	return 0
+}
+
+// TransformerInfo is what the supervisor needs to know about a loaded packed
+// transformer (HunyuanVideoTransformer3DModelPacked config.json): the shapes
+// of its inputs and the size of its stack.
+type TransformerInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// in_channels is the number of latent channels the transformer takes (16).
+	InChannels uint32 `protobuf:"varint,1,opt,name=in_channels,json=inChannels,proto3" json:"in_channels,omitempty"`
+	// out_channels is the number of channels of its output (16).
+	OutChannels uint32 `protobuf:"varint,2,opt,name=out_channels,json=outChannels,proto3" json:"out_channels,omitempty"`
+	// patch_size is the spatial patch size (2): latent height and width must
+	// be multiples of it.
+	PatchSize uint32 `protobuf:"varint,3,opt,name=patch_size,json=patchSize,proto3" json:"patch_size,omitempty"`
+	// patch_size_t is the temporal patch size (1).
+	PatchSizeT uint32 `protobuf:"varint,4,opt,name=patch_size_t,json=patchSizeT,proto3" json:"patch_size_t,omitempty"`
+	// text_embed_dim is the width of the LLaMA conditioning (4096).
+	TextEmbedDim uint32 `protobuf:"varint,5,opt,name=text_embed_dim,json=textEmbedDim,proto3" json:"text_embed_dim,omitempty"`
+	// pooled_projection_dim is the width of the CLIP-L pooled conditioning
+	// (768).
+	PooledProjectionDim uint32 `protobuf:"varint,6,opt,name=pooled_projection_dim,json=pooledProjectionDim,proto3" json:"pooled_projection_dim,omitempty"`
+	// image_proj_dim is the width of the SigLIP image embeddings (1152); 0
+	// when the model has no image projection (image_embeddings unused).
+	ImageProjDim uint32 `protobuf:"varint,7,opt,name=image_proj_dim,json=imageProjDim,proto3" json:"image_proj_dim,omitempty"`
+	// num_layers is the number of double-stream blocks (20).
+	NumLayers uint32 `protobuf:"varint,8,opt,name=num_layers,json=numLayers,proto3" json:"num_layers,omitempty"`
+	// num_single_layers is the number of single-stream blocks (40).
+	NumSingleLayers uint32 `protobuf:"varint,9,opt,name=num_single_layers,json=numSingleLayers,proto3" json:"num_single_layers,omitempty"`
+	// has_clean_x_embedder says whether the model takes clean latents (1x,
+	// 2x, 4x context); FramePack's does.
+	HasCleanXEmbedder bool `protobuf:"varint,10,opt,name=has_clean_x_embedder,json=hasCleanXEmbedder,proto3" json:"has_clean_x_embedder,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *TransformerInfo) Reset() {
+	*x = TransformerInfo{}
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransformerInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransformerInfo) ProtoMessage() {}
+
+func (x *TransformerInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransformerInfo.ProtoReflect.Descriptor instead.
+func (*TransformerInfo) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *TransformerInfo) GetInChannels() uint32 {
+	if x != nil {
+		return x.InChannels
+	}
+	return 0
+}
+
+func (x *TransformerInfo) GetOutChannels() uint32 {
+	if x != nil {
+		return x.OutChannels
+	}
+	return 0
+}
+
+func (x *TransformerInfo) GetPatchSize() uint32 {
+	if x != nil {
+		return x.PatchSize
+	}
+	return 0
+}
+
+func (x *TransformerInfo) GetPatchSizeT() uint32 {
+	if x != nil {
+		return x.PatchSizeT
+	}
+	return 0
+}
+
+func (x *TransformerInfo) GetTextEmbedDim() uint32 {
+	if x != nil {
+		return x.TextEmbedDim
+	}
+	return 0
+}
+
+func (x *TransformerInfo) GetPooledProjectionDim() uint32 {
+	if x != nil {
+		return x.PooledProjectionDim
+	}
+	return 0
+}
+
+func (x *TransformerInfo) GetImageProjDim() uint32 {
+	if x != nil {
+		return x.ImageProjDim
+	}
+	return 0
+}
+
+func (x *TransformerInfo) GetNumLayers() uint32 {
+	if x != nil {
+		return x.NumLayers
+	}
+	return 0
+}
+
+func (x *TransformerInfo) GetNumSingleLayers() uint32 {
+	if x != nil {
+		return x.NumSingleLayers
+	}
+	return 0
+}
+
+func (x *TransformerInfo) GetHasCleanXEmbedder() bool {
+	if x != nil {
+		return x.HasCleanXEmbedder
+	}
+	return false
+}
+
+// TextEncoderInfo is what the supervisor needs to know about the loaded text
+// encoders (LLaMA text_encoder and CLIP-L text_encoder_2, with tokenizers).
+type TextEncoderInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// llama_hidden_size is the width of the LLaMA hidden states, the last
+	// dimension of llama_vec (4096).
+	LlamaHiddenSize uint32 `protobuf:"varint,1,opt,name=llama_hidden_size,json=llamaHiddenSize,proto3" json:"llama_hidden_size,omitempty"`
+	// clip_hidden_size is the width of the CLIP-L pooled output, the last
+	// dimension of clip_pooler (768).
+	ClipHiddenSize uint32 `protobuf:"varint,2,opt,name=clip_hidden_size,json=clipHiddenSize,proto3" json:"clip_hidden_size,omitempty"`
+	// llama_max_position_embeddings bounds llama_max_length + crop_start; 0
+	// when the config does not say.
+	LlamaMaxPositionEmbeddings uint32 `protobuf:"varint,3,opt,name=llama_max_position_embeddings,json=llamaMaxPositionEmbeddings,proto3" json:"llama_max_position_embeddings,omitempty"`
+	// clip_max_position_embeddings bounds clip_max_length (77).
+	ClipMaxPositionEmbeddings uint32 `protobuf:"varint,4,opt,name=clip_max_position_embeddings,json=clipMaxPositionEmbeddings,proto3" json:"clip_max_position_embeddings,omitempty"`
+	// template_prefix_tokens is the number of LLaMA ids the prompt template
+	// puts before the prompt with this tokenizer (95 for HunyuanVideo's, the
+	// default crop_start).
+	TemplatePrefixTokens uint32 `protobuf:"varint,5,opt,name=template_prefix_tokens,json=templatePrefixTokens,proto3" json:"template_prefix_tokens,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *TextEncoderInfo) Reset() {
+	*x = TextEncoderInfo{}
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TextEncoderInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TextEncoderInfo) ProtoMessage() {}
+
+func (x *TextEncoderInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TextEncoderInfo.ProtoReflect.Descriptor instead.
+func (*TextEncoderInfo) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *TextEncoderInfo) GetLlamaHiddenSize() uint32 {
+	if x != nil {
+		return x.LlamaHiddenSize
+	}
+	return 0
+}
+
+func (x *TextEncoderInfo) GetClipHiddenSize() uint32 {
+	if x != nil {
+		return x.ClipHiddenSize
+	}
+	return 0
+}
+
+func (x *TextEncoderInfo) GetLlamaMaxPositionEmbeddings() uint32 {
+	if x != nil {
+		return x.LlamaMaxPositionEmbeddings
+	}
+	return 0
+}
+
+func (x *TextEncoderInfo) GetClipMaxPositionEmbeddings() uint32 {
+	if x != nil {
+		return x.ClipMaxPositionEmbeddings
+	}
+	return 0
+}
+
+func (x *TextEncoderInfo) GetTemplatePrefixTokens() uint32 {
+	if x != nil {
+		return x.TemplatePrefixTokens
+	}
+	return 0
+}
+
 var File_framepack_worker_v1_load_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_load_proto_rawDesc = "" +
@@ -407,14 +762,47 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x13hang_conv_shape_key\x18\x05 \x01(\tR\x10hangConvShapeKey\x12C\n" +
 	"\x0ehang_conv_tier\x18\x06 \x01(\x0e2\x1d.framepack.worker.v1.ConvTierR\fhangConvTier\x12&\n" +
 	"\x0fhold_vram_bytes\x18\a \x01(\x04R\rholdVramBytes\x12*\n" +
-	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\"\x8c\x02\n" +
+	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\"\xcd\x03\n" +
 	"\fLoadResponse\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x123\n" +
 	"\x06device\x18\x03 \x01(\v2\x1b.framepack.worker.v1.DeviceR\x06device\x12!\n" +
 	"\fweight_bytes\x18\x04 \x01(\x04R\vweightBytes\x124\n" +
 	"\x16device_allocated_bytes\x18\x05 \x01(\x04R\x14deviceAllocatedBytes\x12>\n" +
-	"\rload_duration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\floadDurationB\xde\x01\n" +
+	"\rload_duration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\floadDuration\x12.\n" +
+	"\x03vae\x18\a \x01(\v2\x1c.framepack.worker.v1.VaeInfoR\x03vae\x12F\n" +
+	"\vtransformer\x18\b \x01(\v2$.framepack.worker.v1.TransformerInfoR\vtransformer\x12G\n" +
+	"\ftext_encoder\x18\t \x01(\v2$.framepack.worker.v1.TextEncoderInfoR\vtextEncoder\"\x97\x02\n" +
+	"\aVaeInfo\x12%\n" +
+	"\x0escaling_factor\x18\x01 \x01(\x01R\rscalingFactor\x12'\n" +
+	"\x0flatent_channels\x18\x02 \x01(\rR\x0elatentChannels\x12:\n" +
+	"\x19spatial_compression_ratio\x18\x03 \x01(\rR\x17spatialCompressionRatio\x12<\n" +
+	"\x1atemporal_compression_ratio\x18\x04 \x01(\rR\x18temporalCompressionRatio\x12\x1f\n" +
+	"\vin_channels\x18\x05 \x01(\rR\n" +
+	"inChannels\x12!\n" +
+	"\fout_channels\x18\x06 \x01(\rR\voutChannels\"\x92\x03\n" +
+	"\x0fTransformerInfo\x12\x1f\n" +
+	"\vin_channels\x18\x01 \x01(\rR\n" +
+	"inChannels\x12!\n" +
+	"\fout_channels\x18\x02 \x01(\rR\voutChannels\x12\x1d\n" +
+	"\n" +
+	"patch_size\x18\x03 \x01(\rR\tpatchSize\x12 \n" +
+	"\fpatch_size_t\x18\x04 \x01(\rR\n" +
+	"patchSizeT\x12$\n" +
+	"\x0etext_embed_dim\x18\x05 \x01(\rR\ftextEmbedDim\x122\n" +
+	"\x15pooled_projection_dim\x18\x06 \x01(\rR\x13pooledProjectionDim\x12$\n" +
+	"\x0eimage_proj_dim\x18\a \x01(\rR\fimageProjDim\x12\x1d\n" +
+	"\n" +
+	"num_layers\x18\b \x01(\rR\tnumLayers\x12*\n" +
+	"\x11num_single_layers\x18\t \x01(\rR\x0fnumSingleLayers\x12/\n" +
+	"\x14has_clean_x_embedder\x18\n" +
+	" \x01(\bR\x11hasCleanXEmbedder\"\xa1\x02\n" +
+	"\x0fTextEncoderInfo\x12*\n" +
+	"\x11llama_hidden_size\x18\x01 \x01(\rR\x0fllamaHiddenSize\x12(\n" +
+	"\x10clip_hidden_size\x18\x02 \x01(\rR\x0eclipHiddenSize\x12A\n" +
+	"\x1dllama_max_position_embeddings\x18\x03 \x01(\rR\x1allamaMaxPositionEmbeddings\x12?\n" +
+	"\x1cclip_max_position_embeddings\x18\x04 \x01(\rR\x19clipMaxPositionEmbeddings\x124\n" +
+	"\x16template_prefix_tokens\x18\x05 \x01(\rR\x14templatePrefixTokensB\xde\x01\n" +
 	"\x17com.framepack.worker.v1B\tLoadProtoP\x01ZJgithub.com/framepackd/framepackd/proto/gen/go/framepack/worker/v1;workerv1\xa2\x02\x03FWX\xaa\x02\x13Framepack.Worker.V1\xca\x02\x13Framepack\\Worker\\V1\xe2\x02\x1fFramepack\\Worker\\V1\\GPBMetadata\xea\x02\x15Framepack::Worker::V1b\x06proto3"
 
 var (
@@ -429,29 +817,35 @@ func file_framepack_worker_v1_load_proto_rawDescGZIP() []byte {
 	return file_framepack_worker_v1_load_proto_rawDescData
 }
 
-var file_framepack_worker_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_framepack_worker_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_framepack_worker_v1_load_proto_goTypes = []any{
 	(*LoadRequest)(nil),         // 0: framepack.worker.v1.LoadRequest
 	(*Fault)(nil),               // 1: framepack.worker.v1.Fault
 	(*LoadResponse)(nil),        // 2: framepack.worker.v1.LoadResponse
-	nil,                         // 3: framepack.worker.v1.LoadRequest.EnvEntry
-	(*ConvPolicy)(nil),          // 4: framepack.worker.v1.ConvPolicy
-	(ConvTier)(0),               // 5: framepack.worker.v1.ConvTier
-	(*Device)(nil),              // 6: framepack.worker.v1.Device
-	(*durationpb.Duration)(nil), // 7: google.protobuf.Duration
+	(*VaeInfo)(nil),             // 3: framepack.worker.v1.VaeInfo
+	(*TransformerInfo)(nil),     // 4: framepack.worker.v1.TransformerInfo
+	(*TextEncoderInfo)(nil),     // 5: framepack.worker.v1.TextEncoderInfo
+	nil,                         // 6: framepack.worker.v1.LoadRequest.EnvEntry
+	(*ConvPolicy)(nil),          // 7: framepack.worker.v1.ConvPolicy
+	(ConvTier)(0),               // 8: framepack.worker.v1.ConvTier
+	(*Device)(nil),              // 9: framepack.worker.v1.Device
+	(*durationpb.Duration)(nil), // 10: google.protobuf.Duration
 }
 var file_framepack_worker_v1_load_proto_depIdxs = []int32{
-	4, // 0: framepack.worker.v1.LoadRequest.conv_policy:type_name -> framepack.worker.v1.ConvPolicy
-	3, // 1: framepack.worker.v1.LoadRequest.env:type_name -> framepack.worker.v1.LoadRequest.EnvEntry
-	1, // 2: framepack.worker.v1.LoadRequest.fault:type_name -> framepack.worker.v1.Fault
-	5, // 3: framepack.worker.v1.Fault.hang_conv_tier:type_name -> framepack.worker.v1.ConvTier
-	6, // 4: framepack.worker.v1.LoadResponse.device:type_name -> framepack.worker.v1.Device
-	7, // 5: framepack.worker.v1.LoadResponse.load_duration:type_name -> google.protobuf.Duration
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	7,  // 0: framepack.worker.v1.LoadRequest.conv_policy:type_name -> framepack.worker.v1.ConvPolicy
+	6,  // 1: framepack.worker.v1.LoadRequest.env:type_name -> framepack.worker.v1.LoadRequest.EnvEntry
+	1,  // 2: framepack.worker.v1.LoadRequest.fault:type_name -> framepack.worker.v1.Fault
+	8,  // 3: framepack.worker.v1.Fault.hang_conv_tier:type_name -> framepack.worker.v1.ConvTier
+	9,  // 4: framepack.worker.v1.LoadResponse.device:type_name -> framepack.worker.v1.Device
+	10, // 5: framepack.worker.v1.LoadResponse.load_duration:type_name -> google.protobuf.Duration
+	3,  // 6: framepack.worker.v1.LoadResponse.vae:type_name -> framepack.worker.v1.VaeInfo
+	4,  // 7: framepack.worker.v1.LoadResponse.transformer:type_name -> framepack.worker.v1.TransformerInfo
+	5,  // 8: framepack.worker.v1.LoadResponse.text_encoder:type_name -> framepack.worker.v1.TextEncoderInfo
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_load_proto_init() }
@@ -467,7 +861,7 @@ func file_framepack_worker_v1_load_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_worker_v1_load_proto_rawDesc), len(file_framepack_worker_v1_load_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -205,8 +205,8 @@ func (ErrorCode) EnumDescriptor() ([]byte, []int) {
 
 // RunRequest asks a loaded worker to run one stage. The stage must match the
 // worker's model (text_encode for textenc, vae_encode/vae_decode for vae,
-// image_encode for clipvision, transformer_section for transformer);
-// otherwise Run fails with ERROR_CODE_INVALID_ARGUMENT.
+// image_encode for clipvision, transformer_section/transformer_forward for
+// transformer); otherwise Run fails with ERROR_CODE_INVALID_ARGUMENT.
 type RunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// job_id labels the worker's logs and beacon; optional.
@@ -220,6 +220,7 @@ type RunRequest struct {
 	//	*RunRequest_VaeDecode
 	//	*RunRequest_ImageEncode
 	//	*RunRequest_TransformerSection
+	//	*RunRequest_TransformerForward
 	Stage         isRunRequest_Stage `protobuf_oneof:"stage"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -314,6 +315,15 @@ func (x *RunRequest) GetTransformerSection() *TransformerSectionRequest {
 	return nil
 }
 
+func (x *RunRequest) GetTransformerForward() *TransformerForwardRequest {
+	if x != nil {
+		if x, ok := x.Stage.(*RunRequest_TransformerForward); ok {
+			return x.TransformerForward
+		}
+	}
+	return nil
+}
+
 type isRunRequest_Stage interface {
 	isRunRequest_Stage()
 }
@@ -343,6 +353,12 @@ type RunRequest_TransformerSection struct {
 	TransformerSection *TransformerSectionRequest `protobuf:"bytes,6,opt,name=transformer_section,json=transformerSection,proto3,oneof"`
 }
 
+type RunRequest_TransformerForward struct {
+	// transformer_forward runs one forward of the packed transformer (no
+	// sampling), for checks against the reference's forward.
+	TransformerForward *TransformerForwardRequest `protobuf:"bytes,7,opt,name=transformer_forward,json=transformerForward,proto3,oneof"`
+}
+
 func (*RunRequest_TextEncode) isRunRequest_Stage() {}
 
 func (*RunRequest_VaeEncode) isRunRequest_Stage() {}
@@ -352,6 +368,8 @@ func (*RunRequest_VaeDecode) isRunRequest_Stage() {}
 func (*RunRequest_ImageEncode) isRunRequest_Stage() {}
 
 func (*RunRequest_TransformerSection) isRunRequest_Stage() {}
+
+func (*RunRequest_TransformerForward) isRunRequest_Stage() {}
 
 // TextEncodeRequest encodes a prompt (and its negative) with LLaMA and CLIP-L.
 type TextEncodeRequest struct {
@@ -384,7 +402,22 @@ type TextEncodeRequest struct {
 	// llama_mask_n receives the negative attention mask. REQUIRED.
 	LlamaMaskN *TensorRef `protobuf:"bytes,12,opt,name=llama_mask_n,json=llamaMaskN,proto3" json:"llama_mask_n,omitempty"`
 	// clip_pooler_n receives the negative CLIP-L pooled output. REQUIRED.
-	ClipPoolerN   *TensorRef `protobuf:"bytes,13,opt,name=clip_pooler_n,json=clipPoolerN,proto3" json:"clip_pooler_n,omitempty"`
+	ClipPoolerN *TensorRef `protobuf:"bytes,13,opt,name=clip_pooler_n,json=clipPoolerN,proto3" json:"clip_pooler_n,omitempty"`
+	// llama_ids, when set, receives the positive prompt's LLaMA token ids as
+	// the text encoder ran on them [1, llama_max_length + crop_start]: the
+	// template applied, truncated and right-padded (the reference tokenizer's
+	// input_ids). dtype I64 (default) or I32. Optional, for checks.
+	LlamaIds *TensorRef `protobuf:"bytes,14,opt,name=llama_ids,json=llamaIds,proto3" json:"llama_ids,omitempty"`
+	// llama_attention_mask, when set, receives the LLaMA tokenizer's attention
+	// mask for llama_ids [1, llama_max_length + crop_start], 1 for a token and
+	// 0 for padding (the reference tokenizer's attention_mask; not llama_mask,
+	// which is cropped and padded to pad_length). dtype I64 (default), U8 or
+	// BOOL. Optional, for checks.
+	LlamaAttentionMask *TensorRef `protobuf:"bytes,15,opt,name=llama_attention_mask,json=llamaAttentionMask,proto3" json:"llama_attention_mask,omitempty"`
+	// clip_ids, when set, receives the positive prompt's CLIP token ids
+	// [1, clip_max_length], truncated and padded. dtype I64 (default) or I32.
+	// Optional, for checks.
+	ClipIds       *TensorRef `protobuf:"bytes,16,opt,name=clip_ids,json=clipIds,proto3" json:"clip_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -510,13 +543,44 @@ func (x *TextEncodeRequest) GetClipPoolerN() *TensorRef {
 	return nil
 }
 
-// VaeTiling sets how the VAE splits its work. Zero values mean the model's
-// defaults (256 px tiles, stride 192 px, 16 frames, stride 12 frames).
+func (x *TextEncodeRequest) GetLlamaIds() *TensorRef {
+	if x != nil {
+		return x.LlamaIds
+	}
+	return nil
+}
+
+func (x *TextEncodeRequest) GetLlamaAttentionMask() *TensorRef {
+	if x != nil {
+		return x.LlamaAttentionMask
+	}
+	return nil
+}
+
+func (x *TextEncodeRequest) GetClipIds() *TensorRef {
+	if x != nil {
+		return x.ClipIds
+	}
+	return nil
+}
+
+// VaeTiling sets how the VAE splits its work, with the meanings and defaults
+// of diffusers' AutoencoderKLHunyuanVideo: framewise (temporal) chunking is
+// always on (use_framewise_encoding and use_framewise_decoding, as FramePack
+// runs it), spatial tiling is off unless enable_spatial_tiling is set
+// (enable_tiling). Zero sizes mean the model's defaults (256 px tiles,
+// stride 192 px, 16 frames, stride 12 frames).
 type VaeTiling struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// enable_spatial_tiling splits height and width into overlapping tiles.
+	// enable_spatial_tiling splits height and width into overlapping tiles
+	// (diffusers' use_tiling) when the input is larger than one tile.
 	EnableSpatialTiling bool `protobuf:"varint,1,opt,name=enable_spatial_tiling,json=enableSpatialTiling,proto3" json:"enable_spatial_tiling,omitempty"`
-	// enable_temporal_tiling splits the frame axis into overlapping chunks.
+	// enable_temporal_tiling is ignored. Deprecated: framewise chunking is
+	// always on, as in diffusers and FramePack: encode splits more than
+	// tile_sample_min_num_frames pixel frames into chunks, decode more than
+	// tile_sample_min_num_frames/4 latent frames. To run all frames in one
+	// piece, set tile_sample_min_num_frames to at least the pixel frame count
+	// (encode) or 4 x the latent frame count (decode).
 	EnableTemporalTiling bool `protobuf:"varint,2,opt,name=enable_temporal_tiling,json=enableTemporalTiling,proto3" json:"enable_temporal_tiling,omitempty"`
 	// tile_sample_min_height is the tile height in pixels.
 	TileSampleMinHeight uint32 `protobuf:"varint,3,opt,name=tile_sample_min_height,json=tileSampleMinHeight,proto3" json:"tile_sample_min_height,omitempty"`
@@ -620,16 +684,26 @@ func (x *VaeTiling) GetTileSampleStrideNumFrames() uint32 {
 	return 0
 }
 
-// VaeEncodeRequest encodes pixels into scaled latents
-// (latents x scaling_factor, 0.476986 for HunyuanVideo).
+// VaeEncodeRequest encodes pixels into the posterior's mean and
+// log-variance. The latents are UNSCALED (not multiplied by scaling_factor):
+// the caller multiplies the mean by LoadResponse.vae.scaling_factor
+// (0.476986 for HunyuanVideo) to get the latents the transformer takes, as
+// FramePack's vae_encode does.
 type VaeEncodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// pixels is the input [B, 3, T, H, W] in [-1, 1]. REQUIRED.
 	Pixels *TensorRef `protobuf:"bytes,1,opt,name=pixels,proto3" json:"pixels,omitempty"`
-	// tiling sets tile sizes; unset means no tiling.
+	// tiling sets tile sizes; unset means diffusers' defaults (framewise
+	// chunking on, spatial tiling off).
 	Tiling *VaeTiling `protobuf:"bytes,2,opt,name=tiling,proto3" json:"tiling,omitempty"`
-	// latents receives [B, 16, (T+3)/4, H/8, W/8]. REQUIRED.
-	Latents       *TensorRef `protobuf:"bytes,3,opt,name=latents,proto3" json:"latents,omitempty"`
+	// latents receives the posterior mean, unscaled,
+	// [B, 16, (T+3)/4, H/8, W/8]. REQUIRED.
+	Latents *TensorRef `protobuf:"bytes,3,opt,name=latents,proto3" json:"latents,omitempty"`
+	// logvar receives the posterior log-variance (clamped to [-30, 20], as
+	// diffusers' DiagonalGaussianDistribution) in latents' shape. Unset means
+	// the fallback: the worker writes it into latents' file as the tensor
+	// "<latents.name>.logvar". Either way Result.outputs is [latents, logvar].
+	Logvar        *TensorRef `protobuf:"bytes,4,opt,name=logvar,proto3" json:"logvar,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -685,13 +759,23 @@ func (x *VaeEncodeRequest) GetLatents() *TensorRef {
 	return nil
 }
 
-// VaeDecodeRequest decodes scaled latents into pixels.
+func (x *VaeEncodeRequest) GetLogvar() *TensorRef {
+	if x != nil {
+		return x.Logvar
+	}
+	return nil
+}
+
+// VaeDecodeRequest decodes unscaled latents into pixels.
 type VaeDecodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// latents is the input [B, 16, T, H, W], scaled as VaeEncodeRequest
-	// produces them. REQUIRED.
+	// latents is the input [B, 16, T, H, W], UNSCALED: latents already
+	// divided by scaling_factor (what VaeEncodeRequest returns; the
+	// transformer's latents / LoadResponse.vae.scaling_factor, as FramePack's
+	// vae_decode divides them). REQUIRED.
 	Latents *TensorRef `protobuf:"bytes,1,opt,name=latents,proto3" json:"latents,omitempty"`
-	// tiling sets tile sizes; unset means no tiling.
+	// tiling sets tile sizes; unset means diffusers' defaults (framewise
+	// chunking on, spatial tiling off).
 	Tiling *VaeTiling `protobuf:"bytes,2,opt,name=tiling,proto3" json:"tiling,omitempty"`
 	// pixels receives [B, 3, 4T-3, 8H, 8W] in [-1, 1]. REQUIRED.
 	Pixels        *TensorRef `protobuf:"bytes,3,opt,name=pixels,proto3" json:"pixels,omitempty"`
@@ -1110,6 +1194,192 @@ func (x *TransformerSectionRequest) GetStepPreviews() []*TensorRef {
 	return nil
 }
 
+// TransformerForwardRequest runs one forward of the packed FramePack
+// transformer (diffusers_helper HunyuanVideoTransformer3DModelPacked.forward,
+// batch 1) and writes its output: the predicted flow velocity. The
+// conditioning fields mean what they mean in TransformerSectionRequest.
+type TransformerForwardRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// hidden_states is the noisy latents [1, 16, T, h, w] (h and w multiples
+	// of the patch size). REQUIRED.
+	HiddenStates *TensorRef `protobuf:"bytes,1,opt,name=hidden_states,json=hiddenStates,proto3" json:"hidden_states,omitempty"`
+	// timestep is the value the model embeds: sigma x 1000.
+	Timestep float32 `protobuf:"fixed32,2,opt,name=timestep,proto3" json:"timestep,omitempty"`
+	// guidance is the distilled guidance the model embeds: gs x 1000.
+	Guidance float32 `protobuf:"fixed32,3,opt,name=guidance,proto3" json:"guidance,omitempty"`
+	// llama_vec is the LLaMA conditioning [1, L, 4096]
+	// (encoder_hidden_states). REQUIRED.
+	LlamaVec *TensorRef `protobuf:"bytes,4,opt,name=llama_vec,json=llamaVec,proto3" json:"llama_vec,omitempty"`
+	// llama_mask is its attention mask [1, L] (encoder_attention_mask), 0 or
+	// 1 per token, at least one 1. REQUIRED.
+	LlamaMask *TensorRef `protobuf:"bytes,5,opt,name=llama_mask,json=llamaMask,proto3" json:"llama_mask,omitempty"`
+	// clip_pooler is the CLIP-L pooled conditioning [1, 768]
+	// (pooled_projections). REQUIRED.
+	ClipPooler *TensorRef `protobuf:"bytes,6,opt,name=clip_pooler,json=clipPooler,proto3" json:"clip_pooler,omitempty"`
+	// image_embeddings is the SigLIP last_hidden_state [1, 729, 1152];
+	// REQUIRED when the model has an image projection, ignored otherwise.
+	ImageEmbeddings *TensorRef `protobuf:"bytes,7,opt,name=image_embeddings,json=imageEmbeddings,proto3" json:"image_embeddings,omitempty"`
+	// clean_latents is the 1x clean context [1, 16, T1, h, w]; optional, set
+	// together with clean_latent_indices (T1 entries).
+	CleanLatents *TensorRef `protobuf:"bytes,8,opt,name=clean_latents,json=cleanLatents,proto3" json:"clean_latents,omitempty"`
+	// clean_latent_indices are the frame indices of clean_latents.
+	CleanLatentIndices []int64 `protobuf:"varint,9,rep,packed,name=clean_latent_indices,json=cleanLatentIndices,proto3" json:"clean_latent_indices,omitempty"`
+	// clean_latents_2x is the 2x context [1, 16, T2, h, w]; optional, set
+	// together with clean_latent_2x_indices (T2 entries).
+	CleanLatents_2X *TensorRef `protobuf:"bytes,10,opt,name=clean_latents_2x,json=cleanLatents2x,proto3" json:"clean_latents_2x,omitempty"`
+	// clean_latent_2x_indices are the frame indices of clean_latents_2x.
+	CleanLatent_2XIndices []int64 `protobuf:"varint,11,rep,packed,name=clean_latent_2x_indices,json=cleanLatent2xIndices,proto3" json:"clean_latent_2x_indices,omitempty"`
+	// clean_latents_4x is the 4x context [1, 16, T4, h, w]; optional, set
+	// together with clean_latent_4x_indices (T4 entries).
+	CleanLatents_4X *TensorRef `protobuf:"bytes,12,opt,name=clean_latents_4x,json=cleanLatents4x,proto3" json:"clean_latents_4x,omitempty"`
+	// clean_latent_4x_indices are the frame indices of clean_latents_4x.
+	CleanLatent_4XIndices []int64 `protobuf:"varint,13,rep,packed,name=clean_latent_4x_indices,json=cleanLatent4xIndices,proto3" json:"clean_latent_4x_indices,omitempty"`
+	// latent_indices are the frame indices of hidden_states (T entries);
+	// empty means 0..T-1.
+	LatentIndices []int64 `protobuf:"varint,14,rep,packed,name=latent_indices,json=latentIndices,proto3" json:"latent_indices,omitempty"`
+	// velocity receives the model's output (the reference's output.sample,
+	// the predicted flow velocity) in hidden_states' shape; dtype F32
+	// (default), F16 or BF16. REQUIRED.
+	Velocity      *TensorRef `protobuf:"bytes,15,opt,name=velocity,proto3" json:"velocity,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransformerForwardRequest) Reset() {
+	*x = TransformerForwardRequest{}
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransformerForwardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransformerForwardRequest) ProtoMessage() {}
+
+func (x *TransformerForwardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransformerForwardRequest.ProtoReflect.Descriptor instead.
+func (*TransformerForwardRequest) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *TransformerForwardRequest) GetHiddenStates() *TensorRef {
+	if x != nil {
+		return x.HiddenStates
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetTimestep() float32 {
+	if x != nil {
+		return x.Timestep
+	}
+	return 0
+}
+
+func (x *TransformerForwardRequest) GetGuidance() float32 {
+	if x != nil {
+		return x.Guidance
+	}
+	return 0
+}
+
+func (x *TransformerForwardRequest) GetLlamaVec() *TensorRef {
+	if x != nil {
+		return x.LlamaVec
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetLlamaMask() *TensorRef {
+	if x != nil {
+		return x.LlamaMask
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetClipPooler() *TensorRef {
+	if x != nil {
+		return x.ClipPooler
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetImageEmbeddings() *TensorRef {
+	if x != nil {
+		return x.ImageEmbeddings
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetCleanLatents() *TensorRef {
+	if x != nil {
+		return x.CleanLatents
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetCleanLatentIndices() []int64 {
+	if x != nil {
+		return x.CleanLatentIndices
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetCleanLatents_2X() *TensorRef {
+	if x != nil {
+		return x.CleanLatents_2X
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetCleanLatent_2XIndices() []int64 {
+	if x != nil {
+		return x.CleanLatent_2XIndices
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetCleanLatents_4X() *TensorRef {
+	if x != nil {
+		return x.CleanLatents_4X
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetCleanLatent_4XIndices() []int64 {
+	if x != nil {
+		return x.CleanLatent_4XIndices
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetLatentIndices() []int64 {
+	if x != nil {
+		return x.LatentIndices
+	}
+	return nil
+}
+
+func (x *TransformerForwardRequest) GetVelocity() *TensorRef {
+	if x != nil {
+		return x.Velocity
+	}
+	return nil
+}
+
 // RunEvent is one message of a Run stream. The stream ends after exactly one
 // Result or Error; any other end (a gRPC error status) is a transport or
 // worker failure.
@@ -1132,7 +1402,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[7]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1414,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[7]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1427,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{7}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RunEvent) GetEvent() isRunEvent_Event {
@@ -1285,7 +1555,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1297,7 +1567,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1310,7 +1580,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{8}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Progress) GetPhase() string {
@@ -1354,7 +1624,7 @@ type StepPreview struct {
 
 func (x *StepPreview) Reset() {
 	*x = StepPreview{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1366,7 +1636,7 @@ func (x *StepPreview) String() string {
 func (*StepPreview) ProtoMessage() {}
 
 func (x *StepPreview) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1379,7 +1649,7 @@ func (x *StepPreview) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepPreview.ProtoReflect.Descriptor instead.
 func (*StepPreview) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{9}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StepPreview) GetStep() uint32 {
@@ -1414,7 +1684,7 @@ type ConvFallback struct {
 
 func (x *ConvFallback) Reset() {
 	*x = ConvFallback{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1426,7 +1696,7 @@ func (x *ConvFallback) String() string {
 func (*ConvFallback) ProtoMessage() {}
 
 func (x *ConvFallback) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1439,7 +1709,7 @@ func (x *ConvFallback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConvFallback.ProtoReflect.Descriptor instead.
 func (*ConvFallback) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{10}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ConvFallback) GetShapeKey() string {
@@ -1485,7 +1755,7 @@ type LogLine struct {
 
 func (x *LogLine) Reset() {
 	*x = LogLine{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +1767,7 @@ func (x *LogLine) String() string {
 func (*LogLine) ProtoMessage() {}
 
 func (x *LogLine) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +1780,7 @@ func (x *LogLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogLine.ProtoReflect.Descriptor instead.
 func (*LogLine) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{11}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *LogLine) GetLevel() LogLevel {
@@ -1551,7 +1821,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1563,7 +1833,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1576,7 +1846,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{12}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Result) GetOutputs() []*TensorRef {
@@ -1620,7 +1890,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1632,7 +1902,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1645,7 +1915,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{13}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Error) GetCode() ErrorCode {
@@ -1680,7 +1950,7 @@ var File_framepack_worker_v1_run_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\n" +
-	"\x1dframepack/worker/v1/run.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/stats.proto\x1a framepack/worker/v1/tensor.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb8\x03\n" +
+	"\x1dframepack/worker/v1/run.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/stats.proto\x1a framepack/worker/v1/tensor.proto\x1a\x1egoogle/protobuf/duration.proto\"\x9b\x04\n" +
 	"\n" +
 	"RunRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12I\n" +
@@ -1691,8 +1961,9 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\n" +
 	"vae_decode\x18\x04 \x01(\v2%.framepack.worker.v1.VaeDecodeRequestH\x00R\tvaeDecode\x12L\n" +
 	"\fimage_encode\x18\x05 \x01(\v2'.framepack.worker.v1.ImageEncodeRequestH\x00R\vimageEncode\x12a\n" +
-	"\x13transformer_section\x18\x06 \x01(\v2..framepack.worker.v1.TransformerSectionRequestH\x00R\x12transformerSectionB\a\n" +
-	"\x05stage\"\xf9\x04\n" +
+	"\x13transformer_section\x18\x06 \x01(\v2..framepack.worker.v1.TransformerSectionRequestH\x00R\x12transformerSection\x12a\n" +
+	"\x13transformer_forward\x18\a \x01(\v2..framepack.worker.v1.TransformerForwardRequestH\x00R\x12transformerForwardB\a\n" +
+	"\x05stage\"\xc3\x06\n" +
 	"\x11TextEncodeRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12'\n" +
 	"\x0fnegative_prompt\x18\x02 \x01(\tR\x0enegativePrompt\x12\x10\n" +
@@ -1712,7 +1983,10 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\vllama_vec_n\x18\v \x01(\v2\x1e.framepack.worker.v1.TensorRefR\tllamaVecN\x12@\n" +
 	"\fllama_mask_n\x18\f \x01(\v2\x1e.framepack.worker.v1.TensorRefR\n" +
 	"llamaMaskN\x12B\n" +
-	"\rclip_pooler_n\x18\r \x01(\v2\x1e.framepack.worker.v1.TensorRefR\vclipPoolerN\"\xcf\x03\n" +
+	"\rclip_pooler_n\x18\r \x01(\v2\x1e.framepack.worker.v1.TensorRefR\vclipPoolerN\x12;\n" +
+	"\tllama_ids\x18\x0e \x01(\v2\x1e.framepack.worker.v1.TensorRefR\bllamaIds\x12P\n" +
+	"\x14llama_attention_mask\x18\x0f \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x12llamaAttentionMask\x129\n" +
+	"\bclip_ids\x18\x10 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\aclipIds\"\xcf\x03\n" +
 	"\tVaeTiling\x122\n" +
 	"\x15enable_spatial_tiling\x18\x01 \x01(\bR\x13enableSpatialTiling\x124\n" +
 	"\x16enable_temporal_tiling\x18\x02 \x01(\bR\x14enableTemporalTiling\x123\n" +
@@ -1721,11 +1995,12 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\x1atile_sample_min_num_frames\x18\x05 \x01(\rR\x16tileSampleMinNumFrames\x129\n" +
 	"\x19tile_sample_stride_height\x18\x06 \x01(\rR\x16tileSampleStrideHeight\x127\n" +
 	"\x18tile_sample_stride_width\x18\a \x01(\rR\x15tileSampleStrideWidth\x12@\n" +
-	"\x1dtile_sample_stride_num_frames\x18\b \x01(\rR\x19tileSampleStrideNumFrames\"\xbc\x01\n" +
+	"\x1dtile_sample_stride_num_frames\x18\b \x01(\rR\x19tileSampleStrideNumFrames\"\xf4\x01\n" +
 	"\x10VaeEncodeRequest\x126\n" +
 	"\x06pixels\x18\x01 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x06pixels\x126\n" +
 	"\x06tiling\x18\x02 \x01(\v2\x1e.framepack.worker.v1.VaeTilingR\x06tiling\x128\n" +
-	"\alatents\x18\x03 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\alatents\"\xbc\x01\n" +
+	"\alatents\x18\x03 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\alatents\x126\n" +
+	"\x06logvar\x18\x04 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x06logvar\"\xbc\x01\n" +
 	"\x10VaeDecodeRequest\x128\n" +
 	"\alatents\x18\x01 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\alatents\x126\n" +
 	"\x06tiling\x18\x02 \x01(\v2\x1e.framepack.worker.v1.VaeTilingR\x06tiling\x126\n" +
@@ -1767,7 +2042,26 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\x06frames\x18\x1b \x01(\rR\x06frames\x128\n" +
 	"\alatents\x18\x1c \x01(\v2\x1e.framepack.worker.v1.TensorRefR\alatents\x12C\n" +
 	"\rstep_previews\x18\x1d \x03(\v2\x1e.framepack.worker.v1.TensorRefR\fstepPreviewsB\b\n" +
-	"\x06_shift\"\xfe\x02\n" +
+	"\x06_shift\"\xfc\x06\n" +
+	"\x19TransformerForwardRequest\x12C\n" +
+	"\rhidden_states\x18\x01 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\fhiddenStates\x12\x1a\n" +
+	"\btimestep\x18\x02 \x01(\x02R\btimestep\x12\x1a\n" +
+	"\bguidance\x18\x03 \x01(\x02R\bguidance\x12;\n" +
+	"\tllama_vec\x18\x04 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\bllamaVec\x12=\n" +
+	"\n" +
+	"llama_mask\x18\x05 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\tllamaMask\x12?\n" +
+	"\vclip_pooler\x18\x06 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\n" +
+	"clipPooler\x12I\n" +
+	"\x10image_embeddings\x18\a \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x0fimageEmbeddings\x12C\n" +
+	"\rclean_latents\x18\b \x01(\v2\x1e.framepack.worker.v1.TensorRefR\fcleanLatents\x120\n" +
+	"\x14clean_latent_indices\x18\t \x03(\x03R\x12cleanLatentIndices\x12H\n" +
+	"\x10clean_latents_2x\x18\n" +
+	" \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x0ecleanLatents2x\x125\n" +
+	"\x17clean_latent_2x_indices\x18\v \x03(\x03R\x14cleanLatent2xIndices\x12H\n" +
+	"\x10clean_latents_4x\x18\f \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x0ecleanLatents4x\x125\n" +
+	"\x17clean_latent_4x_indices\x18\r \x03(\x03R\x14cleanLatent4xIndices\x12%\n" +
+	"\x0elatent_indices\x18\x0e \x03(\x03R\rlatentIndices\x12:\n" +
+	"\bvelocity\x18\x0f \x01(\v2\x1e.framepack.worker.v1.TensorRefR\bvelocity\"\xfe\x02\n" +
 	"\bRunEvent\x12;\n" +
 	"\bprogress\x18\x01 \x01(\v2\x1d.framepack.worker.v1.ProgressH\x00R\bprogress\x12E\n" +
 	"\fstep_preview\x18\x02 \x01(\v2 .framepack.worker.v1.StepPreviewH\x00R\vstepPreview\x12H\n" +
@@ -1838,7 +2132,7 @@ func file_framepack_worker_v1_run_proto_rawDescGZIP() []byte {
 }
 
 var file_framepack_worker_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_framepack_worker_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_framepack_worker_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_framepack_worker_v1_run_proto_goTypes = []any{
 	(SamplerVariant)(0),               // 0: framepack.worker.v1.SamplerVariant
 	(LogLevel)(0),                     // 1: framepack.worker.v1.LogLevel
@@ -1850,19 +2144,20 @@ var file_framepack_worker_v1_run_proto_goTypes = []any{
 	(*VaeDecodeRequest)(nil),          // 7: framepack.worker.v1.VaeDecodeRequest
 	(*ImageEncodeRequest)(nil),        // 8: framepack.worker.v1.ImageEncodeRequest
 	(*TransformerSectionRequest)(nil), // 9: framepack.worker.v1.TransformerSectionRequest
-	(*RunEvent)(nil),                  // 10: framepack.worker.v1.RunEvent
-	(*Progress)(nil),                  // 11: framepack.worker.v1.Progress
-	(*StepPreview)(nil),               // 12: framepack.worker.v1.StepPreview
-	(*ConvFallback)(nil),              // 13: framepack.worker.v1.ConvFallback
-	(*LogLine)(nil),                   // 14: framepack.worker.v1.LogLine
-	(*Result)(nil),                    // 15: framepack.worker.v1.Result
-	(*Error)(nil),                     // 16: framepack.worker.v1.Error
-	nil,                               // 17: framepack.worker.v1.LogLine.FieldsEntry
-	(*TensorRef)(nil),                 // 18: framepack.worker.v1.TensorRef
-	(*durationpb.Duration)(nil),       // 19: google.protobuf.Duration
-	(ConvTier)(0),                     // 20: framepack.worker.v1.ConvTier
-	(ConvOutcome)(0),                  // 21: framepack.worker.v1.ConvOutcome
-	(*StatsResponse)(nil),             // 22: framepack.worker.v1.StatsResponse
+	(*TransformerForwardRequest)(nil), // 10: framepack.worker.v1.TransformerForwardRequest
+	(*RunEvent)(nil),                  // 11: framepack.worker.v1.RunEvent
+	(*Progress)(nil),                  // 12: framepack.worker.v1.Progress
+	(*StepPreview)(nil),               // 13: framepack.worker.v1.StepPreview
+	(*ConvFallback)(nil),              // 14: framepack.worker.v1.ConvFallback
+	(*LogLine)(nil),                   // 15: framepack.worker.v1.LogLine
+	(*Result)(nil),                    // 16: framepack.worker.v1.Result
+	(*Error)(nil),                     // 17: framepack.worker.v1.Error
+	nil,                               // 18: framepack.worker.v1.LogLine.FieldsEntry
+	(*TensorRef)(nil),                 // 19: framepack.worker.v1.TensorRef
+	(*durationpb.Duration)(nil),       // 20: google.protobuf.Duration
+	(ConvTier)(0),                     // 21: framepack.worker.v1.ConvTier
+	(ConvOutcome)(0),                  // 22: framepack.worker.v1.ConvOutcome
+	(*StatsResponse)(nil),             // 23: framepack.worker.v1.StatsResponse
 }
 var file_framepack_worker_v1_run_proto_depIdxs = []int32{
 	4,  // 0: framepack.worker.v1.RunRequest.text_encode:type_name -> framepack.worker.v1.TextEncodeRequest
@@ -1870,53 +2165,67 @@ var file_framepack_worker_v1_run_proto_depIdxs = []int32{
 	7,  // 2: framepack.worker.v1.RunRequest.vae_decode:type_name -> framepack.worker.v1.VaeDecodeRequest
 	8,  // 3: framepack.worker.v1.RunRequest.image_encode:type_name -> framepack.worker.v1.ImageEncodeRequest
 	9,  // 4: framepack.worker.v1.RunRequest.transformer_section:type_name -> framepack.worker.v1.TransformerSectionRequest
-	18, // 5: framepack.worker.v1.TextEncodeRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	18, // 6: framepack.worker.v1.TextEncodeRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	18, // 7: framepack.worker.v1.TextEncodeRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	18, // 8: framepack.worker.v1.TextEncodeRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
-	18, // 9: framepack.worker.v1.TextEncodeRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
-	18, // 10: framepack.worker.v1.TextEncodeRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
-	18, // 11: framepack.worker.v1.VaeEncodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
-	5,  // 12: framepack.worker.v1.VaeEncodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
-	18, // 13: framepack.worker.v1.VaeEncodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
-	18, // 14: framepack.worker.v1.VaeDecodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
-	5,  // 15: framepack.worker.v1.VaeDecodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
-	18, // 16: framepack.worker.v1.VaeDecodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
-	18, // 17: framepack.worker.v1.ImageEncodeRequest.image:type_name -> framepack.worker.v1.TensorRef
-	18, // 18: framepack.worker.v1.ImageEncodeRequest.last_hidden_state:type_name -> framepack.worker.v1.TensorRef
-	18, // 19: framepack.worker.v1.TransformerSectionRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	18, // 20: framepack.worker.v1.TransformerSectionRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	18, // 21: framepack.worker.v1.TransformerSectionRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	18, // 22: framepack.worker.v1.TransformerSectionRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
-	18, // 23: framepack.worker.v1.TransformerSectionRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
-	18, // 24: framepack.worker.v1.TransformerSectionRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
-	18, // 25: framepack.worker.v1.TransformerSectionRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
-	18, // 26: framepack.worker.v1.TransformerSectionRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
-	18, // 27: framepack.worker.v1.TransformerSectionRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
-	18, // 28: framepack.worker.v1.TransformerSectionRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
-	0,  // 29: framepack.worker.v1.TransformerSectionRequest.sampler:type_name -> framepack.worker.v1.SamplerVariant
-	18, // 30: framepack.worker.v1.TransformerSectionRequest.latents:type_name -> framepack.worker.v1.TensorRef
-	18, // 31: framepack.worker.v1.TransformerSectionRequest.step_previews:type_name -> framepack.worker.v1.TensorRef
-	11, // 32: framepack.worker.v1.RunEvent.progress:type_name -> framepack.worker.v1.Progress
-	12, // 33: framepack.worker.v1.RunEvent.step_preview:type_name -> framepack.worker.v1.StepPreview
-	13, // 34: framepack.worker.v1.RunEvent.conv_fallback:type_name -> framepack.worker.v1.ConvFallback
-	14, // 35: framepack.worker.v1.RunEvent.log:type_name -> framepack.worker.v1.LogLine
-	15, // 36: framepack.worker.v1.RunEvent.result:type_name -> framepack.worker.v1.Result
-	16, // 37: framepack.worker.v1.RunEvent.error:type_name -> framepack.worker.v1.Error
-	19, // 38: framepack.worker.v1.Progress.elapsed:type_name -> google.protobuf.Duration
-	18, // 39: framepack.worker.v1.StepPreview.denoised:type_name -> framepack.worker.v1.TensorRef
-	20, // 40: framepack.worker.v1.ConvFallback.tier:type_name -> framepack.worker.v1.ConvTier
-	21, // 41: framepack.worker.v1.ConvFallback.outcome:type_name -> framepack.worker.v1.ConvOutcome
-	1,  // 42: framepack.worker.v1.LogLine.level:type_name -> framepack.worker.v1.LogLevel
-	17, // 43: framepack.worker.v1.LogLine.fields:type_name -> framepack.worker.v1.LogLine.FieldsEntry
-	18, // 44: framepack.worker.v1.Result.outputs:type_name -> framepack.worker.v1.TensorRef
-	22, // 45: framepack.worker.v1.Result.stats:type_name -> framepack.worker.v1.StatsResponse
-	2,  // 46: framepack.worker.v1.Error.code:type_name -> framepack.worker.v1.ErrorCode
-	47, // [47:47] is the sub-list for method output_type
-	47, // [47:47] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	10, // 5: framepack.worker.v1.RunRequest.transformer_forward:type_name -> framepack.worker.v1.TransformerForwardRequest
+	19, // 6: framepack.worker.v1.TextEncodeRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	19, // 7: framepack.worker.v1.TextEncodeRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	19, // 8: framepack.worker.v1.TextEncodeRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	19, // 9: framepack.worker.v1.TextEncodeRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
+	19, // 10: framepack.worker.v1.TextEncodeRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
+	19, // 11: framepack.worker.v1.TextEncodeRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
+	19, // 12: framepack.worker.v1.TextEncodeRequest.llama_ids:type_name -> framepack.worker.v1.TensorRef
+	19, // 13: framepack.worker.v1.TextEncodeRequest.llama_attention_mask:type_name -> framepack.worker.v1.TensorRef
+	19, // 14: framepack.worker.v1.TextEncodeRequest.clip_ids:type_name -> framepack.worker.v1.TensorRef
+	19, // 15: framepack.worker.v1.VaeEncodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
+	5,  // 16: framepack.worker.v1.VaeEncodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
+	19, // 17: framepack.worker.v1.VaeEncodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	19, // 18: framepack.worker.v1.VaeEncodeRequest.logvar:type_name -> framepack.worker.v1.TensorRef
+	19, // 19: framepack.worker.v1.VaeDecodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	5,  // 20: framepack.worker.v1.VaeDecodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
+	19, // 21: framepack.worker.v1.VaeDecodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
+	19, // 22: framepack.worker.v1.ImageEncodeRequest.image:type_name -> framepack.worker.v1.TensorRef
+	19, // 23: framepack.worker.v1.ImageEncodeRequest.last_hidden_state:type_name -> framepack.worker.v1.TensorRef
+	19, // 24: framepack.worker.v1.TransformerSectionRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	19, // 25: framepack.worker.v1.TransformerSectionRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	19, // 26: framepack.worker.v1.TransformerSectionRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	19, // 27: framepack.worker.v1.TransformerSectionRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
+	19, // 28: framepack.worker.v1.TransformerSectionRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
+	19, // 29: framepack.worker.v1.TransformerSectionRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
+	19, // 30: framepack.worker.v1.TransformerSectionRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
+	19, // 31: framepack.worker.v1.TransformerSectionRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
+	19, // 32: framepack.worker.v1.TransformerSectionRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
+	19, // 33: framepack.worker.v1.TransformerSectionRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
+	0,  // 34: framepack.worker.v1.TransformerSectionRequest.sampler:type_name -> framepack.worker.v1.SamplerVariant
+	19, // 35: framepack.worker.v1.TransformerSectionRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	19, // 36: framepack.worker.v1.TransformerSectionRequest.step_previews:type_name -> framepack.worker.v1.TensorRef
+	19, // 37: framepack.worker.v1.TransformerForwardRequest.hidden_states:type_name -> framepack.worker.v1.TensorRef
+	19, // 38: framepack.worker.v1.TransformerForwardRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	19, // 39: framepack.worker.v1.TransformerForwardRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	19, // 40: framepack.worker.v1.TransformerForwardRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	19, // 41: framepack.worker.v1.TransformerForwardRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
+	19, // 42: framepack.worker.v1.TransformerForwardRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
+	19, // 43: framepack.worker.v1.TransformerForwardRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
+	19, // 44: framepack.worker.v1.TransformerForwardRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
+	19, // 45: framepack.worker.v1.TransformerForwardRequest.velocity:type_name -> framepack.worker.v1.TensorRef
+	12, // 46: framepack.worker.v1.RunEvent.progress:type_name -> framepack.worker.v1.Progress
+	13, // 47: framepack.worker.v1.RunEvent.step_preview:type_name -> framepack.worker.v1.StepPreview
+	14, // 48: framepack.worker.v1.RunEvent.conv_fallback:type_name -> framepack.worker.v1.ConvFallback
+	15, // 49: framepack.worker.v1.RunEvent.log:type_name -> framepack.worker.v1.LogLine
+	16, // 50: framepack.worker.v1.RunEvent.result:type_name -> framepack.worker.v1.Result
+	17, // 51: framepack.worker.v1.RunEvent.error:type_name -> framepack.worker.v1.Error
+	20, // 52: framepack.worker.v1.Progress.elapsed:type_name -> google.protobuf.Duration
+	19, // 53: framepack.worker.v1.StepPreview.denoised:type_name -> framepack.worker.v1.TensorRef
+	21, // 54: framepack.worker.v1.ConvFallback.tier:type_name -> framepack.worker.v1.ConvTier
+	22, // 55: framepack.worker.v1.ConvFallback.outcome:type_name -> framepack.worker.v1.ConvOutcome
+	1,  // 56: framepack.worker.v1.LogLine.level:type_name -> framepack.worker.v1.LogLevel
+	18, // 57: framepack.worker.v1.LogLine.fields:type_name -> framepack.worker.v1.LogLine.FieldsEntry
+	19, // 58: framepack.worker.v1.Result.outputs:type_name -> framepack.worker.v1.TensorRef
+	23, // 59: framepack.worker.v1.Result.stats:type_name -> framepack.worker.v1.StatsResponse
+	2,  // 60: framepack.worker.v1.Error.code:type_name -> framepack.worker.v1.ErrorCode
+	61, // [61:61] is the sub-list for method output_type
+	61, // [61:61] is the sub-list for method input_type
+	61, // [61:61] is the sub-list for extension type_name
+	61, // [61:61] is the sub-list for extension extendee
+	0,  // [0:61] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_run_proto_init() }
@@ -1933,9 +2242,10 @@ func file_framepack_worker_v1_run_proto_init() {
 		(*RunRequest_VaeDecode)(nil),
 		(*RunRequest_ImageEncode)(nil),
 		(*RunRequest_TransformerSection)(nil),
+		(*RunRequest_TransformerForward)(nil),
 	}
 	file_framepack_worker_v1_run_proto_msgTypes[6].OneofWrappers = []any{}
-	file_framepack_worker_v1_run_proto_msgTypes[7].OneofWrappers = []any{
+	file_framepack_worker_v1_run_proto_msgTypes[8].OneofWrappers = []any{
 		(*RunEvent_Progress)(nil),
 		(*RunEvent_StepPreview)(nil),
 		(*RunEvent_ConvFallback)(nil),
@@ -1949,7 +2259,7 @@ func file_framepack_worker_v1_run_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_worker_v1_run_proto_rawDesc), len(file_framepack_worker_v1_run_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   15,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
