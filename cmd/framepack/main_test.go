@@ -34,6 +34,11 @@ func TestMain(m *testing.M) {
 // do: "fail …" fails, "block …" runs until cancelled, "nofffmpeg …" writes its video with no
 // ffmpeg (PNG frames); anything else makes one real MP4 per section.
 func fakeRunner(blocked chan<- string) func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error) {
+	return fakeRunnerBlocking(blocked, true)
+}
+
+// fakeRunnerBlocking is fakeRunner; with block false, "block" prompts run like any other.
+func fakeRunnerBlocking(blocked chan<- string, block bool) func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error) {
 	return func(ctx context.Context, job *jobs.Job, emit func(*framepackv1.JobEvent)) (jobs.Result, error) {
 		prompt := job.Spec.GetPrompt()
 		emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageStarted{StageStarted: &framepackv1.StageStarted{Stage: framepackv1.Stage_STAGE_TEXT_ENCODE, Attempt: 1}}})
@@ -41,7 +46,7 @@ func fakeRunner(blocked chan<- string) func(context.Context, *jobs.Job, func(*fr
 		case strings.HasPrefix(prompt, "fail"):
 			return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{Message: "vae decode gave up", Stage: framepackv1.Stage_STAGE_VAE_DECODE,
 				Attempts: []*framepackv1.Attempt{{Stage: framepackv1.Stage_STAGE_VAE_DECODE, Attempt: 1, Class: framepackv1.AttemptClass_ATTEMPT_CLASS_OOM, Message: "out of memory", Change: "vae tile 256 -> 128 px"}}}}
-		case strings.HasPrefix(prompt, "block"):
+		case strings.HasPrefix(prompt, "block") && block:
 			blocked <- job.ID
 			<-ctx.Done()
 			return jobs.Result{}, context.Cause(ctx)
@@ -98,7 +103,7 @@ func setup(t *testing.T) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(f.d.Kill)
+	t.Cleanup(func() { f.d.Kill() }) // f.d may be replaced by a restart
 	img := image.NewNRGBA(image.Rect(0, 0, 48, 32))
 	for i := range img.Pix {
 		img.Pix[i] = byte(i)
@@ -293,6 +298,36 @@ func TestCLI(t *testing.T) {
 		job, err := f.d.Store().Get(id)
 		if err != nil || job.GetState() != framepackv1.JobState_JOB_STATE_CANCELLED {
 			t.Fatalf("job after ctrl-c: %v %v", job, err)
+		}
+	})
+
+	t.Run("daemon restarts while generating", func(t *testing.T) {
+		out := filepath.Join(f.dir, "restarted.mp4")
+		cmd := f.command(t, "generate", "--image", f.image, "--prompt", "block until restart", "--seconds", "1", "--steps", "2", "--out", out)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		<-f.blocked
+		f.d.Kill()
+		d, err := api.StartDaemon(api.DaemonConfig{
+			StateDir: filepath.Join(f.dir, "state"),
+			Listen:   []api.Addr{{Network: "unix", Address: f.addr}},
+			Lanes:    []string{"cpu"},
+			Run:      fakeRunnerBlocking(f.blocked, false),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.d = d
+		cmd.Wait()
+		if code := cmd.ProcessState.ExitCode(); code != exitOK || strings.TrimSpace(stdout.String()) != out ||
+			!strings.Contains(stderr.String(), "connection to the server lost; reconnecting") {
+			t.Fatalf("exit %d, stdout %q, stderr:\n%s", code, stdout.String(), stderr.String())
+		}
+		if got := ffprobeFrames(t, out); !strings.HasSuffix(got, ",3") {
+			t.Fatalf("ffprobe %s", got)
 		}
 	})
 

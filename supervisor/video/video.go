@@ -22,6 +22,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/framepackd/framepackd/internal/imageproc"
 )
 
 // FPS is the frame rate of every video FramePack writes (demo_gradio.py: fps=30).
@@ -309,4 +311,18 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "; ")
+}
+
+// FromFrames wraps imageproc's MP4 frame tensor (imageproc.VideoFrames: save_bcthw_as_mp4's
+// clamp, ×127.5+127.5, truncation and '(m n) c t h w -> t (m h) (n w) c') as a Clip, without
+// copying. It must have three channels.
+func FromFrames(f imageproc.Frames) (Clip, error) {
+	if f.C != 3 {
+		return Clip{}, fmt.Errorf("%w: %d channels, want 3 (RGB)", ErrBadClip, f.C)
+	}
+	c := Clip{Frames: f.T, Height: f.H, Width: f.W, RGB: f.Pix}
+	if err := c.Check(); err != nil {
+		return Clip{}, err
+	}
+	return c, nil
 }

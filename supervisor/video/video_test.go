@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/framepackd/framepackd/internal/imageproc"
 	"github.com/framepackd/framepackd/supervisor/video"
 )
 
@@ -267,5 +268,31 @@ func TestFailingFFmpegReportsStderr(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Errorf("output exists after failure")
+	}
+}
+
+func TestFromFrames(t *testing.T) {
+	// A [1, 3, 2, 2, 4] pixel tensor in [-1, 1] through imageproc's MP4 conversion.
+	v := imageproc.Video{B: 1, C: 3, T: 2, H: 2, W: 4, Data: make([]float32, 3*2*2*4)}
+	for i := range v.Data {
+		v.Data[i] = float32(i%5)/2 - 1 // -1, -0.5, 0, 0.5, 1
+	}
+	f, err := imageproc.VideoFrames(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := video.FromFrames(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Frames != 2 || c.Height != 2 || c.Width != 4 || len(c.RGB) != 48 {
+		t.Fatalf("clip %+v", c)
+	}
+	// Frame 0, pixel (0,0): channels 0, 1, 2 start at 0, 16, 32 → -1, -0.5, 0 → 0, 63, 127.
+	if c.RGB[0] != 0 || c.RGB[1] != 63 || c.RGB[2] != 127 {
+		t.Fatalf("first pixel %v", c.RGB[:3])
+	}
+	if _, err := video.FromFrames(imageproc.Frames{T: 1, H: 2, W: 2, C: 4, Pix: make([]byte, 16)}); !errors.Is(err, video.ErrBadClip) {
+		t.Fatalf("4 channels: %v", err)
 	}
 }
