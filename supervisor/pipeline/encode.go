@@ -1,0 +1,153 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+
+	"github.com/framepackd/framepackd/internal/imageproc"
+	"github.com/framepackd/framepackd/internal/safetensors"
+	"github.com/framepackd/framepackd/internal/shm"
+	"github.com/framepackd/framepackd/internal/workerkit"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/lanes"
+)
+
+// encode runs the once-per-job stages (text encode, prepare, VAE encode, image encode) and
+// saves their outputs in the conditioning file.
+func (j *jobRun) encode(ctx context.Context) error {
+	spec := j.job.Spec
+	c := &conditioning{scalingFactorStr: j.r.sfString}
+
+	// Text encoder: LLaMA hidden_states[-3][:, 95:], CLIP-L pooled; zero negative at cfg 1.
+	textSeg, err := j.segment("text")
+	if err != nil {
+		return err
+	}
+	ref := func(name string) workerkit.TensorRef { return workerkit.TensorRef{Path: textSeg, Name: name} }
+	_, err = j.workerStage(ctx, framepackv1.Stage_STAGE_TEXT_ENCODE, -1, lanes.Stage{
+		Model: lanes.TextEnc, ModelDir: j.r.cfg.Models.HunyuanVideo,
+		Request: &workerkit.TextEncodeRequest{Prompt: spec.GetPrompt(), NegativePrompt: spec.GetNegativePrompt(), CFG: spec.GetCfg(),
+			LlamaVec: ref(tLlamaVec), LlamaMask: ref(tLlamaMask), ClipPooler: ref(tClipPooler),
+			LlamaVecN: ref(tLlamaVecN), LlamaMaskN: ref(tLlamaMaskN), ClipPoolerN: ref(tClipPoolerN)},
+	})
+	if err != nil {
+		return err
+	}
+	if err := j.readSegment(textSeg, func(m *shm.Mapped) error {
+		for _, name := range []string{tLlamaVec, tLlamaMask, tClipPooler, tLlamaVecN, tLlamaMaskN, tClipPoolerN} {
+			t, err := readRaw(m, name)
+			if err != nil {
+				return err
+			}
+			c.text = append(c.text, t)
+		}
+		return nil
+	}); err != nil {
+		return j.failure(ctx, framepackv1.Stage_STAGE_TEXT_ENCODE, -1, j.r.cfg.Now(), 0, err)
+	}
+	j.dropSegments("text")
+	if j.draining() {
+		return jobs.ErrInterrupted
+	}
+
+	// Prepare: nearest bucket, LANCZOS resize-to-cover + centre crop, [-1, 1].
+	var pixels vol
+	if err := j.hostStage(ctx, framepackv1.Stage_STAGE_PREPARE, -1, func() error {
+		img, _, err := imageproc.DecodeFile(j.job.InputPath, imageproc.Options{MaxPixels: MaxInputPixels})
+		if err != nil {
+			return fmt.Errorf("%w: input image: %w", errBadInput, err)
+		}
+		b, err := imageproc.FindNearestBucket(img.Height, img.Width, j.buckets)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errBadInput, err)
+		}
+		np, err := imageproc.ResizeAndCenterCrop(img, b.Width, b.Height)
+		if err != nil {
+			return fmt.Errorf("%w: resize: %w", errBadInput, err)
+		}
+		c.imageNP, c.height, c.width = np.Pix, np.Height, np.Width
+		pixels = imageproc.ImageToVideo(np)
+		j.log.WithFields(map[string]any{"input": fmt.Sprintf("%dx%d", img.Width, img.Height), "bucket": fmt.Sprintf("%dx%d", b.Width, b.Height)}).Info("start frame prepared")
+		return nil
+	}); err != nil {
+		return err
+	}
+
+	// VAE encode of the start frame: the posterior mean × scaling_factor.
+	pixSeg, err := j.segment("start-pixels")
+	if err != nil {
+		return err
+	}
+	if _, err := shm.WriteSegment(pixSeg, []safetensors.Tensor{f32Tensor("pixels", pixels)}); err != nil {
+		return fmt.Errorf("job %s: start pixels: %w", j.job.ID, err)
+	}
+	latSeg, err := j.segment("start-latent")
+	if err != nil {
+		return err
+	}
+	if _, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, lanes.Stage{
+		Model: lanes.VAE, ModelDir: j.r.cfg.Models.VAE(),
+		Request: &workerkit.VAEEncodeRequest{Pixels: workerkit.TensorRef{Path: pixSeg, Name: "pixels"}, Tiling: j.vaeTiling(),
+			Latents: workerkit.TensorRef{Path: latSeg, Name: "latents"}},
+	}); err != nil {
+		return err
+	}
+	mean, err := readSegmentVol(latSeg, "latents")
+	if err != nil {
+		return j.failure(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, j.r.cfg.Now(), 0, err)
+	}
+	c.startLatent = scaled(mean, j.r.scalingFactor)
+	j.dropSegments("start-pixels", "start-latent")
+	if j.draining() {
+		return jobs.ErrInterrupted
+	}
+
+	// SigLIP of the bucketed start frame.
+	imgSeg, err := j.segment("start-image")
+	if err != nil {
+		return err
+	}
+	if _, err := shm.WriteSegment(imgSeg, []safetensors.Tensor{safetensors.FromUint8("image", []int64{int64(c.height), int64(c.width), 3}, c.imageNP)}); err != nil {
+		return fmt.Errorf("job %s: start image: %w", j.job.ID, err)
+	}
+	sigSeg, err := j.segment("siglip")
+	if err != nil {
+		return err
+	}
+	if _, err := j.workerStage(ctx, framepackv1.Stage_STAGE_IMAGE_ENCODE, -1, lanes.Stage{
+		Model: lanes.ClipVision, ModelDir: j.r.cfg.Models.FluxRedux,
+		Request: &workerkit.ImageEncodeRequest{Image: workerkit.TensorRef{Path: imgSeg, Name: "image"},
+			LastHiddenState: workerkit.TensorRef{Path: sigSeg, Name: tImageHidden}},
+	}); err != nil {
+		return err
+	}
+	if err := j.readSegment(sigSeg, func(m *shm.Mapped) error {
+		t, err := readRaw(m, tImageHidden)
+		c.imageHidden = t
+		return err
+	}); err != nil {
+		return j.failure(ctx, framepackv1.Stage_STAGE_IMAGE_ENCODE, -1, j.r.cfg.Now(), 0, err)
+	}
+	j.dropSegments("start-image", "siglip")
+
+	if err := c.save(filepath.Join(j.job.Dir.History(), ConditioningFile)); err != nil {
+		return fmt.Errorf("job %s: %w", j.job.ID, err)
+	}
+	j.cond = c
+	if j.draining() {
+		return jobs.ErrInterrupted
+	}
+	return nil
+}
+
+// readSegment maps a complete segment for fn.
+func (j *jobRun) readSegment(path string, fn func(*shm.Mapped) error) error {
+	m, err := shm.Open(path)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	return fn(m)
+}

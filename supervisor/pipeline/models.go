@@ -1,0 +1,122 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// ErrModelsNotFound is returned (wrapped) by ResolveModels when a model folder is missing.
+var ErrModelsNotFound = errors.New("pipeline: model folder not found")
+
+// Models are the folders the workers load.
+type Models struct {
+	// HunyuanVideo is the HunyuanVideo snapshot: text_encoder/, text_encoder_2/, tokenizer/,
+	// tokenizer_2/ (the textenc worker loads the folder) and vae/.
+	HunyuanVideo string
+	// FluxRedux is the FLUX Redux snapshot: image_encoder/ and feature_extractor/.
+	FluxRedux string
+	// Transformer is the FramePack I2V transformer folder (config.json and safetensors).
+	Transformer string
+}
+
+// VAE is the VAE folder inside the HunyuanVideo snapshot.
+func (m Models) VAE() string { return filepath.Join(m.HunyuanVideo, "vae") }
+
+// modelLayout names one model in each layout ResolveModels accepts.
+type modelLayout struct {
+	short string // the tiny test models' folder: <root>/<short>
+	repo  string // the Hugging Face repository: <root>/<org>/<name> or the hub cache
+	probe string // a file that must exist inside the folder
+}
+
+var (
+	hunyuanLayout     = modelLayout{short: "hunyuanvideo", repo: "hunyuanvideo-community/HunyuanVideo", probe: "vae/config.json"}
+	fluxReduxLayout   = modelLayout{short: "flux_redux_bfl", repo: "lllyasviel/flux_redux_bfl", probe: "image_encoder/config.json"}
+	transformerLayout = modelLayout{short: "framepack_i2v", repo: "lllyasviel/FramePackI2V_HY", probe: "config.json"}
+)
+
+// ResolveModels finds the three model folders under root. For each model it accepts, first
+// found wins:
+//
+//   - <root>/<short>: the tiny test models' layout (testdata/parity/models): hunyuanvideo/,
+//     flux_redux_bfl/, framepack_i2v/;
+//   - <root>/<org>/<name>: a plain download of each repository (huggingface-cli download
+//     --local-dir): hunyuanvideo-community/HunyuanVideo, lllyasviel/flux_redux_bfl,
+//     lllyasviel/FramePackI2V_HY;
+//   - the Hugging Face cache: <root>/models--<org>--<name>/snapshots/<rev>/ or the same under
+//     <root>/hub/ (FramePack's own hf_download/ folder is such a root), the revision in
+//     refs/main first, else the only snapshot.
+func ResolveModels(root string) (Models, error) {
+	if root == "" {
+		return Models{}, fmt.Errorf("resolve models: %w: no model directory given", ErrModelsNotFound)
+	}
+	var m Models
+	var errs []error
+	for _, x := range []struct {
+		dst *string
+		l   modelLayout
+	}{{&m.HunyuanVideo, hunyuanLayout}, {&m.FluxRedux, fluxReduxLayout}, {&m.Transformer, transformerLayout}} {
+		dir, err := resolveModel(root, x.l)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		*x.dst = dir
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Models{}, fmt.Errorf("resolve models in %s: %w", root, err)
+	}
+	return m, nil
+}
+
+func resolveModel(root string, l modelLayout) (string, error) {
+	org, name, _ := strings.Cut(l.repo, "/")
+	cands := []string{filepath.Join(root, l.short), filepath.Join(root, org, name)}
+	for _, hub := range []string{root, filepath.Join(root, "hub")} {
+		if snap, ok := hubSnapshot(filepath.Join(hub, "models--"+org+"--"+name)); ok {
+			cands = append(cands, snap)
+		}
+	}
+	for _, c := range cands {
+		if _, err := os.Stat(filepath.Join(c, l.probe)); err == nil {
+			abs, err := filepath.Abs(c)
+			if err != nil {
+				return "", fmt.Errorf("model %s: %w", l.repo, err)
+			}
+			return abs, nil
+		}
+	}
+	return "", fmt.Errorf("%w: %s (looked for %s in %s)", ErrModelsNotFound, l.repo, l.probe, strings.Join(cands, ", "))
+}
+
+// hubSnapshot returns the snapshot folder of a Hugging Face cache entry: the revision named by
+// refs/main, else the only snapshot.
+func hubSnapshot(entry string) (string, bool) {
+	if ref, err := os.ReadFile(filepath.Join(entry, "refs", "main")); err == nil {
+		dir := filepath.Join(entry, "snapshots", strings.TrimSpace(string(ref)))
+		if st, err := os.Stat(dir); err == nil && st.IsDir() {
+			return dir, true
+		}
+	}
+	snaps, err := os.ReadDir(filepath.Join(entry, "snapshots"))
+	if err != nil {
+		if !errors.Is(err, fs.ErrNotExist) {
+			return "", false
+		}
+		return "", false
+	}
+	var dirs []string
+	for _, s := range snaps {
+		if s.IsDir() {
+			dirs = append(dirs, s.Name())
+		}
+	}
+	if len(dirs) != 1 {
+		return "", false
+	}
+	return filepath.Join(entry, "snapshots", dirs[0]), true
+}

@@ -1,0 +1,255 @@
+package pipeline_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/framepackd/framepackd/internal/parity"
+	"github.com/framepackd/framepackd/internal/safetensors"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/pipeline"
+)
+
+// firstCase returns the first pipeline case of the fixture set.
+func firstCase(t *testing.T) i2vCase {
+	t.Helper()
+	fx := parity.Load(t, "pipeline")
+	for _, c := range fx.Cases {
+		if c.Op == opI2V {
+			return loadCase(t, c)
+		}
+	}
+	t.Fatalf("fixture %s has no %s case", fx.Name, opI2V)
+	return i2vCase{}
+}
+
+// finalPixels reads the history pixels of a finished job's last section.
+func finalPixels(t *testing.T, state, id string, total int) []float32 {
+	t.Helper()
+	f, err := safetensors.Open(filepath.Join(state, "jobs", id, "history", pipeline.SectionFile(total-1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	v, _, err := f.Float32("history_pixels")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// stageRecords reads a job's stages file.
+func stageRecords(t *testing.T, state, id string) []pipeline.StageRecord {
+	t.Helper()
+	f, err := os.Open(filepath.Join(state, "jobs", id, "history", pipeline.StagesFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out []pipeline.StageRecord
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var r pipeline.StageRecord
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("stages file: %v", err)
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// partials lists "*.partial" files under dir.
+func partials(dir string) []string {
+	var out []string
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && strings.HasSuffix(p, ".partial") {
+			out = append(out, p)
+		}
+		return nil
+	})
+	return out
+}
+
+// TestResumeAfterSupervisorKill kills the supervisor process (SIGKILL) once the job's first
+// section is checkpointed, starts it again on the same state directory and checks that the job
+// resumes there and ends with the same frames as an uninterrupted run, that no worker outlived
+// the killed supervisor, and that no shared memory is left.
+func TestResumeAfterSupervisorKill(t *testing.T) {
+	jc := firstCase(t)
+	workers := buildWorkers(t)
+
+	// The uninterrupted run, in this process.
+	ref := newOpts(t, workers)
+	ref.KeepHistory = false
+	d, err := newDaemon(ref, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	refJob, _ := runJob(t, jc, ref.Socket)
+	d.Kill()
+	total := int(refJob.GetProgress().GetTotalSections())
+	if total < 2 {
+		t.Skipf("case %s has %d section: nothing to resume", jc.c.Name, total)
+	}
+	want := finalPixels(t, ref.State, refJob.GetId(), total)
+
+	// The killed run, in a daemon process.
+	o := newOpts(t, workers)
+	o.KeepHistory = false
+	proc := startDaemonProcess(t, o)
+	ctx, cancel := context.WithTimeout(t.Context(), jobTimeout)
+	defer cancel()
+	c := client(t, o.Socket)
+	resp, err := c.SubmitJob(ctx, &framepackv1.SubmitJobRequest{Image: jc.image, Spec: jc.spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetJob().GetId()
+	killed := false
+	_, err = watch(ctx, c, id, func(ev *framepackv1.JobEvent) bool {
+		if sv := ev.GetSectionVideo(); sv != nil && sv.GetSectionIndex() == 0 {
+			if err := proc.Process.Signal(syscall.SIGKILL); err != nil {
+				t.Errorf("kill daemon: %v", err)
+			}
+			killed = true
+			return false
+		}
+		return true
+	})
+	if !killed {
+		t.Fatalf("job ended before its first section video: %v", err)
+	}
+	_ = proc.Wait()
+	if err := waitNoWorkers(workers, 5*time.Second); err != nil {
+		t.Fatalf("after the supervisor's SIGKILL: %v", err)
+	}
+
+	// Restart on the same state directory: the job is taken up again and resumes.
+	proc = startDaemonProcess(t, o)
+	c = client(t, o.Socket)
+	last, err := watch(ctx, c, id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last.GetJobFinished() == nil {
+		t.Fatalf("resumed job ended with %v", last)
+	}
+	got := finalPixels(t, o.State, id, total)
+	if !slices.Equal(got, want) {
+		d, n := parity.MaxAbsDiff(got, want)
+		t.Fatalf("resumed job's pixels differ from the uninterrupted run's: max diff %g, %d values", d, n)
+	}
+	t.Logf("case %s: resumed after section 0; final pixels identical to the uninterrupted run (%d values)", jc.c.Name, len(got))
+
+	// The encoders ran once; the restarted supervisor began with section 1.
+	recs := stageRecords(t, o.State, id)
+	count := map[string]int{}
+	for _, r := range recs {
+		count[r.Name]++
+	}
+	if count[framepackv1.Stage_STAGE_TEXT_ENCODE.String()] != 1 || count[framepackv1.Stage_STAGE_IMAGE_ENCODE.String()] != 1 {
+		t.Errorf("encoders ran again after the restart: %v", count)
+	}
+	for _, r := range recs {
+		if r.Name == framepackv1.Stage_STAGE_TRANSFORMER.String() && r.Section == 0 && count[r.Name] > total {
+			t.Errorf("section 0 sampled again: %v", count)
+		}
+	}
+	hist, err := os.ReadDir(filepath.Join(o.State, "jobs", id, "history"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range hist {
+		names = append(names, e.Name())
+	}
+	if slices.Contains(names, pipeline.SectionFile(0)) || !slices.Contains(names, pipeline.SectionFile(total-1)) {
+		t.Errorf("history files %v: want only the newest section's", names)
+	}
+	if p := partials(filepath.Join(o.State, "jobs", id)); len(p) > 0 {
+		t.Errorf("partial files left: %v", p)
+	}
+	if err := proc.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := proc.Wait(); err != nil {
+		t.Errorf("daemon stop: %v", err)
+	}
+	if err := waitNoWorkers(workers, 5*time.Second); err != nil {
+		t.Error(err)
+	}
+	if err := shmEmpty(o.Shm); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestCancelKillsWorker cancels a job while the transformer samples: the worker is killed, the
+// job is CANCELLED, no partial file, no shared memory and no checkpoint are left.
+func TestCancelKillsWorker(t *testing.T) {
+	jc := firstCase(t)
+	workers := buildWorkers(t)
+	o := newOpts(t, workers)
+	var stages stageLog
+	o.onStage = stages.onStage
+	d, err := newDaemon(o, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Kill()
+	ctx, cancel := context.WithTimeout(t.Context(), jobTimeout)
+	defer cancel()
+	c := client(t, o.Socket)
+	resp, err := c.SubmitJob(ctx, &framepackv1.SubmitJobRequest{Image: jc.image, Spec: jc.spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetJob().GetId()
+	last, err := watch(ctx, c, id, func(ev *framepackv1.JobEvent) bool {
+		if s := ev.GetSamplingStep(); s != nil && s.GetStep() == 1 {
+			if _, err := c.CancelJob(ctx, &framepackv1.CancelJobRequest{JobId: id, Reason: "test"}); err != nil {
+				t.Errorf("cancel: %v", err)
+			}
+		}
+		return true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last.GetJobCancelled() == nil {
+		t.Fatalf("job ended with %v", last)
+	}
+	// The runner stops on its own goroutine: the worker goes, then the arena.
+	if err := waitNoWorkers(workers, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for shmEmpty(o.Shm) != nil && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := shmEmpty(o.Shm); err != nil {
+		t.Fatal(err)
+	}
+	if p := partials(filepath.Join(o.State, "jobs", id)); len(p) > 0 {
+		t.Errorf("partial files left: %v", p)
+	}
+	if cp, err := d.Store().Checkpoint(id); err != nil || cp != nil {
+		t.Errorf("checkpoint %v (%v) after a cancel in section 0", cp, err)
+	}
+	job, err := c.GetJob(ctx, &framepackv1.GetJobRequest{JobId: id})
+	if err != nil || job.GetJob().GetState() != framepackv1.JobState_JOB_STATE_CANCELLED {
+		t.Fatalf("job %v (%v)", job.GetJob().GetState(), err)
+	}
+	if _, err := os.Stat(filepath.Join(o.State, "jobs", id, "history", pipeline.SectionFile(0))); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("section 0 history after a cancel in section 0: %v", err)
+	}
+}

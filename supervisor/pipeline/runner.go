@@ -1,0 +1,562 @@
+// Package pipeline is the FramePack image-to-video job as a jobs.Runner: the section loop of
+// FramePack's demo_gradio.py `worker`, with every model in a worker process of its own that a
+// lane (supervisor/lanes) starts, loads, runs and kills for each stage.
+//
+// A job runs, in order: the text encoder (LLaMA + CLIP-L; zero negative at cfg 1); the
+// preparation of the start frame in the supervisor (nearest bucket, LANCZOS resize-to-cover
+// with a centre crop, [-1, 1]); the VAE encoder (start latent = posterior mean ×
+// scaling_factor: the reference samples the posterior, but its spread is negligible for the
+// real VAE and the parity fixture uses the mean); the SigLIP image encoder; then the sections,
+// generated backwards in time: the transformer samples one window from clean latents taken
+// from the history, the VAE decodes the newest latents, the pixels are soft-blended into the
+// history, and an MP4 of the video so far is written. One torch generator serves the whole
+// job: its state travels through each transformer request and result.
+//
+// Tensors travel between the supervisor and the workers only through the job's shared-memory
+// arena (internal/shm), removed when the job ends. On disk, the job directory holds the input,
+// the spec, history/conditioning.safetensors (the encoders' outputs), after every section
+// history/section-NNN.safetensors (history latents, history pixels, generator state; only the
+// newest is kept unless Config.KeepSectionHistory), the section MP4s under video/, and
+// history/stages.jsonl (what every stage cost). A restarted job resumes after its last
+// checkpointed section and produces the same frames as an uninterrupted run.
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/framepackd/framepackd/internal/imageproc"
+	"github.com/framepackd/framepackd/internal/shm"
+	"github.com/framepackd/framepackd/internal/workerkit"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/lanes"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
+	"github.com/framepackd/framepackd/supervisor/video"
+)
+
+// MaxInputPixels bounds the decoded input image (the API checks the same limit on submit).
+const MaxInputPixels = 40_000_000
+
+// Config holds a Runner's dependencies. The function fields are what tests replace.
+type Config struct {
+	// Models are the model folders (ResolveModels); required.
+	Models Models
+	// Lane returns the lane a job runs on, by the name the queue gave it; required.
+	Lane func(name string) (*lanes.Lane, error)
+	// Shm is the shared-memory root the job arenas live in; required.
+	Shm *shm.Root
+	// Video writes the section videos; nil means a zero video.Writer (ffmpeg from PATH).
+	Video *video.Writer
+	// NoPreviews turns off the per-step preview tensors and Preview events.
+	NoPreviews bool
+	// VAETiling is the VAE's tiling; nil means FramePack's low-VRAM setting (spatial tiles of
+	// the model's default size, framewise in time).
+	VAETiling *workerkit.VAETiling
+	// WorkerEnv holds LoadRequest.Env entries for every worker (e.g.
+	// FRAMEPACK_SIGLIP_PROCESSOR=pil for transformers 4's SigLIP preprocessing).
+	WorkerEnv map[string]string
+	// KeepSectionHistory keeps every section's history file instead of only the newest.
+	KeepSectionHistory bool
+	// Residency lets the section loop keep the transformer and VAE workers alive when the
+	// lane's budget proves both fit (see supervisor/lanes); off by default.
+	Residency bool
+	// OnStage receives every stage's record when it ends (benchmarks, tests).
+	OnStage func(StageRecord)
+	// Log is the runner's logger; nil means the standard logger.
+	Log logrus.FieldLogger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Runner runs FramePack jobs; it implements jobs.Runner.
+type Runner struct {
+	cfg           Config
+	log           logrus.FieldLogger
+	scalingFactor float32
+	sfString      string
+}
+
+var _ jobs.Runner = (*Runner)(nil)
+
+// New checks the configuration and the model folders and returns a Runner.
+func New(cfg Config) (*Runner, error) {
+	if cfg.Lane == nil || cfg.Shm == nil {
+		return nil, errors.New("new pipeline: Lane and Shm are required")
+	}
+	if cfg.Models.HunyuanVideo == "" || cfg.Models.FluxRedux == "" || cfg.Models.Transformer == "" {
+		return nil, errors.New("new pipeline: every model folder is required (see ResolveModels)")
+	}
+	if cfg.Video == nil {
+		cfg.Video = &video.Writer{}
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	log := cfg.Log
+	if log == nil {
+		log = logrus.StandardLogger()
+	}
+	sf, s, err := readScalingFactor(cfg.Models.VAE())
+	if err != nil {
+		return nil, fmt.Errorf("new pipeline: %w", err)
+	}
+	return &Runner{cfg: cfg, log: log, scalingFactor: sf, sfString: s}, nil
+}
+
+// readScalingFactor reads the VAE config's scaling_factor (0.476986 for HunyuanVideo's).
+func readScalingFactor(dir string) (float32, string, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return 0, "", fmt.Errorf("vae config: %w", err)
+	}
+	var c struct {
+		ScalingFactor *json.Number `json:"scaling_factor"`
+	}
+	if err := json.Unmarshal(raw, &c); err != nil {
+		return 0, "", fmt.Errorf("vae config %s: %w", dir, err)
+	}
+	if c.ScalingFactor == nil {
+		return 0.476986, "0.476986", nil // diffusers' default for AutoencoderKLHunyuanVideo
+	}
+	f, err := strconv.ParseFloat(c.ScalingFactor.String(), 32)
+	if err != nil || !(f > 0) {
+		return 0, "", fmt.Errorf("vae config %s: scaling_factor %q", dir, c.ScalingFactor.String())
+	}
+	return float32(f), c.ScalingFactor.String(), nil
+}
+
+// StageRecord is what one stage of a job did and cost.
+type StageRecord struct {
+	Job     string            `json:"job"`
+	Stage   framepackv1.Stage `json:"-"`
+	Name    string            `json:"stage"`
+	Section int               `json:"section"` // -1 for once-per-job stages
+	Lane    string            `json:"lane"`
+	Worker  string            `json:"worker,omitempty"` // empty for supervisor-side stages
+	PID     int               `json:"pid,omitempty"`
+	Reused  bool              `json:"reused,omitempty"`
+	Kept    bool              `json:"kept,omitempty"`
+	// Wall is the whole stage, spawn to reaped worker.
+	Wall         time.Duration `json:"wall_ns"`
+	SpawnToReady time.Duration `json:"spawn_to_ready_ns"`
+	Load         time.Duration `json:"load_ns"`
+	Compute      time.Duration `json:"compute_ns"`
+	Teardown     time.Duration `json:"teardown_ns"`
+	// AllocPeakBytes is the worker allocator's peak; RSSPeakBytes the worker's peak RSS.
+	AllocPeakBytes uint64 `json:"alloc_peak_bytes,omitempty"`
+	RSSPeakBytes   uint64 `json:"rss_peak_bytes,omitempty"`
+	// Err is the failure, empty on success.
+	Err string `json:"error,omitempty"`
+}
+
+// Run runs one job; see jobs.Runner for the contract.
+func (r *Runner) Run(ctx context.Context, job *jobs.Job, emit func(*framepackv1.JobEvent)) (jobs.Result, error) {
+	lane, err := r.cfg.Lane(job.Lane)
+	if err != nil {
+		return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{Message: fmt.Sprintf("lane %q: %v", job.Lane, err)}}
+	}
+	j, err := r.newJobRun(job, lane, emit)
+	if err != nil {
+		return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{Message: err.Error()}}
+	}
+	arena, err := r.cfg.Shm.NewArena(job.ID)
+	if err != nil {
+		return jobs.Result{}, fmt.Errorf("job %s: shared memory: %w", job.ID, err)
+	}
+	j.arena = arena
+	defer func() {
+		lane.Release()
+		if err := arena.Close(); err != nil {
+			j.log.WithError(err).Warn("remove shared-memory arena")
+		}
+	}()
+	return j.run(ctx)
+}
+
+// jobRun is one run of one job.
+type jobRun struct {
+	r     *Runner
+	job   *jobs.Job
+	lane  *lanes.Lane
+	arena *shm.Arena
+	emitf func(*framepackv1.JobEvent)
+	log   logrus.FieldLogger
+
+	window, steps, total int
+	paddings             []int
+	buckets              []imageproc.Bucket
+
+	cond *conditioning
+	hist *history
+	eta  etaModel
+}
+
+func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepackv1.JobEvent)) (*jobRun, error) {
+	spec := job.Spec
+	if spec == nil {
+		return nil, errors.New("job has no spec")
+	}
+	buckets, err := plan.Buckets(spec)
+	if err != nil {
+		return nil, err
+	}
+	w := int(spec.GetLatentWindowSize())
+	if w < 1 || w > 33 {
+		return nil, fmt.Errorf("latent_window_size %d (1 to 33)", w)
+	}
+	steps := int(spec.GetSteps())
+	if steps < 1 || steps > 100 {
+		return nil, fmt.Errorf("steps %d (1 to 100)", steps)
+	}
+	total := job.TotalSections
+	if total < 1 {
+		total = jobs.TotalSections(spec)
+	}
+	j := &jobRun{r: r, job: job, lane: lane, emitf: emit,
+		log:    r.log.WithFields(logrus.Fields{"job": job.ID, "lane": job.Lane}),
+		window: w, steps: steps, total: total, paddings: plan.Paddings(total), buckets: buckets}
+	j.eta = etaModel{steps: steps, sections: total}
+	return j, nil
+}
+
+func (j *jobRun) emit(ev *framepackv1.JobEvent) {
+	if j.emitf != nil {
+		j.emitf(ev)
+	}
+}
+
+func (j *jobRun) draining() bool {
+	if j.job.Draining == nil {
+		return false
+	}
+	select {
+	case <-j.job.Draining:
+		return true
+	default:
+		return false
+	}
+}
+
+// run runs the job from scratch or from its checkpoint.
+func (j *jobRun) run(ctx context.Context) (jobs.Result, error) {
+	if err := os.MkdirAll(j.job.Dir.History(), 0o755); err != nil {
+		return jobs.Result{}, fmt.Errorf("job %s: %w", j.job.ID, err)
+	}
+	if err := os.MkdirAll(j.job.Dir.Videos(), 0o755); err != nil {
+		return jobs.Result{}, fmt.Errorf("job %s: %w", j.job.ID, err)
+	}
+	start := 0
+	if cp := j.job.Resume; cp != nil {
+		res, next, done, err := j.resume(cp)
+		switch {
+		case err != nil:
+			j.log.WithError(err).Warn("checkpoint unusable; starting the job from scratch")
+		case done:
+			return res, nil
+		default:
+			start = next
+		}
+	}
+	if start == 0 {
+		j.hist = nil
+		if err := j.encode(ctx); err != nil {
+			return jobs.Result{}, err
+		}
+	}
+	h, w := j.cond.height/8, j.cond.width/8
+	if j.hist == nil {
+		j.hist = &history{section: -1, latents: zeros(1, 16, plan.CleanFrames, h, w)}
+	}
+	condSeg, err := j.arena.NewSegment("cond")
+	if err != nil {
+		return jobs.Result{}, fmt.Errorf("job %s: %w", j.job.ID, err)
+	}
+	if _, err := shm.WriteSegment(condSeg, j.cond.transformerTensors()); err != nil {
+		return jobs.Result{}, fmt.Errorf("job %s: conditioning segment: %w", j.job.ID, err)
+	}
+	var res jobs.Result
+	for i := start; i < j.total; i++ {
+		if i > start && j.draining() {
+			j.log.WithField("next_section", i).Info("daemon draining: stopping after the checkpointed section")
+			return jobs.Result{}, jobs.ErrInterrupted
+		}
+		if res, err = j.section(ctx, i, condSeg); err != nil {
+			return jobs.Result{}, err
+		}
+	}
+	return res, nil
+}
+
+// resume loads the checkpoint's files. done is true when the checkpoint is the last section.
+func (j *jobRun) resume(cp *jobs.Checkpoint) (res jobs.Result, next int, done bool, err error) {
+	if cp.Sections != j.total {
+		return res, 0, false, fmt.Errorf("checkpoint has %d sections, the job %d", cp.Sections, j.total)
+	}
+	if cp.Section+1 >= j.total {
+		if _, err := os.Stat(cp.VideoPath); err != nil {
+			return res, 0, false, fmt.Errorf("final video: %w", err)
+		}
+		return jobs.Result{VideoPath: cp.VideoPath, FrameCount: cp.FrameCount, PNGFrames: filepath.Ext(cp.VideoPath) == video.FramesDirExt}, 0, true, nil
+	}
+	dir := j.job.Dir.Path()
+	cond, err := loadConditioning(filepath.Join(dir, cp.Files[cpConditioning]))
+	if err != nil {
+		return res, 0, false, err
+	}
+	hist, err := loadHistory(filepath.Join(dir, cp.Files[cpSection]))
+	if err != nil {
+		return res, 0, false, err
+	}
+	if hist.section != cp.Section {
+		return res, 0, false, fmt.Errorf("history file holds section %d, the checkpoint says %d", hist.section, cp.Section)
+	}
+	if hist.latents.H*8 != cond.height || hist.latents.W*8 != cond.width {
+		return res, 0, false, fmt.Errorf("history latents %v do not match the %dx%d frame", hist.latents.Shape(), cond.width, cond.height)
+	}
+	j.cond, j.hist = cond, hist
+	j.log.WithFields(logrus.Fields{"after_section": cp.Section, "sections": j.total}).Info("resuming job")
+	return res, cp.Section + 1, false, nil
+}
+
+// stageEvent is a StageStarted or StageFinished event.
+func (j *jobRun) stageStarted(stage framepackv1.Stage, section int) {
+	j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageStarted{StageStarted: &framepackv1.StageStarted{
+		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: 1, Lane: j.job.Lane}}})
+}
+
+func (j *jobRun) stageFinished(stage framepackv1.Stage, section int, wall, load, compute time.Duration) {
+	j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageFinished{StageFinished: &framepackv1.StageFinished{
+		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: 1, Duration: durationpb.New(wall),
+		LoadDuration: durationpb.New(load), ComputeDuration: durationpb.New(compute)}}})
+}
+
+// record logs a stage's record, appends it to the job's stages file and hands it to OnStage.
+func (j *jobRun) record(rec StageRecord) {
+	rec.Job, rec.Lane, rec.Name = j.job.ID, j.job.Lane, rec.Stage.String()
+	f := j.log.WithFields(logrus.Fields{"stage": rec.Name, "section": rec.Section, "wall": rec.Wall.Round(time.Microsecond).String()})
+	if rec.Worker != "" {
+		f = f.WithFields(logrus.Fields{"worker": rec.Worker, "pid": rec.PID, "spawn_to_ready": rec.SpawnToReady.Round(time.Microsecond).String(),
+			"load": rec.Load.Round(time.Microsecond).String(), "compute": rec.Compute.Round(time.Microsecond).String(),
+			"teardown": rec.Teardown.Round(time.Microsecond).String(), "alloc_peak": rec.AllocPeakBytes, "rss_peak": rec.RSSPeakBytes})
+	}
+	if rec.Err != "" {
+		f.WithField("error", rec.Err).Warn("stage failed")
+	} else {
+		f.Info("stage done")
+	}
+	if line, err := json.Marshal(rec); err == nil {
+		if fh, err := os.OpenFile(filepath.Join(j.job.Dir.History(), StagesFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644); err == nil {
+			_, _ = fh.Write(append(line, '\n'))
+			_ = fh.Close()
+		}
+	}
+	if j.r.cfg.OnStage != nil {
+		j.r.cfg.OnStage(rec)
+	}
+}
+
+// workerStage runs one model stage on the lane with its events and records.
+func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, section int, st lanes.Stage) (lanes.Report, error) {
+	st.JobID = j.job.ID
+	if st.Env == nil && len(j.r.cfg.WorkerEnv) > 0 {
+		st.Env = j.r.cfg.WorkerEnv
+	}
+	if st.OnEvent == nil {
+		st.OnEvent = j.workerEvent(stage)
+	}
+	st.OnTelemetry = j.telemetry(stage)
+	j.stageStarted(stage, section)
+	t0 := time.Now()
+	rep, err := j.lane.Run(ctx, st)
+	wall := time.Since(t0)
+	rec := StageRecord{Stage: stage, Section: section, Worker: string(st.Model), PID: rep.PID, Reused: rep.Reused, Kept: rep.Kept,
+		Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
+		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes}
+	if err != nil {
+		rec.Err = err.Error()
+		j.record(rec)
+		return rep, j.failure(ctx, stage, section, t0, wall, err)
+	}
+	j.record(rec)
+	j.stageFinished(stage, section, wall, rep.Load, rep.Compute)
+	return rep, nil
+}
+
+// hostStage runs a supervisor-side stage with its events and record.
+func (j *jobRun) hostStage(ctx context.Context, stage framepackv1.Stage, section int, fn func() error) error {
+	j.stageStarted(stage, section)
+	t0 := time.Now()
+	err := fn()
+	wall := time.Since(t0)
+	rec := StageRecord{Stage: stage, Section: section, Wall: wall, Compute: wall}
+	if err != nil {
+		rec.Err = err.Error()
+		j.record(rec)
+		return j.failure(ctx, stage, section, t0, wall, err)
+	}
+	j.record(rec)
+	j.stageFinished(stage, section, wall, 0, wall)
+	return nil
+}
+
+// failure turns a stage error into what Run returns: the cancellation as it is, anything else
+// as a FailureError with the failed attempt.
+func (j *jobRun) failure(ctx context.Context, stage framepackv1.Stage, section int, start time.Time, wall time.Duration, err error) error {
+	msg := fmt.Sprintf("%s: %v", stageName(stage, section), err)
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s: %w", msg, context.Cause(ctx))
+	}
+	sec := uint32(max(section, 0))
+	return &jobs.FailureError{Failure: &framepackv1.JobFailure{
+		Message: msg, Stage: stage, SectionIndex: sec,
+		Attempts: []*framepackv1.Attempt{{Stage: stage, SectionIndex: sec, Attempt: 1, Class: classOf(err), Message: err.Error(),
+			Lane: j.job.Lane, StartTime: timestamppb.New(start), Duration: durationpb.New(wall)}},
+	}}
+}
+
+func stageName(stage framepackv1.Stage, section int) string {
+	name := map[framepackv1.Stage]string{
+		framepackv1.Stage_STAGE_TEXT_ENCODE: "text encode", framepackv1.Stage_STAGE_PREPARE: "prepare",
+		framepackv1.Stage_STAGE_VAE_ENCODE: "vae encode", framepackv1.Stage_STAGE_IMAGE_ENCODE: "image encode",
+		framepackv1.Stage_STAGE_TRANSFORMER: "transformer", framepackv1.Stage_STAGE_VAE_DECODE: "vae decode",
+		framepackv1.Stage_STAGE_WRITE_VIDEO: "write video",
+	}[stage]
+	if section >= 0 {
+		return fmt.Sprintf("%s (section %d)", name, section)
+	}
+	return name
+}
+
+// classOf classifies a stage error for the job's failure story.
+func classOf(err error) framepackv1.AttemptClass {
+	var exit *workerkit.ExitError
+	if errors.As(err, &exit) {
+		return framepackv1.AttemptClass_ATTEMPT_CLASS_CRASH
+	}
+	switch workerkit.CodeOf(err) {
+	case workerkit.CodeOutOfMemory:
+		return framepackv1.AttemptClass_ATTEMPT_CLASS_OOM
+	case workerkit.CodeDeviceLost:
+		return framepackv1.AttemptClass_ATTEMPT_CLASS_DEVICE_LOST
+	case workerkit.CodeInvalidArgument:
+		return framepackv1.AttemptClass_ATTEMPT_CLASS_BAD_INPUT
+	}
+	if errors.Is(err, errBadInput) {
+		return framepackv1.AttemptClass_ATTEMPT_CLASS_BAD_INPUT
+	}
+	return framepackv1.AttemptClass_ATTEMPT_CLASS_CRASH
+}
+
+// errBadInput marks a supervisor-side failure caused by the job's input.
+var errBadInput = errors.New("bad input")
+
+// workerEvent handles the events of a stage other than the transformer's: fallbacks become
+// Fallback events, log lines go to the log.
+func (j *jobRun) workerEvent(stage framepackv1.Stage) func(workerkit.Event) error {
+	return func(e workerkit.Event) error {
+		switch ev := e.(type) {
+		case *workerkit.ConvFallback:
+			j.emit(fallbackEvent(stage, ev))
+		case *workerkit.LogLine:
+			j.workerLog(stage, ev)
+		}
+		return nil
+	}
+}
+
+func (j *jobRun) workerLog(stage framepackv1.Stage, ev *workerkit.LogLine) {
+	f := j.log.WithField("stage", stage.String())
+	for k, v := range ev.Fields {
+		f = f.WithField(k, v)
+	}
+	switch ev.Level {
+	case workerkit.LogError:
+		f.Error(ev.Message)
+	case workerkit.LogWarn:
+		f.Warn(ev.Message)
+	case workerkit.LogDebug:
+		f.Debug(ev.Message)
+	default:
+		f.Info(ev.Message)
+	}
+}
+
+func fallbackEvent(stage framepackv1.Stage, ev *workerkit.ConvFallback) *framepackv1.JobEvent {
+	from := framepackv1.ConvTier(ev.Tier)
+	to := framepackv1.ConvTier(min(int32(ev.Tier)+1, int32(framepackv1.ConvTier_CONV_TIER_CPU)))
+	reason := map[workerkit.ConvOutcome]string{
+		workerkit.ConvOutcomeFailed: "failed", workerkit.ConvOutcomeSkippedHung: "hung before",
+		workerkit.ConvOutcomeUnavailable: "unavailable", workerkit.ConvOutcomeSucceeded: "succeeded",
+	}[ev.Outcome]
+	if ev.Detail != "" {
+		reason += ": " + ev.Detail
+	}
+	return &framepackv1.JobEvent{Event: &framepackv1.JobEvent_Fallback{Fallback: &framepackv1.FallbackEvent{
+		Stage: stage, ShapeKey: ev.ShapeKey, FromTier: from, ToTier: to, Reason: reason}}}
+}
+
+// telemetryEvery is the most often a stage sends MemoryTelemetry.
+const telemetryEvery = time.Second
+
+// telemetry returns the lane callback that turns memory samples into MemoryTelemetry events,
+// at most one a second (and the stage's last).
+func (j *jobRun) telemetry(stage framepackv1.Stage) func(lanes.Telemetry) {
+	var mu sync.Mutex
+	var last time.Time
+	var peak uint64
+	return func(t lanes.Telemetry) {
+		mu.Lock()
+		peak = max(peak, t.AllocatorPeakBytes)
+		now := time.Now()
+		send := now.Sub(last) >= telemetryEvery || t.AllocatorPeakBytes != 0 && t.AllocatorBytes == 0 // the final sample
+		if send {
+			last = now
+		}
+		p := peak
+		mu.Unlock()
+		if !send {
+			return
+		}
+		j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_MemoryTelemetry{MemoryTelemetry: &framepackv1.MemoryTelemetry{
+			Stage: stage, Lane: j.job.Lane, WorkerAllocatorPeakBytes: p, WorkerRssBytes: t.RSSBytes}}})
+	}
+}
+
+// segment reserves a segment name in the job's arena.
+func (j *jobRun) segment(name string) (string, error) {
+	p, err := j.arena.NewSegment(name)
+	if err != nil {
+		return "", fmt.Errorf("job %s: %w", j.job.ID, err)
+	}
+	return p, nil
+}
+
+// dropSegments removes the named segments, logging failures.
+func (j *jobRun) dropSegments(names ...string) {
+	for _, n := range names {
+		if err := j.arena.Remove(n); err != nil {
+			j.log.WithError(err).WithField("segment", n).Debug("remove segment")
+		}
+	}
+}
+
+// vaeTiling is the tiling the VAE stages use.
+func (j *jobRun) vaeTiling() *workerkit.VAETiling {
+	if t := j.r.cfg.VAETiling; t != nil {
+		c := *t
+		return &c
+	}
+	return &workerkit.VAETiling{EnableSpatialTiling: true}
+}

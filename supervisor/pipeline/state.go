@@ -1,0 +1,180 @@
+package pipeline
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strconv"
+
+	"github.com/framepackd/framepackd/internal/safetensors"
+)
+
+// Files of a job's history directory (jobs.Dir.History()).
+const (
+	// ConditioningFile holds what the encoders produced (written once, before section 0).
+	ConditioningFile = "conditioning.safetensors"
+	// sectionFilePattern is the history after a section: latents, pixels, generator state.
+	sectionFilePattern = "section-%03d.safetensors"
+	// StagesFile is the per-stage measurements of the job, one JSON object a line.
+	StagesFile = "stages.jsonl"
+)
+
+// Checkpoint file keys (jobs.Checkpoint.Files).
+const (
+	cpConditioning = "conditioning"
+	cpSection      = "section"
+)
+
+// Tensor names of the conditioning file and of the transformer's conditioning segment.
+const (
+	tLlamaVec    = "llama_vec"
+	tLlamaMask   = "llama_mask"
+	tClipPooler  = "clip_pooler"
+	tLlamaVecN   = "llama_vec_n"
+	tLlamaMaskN  = "llama_mask_n"
+	tClipPoolerN = "clip_pooler_n"
+	tImageHidden = "image_embeddings"
+	tStartLatent = "start_latent"
+	tImageNP     = "image_np"
+)
+
+// Tensor names of a section file.
+const (
+	tHistoryLatents = "history_latents"
+	tHistoryPixels  = "history_pixels"
+	tGenerator      = "generator_state"
+)
+
+// SectionFile is the history file name of section i.
+func SectionFile(i int) string { return fmt.Sprintf(sectionFilePattern, i) }
+
+// conditioning is what the encoders produce once per job.
+type conditioning struct {
+	// text holds llama_vec, llama_mask, clip_pooler and their negatives, as the text encoder
+	// wrote them.
+	text []safetensors.Tensor
+	// imageHidden is SigLIP's last_hidden_state.
+	imageHidden safetensors.Tensor
+	// startLatent is the start frame's latent, posterior mean × scaling_factor.
+	startLatent vol
+	// imageNP is the bucketed start frame, uint8 [H, W, 3].
+	imageNP          []byte
+	height, width    int
+	scalingFactorStr string
+}
+
+// transformerTensors are the conditioning tensors the transformer reads.
+func (c *conditioning) transformerTensors() []safetensors.Tensor {
+	return append(append([]safetensors.Tensor(nil), c.text...), c.imageHidden)
+}
+
+// save writes the conditioning file (atomically: "*.partial", then renamed).
+func (c *conditioning) save(path string) error {
+	ts := c.transformerTensors()
+	ts = append(ts, f32Tensor(tStartLatent, c.startLatent),
+		safetensors.FromUint8(tImageNP, []int64{int64(c.height), int64(c.width), 3}, c.imageNP))
+	meta := map[string]string{"height": strconv.Itoa(c.height), "width": strconv.Itoa(c.width), "scaling_factor": c.scalingFactorStr}
+	if err := safetensors.WriteFile(path, ts, safetensors.WriteOptions{Metadata: meta}); err != nil {
+		return fmt.Errorf("save conditioning: %w", err)
+	}
+	return nil
+}
+
+// loadConditioning reads a conditioning file.
+func loadConditioning(path string) (*conditioning, error) {
+	f, err := safetensors.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("load conditioning: %w", err)
+	}
+	defer f.Close()
+	c := &conditioning{}
+	for _, name := range []string{tLlamaVec, tLlamaMask, tClipPooler, tLlamaVecN, tLlamaMaskN, tClipPoolerN} {
+		t, err := readRaw(f, name)
+		if err != nil {
+			return nil, fmt.Errorf("load conditioning: %w", err)
+		}
+		c.text = append(c.text, t)
+	}
+	if c.imageHidden, err = readRaw(f, tImageHidden); err != nil {
+		return nil, fmt.Errorf("load conditioning: %w", err)
+	}
+	if c.startLatent, err = readVol(f, tStartLatent); err != nil {
+		return nil, fmt.Errorf("load conditioning: %w", err)
+	}
+	img, err := readRaw(f, tImageNP)
+	if err != nil {
+		return nil, fmt.Errorf("load conditioning: %w", err)
+	}
+	if img.DType != safetensors.U8 || len(img.Shape) != 3 || img.Shape[2] != 3 {
+		return nil, fmt.Errorf("load conditioning: image_np is %s%v, want U8 [H, W, 3]", img.DType, img.Shape)
+	}
+	c.imageNP, c.height, c.width = img.Data, int(img.Shape[0]), int(img.Shape[1])
+	c.scalingFactorStr = f.Metadata()["scaling_factor"]
+	return c, nil
+}
+
+// history is the section loop's state after a finished section.
+type history struct {
+	// section is the last finished section (-1 before the first).
+	section int
+	// latents is history_latents: the generated latents, newest first, then the 19 zero
+	// frames the reference starts with.
+	latents vol
+	// totalGenerated is total_generated_latent_frames.
+	totalGenerated int
+	// pixels is history_pixels (nil before the first section).
+	pixels *vol
+	// generator is the torch generator's state after the section's noise.
+	generator []byte
+}
+
+// save writes the section file (atomically).
+func (h *history) save(path string) error {
+	if h.pixels == nil {
+		return errors.New("save history: no pixels")
+	}
+	ts := []safetensors.Tensor{
+		f32Tensor(tHistoryLatents, h.latents),
+		f32Tensor(tHistoryPixels, *h.pixels),
+		safetensors.FromUint8(tGenerator, []int64{int64(len(h.generator))}, h.generator),
+	}
+	meta := map[string]string{"section": strconv.Itoa(h.section), "total_generated_latent_frames": strconv.Itoa(h.totalGenerated)}
+	if err := safetensors.WriteFile(path, ts, safetensors.WriteOptions{Metadata: meta}); err != nil {
+		return fmt.Errorf("save history: %w", err)
+	}
+	return nil
+}
+
+// loadHistory reads a section file.
+func loadHistory(path string) (*history, error) {
+	f, err := safetensors.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("load history: %w", err)
+	}
+	defer f.Close()
+	h := &history{}
+	md := f.Metadata()
+	if h.section, err = strconv.Atoi(md["section"]); err != nil {
+		return nil, fmt.Errorf("load history %s: metadata section: %w", filepath.Base(path), err)
+	}
+	if h.totalGenerated, err = strconv.Atoi(md["total_generated_latent_frames"]); err != nil {
+		return nil, fmt.Errorf("load history %s: metadata total_generated_latent_frames: %w", filepath.Base(path), err)
+	}
+	if h.latents, err = readVol(f, tHistoryLatents); err != nil {
+		return nil, fmt.Errorf("load history: %w", err)
+	}
+	px, err := readVol(f, tHistoryPixels)
+	if err != nil {
+		return nil, fmt.Errorf("load history: %w", err)
+	}
+	h.pixels = &px
+	g, err := readRaw(f, tGenerator)
+	if err != nil {
+		return nil, fmt.Errorf("load history: %w", err)
+	}
+	h.generator = g.Data
+	if h.totalGenerated < 1 || h.totalGenerated > h.latents.T {
+		return nil, fmt.Errorf("load history %s: %d generated frames of %d", filepath.Base(path), h.totalGenerated, h.latents.T)
+	}
+	return h, nil
+}
