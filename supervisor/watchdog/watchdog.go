@@ -1,0 +1,588 @@
+package watchdog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sirupsen/logrus"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/framepackd/framepackd/internal/convcache"
+	"github.com/framepackd/framepackd/internal/workerkit"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/jobs"
+)
+
+// Defaults of Config.
+const (
+	DefaultProbeTimeout = 30 * time.Second
+	DefaultHeldPoll     = time.Second
+)
+
+// Budget bounds retries: attempts of one stage (the first included) and failed attempts of
+// one job over all its stages.
+type Budget struct {
+	PerStage int
+	PerJob   int
+}
+
+// DefaultBudget is 5 attempts per stage, 16 failed attempts per job.
+var DefaultBudget = Budget{PerStage: 5, PerJob: 16}
+
+// Config configures the watchdog of one lane.
+type Config struct {
+	// Lane is the lane's name ("cpu", "cuda:0"); required.
+	Lane string
+	// LaneBackend is the lane's backend ("cpu", "cuda", "hip"): a lane that is already on
+	// the CPU has no CPU rung.
+	LaneBackend string
+	// Deadlines set the stage limits; a zero value means DefaultDeadlines.
+	Deadlines Deadlines
+	// Recovery is the check after every worker exit; nil checks only that the worker's
+	// process group is gone, with the default timing.
+	Recovery *Recovery
+	// HeldPoll is how often a held lane reads the device memory again; 0 means
+	// DefaultHeldPoll.
+	HeldPoll time.Duration
+	// Probe checks the device after a crash or a lost device; nil skips the probe.
+	Probe Prober
+	// ProbeTimeout bounds one probe; 0 means DefaultProbeTimeout.
+	ProbeTimeout time.Duration
+	// Backoff spaces the probes of a degraded lane; zero means DefaultBackoff.
+	Backoff Backoff
+	// Ladder is the degradation ladder; a zero value means DefaultLadder(0).
+	Ladder Ladder
+	// Budget bounds retries; zero fields take DefaultBudget's.
+	Budget Budget
+	// ConvCache is the shared conv decision cache where hung shapes are marked; every
+	// worker's LoadRequest names it (Attempt.ApplyLoad). Nil: hangs are not marked.
+	ConvCache *convcache.Cache
+	// FaultPlan returns the fault to inject into an attempt. Tests only: nothing outside a
+	// test sets it (see package faults).
+	FaultPlan func(AttemptInfo) *workerkit.Fault
+	// Log is the watchdog's logger; nil means the standard logger.
+	Log *logrus.Entry
+}
+
+// StageInfo describes one stage of a job to the watchdog.
+type StageInfo struct {
+	// Kind is the stage.
+	Kind framepackv1.Stage
+	// Model names the worker, for logs.
+	Model string
+	// Section is the section index of a per-section stage.
+	Section uint32
+	// Size sets the stage's deadline.
+	Size Size
+	// Small allows the CPU rung of the ladder.
+	Small bool
+	// Knobs are the first attempt's settings.
+	Knobs Knobs
+	// LaneBackend is filled in by the watchdog from its Config.
+	LaneBackend string
+}
+
+// Name is the stage's name for messages ("vae_decode", "transformer section 2").
+func (s StageInfo) Name() string {
+	n := strings.TrimPrefix(strings.ToLower(s.Kind.String()), "stage_")
+	if s.Kind == framepackv1.Stage_STAGE_TRANSFORMER || s.Kind == framepackv1.Stage_STAGE_VAE_DECODE {
+		n += fmt.Sprintf(" section %d", s.Section)
+	}
+	return n
+}
+
+// AttemptInfo identifies one attempt, for a FaultPlan.
+type AttemptInfo struct {
+	JobID   string
+	Stage   StageInfo
+	Attempt int
+	Knobs   Knobs
+}
+
+// Counts are what the watchdog did about one class of failure.
+type Counts struct {
+	// Detected counts attempts classified so.
+	Detected int
+	// Retried counts those that were tried again.
+	Retried int
+	// Recovered counts those whose stage later succeeded.
+	Recovered int
+	// GaveUp counts those after which the job failed.
+	GaveUp int
+}
+
+// Stats are a watchdog's counters since it started.
+type Stats struct {
+	Classes map[Class]Counts
+	// Probes and ProbeFailures count device probes.
+	Probes, ProbeFailures int
+	// Holds counts recovery checks that failed (the lane was held); Releases the holds that
+	// ended when the memory came back.
+	Holds, Releases int
+	// Marked counts conv shapes marked hung in the decision cache.
+	Marked int
+}
+
+// Watchdog guards the stages of one lane: it watches every attempt, classifies how it ended,
+// checks that device memory came back, probes the device after crashes, keeps the lane's
+// health and retries down the degradation ladder within the retry budget.
+type Watchdog struct {
+	cfg    Config
+	log    *logrus.Entry
+	health *Health
+	rec    *Recovery
+
+	ctx    context.Context // ends monitors at Close
+	cancel context.CancelFunc
+
+	// mu protects stats and monitoring.
+	mu         sync.Mutex
+	stats      Stats
+	monitoring bool
+}
+
+// New returns the watchdog of one lane.
+func New(cfg Config) (*Watchdog, error) {
+	if cfg.Lane == "" {
+		return nil, errors.New("new watchdog: Lane is required")
+	}
+	if cfg.Deadlines.Stages == nil && cfg.Deadlines.Default == (Cost{}) {
+		cfg.Deadlines = DefaultDeadlines()
+	}
+	if cfg.Ladder.VAETiles == nil && cfg.Ladder.FirstResidentBlocks == 0 && !cfg.Ladder.CPUFallback {
+		cfg.Ladder = DefaultLadder(0)
+	}
+	if cfg.Budget.PerStage <= 0 {
+		cfg.Budget.PerStage = DefaultBudget.PerStage
+	}
+	if cfg.Budget.PerJob <= 0 {
+		cfg.Budget.PerJob = DefaultBudget.PerJob
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = DefaultProbeTimeout
+	}
+	if cfg.HeldPoll <= 0 {
+		cfg.HeldPoll = DefaultHeldPoll
+	}
+	rec := cfg.Recovery
+	if rec == nil {
+		rec = &Recovery{}
+	}
+	log := cfg.Log
+	if log == nil {
+		log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Watchdog{cfg: cfg, log: log.WithField("lane", cfg.Lane), health: NewHealth(cfg.Lane), rec: rec,
+		ctx: ctx, cancel: cancel, stats: Stats{Classes: map[Class]Counts{}}}, nil
+}
+
+// Close stops the watchdog's background monitors.
+func (w *Watchdog) Close() { w.cancel() }
+
+// Health returns the lane's health (for ListDevices and the lane's scheduler).
+func (w *Watchdog) Health() *Health { return w.health }
+
+// Stats returns a copy of the counters.
+func (w *Watchdog) Stats() Stats {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	s := w.stats
+	s.Classes = make(map[Class]Counts, len(w.stats.Classes))
+	for k, v := range w.stats.Classes {
+		s.Classes[k] = v
+	}
+	return s
+}
+
+func (w *Watchdog) count(f func(s *Stats)) {
+	w.mu.Lock()
+	f(&w.stats)
+	w.mu.Unlock()
+}
+
+func (w *Watchdog) countClass(c Class, f func(n *Counts)) {
+	w.count(func(s *Stats) {
+		n := s.Classes[c]
+		f(&n)
+		s.Classes[c] = n
+	})
+}
+
+// Limits returns the limits of an attempt of st.
+func (w *Watchdog) Limits(st StageInfo) Limits { return w.cfg.Deadlines.Limits(st.Kind, st.Size) }
+
+// RecoverDevice probes the lane's device until a probe passes or ctx ends. While probes fail
+// the lane is degraded and the wait between probes backs off (Config.Backoff); notify, if not
+// nil, hears of every failed probe and the wait that follows. Without a prober the device is
+// taken as healthy.
+func (w *Watchdog) RecoverDevice(ctx context.Context, notify func(reason string, wait time.Duration)) error {
+	if w.cfg.Probe == nil {
+		return nil
+	}
+	var wait time.Duration
+	for {
+		pctx, cancel := context.WithTimeout(ctx, w.cfg.ProbeTimeout)
+		t0 := time.Now()
+		err := w.cfg.Probe(pctx)
+		cancel()
+		w.count(func(s *Stats) { s.Probes++ })
+		if err == nil {
+			if w.health.Status().State == LaneDegraded {
+				w.log.Info("watchdog: device probe passed; lane healthy again")
+				w.health.MarkHealthy()
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("recover device of lane %s: %w", w.cfg.Lane, context.Cause(ctx))
+		}
+		w.count(func(s *Stats) { s.ProbeFailures++ })
+		wait = w.cfg.Backoff.next(wait)
+		reason := fmt.Sprintf("device probe failed (%v, took %v)", err, time.Since(t0).Round(time.Millisecond))
+		w.health.Degrade(reason, time.Now().Add(wait))
+		w.log.WithError(err).WithField("wait", wait).Warn("watchdog: device probe failed; lane degraded")
+		if notify != nil {
+			notify(reason, wait)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("recover device of lane %s: %w", w.cfg.Lane, context.Cause(ctx))
+		case <-time.After(wait):
+		}
+	}
+}
+
+// hold marks the lane held and starts the monitor that releases it when the device memory is
+// back at baseline.
+func (w *Watchdog) hold(res RecoveryResult) {
+	w.count(func(s *Stats) { s.Holds++ })
+	reason := res.String()
+	w.log.WithField("reason", reason).Error("watchdog: device memory did not come back after the worker exited; lane held")
+	w.health.Hold(reason)
+	w.mu.Lock()
+	start := !w.monitoring
+	w.monitoring = true
+	w.mu.Unlock()
+	if start {
+		go w.monitorHeld(res.Baseline)
+	}
+}
+
+// monitorHeld re-checks the device memory of a held lane until it is back, then releases the
+// lane (unless an operator released it first).
+func (w *Watchdog) monitorHeld(baseline uint64) {
+	defer func() {
+		w.mu.Lock()
+		w.monitoring = false
+		w.mu.Unlock()
+	}()
+	quick := *w.rec
+	quick.Timeout = w.cfg.HeldPoll
+	for {
+		if w.health.Status().State != LaneHeld {
+			return
+		}
+		res := quick.Check(w.ctx, baseline, 0)
+		if w.ctx.Err() != nil {
+			return
+		}
+		if res.Recovered {
+			if w.health.Status().State == LaneHeld {
+				w.count(func(s *Stats) { s.Releases++ })
+				w.log.WithField("used", res.Used).Info("watchdog: device memory came back; lane released")
+				w.health.MarkHealthy()
+			}
+			return
+		}
+		select {
+		case <-w.ctx.Done():
+			return
+		case <-w.health.Changed():
+		case <-time.After(w.cfg.HeldPoll):
+		}
+	}
+}
+
+// MarkHung records "shape key hung at tier" in the decision cache.
+func (w *Watchdog) MarkHung(m ConvMark) error {
+	if w.cfg.ConvCache == nil {
+		return errors.New("mark hung conv: no decision cache configured")
+	}
+	if err := w.cfg.ConvCache.MarkHung(m.Key, m.Tier); err != nil {
+		return fmt.Errorf("mark hung conv: %w", err)
+	}
+	w.count(func(s *Stats) { s.Marked++ })
+	return nil
+}
+
+// Attempt is one try of a stage, handed to the AttemptFunc that runs it on the lane.
+type Attempt struct {
+	JobID  string
+	Stage  StageInfo
+	Number int
+	Knobs  Knobs
+	Limits Limits
+	// Fault is the test fault to inject through LoadRequest.Fault (nil in production).
+	Fault *workerkit.Fault
+	// Kept is set by the AttemptFunc when the stage succeeded and its worker stays resident
+	// (the recovery check is then skipped).
+	Kept bool
+
+	w     *Watchdog
+	guard *Guard
+
+	mu    sync.Mutex // mu protects pgids
+	pgids []int
+}
+
+// Attach is the lane's hook: it watches p, a worker process of this attempt, from the moment
+// it exists; the returned stop must be called before a deliberate teardown.
+func (a *Attempt) Attach(p Target) (stop func()) {
+	a.mu.Lock()
+	a.pgids = append(a.pgids, p.PID())
+	a.mu.Unlock()
+	return a.guard.Attach(p)
+}
+
+// Verdict returns what the watchdog saw during the attempt so far (nil: nothing wrong).
+func (a *Attempt) Verdict() *Verdict { return a.guard.Verdict() }
+
+// ApplyLoad sets the fields of a worker's LoadRequest that the attempt controls: the memory
+// cap, resident blocks and backend from the knobs, the conv policy (decision cache, first
+// tier) and the test fault.
+func (a *Attempt) ApplyLoad(req *workerkit.LoadRequest) {
+	k := a.Knobs
+	if k.MemoryCap != 0 {
+		req.MemoryCapBytes = k.MemoryCap
+	}
+	if k.ResidentBlocks != 0 {
+		req.MaxResidentBlocks = k.ResidentBlocks
+	}
+	if k.Backend != "" {
+		req.Backend = k.Backend
+	}
+	if a.w.cfg.ConvCache != nil || k.ConvFirstTier != workerkit.ConvTierUnspecified {
+		p := workerkit.ConvPolicy{}
+		if req.ConvPolicy != nil {
+			p = *req.ConvPolicy
+		}
+		if a.w.cfg.ConvCache != nil {
+			p.DecisionCachePath = a.w.cfg.ConvCache.Path()
+		}
+		if k.ConvFirstTier != workerkit.ConvTierUnspecified {
+			p.ForcedTier = k.ConvFirstTier
+		}
+		req.ConvPolicy = &p
+	}
+	if a.Fault != nil {
+		f := *a.Fault
+		req.Fault = &f
+	}
+}
+
+// AttemptFunc runs one attempt of a stage on the lane: spawn the worker (attaching it with
+// a.Attach as soon as it exists), load it (a.ApplyLoad on the request), run the stage with
+// a.Knobs applied, tear the worker down. It returns the stage's error, nil on success.
+type AttemptFunc func(ctx context.Context, a *Attempt) error
+
+// Job keeps one job's retry budget and the story of its attempts. A Job serves one job; its
+// stages run one after another.
+type Job struct {
+	w    *Watchdog
+	id   string
+	emit func(*framepackv1.JobEvent)
+
+	failed int
+	story  []*framepackv1.Attempt
+}
+
+// Job returns the retry state of job id; emit (may be nil) receives the job's Retry events.
+func (w *Watchdog) Job(id string, emit func(*framepackv1.JobEvent)) *Job {
+	return &Job{w: w, id: id, emit: emit}
+}
+
+// Story returns every attempt of every stage that did not succeed at first try, oldest first.
+func (j *Job) Story() []*framepackv1.Attempt {
+	out := make([]*framepackv1.Attempt, len(j.story))
+	for i, a := range j.story {
+		out[i] = proto.Clone(a).(*framepackv1.Attempt)
+	}
+	return out
+}
+
+func (j *Job) retryEvent(rec *framepackv1.Attempt, delay time.Duration) {
+	if j.emit == nil {
+		return
+	}
+	j.emit(&framepackv1.JobEvent{JobId: j.id, Event: &framepackv1.JobEvent_Retry{Retry: &framepackv1.RetryEvent{
+		Attempt: proto.Clone(rec).(*framepackv1.Attempt), Delay: durationpb.New(delay)}}})
+}
+
+// Run runs stage st through fn until an attempt succeeds, and returns nil; or returns the
+// job's failure as a *GiveUpError (bad input, budget or ladder exhausted), or ctx's error.
+// Before every attempt it waits for the lane to be healthy; after every attempt it checks that
+// the device memory came back; after a crash or a lost device it probes the device, backing
+// off while the probe fails.
+func (j *Job) Run(ctx context.Context, st StageInfo, fn AttemptFunc) error {
+	w := j.w
+	st.LaneBackend = w.cfg.LaneBackend
+	knobs := st.Knobs
+	log := w.log.WithFields(logrus.Fields{"job": j.id, "stage": st.Name()})
+	var pending []Class // failed attempts of this stage, for Recovered
+	for n := 1; ; n++ {
+		if err := w.health.Wait(ctx); err != nil {
+			return err
+		}
+		a := &Attempt{JobID: j.id, Stage: st, Number: n, Knobs: knobs, Limits: w.Limits(st), w: w}
+		a.guard = NewGuard(a.Limits, log.WithField("attempt", n))
+		if w.cfg.FaultPlan != nil {
+			a.Fault = w.cfg.FaultPlan(AttemptInfo{JobID: j.id, Stage: st, Attempt: n, Knobs: knobs})
+		}
+		baseline, berr := w.rec.Baseline(ctx)
+		if berr != nil {
+			log.WithError(berr).Warn("watchdog: no memory baseline before the attempt")
+		}
+		start := time.Now()
+		err := fn(ctx, a)
+		a.guard.Stop()
+		dur := time.Since(start)
+		v := a.guard.Verdict()
+		class, why := Classify(ctx, err, v)
+
+		if !a.Kept {
+			w.checkRecovery(ctx, a, baseline, berr == nil)
+		}
+
+		rec := &framepackv1.Attempt{Stage: st.Kind, SectionIndex: st.Section, Attempt: uint32(n), Class: class.Proto(),
+			Lane: w.cfg.Lane, StartTime: timestamppb.New(start), Duration: durationpb.New(dur)}
+		switch class {
+		case ClassOK:
+			if n > 1 {
+				j.story = append(j.story, rec)
+				for _, c := range pending {
+					w.countClass(c, func(n *Counts) { n.Recovered++ })
+				}
+				log.WithFields(logrus.Fields{"attempt": n, "knobs": knobs.String()}).Info("watchdog: stage recovered")
+			}
+			return nil
+		case ClassCancelled:
+			return err
+		}
+		rec.Message = why
+		j.story = append(j.story, rec)
+		j.failed++
+		w.countClass(class, func(n *Counts) { n.Detected++ })
+		log = log.WithField("class", class.String())
+		log.WithFields(logrus.Fields{"attempt": n, "knobs": knobs.String()}).WithError(err).Warn("watchdog: stage attempt failed")
+
+		giveUp := func(reason string) error {
+			w.countClass(class, func(n *Counts) { n.GaveUp++ })
+			return &GiveUpError{Stage: st, Class: class, Reason: reason, Tries: n, Attempts: j.Story(), Err: err}
+		}
+		if !class.Retryable() {
+			return giveUp(class.String() + " is never retried")
+		}
+		if n >= w.cfg.Budget.PerStage {
+			return giveUp(fmt.Sprintf("stage retry budget exhausted (%d attempts)", n))
+		}
+		if j.failed >= w.cfg.Budget.PerJob {
+			return giveUp(fmt.Sprintf("job retry budget exhausted (%d failed attempts)", j.failed))
+		}
+		step, ok := w.cfg.Ladder.Next(st, class, n, knobs, v)
+		if !ok {
+			return giveUp("the degradation ladder has nothing left to try")
+		}
+		if step.MarkHung != nil {
+			if merr := w.MarkHung(*step.MarkHung); merr != nil {
+				log.WithError(merr).Error("watchdog: mark hung conv")
+				step.Change += " (not recorded: " + merr.Error() + ")"
+			}
+		}
+		rec.Change = step.Change
+		w.countClass(class, func(n *Counts) { n.Retried++ })
+		pending = append(pending, class)
+		j.retryEvent(rec, 0)
+		if class.NeedsProbe() {
+			notify := func(reason string, wait time.Duration) {
+				r := proto.Clone(rec).(*framepackv1.Attempt)
+				r.Change = fmt.Sprintf("lane %s degraded: %s; next probe in %v", w.cfg.Lane, reason, wait)
+				j.retryEvent(r, wait)
+			}
+			if err := w.RecoverDevice(ctx, notify); err != nil {
+				return err
+			}
+		}
+		if s := w.health.Status(); s.State == LaneHeld {
+			r := proto.Clone(rec).(*framepackv1.Attempt)
+			r.Change = fmt.Sprintf("lane %s held: %s; the stage waits for the memory to come back", w.cfg.Lane, s.Reason)
+			j.retryEvent(r, 0)
+		}
+		knobs = step.Knobs
+		log.WithFields(logrus.Fields{"next_attempt": n + 1, "change": step.Change}).Info("watchdog: retrying stage")
+	}
+}
+
+// checkRecovery runs the recovery check after an attempt's workers are gone and holds the
+// lane when it fails. Without a baseline only the process groups are checked.
+func (w *Watchdog) checkRecovery(ctx context.Context, a *Attempt, baseline uint64, haveBaseline bool) {
+	rc := w.rec
+	if !haveBaseline {
+		r := *w.rec
+		r.Memory = nil
+		rc = &r
+	}
+	a.mu.Lock()
+	pgids := a.pgids
+	a.mu.Unlock()
+	rctx := context.WithoutCancel(ctx) // a cancelled job still leaves the device to check
+	res := RecoveryResult{Recovered: true}
+	for _, pg := range pgids {
+		if res = rc.Check(rctx, baseline, pg); !res.Recovered {
+			break
+		}
+	}
+	if len(pgids) == 0 {
+		res = rc.Check(rctx, baseline, 0)
+	}
+	if !res.Recovered {
+		w.hold(res)
+	}
+}
+
+// GiveUpError is a job's failure: a stage failed and will not be tried again.
+type GiveUpError struct {
+	Stage StageInfo
+	// Class is the last attempt's class.
+	Class Class
+	// Reason says why there is no further attempt.
+	Reason string
+	// Tries is the number of attempts of the stage.
+	Tries int
+	// Attempts is the job's whole story (Job.Story).
+	Attempts []*framepackv1.Attempt
+	// Err is the last attempt's error.
+	Err error
+}
+
+// Error says which stage gave up, why, and the last attempt's error.
+func (e *GiveUpError) Error() string {
+	return fmt.Sprintf("stage %s failed (%s) after %d attempts: %s: %v", e.Stage.Name(), e.Class, e.Tries, e.Reason, e.Err)
+}
+
+// Unwrap returns the last attempt's error.
+func (e *GiveUpError) Unwrap() error { return e.Err }
+
+// Failure returns the failure as the job stores it, every attempt included.
+func (e *GiveUpError) Failure() *framepackv1.JobFailure {
+	return &framepackv1.JobFailure{Message: e.Error(), Stage: e.Stage.Kind, SectionIndex: e.Stage.Section, Attempts: e.Attempts}
+}
+
+// JobError returns the failure as the job queue's FailureError, what a Runner returns.
+func (e *GiveUpError) JobError() *jobs.FailureError { return &jobs.FailureError{Failure: e.Failure()} }
