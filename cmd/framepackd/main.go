@@ -7,6 +7,15 @@
 //	framepackd [--models DIR] [--state DIR] [--socket PATH] [--listen tcp://HOST:PORT]
 //	           [--backend auto|cpu|cuda|hip] [--workers-dir DIR] [--lanes LANE,…]
 //	           [--grace 30s] [--log-level info] [--log-format text|json] [--shm-root DIR]
+//	           [--residency] [--memory-budget-gb N] [--no-previews] [--keep-section-history]
+//	           [--siglip-processor torchvision|pil]
+//
+// --models is a folder holding the three models in one of these layouts (pipeline.ResolveModels):
+// the tiny test models' (hunyuanvideo/, flux_redux_bfl/, framepack_i2v/, as in
+// testdata/parity/models), one folder per Hugging Face repository
+// (hunyuanvideo-community/HunyuanVideo, lllyasviel/flux_redux_bfl, lllyasviel/FramePackI2V_HY),
+// or a Hugging Face cache (models--<org>--<name>/snapshots/…, also under hub/, e.g. FramePack's
+// hf_download/).
 //
 // Defaults: the socket is $XDG_RUNTIME_DIR/framepackd.sock, else /run/user/<uid>/framepackd.sock
 // when that directory is this user's, else ~/.local/state/framepackd/framepackd.sock; the
@@ -33,6 +42,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -41,9 +51,7 @@ import (
 	"time"
 
 	"github.com/framepackd/framepackd/internal/shm"
-	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
-	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/video"
 	"github.com/sirupsen/logrus"
 )
@@ -61,6 +69,7 @@ type options struct {
 	logLevel   string
 	logFormat  string
 	shmRoot    string
+	pipeline   *pipelineOptions // the pipeline's flags (pipeline.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -107,6 +116,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.shmRoot, "shm-root", shm.DefaultRoot(), "shared-memory root for tensors passed between processes")
+	o.pipeline = addPipelineFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
 		fs.PrintDefaults()
@@ -182,6 +192,9 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 			return errUsage
 		}
 		listen = append(listen, a)
+		if host, _, _ := net.SplitHostPort(a.Address); !isLoopback(host) {
+			log.WithField("listen", a.String()).Warn("serving without TLS or authentication beyond loopback: anyone who reaches this port can submit and cancel jobs")
+		}
 	}
 	log.WithFields(logrus.Fields{"state": o.state, "models": o.models, "workers": o.workersDir, "backend": o.backend}).Info("framepackd starting")
 
@@ -212,11 +225,18 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	}
 	devs.lanes = lanes
 
+	// The FramePack pipeline and its lanes (pipeline.go).
+	runJob, closeRunner, err := newRunner(o, devs, lanes, log)
+	if err != nil {
+		return err
+	}
+	defer closeRunner()
+
 	d, err := api.StartDaemon(api.DaemonConfig{
 		StateDir: o.state,
 		Listen:   listen,
 		Lanes:    lanes,
-		Run:      noPipeline,
+		Run:      runJob,
 		Devices:  devs.list,
 		Grace:    o.grace,
 		Log:      log,
@@ -242,6 +262,15 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	return runErr
 }
 
+// isLoopback reports whether host names only this machine.
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // cleanStaleShm removes the shared-memory directories of supervisors that are gone.
 func cleanStaleShm(dir string, log logrus.FieldLogger) {
 	root, err := shm.OpenRoot(dir)
@@ -256,13 +285,4 @@ func cleanStaleShm(dir string, log logrus.FieldLogger) {
 	if err != nil {
 		log.WithError(err).WithField("shm_root", dir).Warn("remove stale shared-memory directories")
 	}
-}
-
-// noPipeline is the Runner of this build: the FramePack section loop (supervisor/pipeline)
-// does not exist yet, so a job fails at once and says why, instead of pretending to make a
-// video.
-func noPipeline(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error) {
-	return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{
-		Message: "this framepackd build has no pipeline yet (supervisor/pipeline): the job cannot run",
-	}}
 }

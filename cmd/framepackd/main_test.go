@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -201,11 +202,27 @@ func TestDaemon(t *testing.T) {
 		t.Errorf("no stop in logs:\n%s", logs.String())
 	}
 
-	// The job store survives the restart.
-	cmd, logs, conn = f.start(t)
-	got, err := framepackv1.NewJobServiceClient(conn).GetJob(t.Context(), &framepackv1.GetJobRequest{JobId: id})
+	// The job store survives the restart; this time TCP is served too.
+	cmd, logs, _ = f.start(t, "--listen", "tcp://127.0.0.1:0")
+	var tcpAddr string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		var entry struct{ Msg, Network, Addr string }
+		if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "listening" && entry.Network == "tcp" {
+			tcpAddr = entry.Addr
+		}
+	}
+	a, err := api.ParseAddr("tcp://" + tcpAddr)
+	if err != nil {
+		t.Fatalf("tcp address %q in logs: %v\n%s", tcpAddr, err, logs.String())
+	}
+	tconn, err := grpc.NewClient(a.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tconn.Close()
+	got, err := framepackv1.NewJobServiceClient(tconn).GetJob(t.Context(), &framepackv1.GetJobRequest{JobId: id})
 	if err != nil || got.GetJob().GetState() != framepackv1.JobState_JOB_STATE_FAILED {
-		t.Fatalf("job after restart: %v %v", got, err)
+		t.Fatalf("job after restart, over tcp: %v %v", got, err)
 	}
 	stop(t, cmd, logs)
 }

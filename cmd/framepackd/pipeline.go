@@ -1,0 +1,118 @@
+package main
+
+// The pipeline's part of the daemon: flags, lanes and the FramePack Runner
+// (supervisor/pipeline, supervisor/lanes).
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/framepackd/framepackd/internal/shm"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/lanes"
+	"github.com/framepackd/framepackd/supervisor/pipeline"
+)
+
+// pipelineOptions are the pipeline's flags.
+type pipelineOptions struct {
+	residency   bool
+	budgetGB    float64
+	noPreviews  bool
+	keepHistory bool
+	siglip      string
+}
+
+// addPipelineFlags registers the pipeline's flags on fs.
+func addPipelineFlags(fs *flag.FlagSet) *pipelineOptions {
+	p := &pipelineOptions{}
+	fs.BoolVar(&p.residency, "residency", false, "keep the transformer and VAE workers alive across sections when their measured footprints fit the memory budget together")
+	fs.Float64Var(&p.budgetGB, "memory-budget-gb", 0, "memory the workers of a lane may hold together, for --residency (0: 80% of the device's memory)")
+	fs.BoolVar(&p.noPreviews, "no-previews", false, "do not make a preview image per sampling step")
+	fs.BoolVar(&p.keepHistory, "keep-section-history", false, "keep every section's history file, not only the newest")
+	fs.StringVar(&p.siglip, "siglip-processor", "", "SigLIP preprocessing: torchvision (transformers 5, the default) or pil (transformers 4)")
+	return p
+}
+
+// laneBackend splits a lane name ("cpu", "cuda:0", "hip:1") into backend and device index.
+func laneBackend(lane string) (string, uint32, error) {
+	backend, idx, ok := strings.Cut(lane, ":")
+	if !ok {
+		return backend, 0, nil
+	}
+	n, err := strconv.ParseUint(idx, 10, 32)
+	if err != nil {
+		return "", 0, fmt.Errorf("lane %q: bad device index", lane)
+	}
+	return backend, uint32(n), nil
+}
+
+// newRunner builds the lanes and the pipeline Runner. When the models cannot be found the
+// daemon still starts, and jobs fail saying why.
+func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger) (run func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error), closeFn func(), err error) {
+	p := o.pipeline
+	root, err := shm.OpenRoot(o.shmRoot)
+	if err != nil {
+		return nil, nil, fmt.Errorf("shared memory: %w", err)
+	}
+	byName := map[string]*lanes.Lane{}
+	for _, name := range laneNames {
+		backend, idx, err := laneBackend(name)
+		if err != nil {
+			return nil, nil, err
+		}
+		budget := uint64(p.budgetGB * (1 << 30))
+		if budget == 0 {
+			devs.mu.Lock()
+			if d := devs.last[name]; d != nil {
+				budget = d.GetTotalMemoryBytes() / 10 * 8
+			}
+			devs.mu.Unlock()
+		}
+		l, err := lanes.New(lanes.Config{Name: name, Backend: backend, DeviceIndex: idx, WorkerPath: lanes.BinDir(o.workersDir),
+			Residency: p.residency, Budget: budget, Log: logrus.NewEntry(log)})
+		if err != nil {
+			return nil, nil, err
+		}
+		byName[name] = l
+	}
+	closeAll := func() {
+		for _, l := range byName {
+			_ = l.Close()
+		}
+		_ = root.RemoveIfEmpty()
+	}
+	env := map[string]string{}
+	if p.siglip != "" {
+		env["FRAMEPACK_SIGLIP_PROCESSOR"] = p.siglip
+	}
+	models, err := pipeline.ResolveModels(o.models)
+	if err != nil {
+		log.WithError(err).Warn("model folders not found; jobs will fail until they exist (restart the daemon after downloading)")
+		msg := "no pipeline can run: " + err.Error()
+		return func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error) {
+			return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{Message: msg}}
+		}, closeAll, nil
+	}
+	log.WithFields(logrus.Fields{"hunyuanvideo": models.HunyuanVideo, "flux_redux": models.FluxRedux, "transformer": models.Transformer}).Info("models found")
+	r, err := pipeline.New(pipeline.Config{
+		Models: models, Shm: root, Log: log, WorkerEnv: env,
+		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency,
+		Lane: func(name string) (*lanes.Lane, error) {
+			if l, ok := byName[name]; ok {
+				return l, nil
+			}
+			return nil, fmt.Errorf("no lane %q", name)
+		},
+	})
+	if err != nil {
+		closeAll()
+		return nil, nil, err
+	}
+	return r.Run, closeAll, nil
+}
