@@ -290,7 +290,21 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 		WeightBytes:          uint64(model.Info.WeightBytes),
 		DeviceAllocatedBytes: mem.Allocated,
 		LoadDuration:         w.loadTime,
+		VAE:                  vaeInfo(model.Config),
 	}, nil
+}
+
+// vaeInfo is the model's constants as LoadResponse reports them to the supervisor.
+func vaeInfo(c causalvae.Config) *workerkit.VAEInfo {
+	u := func(n int) uint32 { return uint32(min(max(n, 0), math.MaxUint32)) }
+	return &workerkit.VAEInfo{
+		ScalingFactor:            c.ScalingFactor,
+		LatentChannels:           u(c.LatentChannels),
+		SpatialCompressionRatio:  u(c.SpatialCompressionRatio),
+		TemporalCompressionRatio: u(c.TemporalCompressionRatio),
+		InChannels:               u(c.InChannels),
+		OutChannels:              u(c.OutChannels),
+	}
 }
 
 func hostArch(info runtime.BackendInfo) string {
@@ -398,7 +412,8 @@ func (w *worker) progress(ctx context.Context, phase string, emit workerkit.Emit
 // tilingFrom maps the request's tiling to diffusers' settings. Unset means diffusers' defaults
 // (framewise on, no spatial tiling); zero sizes keep the defaults (256/192 px, 16/12 frames).
 // Framewise chunking is diffusers' default and stays on either way, so enable_temporal_tiling
-// changes nothing.
+// (deprecated in worker.proto) changes nothing; a long enough tile_sample_min_num_frames runs
+// all frames in one piece.
 func tilingFrom(t *workerkit.VAETiling) causalvae.Tiling {
 	out := causalvae.DefaultTiling()
 	if t == nil {
@@ -420,9 +435,30 @@ func tilingFrom(t *workerkit.VAETiling) causalvae.Tiling {
 }
 
 // LogvarSuffix is appended to the latents tensor's name for the posterior log-variance,
-// written into the same file.
+// written into the same file, when the request leaves logvar unset (the fallback).
 const LogvarSuffix = ".logvar"
 
+// logvarRef returns where the posterior log-variance goes: the request's logvar ref, or, when
+// it names neither a file nor a tensor, "<latents.name>.logvar" in latents' file (with latents'
+// dtype and shape unless logvar states its own).
+func logvarRef(req *workerkit.VAEEncodeRequest) workerkit.TensorRef {
+	r := req.Logvar
+	if r.Path != "" || r.Name != "" {
+		return r
+	}
+	fb := req.Latents
+	fb.Name += LogvarSuffix
+	if r.DType != "" {
+		fb.DType = r.DType
+	}
+	if len(r.Shape) > 0 {
+		fb.Shape = r.Shape
+	}
+	return fb
+}
+
+// encode writes the posterior's unscaled mean (not × scaling_factor: the supervisor scales with
+// LoadResponse.VAE) and its log-variance (logvarRef).
 func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.VAEEncodeRequest, emit workerkit.Emit, start time.Time) (*workerkit.Result, error) {
 	if err := checkOutputRef("latents", req.Latents); err != nil {
 		return nil, err
@@ -436,8 +472,7 @@ func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.
 	if err != nil {
 		return nil, fmt.Errorf("pixels: %w", err)
 	}
-	mean, logvar := req.Latents, req.Latents
-	logvar.Name += LogvarSuffix
+	mean, logvar := req.Latents, logvarRef(req)
 	outs, err := newOutputs([]outputRef{{field: "latents", ref: mean, shape: shape}, {field: "logvar", ref: logvar, shape: shape}})
 	if err != nil {
 		return nil, err
@@ -463,6 +498,7 @@ func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.
 	return &workerkit.Result{Outputs: written}, nil
 }
 
+// decode takes unscaled latents (already divided by scaling_factor) and writes pixels.
 func (w *worker) decode(ctx context.Context, m *causalvae.Model, req *workerkit.VAEDecodeRequest, emit workerkit.Emit, start time.Time) (*workerkit.Result, error) {
 	if err := checkOutputRef("pixels", req.Pixels); err != nil {
 		return nil, err

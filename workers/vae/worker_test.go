@@ -65,6 +65,20 @@ func loadVAE(t *testing.T, p *workerkit.Process, dir string, memCap uint64) {
 	if resp.Backend != "cpu" || resp.WeightBytes == 0 {
 		t.Fatalf("load response: %+v", resp)
 	}
+	// The model's constants, as config.json states them, so the supervisor need not read it.
+	cfg, _, err := causalvae.LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := workerkit.VAEInfo{ScalingFactor: cfg.ScalingFactor, LatentChannels: uint32(cfg.LatentChannels),
+		SpatialCompressionRatio: uint32(cfg.SpatialCompressionRatio), TemporalCompressionRatio: uint32(cfg.TemporalCompressionRatio),
+		InChannels: uint32(cfg.InChannels), OutChannels: uint32(cfg.OutChannels)}
+	if resp.VAE == nil || *resp.VAE != want || want.ScalingFactor <= 0 || want.LatentChannels == 0 {
+		t.Fatalf("load response model info %+v, want %+v", resp.VAE, want)
+	}
+	if resp.Transformer != nil || resp.TextEncoder != nil {
+		t.Fatalf("vae worker reports other models' info: %+v", resp)
+	}
 }
 
 // writeInput writes a float32 tensor as a segment of arena and returns its reference.
@@ -131,7 +145,6 @@ func requestTiling(t *testing.T, c parity.Case) *workerkit.VAETiling {
 	if !any {
 		return nil
 	}
-	tl.EnableTemporalTiling = true
 	return &tl
 }
 
@@ -168,6 +181,21 @@ func TestParityVAE(t *testing.T) {
 				if c.HasOutput("logvar") {
 					lv, ls := readOutput(t, res.Outputs[1])
 					c.Check(t, "logvar", lv, ls, c.Output(t, "logvar"))
+
+					// logvar set: written where it says, in its own file.
+					lref := outputRefOf(t, a, fmt.Sprintf("logvar%d", i), "lv")
+					res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEEncodeRequest{
+						Pixels: in, Tiling: requestTiling(t, c), Latents: outputRefOf(t, a, fmt.Sprintf("mean%d", i), "mean"), Logvar: lref}}, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(res.Outputs) != 2 || res.Outputs[1].Path != lref.Path || res.Outputs[1].Name != "lv" || res.Outputs[1].DType != safetensors.F32 {
+						t.Fatalf("outputs with a logvar ref: %+v", res.Outputs)
+					}
+					lv, ls = readOutput(t, res.Outputs[1])
+					c.Check(t, "logvar (own ref)", lv, ls, c.Output(t, "logvar"))
+					mean, ms = readOutput(t, res.Outputs[0])
+					c.Check(t, "mean (with a logvar ref)", mean, ms, c.Output(t, "mean"))
 				}
 			case "vae.decode":
 				z := c.Input(t, "z")
