@@ -115,6 +115,16 @@ func TestRunBadRequests(t *testing.T) {
 		{"clip length past positions", func(r *workerkit.TextEncodeRequest) { r.ClipMaxLength = 1000 }, nil},
 		{"llama length past positions", func(r *workerkit.TextEncodeRequest) { r.LlamaMaxLength = 1 << 30 }, nil},
 		{"huge pad length", func(r *workerkit.TextEncodeRequest) { r.PadLength = 1 << 31 }, nil},
+		{"token ids as floats", func(r *workerkit.TextEncodeRequest) {
+			r.LlamaIDs = workerkit.TensorRef{Path: r.LlamaVec.Path, Name: "ids", DType: "F32"}
+		}, nil},
+		{"token mask without a path", func(r *workerkit.TextEncodeRequest) { r.LlamaAttentionMask = workerkit.TensorRef{Name: "mask"} }, nil},
+		{"token ids wrong shape", func(r *workerkit.TextEncodeRequest) {
+			r.ClipIDs = workerkit.TensorRef{Path: r.LlamaVec.Path, Name: "clip_ids", Shape: []int64{1, 3}}
+		}, nil},
+		{"token ids on an output's name", func(r *workerkit.TextEncodeRequest) {
+			r.ClipIDs = workerkit.TensorRef{Path: r.LlamaVec.Path, Name: r.LlamaVec.Name}
+		}, nil},
 		{"other stage", nil, &workerkit.VAEDecodeRequest{}},
 	}
 	for _, tc := range tests {

@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/framepackd/framepackd/internal/parity"
+	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/workerkit"
 )
@@ -130,11 +131,15 @@ func newArena(t *testing.T) *shm.Arena {
 	return a
 }
 
-// outputs are the six output tensors of a text_encode stage, read back from shared memory.
+// outputs are the output tensors of a text_encode stage, read back from shared memory: the six
+// always written, then the optional token outputs the request set (nil when not set).
 type outputs struct {
 	LlamaVec, ClipPooler, LlamaVecN, ClipPoolerN []float32
 	LlamaVecShape, ClipPoolerShape               []int64
 	LlamaMask, LlamaMaskN                        []int64
+
+	LlamaIDs, LlamaAttentionMask, ClipIDs []int64
+	TokenRefs                             []workerkit.TensorRef // as written, in request order
 }
 
 // stageRefs fills the output refs of req with segments of a (positive outputs in one file,
@@ -158,11 +163,35 @@ func stageRefs(t *testing.T, a *shm.Arena, req *workerkit.TextEncodeRequest) {
 	req.ClipPoolerN = workerkit.TensorRef{Path: neg, Name: "clip_pooler"}
 }
 
-// readOutputs maps the result's segments and reads the six tensors.
-func readOutputs(t *testing.T, res *workerkit.Result) outputs {
+// tokenOutputRefs asks req for the optional token outputs, in a segment of a of their own, the
+// attention mask as U8 (the ids in the default dtype).
+func tokenOutputRefs(t *testing.T, a *shm.Arena, req *workerkit.TextEncodeRequest) {
 	t.Helper()
-	if len(res.Outputs) != 6 {
-		t.Fatalf("%d outputs, want 6", len(res.Outputs))
+	path, err := a.NewSegment(fmt.Sprintf("tokens-%d", segmentCount.Add(1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.LlamaIDs = workerkit.TensorRef{Path: path, Name: "llama_ids"}
+	req.LlamaAttentionMask = workerkit.TensorRef{Path: path, Name: "llama_attention_mask", DType: safetensors.U8}
+	req.ClipIDs = workerkit.TensorRef{Path: path, Name: "clip_ids"}
+}
+
+// readOutputs maps the result's segments and reads the six tensors and the token outputs req
+// set.
+func readOutputs(t *testing.T, req *workerkit.TextEncodeRequest, res *workerkit.Result) outputs {
+	t.Helper()
+	var tokens []*[]int64
+	var o outputs
+	for _, x := range []struct {
+		ref workerkit.TensorRef
+		dst *[]int64
+	}{{req.LlamaIDs, &o.LlamaIDs}, {req.LlamaAttentionMask, &o.LlamaAttentionMask}, {req.ClipIDs, &o.ClipIDs}} {
+		if x.ref.Path != "" || x.ref.Name != "" {
+			tokens = append(tokens, x.dst)
+		}
+	}
+	if len(res.Outputs) != 6+len(tokens) {
+		t.Fatalf("%d outputs, want %d", len(res.Outputs), 6+len(tokens))
 	}
 	floats := func(r workerkit.TensorRef) ([]float32, []int64) {
 		m, err := shm.Open(r.Path)
@@ -191,14 +220,29 @@ func readOutputs(t *testing.T, res *workerkit.Result) outputs {
 		}
 		return v
 	}
-	var o outputs
 	o.LlamaVec, o.LlamaVecShape = floats(res.Outputs[0])
 	o.LlamaMask = ints(res.Outputs[1])
 	o.ClipPooler, o.ClipPoolerShape = floats(res.Outputs[2])
 	o.LlamaVecN, _ = floats(res.Outputs[3])
 	o.LlamaMaskN = ints(res.Outputs[4])
 	o.ClipPoolerN, _ = floats(res.Outputs[5])
+	for i, dst := range tokens {
+		r := res.Outputs[6+i]
+		*dst = ints(r)
+		if int64(len(*dst)) != shapeSize(r.Shape) {
+			t.Errorf("%s: %d values, result says shape %v", r.Name, len(*dst), r.Shape)
+		}
+		o.TokenRefs = append(o.TokenRefs, r)
+	}
 	return o
+}
+
+func shapeSize(s []int64) int64 {
+	n := int64(1)
+	for _, d := range s {
+		n *= d
+	}
+	return n
 }
 
 // runStage runs one text_encode stage on p and reads its outputs.
@@ -215,5 +259,5 @@ func runStage(t *testing.T, p *workerkit.Process, a *shm.Arena, req workerkit.Te
 	if err != nil {
 		t.Fatalf("run: %v", err)
 	}
-	return readOutputs(t, res), events
+	return readOutputs(t, &req, res), events
 }

@@ -6,6 +6,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/tokenizer"
 	"github.com/framepackd/framepackd/internal/workerkit"
@@ -116,8 +117,8 @@ func checkEncodeOutputs(t *testing.T, c parity.Case, label string, vec []float32
 
 // TestParityTextenc checks every case of the textenc fixture through the real worker process
 // and shared memory: tokenize (ids and masks exact, in process with the worker's tokenizer code,
-// and through the worker: its outputs for the prompt equal the models' outputs for the
-// reference ids) and textenc.encode_prompt_conds (llama_vec, clip_pooler and the padded outputs
+// and through the worker: its optional token outputs exact, and its outputs for the prompt equal
+// the models' outputs for the reference ids) and textenc.encode_prompt_conds (llama_vec, clip_pooler and the padded outputs
 // within the case's rel_l2; the zero negative at cfg 1; the negative prompt encoded otherwise).
 func TestParityTextenc(t *testing.T) {
 	fx := parity.Load(t, "textenc")
@@ -214,13 +215,33 @@ func checkTokenizeCase(t *testing.T, enc *Encoder, p *workerkit.Process, a *shm.
 		total += m
 	}
 
-	// Through the worker: the stage's outputs for the prompt are the models' outputs for the
-	// reference ids (any id that reaches a model changes them far beyond this bound).
+	// Through the worker: the ids and mask it reports (the optional token outputs) are the
+	// reference's, exactly.
+	req := stageRequest(prompt, "", 1, params)
+	tokenOutputRefs(t, a, &req)
+	o, _ := runStage(t, p, a, req)
+	for i, x := range []struct {
+		name      string
+		got, want []int64
+		dtype     safetensors.DType
+	}{{"llama_ids", o.LlamaIDs, want.LlamaIDs, safetensors.I64}, {"llama_attention_mask", o.LlamaAttentionMask, want.LlamaMask, safetensors.U8},
+		{"clip_ids", o.ClipIDs, want.CLIPIDs, safetensors.I64}} {
+		m := mismatches(x.got, x.want)
+		t.Logf("case %s worker %s: mismatches=%d tol=0", c.Name, x.name, m)
+		if m != 0 {
+			t.Errorf("case %s worker %s: %d mismatches\n got %v\nwant %v", c.Name, x.name, m, x.got, x.want)
+		}
+		if r := o.TokenRefs[i]; r.DType != x.dtype || !parity.SameShape(r.Shape, []int64{1, int64(len(x.want))}) {
+			t.Errorf("case %s worker %s: written as %s%v, want %s[1 %d]", c.Name, x.name, r.DType, r.Shape, x.dtype, len(x.want))
+		}
+	}
+
+	// And the stage's outputs for the prompt are the models' outputs for the reference ids (any
+	// id that reaches a model changes them far beyond this bound).
 	ref, err := enc.EncodeTokens(want, params)
 	if err != nil {
 		t.Fatalf("case %s: encode reference ids: %v", c.Name, err)
 	}
-	o, _ := runStage(t, p, a, stageRequest(prompt, "", 1, params))
 	eVec := parity.RelL2(o.LlamaVec, ref.LlamaVec)
 	ePool := parity.RelL2(o.ClipPooler, ref.CLIPPooler)
 	mm := mismatches(o.LlamaMask, boolsToInts(ref.LlamaMask))
@@ -270,6 +291,14 @@ func TestLayersComputedInWorker(t *testing.T) {
 	a := newArena(t)
 	if resp.WeightBytes == 0 || resp.Backend != "cpu" {
 		t.Errorf("load response %+v", resp)
+	}
+	// The encoders' constants, so the supervisor need not read the configs.
+	wantInfo := workerkit.TextEncoderInfo{LlamaHiddenSize: uint32(enc.Llama.Config.HiddenSize), ClipHiddenSize: uint32(enc.CLIP.Config.HiddenSize),
+		LlamaMaxPositionEmbeddings: uint32(enc.Llama.Config.MaxPositionEmbeddings), ClipMaxPositionEmbeddings: uint32(enc.CLIP.Config.MaxPositionEmbeddings),
+		TemplatePrefixTokens: uint32(enc.TemplatePrefix)}
+	if resp.TextEncoder == nil || *resp.TextEncoder != wantInfo || wantInfo.LlamaHiddenSize == 0 || wantInfo.ClipHiddenSize == 0 ||
+		resp.VAE != nil || resp.Transformer != nil {
+		t.Errorf("load response model info %+v, want %+v", resp.TextEncoder, wantInfo)
 	}
 	stats := func() map[string]uint64 {
 		ctx, cancel := context.WithTimeout(t.Context(), callTimeout)

@@ -164,7 +164,20 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		WeightBytes:          uint64(enc.WeightBytes()),
 		DeviceAllocatedBytes: mem.Allocated,
 		LoadDuration:         loadTime,
+		TextEncoder:          textEncoderInfo(enc),
 	}, nil
+}
+
+// textEncoderInfo is the encoders' constants as LoadResponse reports them to the supervisor.
+func textEncoderInfo(enc *Encoder) *workerkit.TextEncoderInfo {
+	u := func(n int) uint32 { return uint32(min(max(n, 0), math.MaxUint32)) }
+	return &workerkit.TextEncoderInfo{
+		LlamaHiddenSize:            u(enc.Llama.Config.HiddenSize),
+		ClipHiddenSize:             u(enc.CLIP.Config.HiddenSize),
+		LlamaMaxPositionEmbeddings: u(enc.Llama.Config.MaxPositionEmbeddings),
+		ClipMaxPositionEmbeddings:  u(enc.CLIP.Config.MaxPositionEmbeddings),
+		TemplatePrefixTokens:       u(enc.TemplatePrefix),
+	}
 }
 
 func (w *worker) logReport(enc *Encoder) {
@@ -239,6 +252,9 @@ func (w *worker) textEncode(ctx context.Context, enc *Encoder, req *workerkit.Te
 			return nil, err
 		}
 	}
+	if err := checkTokenRefs(req); err != nil {
+		return nil, err
+	}
 	if math.IsNaN(float64(req.CFG)) || math.IsInf(float64(req.CFG), 0) {
 		return nil, fmt.Errorf("%w: cfg %v", ErrInvalidArgument, req.CFG)
 	}
@@ -310,6 +326,11 @@ func (w *worker) textEncode(ctx context.Context, enc *Encoder, req *workerkit.Te
 		}
 		outs = append(outs, vec, mask, pool)
 	}
+	toks, err := tokenOutputs(req, pos.Tokens) // optional, after the six
+	if err != nil {
+		return nil, err
+	}
+	outs = append(outs, toks...)
 	written, err := writeOutputs(outs)
 	if err != nil {
 		return nil, err
