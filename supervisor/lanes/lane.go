@@ -166,6 +166,16 @@ type Stage struct {
 	// OnTelemetry receives a memory sample every Config.SampleEvery while the stage runs, and
 	// one at its end.
 	OnTelemetry func(Telemetry)
+
+	// Watchdog hooks (supervisor/watchdog.Attempt); nil: not watched.
+	//
+	// Attach is called with the worker process as soon as the stage has it (spawned or
+	// reused); the lane calls the detach it returns before it lets the worker go (teardown, or
+	// keeping it resident).
+	Attach func(p Proc) (detach func())
+	// PrepareLoad adjusts the worker's LoadRequest before Load: the attempt's memory cap,
+	// resident blocks, backend, conv policy and test fault.
+	PrepareLoad func(req *workerkit.LoadRequest)
 }
 
 // Telemetry is one memory sample of a running worker.
@@ -343,6 +353,9 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		}
 		rep.Teardown = time.Since(t0)
 	}()
+	if st.Attach != nil { // the watchdog watches the worker until the lane lets it go
+		defer st.Attach(proc)()
+	}
 
 	stop := l.sample(st, proc, &peak)
 	defer stop()
@@ -350,8 +363,12 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 	if !rep.Reused {
 		lctx, cancel := context.WithTimeout(ctx, l.cfg.LoadTimeout)
 		t0 := time.Now()
-		resp, err := proc.Load(lctx, &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
-			DeviceIndex: l.cfg.DeviceIndex, MemoryCapBytes: l.cfg.MemoryCap, Env: st.Env})
+		lreq := &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
+			DeviceIndex: l.cfg.DeviceIndex, MemoryCapBytes: l.cfg.MemoryCap, Env: st.Env}
+		if st.PrepareLoad != nil {
+			st.PrepareLoad(lreq) // the watchdog's attempt settings
+		}
+		resp, err := proc.Load(lctx, lreq)
 		cancel()
 		rep.Load = time.Since(t0)
 		if err != nil {
