@@ -44,6 +44,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"github.com/framepackd/framepackd/supervisor/video"
+	"github.com/framepackd/framepackd/supervisor/watchdog"
 )
 
 // MaxInputPixels bounds the decoded input image (the API checks the same limit on submit).
@@ -74,6 +75,10 @@ type Config struct {
 	Residency bool
 	// OnStage receives every stage's record when it ends (benchmarks, tests).
 	OnStage func(StageRecord)
+	// Watchdog returns the watchdog of a lane (supervisor/watchdog; see watchdog.go): every
+	// worker stage then runs under it, with hang detection, recovery checks and retries down
+	// the degradation ladder. Nil (or a nil result) runs each stage once.
+	Watchdog func(lane string) *watchdog.Watchdog
 	// Log is the runner's logger; nil means the standard logger.
 	Log logrus.FieldLogger
 	// Now is the clock; nil means time.Now.
@@ -176,6 +181,11 @@ func (r *Runner) Run(ctx context.Context, job *jobs.Job, emit func(*framepackv1.
 		return jobs.Result{}, fmt.Errorf("job %s: shared memory: %w", job.ID, err)
 	}
 	j.arena = arena
+	if r.cfg.Watchdog != nil {
+		if wd := r.cfg.Watchdog(job.Lane); wd != nil {
+			j.wd = wd.Job(job.ID, emit)
+		}
+	}
 	defer func() {
 		lane.Release()
 		if err := arena.Close(); err != nil {
@@ -201,6 +211,8 @@ type jobRun struct {
 	cond *conditioning
 	hist *history
 	eta  etaModel
+
+	wd *watchdog.Job // the job's retries under the lane's watchdog; nil without one
 }
 
 func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepackv1.JobEvent)) (*jobRun, error) {
@@ -379,7 +391,7 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 	st.OnTelemetry = j.telemetry(stage)
 	j.stageStarted(stage, section)
 	t0 := time.Now()
-	rep, err := j.lane.Run(ctx, st)
+	rep, err := j.runOnLane(ctx, stage, section, st) // watchdog.go
 	wall := time.Since(t0)
 	rec := StageRecord{Stage: stage, Section: section, Worker: string(st.Model), PID: rep.PID, Reused: rep.Reused, Kept: rep.Kept,
 		Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
@@ -417,6 +429,10 @@ func (j *jobRun) failure(ctx context.Context, stage framepackv1.Stage, section i
 	msg := fmt.Sprintf("%s: %v", stageName(stage, section), err)
 	if ctx.Err() != nil {
 		return fmt.Errorf("%s: %w", msg, context.Cause(ctx))
+	}
+	var giveUp *watchdog.GiveUpError
+	if errors.As(err, &giveUp) {
+		return giveUp.JobError() // every attempt of the job, from the watchdog
 	}
 	sec := uint32(max(section, 0))
 	return &jobs.FailureError{Failure: &framepackv1.JobFailure{
