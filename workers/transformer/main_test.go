@@ -21,6 +21,7 @@ import (
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/torchrng"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/workers/transformer/dit"
 	"github.com/framepackd/framepackd/workers/transformer/sampler"
 	"github.com/framepackd/framepackd/workers/transformer/sampler/samplertest"
 )
@@ -82,6 +83,21 @@ func loadWorker(t *testing.T, dir string) *workerkit.Process {
 	}
 	if resp.Backend != "cpu" || resp.DType != "fp32" || resp.WeightBytes == 0 {
 		t.Fatalf("load response %+v", resp)
+	}
+	// The model's constants, as config.json states them, so the supervisor need not read it.
+	cfg, err := dit.LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := workerkit.TransformerInfo{InChannels: uint32(cfg.InChannels), OutChannels: uint32(cfg.OutChannelsOrIn()),
+		PatchSize: uint32(cfg.PatchSize), PatchSizeT: uint32(cfg.PatchSizeT), TextEmbedDim: uint32(cfg.TextEmbedDim),
+		PooledProjectionDim: uint32(cfg.PooledProjectionDim), NumLayers: uint32(cfg.NumLayers),
+		NumSingleLayers: uint32(cfg.NumSingleLayers), HasCleanXEmbedder: cfg.HasCleanXEmbedder}
+	if cfg.HasImageProj {
+		want.ImageProjDim = uint32(cfg.ImageProjDim)
+	}
+	if resp.Transformer == nil || *resp.Transformer != want || want.InChannels == 0 || resp.VAE != nil || resp.TextEncoder != nil {
+		t.Fatalf("load response model info %+v, want %+v", resp.Transformer, want)
 	}
 	return p
 }

@@ -28,7 +28,7 @@ func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{errInvalid}, args...)...)
 }
 
-// worker serves transformer_section stages.
+// worker serves transformer_section and transformer_forward stages.
 type worker struct {
 	k   *workerkit.Kit
 	log *logrus.Entry
@@ -174,26 +174,51 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		WeightBytes:          uint64(m.WeightBytes()),
 		DeviceAllocatedBytes: mem.Allocated,
 		LoadDuration:         loadTime,
+		Transformer:          transformerInfo(m),
 	}, nil
 }
 
-// Run serves one transformer_section stage.
+// transformerInfo is the model's constants as LoadResponse reports them to the supervisor.
+func transformerInfo(m *dit.Model) *workerkit.TransformerInfo {
+	u := func(n int) uint32 { return uint32(min(max(n, 0), math.MaxUint32)) }
+	c := m.Config
+	info := &workerkit.TransformerInfo{
+		InChannels: u(c.InChannels), OutChannels: u(c.OutChannelsOrIn()), PatchSize: u(c.PatchSize), PatchSizeT: u(c.PatchSizeT),
+		TextEmbedDim: u(c.TextEmbedDim), PooledProjectionDim: u(c.PooledProjectionDim),
+		NumLayers: u(c.NumLayers), NumSingleLayers: u(c.NumSingleLayers), HasCleanXEmbedder: m.CleanXEmbedder != nil,
+	}
+	if m.ImageProjection != nil {
+		info.ImageProjDim = u(c.ImageProjDim)
+	}
+	return info
+}
+
+// Run serves one transformer_section or transformer_forward stage.
 func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit workerkit.Emit) (*workerkit.Result, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.model == nil {
 		return nil, classify(invalidf("run: not loaded"))
 	}
-	ts, ok := req.Stage.(*workerkit.TransformerSectionRequest)
-	if !ok {
-		return nil, classify(invalidf("run: the transformer worker runs transformer_section stages, not %T", req.Stage))
-	}
 	start := time.Now()
 	defer func() { w.computeNanos.Add(int64(time.Since(start))) }()
 	log := w.log.WithField("job", req.JobID)
-	res, err := w.section(ctx, ts, emit, start, log)
+	var stage string
+	var res *workerkit.Result
+	var err error
+	switch s := req.Stage.(type) {
+	case *workerkit.TransformerSectionRequest:
+		stage = "transformer_section"
+		res, err = w.section(ctx, s, emit, start, log.WithField("stage", stage))
+	case *workerkit.TransformerForwardRequest:
+		stage = "transformer_forward"
+		res, err = w.forward(ctx, s, emit, start, log.WithField("stage", stage))
+	default:
+		return nil, classify(invalidf("run: the transformer worker runs transformer_section and transformer_forward stages, not %T", req.Stage))
+	}
+	log = log.WithField("stage", stage)
 	if err != nil {
-		err = classify(fmt.Errorf("transformer_section: %w", err))
+		err = classify(fmt.Errorf("%s: %w", stage, err))
 		log.WithError(err).Warn("stage failed")
 		return nil, err
 	}

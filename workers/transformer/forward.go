@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/workers/transformer/dit"
+	"github.com/framepackd/framepackd/workers/transformer/sampler"
+)
+
+// refSet reports whether an optional input is given: a ref naming neither a file nor a tensor
+// is not.
+func refSet(r workerkit.TensorRef) bool { return r.Path != "" || r.Name != "" }
+
+// forwardPlan is a validated TransformerForwardRequest: the noisy latents, the model's
+// conditioning, and where the velocity goes.
+type forwardPlan struct {
+	x     sampler.Tensor
+	shape [5]int
+	cond  dit.Conditioning
+}
+
+// planForward checks the request and reads its input tensors.
+func (w *worker) planForward(req *workerkit.TransformerForwardRequest) (*forwardPlan, error) {
+	for name, v := range map[string]float32{"timestep": req.Timestep, "guidance": req.Guidance} {
+		if err := finite(name, v); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkOutputRef("velocity", req.Velocity); err != nil {
+		return nil, err
+	}
+	if _, err := floatDType("velocity", req.Velocity); err != nil {
+		return nil, err
+	}
+	if w.model.ImageProjection != nil && !refSet(req.ImageEmbeddings) {
+		return nil, invalidf("image_embeddings is required: the model has an image projection")
+	}
+	var in inputs
+	optional := func(field string, r workerkit.TensorRef, rank int) dit.Tensor {
+		if !refSet(r) {
+			return dit.Tensor{}
+		}
+		return dit.Tensor(in.float(field, r, rank))
+	}
+	x := in.float("hidden_states", req.HiddenStates, 5)
+	cond := dit.Conditioning{
+		EncoderHiddenStates:  dit.Tensor(in.float("llama_vec", req.LlamaVec, 3)),
+		EncoderAttentionMask: dit.IntTensor(in.mask("llama_mask", req.LlamaMask)),
+		PooledProjections:    dit.Tensor(in.float("clip_pooler", req.ClipPooler, 2)),
+		ImageEmbeddings:      optional("image_embeddings", req.ImageEmbeddings, 3),
+		LatentIndices:        dit.IntTensor(indexTensor(req.LatentIndices)),
+		CleanLatents:         optional("clean_latents", req.CleanLatents, 5),
+		CleanLatentIndices:   dit.IntTensor(indexTensor(req.CleanLatentIndices)),
+		CleanLatents2x:       optional("clean_latents_2x", req.CleanLatents2x, 5),
+		CleanLatent2xIndices: dit.IntTensor(indexTensor(req.CleanLatent2xIndices)),
+		CleanLatents4x:       optional("clean_latents_4x", req.CleanLatents4x, 5),
+		CleanLatent4xIndices: dit.IntTensor(indexTensor(req.CleanLatent4xIndices)),
+	}
+	if in.err != nil {
+		return nil, in.err
+	}
+	if err := checkOutputShape("velocity", req.Velocity, x.Shape); err != nil {
+		return nil, err
+	}
+	return &forwardPlan{x: x, shape: [5]int(x.Shape), cond: cond}, nil
+}
+
+// forward runs one transformer forward: prepare the conditioning for the latents' shape, run
+// the model once, write the velocity.
+func (w *worker) forward(ctx context.Context, req *workerkit.TransformerForwardRequest, emit workerkit.Emit, start time.Time, log *logrus.Entry) (*workerkit.Result, error) {
+	fp, err := w.planForward(req)
+	if err != nil {
+		return nil, err
+	}
+	send := func(phase string) error {
+		if emit == nil {
+			return ctx.Err()
+		}
+		if err := emit(&workerkit.Progress{Phase: phase, Elapsed: time.Since(start)}); err != nil {
+			return fmt.Errorf("emit: %w", err)
+		}
+		return nil
+	}
+	if err := send("prepare"); err != nil {
+		return nil, err
+	}
+	m := w.model
+	sec, err := m.Prepare(fp.cond, fp.shape)
+	if err != nil {
+		return nil, err
+	}
+	defer sec.Close()
+	if err := send("forward"); err != nil {
+		return nil, err
+	}
+	w.k.Beacon.SetStep(1, 1)
+	v, err := m.Forward(ctx, sec, fp.x.Data, req.Timestep, req.Guidance, dit.ForwardOptions{})
+	w.k.Beacon.SetStep(0, 0)
+	w.k.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
+	if err != nil {
+		return nil, err
+	}
+	if err := send("write"); err != nil {
+		return nil, err
+	}
+	written, err := writeFloat(req.Velocity, v, fp.shape[:])
+	if err != nil {
+		return nil, fmt.Errorf("velocity: %w", err)
+	}
+	imgTokens, encTokens := sec.Tokens()
+	log.WithFields(logrus.Fields{"shape": fmt.Sprint(fp.shape), "image_tokens": imgTokens, "encoder_tokens": encTokens}).Info("forward done")
+	return &workerkit.Result{Outputs: []workerkit.TensorRef{written}, Stats: w.stats()}, nil
+}
