@@ -11,9 +11,10 @@
 //
 // Residency (Config.Residency, off by default) keeps a worker alive after its stage when the
 // caller names the models that alternate with it (Stage.KeepWith, e.g. the transformer and the
-// VAE of the section loop) and the footprints measured on this lane prove that all of them fit
-// in Config.Budget together; its next stage then skips spawn and load. Without that proof the
-// worker is killed as usual.
+// VAE of the section loop) and the footprints measured on this lane in such stages prove that
+// all of them fit in Config.Budget together; its next stage then skips spawn and load. Without
+// that proof the worker is killed as usual. A footprint is the larger of the allocator peak and
+// the peak RSS (Report.Footprint).
 package lanes
 
 import (
@@ -233,8 +234,9 @@ type Lane struct {
 	log *logrus.Entry
 
 	// mu serialises stages and protects residents, footprints and closed.
-	mu         sync.Mutex
-	residents  map[Model]*resident
+	mu        sync.Mutex
+	residents map[Model]*resident
+	// footprints is the largest footprint measured per model in stages with a KeepWith group.
 	footprints map[Model]uint64
 	closed     bool
 }
@@ -401,7 +403,12 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 	}
 	stop()
 	rep.RSSPeakBytes = peak.get()
-	l.footprints[st.Model] = max(l.footprints[st.Model], rep.Footprint())
+	if len(st.KeepWith) > 0 {
+		// Only stages of a residency group count: what the same model needs elsewhere (the
+		// VAE's encode of one frame against its decode of a section) proves nothing about
+		// the group.
+		l.footprints[st.Model] = max(l.footprints[st.Model], rep.Footprint())
+	}
 	if st.OnTelemetry != nil {
 		st.OnTelemetry(Telemetry{Model: st.Model, PID: rep.PID, RSSBytes: peak.last(), AllocatorPeakBytes: rep.AllocPeakBytes})
 	}

@@ -331,3 +331,22 @@ func TestResidency(t *testing.T) {
 		})
 	}
 }
+
+// TestResidencyCountsOnlyGroupStages: a footprint measured outside the group (the VAE encode
+// before the section loop) proves nothing about the group.
+func TestResidencyCountsOnlyGroupStages(t *testing.T) {
+	l := newLane(t, func(c *lanes.Config) { c.Residency, c.Budget = true, 1<<40 })
+	if rep, err := l.Run(t.Context(), stage(lanes.VAE, "ok")); err != nil || rep.Kept {
+		t.Fatalf("vae outside the group: kept %v, err %v", rep.Kept, err)
+	}
+	st := stage(lanes.Transformer, "ok")
+	st.KeepWith = []lanes.Model{lanes.Transformer, lanes.VAE}
+	rep, err := l.Run(t.Context(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Kept {
+		t.Fatal("transformer kept on the strength of a vae footprint measured outside the group")
+	}
+	noChildren(t)
+}

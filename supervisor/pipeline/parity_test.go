@@ -92,7 +92,7 @@ func (s *stageLog) onStage(r pipeline.StageRecord) {
 }
 
 // runJob submits the case to a daemon and watches it to its end.
-func runJob(t *testing.T, jc i2vCase, socket string) (*framepackv1.Job, []*framepackv1.JobEvent) {
+func runJob(t testing.TB, jc i2vCase, socket string) (*framepackv1.Job, []*framepackv1.JobEvent) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), jobTimeout)
 	defer cancel()
