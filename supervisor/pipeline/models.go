@@ -3,7 +3,6 @@ package pipeline
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,9 +103,6 @@ func hubSnapshot(entry string) (string, bool) {
 	}
 	snaps, err := os.ReadDir(filepath.Join(entry, "snapshots"))
 	if err != nil {
-		if !errors.Is(err, fs.ErrNotExist) {
-			return "", false
-		}
 		return "", false
 	}
 	var dirs []string
