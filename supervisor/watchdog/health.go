@@ -140,3 +140,13 @@ func (h *Health) Wait(ctx context.Context) error {
 		}
 	}
 }
+
+// Annotate sets a ListDevices entry's lane state and reason from the lane's health.
+func (h *Health) Annotate(d *framepackv1.Device) {
+	st := h.Status()
+	d.LaneState = st.State.Proto()
+	d.LaneStateReason = st.Reason
+	if st.State == LaneDegraded && !st.NextProbe.IsZero() {
+		d.LaneStateReason += fmt.Sprintf(" (next probe at %s)", st.NextProbe.UTC().Format(time.RFC3339))
+	}
+}

@@ -111,8 +111,8 @@ func isVAE(stage framepackv1.Stage) bool {
 }
 
 // Next returns the next attempt's settings after attempt number attempt of st failed with
-// class (v: the watchdog's verdict, for a hang), or false when the ladder has nothing left to
-// try (bad input never has).
+// class (v: the watchdog's verdict, for a hang), or false for a class that is never retried
+// (bad input). Once every rung is used the next attempt runs as is; the retry budget ends it.
 func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdict) (Step, bool) {
 	next := cur
 	switch class {
@@ -143,7 +143,12 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 		if s, ok := l.lowerCap(cur); ok {
 			return s, true
 		}
-		return l.toCPU(st, cur, "out of memory with the smallest footprint")
+		if s, ok := l.toCPU(st, cur, "out of memory with the smallest footprint"); ok {
+			return s, true
+		}
+		// Nothing smaller to try: a fresh process may still fit (the memory another process
+		// held is back, no fragmentation); the budget bounds these.
+		return Step{Knobs: next, Change: "retry as is (no smaller footprint left to try)"}, true
 	case ClassHang:
 		if key, tier, ok := v.Conv(); ok {
 			return Step{Knobs: next, MarkHung: &ConvMark{Key: key, Tier: tier},

@@ -103,6 +103,9 @@ type AttemptInfo struct {
 	Stage   StageInfo
 	Attempt int
 	Knobs   Knobs
+	// OpsSeen is the fewest ops a successful attempt of this stage kind ran on the lane so far
+	// (0: none yet), so a plan can aim an op-numbered fault inside the stage.
+	OpsSeen uint64
 }
 
 // Counts are what the watchdog did about one class of failure.
@@ -141,10 +144,11 @@ type Watchdog struct {
 	ctx    context.Context // ends monitors at Close
 	cancel context.CancelFunc
 
-	// mu protects stats and monitoring.
+	// mu protects stats, monitoring and opsSeen.
 	mu         sync.Mutex
 	stats      Stats
 	monitoring bool
+	opsSeen    map[framepackv1.Stage]uint64
 }
 
 // New returns the watchdog of one lane.
@@ -180,7 +184,7 @@ func New(cfg Config) (*Watchdog, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Watchdog{cfg: cfg, log: log.WithField("lane", cfg.Lane), health: NewHealth(cfg.Lane), rec: rec,
-		ctx: ctx, cancel: cancel, stats: Stats{Classes: map[Class]Counts{}}}, nil
+		ctx: ctx, cancel: cancel, stats: Stats{Classes: map[Class]Counts{}}, opsSeen: map[framepackv1.Stage]uint64{}}, nil
 }
 
 // Close stops the watchdog's background monitors.
@@ -334,6 +338,8 @@ type Attempt struct {
 	// Kept is set by the AttemptFunc when the stage succeeded and its worker stays resident
 	// (the recovery check is then skipped).
 	Kept bool
+	// Ops is set by the AttemptFunc to the number of ops the worker ran (its Stats), when known.
+	Ops uint64
 
 	w     *Watchdog
 	guard *Guard
@@ -443,7 +449,10 @@ func (j *Job) Run(ctx context.Context, st StageInfo, fn AttemptFunc) error {
 		a := &Attempt{JobID: j.id, Stage: st, Number: n, Knobs: knobs, Limits: w.Limits(st), w: w}
 		a.guard = NewGuard(a.Limits, log.WithField("attempt", n))
 		if w.cfg.FaultPlan != nil {
-			a.Fault = w.cfg.FaultPlan(AttemptInfo{JobID: j.id, Stage: st, Attempt: n, Knobs: knobs})
+			w.mu.Lock()
+			seen := w.opsSeen[st.Kind]
+			w.mu.Unlock()
+			a.Fault = w.cfg.FaultPlan(AttemptInfo{JobID: j.id, Stage: st, Attempt: n, Knobs: knobs, OpsSeen: seen})
 		}
 		baseline, berr := w.rec.Baseline(ctx)
 		if berr != nil {
@@ -464,6 +473,13 @@ func (j *Job) Run(ctx context.Context, st StageInfo, fn AttemptFunc) error {
 			Lane: w.cfg.Lane, StartTime: timestamppb.New(start), Duration: durationpb.New(dur)}
 		switch class {
 		case ClassOK:
+			if a.Ops > 0 {
+				w.mu.Lock()
+				if o := w.opsSeen[st.Kind]; o == 0 || a.Ops < o {
+					w.opsSeen[st.Kind] = a.Ops
+				}
+				w.mu.Unlock()
+			}
 			if n > 1 {
 				j.story = append(j.story, rec)
 				for _, c := range pending {
