@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
@@ -251,5 +253,104 @@ func TestCancelKillsWorker(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(o.State, "jobs", id, "history", pipeline.SectionFile(0))); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("section 0 history after a cancel in section 0: %v", err)
+	}
+}
+
+// TestDrainResumes stops the daemon gracefully after the first section: the runner stops at
+// the section boundary (or is cancelled when the grace runs out), the job stays queued, and a
+// new daemon on the same state directory finishes it with the fixture's frames.
+func TestDrainResumes(t *testing.T) {
+	jc := firstCase(t)
+	workers := buildWorkers(t)
+	o := newOpts(t, workers)
+	d, err := newDaemon(o, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), jobTimeout)
+	defer cancel()
+	c := client(t, o.Socket)
+	resp, err := c.SubmitJob(ctx, &framepackv1.SubmitJobRequest{Image: jc.image, Spec: jc.spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetJob().GetId()
+	stopped := make(chan error, 1)
+	_, _ = watch(ctx, c, id, func(ev *framepackv1.JobEvent) bool {
+		if sv := ev.GetSectionVideo(); sv != nil && sv.GetSectionIndex() == 0 {
+			go func() { stopped <- d.Stop(ctx) }()
+			return false
+		}
+		return true
+	})
+	if err := <-stopped; err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if err := waitNoWorkers(workers, 5*time.Second); err != nil {
+		t.Fatalf("after a graceful stop: %v", err)
+	}
+	if err := shmEmpty(o.Shm); err != nil {
+		t.Fatal(err)
+	}
+
+	d, err = newDaemon(o, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Kill()
+	c = client(t, o.Socket)
+	last, err := watch(ctx, c, id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last.GetJobFinished() == nil {
+		t.Fatalf("job ended with %v", last)
+	}
+	got, err := c.GetJob(ctx, &framepackv1.GetJobRequest{JobId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := stageRecords(t, o.State, id)
+	if n := len(slices.DeleteFunc(slices.Clone(recs), func(r pipeline.StageRecord) bool { return r.Name != framepackv1.Stage_STAGE_TEXT_ENCODE.String() })); n != 1 {
+		t.Errorf("text encoder ran %d times", n)
+	}
+	checkOutputs(t, jc, o.State, got.GetJob(), int(got.GetJob().GetProgress().GetTotalSections()))
+}
+
+// TestJobOptions runs a one-section job with the options the fixture does not use: real CFG
+// with a negative prompt and rescale, TeaCache, no previews, residency; it must finish with
+// the section's frames and leave nothing behind.
+func TestJobOptions(t *testing.T) {
+	jc := firstCase(t)
+	spec := proto.Clone(jc.spec).(*framepackv1.JobSpec)
+	spec.TotalSecondLength = 0.4 // one section of the window
+	spec.Cfg, spec.Rs, spec.NegativePrompt, spec.UseTeacache = 2, 0.5, "blurry", proto.Bool(true)
+	jc.spec = spec
+	workers := buildWorkers(t)
+	o := newOpts(t, workers)
+	o.NoPreviews, o.Residency = true, true
+	d, err := newDaemon(o, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Kill()
+	job, evs := runJob(t, jc, o.Socket)
+	if n := job.GetProgress().GetTotalSections(); n != 1 {
+		t.Fatalf("%d sections", n)
+	}
+	for _, ev := range evs {
+		if ev.GetPreview() != nil {
+			t.Fatal("preview sent with previews off")
+		}
+	}
+	// One section that is also the last: the window's frames plus the start frame.
+	if got, want := job.GetResult().GetFrameCount(), uint32(4*(jc.window+1)-3); got != want {
+		t.Errorf("%d frames, want %d", got, want)
+	}
+	if err := waitNoWorkers(workers, 5*time.Second); err != nil {
+		t.Error(err)
+	}
+	if err := shmEmpty(o.Shm); err != nil {
+		t.Error(err)
 	}
 }
