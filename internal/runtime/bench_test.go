@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"math/rand/v2"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -188,4 +189,91 @@ func BenchmarkGELU(b *testing.B) {
 		y.Free()
 	}
 	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
+}
+
+// interleave runs the fs in turn b.N times (rotating which goes first, so load from other
+// processes hits all alike) and returns each one's total time.
+func interleave(b *testing.B, fs ...func()) []time.Duration {
+	b.Helper()
+	total := make([]time.Duration, len(fs))
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range fs {
+			j := (i + k) % len(fs)
+			start := time.Now()
+			fs[j]()
+			total[j] += time.Since(start)
+		}
+	}
+	return total
+}
+
+// BenchmarkLinearHalf: a 4096×4096 Linear (Llama's q/o projections) for 351 tokens (FramePack's
+// prompt) and 4096 tokens, with the weight in f32, bf16 and f16 in turn. The 16-bit weights are
+// widened a panel at a time; the metric to read is each one's rate against f32 (…-%).
+func BenchmarkLinearHalf(b *testing.B) {
+	const D = 4096
+	for _, tokens := range []int{351, 4096} {
+		b.Run("tokens="+strconv.Itoa(tokens), func(b *testing.B) {
+			rt := benchRuntime(b)
+			x := benchTensor(b, rt, 1, tokens, D)
+			w := benchTensor(b, rt, D, D)
+			bias := benchTensor(b, rt, D)
+			ws := []*Tensor{w}
+			for _, dt := range []DType{BF16, F16} {
+				h, err := rt.Cast(w, dt)
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(h.Free)
+				ws = append(ws, h)
+			}
+			fs := make([]func(), len(ws))
+			for i, wt := range ws {
+				fs[i] = func() {
+					y, err := rt.Linear(x, wt, bias)
+					if err != nil {
+						b.Fatal(err)
+					}
+					y.Free()
+				}
+			}
+			total := interleave(b, fs...)
+			flops := 2.0 * float64(tokens) * D * D * float64(b.N)
+			for i, name := range []string{"f32", "bf16", "f16"} {
+				b.ReportMetric(flops/total[i].Seconds()/1e9, name+"-GFLOP/s")
+				if i > 0 {
+					b.ReportMetric(100*total[0].Seconds()/total[i].Seconds(), name+"-%")
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkConv3dHalf: BenchmarkConv3d's shape with 512 channels' worth of weight per output
+// row band (512→512, 3×3×3 on 2×32×32, the VAE's deepest blocks), f32 against bf16 weights.
+func BenchmarkConv3dHalf(b *testing.B) {
+	rt := benchRuntime(b)
+	x := benchTensor(b, rt, 1, 512, 2, 32, 32)
+	w := benchTensor(b, rt, 512, 512, 3, 3, 3)
+	wh, err := rt.Cast(w, BF16)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(wh.Free)
+	p := Conv3dParams{Padding: [3]int{1, 1, 1}}
+	run := func(w *Tensor) func() {
+		return func() {
+			y, err := rt.Conv3d(x, w, nil, p)
+			if err != nil {
+				b.Fatal(err)
+			}
+			y.Free()
+		}
+	}
+	total := interleave(b, run(w), run(wh))
+	flops := 2.0 * 512 * 512 * 27 * 2 * 32 * 32 * float64(b.N)
+	b.ReportMetric(flops/total[0].Seconds()/1e9, "f32-GFLOP/s")
+	b.ReportMetric(flops/total[1].Seconds()/1e9, "bf16-GFLOP/s")
+	b.ReportMetric(100*total[0].Seconds()/total[1].Seconds(), "bf16-%")
 }

@@ -311,7 +311,8 @@ func convKey(backend string, device int, xs, ws []int, xdt, wdt DType, p Conv3dP
 // Conv3d is a PyTorch Conv3d forward: x [N, Cin, T, H, W], w [Cout, Cin/groups, kT, kH, kW],
 // bias [Cout] or nil → [N, Cout, T', H', W'] with zero padding. It runs through the fallback
 // chain: vendor tuned → vendor default → own GPU kernel → CPU, skipping tiers the backend
-// lacks and tiers the decision cache records as hung (or failed) for this shape.
+// lacks and tiers the decision cache records as hung (or failed) for this shape. w may be F16
+// or BF16 (weights kept in 16 bits; the CPU tier widens them to f32 as it goes).
 func (rt *Runtime) Conv3d(x, w, bias *Tensor, p Conv3dParams) (*Tensor, error) {
 	const op = "conv3d"
 	if err := required(op, x, w); err != nil {

@@ -13,7 +13,8 @@ import (
 
 // DType is a tensor element type. F16 and BF16 are storage types: the cpu backend computes in
 // F32, and Cast or a converting upload moves between them exactly (round to nearest even
-// where a value does not fit).
+// where a value does not fit). Weights may stay in F16/BF16: MatMul/Linear (b), Conv3d (w) and
+// EmbeddingAs (table) widen them to f32 as they go.
 type DType int
 
 // Element types.

@@ -76,13 +76,15 @@ type GemmParams struct {
 }
 
 // MatMul computes alpha·op(a)·op(b). a: [batch..., M, K]; b: [batch..., K, N] with the same
-// batch dims, or [K, N] shared by every batch; → [batch..., M, N].
+// batch dims, or [K, N] shared by every batch; → [batch..., M, N] in F32. On the cpu backend b
+// may be F16 or BF16 (weights kept in 16 bits): it is widened to f32 a panel at a time into
+// bounded scratch, with the results of an f32 copy of b.
 func (rt *Runtime) MatMul(a, b *Tensor, p GemmParams) (*Tensor, error) {
 	return rt.gemm("matmul", a, b, nil, p)
 }
 
 // Linear is a PyTorch linear layer: x [..., in] · wᵀ + bias with w [out, in], bias [out] or
-// nil → [..., out].
+// nil → [..., out]. w may be F16 or BF16 (see MatMul); x and bias are F32.
 func (rt *Runtime) Linear(x, w, bias *Tensor) (*Tensor, error) {
 	const op = "linear"
 	if err := required(op, x, w); err != nil {
@@ -604,8 +606,18 @@ func (rt *Runtime) Copy(x *Tensor) (*Tensor, error) {
 	return rt.Cast(x, x.dtype)
 }
 
-// Embedding picks rows of table [V, D] by ids (I32, any shape S) → [S..., D].
+// Embedding picks rows of table [V, D] by ids (I32, any shape S) → [S..., D] in the table's
+// dtype.
 func (rt *Runtime) Embedding(table, ids *Tensor) (*Tensor, error) {
+	if err := required("embedding", table, ids); err != nil {
+		return nil, err
+	}
+	return rt.EmbeddingAs(table, ids, table.dtype)
+}
+
+// EmbeddingAs is Embedding with the rows converted to dtype dt: an f16/bf16 table (weights kept
+// in 16 bits) gives f32 activations.
+func (rt *Runtime) EmbeddingAs(table, ids *Tensor, dt DType) (*Tensor, error) {
 	const op = "embedding"
 	if err := required(op, table, ids); err != nil {
 		return nil, err
@@ -614,7 +626,7 @@ func (rt *Runtime) Embedding(table, ids *Tensor) (*Tensor, error) {
 		return nil, argError(op, "table %s must be [V, D]", table)
 	}
 	shape := append(slices.Clone(ids.shape), table.Dim(1))
-	return rt.op(op, table.dtype, shape, []*Tensor{table, ids}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
+	return rt.op(op, dt, shape, []*Tensor{table, ids}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
 		return C.fpk_op_embedding(rt.stream, in[0], in[1], out)
 	})
 }

@@ -1,6 +1,8 @@
 /*
  * fpk_cpu.c — the cpu backend: host memory, OpenBLAS for GEMM, own multi-threaded loops for
- * everything else. Computes in f32; f16/bf16 tensors are storage only (copy converts).
+ * everything else. Computes in f32; f16/bf16 tensors are storage (copy converts), except that
+ * the weight operand of gemm and conv3d and an embedding table may be f16/bf16: they are widened
+ * to f32 as they are used (fpk_cpu_half.c).
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -183,7 +185,7 @@ static fpk_status cpu_gemm(void *ctx, void *stream, const fpk_gemm_params *p, fp
     (void)stream;
     const char *op = "gemm";
     REQ(op, a);
-    REQ(op, b);
+    if (!fpk_cpu_is_half(b)) REQ(op, b); /* f16/bf16 b: a weight widened panel by panel */
     REQ(op, bias);
     REQ(op, out);
     int64_t M = out->shape[out->ndim - 2], N = out->shape[out->ndim - 1];
@@ -197,15 +199,17 @@ static fpk_status cpu_gemm(void *ctx, void *stream, const fpk_gemm_params *p, fp
     for (int i = 0; i < b->ndim - 2; i++) bbatch *= b->shape[i];
     int64_t bstride = bbatch == 1 ? 0 : K * N;
     float alpha = p->alpha != 0 ? p->alpha : 1.0f;
-    for (int64_t i = 0; i < batch; i++) {
-        if (K == 0) {
-            memset(F(out) + i * M * N, 0, (size_t)(M * N) * sizeof(float));
-            continue;
-        }
-        cblas_sgemm(CblasRowMajor, p->trans_a ? CblasTrans : CblasNoTrans,
-                    p->trans_b ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K, alpha,
-                    CF(a) + i * M * K, (blasint)(p->trans_a ? M : K), CF(b) + i * bstride,
-                    (blasint)(p->trans_b ? K : N), 0.0f, F(out) + i * M * N, (blasint)N);
+    if (K == 0) {
+        memset(F(out), 0, (size_t)out->numel * sizeof(float));
+    } else if (fpk_cpu_is_half(b)) {
+        fpk_status st = fpk_cpu_gemm_half_b(CTX(ctx), p, a, b, out, batch, M, N, K, bstride, alpha);
+        if (st != FPK_OK) return st;
+    } else {
+        for (int64_t i = 0; i < batch; i++)
+            cblas_sgemm(CblasRowMajor, p->trans_a ? CblasTrans : CblasNoTrans,
+                        p->trans_b ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)N, (blasint)K,
+                        alpha, CF(a) + i * M * K, (blasint)(p->trans_a ? M : K), CF(b) + i * bstride,
+                        (blasint)(p->trans_b ? K : N), 0.0f, F(out) + i * M * N, (blasint)N);
     }
     if (bias) {
         bias_job j = {.y = F(out), .bias = CF(bias), .C = N, .inner = 1, .rowlen = 1};
@@ -1000,6 +1004,13 @@ static fpk_status cpu_embedding(void *ctx, void *stream, fpk_tensor_t table, fpk
         if (id[i] < 0 || id[i] >= V)
             return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "embedding: id %d at %lld outside [0, %lld)",
                                  id[i], (long long)i, (long long)V);
+    if (out->dtype != table->dtype) { /* a half table into f32 rows (the core allows floats only) */
+        size_t orow = (size_t)D * fpk_dtype_size(out->dtype);
+        for (int64_t i = 0; i < ids->numel; i++)
+            fpk_convert((char *)fpk_tensor_data(out) + (size_t)i * orow, out->dtype,
+                        (const char *)fpk_tensor_data(table) + (size_t)id[i] * row, table->dtype, (size_t)D);
+        return FPK_OK;
+    }
     for (int64_t i = 0; i < ids->numel; i++)
         memcpy((char *)fpk_tensor_data(out) + (size_t)i * row, (const char *)fpk_tensor_data(table) + (size_t)id[i] * row, row);
     return FPK_OK;

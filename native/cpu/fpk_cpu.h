@@ -28,6 +28,25 @@ fpk_status fpk_cpu_conv3d(void *ctx, void *stream, fpk_conv_tier tier, const fpk
 fpk_status fpk_cpu_attention(void *ctx, void *stream, const fpk_attention_params *p,
                              fpk_tensor_t q, fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask,
                              fpk_tensor_t out);
+/* ---- half-precision weights (fpk_cpu_half.c) ---- */
+
+/* Whether t is F16 or BF16 (a weight the cpu backend widens to f32 as it goes). */
+int fpk_cpu_is_half(fpk_tensor_t t);
+/* Widens rows x cols f16/bf16 values (row stride lds) to f32 (row stride ldd), exactly, on the
+ * backend's pool. */
+void fpk_cpu_widen_2d(fpk_cpu_ctx *c, float *dst, int64_t ldd, const void *src, int64_t lds,
+                      fpk_dtype sdt, int64_t rows, int64_t cols);
+/* Scratch for an f32 panel of *rows rows of row_elems floats: at most budget_rows (at least 1)
+ * and *rows rows; halves the rows under memory pressure down to 1. Sets *rows, *panel and
+ * *nbytes (free with fpk_cpu_scratch_free). */
+fpk_status fpk_cpu_panel_alloc(fpk_tensor_t any, int64_t row_elems, int64_t budget_rows,
+                               int64_t *rows, float **panel, size_t *nbytes);
+/* out = alpha·op(a)·op(b) for f32 a and out and an f16/bf16 b, b widened a panel of output
+ * columns at a time (bstride: elements between b's batches, 0 when b is shared). */
+fpk_status fpk_cpu_gemm_half_b(fpk_cpu_ctx *c, const fpk_gemm_params *p, fpk_tensor_t a,
+                               fpk_tensor_t b, fpk_tensor_t out, int64_t batch, int64_t M,
+                               int64_t N, int64_t K, int64_t bstride, float alpha);
+
 /* Softmax of each of `rows` rows of length n in place (x*scale), rows with all -inf → zeros. */
 void fpk_cpu_softmax_rows(fpk_cpu_ctx *c, float *x, int64_t rows, int64_t n, float scale);
 

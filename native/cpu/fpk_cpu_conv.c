@@ -1,6 +1,7 @@
 /*
  * fpk_cpu_conv.c — conv3d on the cpu: im2col per output time slice and band of output rows
  * (scratch bounded by COL_BUDGET bytes), then one SGEMM per band; 1×1×1 convs are a plain GEMM.
+ * An f16/bf16 weight is widened to f32 into scratch of at most WEIGHT_BUDGET bytes.
  */
 #include "fpk_cpu.h"
 
@@ -9,6 +10,9 @@
 
 /* Upper bound of the im2col scratch per conv. */
 #define COL_BUDGET ((size_t)32 << 20)
+/* Upper bound of the f32 copy of an f16/bf16 weight per conv: a group's whole weight when it
+ * fits (every conv of the HunyuanVideo VAE does), else panels of output channels per band. */
+#define WEIGHT_BUDGET ((size_t)32 << 20)
 
 typedef struct {
     const float *x; /* x[n, g*Cg] for this (n, g): [Cg, T, H, W] */
@@ -58,6 +62,32 @@ static void im2col_task(void *arg, int64_t kb, int64_t ke, int th) {
     }
 }
 
+/* The f32 rows [r0, r0 + nr) of group g's weight [Cog, K]: the tensor's own rows when it is
+ * f32, else widened into panel (once per group when the panel holds all Cog rows). */
+typedef struct {
+    fpk_cpu_ctx *c;
+    fpk_tensor_t w;
+    int64_t Cog, K;
+    float *panel;     /* NULL for an f32 weight */
+    int64_t rows;     /* panel rows */
+    int64_t g_loaded; /* group whose rows [0, Cog) the panel holds whole, -1 if none */
+} weight_rows;
+
+static const float *weight_get(weight_rows *wr, int64_t g, int64_t r0, int64_t nr) {
+    if (!wr->panel) return (const float *)fpk_tensor_data(wr->w) + (g * wr->Cog + r0) * wr->K;
+    if (wr->rows >= wr->Cog) {
+        if (wr->g_loaded != g) {
+            fpk_cpu_widen_2d(wr->c, wr->panel, wr->K, (const uint16_t *)fpk_tensor_data(wr->w) + g * wr->Cog * wr->K,
+                             wr->K, wr->w->dtype, wr->Cog, wr->K);
+            wr->g_loaded = g;
+        }
+        return wr->panel + r0 * wr->K;
+    }
+    fpk_cpu_widen_2d(wr->c, wr->panel, wr->K, (const uint16_t *)fpk_tensor_data(wr->w) + (g * wr->Cog + r0) * wr->K,
+                     wr->K, wr->w->dtype, nr, wr->K);
+    return wr->panel;
+}
+
 fpk_status fpk_cpu_conv3d(void *ctx, void *stream, fpk_conv_tier tier, const fpk_conv3d_params *p,
                           fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out) {
     (void)stream;
@@ -66,7 +96,7 @@ fpk_status fpk_cpu_conv3d(void *ctx, void *stream, fpk_conv_tier tier, const fpk
     const char *op = "conv3d";
     fpk_status st;
     if ((st = fpk_cpu_require_f32(op, x, "x")) != FPK_OK) return st;
-    if ((st = fpk_cpu_require_f32(op, w, "w")) != FPK_OK) return st;
+    if (!fpk_cpu_is_half(w) && (st = fpk_cpu_require_f32(op, w, "w")) != FPK_OK) return st;
     if ((st = fpk_cpu_require_f32(op, bias, "bias")) != FPK_OK) return st;
     if ((st = fpk_cpu_require_f32(op, out, "out")) != FPK_OK) return st;
     int64_t N = x->shape[0], Cin = x->shape[1], T = x->shape[2], H = x->shape[3], W = x->shape[4];
@@ -76,27 +106,25 @@ fpk_status fpk_cpu_conv3d(void *ctx, void *stream, fpk_conv_tier tier, const fpk
     int64_t sT = p->stride[0] ? p->stride[0] : 1, sH = p->stride[1] ? p->stride[1] : 1,
             sW = p->stride[2] ? p->stride[2] : 1;
     int64_t K = Cg * kT * kH * kW;
-    const float *xd = fpk_tensor_data(x), *wd = fpk_tensor_data(w);
+    const float *xd = fpk_tensor_data(x);
     float *yd = fpk_tensor_data(out);
     int64_t ospatial = To * Ho * Wo, ispatial = T * H * W;
     if (out->numel == 0) return FPK_OK;
-    if (K == 0) {
+    if (K == 0 || Cog == 0) {
         memset(yd, 0, (size_t)out->numel * sizeof(float));
-    } else if (kT == 1 && kH == 1 && kW == 1 && sT == 1 && sH == 1 && sW == 1 && p->padding[0] == 0 &&
-               p->padding[1] == 0 && p->padding[2] == 0) {
-        /* pointwise: out[n, g] = W_g [Cog, Cg] @ x[n, g] [Cg, THW] */
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t g = 0; g < G; g++)
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)Cog, (blasint)ospatial,
-                            (blasint)K, 1.0f, wd + g * Cog * K, (blasint)K,
-                            xd + (n * Cin + g * Cg) * ispatial, (blasint)ospatial, 0.0f,
-                            yd + (n * Cout + g * Cog) * ospatial, (blasint)ospatial);
-    } else {
-        int64_t rows = (int64_t)(COL_BUDGET / ((size_t)K * (size_t)Wo * sizeof(float)));
+        if (bias) fpk_cpu_add_channel_bias(c, yd, fpk_tensor_data(bias), N, Cout, ospatial);
+        return FPK_OK;
+    }
+    int pointwise = kT == 1 && kH == 1 && kW == 1 && sT == 1 && sH == 1 && sW == 1 && p->padding[0] == 0 &&
+                    p->padding[1] == 0 && p->padding[2] == 0;
+    float *col = NULL;
+    size_t colbytes = 0;
+    int64_t rows = 1;
+    if (!pointwise) {
+        rows = (int64_t)(COL_BUDGET / ((size_t)K * (size_t)Wo * sizeof(float)));
         if (rows < 1) rows = 1;
         if (rows > Ho) rows = Ho;
-        size_t colbytes = (size_t)K * (size_t)rows * (size_t)Wo * sizeof(float);
-        float *col = NULL;
+        colbytes = (size_t)K * (size_t)rows * (size_t)Wo * sizeof(float);
         st = fpk_cpu_scratch(x, colbytes, (void **)&col);
         while (st == FPK_ERR_OUT_OF_MEMORY && rows > 1) { /* narrower bands under memory pressure */
             rows = (rows + 1) / 2;
@@ -105,28 +133,53 @@ fpk_status fpk_cpu_conv3d(void *ctx, void *stream, fpk_conv_tier tier, const fpk
         }
         if (st != FPK_OK) return st;
         fpk_clear_error();
-        im2col_job j = {.col = col, .Cg = Cg, .T = T, .H = H, .W = W, .kT = kT, .kH = kH, .kW = kW,
-                        .sT = sT, .sH = sH, .sW = sW, .pT = p->padding[0], .pH = p->padding[1],
-                        .pW = p->padding[2], .Wo = Wo};
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t g = 0; g < G; g++) {
-                j.x = xd + (n * Cin + g * Cg) * ispatial;
-                for (int64_t to = 0; to < To; to++)
-                    for (int64_t h0 = 0; h0 < Ho; h0 += rows) {
-                        j.to = to;
-                        j.h0 = h0;
-                        j.rows = Ho - h0 < rows ? Ho - h0 : rows;
-                        int64_t ncol = j.rows * Wo;
-                        fpk_pool_run(c->pool, K, ncol >= 1024 ? 1 : 1024 / ncol + 1, im2col_task, &j);
-                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)Cog,
-                                    (blasint)ncol, (blasint)K, 1.0f, wd + g * Cog * K, (blasint)K, col,
-                                    (blasint)ncol, 0.0f,
-                                    yd + ((n * Cout + g * Cog) * To + to) * Ho * Wo + h0 * Wo,
+    }
+    /* an f16/bf16 weight is widened into a panel of output channels (a whole group when it fits) */
+    weight_rows wr = {.c = c, .w = w, .Cog = Cog, .K = K, .rows = Cog, .g_loaded = -1};
+    size_t pbytes = 0;
+    if (fpk_cpu_is_half(w)) {
+        st = fpk_cpu_panel_alloc(x, K, (int64_t)(WEIGHT_BUDGET / ((size_t)K * sizeof(float))), &wr.rows,
+                                 &wr.panel, &pbytes);
+        if (st != FPK_OK) {
+            fpk_cpu_scratch_free(x, col, colbytes);
+            return st;
+        }
+    }
+    im2col_job j = {.col = col, .Cg = Cg, .T = T, .H = H, .W = W, .kT = kT, .kH = kH, .kW = kW,
+                    .sT = sT, .sH = sH, .sW = sW, .pT = p->padding[0], .pH = p->padding[1],
+                    .pW = p->padding[2], .Wo = Wo};
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t n = 0; n < N; n++) {
+            const float *xg = xd + (n * Cin + g * Cg) * ispatial;
+            float *yg = yd + (n * Cout + g * Cog) * ospatial;
+            if (pointwise) { /* out[n, g] = W_g [Cog, Cg] @ x[n, g] [Cg, THW] */
+                for (int64_t r0 = 0; r0 < Cog; r0 += wr.rows) {
+                    int64_t nr = Cog - r0 < wr.rows ? Cog - r0 : wr.rows;
+                    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)nr, (blasint)ospatial,
+                                (blasint)K, 1.0f, weight_get(&wr, g, r0, nr), (blasint)K, xg,
+                                (blasint)ospatial, 0.0f, yg + r0 * ospatial, (blasint)ospatial);
+                }
+                continue;
+            }
+            j.x = xg;
+            for (int64_t to = 0; to < To; to++)
+                for (int64_t h0 = 0; h0 < Ho; h0 += rows) {
+                    j.to = to;
+                    j.h0 = h0;
+                    j.rows = Ho - h0 < rows ? Ho - h0 : rows;
+                    int64_t ncol = j.rows * Wo;
+                    fpk_pool_run(c->pool, K, ncol >= 1024 ? 1 : 1024 / ncol + 1, im2col_task, &j);
+                    for (int64_t r0 = 0; r0 < Cog; r0 += wr.rows) {
+                        int64_t nr = Cog - r0 < wr.rows ? Cog - r0 : wr.rows;
+                        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (blasint)nr, (blasint)ncol,
+                                    (blasint)K, 1.0f, weight_get(&wr, g, r0, nr), (blasint)K, col,
+                                    (blasint)ncol, 0.0f, yg + r0 * ospatial + to * Ho * Wo + h0 * Wo,
                                     (blasint)ospatial);
                     }
-            }
-        fpk_cpu_scratch_free(x, col, colbytes);
-    }
+                }
+        }
+    fpk_cpu_scratch_free(x, col, colbytes);
+    fpk_cpu_scratch_free(x, wr.panel, pbytes);
     if (bias) fpk_cpu_add_channel_bias(c, yd, fpk_tensor_data(bias), N, Cout, ospatial);
     return FPK_OK;
 }

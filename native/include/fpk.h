@@ -199,7 +199,9 @@ fpk_status fpk_tensor_fill(fpk_stream_t stream, fpk_tensor_t tensor, double valu
 /* out = alpha * op(a) @ op(b) (+ bias). a: [batch, M, K] ([batch, K, M] if trans_a);
  * b: [batch or 1, K, N] ([.., N, K] if trans_b); bias: [N] or NULL; out: [batch, M, N].
  * Leading dims of a and out may be any number of dims that multiply to batch, and b may have
- * rank 2 (shared by every batch); the last two dims are the matrix. */
+ * rank 2 (shared by every batch); the last two dims are the matrix.
+ * On the cpu backend b (the weight) may be F16 or BF16 with a, bias and out F32: b is widened to
+ * f32 a panel at a time into bounded scratch (fp32 accumulation, the f32 path's results). */
 typedef struct fpk_gemm_params {
     int trans_a;
     int trans_b;
@@ -211,7 +213,9 @@ fpk_status fpk_op_gemm(fpk_stream_t stream, const fpk_gemm_params *params, fpk_t
 /* 3-D convolution, cross-correlation as in PyTorch. x: [N, Cin, T, H, W];
  * w: [Cout, Cin/groups, kT, kH, kW]; bias: [Cout] or NULL;
  * out: [N, Cout, (T+2pT-kT)/sT+1, (H+2pH-kH)/sH+1, (W+2pW-kW)/sW+1]. Zero padding.
- * tier picks the implementation; a tier the backend lacks returns FPK_ERR_UNAVAILABLE. */
+ * tier picks the implementation; a tier the backend lacks returns FPK_ERR_UNAVAILABLE.
+ * On the cpu tier w may be F16 or BF16 (widened to f32 per group, or per panel of output
+ * channels when a group's weight is large). */
 typedef struct fpk_conv3d_params {
     int64_t stride[3];  /* T, H, W; 0 means 1 */
     int64_t padding[3]; /* T, H, W, both sides */
@@ -325,7 +329,8 @@ fpk_status fpk_op_reduce(fpk_stream_t stream, fpk_reduce_op op, int dim, fpk_ten
 /* Copies src into dst of the same shape, converting dtype (this is cast). */
 fpk_status fpk_op_copy(fpk_stream_t stream, fpk_tensor_t src, fpk_tensor_t dst);
 
-/* Rows of table [V, D] picked by ids (I32, any shape S): out [S..., D]. */
+/* Rows of table [V, D] picked by ids (I32, any shape S): out [S..., D], in the table's dtype or
+ * another float dtype (converted; the cpu backend takes an f16/bf16 table into f32 rows). */
 fpk_status fpk_op_embedding(fpk_stream_t stream, fpk_tensor_t table, fpk_tensor_t ids,
                             fpk_tensor_t out);
 

@@ -1225,8 +1225,8 @@ fpk_status fpk_op_embedding(fpk_stream_t s, fpk_tensor_t table, fpk_tensor_t ids
     CHECK(table->ndim == 2, "%s: table must be [V, D]", op);
     CHECK(ids->dtype == FPK_I32, "%s: ids must be i32, got %s", op, dtype_name(ids->dtype));
     CHECK(out->ndim == ids->ndim + 1 && out->shape[out->ndim - 1] == table->shape[1] &&
-              out->dtype == table->dtype,
-          "%s: out must be ids' shape + [D] in the table's dtype", op);
+              (out->dtype == table->dtype || (dtype_is_float(out->dtype) && dtype_is_float(table->dtype))),
+          "%s: out must be ids' shape + [D] in the table's dtype (or another float dtype)", op);
     for (int i = 0; i < ids->ndim; i++)
         CHECK(out->shape[i] == ids->shape[i], "%s: out dim %d differs from ids", op, i);
     SLOT(s, embedding, op);

@@ -1,0 +1,138 @@
+/*
+ * fpk_cpu_half.c — f16/bf16 weights on the cpu backend: the weight is widened to f32 a panel at
+ * a time into bounded scratch (counted by the allocator) and each panel goes through SGEMM, so
+ * a model can keep its weights in 16 bits while computing in f32. The widening is exact (the
+ * same values an f32 copy of the weight holds), so results equal the f32 path's up to how
+ * OpenBLAS splits the work.
+ */
+#include "fpk_cpu.h"
+#include "fpk_cpu_vexp.h"
+#include "fpk_half.h"
+
+#include <cblas.h>
+#include <string.h>
+
+/* Most bytes of f32 weight panel a half-weight GEMM widens at a time: small enough to stay in
+ * the last-level cache between widening and SGEMM, large enough (512 rows of 4096) that each
+ * SGEMM runs at full rate. */
+#define PANEL_BUDGET ((size_t)8 << 20)
+
+typedef uint32_t fpk_v8u __attribute__((vector_size(32)));
+typedef uint16_t fpk_v8h __attribute__((vector_size(16)));
+
+#define FPK_V8U(c) ((fpk_v8u){c, c, c, c, c, c, c, c})
+
+/* dst[i] = (float)src[i] for n f16 or bf16 values. Exact: bf16 is a shift; f16 uses the
+ * branch-free widening of Maratyszcza's FP16 library (normal values rescaled by 2^-112, subnormals
+ * through a magic-number subtraction), which vectorises; it equals fpk_f16_to_f32 bit for bit
+ * except that a signalling NaN comes out quiet. */
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void widen_row(float *dst, const uint16_t *src, int64_t n, int bf16) {
+    int64_t i = 0;
+    if (bf16) {
+        for (; i + 8 <= n; i += 8) {
+            fpk_v8h h;
+            memcpy(&h, src + i, sizeof h);
+            fpk_v8u u = __builtin_convertvector(h, fpk_v8u) << 16;
+            memcpy(dst + i, &u, sizeof u);
+        }
+        for (; i < n; i++) dst[i] = fpk_bf16_to_f32(src[i]);
+        return;
+    }
+    const fpk_v8u sign_mask = FPK_V8U(0x80000000u), exp_offset = FPK_V8U(0xE0u << 23),
+                  magic = FPK_V8U(126u << 23), cutoff = FPK_V8U(1u << 27);
+    const fpk_v8f exp_scale = FPK_V8F(0x1.0p-112f), half = FPK_V8F(0.5f);
+    for (; i + 8 <= n; i += 8) {
+        fpk_v8h h;
+        memcpy(&h, src + i, sizeof h);
+        fpk_v8u w = __builtin_convertvector(h, fpk_v8u) << 16;
+        fpk_v8u sign = w & sign_mask, two_w = w + w;
+        fpk_v8f norm = (fpk_v8f)((two_w >> 4) + exp_offset) * exp_scale;
+        fpk_v8f denorm = (fpk_v8f)((two_w >> 17) | magic) - half;
+        fpk_v8f v = FPK_V8_SELECT(two_w < cutoff, denorm, norm);
+        fpk_v8u r = sign | (fpk_v8u)v;
+        memcpy(dst + i, &r, sizeof r);
+    }
+    for (; i < n; i++) dst[i] = fpk_f16_to_f32(src[i]);
+}
+
+typedef struct {
+    float *dst;
+    const uint16_t *src;
+    int64_t ldd, lds, cols;
+    int bf16;
+} widen_job;
+
+static void widen_task(void *arg, int64_t rb, int64_t re, int th) {
+    (void)th;
+    widen_job *j = arg;
+    if (j->ldd == j->cols && j->lds == j->cols) { /* contiguous: one run */
+        widen_row(j->dst + rb * j->cols, j->src + rb * j->cols, (re - rb) * j->cols, j->bf16);
+        return;
+    }
+    for (int64_t r = rb; r < re; r++) widen_row(j->dst + r * j->ldd, j->src + r * j->lds, j->cols, j->bf16);
+}
+
+void fpk_cpu_widen_2d(fpk_cpu_ctx *c, float *dst, int64_t ldd, const void *src, int64_t lds,
+                      fpk_dtype sdt, int64_t rows, int64_t cols) {
+    if (rows <= 0 || cols <= 0) return;
+    widen_job j = {.dst = dst, .src = src, .ldd = ldd, .lds = lds, .cols = cols, .bf16 = sdt == FPK_BF16};
+    int64_t grain = cols >= (1 << 15) ? 1 : (1 << 15) / cols;
+    fpk_pool_run(c->pool, rows, grain, widen_task, &j);
+}
+
+int fpk_cpu_is_half(fpk_tensor_t t) { return t && (t->dtype == FPK_F16 || t->dtype == FPK_BF16); }
+
+fpk_status fpk_cpu_panel_alloc(fpk_tensor_t any, int64_t row_elems, int64_t budget_rows,
+                               int64_t *rows, float **panel, size_t *nbytes) {
+    int64_t r = budget_rows;
+    if (r > *rows) r = *rows;
+    if (r < 1) r = 1;
+    size_t n = (size_t)r * (size_t)row_elems * sizeof(float);
+    fpk_status st = fpk_cpu_scratch(any, n, (void **)panel);
+    while (st == FPK_ERR_OUT_OF_MEMORY && r > 1) { /* fewer rows under memory pressure */
+        r = (r + 1) / 2;
+        n = (size_t)r * (size_t)row_elems * sizeof(float);
+        st = fpk_cpu_scratch(any, n, (void **)panel);
+    }
+    if (st != FPK_OK) return st;
+    fpk_clear_error();
+    *rows = r;
+    *nbytes = n;
+    return FPK_OK;
+}
+
+fpk_status fpk_cpu_gemm_half_b(fpk_cpu_ctx *c, const fpk_gemm_params *p, fpk_tensor_t a,
+                               fpk_tensor_t b, fpk_tensor_t out, int64_t batch, int64_t M,
+                               int64_t N, int64_t K, int64_t bstride, float alpha) {
+    /* panels of nb output columns: rows n0.. of b [N, K] (trans_b) or columns n0.. of b [K, N] */
+    int64_t nb = N;
+    float *panel = NULL;
+    size_t pbytes = 0;
+    fpk_status st = fpk_cpu_panel_alloc(a, K, (int64_t)(PANEL_BUDGET / ((size_t)K * sizeof(float))), &nb,
+                                        &panel, &pbytes);
+    if (st != FPK_OK) return st;
+    const uint16_t *bd = fpk_tensor_data(b);
+    const float *ad = fpk_tensor_data(a);
+    float *yd = fpk_tensor_data(out);
+    int64_t nbb = bstride ? batch : 1; /* batches of b to widen */
+    for (int64_t ib = 0; ib < nbb; ib++) {
+        const uint16_t *bb = bd + ib * bstride;
+        for (int64_t n0 = 0; n0 < N; n0 += nb) {
+            int64_t nn = N - n0 < nb ? N - n0 : nb;
+            if (p->trans_b)
+                fpk_cpu_widen_2d(c, panel, K, bb + n0 * K, K, b->dtype, nn, K);
+            else
+                fpk_cpu_widen_2d(c, panel, nn, bb + n0, N, b->dtype, K, nn);
+            /* a shared b is widened once for every batch of a */
+            int64_t i0 = bstride ? ib : 0, i1 = bstride ? ib + 1 : batch;
+            for (int64_t i = i0; i < i1; i++)
+                cblas_sgemm(CblasRowMajor, p->trans_a ? CblasTrans : CblasNoTrans,
+                            p->trans_b ? CblasTrans : CblasNoTrans, (blasint)M, (blasint)nn, (blasint)K,
+                            alpha, ad + i * M * K, (blasint)(p->trans_a ? M : K), panel,
+                            (blasint)(p->trans_b ? K : nn), 0.0f, yd + i * M * N + n0, (blasint)N);
+        }
+    }
+    fpk_cpu_scratch_free(a, panel, pbytes);
+    return FPK_OK;
+}
