@@ -186,8 +186,10 @@ type Telemetry struct {
 	// RSSBytes is the process's resident set size.
 	RSSBytes uint64
 	// AllocatorBytes and AllocatorPeakBytes are the worker allocator's current and peak use,
-	// as its beacon reports them.
+	// as its beacon reports them (the final sample: the peak from Stats).
 	AllocatorBytes, AllocatorPeakBytes uint64
+	// Final marks the sample sent when the stage has ended.
+	Final bool
 }
 
 // Report is what one stage did and cost.
@@ -410,7 +412,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		l.footprints[st.Model] = max(l.footprints[st.Model], rep.Footprint())
 	}
 	if st.OnTelemetry != nil {
-		st.OnTelemetry(Telemetry{Model: st.Model, PID: rep.PID, RSSBytes: peak.last(), AllocatorPeakBytes: rep.AllocPeakBytes})
+		st.OnTelemetry(Telemetry{Model: st.Model, PID: rep.PID, RSSBytes: peak.last(), AllocatorPeakBytes: rep.AllocPeakBytes, Final: true})
 	}
 
 	if l.mayKeep(st) {

@@ -259,6 +259,9 @@ func TestTelemetrySamplesRSS(t *testing.T) {
 	if !sawBeacon {
 		t.Fatalf("no sample read the beacon's 64 MiB: %+v", samples)
 	}
+	if f := samples[len(samples)-1]; !f.Final || f.AllocatorPeakBytes != rep.AllocPeakBytes || slices.ContainsFunc(samples[:len(samples)-1], func(s lanes.Telemetry) bool { return s.Final }) {
+		t.Fatalf("the last sample (and only it) must be final with the stage's peak: %+v", samples)
+	}
 	if rep.AllocPeakBytes != 12345+64<<20 {
 		t.Fatalf("alloc peak %d", rep.AllocPeakBytes)
 	}

@@ -536,7 +536,7 @@ func (j *jobRun) telemetry(stage framepackv1.Stage) func(lanes.Telemetry) {
 		mu.Lock()
 		peak = max(peak, t.AllocatorPeakBytes)
 		now := time.Now()
-		send := now.Sub(last) >= telemetryEvery || t.AllocatorPeakBytes != 0 && t.AllocatorBytes == 0 // the final sample
+		send := t.Final || now.Sub(last) >= telemetryEvery
 		if send {
 			last = now
 		}
