@@ -146,6 +146,9 @@ type ConvPolicy struct {
 	// RetryFailed tries tiers again that the cache records as failed for a shape (by default
 	// they are skipped, as hung ones always are).
 	RetryFailed bool
+	// Only tries FirstTier and no later one: a conv that tier cannot serve fails (tests that
+	// force each tier in turn; FRAMEPACK_CONV_TIER sets it).
+	Only bool
 }
 
 // TierStats counts what one tier did.
@@ -398,7 +401,8 @@ func (c *convChain) run(key string, p Conv3dParams, hs []C.fpk_tensor_t, out *Te
 	for t := Tier(0); t < NumTiers; t++ {
 		name := t.String()
 		switch {
-		case t < rt.opts.ConvPolicy.FirstTier:
+		case t < rt.opts.ConvPolicy.FirstTier,
+			rt.opts.ConvPolicy.Only && t > rt.opts.ConvPolicy.FirstTier:
 			c.count(func(s *ConvStats) { s.Tiers[t].SkippedPolicy++ })
 			continue
 		case entry.IsHung(name):

@@ -38,12 +38,14 @@ import (
 
 // Options configure a Runtime. The zero value is a cpu backend on every core without a cap.
 type Options struct {
-	// Backend names the backend: "cpu" (the default, built in) or the name of a backend
-	// library ("cuda", "hip"), opened from LibraryPath or BackendDir/libfpk-<Backend>.so.
+	// Backend names the backend: "cpu" (built in), the name of a backend library ("cuda",
+	// "hip"), opened from LibraryPath or BackendDir/libfpk-<Backend>.so, or "auto": cuda, then
+	// hip, then cpu, the first that opens. "" means $FRAMEPACK_BACKEND, or "cpu" when unset.
 	Backend string
 	// LibraryPath is the backend library to open (overrides BackendDir).
 	LibraryPath string
-	// BackendDir holds backend libraries; "" means the directory of the executable.
+	// BackendDir holds backend libraries; "" means $FRAMEPACK_NATIVE_DIR, or the directory of
+	// the executable when unset.
 	BackendDir string
 	// Device is the device index on the backend (0 for cpu).
 	Device int
@@ -122,10 +124,37 @@ type Stats struct {
 	Ops     uint64 // ops run so far
 }
 
+// Environment variables that set defaults of Options (tests and benchmarks on a GPU machine run
+// the same binaries with FRAMEPACK_BACKEND=cuda).
+const (
+	// EnvBackend is the backend when Options.Backend is "" ("cpu", "cuda", "hip", "auto").
+	EnvBackend = "FRAMEPACK_BACKEND"
+	// EnvNativeDir is the directory of backend libraries when Options.BackendDir is "".
+	EnvNativeDir = "FRAMEPACK_NATIVE_DIR"
+	// EnvConvTier forces one conv tier ("vendor_tuned", "vendor_default", "own_kernel", "cpu")
+	// when Options.ConvPolicy is the zero value: only that tier is tried (tests of each tier).
+	EnvConvTier = "FRAMEPACK_CONV_TIER"
+)
+
 // New opens a backend.
 func New(opts Options) (*Runtime, error) {
 	if opts.Backend == "" {
+		opts.Backend = os.Getenv(EnvBackend)
+	}
+	if opts.Backend == "" {
 		opts.Backend = "cpu"
+	}
+	if opts.ConvPolicy == (ConvPolicy{}) {
+		if v := os.Getenv(EnvConvTier); v != "" {
+			t, err := ParseTier(v)
+			if err != nil {
+				return nil, argError("new runtime", "%s: %v", EnvConvTier, err)
+			}
+			opts.ConvPolicy = ConvPolicy{FirstTier: t, Only: true}
+		}
+	}
+	if opts.Backend == "auto" {
+		return newAuto(opts)
 	}
 	if opts.MemoryCap < 0 || opts.CacheLimit < 0 || opts.Threads < 0 || opts.Device < 0 {
 		return nil, argError("new runtime", "negative memory cap, cache limit, threads or device")
@@ -187,6 +216,31 @@ func New(opts Options) (*Runtime, error) {
 	return rt, nil
 }
 
+// AutoBackends are the backends "auto" tries, in order.
+var AutoBackends = []string{"cuda", "hip", "cpu"}
+
+// newAuto opens the first of AutoBackends that opens: a missing library or a machine without
+// that vendor's device falls through to the next (the errors are joined when none opens).
+func newAuto(opts Options) (*Runtime, error) {
+	var errs []error
+	for _, name := range AutoBackends {
+		o := opts
+		o.Backend = name
+		if name != "cpu" {
+			o.LibraryPath = ""
+		}
+		rt, err := New(o)
+		if err == nil {
+			return rt, nil
+		}
+		errs = append(errs, err)
+		if errors.Is(err, ErrInvalidArgument) {
+			break
+		}
+	}
+	return nil, fmt.Errorf("new runtime: auto: %w", errors.Join(errs...))
+}
+
 // libraryPath finds the shared library of a non-cpu backend.
 func libraryPath(opts Options) (string, error) {
 	if opts.LibraryPath != "" {
@@ -196,6 +250,9 @@ func libraryPath(opts Options) (string, error) {
 		return "", argError("new runtime", "bad backend name %q", opts.Backend)
 	}
 	dir := opts.BackendDir
+	if dir == "" {
+		dir = os.Getenv(EnvNativeDir)
+	}
 	if dir == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -241,6 +298,37 @@ func (rt *Runtime) Memory() MemoryStats {
 	C.fpk_backend_get_memory(rt.be, &m)
 	return MemoryStats{Cap: uint64(m.cap), Allocated: uint64(m.allocated), Cached: uint64(m.cached),
 		Peak: uint64(m.peak), Allocs: uint64(m.allocs), LiveTensors: uint64(m.live_tensors)}
+}
+
+// PinHost registers host memory with the device (page-locked) so uploads from it and
+// downloads into it run at DMA speed: the weights' mmapped shared segments on a GPU backend.
+// A no-op on cpu. Call UnpinHost before the memory is unmapped.
+func (rt *Runtime) PinHost(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	return rt.withBackend("pin host memory", func() C.fpk_status {
+		return C.fpk_backend_host_register(rt.be, unsafe.Pointer(&b[0]), C.size_t(len(b)))
+	})
+}
+
+// UnpinHost undoes PinHost.
+func (rt *Runtime) UnpinHost(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	return rt.withBackend("unpin host memory", func() C.fpk_status {
+		return C.fpk_backend_host_unregister(rt.be, unsafe.Pointer(&b[0]))
+	})
+}
+
+// DeviceMemory returns the device's free and total memory as the driver reports them
+// (cudaMemGetInfo / hipMemGetInfo): the whole device, not this runtime's share. ErrUnsupported
+// on cpu.
+func (rt *Runtime) DeviceMemory() (free, total uint64, err error) {
+	var f, tt C.uint64_t
+	err = rt.withBackend("device memory", func() C.fpk_status { return C.fpk_backend_get_device_memory(rt.be, &f, &tt) })
+	return uint64(f), uint64(tt), err
 }
 
 // TrimCache gives the allocator's cached free blocks back to the system (or the device).

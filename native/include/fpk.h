@@ -150,6 +150,15 @@ fpk_status fpk_backend_set_memory_cap(fpk_backend_t backend, uint64_t cap);
 fpk_status fpk_backend_trim(fpk_backend_t backend);
 /* Resets the peak to what is allocated now. */
 fpk_status fpk_backend_reset_peak(fpk_backend_t backend);
+/* Pins n bytes of host memory at ptr (page-locked, registered with the device) so uploads
+ * and downloads from it run at DMA speed; a no-op on host backends. Unregister before the
+ * memory is unmapped. */
+fpk_status fpk_backend_host_register(fpk_backend_t backend, void *ptr, size_t n);
+fpk_status fpk_backend_host_unregister(fpk_backend_t backend, void *ptr);
+/* Free and total device memory as the driver reports them (cudaMemGetInfo / hipMemGetInfo);
+ * FPK_ERR_UNSUPPORTED on host backends. */
+fpk_status fpk_backend_get_device_memory(fpk_backend_t backend, uint64_t *free_bytes,
+                                         uint64_t *total_bytes);
 
 /* ---- streams --------------------------------------------------------------------------- */
 

@@ -333,6 +333,27 @@ fpk_status fpk_backend_reset_peak(fpk_backend_t b) {
     return FPK_OK;
 }
 
+fpk_status fpk_backend_host_register(fpk_backend_t b, void *ptr, size_t n) {
+    if (!b || (!ptr && n)) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "host register: null argument");
+    if (!b->iface->host_register || n == 0) return FPK_OK;
+    return b->iface->host_register(b->ctx, ptr, n);
+}
+
+fpk_status fpk_backend_host_unregister(fpk_backend_t b, void *ptr) {
+    if (!b) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "host unregister: null backend");
+    if (!b->iface->host_unregister || !ptr) return FPK_OK;
+    return b->iface->host_unregister(b->ctx, ptr);
+}
+
+fpk_status fpk_backend_get_device_memory(fpk_backend_t b, uint64_t *free_bytes, uint64_t *total_bytes) {
+    if (!b || !free_bytes || !total_bytes)
+        return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "device memory: null argument");
+    if (!b->iface->mem_info)
+        return fpk_set_error(FPK_ERR_UNSUPPORTED, "device memory: backend %s has no device memory figures",
+                             b->iface->name);
+    return b->iface->mem_info(b->ctx, free_bytes, total_bytes);
+}
+
 /* ---- allocator ----------------------------------------------------------------------------
  * Every allocation is charged to the backend: `allocated` (live bytes) plus `cached` (freed
  * blocks kept for reuse) never exceed the cap. Blocks of at least CACHE_MIN bytes are rounded

@@ -139,6 +139,12 @@ struct fpk_backend_iface {
     fpk_status (*copy)(void *ctx, void *stream, fpk_tensor_t src, fpk_tensor_t dst);
     fpk_status (*embedding)(void *ctx, void *stream, fpk_tensor_t table, fpk_tensor_t ids,
                             fpk_tensor_t out);
+
+    /* Device backends (optional; NULL on cpu): pin host memory for fast DMA and undo it
+     * (fpk_backend_host_register), and the driver's free/total device memory. */
+    fpk_status (*host_register)(void *ctx, void *ptr, size_t n);
+    fpk_status (*host_unregister)(void *ctx, void *ptr);
+    fpk_status (*mem_info)(void *ctx, uint64_t *free_bytes, uint64_t *total_bytes);
 };
 
 struct fpk_backend {

@@ -1,0 +1,292 @@
+/*
+ * fpk_gpu_backend.c — the gpu backend's function table and entry point (C, so it can read the
+ * core's private structs). Every slot unpacks its tensors into fpk_gt descriptors and calls the
+ * device code (fpk_gpu_*.cu), built by nvcc into libfpk-cuda.so or by hipcc into libfpk-hip.so.
+ */
+#include "fpk_impl.h"
+#include "fpk_gpu.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const struct fpk_host_api *fpk_gpu_host;
+
+fpk_status fpk_gpu_set_error(fpk_status status, const char *fmt, ...) {
+    char msg[480];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!fpk_gpu_host) return status;
+    return fpk_gpu_host->set_error(status, "%s", msg);
+}
+
+fpk_status fpk_gpu_set_oom(uint64_t requested, uint64_t available, const char *what) {
+    if (!fpk_gpu_host) return FPK_ERR_OUT_OF_MEMORY;
+    return fpk_gpu_host->set_oom(requested, available, what);
+}
+
+#define GCTX(v) ((fpk_gpu_ctx *)(v))
+
+static void gt(fpk_tensor_t t, fpk_gt *out) {
+    memset(out, 0, sizeof *out);
+    if (!t) return;
+    out->data = fpk_tensor_data(t);
+    out->dtype = (int)t->dtype;
+    out->ndim = t->ndim;
+    for (int i = 0; i < t->ndim; i++) out->shape[i] = t->shape[i];
+    out->numel = t->numel;
+}
+
+/* Descriptor of t, or NULL for a NULL tensor (optional arguments). */
+#define GT(name, t)                                                                             \
+    fpk_gt name##_d;                                                                            \
+    gt(t, &name##_d);                                                                           \
+    const fpk_gt *name = (t) ? &name##_d : NULL
+
+static fpk_gpu_scratch_fn scratch_of(fpk_tensor_t any) {
+    fpk_gpu_scratch_fn f = {any->buf->backend, fpk_gpu_host->scratch_alloc, fpk_gpu_host->scratch_free};
+    return f;
+}
+
+static void g_free(void *ctx) { fpk_gpu_free(GCTX(ctx)); }
+static fpk_status g_props(void *ctx, fpk_backend_props *out) { return fpk_gpu_props(GCTX(ctx), out); }
+static fpk_status g_alloc(void *ctx, size_t n, void **out) { return fpk_gpu_alloc(GCTX(ctx), n, out); }
+static void g_dealloc(void *ctx, void *p) { fpk_gpu_dealloc(GCTX(ctx), p); }
+static fpk_status g_stream_new(void *ctx, void **out) { return fpk_gpu_stream_new(GCTX(ctx), out); }
+static void g_stream_free(void *ctx, void *s) { fpk_gpu_stream_free(GCTX(ctx), s); }
+static fpk_status g_stream_sync(void *ctx, void *s) { return fpk_gpu_stream_sync(GCTX(ctx), s); }
+static fpk_status g_h2d(void *ctx, void *s, void *d, const void *src, size_t n) {
+    return fpk_gpu_copy(GCTX(ctx), s, 0, d, src, n);
+}
+static fpk_status g_d2h(void *ctx, void *s, void *d, const void *src, size_t n) {
+    return fpk_gpu_copy(GCTX(ctx), s, 1, d, src, n);
+}
+static fpk_status g_d2d(void *ctx, void *s, void *d, const void *src, size_t n) {
+    return fpk_gpu_copy(GCTX(ctx), s, 2, d, src, n);
+}
+static fpk_status g_host_register(void *ctx, void *p, size_t n) {
+    return fpk_gpu_host_register(GCTX(ctx), p, n);
+}
+static fpk_status g_host_unregister(void *ctx, void *p) { return fpk_gpu_host_unregister(GCTX(ctx), p); }
+static fpk_status g_mem_info(void *ctx, uint64_t *fr, uint64_t *tot) { return fpk_gpu_mem_info(GCTX(ctx), fr, tot); }
+
+static fpk_status g_fill(void *ctx, void *s, fpk_tensor_t t, double v) {
+    GT(d, t);
+    return fpk_gpu_fill(GCTX(ctx), s, d, v);
+}
+
+static fpk_status g_gemm(void *ctx, void *s, const fpk_gemm_params *p, fpk_tensor_t a, fpk_tensor_t b,
+                         fpk_tensor_t bias, fpk_tensor_t out) {
+    GT(ad, a);
+    GT(bd, b);
+    GT(cd, bias);
+    GT(od, out);
+    fpk_gpu_scratch_fn sf = scratch_of(out);
+    return fpk_gpu_gemm(GCTX(ctx), s, &sf, p, ad, bd, cd, od);
+}
+
+static fpk_status g_conv3d(void *ctx, void *s, fpk_conv_tier tier, const fpk_conv3d_params *p,
+                           fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(wd, w);
+    GT(bd, bias);
+    GT(od, out);
+    fpk_gpu_scratch_fn sf = scratch_of(out);
+    return fpk_gpu_conv3d(GCTX(ctx), s, &sf, tier, p, xd, wd, bd, od);
+}
+
+static fpk_status g_group_norm(void *ctx, void *s, int64_t groups, float eps, fpk_tensor_t x,
+                               fpk_tensor_t w, fpk_tensor_t b, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(wd, w);
+    GT(bd, b);
+    GT(od, out);
+    fpk_gpu_scratch_fn sf = scratch_of(out);
+    return fpk_gpu_group_norm(GCTX(ctx), s, &sf, groups, eps, xd, wd, bd, od);
+}
+
+static fpk_status g_layer_norm(void *ctx, void *s, float eps, fpk_tensor_t x, fpk_tensor_t w,
+                               fpk_tensor_t b, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(wd, w);
+    GT(bd, b);
+    GT(od, out);
+    return fpk_gpu_layer_norm(GCTX(ctx), s, 0, eps, xd, wd, bd, od);
+}
+
+static fpk_status g_rms_norm(void *ctx, void *s, float eps, fpk_tensor_t x, fpk_tensor_t w,
+                             fpk_tensor_t out) {
+    GT(xd, x);
+    GT(wd, w);
+    GT(od, out);
+    return fpk_gpu_layer_norm(GCTX(ctx), s, 1, eps, xd, wd, NULL, od);
+}
+
+static fpk_status g_unary(void *ctx, void *s, fpk_unary_op op, fpk_tensor_t x, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(od, out);
+    return fpk_gpu_unary(GCTX(ctx), s, (int)op, 0, 0, xd, od);
+}
+
+static fpk_status g_affine(void *ctx, void *s, float scale, float shift, fpk_tensor_t x, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(od, out);
+    return fpk_gpu_unary(GCTX(ctx), s, -1, scale, shift, xd, od);
+}
+
+static fpk_status g_binary(void *ctx, void *s, fpk_binary_op op, fpk_tensor_t a, fpk_tensor_t b,
+                           fpk_tensor_t out) {
+    GT(ad, a);
+    GT(bd, b);
+    GT(od, out);
+    return fpk_gpu_binary(GCTX(ctx), s, (int)op, ad, bd, od);
+}
+
+static fpk_status g_softmax(void *ctx, void *s, float scale, fpk_tensor_t x, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(od, out);
+    return fpk_gpu_softmax(GCTX(ctx), s, scale, xd, od);
+}
+
+static fpk_status g_attention(void *ctx, void *s, const fpk_attention_params *p, fpk_tensor_t q,
+                              fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask, fpk_tensor_t out) {
+    GT(qd, q);
+    GT(kd, k);
+    GT(vd, v);
+    GT(md, mask);
+    GT(od, out);
+    fpk_gpu_scratch_fn sf = scratch_of(out);
+    return fpk_gpu_attention(GCTX(ctx), s, &sf, p, qd, kd, vd, md, od);
+}
+
+static fpk_status g_rope(void *ctx, void *s, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
+                         fpk_tensor_t out) {
+    GT(xd, x);
+    GT(cd, cos);
+    GT(sd, sin);
+    GT(od, out);
+    return fpk_gpu_rope(GCTX(ctx), s, xd, cd, sd, od);
+}
+
+static fpk_status g_concat(void *ctx, void *s, int dim, int n, const fpk_tensor_t *in, fpk_tensor_t out) {
+    fpk_gt stack[16] = {{0}};
+    fpk_gt *ins = n <= 16 ? stack : malloc((size_t)n * sizeof *ins);
+    if (!ins) return fpk_gpu_host->set_oom((uint64_t)n * sizeof *ins, 0, "host concat descriptors");
+    for (int i = 0; i < n; i++) gt(in[i], &ins[i]);
+    GT(od, out);
+    fpk_status st = fpk_gpu_concat(GCTX(ctx), s, dim, n, ins, od);
+    if (ins != stack) free(ins);
+    return st;
+}
+
+static fpk_status g_slice(void *ctx, void *s, int dim, int64_t start, int64_t step, fpk_tensor_t x,
+                          fpk_tensor_t out) {
+    GT(xd, x);
+    GT(od, out);
+    return fpk_gpu_slice(GCTX(ctx), s, dim, start, step, xd, od);
+}
+
+static fpk_status g_permute(void *ctx, void *s, const int *perm, fpk_tensor_t x, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(od, out);
+    return fpk_gpu_permute(GCTX(ctx), s, perm, xd, od);
+}
+
+static fpk_status g_pad(void *ctx, void *s, fpk_pad_mode mode, const int64_t *before,
+                        const int64_t *after, fpk_tensor_t x, fpk_tensor_t out) {
+    (void)after;
+    GT(xd, x);
+    GT(od, out);
+    return fpk_gpu_pad(GCTX(ctx), s, (int)mode, before, xd, od);
+}
+
+static fpk_status g_upsample(void *ctx, void *s, const int64_t *scale, fpk_tensor_t x, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(od, out);
+    return fpk_gpu_upsample(GCTX(ctx), s, scale, xd, od);
+}
+
+static fpk_status g_avg_pool(void *ctx, void *s, const int64_t *kernel, const int64_t *stride,
+                             fpk_tensor_t x, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(od, out);
+    return fpk_gpu_avg_pool(GCTX(ctx), s, kernel, stride, xd, od);
+}
+
+static fpk_status g_reduce(void *ctx, void *s, fpk_reduce_op op, int dim, fpk_tensor_t x, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(od, out);
+    return fpk_gpu_reduce(GCTX(ctx), s, (int)op, dim, xd, od);
+}
+
+static fpk_status g_copy(void *ctx, void *s, fpk_tensor_t src, fpk_tensor_t dst) {
+    GT(sd, src);
+    GT(dd, dst);
+    return fpk_gpu_cast(GCTX(ctx), s, sd, dd);
+}
+
+static fpk_status g_embedding(void *ctx, void *s, fpk_tensor_t table, fpk_tensor_t ids, fpk_tensor_t out) {
+    GT(td, table);
+    GT(id, ids);
+    GT(od, out);
+    fpk_gpu_scratch_fn sf = scratch_of(out);
+    return fpk_gpu_embedding(GCTX(ctx), s, &sf, td, id, od);
+}
+
+static struct fpk_backend_iface gpu_iface = {
+    .api_version = FPK_API_VERSION,
+    .free = g_free,
+    .get_props = g_props,
+    .buffer_alloc = g_alloc,
+    .buffer_free = g_dealloc,
+    .stream_new = g_stream_new,
+    .stream_free = g_stream_free,
+    .stream_synchronize = g_stream_sync,
+    .copy_h2d = g_h2d,
+    .copy_d2h = g_d2h,
+    .copy_d2d = g_d2d,
+    .fill = g_fill,
+    .gemm = g_gemm,
+    .conv3d = g_conv3d,
+    .group_norm = g_group_norm,
+    .layer_norm = g_layer_norm,
+    .rms_norm = g_rms_norm,
+    .unary = g_unary,
+    .affine = g_affine,
+    .binary = g_binary,
+    .softmax = g_softmax,
+    .attention = g_attention,
+    .rope = g_rope,
+    .concat = g_concat,
+    .slice = g_slice,
+    .permute = g_permute,
+    .pad = g_pad,
+    .upsample_nearest3d = g_upsample,
+    .avg_pool3d = g_avg_pool,
+    .reduce = g_reduce,
+    .copy = g_copy,
+    .embedding = g_embedding,
+    .host_register = g_host_register,
+    .host_unregister = g_host_unregister,
+    .mem_info = g_mem_info,
+};
+
+__attribute__((visibility("default"))) fpk_status fpk_backend_create_v1(
+    const struct fpk_host_api *host, const fpk_backend_config *config,
+    const struct fpk_backend_iface **iface, void **ctx) {
+    if (!host || !config || !iface || !ctx) return FPK_ERR_INVALID_ARGUMENT;
+    if (host->api_version != FPK_API_VERSION)
+        return host->set_error(FPK_ERR_UNSUPPORTED, "%s backend: runtime api %d, library built for %d",
+                               fpk_gpu_backend_name(), host->api_version, FPK_API_VERSION);
+    fpk_gpu_host = host;
+    gpu_iface.name = fpk_gpu_backend_name();
+    fpk_gpu_ctx *c = NULL;
+    fpk_status st = fpk_gpu_create(config, &c);
+    if (st != FPK_OK) return st;
+    *iface = &gpu_iface;
+    *ctx = c;
+    return FPK_OK;
+}

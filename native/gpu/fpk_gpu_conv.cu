@@ -1,0 +1,276 @@
+/*
+ * fpk_gpu_conv.cu — conv3d tiers of the gpu backend:
+ *   vendor tuned   cuDNN FindEx / MIOpen Find (fpk_gpu_vendor.cu), choice kept per shape;
+ *   vendor default cuDNN GetConvolutionForwardAlgorithm_v7 / MIOpen immediate mode;
+ *   own kernel     implicit-GEMM conv3d below (any float dtypes, f32 accumulation, 64-bit
+ *                  indexing, groups, strides, zero padding), bias fused;
+ *   cpu            not here: FPK_ERR_UNAVAILABLE makes the core serve it (host round trip).
+ * Vendor libraries take 32-bit dims and element counts: a conv with a larger tensor and no
+ * temporal padding runs in slabs of output frames (input frames copied into scratch, the
+ * output slab copied into place), so the VAE's full-resolution convs stay on the vendor tiers.
+ */
+#include "fpk_gpu_internal.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct conv_desc {
+    const void *x;
+    int xdt;
+    const void *w;
+    int wdt;
+    const void *bias;
+    int bdt;
+    void *y;
+    int ydt;
+    int64_t N, Cin, T, H, W, Cout, kT, kH, kW, To, Ho, Wo, sT, sH, sW, pT, pH, pW, G;
+};
+
+#define CM 64 /* output channels per block */
+#define CP 64 /* output positions per block */
+#define CK 16
+
+__global__ void __launch_bounds__(256) k_conv3d(conv_desc d) {
+    __shared__ float Ws[CK][CM + 4];
+    __shared__ float Xs[CK][CP + 4];
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int64_t P = d.To * d.Ho * d.Wo, HW = d.H * d.W;
+    const int64_t Cg = d.Cin / d.G, Cog = d.Cout / d.G, kvol = d.kT * d.kH * d.kW, K = Cg * kvol;
+    const int64_t p0 = (int64_t)blockIdx.x * CP, co0 = (int64_t)blockIdx.y * CM;
+    /* this thread's column of the X tile and its output position */
+    const int col = tid % CP;
+    const int64_t p = p0 + col;
+    int64_t tb = 0, hb = 0, wb = 0;
+    if (p < P) {
+        int64_t wo = p % d.Wo, ho = (p / d.Wo) % d.Ho, to = p / (d.Wo * d.Ho);
+        tb = to * d.sT - d.pT;
+        hb = ho * d.sH - d.pH;
+        wb = wo * d.sW - d.pW;
+    }
+    for (int64_t nz = blockIdx.z; nz < d.N * d.G; nz += gridDim.z) {
+        const int64_t n = nz / d.G, g = nz % d.G;
+        const int64_t xbase = (n * d.Cin + g * Cg) * d.T * HW;
+        const int64_t wbase = (g * Cog) * K;
+        float acc[4][4];
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) acc[i][j] = 0.f;
+        for (int64_t k0 = 0; k0 < K; k0 += CK) {
+            for (int r = 0; r < 4; r++) {
+                int e = tid + 256 * r;
+                int kk = e % CK, mm = e / CK;
+                int64_t co = co0 + mm, k = k0 + kk;
+                Ws[kk][mm] = (co < Cog && k < K) ? fpk_ld(d.w, d.wdt, wbase + co * K + k) : 0.f;
+                kk = tid / CP + 4 * r;
+                k = k0 + kk;
+                float v = 0.f;
+                if (p < P && k < K) {
+                    int64_t ci = k / kvol, rem = k % kvol;
+                    int64_t kt = rem / (d.kH * d.kW), kh = (rem / d.kW) % d.kH, kw = rem % d.kW;
+                    int64_t t = tb + kt, h = hb + kh, w = wb + kw;
+                    if (t >= 0 && t < d.T && h >= 0 && h < d.H && w >= 0 && w < d.W)
+                        v = fpk_ld(d.x, d.xdt, xbase + (ci * d.T + t) * HW + h * d.W + w);
+                }
+                Xs[kk][col] = v;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int kk = 0; kk < CK; kk++) {
+                float a[4], b[4];
+                for (int i = 0; i < 4; i++) a[i] = Ws[kk][ty * 4 + i];
+                for (int j = 0; j < 4; j++) b[j] = Xs[kk][tx * 4 + j];
+                for (int i = 0; i < 4; i++)
+                    for (int j = 0; j < 4; j++) acc[i][j] += a[i] * b[j];
+            }
+            __syncthreads();
+        }
+        for (int i = 0; i < 4; i++) {
+            int64_t co = co0 + ty * 4 + i;
+            if (co >= Cog) continue;
+            float bv = d.bias ? fpk_ld(d.bias, d.bdt, g * Cog + co) : 0.f;
+            for (int j = 0; j < 4; j++) {
+                int64_t pp = p0 + tx * 4 + j;
+                if (pp >= P) continue;
+                fpk_st(d.y, d.ydt, (n * d.Cout + g * Cog + co) * P + pp, acc[i][j] + bv);
+            }
+        }
+    }
+}
+
+static void fill_desc(conv_desc *d, const fpk_conv3d_params *p, const fpk_gt *x, const fpk_gt *w, const fpk_gt *bias,
+                      const fpk_gt *out) {
+    memset(d, 0, sizeof *d);
+    d->x = x->data;
+    d->xdt = x->dtype;
+    d->w = w->data;
+    d->wdt = w->dtype;
+    d->bias = bias ? bias->data : nullptr;
+    d->bdt = bias ? bias->dtype : 0;
+    d->y = out->data;
+    d->ydt = out->dtype;
+    d->N = x->shape[0];
+    d->Cin = x->shape[1];
+    d->T = x->shape[2];
+    d->H = x->shape[3];
+    d->W = x->shape[4];
+    d->Cout = w->shape[0];
+    d->kT = w->shape[2];
+    d->kH = w->shape[3];
+    d->kW = w->shape[4];
+    d->To = out->shape[2];
+    d->Ho = out->shape[3];
+    d->Wo = out->shape[4];
+    d->sT = p->stride[0] ? p->stride[0] : 1;
+    d->sH = p->stride[1] ? p->stride[1] : 1;
+    d->sW = p->stride[2] ? p->stride[2] : 1;
+    d->pT = p->padding[0];
+    d->pH = p->padding[1];
+    d->pW = p->padding[2];
+    d->G = p->groups ? p->groups : 1;
+}
+
+static fpk_status conv_own(cudaStream_t st, const conv_desc *d) {
+    int64_t P = d->To * d->Ho * d->Wo, Cog = d->Cout / d->G;
+    int64_t gx = (P + CP - 1) / CP, gy = (Cog + CM - 1) / CM, gz = d->N * d->G;
+    if (gx > INT_MAX || gy > 65535)
+        return fpk_gpu_set_error(FPK_ERR_UNSUPPORTED, "conv3d own kernel: grid %lld x %lld", (long long)gx, (long long)gy);
+    k_conv3d<<<dim3((unsigned)gx, (unsigned)gy, (unsigned)(gz < 65535 ? gz : 65535)), 256, 0, st>>>(*d);
+    return fpk_gpu_launched("conv3d (own kernel)");
+}
+
+static int is_half(int dt) { return dt == FPK_F16 || dt == FPK_BF16; }
+
+/* One vendor conv on contiguous tensors of one dtype (dims must fit 32 bits). */
+static fpk_status vendor_once(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
+                              const int64_t *xs, const void *x, const int64_t *ws, const void *w, const int64_t *ys,
+                              void *y, const fpk_conv3d_params *p) {
+    int xd[5], wd[5], yd[5];
+    for (int i = 0; i < 5; i++) {
+        if (xs[i] > INT_MAX || ws[i] > INT_MAX || ys[i] > INT_MAX)
+            return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d vendor tier: a dim beyond 32 bits");
+        xd[i] = (int)xs[i];
+        wd[i] = (int)ws[i];
+        yd[i] = (int)ys[i];
+    }
+    return fpk_vendor_conv(c, st, sf, tuned, dt, xd, x, wd, w, yd, y, p);
+}
+
+static fpk_status conv_vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned,
+                              const fpk_conv3d_params *p, const fpk_gt *x, const fpk_gt *w, const fpk_gt *bias,
+                              const fpk_gt *out) {
+    if (!fpk_vendor_has_dnn(c))
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: no vendor DNN library loaded");
+    /* one compute dtype: the 16-bit one when mixed with f32, else f32 */
+    int dt = x->dtype == w->dtype ? x->dtype
+             : is_half(x->dtype) && !is_half(w->dtype) ? x->dtype
+             : is_half(w->dtype) && !is_half(x->dtype) ? w->dtype
+                                                       : FPK_F32;
+    size_t es = fpk_dt_size(dt);
+    fpk_scratch sx(sf), sw(sf), sy(sf);
+    const void *xp = x->data, *wp = w->data;
+    if (w->dtype != dt) {
+        FPK_TRY(sw.alloc((size_t)w->numel * es));
+        FPK_TRY(fpk_gpu_convert(st, sw.ptr, dt, w->data, w->dtype, w->numel));
+        wp = sw.ptr;
+    }
+    int64_t xs[5], ws[5], ys[5];
+    for (int i = 0; i < 5; i++) {
+        xs[i] = x->shape[i];
+        ws[i] = w->shape[i];
+        ys[i] = out->shape[i];
+    }
+    int64_t sT = p->stride[0] ? p->stride[0] : 1;
+    int big = x->numel > INT_MAX || out->numel > INT_MAX;
+    if (!big) {
+        if (x->dtype != dt) {
+            FPK_TRY(sx.alloc((size_t)x->numel * es));
+            FPK_TRY(fpk_gpu_convert(st, sx.ptr, dt, x->data, x->dtype, x->numel));
+            xp = sx.ptr;
+        }
+        void *yp = out->data;
+        if (out->dtype != dt) {
+            FPK_TRY(sy.alloc((size_t)out->numel * es));
+            yp = sy.ptr;
+        }
+        FPK_TRY(vendor_once(c, st, sf, tuned, dt, xs, xp, ws, wp, ys, yp, p));
+        if (yp != out->data) FPK_TRY(fpk_gpu_convert(st, out->data, out->dtype, yp, dt, out->numel));
+    } else {
+        if (p->padding[0] != 0)
+            return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE,
+                                     "conv3d vendor tier: tensor beyond 32-bit element counts with temporal padding");
+        /* slabs of output frames: per slab, input frames [t0*sT, (t1-1)*sT + kT) */
+        int64_t N = xs[0], Cin = xs[1], T = xs[2], HW = xs[3] * xs[4], Cout = ys[1], To = ys[2], oHW = ys[3] * ys[4];
+        int64_t kT = ws[2];
+        int64_t per_in = N * Cin * HW * sT, per_out = N * Cout * oHW;
+        int64_t lim = INT_MAX;
+        int64_t maxb = ((int64_t)1 << 31) / (int64_t)(es > 2 ? es : 2); /* ≤ 2 GiB of elements per slab */
+        if (maxb < lim) lim = maxb;
+        int64_t frames = (lim - N * Cin * HW * kT) / (per_in > per_out ? per_in : per_out);
+        if (frames < 1)
+            return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d vendor tier: one output frame exceeds 32-bit counts");
+        if (frames > To) frames = To;
+        int64_t tin_max = (frames - 1) * sT + kT;
+        FPK_TRY(sx.alloc((size_t)(N * Cin * tin_max * HW) * es));
+        FPK_TRY(sy.alloc((size_t)(N * Cout * frames * oHW) * es));
+        size_t xes = fpk_dt_size(x->dtype), oes = fpk_dt_size(out->dtype);
+        fpk_scratch sconv(sf);
+        if (x->dtype != dt) FPK_TRY(sconv.alloc((size_t)(N * Cin * tin_max * HW) * xes));
+        for (int64_t t0 = 0; t0 < To; t0 += frames) {
+            int64_t tn = To - t0 < frames ? To - t0 : frames;
+            int64_t ti0 = t0 * sT, tin = (tn - 1) * sT + kT;
+            if (ti0 + tin > T) tin = T - ti0;
+            /* input slab [N*Cin rows of tin*HW] */
+            if (x->dtype == dt) {
+                FPK_TRY(fpk_gpu_copy2d(st, (const char *)x->data + (size_t)(ti0 * HW) * xes, T * HW, sx.ptr, tin * HW,
+                                       N * Cin, tin * HW, es));
+            } else {
+                FPK_TRY(fpk_gpu_copy2d(st, (const char *)x->data + (size_t)(ti0 * HW) * xes, T * HW, sconv.ptr,
+                                       tin * HW, N * Cin, tin * HW, xes));
+                FPK_TRY(fpk_gpu_convert(st, sx.ptr, dt, sconv.ptr, x->dtype, N * Cin * tin * HW));
+            }
+            int64_t sxs[5] = {N, Cin, tin, xs[3], xs[4]}, sys[5] = {N, Cout, tn, ys[3], ys[4]};
+            FPK_TRY(vendor_once(c, st, sf, tuned, dt, sxs, sx.ptr, ws, wp, sys, sy.ptr, p));
+            /* output slab into place (converting when out is another dtype) */
+            if (out->dtype == dt) {
+                FPK_TRY(fpk_gpu_copy2d(st, sy.ptr, tn * oHW, (char *)out->data + (size_t)(t0 * oHW) * oes, To * oHW,
+                                       N * Cout, tn * oHW, es));
+            } else {
+                fpk_scratch so(sf);
+                FPK_TRY(so.alloc((size_t)(N * Cout * tn * oHW) * oes));
+                FPK_TRY(fpk_gpu_convert(st, so.ptr, out->dtype, sy.ptr, dt, N * Cout * tn * oHW));
+                FPK_TRY(fpk_gpu_copy2d(st, so.ptr, tn * oHW, (char *)out->data + (size_t)(t0 * oHW) * oes, To * oHW,
+                                       N * Cout, tn * oHW, oes));
+            }
+        }
+    }
+    if (bias)
+        return fpk_gpu_add_bias(st, out->data, out->dtype, bias->data, bias->dtype, out->numel, out->shape[1],
+                                out->numel / (out->shape[0] * out->shape[1]));
+    return FPK_OK;
+}
+
+extern "C" uint32_t fpk_gpu_conv_tiers(fpk_gpu_ctx *c) {
+    uint32_t t = 1u << FPK_CONV_TIER_OWN_KERNEL;
+    if (fpk_vendor_has_dnn(c)) t |= (1u << FPK_CONV_TIER_VENDOR_TUNED) | (1u << FPK_CONV_TIER_VENDOR_DEFAULT);
+    return t;
+}
+
+extern "C" fpk_status fpk_gpu_conv3d(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf, fpk_conv_tier tier,
+                                     const fpk_conv3d_params *p, const fpk_gt *x, const fpk_gt *w, const fpk_gt *bias,
+                                     const fpk_gt *out) {
+    cudaStream_t st = fpk_stream(c, s);
+    if (out->numel == 0 && tier != FPK_CONV_TIER_CPU) return FPK_OK;
+    switch (tier) {
+    case FPK_CONV_TIER_VENDOR_TUNED:
+    case FPK_CONV_TIER_VENDOR_DEFAULT: {
+        int64_t K = w->shape[1] * w->shape[2] * w->shape[3] * w->shape[4];
+        if (K == 0) break; /* an empty reduction: the own kernel writes the bias */
+        return conv_vendor(c, st, sf, tier == FPK_CONV_TIER_VENDOR_TUNED, p, x, w, bias, out);
+    }
+    case FPK_CONV_TIER_OWN_KERNEL: break;
+    default: return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: the %s backend serves no tier %d itself", FPK_GPU_NAME, (int)tier);
+    }
+    conv_desc d;
+    fill_desc(&d, p, x, w, bias, out);
+    return conv_own(st, &d);
+}

@@ -1,0 +1,192 @@
+/*
+ * fpk_gpu_device.cu — the gpu backend's device, memory, streams and copies (CUDA spelling; HIP
+ * through fpk_gpu_compat.h). Every device allocation comes here only after the core's allocator
+ * has charged it to the cap.
+ */
+#include "fpk_gpu_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" const char *fpk_gpu_backend_name(void) { return FPK_GPU_NAME; }
+
+fpk_status fpk_gpu_error(cudaError_t e, const char *what) {
+    fpk_status st = FPK_ERR_BACKEND;
+    switch (e) {
+    case cudaErrorMemoryAllocation: st = FPK_ERR_OUT_OF_MEMORY; break;
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure: st = FPK_ERR_DEVICE_LOST; break;
+    case cudaErrorNoDevice:
+    case cudaErrorInvalidDevice: st = FPK_ERR_UNAVAILABLE; break;
+    default: break;
+    }
+    if (st == FPK_ERR_OUT_OF_MEMORY) {
+        size_t fr = 0, tot = 0;
+        (void)cudaGetLastError();
+        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) fr = 0;
+        fpk_gpu_set_error(st, "%s: %s (%s), %zu bytes free on the device", what, cudaGetErrorString(e),
+                          cudaGetErrorName(e), fr);
+        return st;
+    }
+    return fpk_gpu_set_error(st, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+fpk_status fpk_gpu_launched(const char *what) {
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return fpk_gpu_error(e, what);
+    return FPK_OK;
+}
+
+extern "C" fpk_status fpk_gpu_create(const fpk_backend_config *config, fpk_gpu_ctx **out) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "%s backend: no usable device: %s", FPK_GPU_NAME,
+                                 cudaGetErrorString(e));
+    }
+    if (config->device < 0 || config->device >= n)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "%s backend: device %d of %d", FPK_GPU_NAME,
+                                 config->device, n);
+    FPK_CUDA(cudaSetDevice(config->device), "set device");
+    fpk_gpu_ctx *c = (fpk_gpu_ctx *)calloc(1, sizeof *c);
+    if (!c) return fpk_gpu_set_oom(sizeof *c, 0, "host allocation of gpu backend");
+    c->device = config->device;
+    c->flags = config->flags;
+    cudaDeviceProp prop;
+    e = cudaGetDeviceProperties(&prop, c->device);
+    if (e != cudaSuccess) {
+        free(c);
+        return fpk_gpu_error(e, "device properties");
+    }
+    snprintf(c->name, sizeof c->name, "%s", prop.name);
+#ifdef FPK_HIP
+    snprintf(c->arch, sizeof c->arch, "%s", prop.gcnArchName);
+#else
+    snprintf(c->arch, sizeof c->arch, "sm_%d%d", prop.major, prop.minor);
+#endif
+    c->total_memory = prop.totalGlobalMem;
+    c->multiprocessors = prop.multiProcessorCount;
+    e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) {
+        free(c);
+        return fpk_gpu_error(e, "create stream");
+    }
+    const char *nb = getenv("FRAMEPACK_GPU_NO_BLAS");
+    c->no_blas = nb && *nb && strcmp(nb, "0") != 0;
+    fpk_vendor_open(c);
+    *out = c;
+    return FPK_OK;
+}
+
+extern "C" void fpk_gpu_free(fpk_gpu_ctx *c) {
+    if (!c) return;
+    (void)cudaSetDevice(c->device);
+    (void)cudaStreamSynchronize(c->stream);
+    fpk_vendor_close(c);
+    (void)cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+extern "C" fpk_status fpk_gpu_props(fpk_gpu_ctx *c, fpk_backend_props *out) {
+    snprintf(out->device_name, sizeof out->device_name, "%s (%s)", c->name, c->arch);
+    out->device_memory = c->total_memory;
+    out->threads = c->multiprocessors;
+    out->conv_tiers = fpk_gpu_conv_tiers(c);
+    return FPK_OK;
+}
+
+extern "C" fpk_status fpk_gpu_alloc(fpk_gpu_ctx *c, size_t nbytes, void **out) {
+    if (c->device) (void)cudaSetDevice(c->device);
+    void *p = nullptr;
+    cudaError_t e = cudaMalloc(&p, nbytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (e == cudaErrorMemoryAllocation) {
+            size_t fr = 0, tot = 0;
+            if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) fr = 0;
+            return fpk_gpu_set_oom(nbytes, fr, "device allocation");
+        }
+        return fpk_gpu_error(e, "device allocation");
+    }
+    *out = p;
+    return FPK_OK;
+}
+
+extern "C" void fpk_gpu_dealloc(fpk_gpu_ctx *c, void *ptr) {
+    if (c->device) (void)cudaSetDevice(c->device);
+    if (ptr) (void)cudaFree(ptr);
+}
+
+extern "C" fpk_status fpk_gpu_stream_new(fpk_gpu_ctx *c, void **out) {
+    (void)c;
+    cudaStream_t s;
+    FPK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "create stream");
+    *out = (void *)s;
+    return FPK_OK;
+}
+
+extern "C" void fpk_gpu_stream_free(fpk_gpu_ctx *c, void *stream) {
+    (void)c;
+    if (stream) {
+        (void)cudaStreamSynchronize((cudaStream_t)stream);
+        (void)cudaStreamDestroy((cudaStream_t)stream);
+    }
+}
+
+extern "C" fpk_status fpk_gpu_stream_sync(fpk_gpu_ctx *c, void *stream) {
+    FPK_CUDA(cudaStreamSynchronize(fpk_stream(c, stream)), "synchronize");
+    return FPK_OK;
+}
+
+extern "C" fpk_status fpk_gpu_copy(fpk_gpu_ctx *c, void *stream, int kind, void *dst, const void *src,
+                                   size_t n) {
+    if (n == 0) return FPK_OK;
+    cudaStream_t st = fpk_stream(c, stream);
+    switch (kind) {
+    case 0:
+        FPK_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, st), "copy to device");
+        FPK_CUDA(cudaStreamSynchronize(st), "copy to device");
+        break;
+    case 1:
+        FPK_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, st), "copy to host");
+        FPK_CUDA(cudaStreamSynchronize(st), "copy to host");
+        break;
+    default:
+        FPK_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, st), "copy on device");
+        break;
+    }
+    return FPK_OK;
+}
+
+extern "C" fpk_status fpk_gpu_host_register(fpk_gpu_ctx *c, void *ptr, size_t n) {
+    (void)c;
+    cudaError_t e = cudaHostRegister(ptr, n, cudaHostRegisterDefault);
+    if (e == cudaErrorHostMemoryAlreadyRegistered) {
+        (void)cudaGetLastError();
+        return FPK_OK;
+    }
+    if (e != cudaSuccess) return fpk_gpu_error(e, "register host memory");
+    return FPK_OK;
+}
+
+extern "C" fpk_status fpk_gpu_host_unregister(fpk_gpu_ctx *c, void *ptr) {
+    (void)c;
+    cudaError_t e = cudaHostUnregister(ptr);
+    if (e == cudaErrorHostMemoryNotRegistered) {
+        (void)cudaGetLastError();
+        return FPK_OK;
+    }
+    if (e != cudaSuccess) return fpk_gpu_error(e, "unregister host memory");
+    return FPK_OK;
+}
+
+extern "C" fpk_status fpk_gpu_mem_info(fpk_gpu_ctx *c, uint64_t *free_bytes, uint64_t *total_bytes) {
+    (void)c;
+    size_t fr = 0, tot = 0;
+    FPK_CUDA(cudaMemGetInfo(&fr, &tot), "memory info");
+    *free_bytes = fr;
+    *total_bytes = tot;
+    return FPK_OK;
+}

@@ -1,0 +1,174 @@
+/*
+ * fpk_gpu_internal.h — shared by the gpu backend's device code (C++, CUDA spelling): the context,
+ * error mapping, launch helpers, scratch memory, and the vendor-library shims (fpk_gpu_vendor.cu).
+ */
+#ifndef FPK_GPU_INTERNAL_H
+#define FPK_GPU_INTERNAL_H
+
+#include "fpk_gpu_compat.h"
+#include "fpk_gpu.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Which vendor libraries the shims load: cuBLAS/cuDNN (CUDA) or rocBLAS/MIOpen (ROCm). The
+ * runtime spelling and the vendor set are separate switches so the CUDA shims can be
+ * compile-checked with hipcc (make native-hip-check builds both). */
+#if !defined(FPK_VENDOR_CUDA) && !defined(FPK_VENDOR_ROCM)
+#ifdef FPK_HIP
+#define FPK_VENDOR_ROCM 1
+#else
+#define FPK_VENDOR_CUDA 1
+#endif
+#endif
+
+/* Row-major strided batched GEMM through the vendor BLAS:
+ * C[b] = alpha * op(A[b]) op(B[b]) + beta * C[b] with op(A) [M, K], op(B) [K, N], C [M, N]. */
+typedef struct fpk_gemm_desc {
+    int trans_a, trans_b;
+    int64_t M, N, K, batch;
+    float alpha, beta;
+    const void *a;
+    int adt;
+    int64_t lda, stride_a;
+    const void *b;
+    int bdt;
+    int64_t ldb, stride_b;
+    void *c;
+    int cdt;
+    int64_t ldc, stride_c;
+} fpk_gemm_desc;
+
+/* The vendor BLAS (cuBLAS / rocBLAS), opened at backend creation; NULL handle = unavailable. */
+typedef struct fpk_vendor_blas {
+    void *dl;
+    void *handle;
+    char library[256];
+    void *fn[8];
+} fpk_vendor_blas;
+
+/* The vendor DNN library (cuDNN / MIOpen); NULL handle = unavailable. */
+typedef struct fpk_vendor_dnn {
+    void *dl;
+    void *handle;
+    char library[256];
+    void *fn[32];
+    struct fpk_conv_algo *algos; /* tuned / default choices per shape, this process */
+} fpk_vendor_dnn;
+
+struct fpk_gpu_ctx {
+    int device;
+    cudaStream_t stream; /* the backend's default stream (ctx NULL in the core) */
+    uint32_t flags;
+    char name[128];
+    char arch[64];
+    uint64_t total_memory;
+    int multiprocessors;
+    int no_blas;      /* FRAMEPACK_GPU_NO_BLAS: own GEMM even where the vendor BLAS loaded */
+    fpk_vendor_blas blas;
+    fpk_vendor_dnn dnn;
+};
+
+/* The stream a slot should use: its own, or the backend's default when the core passes NULL. */
+static inline cudaStream_t fpk_stream(fpk_gpu_ctx *c, void *s) {
+    if (c->device) (void)cudaSetDevice(c->device); /* the current device is per OS thread */
+    return s ? (cudaStream_t)s : c->stream;
+}
+
+/* Sets the thread's last error for a failed runtime call and returns the status it maps to
+ * (out of memory, device lost for sticky errors, backend error otherwise). */
+fpk_status fpk_gpu_error(cudaError_t e, const char *what);
+
+/* Status of the launches just queued (a launch error or an earlier sticky one). */
+fpk_status fpk_gpu_launched(const char *what);
+
+#define FPK_TRY(expr)                                                                           \
+    do {                                                                                        \
+        fpk_status st_ = (expr);                                                                \
+        if (st_ != FPK_OK) return st_;                                                          \
+    } while (0)
+
+#define FPK_CUDA(expr, what)                                                                    \
+    do {                                                                                        \
+        cudaError_t e_ = (expr);                                                                \
+        if (e_ != cudaSuccess) return fpk_gpu_error(e_, what);                                  \
+    } while (0)
+
+/* Blocks for n elements with FPK_BLOCK threads, capped (kernels loop over the rest). */
+static inline unsigned fpk_blocks(int64_t n) {
+    int64_t b = (n + FPK_BLOCK - 1) / FPK_BLOCK;
+    if (b < 1) b = 1;
+    if (b > 65535 * 16) b = 65535 * 16;
+    return (unsigned)b;
+}
+
+/* Device scratch memory charged to the cap; freed by its destructor (work queued on the one
+ * stream before the free stays ordered before any reuse of the block). */
+struct fpk_scratch {
+    const fpk_gpu_scratch_fn *sf;
+    void *ptr;
+    size_t n;
+    fpk_scratch(const fpk_gpu_scratch_fn *f) : sf(f), ptr(nullptr), n(0) {}
+    fpk_status alloc(size_t bytes) {
+        release();
+        if (bytes == 0) bytes = 1;
+        fpk_status st = sf->alloc(sf->owner, bytes, &ptr);
+        if (st == FPK_OK) n = bytes;
+        else ptr = nullptr;
+        return st;
+    }
+    void release() {
+        if (ptr) sf->free(sf->owner, ptr, n);
+        ptr = nullptr;
+        n = 0;
+    }
+    ~fpk_scratch() { release(); }
+    fpk_scratch(const fpk_scratch &) = delete;
+    fpk_scratch &operator=(const fpk_scratch &) = delete;
+};
+
+static inline size_t fpk_dt_size(int dt) { return dt == 0 || dt == 4 ? 4 : dt == 1 || dt == 2 ? 2 : 1; }
+
+/* ---- shared kernels (fpk_gpu_ops.cu) -------------------------------------------------------- */
+
+/* dst (dtype ddt) = src (dtype sdt), n elements, on stream st. */
+fpk_status fpk_gpu_convert(cudaStream_t st, void *dst, int ddt, const void *src, int sdt, int64_t n);
+/* y[r, j] += bias[j] for rows of length n (rows = total / n), or y[n, c, i] += bias[c] when
+ * inner > 0 (channels of [N, C, inner]). */
+fpk_status fpk_gpu_add_bias(cudaStream_t st, void *y, int ydt, const void *bias, int bdt, int64_t total,
+                            int64_t n, int64_t inner);
+/* Softmax of rows (length n) of s (f32) into p (dtype pdt; may alias s when f32), with an
+ * optional u8 mask: row r = (batch entry e, row q) with e = r / rows_per_entry, mask element
+ * mask[e*m_e + q*m_q + j*m_k]. Fully masked rows give zeros. */
+fpk_status fpk_gpu_softmax_rows(cudaStream_t st, const float *s, void *p, int pdt, int64_t rows, int64_t n,
+                                float scale, const uint8_t *mask, int64_t rows_per_entry, int64_t m_e,
+                                int64_t m_q, int64_t m_k);
+
+/* dst[o*dpitch + j] = src[o*spitch + j] for o < rows, j < width (elements of es bytes). */
+fpk_status fpk_gpu_copy2d(cudaStream_t st, const void *src, int64_t spitch, void *dst, int64_t dpitch, int64_t rows,
+                          int64_t width, size_t es);
+
+/* ---- GEMM (fpk_gpu_gemm.cu) ---------------------------------------------------------------- */
+
+/* Row-major batched GEMM: vendor BLAS when loaded and the operand types fit, else our kernel.
+ * Operands of different float types are converted into scratch first. */
+fpk_status fpk_gpu_gemm_run(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf,
+                            const fpk_gemm_desc *d);
+/* Our own batched GEMM kernel (any float dtypes, f32 accumulation). */
+fpk_status fpk_gpu_gemm_own(cudaStream_t st, const fpk_gemm_desc *d);
+
+/* ---- vendor shims (fpk_gpu_vendor.cu) ----------------------------------------------------- */
+
+void fpk_vendor_open(fpk_gpu_ctx *c);
+void fpk_vendor_close(fpk_gpu_ctx *c);
+/* FPK_ERR_UNAVAILABLE when there is no vendor BLAS or it lacks these types. */
+fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc *d);
+/* Conv through the vendor DNN library: tuned (Find) or default (heuristic / immediate).
+ * x, w, y share dtype dt and are contiguous NCDHW with 32-bit dims. */
+fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned,
+                           int dt, const int *xdims, const void *x, const int *wdims, const void *w,
+                           const int *ydims, void *y, const fpk_conv3d_params *p);
+/* Whether the vendor DNN library loaded. */
+int fpk_vendor_has_dnn(fpk_gpu_ctx *c);
+
+#endif /* FPK_GPU_INTERNAL_H */

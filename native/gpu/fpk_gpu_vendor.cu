@@ -1,0 +1,584 @@
+/*
+ * fpk_gpu_vendor.cu — vendor libraries, dlopened with our own prototypes (no vendor header is
+ * needed to build): cuBLAS + cuDNN 9 (legacy conv API) on CUDA, rocBLAS + MIOpen on ROCm.
+ *
+ * Search: sonames newest first, in one root — FRAMEPACK_CUDA_ROOT / CUDA_HOME / CUDA_PATH or
+ * /usr/local/cuda (lib64, lib, targets/x86_64-linux/lib), FRAMEPACK_ROCM_ROOT / ROCM_PATH or
+ * /opt/rocm (lib, lib64) — and then the loader's own path (LD_LIBRARY_PATH, ldconfig). Once a
+ * library is found, the next one is looked for first in the same directory, so the set comes
+ * from one install. A library that is missing or fails to start disables its tiers (BLAS: our
+ * own GEMM kernel; DNN: the vendor conv tiers), never the backend. FRAMEPACK_GPU_NO_DNN=1 and
+ * FRAMEPACK_GPU_NO_BLAS=1 disable them for tests.
+ */
+#include "fpk_gpu_internal.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- library search -------------------------------------------------------------------------- */
+
+static int env_on(const char *name) {
+    const char *v = getenv(name);
+    return v && *v && strcmp(v, "0") != 0;
+}
+
+/* Opens the first of names (newest first) found in pref (a directory, may be ""), then in the
+ * install roots, then by the loader's search. Writes the path opened into found. */
+static void *open_first(const char *const *names, const char *pref, char *found, size_t n) {
+#ifdef FPK_VENDOR_ROCM
+    const char *envs[] = {"FRAMEPACK_ROCM_ROOT", "ROCM_PATH", NULL};
+    const char *def = "/opt/rocm";
+    const char *subs[] = {"lib", "lib64", NULL};
+#else
+    const char *envs[] = {"FRAMEPACK_CUDA_ROOT", "CUDA_HOME", "CUDA_PATH", NULL};
+    const char *def = "/usr/local/cuda";
+    const char *subs[] = {"lib64", "lib", "targets/x86_64-linux/lib", NULL};
+#endif
+    const char *root = NULL;
+    for (int i = 0; envs[i] && !root; i++) {
+        const char *v = getenv(envs[i]);
+        if (v && *v) root = v;
+    }
+    if (!root) root = def;
+    char path[PATH_MAX];
+    for (int i = 0; names[i]; i++) {
+        if (pref && *pref) {
+            snprintf(path, sizeof path, "%s/%s", pref, names[i]);
+            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (h) {
+                snprintf(found, n, "%s", path);
+                return h;
+            }
+        }
+        for (int j = 0; subs[j]; j++) {
+            snprintf(path, sizeof path, "%s/%s/%s", root, subs[j], names[i]);
+            void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+            if (h) {
+                snprintf(found, n, "%s", path);
+                return h;
+            }
+        }
+    }
+    for (int i = 0; names[i]; i++) {
+        void *h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (h) {
+            /* the directory it came from, so the next library is looked for there first */
+            snprintf(found, n, "%s", names[i]);
+            char origin[PATH_MAX];
+            if (dlinfo(h, RTLD_DI_ORIGIN, origin) == 0) snprintf(found, n, "%s/%s", origin, names[i]);
+            return h;
+        }
+    }
+    return NULL;
+}
+
+static void dir_of(const char *path, char *dir, size_t n) {
+    snprintf(dir, n, "%s", path);
+    char *sl = strrchr(dir, '/');
+    if (sl) *sl = 0;
+    else dir[0] = 0;
+}
+
+/* Resolves every name into fn (NULL-terminated names); 0 if one is missing. */
+static int resolve(void *dl, const char *const *names, void **fn) {
+    for (int i = 0; names[i]; i++) {
+        fn[i] = dlsym(dl, names[i]);
+        if (!fn[i]) return 0;
+    }
+    return 1;
+}
+
+/* Choices of the vendor conv per shape (this process). */
+struct fpk_conv_algo {
+    int tuned, dt;
+    int x[5], w[5], y[5];
+    int64_t pad[3], stride[3], groups;
+    int algo;          /* cuDNN algo / MIOpen fwd algo */
+    int math;          /* cuDNN math type */
+    uint64_t solution; /* MIOpen solution id (immediate mode) */
+    size_t ws;
+    struct fpk_conv_algo *next;
+};
+
+static struct fpk_conv_algo *algo_find(fpk_vendor_dnn *d, int tuned, int dt, const int *x, const int *w, const int *y,
+                                       const fpk_conv3d_params *p) {
+    for (struct fpk_conv_algo *a = d->algos; a; a = a->next) {
+        if (a->tuned != tuned || a->dt != dt || memcmp(a->x, x, sizeof a->x) || memcmp(a->w, w, sizeof a->w) ||
+            memcmp(a->y, y, sizeof a->y))
+            continue;
+        if (memcmp(a->pad, p->padding, sizeof a->pad) || a->groups != (p->groups ? p->groups : 1)) continue;
+        int same = 1;
+        for (int i = 0; i < 3; i++) same &= a->stride[i] == (p->stride[i] ? p->stride[i] : 1);
+        if (same) return a;
+    }
+    return NULL;
+}
+
+static struct fpk_conv_algo *algo_add(fpk_vendor_dnn *d, int tuned, int dt, const int *x, const int *w, const int *y,
+                                      const fpk_conv3d_params *p) {
+    struct fpk_conv_algo *a = (struct fpk_conv_algo *)calloc(1, sizeof *a);
+    if (!a) return NULL;
+    a->tuned = tuned;
+    a->dt = dt;
+    memcpy(a->x, x, sizeof a->x);
+    memcpy(a->w, w, sizeof a->w);
+    memcpy(a->y, y, sizeof a->y);
+    memcpy(a->pad, p->padding, sizeof a->pad);
+    for (int i = 0; i < 3; i++) a->stride[i] = p->stride[i] ? p->stride[i] : 1;
+    a->groups = p->groups ? p->groups : 1;
+    a->next = d->algos;
+    d->algos = a;
+    return a;
+}
+
+static void algos_free(fpk_vendor_dnn *d) {
+    while (d->algos) {
+        struct fpk_conv_algo *n = d->algos->next;
+        free(d->algos);
+        d->algos = n;
+    }
+}
+
+int fpk_vendor_has_dnn(fpk_gpu_ctx *c) { return c->dnn.handle != NULL; }
+
+#ifdef FPK_VENDOR_CUDA
+/* =====================================================================================
+ * CUDA: cuBLAS (GemmStridedBatchedEx, f32 compute) and cuDNN (legacy convolution API).
+ * ===================================================================================== */
+
+/* Scratch for Find: as much as fits of `want`, halving down to 16 MiB. */
+static size_t find_workspace(fpk_scratch &ws, size_t want) {
+    for (size_t n = want; n >= ((size_t)16 << 20); n /= 2)
+        if (ws.alloc(n) == FPK_OK) return n;
+    return 0;
+}
+
+enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
+enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_COMPUTE_32F = 68, CUBLAS_GEMM_DEFAULT = -1 };
+
+typedef int (*cublasCreate_t)(void **);
+typedef int (*cublasDestroy_t)(void *);
+typedef int (*cublasSetStream_t)(void *, cudaStream_t);
+typedef int (*cublasGemmStridedBatchedEx_t)(void *, int, int, int, int, int, const void *, const void *, int, int,
+                                            long long, const void *, int, int, long long, const void *, void *, int,
+                                            int, long long, int, int, int);
+static const char *const blas_syms[] = {"cublasCreate_v2", "cublasDestroy_v2", "cublasSetStream_v2",
+                                        "cublasGemmStridedBatchedEx", NULL};
+static const char *const blas_names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", NULL};
+
+enum { CUDNN_DATA_FLOAT = 0, CUDNN_DATA_HALF = 2, CUDNN_DATA_BFLOAT16 = 9 };
+enum { CUDNN_TENSOR_NCHW = 0, CUDNN_CROSS_CORRELATION = 1 };
+enum { CUDNN_DEFAULT_MATH = 0, CUDNN_TENSOR_OP_MATH = 1, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION = 2, CUDNN_FMA_MATH = 3 };
+
+typedef struct {
+    int algo;
+    int status;
+    float time;
+    size_t memory;
+    int determinism;
+    int mathType;
+    int reserved[3];
+} cudnnConvolutionFwdAlgoPerf_t;
+
+enum {
+    D_CREATE, D_DESTROY, D_SET_STREAM, D_ERRSTR,
+    D_CT, D_ST, D_DT, D_CF, D_SF, D_DF, D_CC, D_SC, D_GC, D_MC, D_DC,
+    D_FIND, D_V7, D_WS, D_FWD, D_N
+};
+static const char *const dnn_syms[] = {
+    "cudnnCreate", "cudnnDestroy", "cudnnSetStream", "cudnnGetErrorString",
+    "cudnnCreateTensorDescriptor", "cudnnSetTensorNdDescriptor", "cudnnDestroyTensorDescriptor",
+    "cudnnCreateFilterDescriptor", "cudnnSetFilterNdDescriptor", "cudnnDestroyFilterDescriptor",
+    "cudnnCreateConvolutionDescriptor", "cudnnSetConvolutionNdDescriptor", "cudnnSetConvolutionGroupCount",
+    "cudnnSetConvolutionMathType", "cudnnDestroyConvolutionDescriptor",
+    "cudnnFindConvolutionForwardAlgorithmEx", "cudnnGetConvolutionForwardAlgorithm_v7",
+    "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward", NULL};
+static const char *const dnn_names[] = {"libcudnn.so.9", "libcudnn.so.8", NULL};
+
+typedef int (*fn_h)(void *);
+typedef int (*fn_hp)(void **);
+typedef int (*fn_hs)(void *, cudaStream_t);
+typedef const char *(*fn_err)(int);
+typedef int (*fn_st)(void *, int, int, const int *, const int *);
+typedef int (*fn_sf)(void *, int, int, int, const int *);
+typedef int (*fn_sc)(void *, int, const int *, const int *, const int *, int, int);
+typedef int (*fn_hi)(void *, int);
+typedef int (*fn_find)(void *, void *, const void *, void *, const void *, void *, void *, void *, int, int *,
+                       cudnnConvolutionFwdAlgoPerf_t *, void *, size_t);
+typedef int (*fn_v7)(void *, void *, void *, void *, void *, int, int *, cudnnConvolutionFwdAlgoPerf_t *);
+typedef int (*fn_ws)(void *, void *, void *, void *, void *, int, size_t *);
+typedef int (*fn_fwd)(void *, const void *, void *, const void *, void *, const void *, void *, int, void *, size_t,
+                      const void *, void *, void *);
+
+void fpk_vendor_open(fpk_gpu_ctx *c) {
+    char dir[PATH_MAX] = "";
+    if (!env_on("FRAMEPACK_GPU_NO_BLAS_LIB")) {
+        fpk_vendor_blas *b = &c->blas;
+        b->dl = open_first(blas_names, "", b->library, sizeof b->library);
+        if (b->dl && resolve(b->dl, blas_syms, b->fn) && ((cublasCreate_t)b->fn[0])(&b->handle) == 0) {
+            dir_of(b->library, dir, sizeof dir);
+        } else {
+            if (b->dl) dlclose(b->dl);
+            b->dl = NULL;
+            b->handle = NULL;
+        }
+    }
+    if (!env_on("FRAMEPACK_GPU_NO_DNN")) {
+        fpk_vendor_dnn *d = &c->dnn;
+        d->dl = open_first(dnn_names, dir, d->library, sizeof d->library);
+        if (!(d->dl && resolve(d->dl, dnn_syms, d->fn) && ((fn_hp)d->fn[D_CREATE])(&d->handle) == 0)) {
+            if (d->dl) dlclose(d->dl);
+            d->dl = NULL;
+            d->handle = NULL;
+        }
+    }
+}
+
+void fpk_vendor_close(fpk_gpu_ctx *c) {
+    if (c->blas.handle) ((cublasDestroy_t)c->blas.fn[1])(c->blas.handle);
+    if (c->blas.dl) dlclose(c->blas.dl);
+    if (c->dnn.handle) ((fn_h)c->dnn.fn[D_DESTROY])(c->dnn.handle);
+    algos_free(&c->dnn);
+    if (c->dnn.dl) dlclose(c->dnn.dl);
+    memset(&c->blas, 0, sizeof c->blas);
+    memset(&c->dnn, 0, sizeof c->dnn);
+}
+
+static int cuda_type(int dt) { return dt == FPK_F32 ? CUDA_R_32F : dt == FPK_F16 ? CUDA_R_16F : dt == FPK_BF16 ? CUDA_R_16BF : -1; }
+
+fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc *d) {
+    fpk_vendor_blas *b = &c->blas;
+    if (!b->handle) return FPK_ERR_UNAVAILABLE;
+    int at = cuda_type(d->adt), bt = cuda_type(d->bdt), ct = cuda_type(d->cdt);
+    if (at < 0 || bt < 0 || ct < 0 || d->adt != d->bdt || (ct != CUDA_R_32F && d->cdt != d->adt)) return FPK_ERR_UNAVAILABLE;
+    if (d->M > INT_MAX || d->N > INT_MAX || d->K > INT_MAX || d->batch > INT_MAX || d->lda > INT_MAX ||
+        d->ldb > INT_MAX || d->ldc > INT_MAX)
+        return FPK_ERR_UNAVAILABLE;
+    ((cublasSetStream_t)b->fn[2])(b->handle, st);
+    float alpha = d->alpha, beta = d->beta;
+    /* row-major C = A B is column-major Cᵀ = Bᵀ Aᵀ: swap the operands */
+    int s = ((cublasGemmStridedBatchedEx_t)b->fn[3])(
+        b->handle, d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)d->N, (int)d->M,
+        (int)d->K, &alpha, d->b, bt, (int)d->ldb, d->stride_b, d->a, at, (int)d->lda, d->stride_a, &beta, d->c, ct,
+        (int)d->ldc, d->stride_c, (int)d->batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != 0)
+        return fpk_gpu_set_error(FPK_ERR_BACKEND, "gemm: cublasGemmStridedBatchedEx status %d (%lld x %lld x %lld, batch %lld)",
+                                 s, (long long)d->M, (long long)d->N, (long long)d->K, (long long)d->batch);
+    return FPK_OK;
+}
+
+static int cudnn_type(int dt) { return dt == FPK_F32 ? CUDNN_DATA_FLOAT : dt == FPK_F16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16; }
+
+/* cuDNN descriptors of one conv, destroyed with the object. */
+struct cudnn_descs {
+    fpk_vendor_dnn *d;
+    void *x = nullptr, *w = nullptr, *y = nullptr, *conv = nullptr;
+    explicit cudnn_descs(fpk_vendor_dnn *dd) : d(dd) {}
+    ~cudnn_descs() {
+        if (x) ((fn_h)d->fn[D_DT])(x);
+        if (y) ((fn_h)d->fn[D_DT])(y);
+        if (w) ((fn_h)d->fn[D_DF])(w);
+        if (conv) ((fn_h)d->fn[D_DC])(conv);
+    }
+};
+
+static fpk_status dnn_fail(fpk_vendor_dnn *d, int s, const char *what) {
+    const char *msg = d->fn[D_ERRSTR] ? ((fn_err)d->fn[D_ERRSTR])(s) : "?";
+    return fpk_gpu_set_error(FPK_ERR_BACKEND, "conv3d: cuDNN %s: %s (%d)", what, msg, s);
+}
+
+#define DNN(call, what)                                                                        \
+    do {                                                                                        \
+        int s_ = (call);                                                                        \
+        if (s_ != 0) return dnn_fail(d, s_, what);                                              \
+    } while (0)
+
+fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
+                           const int *xdims, const void *x, const int *wdims, const void *w, const int *ydims, void *y,
+                           const fpk_conv3d_params *p) {
+    fpk_vendor_dnn *d = &c->dnn;
+    if (!d->handle) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: cuDNN not loaded");
+    DNN(((fn_hs)d->fn[D_SET_STREAM])(d->handle, st), "set stream");
+    int ty = cudnn_type(dt);
+    cudnn_descs ds(d);
+    int xs[5], ys[5];
+    xs[4] = ys[4] = 1;
+    for (int i = 3; i >= 0; i--) {
+        xs[i] = xs[i + 1] * xdims[i + 1];
+        ys[i] = ys[i + 1] * ydims[i + 1];
+    }
+    DNN(((fn_hp)d->fn[D_CT])(&ds.x), "create descriptor");
+    DNN(((fn_st)d->fn[D_ST])(ds.x, ty, 5, xdims, xs), "x descriptor");
+    DNN(((fn_hp)d->fn[D_CT])(&ds.y), "create descriptor");
+    DNN(((fn_st)d->fn[D_ST])(ds.y, ty, 5, ydims, ys), "y descriptor");
+    DNN(((fn_hp)d->fn[D_CF])(&ds.w), "create descriptor");
+    DNN(((fn_sf)d->fn[D_SF])(ds.w, ty, CUDNN_TENSOR_NCHW, 5, wdims), "w descriptor");
+    DNN(((fn_hp)d->fn[D_CC])(&ds.conv), "create descriptor");
+    int pad[3], str[3], dil[3] = {1, 1, 1};
+    for (int i = 0; i < 3; i++) {
+        pad[i] = (int)p->padding[i];
+        str[i] = (int)(p->stride[i] ? p->stride[i] : 1);
+    }
+    DNN(((fn_sc)d->fn[D_SC])(ds.conv, 3, pad, str, dil, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT), "conv descriptor");
+    DNN(((fn_hi)d->fn[D_GC])(ds.conv, (int)(p->groups ? p->groups : 1)), "group count");
+    /* f32 stays f32: FMA math forbids TF32 (cuDNN's default allows it on Ampere and later) */
+    int math = dt == FPK_F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+    DNN(((fn_hi)d->fn[D_MC])(ds.conv, math), "math type");
+    struct fpk_conv_algo *a = algo_find(d, tuned, dt, xdims, wdims, ydims, p);
+    if (!a) {
+        cudnnConvolutionFwdAlgoPerf_t perf[8];
+        int got = 0, pick = -1;
+        if (tuned) {
+            fpk_scratch ws(sf);
+            size_t wsz = find_workspace(ws, (size_t)1 << 30);
+            DNN(((fn_find)d->fn[D_FIND])(d->handle, ds.x, x, ds.w, w, ds.conv, ds.y, y, 8, &got, perf, ws.ptr, wsz),
+                "FindConvolutionForwardAlgorithmEx");
+            for (int i = 0; i < got && pick < 0; i++)
+                if (perf[i].status == 0 && perf[i].memory <= wsz && (dt != FPK_F32 || perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) pick = i;
+        } else {
+            DNN(((fn_v7)d->fn[D_V7])(d->handle, ds.x, ds.w, ds.conv, ds.y, 8, &got, perf),
+                "GetConvolutionForwardAlgorithm_v7");
+            for (int i = 0; i < got && pick < 0; i++)
+                if (perf[i].status == 0 && (dt != FPK_F32 || perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) pick = i;
+        }
+        if (pick < 0) return fpk_gpu_set_error(FPK_ERR_BACKEND, "conv3d: cuDNN offers no algorithm for this shape");
+        size_t need = 0;
+        if (dt != FPK_F32) DNN(((fn_hi)d->fn[D_MC])(ds.conv, perf[pick].mathType), "math type");
+        DNN(((fn_ws)d->fn[D_WS])(d->handle, ds.x, ds.w, ds.conv, ds.y, perf[pick].algo, &need), "workspace size");
+        a = algo_add(d, tuned, dt, xdims, wdims, ydims, p);
+        if (!a) return fpk_gpu_set_oom(sizeof *a, 0, "host conv algo record");
+        a->algo = perf[pick].algo;
+        a->math = dt == FPK_F32 ? CUDNN_FMA_MATH : perf[pick].mathType;
+        a->ws = need;
+    }
+    DNN(((fn_hi)d->fn[D_MC])(ds.conv, a->math), "math type");
+    fpk_scratch ws(sf);
+    if (a->ws) FPK_TRY(ws.alloc(a->ws));
+    float alpha = 1.0f, beta = 0.0f;
+    DNN(((fn_fwd)d->fn[D_FWD])(d->handle, &alpha, ds.x, x, ds.w, w, ds.conv, a->algo, ws.ptr, a->ws, &beta, ds.y, y),
+        "ConvolutionForward");
+    return fpk_gpu_launched("conv3d (cuDNN)");
+}
+
+#else /* FPK_VENDOR_ROCM */
+/* =====================================================================================
+ * ROCm: rocBLAS (gemm_strided_batched_ex, f32 compute) and MIOpen (Find, immediate mode).
+ * ===================================================================================== */
+
+enum { RB_OP_N = 111, RB_OP_T = 112, RB_F16 = 150, RB_F32 = 151, RB_BF16 = 168 };
+
+typedef int (*rb_create_t)(void **);
+typedef int (*rb_destroy_t)(void *);
+typedef int (*rb_set_stream_t)(void *, hipStream_t);
+typedef int (*rb_gemm_t)(void *, int, int, int, int, int, const void *, const void *, int, int, int64_t, const void *,
+                         int, int, int64_t, const void *, const void *, int, int, int64_t, void *, int, int, int64_t,
+                         int, int, int, int32_t, uint32_t);
+static const char *const blas_syms[] = {"rocblas_create_handle", "rocblas_destroy_handle", "rocblas_set_stream",
+                                        "rocblas_gemm_strided_batched_ex", NULL};
+static const char *const blas_names[] = {"librocblas.so.5", "librocblas.so.4", "librocblas.so.3", "librocblas.so.0", NULL};
+
+enum { MIO_HALF = 0, MIO_FLOAT = 1, MIO_BF16 = 5, MIO_CONV = 0 };
+
+typedef struct {
+    int fwd_algo;
+    float time;
+    size_t memory;
+} miopenConvAlgoPerf_t;
+
+typedef struct {
+    float time;
+    size_t workspace_size;
+    uint64_t solution_id;
+    int algorithm;
+} miopenConvSolution_t;
+
+enum {
+    M_CREATE, M_DESTROY, M_SET_STREAM, M_ERRSTR, M_CT, M_ST, M_DT, M_CC, M_INIT, M_GC, M_DC,
+    M_WS, M_FIND, M_FWD, M_SOLCOUNT, M_SOL, M_COMPILE, M_IMMED, M_N
+};
+static const char *const dnn_syms[] = {
+    "miopenCreate", "miopenDestroy", "miopenSetStream", "miopenGetErrorString",
+    "miopenCreateTensorDescriptor", "miopenSetTensorDescriptor", "miopenDestroyTensorDescriptor",
+    "miopenCreateConvolutionDescriptor", "miopenInitConvolutionNdDescriptor", "miopenSetConvolutionGroupCount",
+    "miopenDestroyConvolutionDescriptor", "miopenConvolutionForwardGetWorkSpaceSize",
+    "miopenFindConvolutionForwardAlgorithm", "miopenConvolutionForward",
+    "miopenConvolutionForwardGetSolutionCount", "miopenConvolutionForwardGetSolution",
+    "miopenConvolutionForwardCompileSolution", "miopenConvolutionForwardImmediate", NULL};
+static const char *const dnn_names[] = {"libMIOpen.so.1", NULL};
+
+typedef int (*m_h)(void *);
+typedef int (*m_hp)(void **);
+typedef int (*m_hs)(void *, hipStream_t);
+typedef const char *(*m_err)(int);
+typedef int (*m_st)(void *, int, int, const int *, const int *);
+typedef int (*m_init)(void *, int, const int *, const int *, const int *, int);
+typedef int (*m_gc)(void *, int);
+typedef int (*m_ws)(void *, void *, void *, void *, void *, size_t *);
+typedef int (*m_find)(void *, void *, const void *, void *, const void *, void *, void *, void *, int, int *,
+                      miopenConvAlgoPerf_t *, void *, size_t, bool);
+typedef int (*m_fwd)(void *, const void *, void *, const void *, void *, const void *, void *, int, const void *, void *,
+                     void *, void *, size_t);
+typedef int (*m_solcount)(void *, void *, void *, void *, void *, size_t *);
+typedef int (*m_sol)(void *, void *, void *, void *, void *, size_t, size_t *, miopenConvSolution_t *);
+typedef int (*m_compile)(void *, void *, void *, void *, void *, uint64_t);
+typedef int (*m_immed)(void *, void *, const void *, void *, const void *, void *, void *, void *, void *, size_t,
+                       uint64_t);
+
+void fpk_vendor_open(fpk_gpu_ctx *c) {
+    char dir[PATH_MAX] = "";
+    if (!env_on("FRAMEPACK_GPU_NO_BLAS_LIB")) {
+        fpk_vendor_blas *b = &c->blas;
+        b->dl = open_first(blas_names, "", b->library, sizeof b->library);
+        if (b->dl && resolve(b->dl, blas_syms, b->fn) && ((rb_create_t)b->fn[0])(&b->handle) == 0) {
+            dir_of(b->library, dir, sizeof dir);
+        } else {
+            if (b->dl) dlclose(b->dl);
+            b->dl = NULL;
+            b->handle = NULL;
+        }
+    }
+    if (!env_on("FRAMEPACK_GPU_NO_DNN")) {
+        fpk_vendor_dnn *d = &c->dnn;
+        d->dl = open_first(dnn_names, dir, d->library, sizeof d->library);
+        if (!(d->dl && resolve(d->dl, dnn_syms, d->fn) && ((m_hp)d->fn[M_CREATE])(&d->handle) == 0)) {
+            if (d->dl) dlclose(d->dl);
+            d->dl = NULL;
+            d->handle = NULL;
+        }
+    }
+}
+
+void fpk_vendor_close(fpk_gpu_ctx *c) {
+    if (c->blas.handle) ((rb_destroy_t)c->blas.fn[1])(c->blas.handle);
+    if (c->blas.dl) dlclose(c->blas.dl);
+    if (c->dnn.handle) ((m_h)c->dnn.fn[M_DESTROY])(c->dnn.handle);
+    algos_free(&c->dnn);
+    if (c->dnn.dl) dlclose(c->dnn.dl);
+    memset(&c->blas, 0, sizeof c->blas);
+    memset(&c->dnn, 0, sizeof c->dnn);
+}
+
+static int rb_type(int dt) { return dt == FPK_F32 ? RB_F32 : dt == FPK_F16 ? RB_F16 : dt == FPK_BF16 ? RB_BF16 : -1; }
+
+fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc *d) {
+    fpk_vendor_blas *b = &c->blas;
+    if (!b->handle) return FPK_ERR_UNAVAILABLE;
+    int at = rb_type(d->adt), bt = rb_type(d->bdt), ct = rb_type(d->cdt);
+    if (at < 0 || bt < 0 || ct < 0 || d->adt != d->bdt || (ct != RB_F32 && d->cdt != d->adt)) return FPK_ERR_UNAVAILABLE;
+    if (d->M > INT_MAX || d->N > INT_MAX || d->K > INT_MAX || d->batch > INT_MAX || d->lda > INT_MAX ||
+        d->ldb > INT_MAX || d->ldc > INT_MAX)
+        return FPK_ERR_UNAVAILABLE;
+    ((rb_set_stream_t)b->fn[2])(b->handle, st);
+    float alpha = d->alpha, beta = d->beta;
+    int s = ((rb_gemm_t)b->fn[3])(b->handle, d->trans_b ? RB_OP_T : RB_OP_N, d->trans_a ? RB_OP_T : RB_OP_N, (int)d->N,
+                                  (int)d->M, (int)d->K, &alpha, d->b, bt, (int)d->ldb, d->stride_b, d->a, at,
+                                  (int)d->lda, d->stride_a, &beta, d->c, ct, (int)d->ldc, d->stride_c, d->c, ct,
+                                  (int)d->ldc, d->stride_c, (int)d->batch, RB_F32, 0, 0, 0);
+    if (s != 0)
+        return fpk_gpu_set_error(FPK_ERR_BACKEND, "gemm: rocblas_gemm_strided_batched_ex status %d", s);
+    return FPK_OK;
+}
+
+static int mio_type(int dt) { return dt == FPK_F32 ? MIO_FLOAT : dt == FPK_F16 ? MIO_HALF : MIO_BF16; }
+
+struct mio_descs {
+    fpk_vendor_dnn *d;
+    void *x = nullptr, *w = nullptr, *y = nullptr, *conv = nullptr;
+    explicit mio_descs(fpk_vendor_dnn *dd) : d(dd) {}
+    ~mio_descs() {
+        if (x) ((m_h)d->fn[M_DT])(x);
+        if (y) ((m_h)d->fn[M_DT])(y);
+        if (w) ((m_h)d->fn[M_DT])(w);
+        if (conv) ((m_h)d->fn[M_DC])(conv);
+    }
+};
+
+static fpk_status dnn_fail(fpk_vendor_dnn *d, int s, const char *what) {
+    const char *msg = d->fn[M_ERRSTR] ? ((m_err)d->fn[M_ERRSTR])(s) : "?";
+    return fpk_gpu_set_error(FPK_ERR_BACKEND, "conv3d: MIOpen %s: %s (%d)", what, msg, s);
+}
+
+#define DNN(call, what)                                                                        \
+    do {                                                                                        \
+        int s_ = (call);                                                                        \
+        if (s_ != 0) return dnn_fail(d, s_, what);                                              \
+    } while (0)
+
+fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
+                           const int *xdims, const void *x, const int *wdims, const void *w, const int *ydims, void *y,
+                           const fpk_conv3d_params *p) {
+    fpk_vendor_dnn *d = &c->dnn;
+    if (!d->handle) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: MIOpen not loaded");
+    DNN(((m_hs)d->fn[M_SET_STREAM])(d->handle, st), "set stream");
+    int ty = mio_type(dt);
+    mio_descs ds(d);
+    int xs[5], ws_[5], ys[5];
+    xs[4] = ws_[4] = ys[4] = 1;
+    for (int i = 3; i >= 0; i--) {
+        xs[i] = xs[i + 1] * xdims[i + 1];
+        ws_[i] = ws_[i + 1] * wdims[i + 1];
+        ys[i] = ys[i + 1] * ydims[i + 1];
+    }
+    DNN(((m_hp)d->fn[M_CT])(&ds.x), "create descriptor");
+    DNN(((m_st)d->fn[M_ST])(ds.x, ty, 5, xdims, xs), "x descriptor");
+    DNN(((m_hp)d->fn[M_CT])(&ds.w), "create descriptor");
+    DNN(((m_st)d->fn[M_ST])(ds.w, ty, 5, wdims, ws_), "w descriptor");
+    DNN(((m_hp)d->fn[M_CT])(&ds.y), "create descriptor");
+    DNN(((m_st)d->fn[M_ST])(ds.y, ty, 5, ydims, ys), "y descriptor");
+    DNN(((m_hp)d->fn[M_CC])(&ds.conv), "create descriptor");
+    int pad[3], str[3], dil[3] = {1, 1, 1};
+    for (int i = 0; i < 3; i++) {
+        pad[i] = (int)p->padding[i];
+        str[i] = (int)(p->stride[i] ? p->stride[i] : 1);
+    }
+    DNN(((m_init)d->fn[M_INIT])(ds.conv, 3, pad, str, dil, MIO_CONV), "conv descriptor");
+    DNN(((m_gc)d->fn[M_GC])(ds.conv, (int)(p->groups ? p->groups : 1)), "group count");
+    struct fpk_conv_algo *a = algo_find(d, tuned, dt, xdims, wdims, ydims, p);
+    if (!a) {
+        int algo = 0;
+        uint64_t solution = 0;
+        size_t wsz = 0;
+        if (tuned) {
+            size_t need = 0;
+            DNN(((m_ws)d->fn[M_WS])(d->handle, ds.w, ds.x, ds.conv, ds.y, &need), "workspace size");
+            fpk_scratch ws(sf);
+            if (need) FPK_TRY(ws.alloc(need));
+            miopenConvAlgoPerf_t perf[4];
+            int got = 0;
+            DNN(((m_find)d->fn[M_FIND])(d->handle, ds.x, x, ds.w, w, ds.conv, ds.y, y, 4, &got, perf, ws.ptr, need, false),
+                "FindConvolutionForwardAlgorithm");
+            if (got < 1) return fpk_gpu_set_error(FPK_ERR_BACKEND, "conv3d: MIOpen Find returned no algorithm");
+            algo = perf[0].fwd_algo;
+            wsz = perf[0].memory;
+        } else {
+            size_t count = 0;
+            DNN(((m_solcount)d->fn[M_SOLCOUNT])(d->handle, ds.w, ds.x, ds.conv, ds.y, &count), "GetSolutionCount");
+            if (count < 1) return fpk_gpu_set_error(FPK_ERR_BACKEND, "conv3d: MIOpen immediate mode has no solution");
+            miopenConvSolution_t sol[8];
+            DNN(((m_sol)d->fn[M_SOL])(d->handle, ds.w, ds.x, ds.conv, ds.y, count < 8 ? count : 8, &count, sol), "GetSolution");
+            DNN(((m_compile)d->fn[M_COMPILE])(d->handle, ds.w, ds.x, ds.conv, ds.y, sol[0].solution_id), "CompileSolution");
+            solution = sol[0].solution_id;
+            wsz = sol[0].workspace_size;
+        }
+        a = algo_add(d, tuned, dt, xdims, wdims, ydims, p);
+        if (!a) return fpk_gpu_set_oom(sizeof *a, 0, "host conv algo record");
+        a->algo = algo;
+        a->solution = solution;
+        a->ws = wsz;
+    }
+    fpk_scratch ws(sf);
+    if (a->ws) FPK_TRY(ws.alloc(a->ws));
+    if (tuned) {
+        float alpha = 1.0f, beta = 0.0f;
+        DNN(((m_fwd)d->fn[M_FWD])(d->handle, &alpha, ds.x, x, ds.w, w, ds.conv, a->algo, &beta, ds.y, y, ws.ptr, a->ws),
+            "ConvolutionForward");
+    } else {
+        DNN(((m_immed)d->fn[M_IMMED])(d->handle, ds.w, w, ds.x, x, ds.conv, ds.y, y, ws.ptr, a->ws, a->solution),
+            "ConvolutionForwardImmediate");
+    }
+    return fpk_gpu_launched("conv3d (MIOpen)");
+}
+#endif
