@@ -26,9 +26,33 @@ const (
 	I32  DType = C.FPK_I32 // indices (token ids)
 )
 
+// AsStored, given to LoadTensor as the dtype, keeps a tensor in the dtype its source stores it
+// in (F32, F16, BF16, U8 or I32; F64 becomes F32 and I64 becomes I32): weights loaded with
+// LoadRequest dtype "auto". It is not a dtype of any tensor.
+const AsStored DType = -1
+
+// ParseWeightDType maps a LoadRequest dtype to the dtype a worker keeps its weight matrices in
+// (activations stay F32 on the cpu backend): "" and "fp32" F32, "fp16" F16, "bf16" BF16, "auto"
+// AsStored (the checkpoint's own dtype).
+func ParseWeightDType(s string) (DType, error) {
+	switch s {
+	case "", "fp32":
+		return F32, nil
+	case "fp16":
+		return F16, nil
+	case "bf16":
+		return BF16, nil
+	case "auto":
+		return AsStored, nil
+	}
+	return 0, fmt.Errorf("dtype %q: want fp32, fp16, bf16 or auto", s)
+}
+
 // String returns the dtype's short name ("f32").
 func (d DType) String() string {
 	switch d {
+	case AsStored:
+		return "as stored"
 	case F32:
 		return "f32"
 	case F16:
@@ -75,4 +99,16 @@ func DTypeOf(d safetensors.DType) (DType, bool) {
 		return I32, true
 	}
 	return 0, false
+}
+
+// StoredDType is the dtype the runtime keeps a tensor stored as d in (LoadTensor with AsStored):
+// d itself where the runtime has it, F32 for F64 (and other floats), I32 for I64.
+func StoredDType(d safetensors.DType) DType {
+	if dt, ok := DTypeOf(d); ok {
+		return dt
+	}
+	if d == safetensors.I64 {
+		return I32
+	}
+	return F32
 }

@@ -120,8 +120,8 @@ func TestF32ToHalfRounding(t *testing.T) {
 
 // TestFixtureWeightsRoundTrip loads every tensor of the fp16 VAE and the bf16 transformer
 // fixture checkpoints: converted to f32 on upload it must equal the safetensors package's
-// conversion bit for bit; kept in its storage dtype it must download as the original bytes;
-// and cast back from f32 it must give the original bytes again.
+// conversion bit for bit; kept in its storage dtype (named, or AsStored) it must download as
+// the original bytes; and cast back from f32 it must give the original bytes again.
 func TestFixtureWeightsRoundTrip(t *testing.T) {
 	root, err := parity.Root()
 	if err != nil {
@@ -195,11 +195,53 @@ func TestFixtureWeightsRoundTrip(t *testing.T) {
 				if string(sb) != string(raw) {
 					t.Fatalf("%s: stored as %s, downloads different bytes", name, sdt)
 				}
+				as, err := rt.LoadTensor(f, name, AsStored)
+				if err != nil {
+					t.Fatal(err)
+				}
+				ab, err := as.Bytes()
+				adt := as.DType()
+				as.Free()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if adt != sdt || string(ab) != string(raw) {
+					t.Fatalf("%s: loaded as stored: %s and other bytes, want %s and the checkpoint's", name, adt, sdt)
+				}
 			}
 			if n == 0 {
 				t.Fatalf("%s has no %s tensors", c.path, c.dt)
 			}
 			t.Logf("%s: %d %s tensors round-trip exactly", c.path, n, c.dt)
 		})
+	}
+}
+
+func TestParseWeightDType(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want DType
+	}{{"", F32}, {"fp32", F32}, {"fp16", F16}, {"bf16", BF16}, {"auto", AsStored}} {
+		got, err := ParseWeightDType(c.in)
+		if err != nil || got != c.want {
+			t.Errorf("ParseWeightDType(%q) = %v, %v; want %v", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"f32", "float16", "int8", "BF16"} {
+		if _, err := ParseWeightDType(bad); err == nil {
+			t.Errorf("ParseWeightDType(%q): no error", bad)
+		}
+	}
+	if AsStored.Size() != 0 || AsStored.IsFloat() {
+		t.Errorf("AsStored must not be a dtype a tensor can have")
+	}
+	for _, c := range []struct {
+		in   safetensors.DType
+		want DType
+	}{{safetensors.F16, F16}, {safetensors.BF16, BF16}, {safetensors.F32, F32}, {safetensors.F64, F32},
+		{safetensors.I64, I32}, {safetensors.U8, U8}} {
+		if got := StoredDType(c.in); got != c.want {
+			t.Errorf("StoredDType(%s) = %s, want %s", c.in, got, c.want)
+		}
 	}
 }

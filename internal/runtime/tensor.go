@@ -229,12 +229,16 @@ type TensorSource interface {
 }
 
 // LoadTensor uploads the named tensor of src into a new tensor of dtype dt, converting once
-// (f16/bf16/f32 exactly to f32; f64 and i64 are converted on the Go side first).
+// (f16/bf16/f32 exactly to f32; f64 and i64 are converted on the Go side first). dt AsStored
+// keeps the source's dtype (F64 as F32, I64 as I32).
 func (rt *Runtime) LoadTensor(src TensorSource, name string, dt DType) (*Tensor, error) {
 	op := "load tensor " + name
 	info, ok := src.Info(name)
 	if !ok {
 		return nil, argError(op, "no such tensor")
+	}
+	if dt == AsStored {
+		dt = StoredDType(info.DType)
 	}
 	raw, err := src.Bytes(name)
 	if err != nil {

@@ -108,12 +108,11 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	default:
 		return nil, workerkit.Errorf(workerkit.CodeInternal, "load: backend %q is not available in this build", req.Backend)
 	}
-	switch req.DType {
-	case "", "fp32":
-	case "bf16", "fp16":
-		w.log.WithField("dtype", req.DType).Warn("cpu backend computes in fp32; using fp32")
-	default:
-		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: dtype %q is not bf16, fp16 or fp32", req.DType)
+	// The cpu backend computes in fp32; dtype says what the weight matrices are kept in
+	// ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
+	wdt, err := runtime.ParseWeightDType(req.DType)
+	if err != nil {
+		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: %v", err)
 	}
 	backend, err := siglip.ParseBackend(os.Getenv(EnvProcessorBackend))
 	if err != nil {
@@ -131,7 +130,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	enc, err := siglip.LoadEncoder(rt, encDir, feDir, backend, siglip.LoadOptions{})
+	enc, err := siglip.LoadEncoder(rt, encDir, feDir, backend, siglip.LoadOptions{WeightDType: wdt})
 	if err != nil {
 		rt.Close()
 		return nil, classify(fmt.Errorf("load: %w", err))
@@ -152,7 +151,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		"image_encoder": encDir, "feature_extractor": feDir, "processor": string(backend),
 		"layers": cfg.NumHiddenLayers, "hidden": cfg.HiddenSize, "image_size": cfg.ImageSize,
 		"patch_size": cfg.PatchSize, "resize": fmt.Sprintf("%dx%d", pc.Height, pc.Width),
-		"tensors": rep.Loaded, "weight_bytes": rep.Bytes, "prefix": rep.Prefix,
+		"tensors": rep.Loaded, "weight_bytes": rep.Bytes, "weights": wdt.String(), "prefix": rep.Prefix,
 		"duration": time.Since(start).Round(time.Millisecond).String(),
 	}).Info("siglip loaded")
 	if len(rep.Skipped) > 0 {

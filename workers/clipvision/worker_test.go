@@ -45,6 +45,12 @@ func callCtx(t *testing.T) context.Context {
 // LoadRequest's env.
 func startWorker(t *testing.T, modelDir string, env map[string]string) (*workerkit.Process, *workerkit.LoadResponse, *test.Hook) {
 	t.Helper()
+	return startWorkerDType(t, modelDir, "", env)
+}
+
+// startWorkerDType is startWorker with the LoadRequest's dtype.
+func startWorkerDType(t *testing.T, modelDir, dtype string, env map[string]string) (*workerkit.Process, *workerkit.LoadResponse, *test.Hook) {
+	t.Helper()
 	log, hook := test.NewNullLogger()
 	log.SetLevel(logrus.DebugLevel)
 	p, err := workerkit.Start(callCtx(t), workerkit.Config{Name: "clipvision", Path: testbin.Build(t, "./workers/clipvision"),
@@ -54,7 +60,7 @@ func startWorker(t *testing.T, modelDir string, env map[string]string) (*workerk
 	}
 	t.Cleanup(func() { p.Close() })
 	resp, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: modelDir, Backend: "cpu", Env: env,
-		MemoryCapBytes: 1 << 30})
+		MemoryCapBytes: 1 << 30, DType: dtype})
 	if err != nil {
 		t.Fatalf("load %s: %v", modelDir, err)
 	}
@@ -327,6 +333,46 @@ func TestOutputDTypes(t *testing.T) {
 }
 
 // TestLoadErrors checks that a bad model folder or option fails Load with InvalidArgument.
+// TestParitySiglipHalfWeights runs every siglip.encode case through a worker that keeps the
+// weight matrices in the checkpoint's own dtype (Load dtype "auto": the fixture's fp16): within
+// the case's tolerance, as in fp32 (fp16 widens to f32 exactly), with about half the weight bytes.
+func TestParitySiglipHalfWeights(t *testing.T) {
+	fx := parity.Load(t, "siglip")
+	encDir, err := fx.ModelPath("image_encoder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, full, _ := startWorker(t, encDir, nil)
+	p, resp, _ := startWorkerDType(t, encDir, "auto", nil)
+	t.Logf("weights: %d bytes as stored, %d in f32", resp.WeightBytes, full.WeightBytes)
+	if resp.WeightBytes == 0 || float64(resp.WeightBytes) > 0.6*float64(full.WeightBytes) {
+		t.Errorf("weights as stored take %d bytes, f32 %d: want about half", resp.WeightBytes, full.WeightBytes)
+	}
+	a := shmtest.Arena(t, "parity-half")
+	n := 0
+	for _, c := range fx.Cases {
+		if c.Op != "siglip.encode" {
+			t.Errorf("case %s: unknown op %q", c.Name, c.Op)
+			continue
+		}
+		n++
+		in := c.Input(t, "image_hwc_u8")
+		pix := make([]uint8, len(in.Ints))
+		for i, v := range in.Ints {
+			pix[i] = uint8(v)
+		}
+		out := outputRef(t, a, c.Name+"-out")
+		if _, _, err := runEncode(t, p, writeImage(t, a, c.Name+"-image", in.Shape, pix), out); err != nil {
+			t.Fatalf("case %s: %v", c.Name, err)
+		}
+		got, shape := readOutput(t, out)
+		c.Check(t, "last_hidden_state (worker, weights as stored)", got, shape, c.Output(t, "last_hidden_state"))
+	}
+	if n == 0 {
+		t.Fatal("no siglip.encode case")
+	}
+}
+
 func TestLoadErrors(t *testing.T) {
 	empty := t.TempDir()
 	tests := []struct {

@@ -215,7 +215,7 @@ func TestLoadRefusals(t *testing.T) {
 		{"unknown tokenizer model", copySnapshot(t, dir, setType("model", "WordLevel")), "", "WordLevel"},
 		{"unknown pre-tokenizer", copySnapshot(t, dir, setType("pre_tokenizer", "BertPreTokenizer")), "", "BertPreTokenizer"},
 		{"missing folder", filepath.Join(t.TempDir(), "nothing"), "", "nothing"},
-		{"bf16 on cpu", dir, "bf16", "bf16"},
+		{"unknown dtype", dir, "int8", "int8"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -64,8 +64,10 @@ type Encoder struct {
 	TemplatePrefix int
 }
 
-// LoadEncoder loads tokenizers and models; weights go into rt as dt.
-func LoadEncoder(rt *runtime.Runtime, p Paths, dt runtime.DType) (*Encoder, error) {
+// LoadEncoder loads tokenizers and models into rt. The weight matrices (Linear weights, CLIP's
+// token embedding: nearly all the bytes) are kept as wdt: F32, F16, BF16 or runtime.AsStored
+// (the checkpoints' own dtype); norms, biases and activations are f32.
+func LoadEncoder(rt *runtime.Runtime, p Paths, wdt runtime.DType) (*Encoder, error) {
 	tok, err := tokenizer.LoadPromptTokenizer(p.Tokenizer, p.Tokenizer2)
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizers: %w", err)
@@ -74,11 +76,11 @@ func LoadEncoder(rt *runtime.Runtime, p Paths, dt runtime.DType) (*Encoder, erro
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizers: template: %w", err)
 	}
-	lm, err := llama.Load(rt, p.TextEncoder, llama.Options{HiddenStateIndex: LlamaHiddenStateIndex, DType: dt})
+	lm, err := llama.Load(rt, p.TextEncoder, llama.Options{HiddenStateIndex: LlamaHiddenStateIndex, DType: runtime.F32, WeightDType: wdt})
 	if err != nil {
 		return nil, fmt.Errorf("load text_encoder: %w", err)
 	}
-	cm, err := clip.Load(rt, p.TextEncoder2, clip.Options{DType: dt})
+	cm, err := clip.Load(rt, p.TextEncoder2, clip.Options{DType: runtime.F32, WeightDType: wdt})
 	if err != nil {
 		lm.Close()
 		return nil, fmt.Errorf("load text_encoder_2: %w", err)

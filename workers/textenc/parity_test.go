@@ -163,6 +163,43 @@ func TestParityTextenc(t *testing.T) {
 	}
 }
 
+// TestParityTextencHalfWeights runs the textenc fixture through a worker that keeps the weight
+// matrices in the checkpoints' own dtype (Load dtype "auto": the fixture's fp16): every
+// encode_prompt_conds case within its rel_l2, as in fp32 (fp16 widens to f32 exactly), with the
+// weights in about half the bytes.
+func TestParityTextencHalfWeights(t *testing.T) {
+	fx := parity.Load(t, "textenc")
+	dir := snapshotDir(t, fx)
+	f32Bytes := loadEncoder(t, dir).WeightBytes()
+	p := startWorker(t)
+	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+	defer cancel()
+	resp, err := p.Load(ctx, &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", DType: "auto"})
+	if err != nil {
+		t.Fatalf("load dtype auto: %v", err)
+	}
+	t.Logf("weights: %d bytes as stored, %d in f32", resp.WeightBytes, f32Bytes)
+	if resp.WeightBytes == 0 || float64(resp.WeightBytes) > 0.6*float64(f32Bytes) {
+		t.Errorf("weights as stored take %d bytes, f32 %d: want about half", resp.WeightBytes, f32Bytes)
+	}
+	a := newArena(t)
+	checked := 0
+	for _, c := range fx.Cases {
+		switch c.Op {
+		case "tokenize":
+			t.Logf("case %s: tokenize does not read weights (TestParityTextenc checks it)", c.Name)
+		case "textenc.encode_prompt_conds":
+			checkEncodeCase(t, p, a, c)
+			checked++
+		default:
+			t.Errorf("case %s: unknown op %q", c.Name, c.Op)
+		}
+	}
+	if checked == 0 {
+		t.Fatal("the textenc fixture has no textenc.encode_prompt_conds case")
+	}
+}
+
 func checkEncodeCase(t *testing.T, p *workerkit.Process, a *shm.Arena, c parity.Case) {
 	t.Helper()
 	params := encodeParams(t, c)

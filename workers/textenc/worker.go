@@ -119,10 +119,11 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	default:
 		return nil, workerkit.Errorf(workerkit.CodeInternal, "load: backend %q is not available in this build (cpu only)", req.Backend)
 	}
-	switch req.DType {
-	case "", "fp32":
-	default:
-		return nil, invalid(fmt.Errorf("load: dtype %q: the cpu backend computes in fp32", req.DType))
+	// The cpu backend computes in fp32; dtype says what the weight matrices are kept in
+	// ("fp16"/"bf16", or "auto": the checkpoints' own dtype).
+	wdt, err := runtime.ParseWeightDType(req.DType)
+	if err != nil {
+		return nil, invalid(fmt.Errorf("load: %w", err))
 	}
 	inj, err := faults.New(req.Fault, faults.Caps{}, w.k.Beacon, w.log)
 	if err != nil {
@@ -141,7 +142,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	enc, err := LoadEncoder(rt, SnapshotPaths(req.ModelDir), runtime.F32)
+	enc, err := LoadEncoder(rt, SnapshotPaths(req.ModelDir), wdt)
 	if err != nil {
 		rt.Close()
 		if !errors.As(err, new(*runtime.OOMError)) {
@@ -155,6 +156,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	w.rt, w.enc, w.loadTime = rt, enc, loadTime
 	w.mu.Unlock()
 	w.logReport(enc)
+	w.log.WithFields(logrus.Fields{"dtype": req.DType, "weights": wdt.String(), "compute": "fp32"}).Info("weight dtype")
 	mem := rt.Memory()
 	w.k.Beacon.SetBytes(int64(mem.Allocated))
 	info := rt.Backend()

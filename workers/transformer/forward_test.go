@@ -138,6 +138,48 @@ func TestParityTransformerWorker(t *testing.T) {
 	}
 }
 
+// TestParityTransformerWorkerHalfWeights runs every transformer.forward case through a worker
+// that keeps the weight matrices in the checkpoint's own dtype (Load dtype "auto": the
+// fixture's bf16): the velocity within the case's tolerance, as in fp32 (bf16 widens to f32
+// exactly), with about half the weight bytes.
+func TestParityTransformerWorkerHalfWeights(t *testing.T) {
+	fx := parity.Load(t, "transformer")
+	dir, err := fx.ModelPath("transformer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := make(map[string]*workerkit.LoadResponse)
+	var p *workerkit.Process
+	for _, dtype := range []string{"", "auto"} {
+		p = startWorker(t)
+		if resp[dtype], err = p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", DType: dtype}); err != nil {
+			t.Fatalf("load dtype %q: %v", dtype, err)
+		}
+	}
+	half, full := resp["auto"].WeightBytes, resp[""].WeightBytes
+	t.Logf("weights: %d bytes as stored, %d in f32", half, full)
+	if half == 0 || float64(half) > 0.6*float64(full) {
+		t.Errorf("weights as stored take %d bytes, f32 %d: want about half", half, full)
+	}
+	ran := 0
+	for _, c := range fx.Cases {
+		if c.Op != opForward {
+			t.Errorf("case %s: unknown op %q", c.Name, c.Op)
+			continue
+		}
+		ran++
+		fc := writeForwardCase(t, newArena(t), c)
+		res, _, err := runForward(t, p, fc.req)
+		if err != nil {
+			t.Fatalf("case %s: run: %v", c.Name, err)
+		}
+		c.Check(t, "sample (worker velocity, weights as stored)", readFloat(t, res.Outputs[0]), fc.shape, c.Output(t, "sample"))
+	}
+	if ran == 0 {
+		t.Fatal("no transformer.forward cases")
+	}
+}
+
 // TestWorkerForwardBadInput checks that bad transformer_forward requests fail with
 // InvalidArgument saying what is wrong, and that the worker keeps serving after them.
 func TestWorkerForwardBadInput(t *testing.T) {

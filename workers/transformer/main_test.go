@@ -532,13 +532,13 @@ func TestWorkerBadModel(t *testing.T) {
 	}{
 		{"patch_size_t 2", badConfig, "patch_size_t 2 is not supported"},
 		{"missing shard", missingShard, "shard diffusion_pytorch_model-00002-of-00002.safetensors"},
-		{"bf16 compute on cpu", func(*testing.T) string { return dir }, "dtype \"bf16\""},
+		{"unknown dtype", func(*testing.T) string { return dir }, "dtype \"int8\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := startWorker(t)
 			req := &workerkit.LoadRequest{ModelDir: tc.dir(t), Backend: "cpu"}
-			if strings.HasPrefix(tc.name, "bf16") {
-				req.DType = "bf16"
+			if strings.HasPrefix(tc.name, "unknown dtype") {
+				req.DType = "int8"
 			}
 			_, err := p.Load(callCtx(t), req)
 			if err == nil {

@@ -117,13 +117,14 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	default:
 		return nil, workerkit.Errorf(workerkit.CodeInternal, "load: backend %q is not available in this build (cpu only)", req.Backend)
 	}
-	switch req.DType {
-	case "", "fp32":
-		// fm_wrapper rounds the model's inputs to its dtype: nothing to round in float32.
-		w.dtype = sampler.F32
-	default:
-		return nil, classify(invalidf("load: dtype %q: the cpu backend computes in fp32", req.DType))
+	// The cpu backend computes in fp32, so fm_wrapper (which rounds the model's inputs to its
+	// dtype) has nothing to round; dtype says what the weight matrices are kept in ("fp16"/"bf16",
+	// or "auto": the checkpoint's own dtype).
+	wdt, err := runtime.ParseWeightDType(req.DType)
+	if err != nil {
+		return nil, classify(invalidf("load: %v", err))
 	}
+	w.dtype = sampler.F32
 	inj, err := faults.New(req.Fault, faults.Caps{}, w.k.Beacon, w.log)
 	if err != nil {
 		return nil, classify(invalidf("load: %v", err))
@@ -141,7 +142,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	m, err := dit.Load(rt, req.ModelDir, dit.LoadOptions{})
+	m, err := dit.Load(rt, req.ModelDir, dit.LoadOptions{WeightDType: wdt})
 	if err != nil {
 		rt.Close()
 		var oom *runtime.OOMError
@@ -156,7 +157,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	loadTime := time.Since(start)
 	w.loadNanos.Store(int64(loadTime))
 	cfg := m.Config
-	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "double_blocks": cfg.NumLayers,
+	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "weights": wdt.String(), "double_blocks": cfg.NumLayers,
 		"single_blocks": cfg.NumSingleLayers, "heads": cfg.NumAttentionHeads, "head_dim": cfg.AttentionHeadDim,
 		"elapsed": loadTime}).Info("model loaded")
 	for _, n := range m.Unexpected {

@@ -211,10 +211,11 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	default:
 		return nil, invalidf("backend %q (cpu, cuda, hip or auto)", req.Backend)
 	}
-	switch req.DType {
-	case "", "fp32":
-	default:
-		return nil, invalidf("dtype %q: the %s backend computes in fp32", req.DType, backend)
+	// The cpu backend computes in fp32; dtype says what the conv and linear weights are kept
+	// in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
+	wdt, err := runtime.ParseWeightDType(req.DType)
+	if err != nil {
+		return nil, invalidf("%v", err)
 	}
 	if req.MemoryCapBytes > math.MaxInt64 {
 		return nil, invalidf("memory cap %d too large", req.MemoryCapBytes)
@@ -271,7 +272,7 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	if err != nil {
 		return nil, err
 	}
-	model, err := causalvae.Load(rt, req.ModelDir, causalvae.Options{DType: runtime.F32})
+	model, err := causalvae.Load(rt, req.ModelDir, causalvae.Options{DType: runtime.F32, WeightDType: wdt})
 	if err != nil {
 		rt.Close()
 		return nil, err

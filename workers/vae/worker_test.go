@@ -250,6 +250,64 @@ func TestParityVAE(t *testing.T) {
 	}
 }
 
+// TestParityVAEHalfWeights runs every vae case through a worker that keeps the conv and linear
+// weights in the checkpoint's own dtype (Load dtype "auto": the fixture's fp16): encode and
+// decode within the case's tolerance, as in fp32 (fp16 widens to f32 exactly), with about half
+// the weight bytes.
+func TestParityVAEHalfWeights(t *testing.T) {
+	fx := parity.Load(t, "vae")
+	dir, err := fx.ModelPath("vae")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp := map[string]*workerkit.LoadResponse{}
+	var p *workerkit.Process
+	for _, dtype := range []string{"", "auto"} {
+		p, _ = startVAE(t)
+		if resp[dtype], err = p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", DType: dtype}); err != nil {
+			t.Fatalf("load dtype %q: %v", dtype, err)
+		}
+	}
+	half, full := resp["auto"].WeightBytes, resp[""].WeightBytes
+	t.Logf("weights: %d bytes as stored, %d in f32", half, full)
+	if half == 0 || float64(half) > 0.6*float64(full) {
+		t.Errorf("weights as stored take %d bytes, f32 %d: want about half", half, full)
+	}
+	a := shmtest.Arena(t, "parity-half")
+	for i, c := range fx.Cases {
+		switch c.Op {
+		case "vae.encode":
+			x := c.Input(t, "x")
+			in := writeInput(t, a, fmt.Sprintf("x%d", i), "x", x.Shape, x.F32)
+			res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEEncodeRequest{
+				Pixels: in, Tiling: requestTiling(t, c), Latents: outputRefOf(t, a, fmt.Sprintf("latents%d", i), "latents")}}, nil)
+			if err != nil {
+				t.Fatalf("case %s: %v", c.Name, err)
+			}
+			mean, ms := readOutput(t, res.Outputs[0])
+			c.Check(t, "mean (weights as stored)", mean, ms, c.Output(t, "mean"))
+			if c.HasOutput("logvar") {
+				lv, ls := readOutput(t, res.Outputs[1])
+				c.Check(t, "logvar (weights as stored)", lv, ls, c.Output(t, "logvar"))
+			}
+		case "vae.decode":
+			z := c.Input(t, "z")
+			in := writeInput(t, a, fmt.Sprintf("z%d", i), "z", z.Shape, z.F32)
+			res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEDecodeRequest{
+				Latents: in, Tiling: requestTiling(t, c), Pixels: outputRefOf(t, a, fmt.Sprintf("pixels%d", i), "pixels")}}, nil)
+			if err != nil {
+				t.Fatalf("case %s: %v", c.Name, err)
+			}
+			got, shape := readOutput(t, res.Outputs[0])
+			c.Check(t, "sample (weights as stored)", got, shape, c.Output(t, "sample"))
+		case "vae.decode_fake":
+			t.Logf("case %s: the preview map reads no weights (TestParityVAE checks it)", c.Name)
+		default:
+			t.Errorf("case %s: unknown op %q", c.Name, c.Op)
+		}
+	}
+}
+
 // copyModel copies the fixture VAE folder to a temporary one, letting edit change the tensors
 // (nil removes one) and the config.
 func copyModel(t *testing.T, src string, edit func(ts []safetensors.Tensor) []safetensors.Tensor, config func(string) string) string {

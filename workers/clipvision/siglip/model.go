@@ -61,7 +61,7 @@ func (m Linear) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor
 func loadLinear(l *loader, name string, in, out int) (Linear, error) {
 	var m Linear
 	var err error
-	if m.Weight, err = l.load(name+".weight", out, in); err != nil {
+	if m.Weight, err = l.loadWeight(name+".weight", out, in); err != nil {
 		return Linear{}, err
 	}
 	if m.Bias, err = l.load(name+".bias", out); err != nil {
@@ -218,6 +218,9 @@ type LoadOptions struct {
 	// DType is the dtype the weights are stored in on the runtime; 0 means F32 (the cpu backend
 	// computes in F32 only).
 	DType runtime.DType
+	// WeightDType is the dtype of the Linear and patch-embedding weights (nearly all the bytes):
+	// F16 or BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype; 0 means F32.
+	WeightDType runtime.DType
 }
 
 // Load reads dir/config.json and the checkpoint in dir and uploads the weights into rt. The
@@ -257,6 +260,7 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 	if err != nil {
 		return nil, err
 	}
+	l.wdtype = opts.WeightDType
 	ok := false
 	defer func() {
 		if !ok {
@@ -267,7 +271,7 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 	eps := float32(cfg.LayerNormEps)
 	m := &Model{Config: cfg, rt: rt}
 	m.Embeddings.patch = P
-	if m.Embeddings.PatchWeight, err = l.load("embeddings.patch_embedding.weight", D, C, P, P); err != nil {
+	if m.Embeddings.PatchWeight, err = l.loadWeight("embeddings.patch_embedding.weight", D, C, P, P); err != nil {
 		return nil, err
 	}
 	if m.Embeddings.PatchBias, err = l.load("embeddings.patch_embedding.bias", D); err != nil {

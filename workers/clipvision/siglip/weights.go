@@ -27,6 +27,7 @@ type loader struct {
 	rt     *runtime.Runtime
 	src    Source
 	dtype  runtime.DType
+	wdtype runtime.DType // weight matrices (loadWeight)
 	prefix string
 
 	used    map[string]bool
@@ -36,7 +37,7 @@ type loader struct {
 }
 
 func newLoader(rt *runtime.Runtime, src Source, dt runtime.DType) (*loader, error) {
-	l := &loader{rt: rt, src: src, dtype: dt, used: map[string]bool{}, skipped: map[string]bool{}}
+	l := &loader{rt: rt, src: src, dtype: dt, wdtype: dt, used: map[string]bool{}, skipped: map[string]bool{}}
 	const probe = "embeddings.patch_embedding.weight"
 	for _, p := range checkpointPrefixes {
 		if _, ok := src.Info(p + probe); ok {
@@ -49,6 +50,16 @@ func newLoader(rt *runtime.Runtime, src Source, dt runtime.DType) (*loader, erro
 
 // load uploads tensor name (prefix added), which must have exactly shape.
 func (l *loader) load(name string, shape ...int) (*runtime.Tensor, error) {
+	return l.loadAs(l.dtype, name, shape...)
+}
+
+// loadWeight is load for a weight matrix the runtime reads in 16 bits (a Linear's or the patch
+// convolution's weight): uploaded as the weight dtype.
+func (l *loader) loadWeight(name string, shape ...int) (*runtime.Tensor, error) {
+	return l.loadAs(l.wdtype, name, shape...)
+}
+
+func (l *loader) loadAs(dt runtime.DType, name string, shape ...int) (*runtime.Tensor, error) {
 	full := l.prefix + name
 	info, ok := l.src.Info(full)
 	if !ok {
@@ -64,7 +75,7 @@ func (l *loader) load(name string, shape ...int) (*runtime.Tensor, error) {
 	if !info.DType.IsFloat() {
 		return nil, fmt.Errorf("%w: tensor %q: dtype %s is not a float type", ErrCheckpoint, full, info.DType)
 	}
-	t, err := l.rt.LoadTensor(l.src, full, l.dtype)
+	t, err := l.rt.LoadTensor(l.src, full, dt)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", full, err)
 	}

@@ -50,7 +50,7 @@ func loadLayerNorm(ld *nn.Loader, name string, d int, eps float32) (LayerNorm, e
 
 // Embeddings is CLIPTextEmbeddings: token embedding plus learned position embedding.
 type Embeddings struct {
-	TokenEmbedding    *runtime.Tensor // token_embedding.weight [vocab, hidden]
+	TokenEmbedding    *runtime.Tensor // token_embedding.weight [vocab, hidden] (may be 16-bit)
 	PositionEmbedding *runtime.Tensor // position_embedding.weight [max_position_embeddings, hidden]
 }
 
@@ -63,7 +63,7 @@ func (e *Embeddings) Forward(rt *runtime.Runtime, ids []int32) (*runtime.Tensor,
 	if err != nil {
 		return nil, err
 	}
-	tok, err := sc.Track(rt.Embedding(e.TokenEmbedding, t)) // [1, S, hidden]
+	tok, err := sc.Track(rt.EmbeddingAs(e.TokenEmbedding, t, e.PositionEmbedding.DType())) // [1, S, hidden]
 	if err != nil {
 		return nil, err
 	}
@@ -198,6 +198,9 @@ type Model struct {
 type Options struct {
 	// DType is the dtype weights are stored in the runtime as (F32 on the cpu backend).
 	DType runtime.DType
+	// WeightDType is the dtype of the Linear weights and the token embedding: F16 or BF16 keep
+	// them in 16 bits, runtime.AsStored in the checkpoint's dtype; zero means F32.
+	WeightDType runtime.DType
 }
 
 // Load reads dir/config.json and loads the checkpoint in dir.
@@ -227,6 +230,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, e
 		return nil, fmt.Errorf("clip: %w", err)
 	}
 	ld := nn.NewLoader(rt, src, o.DType, prefix)
+	ld.SetWeightDType(o.WeightDType)
 	defer func() {
 		if err != nil {
 			ld.Free()
@@ -240,7 +244,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, e
 	H, I := cfg.HiddenSize, cfg.IntermediateSize
 	eps := float32(cfg.LayerNormEps)
 	m := &Model{Config: cfg, rt: rt}
-	if m.Embeddings.TokenEmbedding, err = ld.Load("embeddings.token_embedding.weight", cfg.VocabSize, H); err != nil {
+	if m.Embeddings.TokenEmbedding, err = ld.LoadWeight("embeddings.token_embedding.weight", cfg.VocabSize, H); err != nil {
 		return nil, err
 	}
 	if m.Embeddings.PositionEmbedding, err = ld.Load("embeddings.position_embedding.weight", cfg.MaxPositionEmbeddings, H); err != nil {

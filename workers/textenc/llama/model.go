@@ -265,6 +265,9 @@ type Options struct {
 	HiddenStateIndex int
 	// DType is the dtype weights are stored in the runtime as (F32 on the cpu backend).
 	DType runtime.DType
+	// WeightDType is the dtype of the Linear weights (the bulk of the model): F16 or BF16 keep
+	// them in 16 bits, runtime.AsStored in the checkpoint's dtype; zero means F32.
+	WeightDType runtime.DType
 }
 
 // Load reads dir/config.json and binds the checkpoint in dir (one file or shards) for the
@@ -306,6 +309,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, e
 		return nil, fmt.Errorf("llama: %w", err)
 	}
 	ld := nn.NewLoader(rt, src, o.DType, prefix)
+	ld.SetWeightDType(o.WeightDType)
 	defer func() {
 		if err != nil {
 			ld.Free()
@@ -384,7 +388,7 @@ func loadRotary(ld *nn.Loader, name string, in, heads, d int, bias bool) (nn.Lin
 	if err != nil {
 		return nn.Linear{}, err
 	}
-	if lin.Weight, err = ld.Upload(name+".weight", dt, nn.PermuteRows(raw, perm), heads*d, in); err != nil {
+	if lin.Weight, err = ld.UploadWeight(name+".weight", dt, nn.PermuteRows(raw, perm), heads*d, in); err != nil {
 		return nn.Linear{}, err
 	}
 	if bias {

@@ -151,7 +151,7 @@ type Conv3d struct {
 
 func bindPatchConv(b *binder, prefix string, in, dim int, kernel [3]int) Conv3d {
 	return Conv3d{
-		Weight: b.tensor(join(prefix, "weight"), dim, in, kernel[0], kernel[1], kernel[2]),
+		Weight: b.weight(join(prefix, "weight"), dim, in, kernel[0], kernel[1], kernel[2]),
 		Bias:   b.tensor(join(prefix, "bias"), dim),
 		Kernel: kernel,
 	}

@@ -87,7 +87,7 @@ type Linear struct {
 }
 
 func bindLinear(b *binder, prefix string, in, out int, bias bool) Linear {
-	l := Linear{Weight: b.tensor(join(prefix, "weight"), out, in)}
+	l := Linear{Weight: b.weight(join(prefix, "weight"), out, in)}
 	if bias {
 		l.Bias = b.tensor(join(prefix, "bias"), out)
 	}

@@ -42,6 +42,10 @@ type LoadOptions struct {
 	RandomWeights bool
 	// Seed seeds RandomWeights.
 	Seed uint64
+	// WeightDType is the dtype of the Linear and patch-embedding weights (nearly all the
+	// bytes): F16 or BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype
+	// (F32 with RandomWeights); zero means F32. Norms, biases and activations are f32.
+	WeightDType runtime.DType
 }
 
 // Load reads dir/config.json and the checkpoint in dir (diffusion_pytorch_model.safetensors or
@@ -76,7 +80,7 @@ func New(rt *runtime.Runtime, cfg Config, src WeightSource, opts LoadOptions) (*
 	if src == nil && !opts.RandomWeights {
 		return nil, fmt.Errorf("new transformer: no weights (a checkpoint or RandomWeights)")
 	}
-	b := &binder{rt: rt, src: src, used: map[string]bool{}}
+	b := &binder{rt: rt, src: src, wdtype: opts.WeightDType, used: map[string]bool{}}
 	if src == nil {
 		b.rng = rand.New(rand.NewPCG(opts.Seed, 0x9e3779b97f4a7c15))
 	}
@@ -113,7 +117,7 @@ func New(rt *runtime.Runtime, cfg Config, src WeightSource, opts LoadOptions) (*
 // Runtime returns the runtime holding the weights.
 func (m *Model) Runtime() *runtime.Runtime { return m.rt }
 
-// WeightBytes is the size of the weights as held (float32).
+// WeightBytes is the size of the weights as held (float32, or 16 bits per LoadOptions.WeightDType).
 func (m *Model) WeightBytes() int64 {
 	var n int64
 	for _, t := range m.weights {

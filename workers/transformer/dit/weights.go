@@ -21,16 +21,27 @@ type WeightSource interface {
 // shape. It keeps the first error; later calls return nil tensors, so a constructor can bind all
 // its fields and check the error once.
 type binder struct {
-	rt   *runtime.Runtime
-	src  WeightSource // nil in random mode
-	rng  *rand.Rand   // random mode
-	err  error
-	used map[string]bool
-	all  []*runtime.Tensor
+	rt     *runtime.Runtime
+	src    WeightSource  // nil in random mode
+	rng    *rand.Rand    // random mode
+	wdtype runtime.DType // weight matrices (weight); everything else is f32
+	err    error
+	used   map[string]bool
+	all    []*runtime.Tensor
 }
 
 // tensor binds name with the given shape as an f32 tensor.
 func (b *binder) tensor(name string, shape ...int) *runtime.Tensor {
+	return b.bind(runtime.F32, name, shape)
+}
+
+// weight binds a weight matrix the runtime reads in 16 bits (a Linear's or a patch
+// convolution's weight) as the weight dtype.
+func (b *binder) weight(name string, shape ...int) *runtime.Tensor {
+	return b.bind(b.wdtype, name, shape)
+}
+
+func (b *binder) bind(dt runtime.DType, name string, shape []int) *runtime.Tensor {
 	if b.err != nil {
 		return nil
 	}
@@ -38,9 +49,9 @@ func (b *binder) tensor(name string, shape ...int) *runtime.Tensor {
 	var t *runtime.Tensor
 	var err error
 	if b.src == nil {
-		t, err = b.random(name, shape)
+		t, err = b.random(name, shape, dt)
 	} else {
-		t, err = b.load(name, shape)
+		t, err = b.load(name, shape, dt)
 	}
 	if err != nil {
 		b.err = err
@@ -50,7 +61,7 @@ func (b *binder) tensor(name string, shape ...int) *runtime.Tensor {
 	return t
 }
 
-func (b *binder) load(name string, shape []int) (*runtime.Tensor, error) {
+func (b *binder) load(name string, shape []int, dt runtime.DType) (*runtime.Tensor, error) {
 	info, ok := b.src.Info(name)
 	if !ok {
 		return nil, fmt.Errorf("%w: tensor %s is missing (expected %v)", ErrBadCheckpoint, name, shape)
@@ -67,7 +78,7 @@ func (b *binder) load(name string, shape []int) (*runtime.Tensor, error) {
 	default:
 		return nil, fmt.Errorf("%w: tensor %s: dtype %s, expected a float type", ErrBadCheckpoint, name, info.DType)
 	}
-	t, err := b.rt.LoadTensor(b.src, name, runtime.F32)
+	t, err := b.rt.LoadTensor(b.src, name, dt)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", name, err)
 	}
@@ -75,8 +86,9 @@ func (b *binder) load(name string, shape []int) (*runtime.Tensor, error) {
 }
 
 // random makes a weight as PyTorch's default init would in distribution: uniform ±1/√fan_in
-// for matrices and convolutions, ones (±0.1) for 1-D norm weights, small biases.
-func (b *binder) random(name string, shape []int) (*runtime.Tensor, error) {
+// for matrices and convolutions, ones (±0.1) for 1-D norm weights, small biases; stored as dt
+// (rounded from f32; AsStored means f32).
+func (b *binder) random(name string, shape []int, dt runtime.DType) (*runtime.Tensor, error) {
 	n := 1
 	for _, d := range shape {
 		n *= d
@@ -97,7 +109,15 @@ func (b *binder) random(name string, shape []int) (*runtime.Tensor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("random %s: %w", name, err)
 	}
-	return t, nil
+	if dt == runtime.F32 || dt == runtime.AsStored {
+		return t, nil
+	}
+	defer t.Free()
+	h, err := b.rt.Cast(t, dt)
+	if err != nil {
+		return nil, fmt.Errorf("random %s: %w", name, err)
+	}
+	return h, nil
 }
 
 // unexpected lists the source's tensors nothing bound.

@@ -57,7 +57,7 @@ type Conv3d struct {
 
 func bindConv3d(b *binder, prefix string, cin, cout int) Conv3d {
 	return Conv3d{
-		Weight: b.tensor(prefix+".weight", cout, cin, 1, 1, 1),
+		Weight: b.weight(prefix+".weight", cout, cin, 1, 1, 1),
 		Bias:   b.tensor(prefix+".bias", cout),
 	}
 }
@@ -79,7 +79,7 @@ type CausalConv3d struct {
 
 func bindCausalConv3d(b *binder, prefix string, cin, cout, k int, stride [3]int) CausalConv3d {
 	return CausalConv3d{
-		Weight: b.tensor(prefix+".conv.weight", cout, cin, k, k, k),
+		Weight: b.weight(prefix+".conv.weight", cout, cin, k, k, k),
 		Bias:   b.tensor(prefix+".conv.bias", cout),
 		Kernel: [3]int{k, k, k},
 		Stride: stride,
@@ -124,7 +124,7 @@ type Linear struct {
 }
 
 func bindLinear(b *binder, prefix string, in, out int) Linear {
-	return Linear{Weight: b.tensor(prefix+".weight", out, in), Bias: b.tensor(prefix+".bias", out)}
+	return Linear{Weight: b.weight(prefix+".weight", out, in), Bias: b.tensor(prefix+".bias", out)}
 }
 
 func (l *Linear) forward(f *fwd, x *runtime.Tensor) (*runtime.Tensor, error) {

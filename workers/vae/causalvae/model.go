@@ -28,6 +28,9 @@ type Options struct {
 	// DType is the dtype weights are held and computed in; zero means F32 (the cpu backend
 	// computes in f32 whatever the storage).
 	DType runtime.DType
+	// WeightDType is the dtype of the conv and linear weights (nearly all the bytes): F16 or
+	// BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype; zero means DType.
+	WeightDType runtime.DType
 }
 
 // LoadInfo says what a load found besides the model.
@@ -87,6 +90,9 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, ck Checkpoint, opts Options) (*Mo
 		return nil, fmt.Errorf("load vae: dtype %s is not a float type", dt)
 	}
 	b := newBinder(rt, ck, dt)
+	if opts.WeightDType != 0 {
+		b.wdtype = opts.WeightDType
+	}
 	L := cfg.LatentChannels
 	m := &Model{
 		Config:        cfg,

@@ -33,23 +33,34 @@ const maxLoadErrors = 8
 // binder uploads checkpoint tensors into the runtime, checking names, shapes and dtypes, and
 // remembers which keys it used so the rest can be reported as unexpected.
 type binder struct {
-	rt    *runtime.Runtime
-	src   runtime.TensorSource
-	dtype runtime.DType
-	used  map[string]bool
-	owned []*runtime.Tensor
-	bytes int64
-	errs  []error
+	rt     *runtime.Runtime
+	src    runtime.TensorSource
+	dtype  runtime.DType
+	wdtype runtime.DType // weight matrices (weight): conv and linear weights
+	used   map[string]bool
+	owned  []*runtime.Tensor
+	bytes  int64
+	errs   []error
 	// shapes, when set, makes the binder only record the tensors the model asks for.
 	shapes map[string][]int
 }
 
 func newBinder(rt *runtime.Runtime, src runtime.TensorSource, dt runtime.DType) *binder {
-	return &binder{rt: rt, src: src, dtype: dt, used: map[string]bool{}}
+	return &binder{rt: rt, src: src, dtype: dt, wdtype: dt, used: map[string]bool{}}
 }
 
 // tensor loads name, which must have shape; after the first problem it only checks the rest.
 func (b *binder) tensor(name string, shape ...int) *runtime.Tensor {
+	return b.tensorAs(b.dtype, name, shape)
+}
+
+// weight is tensor for a conv or linear weight, which the runtime reads in 16 bits: loaded as
+// the weight dtype.
+func (b *binder) weight(name string, shape ...int) *runtime.Tensor {
+	return b.tensorAs(b.wdtype, name, shape)
+}
+
+func (b *binder) tensorAs(dt runtime.DType, name string, shape []int) *runtime.Tensor {
 	b.used[name] = true
 	if b.shapes != nil {
 		b.shapes[name] = slices.Clone(shape)
@@ -75,7 +86,7 @@ func (b *binder) tensor(name string, shape ...int) *runtime.Tensor {
 	if len(b.errs) > 0 {
 		return nil
 	}
-	t, err := b.rt.LoadTensor(b.src, name, b.dtype)
+	t, err := b.rt.LoadTensor(b.src, name, dt)
 	if err != nil {
 		if errors.Is(err, runtime.ErrOutOfMemory) {
 			b.errs = append(b.errs, fmt.Errorf("tensor %s: %w", name, err))

@@ -12,11 +12,12 @@ type Linear struct {
 	Bias   *runtime.Tensor // [out], nil when the layer has no bias
 }
 
-// LoadLinear binds <name>.weight [out, in] and, when bias is set, <name>.bias [out].
+// LoadLinear binds <name>.weight [out, in] (in the loader's weight dtype) and, when bias is
+// set, <name>.bias [out].
 func LoadLinear(l *Loader, name string, in, out int, bias bool) (Linear, error) {
 	var lin Linear
 	var err error
-	if lin.Weight, err = l.Load(name+".weight", out, in); err != nil {
+	if lin.Weight, err = l.LoadWeight(name+".weight", out, in); err != nil {
 		return Linear{}, err
 	}
 	if bias {

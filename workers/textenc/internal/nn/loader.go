@@ -36,6 +36,7 @@ type Loader struct {
 	rt     *runtime.Runtime
 	src    Source
 	dtype  runtime.DType
+	wdtype runtime.DType // weight matrices (LoadWeight, UploadWeight)
 	prefix string
 
 	used    map[string]bool
@@ -46,9 +47,15 @@ type Loader struct {
 
 // NewLoader returns a loader that uploads tensors of src into rt as dtype dt. prefix is put in
 // front of every name asked for ("model." for a LlamaForCausalLM checkpoint, "" for LlamaModel).
+// Weight matrices (LoadWeight) are uploaded as dt too unless SetWeightDType says otherwise.
 func NewLoader(rt *runtime.Runtime, src Source, dt runtime.DType, prefix string) *Loader {
-	return &Loader{rt: rt, src: src, dtype: dt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{}}
+	return &Loader{rt: rt, src: src, dtype: dt, wdtype: dt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{}}
 }
+
+// SetWeightDType sets the dtype of the weight matrices that LoadWeight and UploadWeight upload
+// (those the runtime's Linear and EmbeddingAs read in 16 bits): F16, BF16, runtime.AsStored
+// (the checkpoint's own dtype) or the loader's dtype.
+func (l *Loader) SetWeightDType(dt runtime.DType) { l.wdtype = dt }
 
 // DetectPrefix returns the first of prefixes under which src holds name ("" included if
 // listed), so one loader serves checkpoints saved with or without a wrapper module.
@@ -106,6 +113,20 @@ func (l *Loader) Load(name string, shape ...int) (*runtime.Tensor, error) {
 	return t, nil
 }
 
+// LoadWeight is Load for a weight matrix (a Linear's weight, an embedding table): uploaded as
+// the weight dtype (SetWeightDType).
+func (l *Loader) LoadWeight(name string, shape ...int) (*runtime.Tensor, error) {
+	if _, err := l.info(name, shape); err != nil {
+		return nil, err
+	}
+	t, err := l.rt.LoadTensor(l.src, l.prefix+name, l.wdtype)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
+	}
+	l.track(t)
+	return t, nil
+}
+
 // Raw returns the stored bytes of tensor name (a view into the mapped checkpoint) and their
 // dtype, for tensors the caller transforms on the host before uploading with Upload.
 func (l *Loader) Raw(name string, shape ...int) (runtime.DType, []byte, error) {
@@ -127,6 +148,21 @@ func (l *Loader) Raw(name string, shape ...int) (runtime.DType, []byte, error) {
 // Upload uploads host data of dtype src (from Raw, possibly rearranged) as a loaded weight.
 func (l *Loader) Upload(name string, src runtime.DType, raw []byte, shape ...int) (*runtime.Tensor, error) {
 	t, err := l.rt.FromBytes(l.dtype, src, raw, shape...)
+	if err != nil {
+		return nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
+	}
+	l.track(t)
+	return t, nil
+}
+
+// UploadWeight is Upload for a weight matrix: uploaded as the weight dtype (src itself when it
+// is runtime.AsStored).
+func (l *Loader) UploadWeight(name string, src runtime.DType, raw []byte, shape ...int) (*runtime.Tensor, error) {
+	dt := l.wdtype
+	if dt == runtime.AsStored {
+		dt = src
+	}
+	t, err := l.rt.FromBytes(dt, src, raw, shape...)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
 	}
