@@ -72,6 +72,14 @@ func TestBackendLibrary(t *testing.T) {
 	if _, err := rt.Add(x, x); !errors.Is(err, ErrUnsupported) {
 		t.Fatalf("op the library lacks: got %v, want ErrUnsupported", err)
 	}
+	x32, err := x.Reshape(3, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x32.Free()
+	if _, err := rt.RoPEWith(RoPEHalves, x32, x32, x32); !errors.Is(err, ErrUnsupported) { // no rope_mode slot
+		t.Fatalf("rope mode the library lacks: got %v, want ErrUnsupported", err)
+	}
 
 	// conv: tiers 0–2 unavailable in the library, CPU tier by download, host conv, upload
 	f := newConvFixture(t, rt)

@@ -637,7 +637,70 @@ func TestRoPE(t *testing.T) {
 			}
 			y, err := rt.RoPE(x, cs, sn)
 			check(t, c.name, y, err, c.xs, want)
+
+			// rotate_half: pairs (i, i + D/2) of each row
+			D := c.xs[len(c.xs)-1]
+			for i := range xv {
+				co := unravel(i, c.xs)
+				ci := bcastIndex(co, c.cs)
+				if d := co[len(co)-1]; d < D/2 {
+					want[i] = xv[i]*cv[ci] - xv[i+D/2]*sv[ci]
+				} else {
+					want[i] = xv[i]*cv[ci] + xv[i-D/2]*sv[ci]
+				}
+			}
+			y, err = rt.RoPEWith(RoPEHalves, x, cs, sn)
+			check(t, c.name+" halves", y, err, c.xs, want)
 		})
+	}
+	x, _ := randTensor(t, rt, r, 2, 4)
+	if _, err := rt.RoPEWith(RoPEMode(7), x, x, x); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("unknown mode: got %v, want ErrInvalidArgument", err)
+	}
+}
+
+// TestRoPEHalvesIsPermutedInterleaved: rotate_half on x equals the interleaved rotation of x
+// with each head's halves interleaved (the permutation a model without the mode applies to its
+// q/k weight rows), with tables laid out to match.
+func TestRoPEHalvesIsPermutedInterleaved(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	r := rng(t)
+	const L, D = 5, 8
+	xv := f32Round(randVals(r, L*D))
+	freq := f32Round(randVals(r, L*D/2))
+	perm := func(v []float64) []float64 { // [.., h0 h1 .. | g0 g1 ..] → [h0 g0 h1 g1 ..]
+		out := make([]float64, len(v))
+		for row := 0; row < len(v)/D; row++ {
+			for i := range D / 2 {
+				out[row*D+2*i], out[row*D+2*i+1] = v[row*D+i], v[row*D+i+D/2]
+			}
+		}
+		return out
+	}
+	cosH, sinH := make([]float64, L*D), make([]float64, L*D) // cat(freqs, freqs)
+	for p := range L {
+		for i := range D / 2 {
+			c, s := math.Cos(freq[p*D/2+i]), math.Sin(freq[p*D/2+i])
+			cosH[p*D+i], cosH[p*D+i+D/2], sinH[p*D+i], sinH[p*D+i+D/2] = c, c, s, s
+		}
+	}
+	yh, err := rt.RoPEWith(RoPEHalves, upload(t, rt, xv, L, D), upload(t, rt, cosH, L, D), upload(t, rt, sinH, L, D))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer yh.Free()
+	yi, err := rt.RoPE(upload(t, rt, perm(xv), L, D), upload(t, rt, perm(cosH), L, D), upload(t, rt, perm(sinH), L, D))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer yi.Free()
+	gh, _ := yh.Float32()
+	gi, _ := yi.Float32()
+	want := perm(f64(gh))
+	for i := range gi {
+		if float64(gi[i]) != want[i] {
+			t.Fatalf("element %d: interleaved %g, permuted halves %g", i, gi[i], want[i])
+		}
 	}
 }
 

@@ -618,6 +618,7 @@ typedef struct {
     float *y;
     int nd; /* leading dims (x's rank - 1) */
     int64_t D;
+    int halves; /* FPK_ROPE_HALVES: pairs (i, i + D/2) */
     int64_t shape[FPK_MAX_DIMS], sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
 } rope_job;
 
@@ -635,6 +636,15 @@ static void rope_task(void *arg, int64_t rb, int64_t re, int th) {
         }
         const float *x = j->x + r * D, *cs = j->cos + oc, *sn = j->sin + os;
         float *y = j->y + r * D;
+        if (j->halves) {
+            int64_t h = D / 2;
+            for (int64_t i = 0; i < h; i++) {
+                float x0 = x[i], x1 = x[i + h];
+                y[i] = x0 * cs[i] - x1 * sn[i];
+                y[i + h] = x1 * cs[i + h] + x0 * sn[i + h];
+            }
+            continue;
+        }
         for (int64_t i = 0; i < D; i += 2) {
             float x0 = x[i], x1 = x[i + 1];
             y[i] = x0 * cs[i] - x1 * sn[i];
@@ -643,8 +653,8 @@ static void rope_task(void *arg, int64_t rb, int64_t re, int th) {
     }
 }
 
-static fpk_status cpu_rope(void *ctx, void *stream, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
-                           fpk_tensor_t out) {
+static fpk_status cpu_rope_mode(void *ctx, void *stream, fpk_rope_mode mode, fpk_tensor_t x,
+                                fpk_tensor_t cos, fpk_tensor_t sin, fpk_tensor_t out) {
     (void)stream;
     const char *op = "rope";
     REQ(op, x);
@@ -653,7 +663,7 @@ static fpk_status cpu_rope(void *ctx, void *stream, fpk_tensor_t x, fpk_tensor_t
     REQ(op, out);
     if (x->numel == 0) return FPK_OK;
     rope_job j = {.x = CF(x), .cos = CF(cos), .sin = CF(sin), .y = F(out), .nd = x->ndim - 1,
-                  .D = x->shape[x->ndim - 1]};
+                  .D = x->shape[x->ndim - 1], .halves = mode == FPK_ROPE_HALVES};
     int64_t sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
     bcast_strides(cos, x->ndim, x->shape, sc);
     bcast_strides(sin, x->ndim, x->shape, ss);
@@ -664,6 +674,11 @@ static fpk_status cpu_rope(void *ctx, void *stream, fpk_tensor_t x, fpk_tensor_t
     }
     fpk_pool_run(CTX(ctx)->pool, x->numel / j.D, 4096 / j.D + 1, rope_task, &j);
     return FPK_OK;
+}
+
+static fpk_status cpu_rope(void *ctx, void *stream, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
+                           fpk_tensor_t out) {
+    return cpu_rope_mode(ctx, stream, FPK_ROPE_INTERLEAVED, x, cos, sin, out);
 }
 
 /* ---- data movement (any dtype, by element size) ---------------------------------------------- */
@@ -1049,6 +1064,7 @@ static const struct fpk_backend_iface cpu_iface = {
     .softmax = cpu_softmax,
     .attention = fpk_cpu_attention,
     .rope = cpu_rope,
+    .rope_mode = cpu_rope_mode,
     .concat = cpu_concat,
     .slice = cpu_slice,
     .permute = cpu_permute,

@@ -78,18 +78,20 @@ func NewRotaryEmbedding(headDim int, theta float64) RotaryEmbedding {
 	return RotaryEmbedding{InvFreq: inv}
 }
 
-// Tables returns cos and sin [n, head_dim] for positions 0 … n−1 in the interleaved layout of
-// runtime.RoPE: columns 2i and 2i+1 both hold frequency i (see Attention for why).
+// Tables returns cos and sin [n, head_dim] for positions 0 … n−1 as transformers lays them out
+// (cat(freqs, freqs)): columns i and i + head_dim/2 both hold frequency i, for
+// runtime.RoPEHalves (rotate_half).
 func (r RotaryEmbedding) Tables(rt *runtime.Runtime, n int) (cos, sin *runtime.Tensor, err error) {
 	d := 2 * len(r.InvFreq)
+	h := d / 2
 	c := make([]float32, n*d)
 	s := make([]float32, n*d)
 	for p := range n {
 		for i, f := range r.InvFreq {
 			ph := float64(float32(p) * f) // float32 product, as torch's float32 matmul
 			cv, sv := float32(math.Cos(ph)), float32(math.Sin(ph))
-			c[p*d+2*i], c[p*d+2*i+1] = cv, cv
-			s[p*d+2*i], s[p*d+2*i+1] = sv, sv
+			c[p*d+i], c[p*d+i+h] = cv, cv
+			s[p*d+i], s[p*d+i+h] = sv, sv
 		}
 	}
 	if cos, err = rt.FromFloat32(c, n, d); err != nil {
@@ -102,28 +104,11 @@ func (r RotaryEmbedding) Tables(rt *runtime.Runtime, n int) (cos, sin *runtime.T
 	return cos, sin, nil
 }
 
-// rotaryPerm maps transformers' rotate_half layout to runtime.RoPE's interleaved pairs within
-// each head of heads: new row h·D+2i is old row h·D+i, new row h·D+2i+1 is old row h·D+i+D/2.
-// Applied to the rows of q_proj and k_proj (and their biases) it turns
-// q·cos + rotate_half(q)·sin into the interleaved rotation of the same pairs; q·k sums over the
-// head dim, so permuting q and k alike leaves the attention scores unchanged.
-func rotaryPerm(heads, d int) []int {
-	perm := make([]int, heads*d)
-	for h := range heads {
-		for i := range d / 2 {
-			perm[h*d+2*i] = h*d + i
-			perm[h*d+2*i+1] = h*d + i + d/2
-		}
-	}
-	return perm
-}
-
-// Attention is LlamaAttention: grouped-query attention with rotary embeddings on q and k.
-// q_proj and k_proj rows are stored permuted per head (rotaryPerm) so runtime.RoPE's
-// interleaved rotation computes transformers' rotate_half rotation.
+// Attention is LlamaAttention: grouped-query attention with rotary embeddings on q and k
+// (transformers' rotate_half layout: runtime.RoPEHalves).
 type Attention struct {
-	QProj nn.Linear // [heads·head_dim, hidden], rows permuted
-	KProj nn.Linear // [kv_heads·head_dim, hidden], rows permuted
+	QProj nn.Linear // [heads·head_dim, hidden]
+	KProj nn.Linear // [kv_heads·head_dim, hidden]
 	VProj nn.Linear // [kv_heads·head_dim, hidden]
 	OProj nn.Linear // [hidden, heads·head_dim]
 
@@ -159,10 +144,10 @@ func (a *Attention) Forward(rt *runtime.Runtime, x, cos, sin, mask *runtime.Tens
 	if err != nil {
 		return nil, err
 	}
-	if q, err = sc.Track(rt.RoPE(q, cos, sin)); err != nil {
+	if q, err = sc.Track(rt.RoPEWith(runtime.RoPEHalves, q, cos, sin)); err != nil {
 		return nil, err
 	}
-	if k, err = sc.Track(rt.RoPE(k, cos, sin)); err != nil {
+	if k, err = sc.Track(rt.RoPEWith(runtime.RoPEHalves, k, cos, sin)); err != nil {
 		return nil, err
 	}
 	scale := float32(1 / math.Sqrt(float64(a.headDim)))
@@ -338,10 +323,10 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, e
 		}
 		a := &l.SelfAttn
 		a.heads, a.kvHeads, a.headDim = cfg.NumAttentionHeads, cfg.NumKeyValueHeads, D
-		if a.QProj, err = loadRotary(ld, p+"self_attn.q_proj", H, a.heads, D, cfg.AttentionBias); err != nil {
+		if a.QProj, err = nn.LoadLinear(ld, p+"self_attn.q_proj", H, a.heads*D, cfg.AttentionBias); err != nil {
 			return nil, err
 		}
-		if a.KProj, err = loadRotary(ld, p+"self_attn.k_proj", H, a.kvHeads, D, cfg.AttentionBias); err != nil {
+		if a.KProj, err = nn.LoadLinear(ld, p+"self_attn.k_proj", H, a.kvHeads*D, cfg.AttentionBias); err != nil {
 			return nil, err
 		}
 		if a.VProj, err = nn.LoadLinear(ld, p+"self_attn.v_proj", H, a.kvHeads*D, cfg.AttentionBias); err != nil {
@@ -378,28 +363,6 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, e
 	m.weights = ld.Tensors()
 	m.Report = ld.Report()
 	return m, nil
-}
-
-// loadRotary loads a q or k projection with its rows permuted per head for runtime.RoPE.
-func loadRotary(ld *nn.Loader, name string, in, heads, d int, bias bool) (nn.Linear, error) {
-	perm := rotaryPerm(heads, d)
-	var lin nn.Linear
-	dt, raw, err := ld.Raw(name+".weight", heads*d, in)
-	if err != nil {
-		return nn.Linear{}, err
-	}
-	if lin.Weight, err = ld.UploadWeight(name+".weight", dt, nn.PermuteRows(raw, perm), heads*d, in); err != nil {
-		return nn.Linear{}, err
-	}
-	if bias {
-		if dt, raw, err = ld.Raw(name+".bias", heads*d); err != nil {
-			return nn.Linear{}, err
-		}
-		if lin.Bias, err = ld.Upload(name+".bias", dt, nn.PermuteRows(raw, perm), heads*d); err != nil {
-			return nn.Linear{}, err
-		}
-	}
-	return lin, nil
 }
 
 // WeightBytes returns the size of the weights held in the runtime.

@@ -89,17 +89,6 @@ func (e *HostEmbedding) Forward(rt *runtime.Runtime, ids []int32) (*runtime.Tens
 	return rt.FromBytes(e.dt, e.src, buf, 1, len(ids), e.Dim)
 }
 
-// PermuteRows returns a copy of raw, a row-major matrix of len(perm) equal rows, with row i of
-// the result taken from row perm[i].
-func PermuteRows(raw []byte, perm []int) []byte {
-	row := len(raw) / len(perm)
-	out := make([]byte, len(raw))
-	for i, p := range perm {
-		copy(out[i*row:(i+1)*row], raw[p*row:(p+1)*row])
-	}
-	return out
-}
-
 // CausalMask returns a U8 mask [1, 1, n, n] for runtime.Attention: query i may attend key j
 // when j ≤ i and keep[j] (keep nil means every key).
 func CausalMask(rt *runtime.Runtime, n int, keep []bool) (*runtime.Tensor, error) {

@@ -36,7 +36,7 @@ type Loader struct {
 	rt     *runtime.Runtime
 	src    Source
 	dtype  runtime.DType
-	wdtype runtime.DType // weight matrices (LoadWeight, UploadWeight)
+	wdtype runtime.DType // weight matrices (LoadWeight)
 	prefix string
 
 	used    map[string]bool
@@ -52,7 +52,7 @@ func NewLoader(rt *runtime.Runtime, src Source, dt runtime.DType, prefix string)
 	return &Loader{rt: rt, src: src, dtype: dt, wdtype: dt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{}}
 }
 
-// SetWeightDType sets the dtype of the weight matrices that LoadWeight and UploadWeight upload
+// SetWeightDType sets the dtype of the weight matrices that LoadWeight uploads
 // (those the runtime's Linear and EmbeddingAs read in 16 bits): F16, BF16, runtime.AsStored
 // (the checkpoint's own dtype) or the loader's dtype.
 func (l *Loader) SetWeightDType(dt runtime.DType) { l.wdtype = dt }
@@ -128,7 +128,7 @@ func (l *Loader) LoadWeight(name string, shape ...int) (*runtime.Tensor, error) 
 }
 
 // Raw returns the stored bytes of tensor name (a view into the mapped checkpoint) and their
-// dtype, for tensors the caller transforms on the host before uploading with Upload.
+// dtype, for tensors the caller uses on the host (HostEmbedding gathers rows from it).
 func (l *Loader) Raw(name string, shape ...int) (runtime.DType, []byte, error) {
 	info, err := l.info(name, shape)
 	if err != nil {
@@ -143,31 +143,6 @@ func (l *Loader) Raw(name string, shape ...int) (runtime.DType, []byte, error) {
 		return 0, nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
 	}
 	return dt, raw, nil
-}
-
-// Upload uploads host data of dtype src (from Raw, possibly rearranged) as a loaded weight.
-func (l *Loader) Upload(name string, src runtime.DType, raw []byte, shape ...int) (*runtime.Tensor, error) {
-	t, err := l.rt.FromBytes(l.dtype, src, raw, shape...)
-	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
-	}
-	l.track(t)
-	return t, nil
-}
-
-// UploadWeight is Upload for a weight matrix: uploaded as the weight dtype (src itself when it
-// is runtime.AsStored).
-func (l *Loader) UploadWeight(name string, src runtime.DType, raw []byte, shape ...int) (*runtime.Tensor, error) {
-	dt := l.wdtype
-	if dt == runtime.AsStored {
-		dt = src
-	}
-	t, err := l.rt.FromBytes(dt, src, raw, shape...)
-	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
-	}
-	l.track(t)
-	return t, nil
 }
 
 func (l *Loader) track(t *runtime.Tensor) {
