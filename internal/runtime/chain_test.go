@@ -136,6 +136,55 @@ func TestConvChainRetryAndPolicy(t *testing.T) {
 			t.Fatalf("stats: %+v", s)
 		}
 	})
+	t.Run("tier overrides", func(t *testing.T) {
+		// vendor_tuned serves every shape (a stand-in for a GPU library), except the fixture's
+		// shape, which its override sends to the cpu tier
+		xs, ws := []int{1, 3, 3, 6, 5}, []int{4, 3, 3, 3, 3}
+		key := convKey("cpu", 0, xs, ws, F32, F32, Conv3dParams{Padding: [3]int{1, 1, 1}}.norm())
+		rt := newTestRuntime(t, Options{
+			ConvPolicy: ConvPolicy{TierOverrides: map[string]Tier{key: TierCPU, "conv3d x=1x1 other": TierOwnKernel}},
+			ConvFaults: []ConvFault{{Tier: TierVendorTuned, Mode: FaultServe}},
+		})
+		f := newConvFixture(t, rt)
+		if got := rt.ConvKey(f.x, f.w, f.p); got != key {
+			t.Fatalf("key %q, want %q", got, key)
+		}
+		f.run(t, rt)
+		s := rt.ConvStats()
+		if s.Tiers[TierVendorTuned].SkippedPolicy != 1 || s.Tiers[TierVendorTuned].Attempts != 0 ||
+			s.Tiers[TierCPU].Successes != 1 || s.Decisions[key] != TierCPU {
+			t.Fatalf("overridden shape: %+v", s)
+		}
+		r := rng(t)
+		x, _ := randTensor(t, rt, r, 1, 3, 2, 4, 4)
+		y, err := rt.Conv3d(x, f.w, nil, f.p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		y.Free()
+		if s := rt.ConvStats(); s.Tiers[TierVendorTuned].Successes != 1 || s.Decisions[rt.ConvKey(x, f.w, f.p)] != TierVendorTuned {
+			t.Fatalf("shape without an override: %+v", s)
+		}
+	})
+	t.Run("first tier is a floor for overrides", func(t *testing.T) {
+		xs, ws := []int{1, 3, 3, 6, 5}, []int{4, 3, 3, 3, 3}
+		key := convKey("cpu", 0, xs, ws, F32, F32, Conv3dParams{Padding: [3]int{1, 1, 1}}.norm())
+		rt := newTestRuntime(t, Options{
+			ConvPolicy: ConvPolicy{FirstTier: TierCPU, TierOverrides: map[string]Tier{key: TierVendorTuned}},
+			ConvFaults: []ConvFault{{Tier: TierVendorTuned, Mode: FaultServe}},
+		})
+		newConvFixture(t, rt).run(t, rt)
+		if s := rt.ConvStats(); s.Tiers[TierVendorTuned].Attempts != 0 || s.Tiers[TierCPU].Successes != 1 {
+			t.Fatalf("an override above the forced tier applied: %+v", s)
+		}
+	})
+	t.Run("bad overrides", func(t *testing.T) {
+		for _, o := range []map[string]Tier{{"": TierCPU}, {"k": NumTiers}, {"k": -1}} {
+			if _, err := New(Options{ConvPolicy: ConvPolicy{TierOverrides: o}}); !errors.Is(err, ErrInvalidArgument) {
+				t.Errorf("overrides %v: got %v, want ErrInvalidArgument", o, err)
+			}
+		}
+	})
 	t.Run("fault on another shape", func(t *testing.T) {
 		rt := newTestRuntime(t, Options{
 			ConvFaults: []ConvFault{{Key: "conv3d x=9x9 other", Tier: TierCPU, Mode: FaultFail}},

@@ -149,6 +149,39 @@ type ConvPolicy struct {
 	// Only tries FirstTier and no later one: a conv that tier cannot serve fails (tests that
 	// force each tier in turn; FRAMEPACK_CONV_TIER sets it).
 	Only bool
+	// TierOverrides sets, per conv shape key (Runtime.ConvKey), the first tier to try for that
+	// shape (LoadRequest.conv_policy.tier_overrides). FirstTier still skips the tiers above it
+	// for every shape: the later of the two is where a shape starts (and, with Only, the one
+	// tier it tries).
+	TierOverrides map[string]Tier
+}
+
+// isZero reports whether p is the zero policy (the full chain for every shape).
+func (p ConvPolicy) isZero() bool {
+	return p.FirstTier == 0 && !p.RetryFailed && !p.Only && len(p.TierOverrides) == 0
+}
+
+// firstTier is the tier the chain starts at for the shape key.
+func (p ConvPolicy) firstTier(key string) Tier {
+	if o, ok := p.TierOverrides[key]; ok && o > p.FirstTier {
+		return o
+	}
+	return p.FirstTier
+}
+
+func (p ConvPolicy) validate() error {
+	if p.FirstTier < 0 || p.FirstTier >= NumTiers {
+		return fmt.Errorf("first tier %d out of range", int(p.FirstTier))
+	}
+	for key, t := range p.TierOverrides {
+		if key == "" {
+			return fmt.Errorf("tier override with an empty shape key")
+		}
+		if t < 0 || t >= NumTiers {
+			return fmt.Errorf("tier override for %q: tier %d out of range", key, int(t))
+		}
+	}
+	return nil
 }
 
 // TierStats counts what one tier did.
@@ -159,7 +192,7 @@ type TierStats struct {
 	Unavailable   int64         // convs for which the backend lacks the tier
 	SkippedHung   int64         // convs skipped because the cache records a hang there
 	SkippedFailed int64         // convs skipped because the cache records a failure there
-	SkippedPolicy int64         // convs skipped by ConvPolicy.FirstTier
+	SkippedPolicy int64         // convs skipped by ConvPolicy (FirstTier, TierOverrides, Only)
 	Time          time.Duration // time spent in attempts
 }
 
@@ -398,11 +431,11 @@ func (c *convChain) run(key string, p Conv3dParams, hs []C.fpk_tensor_t, out *Te
 	}
 	var tierErrs []string
 	var oom error
+	first := rt.opts.ConvPolicy.firstTier(key)
 	for t := Tier(0); t < NumTiers; t++ {
 		name := t.String()
 		switch {
-		case t < rt.opts.ConvPolicy.FirstTier,
-			rt.opts.ConvPolicy.Only && t > rt.opts.ConvPolicy.FirstTier:
+		case t < first, rt.opts.ConvPolicy.Only && t > first:
 			c.count(func(s *ConvStats) { s.Tiers[t].SkippedPolicy++ })
 			continue
 		case entry.IsHung(name):

@@ -25,6 +25,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -144,7 +145,7 @@ func New(opts Options) (*Runtime, error) {
 	if opts.Backend == "" {
 		opts.Backend = "cpu"
 	}
-	if opts.ConvPolicy == (ConvPolicy{}) {
+	if opts.ConvPolicy.isZero() {
 		if v := os.Getenv(EnvConvTier); v != "" {
 			t, err := ParseTier(v)
 			if err != nil {
@@ -159,6 +160,10 @@ func New(opts Options) (*Runtime, error) {
 	if opts.MemoryCap < 0 || opts.CacheLimit < 0 || opts.Threads < 0 || opts.Device < 0 {
 		return nil, argError("new runtime", "negative memory cap, cache limit, threads or device")
 	}
+	if err := opts.ConvPolicy.validate(); err != nil {
+		return nil, argError("new runtime", "conv policy: %v", err)
+	}
+	opts.ConvPolicy.TierOverrides = maps.Clone(opts.ConvPolicy.TierOverrides) // the caller may change its map
 	for i, f := range opts.ConvFaults {
 		if err := f.validate(); err != nil {
 			return nil, fmt.Errorf("new runtime: conv fault %d: %w", i, err)

@@ -196,10 +196,18 @@ func (w *worker) runtimeOptions(req *workerkit.LoadRequest) (runtime.Options, er
 			}
 			opts.ConvPolicy.FirstTier = t
 		}
-		if len(p.TierOverrides) > 0 {
-			// SigLIP has one convolution (the patch embedding); per-shape overrides are not
-			// applied by this runtime yet.
-			w.log.WithField("count", len(p.TierOverrides)).Warn("conv tier overrides ignored")
+		for _, o := range p.TierOverrides { // later entries for a shape win
+			t, ok := tierOf(o.Tier)
+			if !ok || o.ShapeKey == "" {
+				return opts, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: conv tier override %q: shape key and tier (%d) are required", o.ShapeKey, o.Tier)
+			}
+			if opts.ConvPolicy.TierOverrides == nil {
+				opts.ConvPolicy.TierOverrides = map[string]runtime.Tier{}
+			}
+			opts.ConvPolicy.TierOverrides[o.ShapeKey] = t
+		}
+		if n := len(opts.ConvPolicy.TierOverrides); n > 0 {
+			w.log.WithField("count", n).Info("conv tier overrides") // SigLIP has one conv: the patch embedding
 		}
 	}
 	f := req.Fault

@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/framepackd/framepackd/internal/convcache"
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
@@ -370,6 +371,90 @@ func TestParitySiglipHalfWeights(t *testing.T) {
 	}
 	if n == 0 {
 		t.Fatal("no siglip.encode case")
+	}
+}
+
+// startWorkerWith starts the clipvision binary and sends req as its Load.
+func startWorkerWith(t *testing.T, req *workerkit.LoadRequest) (*workerkit.Process, error) {
+	t.Helper()
+	log, _ := test.NewNullLogger()
+	p, err := workerkit.Start(callCtx(t), workerkit.Config{Name: "clipvision", Path: testbin.Build(t, "./workers/clipvision"),
+		SocketDir: t.TempDir(), Log: logrus.NewEntry(log)})
+	if err != nil {
+		t.Fatalf("start clipvision: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	_, err = p.Load(callCtx(t), req)
+	return p, err
+}
+
+// TestConvTierOverrides: LoadRequest.conv_policy.tier_overrides reach the conv chain. With the
+// patch embedding's shape sent to the cpu tier, a fault that hangs it at vendor_tuned never
+// fires: the encode finishes and vendor_tuned saw no attempt.
+func TestConvTierOverrides(t *testing.T) {
+	fx := parity.Load(t, "siglip")
+	encDir, err := fx.ModelPath("image_encoder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c parity.Case
+	for _, x := range fx.Cases {
+		if x.Op == "siglip.encode" {
+			c = x
+			break
+		}
+	}
+	in := c.Input(t, "image_hwc_u8")
+	pix := make([]uint8, len(in.Ints))
+	for i, v := range in.Ints {
+		pix[i] = uint8(v)
+	}
+	a := shmtest.Arena(t, "overrides")
+	img := writeImage(t, a, "image", in.Shape, pix)
+	encode := func(p *workerkit.Process, name string) error {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second) // a hang fails, not stalls, the test
+		defer cancel()
+		_, err := p.Run(ctx, &workerkit.RunRequest{JobID: "test", Stage: &workerkit.ImageEncodeRequest{Image: img,
+			LastHiddenState: outputRef(t, a, name)}}, nil)
+		return err
+	}
+	// the shape key, from the decision cache a clean run fills
+	cachePath := filepath.Join(t.TempDir(), "conv-decisions.json")
+	p1, err := startWorkerWith(t, &workerkit.LoadRequest{ModelDir: encDir, Backend: "cpu",
+		ConvPolicy: &workerkit.ConvPolicy{DecisionCachePath: cachePath}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := encode(p1, "clean"); err != nil {
+		t.Fatal(err)
+	}
+	cache, err := convcache.Open(cachePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := cache.Keys()
+	if len(keys) != 1 {
+		t.Fatalf("the clean encode recorded %d conv shapes, want 1 (the patch embedding)", len(keys))
+	}
+	p2, err := startWorkerWith(t, &workerkit.LoadRequest{ModelDir: encDir, Backend: "cpu",
+		ConvPolicy: &workerkit.ConvPolicy{TierOverrides: []workerkit.ConvTierOverride{{ShapeKey: keys[0], Tier: workerkit.ConvTierCPU}}},
+		Fault:      &workerkit.Fault{HangConvShapeKey: keys[0], HangConvTier: workerkit.ConvTierVendorTuned}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := encode(p2, "overridden"); err != nil {
+		t.Fatalf("encode with the shape overridden to cpu: %v", err)
+	}
+	st, err := p2.Stats(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st.ConvTiers) != 1 || st.ConvTiers[0].Tier != workerkit.ConvTierCPU || st.ConvTiers[0].Successes != 1 {
+		t.Fatalf("conv tiers %+v, want the cpu tier alone", st.ConvTiers)
+	}
+	if _, err := startWorkerWith(t, &workerkit.LoadRequest{ModelDir: encDir, Backend: "cpu",
+		ConvPolicy: &workerkit.ConvPolicy{TierOverrides: []workerkit.ConvTierOverride{{ShapeKey: keys[0]}}}}); workerkit.CodeOf(err) != workerkit.CodeInvalidArgument {
+		t.Fatalf("override without a tier: got %v, want invalid argument", err)
 	}
 }
 

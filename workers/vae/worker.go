@@ -252,10 +252,18 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 			}
 			opts.ConvPolicy.FirstTier = tier
 		}
-		if len(p.TierOverrides) > 0 {
-			// The runtime's chain has no per-shape first tier yet; the decision cache carries
-			// the per-shape knowledge (hung and failed tiers) instead.
-			w.log.WithField("overrides", len(p.TierOverrides)).Warn("conv policy: per-shape tier overrides are not supported by the runtime; ignored")
+		for _, o := range p.TierOverrides { // later entries for a shape win
+			tier, ok := toRuntimeTier(o.Tier)
+			if !ok || o.ShapeKey == "" {
+				return nil, invalidf("conv policy: tier override %q: shape key and tier (%d) are required", o.ShapeKey, o.Tier)
+			}
+			if opts.ConvPolicy.TierOverrides == nil {
+				opts.ConvPolicy.TierOverrides = map[string]runtime.Tier{}
+			}
+			opts.ConvPolicy.TierOverrides[o.ShapeKey] = tier
+		}
+		if n := len(opts.ConvPolicy.TierOverrides); n > 0 {
+			w.log.WithField("overrides", n).Info("conv policy: per-shape first tiers")
 		}
 		if p.DecisionCachePath != "" {
 			cache, err := convcache.Open(p.DecisionCachePath)

@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/framepackd/framepackd/internal/convcache"
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
@@ -483,6 +484,78 @@ func TestOOMThenSmallerTiles(t *testing.T) {
 	}
 	t.Logf("cap %d bytes (weights %d, untiled peak %d): untiled refused, %d px tiles peak %d", memCap, weights, peak, tile,
 		res.Stats.AllocatorPeakBytes)
+}
+
+// TestConvTierOverrides: LoadRequest.conv_policy.tier_overrides reach the conv chain. With
+// every conv shape of a decode sent to the cpu tier, a fault that hangs any conv at vendor_tuned
+// never fires: the decode finishes and vendor_tuned saw no attempt. Without them, the same
+// fault hangs the first conv (TestConvHangSeenInBeacon).
+func TestConvTierOverrides(t *testing.T) {
+	fx := parity.Load(t, "vae")
+	dir, err := fx.ModelPath("vae")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := shmtest.Arena(t, "overrides")
+	z := writeInput(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
+	decode := func(p *workerkit.Process, out string) error {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second) // a hang fails, not stalls, the test
+		defer cancel()
+		_, err := p.Run(ctx, &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z,
+			Pixels: outputRefOf(t, a, out, "pixels")}}, nil)
+		return err
+	}
+	// the decode's conv shape keys, from the decision cache a clean run fills
+	cachePath := filepath.Join(t.TempDir(), "conv-decisions.json")
+	p1, _ := startVAE(t)
+	if _, err := p1.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu",
+		ConvPolicy: &workerkit.ConvPolicy{DecisionCachePath: cachePath}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := decode(p1, "clean"); err != nil {
+		t.Fatal(err)
+	}
+	cache, err := convcache.Open(cachePath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := cache.Keys()
+	if len(keys) == 0 {
+		t.Fatal("the clean decode recorded no conv shape")
+	}
+	pol := &workerkit.ConvPolicy{}
+	for _, k := range keys {
+		pol.TierOverrides = append(pol.TierOverrides, workerkit.ConvTierOverride{ShapeKey: k, Tier: workerkit.ConvTierVendorDefault},
+			workerkit.ConvTierOverride{ShapeKey: k, Tier: workerkit.ConvTierCPU}) // the later entry wins
+	}
+	p2, _ := startVAE(t)
+	if _, err := p2.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", ConvPolicy: pol,
+		Fault: &workerkit.Fault{HangConvTier: workerkit.ConvTierVendorTuned}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := decode(p2, "overridden"); err != nil {
+		t.Fatalf("decode with every shape overridden to cpu: %v", err)
+	}
+	st, err := p2.Stats(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ts := range st.ConvTiers {
+		if ts.Tier != workerkit.ConvTierCPU && ts.Attempts != 0 {
+			t.Errorf("tier %v tried %d times despite the overrides", ts.Tier, ts.Attempts)
+		}
+		if ts.Tier == workerkit.ConvTierCPU && ts.Successes == 0 {
+			t.Errorf("cpu tier served nothing: %+v", ts)
+		}
+	}
+	t.Logf("%d shapes overridden to cpu; conv tiers %+v", len(keys), st.ConvTiers)
+
+	bad, _ := startVAE(t)
+	_, err = bad.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu",
+		ConvPolicy: &workerkit.ConvPolicy{TierOverrides: []workerkit.ConvTierOverride{{Tier: workerkit.ConvTierCPU}}}})
+	if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument {
+		t.Fatalf("override without a shape key: got %v, want invalid argument", err)
+	}
 }
 
 // TestConvHangSeenInBeacon injects a hang at the first conv tier: the stage stops advancing,
