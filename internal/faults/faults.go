@@ -50,6 +50,8 @@ type Injector struct {
 
 	oomAt atomic.Uint64 // op number at which the injected OOM fired (0: not yet)
 	oomOp atomic.Pointer[string]
+	oomRT atomic.Uint64                   // the runtime's number of that op (OpErr matches it)
+	oomE  atomic.Pointer[workerkit.Error] // the error OpErr failed the op with
 
 	// exit and hang are what an op-numbered fault does; tests of this package replace them.
 	exit func(sig syscall.Signal)
@@ -133,6 +135,7 @@ func (in *Injector) BeginOp(op, convKey, convTier string, runtimeSeq uint64) uin
 	case f.OOMAtOp != 0 && seq == f.OOMAtOp:
 		in.log.WithFields(logrus.Fields{"op": op, "seq": seq}).Warn("fault: out of memory at op")
 		in.oomOp.Store(&op)
+		in.oomRT.Store(runtimeSeq)
 		in.oomAt.Store(seq)
 	}
 	return seq
@@ -145,9 +148,40 @@ func (in *Injector) EndOp() {
 	}
 }
 
+// OpErr fails the oom_at_op op itself: for the runtime op numbered runtimeSeq, when BeginOp
+// armed the injected out of memory at it, it returns that error (once), asking for outBytes
+// (the op's output; InjectedOOMBytes when 0) with what cap leaves beside held bytes as
+// available; nil otherwise. A worker returns it from the runtime's Options.OpFault hook (the
+// runtime calls the observer, hence BeginOp, first), so the op fails with a typed out of memory
+// before it runs, as a real failed allocation would.
+func (in *Injector) OpErr(runtimeSeq, outBytes, held, cap uint64) error {
+	if in == nil || in.oomAt.Load() == 0 || in.oomRT.Load() != runtimeSeq || in.oomE.Load() != nil {
+		return nil
+	}
+	req := outBytes
+	if req == 0 {
+		req = InjectedOOMBytes
+	}
+	var avail uint64
+	if cap > held {
+		avail = cap - held
+	}
+	op := ""
+	if p := in.oomOp.Load(); p != nil {
+		op = *p
+	}
+	e := &workerkit.Error{Code: workerkit.CodeOutOfMemory, RequestedBytes: req, AvailableBytes: avail,
+		Message: fmt.Sprintf("op %d (%s): out of memory: requested %d bytes, %d available (injected by fault oom_at_op)", in.oomAt.Load(), op, req, avail)}
+	if !in.oomE.CompareAndSwap(nil, e) {
+		return nil
+	}
+	return e
+}
+
 // Err returns the injected out-of-memory error once its op has started, nil before (and
-// always nil without an oom_at_op fault). A worker checks it where its stage can fail: in its
-// step or tile callbacks and before writing outputs.
+// always nil without an oom_at_op fault): the error OpErr failed the op with, when the worker
+// routes the runtime's OpFault hook to OpErr. A worker also checks it where its stage can fail
+// (step or tile callbacks, before writing outputs), for an op number that is no runtime op.
 func (in *Injector) Err() error {
 	if in == nil {
 		return nil
@@ -155,6 +189,9 @@ func (in *Injector) Err() error {
 	seq := in.oomAt.Load()
 	if seq == 0 {
 		return nil
+	}
+	if e := in.oomE.Load(); e != nil {
+		return e
 	}
 	op := ""
 	if p := in.oomOp.Load(); p != nil {

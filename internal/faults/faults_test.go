@@ -105,6 +105,46 @@ func TestInjectorWithoutBeaconCountsRuntimeOps(t *testing.T) {
 	}
 }
 
+// TestInjectorOpErr: OpErr fails only the runtime op at which oom_at_op armed, once, with the
+// op's sizes; Err then reports the same error.
+func TestInjectorOpErr(t *testing.T) {
+	_, bw := newBeacon(t)
+	in, err := New(&workerkit.Fault{OOMAtOp: 3}, Caps{}, bw, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rt := uint64(11); rt <= 13; rt++ {
+		in.BeginOp("gemm", "", "", rt)
+		if rt < 13 && in.OpErr(rt, 100, 50, 1000) != nil {
+			t.Fatalf("runtime op %d failed before the fault's op", rt)
+		}
+	}
+	if in.OpErr(12, 100, 50, 1000) != nil {
+		t.Fatal("an op other than the armed one failed")
+	}
+	err = in.OpErr(13, 100, 50, 1000)
+	var we *workerkit.Error
+	if !errors.As(err, &we) || we.Code != workerkit.CodeOutOfMemory || we.RequestedBytes != 100 || we.AvailableBytes != 950 {
+		t.Fatalf("op 3: %v", err)
+	}
+	if in.OpErr(13, 100, 50, 1000) != nil {
+		t.Fatal("the op failed twice")
+	}
+	if got := in.Err(); got != error(we) {
+		t.Fatalf("Err after OpErr: %v, want the op's error", got)
+	}
+	var nilIn *Injector
+	if nilIn.OpErr(1, 0, 0, 0) != nil {
+		t.Fatal("nil injector")
+	}
+	// no output and no cap: the default request, nothing available
+	in2, _ := New(&workerkit.Fault{OOMAtOp: 1}, Caps{}, nil, nil)
+	in2.BeginOp("fill", "", "", 1)
+	if !errors.As(in2.OpErr(1, 0, 10, 0), &we) || we.RequestedBytes != InjectedOOMBytes || we.AvailableBytes != 0 {
+		t.Fatalf("defaults: %+v", we)
+	}
+}
+
 func TestNewRefuses(t *testing.T) {
 	t.Setenv(EnvFakeVRAMDir, "")
 	for name, f := range map[string]workerkit.Fault{

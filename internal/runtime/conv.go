@@ -459,6 +459,10 @@ func (c *convChain) run(key string, p Conv3dParams, hs []C.fpk_tensor_t, out *Te
 		elapsed := time.Since(start)
 		c.count(func(s *ConvStats) { s.Tiers[t].Time += elapsed })
 		switch {
+		case errors.As(err, new(*OpFaultError)):
+			// a test fault fails this conv here: no fall-through, nothing recorded for the shape
+			c.count(func(s *ConvStats) { s.Tiers[t].Failures++; s.Failed++ })
+			return fmt.Errorf("conv [%s]: %w", key, err)
 		case err == nil:
 			c.count(func(s *ConvStats) {
 				s.Tiers[t].Successes++
@@ -507,7 +511,7 @@ func (c *convChain) attempt(key string, t Tier, fault ConvFault, faulted bool, c
 			return C.fpk_op_conv3d(rt.stream, C.fpk_conv_tier(tier), cp, hs[0], hs[1], hs[2], out.h)
 		})
 	}
-	return rt.observe("conv3d", key, t, func() error {
+	return rt.observe("conv3d", key, t, uint64(out.NumBytes()), func() error {
 		if !faulted {
 			return native(t)
 		}

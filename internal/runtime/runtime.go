@@ -69,6 +69,11 @@ type Options struct {
 	ConvFaults []ConvFault
 	// OpObserver is told of every op's start and end (the worker's beacon).
 	OpObserver OpObserver
+	// OpFault is a test hook called before every op, after OpObserver's begin event, with the
+	// same event: a non-nil error fails the op without running it (as *OpFaultError wrapping
+	// the error; OOMAtOp makes one that injects a typed out of memory). Workers route their
+	// oom_at_op fault through it. It must be fast and must not call back into the runtime.
+	OpFault func(OpEvent) error
 
 	// hostBounce makes the cpu backend refuse its own conv tier so the core's host round trip
 	// serves the CPU tier, as it will on a GPU backend (tests).
@@ -388,31 +393,54 @@ func (rt *Runtime) withBackend(op string, f func() C.fpk_status) error {
 	return call(op, f)
 }
 
-// run runs one op: observer begin, the native call, observer end. key and tier are for conv
-// tier attempts.
-func (rt *Runtime) run(op, key string, tier Tier, f func() C.fpk_status) error {
+// run runs one op whose output (already allocated) has outBytes bytes: observer begin, the
+// fault hook, the native call, observer end.
+func (rt *Runtime) run(op string, outBytes uint64, f func() C.fpk_status) error {
 	rt.mu.RLock()
 	defer rt.mu.RUnlock()
 	if rt.closed {
 		return fmt.Errorf("%s: %w", op, ErrClosed)
 	}
-	return rt.observe(op, key, tier, func() error { return call(op, f) })
+	return rt.observe(op, "", 0, outBytes, func() error { return call(op, f) })
 }
 
-// observe brackets f with op events and the current-op field.
-func (rt *Runtime) observe(op, key string, tier Tier, f func() error) error {
+// observe brackets f with op events and the current-op field, and fails the op without running
+// f when Options.OpFault says so. key and tier are for conv tier attempts. The caller holds
+// rt.mu (read) and the runtime is open.
+func (rt *Runtime) observe(op, key string, tier Tier, outBytes uint64, f func() error) error {
 	cur := &CurrentOp{Seq: rt.seq.Add(1), Op: op, Key: key, Tier: tier, Start: time.Now()}
 	rt.cur.Store(cur)
-	obs := rt.opts.OpObserver
-	if obs != nil {
-		obs(OpEvent{Seq: cur.Seq, Phase: OpBegin, Op: op, Key: key, Tier: tier, Start: cur.Start})
+	obs, fault := rt.opts.OpObserver, rt.opts.OpFault
+	ev := OpEvent{Seq: cur.Seq, Phase: OpBegin, Op: op, Key: key, Tier: tier, Start: cur.Start, OutBytes: outBytes}
+	if obs != nil || fault != nil {
+		ev.Bytes, ev.Cap = rt.memNow()
 	}
-	err := f()
+	if obs != nil {
+		obs(ev)
+	}
+	var err error
+	if fault != nil {
+		if ferr := fault(ev); ferr != nil {
+			err = &OpFaultError{Op: op, Seq: cur.Seq, Err: ferr}
+		}
+	}
+	if err == nil {
+		err = f()
+	}
 	rt.cur.CompareAndSwap(cur, nil)
 	if obs != nil {
-		obs(OpEvent{Seq: cur.Seq, Phase: OpEnd, Op: op, Key: key, Tier: tier, Start: cur.Start, Err: err})
+		ev.Phase, ev.Err = OpEnd, err
+		ev.Bytes, ev.Cap = rt.memNow()
+		obs(ev)
 	}
 	return err
+}
+
+// memNow returns the allocator's bytes held now and its cap (caller holds rt.mu, runtime open).
+func (rt *Runtime) memNow() (allocated, cap uint64) {
+	var m C.fpk_memory_stats
+	C.fpk_backend_get_memory(rt.be, &m)
+	return uint64(m.allocated), uint64(m.cap)
 }
 
 // isOOM reports whether err is an out-of-memory error.

@@ -221,6 +221,9 @@ func (w *worker) runtimeOptions(req *workerkit.LoadRequest) (runtime.Options, er
 		}
 	}
 	opts.OpObserver = w.observe
+	opts.OpFault = func(e runtime.OpEvent) error { // oom_at_op fails that op itself
+		return w.inj.Load().OpErr(e.Seq, e.OutBytes, e.Bytes, e.Cap)
+	}
 	return opts, nil
 }
 

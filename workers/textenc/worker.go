@@ -138,7 +138,10 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if req.MemoryCapBytes > math.MaxInt64 {
 		return nil, invalid(fmt.Errorf("load: memory cap %d too large", req.MemoryCapBytes))
 	}
-	rt, err := runtime.New(runtime.Options{MemoryCap: int64(req.MemoryCapBytes), OpObserver: w.observe})
+	rt, err := runtime.New(runtime.Options{MemoryCap: int64(req.MemoryCapBytes), OpObserver: w.observe,
+		OpFault: func(e runtime.OpEvent) error { // oom_at_op fails that op itself
+			return w.inj.Load().OpErr(e.Seq, e.OutBytes, e.Bytes, e.Cap)
+		}})
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}

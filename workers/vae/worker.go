@@ -164,6 +164,12 @@ func (w *worker) observe(e runtime.OpEvent) {
 	w.inj.Load().BeginOp(e.Op, e.Key, tier, e.Seq)
 }
 
+// opFault is the runtime's fault hook: the op oom_at_op names fails with the injected out of
+// memory before it runs (the observer has just told the injector it began).
+func (w *worker) opFault(e runtime.OpEvent) error {
+	return w.inj.Load().OpErr(e.Seq, e.OutBytes, e.Bytes, e.Cap)
+}
+
 // injectedOOM returns the injected out-of-memory error once its op has started.
 func (w *worker) injectedOOM() error { return w.inj.Load().Err() }
 
@@ -233,7 +239,7 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	}
 	w.inj.Store(inj) // read by the op observer from the first op on
 	opts := runtime.Options{Backend: backend, Device: int(req.DeviceIndex), MemoryCap: int64(req.MemoryCapBytes),
-		OpObserver: w.observe}
+		OpObserver: w.observe, OpFault: w.opFault}
 	if f := req.Fault; f != nil {
 		if f.HangConvTier != workerkit.ConvTierUnspecified {
 			tier, ok := toRuntimeTier(f.HangConvTier)

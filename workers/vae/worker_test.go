@@ -14,6 +14,7 @@ import (
 	"github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/framepackd/framepackd/internal/convcache"
+	"github.com/framepackd/framepackd/internal/faults"
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
@@ -556,6 +557,44 @@ func TestConvTierOverrides(t *testing.T) {
 	if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument {
 		t.Fatalf("override without a shape key: got %v, want invalid argument", err)
 	}
+}
+
+// TestOOMAtOpFailsThatOp: Fault.oom_at_op fails the op it names, through the runtime's fault
+// hook: the stage ends with a typed out of memory that asks for that op's output (not the
+// placeholder size), and no op ran after it.
+func TestOOMAtOpFailsThatOp(t *testing.T) {
+	fx := parity.Load(t, "vae")
+	dir, err := fx.ModelPath("vae")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const at = 7
+	p, _ := startVAE(t)
+	if _, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", MemoryCapBytes: 1 << 30,
+		Fault: &workerkit.Fault{OOMAtOp: at}}); err != nil {
+		t.Fatal(err)
+	}
+	a := shmtest.Arena(t, "oom")
+	z := writeInput(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
+	_, err = p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z,
+		Pixels: outputRefOf(t, a, "pixels", "pixels")}}, nil)
+	var we *workerkit.Error
+	if !errors.As(err, &we) || we.Code != workerkit.CodeOutOfMemory || we.RequestedBytes == 0 ||
+		we.RequestedBytes == faults.InjectedOOMBytes || we.AvailableBytes == 0 || we.AvailableBytes > 1<<30 {
+		t.Fatalf("got %v (%+v), want the op's typed out of memory with its sizes", err, we)
+	}
+	st, err := p.Stats(callCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops uint64
+	for _, n := range st.OpCounts {
+		ops += n
+	}
+	if ops != at {
+		t.Fatalf("%d ops ran (%v), want the stage to stop at op %d", ops, st.OpCounts, at)
+	}
+	t.Logf("op %d failed: %v", at, we)
 }
 
 // TestConvHangSeenInBeacon injects a hang at the first conv tier: the stage stops advancing,
