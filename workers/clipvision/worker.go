@@ -246,6 +246,7 @@ func tierOf(t workerkit.ConvTier) (runtime.Tier, bool) {
 // an op number. It runs on the op's goroutine and must not call into the runtime.
 func (w *worker) observe(e runtime.OpEvent) {
 	b := w.k.Beacon
+	b.SetBytes(int64(e.Bytes)) // the allocator's bytes, per op (begin: output allocated; end: scratch freed)
 	if e.Phase == runtime.OpEnd {
 		b.EndOp()
 		return

@@ -91,6 +91,7 @@ func classify(err error) error {
 // observe is the runtime's op observer: it keeps the beacon current, counts ops and fires
 // injected faults.
 func (w *worker) observe(e runtime.OpEvent) {
+	w.k.Beacon.SetBytes(int64(e.Bytes)) // the allocator's bytes, per op (begin: output allocated; end: scratch freed)
 	if e.Phase == runtime.OpEnd {
 		w.k.Beacon.EndOp()
 		return

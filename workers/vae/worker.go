@@ -134,6 +134,7 @@ func toRuntimeTier(t workerkit.ConvTier) (runtime.Tier, bool) {
 // observe is the runtime's op observer: it keeps the beacon current, counts ops, queues conv
 // fallback events and fires injected faults. It runs on the op's thread and must be quick.
 func (w *worker) observe(e runtime.OpEvent) {
+	w.k.Beacon.SetBytes(int64(e.Bytes)) // the allocator's bytes, per op (begin: output allocated; end: scratch freed)
 	if e.Phase == runtime.OpEnd {
 		w.k.Beacon.EndOp()
 		if e.Key == "" {

@@ -597,6 +597,52 @@ func TestOOMAtOpFailsThatOp(t *testing.T) {
 	t.Logf("op %d failed: %v", at, we)
 }
 
+// TestBeaconBytesPerOp: the beacon's byte count follows the allocator op by op (the runtime's
+// op events carry it), so a worker stuck in an op shows what it holds there, not what it held
+// at the last tile boundary: hung at the fifth op of the first tile, it shows the weights plus
+// that tile's intermediates.
+func TestBeaconBytesPerOp(t *testing.T) {
+	fx := parity.Load(t, "vae")
+	dir, err := fx.ModelPath("vae")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := startVAE(t)
+	resp, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", Fault: &workerkit.Fault{HangAtOp: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := shmtest.Arena(t, "bytes")
+	z := writeInput(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
+	out := outputRefOf(t, a, "pixels", "pixels")
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out}}, nil)
+		done <- err
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		snap, err := p.Beacon()
+		if err == nil && snap.InOp && snap.OpSeq == 5 {
+			t.Logf("hung at op %d (%s): beacon %d bytes, %d after load", snap.OpSeq, snap.Op, snap.Bytes, resp.DeviceAllocatedBytes)
+			if snap.Bytes <= int64(resp.DeviceAllocatedBytes) {
+				t.Fatalf("beacon shows %d bytes at op 5, no more than after load (%d)", snap.Bytes, resp.DeviceAllocatedBytes)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never hung at op 5: %+v %v", snap, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := p.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err == nil {
+		t.Fatal("the hung stage returned a result")
+	}
+}
+
 // TestConvHangSeenInBeacon injects a hang at the first conv tier: the stage stops advancing,
 // the beacon shows the conv in progress, and the supervisor's kill ends the worker.
 func TestConvHangSeenInBeacon(t *testing.T) {
