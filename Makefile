@@ -102,27 +102,41 @@ GPU_CFLAGS := -O3 -fPIC -Inative/include -Inative/src -Inative/gpu
 
 .PHONY: native-cuda native-hip native-hip-check gpu-check
 
+CUDA_OBJ := $(patsubst native/gpu/%.cu,$(NATIVE_OUT)/cuda/%.o,$(GPU_CU)) $(NATIVE_OUT)/cuda/fpk_gpu_backend.o
+HIP_OBJ := $(patsubst native/gpu/%.cu,$(NATIVE_OUT)/hip/%.o,$(GPU_CU)) $(NATIVE_OUT)/hip/fpk_gpu_backend.o
+GLUE_CFLAGS := -std=gnu11 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Werror -Inative/include -Inative/src -Inative/gpu
+
 native-cuda: $(NATIVE_OUT)/libfpk-cuda.so ## libfpk-cuda.so (nvcc; copied next to the binaries in bin/)
 	@mkdir -p $(BIN) && cp $< $(BIN)/
 
-$(NATIVE_OUT)/libfpk-cuda.so: $(GPU_CU) $(GPU_GLUE) $(GPU_HDR)
-	@mkdir -p $(NATIVE_OUT)/cuda
-	$(CC) -std=gnu11 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Werror -Inative/include -Inative/src -Inative/gpu \
-		-c $(GPU_GLUE) -o $(NATIVE_OUT)/cuda/fpk_gpu_backend.o
-	$(NVCC) -std=c++17 $(GPU_CFLAGS) -Xcompiler -fvisibility=hidden -cudart static \
+$(NATIVE_OUT)/libfpk-cuda.so: $(CUDA_OBJ)
+	$(NVCC) -shared -cudart static -o $@ $^ -ldl
+
+$(NATIVE_OUT)/cuda/%.o: native/gpu/%.cu $(GPU_HDR)
+	@mkdir -p $(@D)
+	$(NVCC) -std=c++17 -O3 -Xcompiler -fPIC -Xcompiler -fvisibility=hidden -Inative/include -Inative/src -Inative/gpu \
 		$(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
-		-gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS)) \
-		-shared -o $@ $(GPU_CU) $(NATIVE_OUT)/cuda/fpk_gpu_backend.o -ldl
+		-gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS)) -c $< -o $@
+
+# -Werror only in CI's hip build: the GPU machine's compiler may know warnings ours does not
+$(NATIVE_OUT)/cuda/fpk_gpu_backend.o: $(GPU_GLUE) $(GPU_HDR)
+	@mkdir -p $(@D)
+	$(CC) $(GLUE_CFLAGS) -Wno-error -c $< -o $@
+
+$(NATIVE_OUT)/hip/fpk_gpu_backend.o: $(GPU_GLUE) $(GPU_HDR)
+	@mkdir -p $(@D)
+	$(CC) $(GLUE_CFLAGS) -c $< -o $@
 
 native-hip: $(NATIVE_OUT)/libfpk-hip.so ## libfpk-hip.so (hipcc; copied next to the binaries in bin/)
 	@mkdir -p $(BIN) && cp $< $(BIN)/
 
-$(NATIVE_OUT)/libfpk-hip.so: $(GPU_CU) $(GPU_GLUE) $(GPU_HDR)
-	@mkdir -p $(NATIVE_OUT)/hip
-	$(CC) -std=gnu11 -O2 -fPIC -fvisibility=hidden -Wall -Wextra -Werror -Inative/include -Inative/src -Inative/gpu \
-		-c $(GPU_GLUE) -o $(NATIVE_OUT)/hip/fpk_gpu_backend.o
-	$(HIPCC) -x hip -std=c++17 $(GPU_CFLAGS) -DFPK_HIP -Wall -Werror -fvisibility=hidden $(foreach a,$(HIP_ARCHS),--offload-arch=$(a)) \
-		-shared -Wl,--no-undefined -o $@ $(GPU_CU) -x none $(NATIVE_OUT)/hip/fpk_gpu_backend.o -ldl
+$(NATIVE_OUT)/libfpk-hip.so: $(HIP_OBJ)
+	$(HIPCC) $(foreach a,$(HIP_ARCHS),--offload-arch=$(a)) -shared -Wl,--no-undefined -o $@ $^ -ldl
+
+$(NATIVE_OUT)/hip/%.o: native/gpu/%.cu $(GPU_HDR)
+	@mkdir -p $(@D)
+	$(HIPCC) -x hip -std=c++17 $(GPU_CFLAGS) -DFPK_HIP -Wall -Werror -fvisibility=hidden \
+		$(foreach a,$(HIP_ARCHS),--offload-arch=$(a)) -c $< -o $@
 
 # CI's check that every kernel compiles for HIP (gfx1030, gfx90a) and that the library links
 # with no undefined symbol; the CUDA vendor shims are compile-checked through hipcc too.

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# gpu-check.sh — the GPU acceptance run, on a machine with an NVIDIA GPU and nvcc (no Go needed).
+#
+#   scripts/gpu-bundle.sh            # here (with Go): test binaries, gpubench, OpenBLAS → build/gpu
+#   scripts/gpu-check.sh [phase...]  # there: phases build tests tiers memory bench (default: all)
+#
+# build   make native-cuda (libfpk-cuda.so for sm_$CUDA_ARCHS, default 90) into build/native
+# tests   the carried test binaries on the cuda backend (FRAMEPACK_BACKEND=cuda): every runtime op
+#         test, then every parity case of the vae, textenc, siglip and transformer fixtures
+# tiers   the VAE parity cases once per conv tier, each forced alone (FRAMEPACK_CONV_TIER)
+# memory  NVML discovery, and a worker holding 40 GB killed: used memory back within 2 s
+# bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), needs
+#         third_party_ref/ (diffusers + FramePack's diffusers_helper sources, git-ignored)
+#
+# Logs and results go to $OUT (default build/gpu-check): log.txt, summary.txt, table.md,
+# ours.json, torch.json. Exit status: non-zero when a phase failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/build/gpu-check}
+mkdir -p "$OUT"
+BUNDLE=$ROOT/build/gpu               # carried, compressed
+BIN=${GPU_CHECK_BIN:-/tmp/fpk-gpu-bin} # unpacked here, so the carried folder stays small
+LOG=$OUT/log.txt
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+phases=("$@")
+[ ${#phases[@]} -eq 0 ] && phases=(build tests tiers memory bench)
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+status=0
+
+# ---- environment ------------------------------------------------------------------------------
+mkdir -p "$BIN/lib"
+for f in "$BUNDLE"/*.test.xz "$BUNDLE"/gpubench.xz "$BUNDLE"/lib/*.xz; do
+	[ -e "$f" ] || continue
+	rel=${f#"$BUNDLE"/}
+	[ -e "$BIN/${rel%.xz}" ] || xz -dc "$f" >"$BIN/${rel%.xz}"
+done
+chmod +x "$BIN"/*.test "$BIN"/gpubench 2>/dev/null
+export LD_LIBRARY_PATH="$BIN/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# cuDNN (and cuBLAS when the toolkit has none) from PyTorch's wheels: their folders join the
+# loader's path; the backend still prefers the CUDA toolkit's root for what it has.
+if NV=$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null); then
+	for d in $(find "$NV" -name 'libcudnn.so.9' -o -name 'libcublas.so.1[23]' 2>/dev/null | xargs -r -n1 dirname | sort -u); do
+		LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+	done
+fi
+export FRAMEPACK_NATIVE_DIR=$ROOT/build/native
+export FRAMEPACK_FIXTURES=$ROOT/testdata/parity
+export FRAMEPACK_BACKEND=${FRAMEPACK_BACKEND:-cuda}
+
+run() { # name timeout cmd... : runs in the current dir, logs, records pass/fail
+	local name=$1 limit=$2
+	shift 2
+	local t0=$SECONDS
+	echo "=== $name: $*" >>"$LOG"
+	timeout "$limit" "$@" >>"$LOG" 2>&1
+	local rc=$?
+	if [ $rc -eq 0 ]; then say "PASS $name ($((SECONDS - t0)) s)"; else
+		say "FAIL $name (rc $rc, $((SECONDS - t0)) s)"
+		status=1
+	fi
+	return $rc
+}
+
+# runs a carried test binary from its package folder (tests read testdata/ relative to it)
+gotest() { # name pkgdir binary limit args...
+	local name=$1 dir=$2 bin=$3 limit=$4
+	shift 4
+	(cd "$ROOT/$dir" && run "$name" "$limit" "$BIN/$bin" -test.count=1 -test.timeout="${limit}s" "$@")
+	local rc=$?
+	[ $rc -ne 0 ] && status=1
+	return $rc
+}
+
+for phase in "${phases[@]}"; do
+	case $phase in
+	build)
+		nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader | tee -a "$SUMMARY"
+		nvcc --version | tail -2 >>"$SUMMARY"
+		if command -v make >/dev/null; then
+			run "make native-cuda" 590 make --no-print-directory -j"$(nproc)" native-cuda CUDA_ARCHS="${CUDA_ARCHS:-90}" GO=true
+		else
+			mkdir -p build/native/cuda
+			run "cc glue" 60 cc -std=gnu11 -O2 -fPIC -fvisibility=hidden -Wall -Inative/include -Inative/src -Inative/gpu \
+				-c native/gpu/fpk_gpu_backend.c -o build/native/cuda/fpk_gpu_backend.o &&
+				run "nvcc libfpk-cuda.so" 590 nvcc -std=c++17 -O3 -Xcompiler -fPIC -Xcompiler -fvisibility=hidden -cudart static \
+					-gencode "arch=compute_${CUDA_ARCHS:-90},code=sm_${CUDA_ARCHS:-90}" -Inative/include -Inative/src -Inative/gpu \
+					-shared -o build/native/libfpk-cuda.so native/gpu/*.cu build/native/cuda/fpk_gpu_backend.o -ldl
+		fi
+		;;
+	tests)
+		gotest "runtime ops on cuda" internal/runtime runtime.test 300 -test.v
+		grep -E "^(--- FAIL|FAIL|ok|PASS)" "$LOG" | tail -5 >>"$SUMMARY"
+		gotest "parity vae" workers/vae/causalvae causalvae.test 300 -test.run '^TestParity' -test.v
+		gotest "parity textenc" workers/textenc textenc.test 300 -test.run '^TestParity' -test.v
+		gotest "parity siglip" workers/clipvision/siglip siglip.test 300 -test.run 'Parity' -test.v
+		gotest "parity transformer" workers/transformer/dit dit.test 300 -test.run '^TestParity' -test.v
+		;;
+	tiers)
+		for tier in vendor_tuned vendor_default own_kernel cpu; do
+			FRAMEPACK_CONV_TIER=$tier gotest "parity vae, conv tier $tier forced" workers/vae/causalvae causalvae.test 300 \
+				-test.run '^TestParityVAE$' -test.v
+		done
+		;;
+	memory)
+		gotest "devices: nvml, memory returned after kill" internal/devices devices.test 240 \
+			-test.run 'TestNVMLReal|TestVRAMReturnedAfterKill' -test.v
+		grep -E "baseline .* back in|device [0-9]+:" "$LOG" | tail -3 >>"$SUMMARY"
+		;;
+	bench)
+		[ -d third_party_ref ] || tar -xJf "$BUNDLE/third_party_ref.tar.xz"
+		B=${BENCH_DIR:-/tmp/fpk-bench}
+		mkdir -p "$B"
+		export PYTHONUNBUFFERED=1
+		run "bench manifests" 300 python3 scripts/gpubench/torch_bench.py --out "$B" --manifests-only
+		run "bench ours" "${BENCH_OURS_LIMIT:-420}" "$BIN/gpubench" -dir "$B" ${BENCH_STAGES:+-stages $BENCH_STAGES}
+		run "bench pytorch" "${BENCH_TORCH_LIMIT:-420}" python3 scripts/gpubench/torch_bench.py --out "$B" ${BENCH_STAGES:+--stages $BENCH_STAGES}
+		cp "$B"/ours.json "$B"/torch.json "$OUT"/ 2>/dev/null
+		python3 scripts/gpubench/table.py "$B" | tee "$OUT/table.md" >>"$SUMMARY"
+		;;
+	*)
+		echo "gpu-check: unknown phase $phase" >&2
+		exit 2
+		;;
+	esac
+done
+grep -E "rel_l2" "$LOG" | sed 's/^ *//' | sort -u >"$OUT/parity.txt"
+echo "--- summary ($OUT)"
+cat "$SUMMARY"
+exit $status

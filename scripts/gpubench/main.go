@@ -1,0 +1,428 @@
+// Command gpubench is our side of the full-size speed table: every stage of a FramePack job at
+// real shapes (544×704, window 9, 18 latent frames, 351 and 77 tokens, 384² pixels) on one
+// backend, with random weights made in memory (no checkpoint files): the tensor names and shapes
+// come from the manifests torch_bench.py writes from the reference modules, the values from a
+// pool of random bf16 numbers. Weights are held in bf16 (16-bit storage, f32 accumulation),
+// activations in f32. Writes ours.json next to the manifests; table.py joins both sides.
+//
+//	gpubench -dir DIR [-backend cuda] [-stages transformer,vae_decode,...]
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/internal/safetensors"
+	"github.com/framepackd/framepackd/workers/clipvision/siglip"
+	"github.com/framepackd/framepackd/workers/textenc/clip"
+	"github.com/framepackd/framepackd/workers/textenc/llama"
+	"github.com/framepackd/framepackd/workers/transformer/dit"
+	"github.com/framepackd/framepackd/workers/vae/causalvae"
+)
+
+// FramePack's section at the 640 bucket, as torch_bench.py.
+const (
+	latH, latW   = 68, 88
+	window       = 9
+	decodeFrames = 18
+	llamaTokens  = 351
+	textTokens   = 128
+	poolBytes    = 64 << 20
+)
+
+var allStages = []string{"transformer", "vae_decode", "vae_decode_tiled", "vae_encode", "llama", "clip", "siglip"}
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "gpubench:", err)
+		os.Exit(1)
+	}
+}
+
+type result struct {
+	Seconds     float64   `json:"seconds,omitempty"`
+	Runs        []float64 `json:"runs,omitempty"`
+	PeakBytes   uint64    `json:"peak_bytes,omitempty"`
+	DType       string    `json:"dtype,omitempty"`
+	LoadSeconds float64   `json:"build_seconds,omitempty"`
+	Note        string    `json:"note,omitempty"`
+	Error       string    `json:"error,omitempty"`
+}
+
+type report struct {
+	Backend string             `json:"backend"`
+	Device  string             `json:"device"`
+	Stages  map[string]*result `json:"stages"`
+}
+
+func run() error {
+	dir := flag.String("dir", "", "folder of torch_bench.py's configs and manifests")
+	backend := flag.String("backend", "cuda", "runtime backend")
+	stages := flag.String("stages", strings.Join(allStages, ","), "stages to run")
+	flag.Parse()
+	if *dir == "" {
+		return fmt.Errorf("-dir is required")
+	}
+	rep := report{Backend: *backend, Stages: map[string]*result{}}
+	pool := newPool(poolBytes)
+	for _, st := range strings.Split(*stages, ",") {
+		if st == "" {
+			continue
+		}
+		res := &result{DType: "bf16 weights, f32 activations"}
+		start := time.Now()
+		if err := runStage(*dir, *backend, st, pool, res, &rep); err != nil {
+			res.Error = err.Error()
+		}
+		rep.Stages[st] = res
+		raw, _ := json.Marshal(res)
+		fmt.Printf("ours %s (%v): %s\n", st, time.Since(start).Round(time.Millisecond), raw)
+		out, _ := json.MarshalIndent(rep, "", " ")
+		if err := os.WriteFile(filepath.Join(*dir, "ours.json"), out, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// timed runs fn warm times, then reps times, and records the median.
+func timed(rt *runtime.Runtime, res *result, warm, reps int, fn func() error) error {
+	for range warm {
+		if err := fn(); err != nil {
+			return err
+		}
+	}
+	if err := rt.Synchronize(); err != nil {
+		return err
+	}
+	for range reps {
+		t0 := time.Now()
+		if err := fn(); err != nil {
+			return err
+		}
+		if err := rt.Synchronize(); err != nil {
+			return err
+		}
+		res.Runs = append(res.Runs, time.Since(t0).Seconds())
+	}
+	s := append([]float64(nil), res.Runs...)
+	sort.Float64s(s)
+	res.Seconds = s[len(s)/2]
+	return nil
+}
+
+func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) error {
+	rt, err := runtime.New(runtime.Options{Backend: backend})
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	rep.Device = rt.Backend().DeviceName
+	ctx := context.Background()
+	t0 := time.Now()
+	defer func() { res.PeakBytes = rt.Memory().Peak }()
+	switch stage {
+	case "transformer":
+		src, err := loadManifest(dir, "transformer", pool)
+		if err != nil {
+			return err
+		}
+		cfg, err := dit.LoadConfig(filepath.Join(dir, "transformer"))
+		if err != nil {
+			return err
+		}
+		m, err := dit.New(rt, cfg, src, dit.LoadOptions{WeightDType: runtime.BF16})
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		c, shape, x := conditioning(cfg)
+		sec, err := m.Prepare(c, shape)
+		if err != nil {
+			return err
+		}
+		defer sec.Close()
+		res.LoadSeconds = time.Since(t0).Seconds()
+		img, enc := sec.Tokens()
+		res.Note = fmt.Sprintf("forward only (the section's conditioning is embedded once by Prepare); %d image + %d text/image tokens", img, enc)
+		return timed(rt, res, 1, 2, func() error {
+			_, err := m.Forward(ctx, sec, x, 875, 10000, dit.ForwardOptions{})
+			return err
+		})
+	case "vae_decode", "vae_decode_tiled", "vae_encode":
+		src, err := loadManifest(dir, "vae", pool)
+		if err != nil {
+			return err
+		}
+		cfg, _, err := causalvae.LoadConfig(filepath.Join(dir, "vae"))
+		if err != nil {
+			return err
+		}
+		m, err := causalvae.LoadFrom(rt, cfg, src, causalvae.Options{WeightDType: runtime.BF16})
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		res.LoadSeconds = time.Since(t0).Seconds()
+		t := causalvae.DefaultTiling()
+		if stage == "vae_decode_tiled" {
+			t.Spatial = true
+		}
+		opts := causalvae.RunOptions{Tiling: t}
+		if stage == "vae_encode" {
+			x := randVolume([5]int{1, 3, 1, latH * 8, latW * 8}, 1)
+			return timed(rt, res, 1, 3, func() error {
+				_, _, err := m.Encode(ctx, x, opts)
+				return err
+			})
+		}
+		z := randVolume([5]int{1, cfg.LatentChannels, decodeFrames, latH, latW}, 2)
+		return timed(rt, res, 1, 1, func() error {
+			_, err := m.Decode(ctx, z, opts)
+			return err
+		})
+	case "llama":
+		src, err := loadManifest(dir, "llama", pool)
+		if err != nil {
+			return err
+		}
+		cfg, err := llama.LoadConfig(filepath.Join(dir, "llama"))
+		if err != nil {
+			return err
+		}
+		m, err := llama.New(rt, cfg, src, llama.Options{HiddenStateIndex: -3, WeightDType: runtime.BF16})
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		res.LoadSeconds = time.Since(t0).Seconds()
+		r := rand.New(rand.NewPCG(3, 4))
+		ids := make([]int32, llamaTokens)
+		mask := make([]bool, llamaTokens)
+		for i := range ids {
+			ids[i] = int32(r.IntN(min(128000, cfg.VocabSize)))
+			mask[i] = true
+		}
+		return timed(rt, res, 1, 3, func() error {
+			h, err := m.HiddenState(ids, mask)
+			h.Free()
+			return err
+		})
+	case "clip":
+		src, err := loadManifest(dir, "clip", pool)
+		if err != nil {
+			return err
+		}
+		cfg, err := clip.LoadConfig(filepath.Join(dir, "clip"))
+		if err != nil {
+			return err
+		}
+		m, err := clip.New(rt, cfg, src, clip.Options{WeightDType: runtime.BF16})
+		if err != nil {
+			return err
+		}
+		defer m.Close()
+		res.LoadSeconds = time.Since(t0).Seconds()
+		r := rand.New(rand.NewPCG(5, 6))
+		ids := make([]int32, 77)
+		for i := range ids {
+			ids[i] = int32(r.IntN(min(49407, cfg.VocabSize-1)))
+		}
+		return timed(rt, res, 1, 5, func() error {
+			p, err := m.Pooled(ids)
+			p.Free()
+			return err
+		})
+	case "siglip":
+		src, err := loadManifest(dir, "siglip", pool)
+		if err != nil {
+			return err
+		}
+		cfg, err := siglip.LoadConfig(filepath.Join(dir, "siglip"))
+		if err != nil {
+			return err
+		}
+		m, err := siglip.LoadFrom(rt, cfg, src, siglip.LoadOptions{DType: runtime.BF16})
+		if err != nil {
+			return err
+		}
+		defer m.Free()
+		res.LoadSeconds = time.Since(t0).Seconds()
+		px := randVolume([5]int{1, 3, 384, 384, 1}, 7)
+		pixels, err := rt.FromFloat32(px.Data, 1, 3, 384, 384)
+		if err != nil {
+			return err
+		}
+		defer pixels.Free()
+		return timed(rt, res, 1, 5, func() error {
+			y, err := m.Forward(pixels, nil)
+			y.Free()
+			return err
+		})
+	}
+	return fmt.Errorf("unknown stage %q", stage)
+}
+
+func randVolume(shape [5]int, seed uint64) causalvae.Volume {
+	v := causalvae.NewVolume(shape)
+	r := rand.New(rand.NewPCG(seed, 9))
+	for i := range v.Data {
+		v.Data[i] = float32(r.NormFloat64())
+	}
+	return v
+}
+
+// conditioning is a FramePack section's conditioning at 544×704: clean latents 1x (2 frames),
+// 2x (2), 4x (16), 729 SigLIP states, textTokens real text tokens of 512.
+func conditioning(cfg dit.Config) (dit.Conditioning, [5]int, []float32) {
+	r := rand.New(rand.NewPCG(11, 12))
+	randn := func(shape ...int) dit.Tensor {
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(r.NormFloat64())
+		}
+		return dit.Tensor{Shape: shape, Data: v}
+	}
+	idx := func(from, n int) dit.IntTensor {
+		v := make([]int64, n)
+		for i := range v {
+			v[i] = int64(from + i)
+		}
+		return dit.IntTensor{Shape: []int{1, n}, Data: v}
+	}
+	mask := make([]int64, 512)
+	for i := range textTokens {
+		mask[i] = 1
+	}
+	c := dit.Conditioning{
+		EncoderHiddenStates:  randn(1, 512, cfg.TextEmbedDim),
+		EncoderAttentionMask: dit.IntTensor{Shape: []int{1, 512}, Data: mask},
+		PooledProjections:    randn(1, cfg.PooledProjectionDim),
+		LatentIndices:        idx(1, window),
+		ImageEmbeddings:      randn(1, 729, cfg.ImageProjDim),
+		CleanLatents:         randn(1, 16, 2, latH, latW),
+		CleanLatentIndices:   dit.IntTensor{Shape: []int{1, 2}, Data: []int64{0, window + 1}},
+		CleanLatents2x:       randn(1, 16, 2, latH, latW),
+		CleanLatent2xIndices: idx(window+2, 2),
+		CleanLatents4x:       randn(1, 16, 16, latH, latW),
+		CleanLatent4xIndices: idx(window+4, 16),
+	}
+	shape := [5]int{1, cfg.InChannels, window, latH, latW}
+	return c, shape, randn(shape[:]...).Data
+}
+
+// ---- random weights from a manifest ---------------------------------------------------------
+
+// pool is a buffer of random bf16 values N(0, 0.02); tensors are served as slices of it (or
+// repeats of it, for tensors larger than the pool).
+type pool struct{ b []byte }
+
+func newPool(n int) *pool {
+	r := rand.New(rand.NewPCG(1, 2))
+	b := make([]byte, n)
+	for i := 0; i+1 < n; i += 2 {
+		f := float32(r.NormFloat64() * 0.02)
+		binary.LittleEndian.PutUint16(b[i:], uint16(math.Float32bits(f)>>16))
+	}
+	return &pool{b: b}
+}
+
+type manifestSource struct {
+	infos map[string]safetensors.TensorInfo
+	names []string
+	pool  *pool
+}
+
+func loadManifest(dir, model string, p *pool) (*manifestSource, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, model, "manifest.json"))
+	if err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", model, err)
+	}
+	var m struct {
+		Tensors map[string]struct {
+			Shape []int64 `json:"shape"`
+			DType string  `json:"dtype"`
+		} `json:"tensors"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", model, err)
+	}
+	s := &manifestSource{infos: map[string]safetensors.TensorInfo{}, pool: p}
+	for name, t := range m.Tensors {
+		dt := safetensors.BF16
+		switch t.DType {
+		case "int64", "int32":
+			dt = safetensors.I64
+		case "bool", "uint8":
+			continue
+		}
+		s.infos[name] = safetensors.TensorInfo{Name: name, DType: dt, Shape: t.Shape}
+		s.names = append(s.names, name)
+	}
+	sort.Strings(s.names)
+	return s, nil
+}
+
+func (s *manifestSource) Names() []string { return s.names }
+
+func (s *manifestSource) Info(name string) (safetensors.TensorInfo, bool) {
+	ti, ok := s.infos[name]
+	if ok {
+		ti.End = ti.NumElements() * int64(dtypeSize(ti.DType))
+	}
+	return ti, ok
+}
+
+func dtypeSize(d safetensors.DType) int {
+	if d == safetensors.I64 {
+		return 8
+	}
+	return 2
+}
+
+func (s *manifestSource) Bytes(name string) ([]byte, error) {
+	ti, ok := s.infos[name]
+	if !ok {
+		return nil, fmt.Errorf("random source: no tensor %q", name)
+	}
+	n := int(ti.NumElements()) * dtypeSize(ti.DType)
+	if ti.DType == safetensors.I64 { // index buffers (position ids): 0, 1, 2, … along the last dim
+		out := make([]byte, n)
+		last := int64(1)
+		if len(ti.Shape) > 0 {
+			last = ti.Shape[len(ti.Shape)-1]
+		}
+		for i := 0; i < n/8; i++ {
+			binary.LittleEndian.PutUint64(out[i*8:], uint64(int64(i)%last))
+		}
+		return out, nil
+	}
+	pb := s.pool.b
+	if n <= len(pb) {
+		h := fnv.New64a()
+		h.Write([]byte(name))
+		off := int(h.Sum64()%uint64(len(pb)-n+1)) &^ 1
+		return pb[off : off+n], nil
+	}
+	out := make([]byte, n)
+	for i := 0; i < n; i += len(pb) {
+		copy(out[i:], pb)
+	}
+	return out, nil
+}
