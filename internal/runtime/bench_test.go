@@ -3,6 +3,7 @@ package runtime
 import (
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -171,6 +172,26 @@ func BenchmarkUploadBF16(b *testing.B) {
 			b.Fatal(err)
 		}
 		t.Free()
+	}
+}
+
+// BenchmarkUnary: the 8-lane activations over 16 M elements, one sub-benchmark each; the metric
+// is elements per second.
+func BenchmarkUnary(b *testing.B) {
+	const n = 16 << 20
+	rt := benchRuntime(b)
+	x := benchTensor(b, rt, n)
+	for _, op := range []UnaryOp{OpGELUTanh, OpGELUErf, OpTanh, OpSiLU} {
+		b.Run(strings.ReplaceAll(op.String(), " ", "_"), func(b *testing.B) {
+			for range b.N {
+				y, err := rt.Unary(op, x)
+				if err != nil {
+					b.Fatal(err)
+				}
+				y.Free()
+			}
+			b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "Gelem/s")
+		})
 	}
 }
 

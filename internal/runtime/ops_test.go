@@ -408,6 +408,93 @@ func TestUnary(t *testing.T) {
 	})
 }
 
+// TestVectorUnaryAccuracy checks the 8-lane tanh and GELU(erf) element by element over a dense
+// grid and special values: absolute and relative error against float64, NaN and infinities,
+// signed zeros, and the same result for an element in the padded last vector as in a full one.
+func TestVectorUnaryAccuracy(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	const n = 200003 // not a multiple of 8
+	grid := make([]float32, n)
+	for i := range grid {
+		grid[i] = float32(-12 + 24*float64(i)/n)
+	}
+	specials := []float32{0, float32(math.Copysign(0, -1)), 1e-30, -1e-20, 1e-5, float32(math.Inf(1)), float32(math.NaN())}
+	copy(grid, specials)
+	gelu := func(v float64) float64 { return 0.5 * v * math.Erfc(-v/math.Sqrt2) }
+	for _, c := range []struct {
+		op       UnaryOp
+		ref      func(float64) float64
+		abs, rel float64 // bounds; rel applies where |x| ≥ relFrom (GELU: x ≥ −4)
+		relFrom  float64
+	}{
+		{OpTanh, math.Tanh, 2e-7, 3e-7, 0},
+		{OpGELUErf, gelu, 5e-7, 3e-6, -4},
+	} {
+		x, err := rt.FromFloat32(grid, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		y, err := rt.Unary(c.op, x)
+		x.Free()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := y.Float32()
+		y.Free()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var maxAbs, maxRel float64
+		for i, g := range got {
+			v := float64(grid[i])
+			w := c.ref(v)
+			switch {
+			case math.IsNaN(v):
+				if !math.IsNaN(float64(g)) {
+					t.Fatalf("%s(NaN) = %g", c.op, g)
+				}
+				continue
+			case math.IsInf(v, 0):
+				if float64(g) != w {
+					t.Fatalf("%s(%g) = %g, want %g", c.op, v, g, w)
+				}
+				continue
+			case v == 0:
+				if g != 0 || math.Signbit(float64(g)) != math.Signbit(v) {
+					t.Fatalf("%s(%g) = %g: signed zero lost", c.op, v, g)
+				}
+				continue
+			}
+			d := math.Abs(float64(g) - w)
+			maxAbs = max(maxAbs, d)
+			if w != 0 && v >= c.relFrom && math.Abs(w) > 1e-30 {
+				maxRel = max(maxRel, d/math.Abs(w))
+			}
+		}
+		t.Logf("%s: max abs error %.3g, max rel error %.3g", c.op, maxAbs, maxRel)
+		if maxAbs > c.abs || maxRel > c.rel {
+			t.Errorf("%s: max abs %.3g (bound %g), max rel %.3g (bound %g)", c.op, maxAbs, c.abs, maxRel, c.rel)
+		}
+		// the padded last vector computes what a full one does
+		x13, err := rt.FromFloat32(append(append([]float32{}, grid[100:108]...), grid[100:105]...), 13)
+		if err != nil {
+			t.Fatal(err)
+		}
+		y13, err := rt.Unary(c.op, x13)
+		x13.Free()
+		if err != nil {
+			t.Fatal(err)
+		}
+		g13, _ := y13.Float32()
+		y13.Free()
+		for i := range 5 {
+			if math.Float32bits(g13[8+i]) != math.Float32bits(g13[i]) {
+				t.Fatalf("%s: element %d of the tail %g, of a full vector %g", c.op, i, g13[8+i], g13[i])
+			}
+		}
+	}
+}
+
 func TestBinaryBroadcast(t *testing.T) {
 	rt := newTestRuntime(t, Options{})
 	r := rng(t)
