@@ -94,7 +94,12 @@ for phase in "${phases[@]}"; do
 		gotest "runtime ops on cuda" internal/runtime runtime.test 300 -test.v
 		grep -E "^(--- FAIL|FAIL|ok|PASS)" "$LOG" | tail -5 >>"$SUMMARY"
 		gotest "parity vae" workers/vae/causalvae causalvae.test 300 -test.run '^TestParity' -test.v
-		gotest "parity textenc" workers/textenc textenc.test 300 -test.run '^TestParity' -test.v
+		# workers/textenc's TestMain builds its worker binary with go, which this machine lacks;
+		# the parity tests do not start it, so a stand-in `go` writes an empty file
+		mkdir -p "$BIN/fakego"
+		printf '#!/bin/sh\n[ "$1" = build ] || exit 1\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && : >"$2" && chmod +x "$2"; shift; done\n' >"$BIN/fakego/go"
+		chmod +x "$BIN/fakego/go"
+		PATH="$BIN/fakego:$PATH" gotest "parity textenc" workers/textenc textenc.test 300 -test.run '^TestParity' -test.v
 		gotest "parity siglip" workers/clipvision/siglip siglip.test 300 -test.run 'Parity' -test.v
 		gotest "parity transformer" workers/transformer/dit dit.test 300 -test.run '^TestParity' -test.v
 		;;

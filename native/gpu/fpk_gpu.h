@@ -55,6 +55,10 @@ const char *fpk_gpu_backend_name(void);
 /* ---- lifetime, memory, streams (fpk_gpu_device.cu) -------------------------------------- */
 
 fpk_status fpk_gpu_create(const fpk_backend_config *config, fpk_gpu_ctx **out);
+/* Serialises op submission (vendor handles and per-shape caches are not thread-safe); every op
+ * slot of the table holds it while it queues work. */
+void fpk_gpu_lock(fpk_gpu_ctx *c);
+void fpk_gpu_unlock(fpk_gpu_ctx *c);
 void fpk_gpu_free(fpk_gpu_ctx *c);
 fpk_status fpk_gpu_props(fpk_gpu_ctx *c, fpk_backend_props *out);
 fpk_status fpk_gpu_alloc(fpk_gpu_ctx *c, size_t nbytes, void **out);
@@ -95,7 +99,8 @@ fpk_status fpk_gpu_softmax(fpk_gpu_ctx *c, void *s, float scale, const fpk_gt *x
 fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf,
                              const fpk_attention_params *p, const fpk_gt *q, const fpk_gt *k,
                              const fpk_gt *v, const fpk_gt *mask, const fpk_gt *out);
-fpk_status fpk_gpu_rope(fpk_gpu_ctx *c, void *s, const fpk_gt *x, const fpk_gt *cos,
+/* mode: fpk_rope_mode (interleaved pairs or halves). */
+fpk_status fpk_gpu_rope(fpk_gpu_ctx *c, void *s, int mode, const fpk_gt *x, const fpk_gt *cos,
                         const fpk_gt *sin, const fpk_gt *out);
 fpk_status fpk_gpu_concat(fpk_gpu_ctx *c, void *s, int dim, int n, const fpk_gt *in, const fpk_gt *out);
 fpk_status fpk_gpu_slice(fpk_gpu_ctx *c, void *s, int dim, int64_t start, int64_t step,

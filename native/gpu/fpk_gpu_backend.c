@@ -30,6 +30,15 @@ fpk_status fpk_gpu_set_oom(uint64_t requested, uint64_t available, const char *w
 
 #define GCTX(v) ((fpk_gpu_ctx *)(v))
 
+/* Runs one op of the device code under the backend's submission lock. */
+#define LOCKED(fn, ...)                                                                         \
+    ({                                                                                          \
+        fpk_gpu_lock(GCTX(ctx));                                                                \
+        fpk_status st_ = fn(GCTX(ctx), __VA_ARGS__);                                            \
+        fpk_gpu_unlock(GCTX(ctx));                                                              \
+        st_;                                                                                    \
+    })
+
 static void gt(fpk_tensor_t t, fpk_gt *out) {
     memset(out, 0, sizeof *out);
     if (!t) return;
@@ -75,7 +84,7 @@ static fpk_status g_mem_info(void *ctx, uint64_t *fr, uint64_t *tot) { return fp
 
 static fpk_status g_fill(void *ctx, void *s, fpk_tensor_t t, double v) {
     GT(d, t);
-    return fpk_gpu_fill(GCTX(ctx), s, d, v);
+    return LOCKED(fpk_gpu_fill, s, d, v);
 }
 
 static fpk_status g_gemm(void *ctx, void *s, const fpk_gemm_params *p, fpk_tensor_t a, fpk_tensor_t b,
@@ -85,7 +94,7 @@ static fpk_status g_gemm(void *ctx, void *s, const fpk_gemm_params *p, fpk_tenso
     GT(cd, bias);
     GT(od, out);
     fpk_gpu_scratch_fn sf = scratch_of(out);
-    return fpk_gpu_gemm(GCTX(ctx), s, &sf, p, ad, bd, cd, od);
+    return LOCKED(fpk_gpu_gemm, s, &sf, p, ad, bd, cd, od);
 }
 
 static fpk_status g_conv3d(void *ctx, void *s, fpk_conv_tier tier, const fpk_conv3d_params *p,
@@ -95,7 +104,7 @@ static fpk_status g_conv3d(void *ctx, void *s, fpk_conv_tier tier, const fpk_con
     GT(bd, bias);
     GT(od, out);
     fpk_gpu_scratch_fn sf = scratch_of(out);
-    return fpk_gpu_conv3d(GCTX(ctx), s, &sf, tier, p, xd, wd, bd, od);
+    return LOCKED(fpk_gpu_conv3d, s, &sf, tier, p, xd, wd, bd, od);
 }
 
 static fpk_status g_group_norm(void *ctx, void *s, int64_t groups, float eps, fpk_tensor_t x,
@@ -105,7 +114,7 @@ static fpk_status g_group_norm(void *ctx, void *s, int64_t groups, float eps, fp
     GT(bd, b);
     GT(od, out);
     fpk_gpu_scratch_fn sf = scratch_of(out);
-    return fpk_gpu_group_norm(GCTX(ctx), s, &sf, groups, eps, xd, wd, bd, od);
+    return LOCKED(fpk_gpu_group_norm, s, &sf, groups, eps, xd, wd, bd, od);
 }
 
 static fpk_status g_layer_norm(void *ctx, void *s, float eps, fpk_tensor_t x, fpk_tensor_t w,
@@ -114,7 +123,7 @@ static fpk_status g_layer_norm(void *ctx, void *s, float eps, fpk_tensor_t x, fp
     GT(wd, w);
     GT(bd, b);
     GT(od, out);
-    return fpk_gpu_layer_norm(GCTX(ctx), s, 0, eps, xd, wd, bd, od);
+    return LOCKED(fpk_gpu_layer_norm, s, 0, eps, xd, wd, bd, od);
 }
 
 static fpk_status g_rms_norm(void *ctx, void *s, float eps, fpk_tensor_t x, fpk_tensor_t w,
@@ -122,19 +131,19 @@ static fpk_status g_rms_norm(void *ctx, void *s, float eps, fpk_tensor_t x, fpk_
     GT(xd, x);
     GT(wd, w);
     GT(od, out);
-    return fpk_gpu_layer_norm(GCTX(ctx), s, 1, eps, xd, wd, NULL, od);
+    return LOCKED(fpk_gpu_layer_norm, s, 1, eps, xd, wd, NULL, od);
 }
 
 static fpk_status g_unary(void *ctx, void *s, fpk_unary_op op, fpk_tensor_t x, fpk_tensor_t out) {
     GT(xd, x);
     GT(od, out);
-    return fpk_gpu_unary(GCTX(ctx), s, (int)op, 0, 0, xd, od);
+    return LOCKED(fpk_gpu_unary, s, (int)op, 0, 0, xd, od);
 }
 
 static fpk_status g_affine(void *ctx, void *s, float scale, float shift, fpk_tensor_t x, fpk_tensor_t out) {
     GT(xd, x);
     GT(od, out);
-    return fpk_gpu_unary(GCTX(ctx), s, -1, scale, shift, xd, od);
+    return LOCKED(fpk_gpu_unary, s, -1, scale, shift, xd, od);
 }
 
 static fpk_status g_binary(void *ctx, void *s, fpk_binary_op op, fpk_tensor_t a, fpk_tensor_t b,
@@ -142,13 +151,13 @@ static fpk_status g_binary(void *ctx, void *s, fpk_binary_op op, fpk_tensor_t a,
     GT(ad, a);
     GT(bd, b);
     GT(od, out);
-    return fpk_gpu_binary(GCTX(ctx), s, (int)op, ad, bd, od);
+    return LOCKED(fpk_gpu_binary, s, (int)op, ad, bd, od);
 }
 
 static fpk_status g_softmax(void *ctx, void *s, float scale, fpk_tensor_t x, fpk_tensor_t out) {
     GT(xd, x);
     GT(od, out);
-    return fpk_gpu_softmax(GCTX(ctx), s, scale, xd, od);
+    return LOCKED(fpk_gpu_softmax, s, scale, xd, od);
 }
 
 static fpk_status g_attention(void *ctx, void *s, const fpk_attention_params *p, fpk_tensor_t q,
@@ -159,7 +168,7 @@ static fpk_status g_attention(void *ctx, void *s, const fpk_attention_params *p,
     GT(md, mask);
     GT(od, out);
     fpk_gpu_scratch_fn sf = scratch_of(out);
-    return fpk_gpu_attention(GCTX(ctx), s, &sf, p, qd, kd, vd, md, od);
+    return LOCKED(fpk_gpu_attention, s, &sf, p, qd, kd, vd, md, od);
 }
 
 static fpk_status g_rope(void *ctx, void *s, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
@@ -168,7 +177,16 @@ static fpk_status g_rope(void *ctx, void *s, fpk_tensor_t x, fpk_tensor_t cos, f
     GT(cd, cos);
     GT(sd, sin);
     GT(od, out);
-    return fpk_gpu_rope(GCTX(ctx), s, xd, cd, sd, od);
+    return LOCKED(fpk_gpu_rope, s, FPK_ROPE_INTERLEAVED, xd, cd, sd, od);
+}
+
+static fpk_status g_rope_mode(void *ctx, void *s, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
+                              fpk_tensor_t sin, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(cd, cos);
+    GT(sd, sin);
+    GT(od, out);
+    return LOCKED(fpk_gpu_rope, s, (int)mode, xd, cd, sd, od);
 }
 
 static fpk_status g_concat(void *ctx, void *s, int dim, int n, const fpk_tensor_t *in, fpk_tensor_t out) {
@@ -177,7 +195,7 @@ static fpk_status g_concat(void *ctx, void *s, int dim, int n, const fpk_tensor_
     if (!ins) return fpk_gpu_host->set_oom((uint64_t)n * sizeof *ins, 0, "host concat descriptors");
     for (int i = 0; i < n; i++) gt(in[i], &ins[i]);
     GT(od, out);
-    fpk_status st = fpk_gpu_concat(GCTX(ctx), s, dim, n, ins, od);
+    fpk_status st = LOCKED(fpk_gpu_concat, s, dim, n, ins, od);
     if (ins != stack) free(ins);
     return st;
 }
@@ -186,13 +204,13 @@ static fpk_status g_slice(void *ctx, void *s, int dim, int64_t start, int64_t st
                           fpk_tensor_t out) {
     GT(xd, x);
     GT(od, out);
-    return fpk_gpu_slice(GCTX(ctx), s, dim, start, step, xd, od);
+    return LOCKED(fpk_gpu_slice, s, dim, start, step, xd, od);
 }
 
 static fpk_status g_permute(void *ctx, void *s, const int *perm, fpk_tensor_t x, fpk_tensor_t out) {
     GT(xd, x);
     GT(od, out);
-    return fpk_gpu_permute(GCTX(ctx), s, perm, xd, od);
+    return LOCKED(fpk_gpu_permute, s, perm, xd, od);
 }
 
 static fpk_status g_pad(void *ctx, void *s, fpk_pad_mode mode, const int64_t *before,
@@ -200,32 +218,32 @@ static fpk_status g_pad(void *ctx, void *s, fpk_pad_mode mode, const int64_t *be
     (void)after;
     GT(xd, x);
     GT(od, out);
-    return fpk_gpu_pad(GCTX(ctx), s, (int)mode, before, xd, od);
+    return LOCKED(fpk_gpu_pad, s, (int)mode, before, xd, od);
 }
 
 static fpk_status g_upsample(void *ctx, void *s, const int64_t *scale, fpk_tensor_t x, fpk_tensor_t out) {
     GT(xd, x);
     GT(od, out);
-    return fpk_gpu_upsample(GCTX(ctx), s, scale, xd, od);
+    return LOCKED(fpk_gpu_upsample, s, scale, xd, od);
 }
 
 static fpk_status g_avg_pool(void *ctx, void *s, const int64_t *kernel, const int64_t *stride,
                              fpk_tensor_t x, fpk_tensor_t out) {
     GT(xd, x);
     GT(od, out);
-    return fpk_gpu_avg_pool(GCTX(ctx), s, kernel, stride, xd, od);
+    return LOCKED(fpk_gpu_avg_pool, s, kernel, stride, xd, od);
 }
 
 static fpk_status g_reduce(void *ctx, void *s, fpk_reduce_op op, int dim, fpk_tensor_t x, fpk_tensor_t out) {
     GT(xd, x);
     GT(od, out);
-    return fpk_gpu_reduce(GCTX(ctx), s, (int)op, dim, xd, od);
+    return LOCKED(fpk_gpu_reduce, s, (int)op, dim, xd, od);
 }
 
 static fpk_status g_copy(void *ctx, void *s, fpk_tensor_t src, fpk_tensor_t dst) {
     GT(sd, src);
     GT(dd, dst);
-    return fpk_gpu_cast(GCTX(ctx), s, sd, dd);
+    return LOCKED(fpk_gpu_cast, s, sd, dd);
 }
 
 static fpk_status g_embedding(void *ctx, void *s, fpk_tensor_t table, fpk_tensor_t ids, fpk_tensor_t out) {
@@ -233,7 +251,7 @@ static fpk_status g_embedding(void *ctx, void *s, fpk_tensor_t table, fpk_tensor
     GT(id, ids);
     GT(od, out);
     fpk_gpu_scratch_fn sf = scratch_of(out);
-    return fpk_gpu_embedding(GCTX(ctx), s, &sf, td, id, od);
+    return LOCKED(fpk_gpu_embedding, s, &sf, td, id, od);
 }
 
 static struct fpk_backend_iface gpu_iface = {
@@ -260,6 +278,7 @@ static struct fpk_backend_iface gpu_iface = {
     .softmax = g_softmax,
     .attention = g_attention,
     .rope = g_rope,
+    .rope_mode = g_rope_mode,
     .concat = g_concat,
     .slice = g_slice,
     .permute = g_permute,

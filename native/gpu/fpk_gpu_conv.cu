@@ -160,9 +160,11 @@ static fpk_status conv_vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
                               const fpk_gt *out) {
     if (!fpk_vendor_has_dnn(c))
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: no vendor DNN library loaded");
-    /* one compute dtype: the 16-bit one when mixed with f32, else f32 */
-    int dt = x->dtype == w->dtype ? x->dtype
-             : is_half(x->dtype) && !is_half(w->dtype) ? x->dtype
+    /* one compute dtype: f32 when they differ (the 16-bit weight widened exactly, as the f32
+     * path), or with FRAMEPACK_GPU_HALF_COMPUTE the 16-bit one (cuDNN's matrix units) */
+    int dt = x->dtype == w->dtype ? x->dtype : FPK_F32;
+    if (c->half_compute && x->dtype != w->dtype)
+        dt = is_half(x->dtype) && !is_half(w->dtype) ? x->dtype
              : is_half(w->dtype) && !is_half(x->dtype) ? w->dtype
                                                        : FPK_F32;
     size_t es = fpk_dt_size(dt);

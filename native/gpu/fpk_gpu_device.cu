@@ -75,6 +75,9 @@ extern "C" fpk_status fpk_gpu_create(const fpk_backend_config *config, fpk_gpu_c
     }
     const char *nb = getenv("FRAMEPACK_GPU_NO_BLAS");
     c->no_blas = nb && *nb && strcmp(nb, "0") != 0;
+    const char *hc = getenv("FRAMEPACK_GPU_HALF_COMPUTE");
+    c->half_compute = hc && *hc && strcmp(hc, "0") != 0;
+    pthread_mutex_init(&c->mu, NULL);
     fpk_vendor_open(c);
     *out = c;
     return FPK_OK;
@@ -86,8 +89,12 @@ extern "C" void fpk_gpu_free(fpk_gpu_ctx *c) {
     (void)cudaStreamSynchronize(c->stream);
     fpk_vendor_close(c);
     (void)cudaStreamDestroy(c->stream);
+    pthread_mutex_destroy(&c->mu);
     free(c);
 }
+
+extern "C" void fpk_gpu_lock(fpk_gpu_ctx *c) { pthread_mutex_lock(&c->mu); }
+extern "C" void fpk_gpu_unlock(fpk_gpu_ctx *c) { pthread_mutex_unlock(&c->mu); }
 
 extern "C" fpk_status fpk_gpu_props(fpk_gpu_ctx *c, fpk_backend_props *out) {
     snprintf(out->device_name, sizeof out->device_name, "%s (%s)", c->name, c->arch);

@@ -1,8 +1,9 @@
 /*
  * fpk_gpu_gemm.cu — GEMM: the vendor BLAS (cuBLAS / rocBLAS, f32 accumulation, no TF32) when it
  * loaded, our own tiled kernel otherwise (any float dtypes, f32 accumulation). Operands of
- * different float types are brought to one type first: the 16-bit one when the other is f32 (as
- * PyTorch computes a bf16 layer on bf16 weights), f32 when they are f16 and bf16.
+ * different float types are brought to one type first: f32 (the 16-bit weight widened exactly,
+ * the f32 path's result, as the cpu backend does), or with FRAMEPACK_GPU_HALF_COMPUTE=1 the
+ * 16-bit type when the other is f32 (PyTorch's bf16 layer on bf16 weights: matrix units).
  */
 #include "fpk_gpu_internal.h"
 
@@ -114,7 +115,8 @@ fpk_status fpk_gpu_gemm_run(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
     fpk_scratch sa(sf), sb(sf), sc(sf);
     /* one operand type */
     if (d.adt != d.bdt) {
-        int to = is_half(d.adt) && !is_half(d.bdt) ? d.adt : is_half(d.bdt) && !is_half(d.adt) ? d.bdt : FPK_F32;
+        int to = FPK_F32; /* widen the 16-bit operand: exactly the f32 path's product */
+        if (c->half_compute) to = is_half(d.adt) && !is_half(d.bdt) ? d.adt : is_half(d.bdt) && !is_half(d.adt) ? d.bdt : FPK_F32;
         if (d.adt != to)
             FPK_TRY(to_dtype(st, sa, &d.a, &d.adt, to, span(d.trans_a ? d.K : d.M, d.lda, d.stride_a, d.batch)));
         if (d.bdt != to)

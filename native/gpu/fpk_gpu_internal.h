@@ -8,6 +8,7 @@
 #include "fpk_gpu_compat.h"
 #include "fpk_gpu.h"
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -65,6 +66,11 @@ struct fpk_gpu_ctx {
     uint64_t total_memory;
     int multiprocessors;
     int no_blas;      /* FRAMEPACK_GPU_NO_BLAS: own GEMM even where the vendor BLAS loaded */
+    /* FRAMEPACK_GPU_HALF_COMPUTE: an f32 operand meeting a 16-bit one (activations × weights) is
+     * rounded to the 16-bit type so the matrix units run (PyTorch's bf16 semantics). Off by
+     * default: the 16-bit operand is widened exactly to f32, the f32 path's result. */
+    int half_compute;
+    pthread_mutex_t mu; /* op submission, see fpk_gpu_lock */
     fpk_vendor_blas blas;
     fpk_vendor_dnn dnn;
 };

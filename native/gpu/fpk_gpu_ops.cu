@@ -441,9 +441,9 @@ extern "C" fpk_status fpk_gpu_group_norm(fpk_gpu_ctx *c, void *s, const fpk_gpu_
 
 /* d.shape: x's leading dims; d.st / d.st2: cos / sin strides over them (last dim contiguous). */
 __global__ void k_rope(const void *x, int xdt, const void *cs, int cdt, const void *sn, int sdt, void *y, int ydt,
-                       int64_t pairs, int64_t D, fpk_dims d) {
+                       int64_t pairs, int64_t D, fpk_dims d, int halves) {
     GRID_LOOP(p, pairs) {
-        int64_t r = p / (D / 2), i = (p % (D / 2)) * 2;
+        int64_t r = p / (D / 2), i = p % (D / 2);
         int64_t rem = r, oc = 0, os = 0;
         for (int k = d.nd - 1; k >= 0; k--) {
             int64_t cc = rem % d.shape[k];
@@ -451,14 +451,18 @@ __global__ void k_rope(const void *x, int xdt, const void *cs, int cdt, const vo
             oc += cc * d.st[k];
             os += cc * d.st2[k];
         }
-        float x0 = fpk_ld(x, xdt, r * D + i), x1 = fpk_ld(x, xdt, r * D + i + 1);
-        fpk_st(y, ydt, r * D + i, x0 * fpk_ld(cs, cdt, oc + i) - x1 * fpk_ld(sn, sdt, os + i));
-        fpk_st(y, ydt, r * D + i + 1, x1 * fpk_ld(cs, cdt, oc + i + 1) + x0 * fpk_ld(sn, sdt, os + i + 1));
+        /* the pair (i0, i1): (2i, 2i+1) interleaved, (i, i + D/2) in halves (rotate_half) */
+        int64_t i0 = halves ? i : 2 * i, i1 = halves ? i + D / 2 : 2 * i + 1;
+        float x0 = fpk_ld(x, xdt, r * D + i0), x1 = fpk_ld(x, xdt, r * D + i1);
+        fpk_st(y, ydt, r * D + i0, x0 * fpk_ld(cs, cdt, oc + i0) - x1 * fpk_ld(sn, sdt, os + i0));
+        fpk_st(y, ydt, r * D + i1, x1 * fpk_ld(cs, cdt, oc + i1) + x0 * fpk_ld(sn, sdt, os + i1));
     }
 }
 
-extern "C" fpk_status fpk_gpu_rope(fpk_gpu_ctx *c, void *s, const fpk_gt *x, const fpk_gt *cos, const fpk_gt *sin,
-                                   const fpk_gt *out) {
+extern "C" fpk_status fpk_gpu_rope(fpk_gpu_ctx *c, void *s, int mode, const fpk_gt *x, const fpk_gt *cos,
+                                   const fpk_gt *sin, const fpk_gt *out) {
+    if (mode != FPK_ROPE_INTERLEAVED && mode != FPK_ROPE_HALVES)
+        return fpk_gpu_set_error(FPK_ERR_UNSUPPORTED, "rope: mode %d", mode);
     if (x->numel == 0) return FPK_OK;
     int64_t D = x->shape[x->ndim - 1];
     int64_t sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
@@ -474,7 +478,8 @@ extern "C" fpk_status fpk_gpu_rope(fpk_gpu_ctx *c, void *s, const fpk_gt *x, con
     }
     int64_t pairs = x->numel / 2;
     k_rope<<<fpk_blocks(pairs), FPK_BLOCK, 0, fpk_stream(c, s)>>>(x->data, x->dtype, cos->data, cos->dtype, sin->data,
-                                                                 sin->dtype, out->data, out->dtype, pairs, D, d);
+                                                                 sin->dtype, out->data, out->dtype, pairs, D, d,
+                                                                 mode == FPK_ROPE_HALVES);
     return fpk_gpu_launched("rope");
 }
 

@@ -156,8 +156,8 @@ static size_t find_workspace(fpk_scratch &ws, size_t want) {
     return 0;
 }
 
-enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 };
-enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_COMPUTE_32F = 68, CUBLAS_GEMM_DEFAULT = -1 };
+enum { FPK_CUDA_R_32F = 0, FPK_CUDA_R_16F = 2, FPK_CUDA_R_16BF = 14 };
+enum { FPK_CUBLAS_OP_N = 0, FPK_CUBLAS_OP_T = 1, FPK_CUBLAS_COMPUTE_32F = 68, FPK_CUBLAS_GEMM_DEFAULT = -1 };
 
 typedef int (*cublasCreate_t)(void **);
 typedef int (*cublasDestroy_t)(void *);
@@ -169,9 +169,9 @@ static const char *const blas_syms[] = {"cublasCreate_v2", "cublasDestroy_v2", "
                                         "cublasGemmStridedBatchedEx", NULL};
 static const char *const blas_names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", NULL};
 
-enum { CUDNN_DATA_FLOAT = 0, CUDNN_DATA_HALF = 2, CUDNN_DATA_BFLOAT16 = 9 };
-enum { CUDNN_TENSOR_NCHW = 0, CUDNN_CROSS_CORRELATION = 1 };
-enum { CUDNN_DEFAULT_MATH = 0, CUDNN_TENSOR_OP_MATH = 1, CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION = 2, CUDNN_FMA_MATH = 3 };
+enum { FPK_CUDNN_DATA_FLOAT = 0, FPK_CUDNN_DATA_HALF = 2, FPK_CUDNN_DATA_BFLOAT16 = 9 };
+enum { FPK_CUDNN_TENSOR_NCHW = 0, FPK_CUDNN_CROSS_CORRELATION = 1 };
+enum { FPK_CUDNN_DEFAULT_MATH = 0, FPK_CUDNN_TENSOR_OP_MATH = 1, FPK_CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION = 2, FPK_CUDNN_FMA_MATH = 3 };
 
 typedef struct {
     int algo;
@@ -247,13 +247,13 @@ void fpk_vendor_close(fpk_gpu_ctx *c) {
     memset(&c->dnn, 0, sizeof c->dnn);
 }
 
-static int cuda_type(int dt) { return dt == FPK_F32 ? CUDA_R_32F : dt == FPK_F16 ? CUDA_R_16F : dt == FPK_BF16 ? CUDA_R_16BF : -1; }
+static int cuda_type(int dt) { return dt == FPK_F32 ? FPK_CUDA_R_32F : dt == FPK_F16 ? FPK_CUDA_R_16F : dt == FPK_BF16 ? FPK_CUDA_R_16BF : -1; }
 
 fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc *d) {
     fpk_vendor_blas *b = &c->blas;
     if (!b->handle) return FPK_ERR_UNAVAILABLE;
     int at = cuda_type(d->adt), bt = cuda_type(d->bdt), ct = cuda_type(d->cdt);
-    if (at < 0 || bt < 0 || ct < 0 || d->adt != d->bdt || (ct != CUDA_R_32F && d->cdt != d->adt)) return FPK_ERR_UNAVAILABLE;
+    if (at < 0 || bt < 0 || ct < 0 || d->adt != d->bdt || (ct != FPK_CUDA_R_32F && d->cdt != d->adt)) return FPK_ERR_UNAVAILABLE;
     if (d->M > INT_MAX || d->N > INT_MAX || d->K > INT_MAX || d->batch > INT_MAX || d->lda > INT_MAX ||
         d->ldb > INT_MAX || d->ldc > INT_MAX)
         return FPK_ERR_UNAVAILABLE;
@@ -261,16 +261,16 @@ fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc 
     float alpha = d->alpha, beta = d->beta;
     /* row-major C = A B is column-major Cᵀ = Bᵀ Aᵀ: swap the operands */
     int s = ((cublasGemmStridedBatchedEx_t)b->fn[3])(
-        b->handle, d->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, d->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, (int)d->N, (int)d->M,
+        b->handle, d->trans_b ? FPK_CUBLAS_OP_T : FPK_CUBLAS_OP_N, d->trans_a ? FPK_CUBLAS_OP_T : FPK_CUBLAS_OP_N, (int)d->N, (int)d->M,
         (int)d->K, &alpha, d->b, bt, (int)d->ldb, d->stride_b, d->a, at, (int)d->lda, d->stride_a, &beta, d->c, ct,
-        (int)d->ldc, d->stride_c, (int)d->batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        (int)d->ldc, d->stride_c, (int)d->batch, FPK_CUBLAS_COMPUTE_32F, FPK_CUBLAS_GEMM_DEFAULT);
     if (s != 0)
         return fpk_gpu_set_error(FPK_ERR_BACKEND, "gemm: cublasGemmStridedBatchedEx status %d (%lld x %lld x %lld, batch %lld)",
                                  s, (long long)d->M, (long long)d->N, (long long)d->K, (long long)d->batch);
     return FPK_OK;
 }
 
-static int cudnn_type(int dt) { return dt == FPK_F32 ? CUDNN_DATA_FLOAT : dt == FPK_F16 ? CUDNN_DATA_HALF : CUDNN_DATA_BFLOAT16; }
+static int cudnn_type(int dt) { return dt == FPK_F32 ? FPK_CUDNN_DATA_FLOAT : dt == FPK_F16 ? FPK_CUDNN_DATA_HALF : FPK_CUDNN_DATA_BFLOAT16; }
 
 /* cuDNN descriptors of one conv, destroyed with the object. */
 struct cudnn_descs {
@@ -315,17 +315,17 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
     DNN(((fn_hp)d->fn[D_CT])(&ds.y), "create descriptor");
     DNN(((fn_st)d->fn[D_ST])(ds.y, ty, 5, ydims, ys), "y descriptor");
     DNN(((fn_hp)d->fn[D_CF])(&ds.w), "create descriptor");
-    DNN(((fn_sf)d->fn[D_SF])(ds.w, ty, CUDNN_TENSOR_NCHW, 5, wdims), "w descriptor");
+    DNN(((fn_sf)d->fn[D_SF])(ds.w, ty, FPK_CUDNN_TENSOR_NCHW, 5, wdims), "w descriptor");
     DNN(((fn_hp)d->fn[D_CC])(&ds.conv), "create descriptor");
     int pad[3], str[3], dil[3] = {1, 1, 1};
     for (int i = 0; i < 3; i++) {
         pad[i] = (int)p->padding[i];
         str[i] = (int)(p->stride[i] ? p->stride[i] : 1);
     }
-    DNN(((fn_sc)d->fn[D_SC])(ds.conv, 3, pad, str, dil, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT), "conv descriptor");
+    DNN(((fn_sc)d->fn[D_SC])(ds.conv, 3, pad, str, dil, FPK_CUDNN_CROSS_CORRELATION, FPK_CUDNN_DATA_FLOAT), "conv descriptor");
     DNN(((fn_hi)d->fn[D_GC])(ds.conv, (int)(p->groups ? p->groups : 1)), "group count");
     /* f32 stays f32: FMA math forbids TF32 (cuDNN's default allows it on Ampere and later) */
-    int math = dt == FPK_F32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH;
+    int math = dt == FPK_F32 ? FPK_CUDNN_FMA_MATH : FPK_CUDNN_TENSOR_OP_MATH;
     DNN(((fn_hi)d->fn[D_MC])(ds.conv, math), "math type");
     struct fpk_conv_algo *a = algo_find(d, tuned, dt, xdims, wdims, ydims, p);
     if (!a) {
@@ -337,12 +337,12 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
             DNN(((fn_find)d->fn[D_FIND])(d->handle, ds.x, x, ds.w, w, ds.conv, ds.y, y, 8, &got, perf, ws.ptr, wsz),
                 "FindConvolutionForwardAlgorithmEx");
             for (int i = 0; i < got && pick < 0; i++)
-                if (perf[i].status == 0 && perf[i].memory <= wsz && (dt != FPK_F32 || perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) pick = i;
+                if (perf[i].status == 0 && perf[i].memory <= wsz && (dt != FPK_F32 || perf[i].mathType != FPK_CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) pick = i;
         } else {
             DNN(((fn_v7)d->fn[D_V7])(d->handle, ds.x, ds.w, ds.conv, ds.y, 8, &got, perf),
                 "GetConvolutionForwardAlgorithm_v7");
             for (int i = 0; i < got && pick < 0; i++)
-                if (perf[i].status == 0 && (dt != FPK_F32 || perf[i].mathType != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) pick = i;
+                if (perf[i].status == 0 && (dt != FPK_F32 || perf[i].mathType != FPK_CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)) pick = i;
         }
         if (pick < 0) return fpk_gpu_set_error(FPK_ERR_BACKEND, "conv3d: cuDNN offers no algorithm for this shape");
         size_t need = 0;
@@ -351,7 +351,7 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
         a = algo_add(d, tuned, dt, xdims, wdims, ydims, p);
         if (!a) return fpk_gpu_set_oom(sizeof *a, 0, "host conv algo record");
         a->algo = perf[pick].algo;
-        a->math = dt == FPK_F32 ? CUDNN_FMA_MATH : perf[pick].mathType;
+        a->math = dt == FPK_F32 ? FPK_CUDNN_FMA_MATH : perf[pick].mathType;
         a->ws = need;
     }
     DNN(((fn_hi)d->fn[D_MC])(ds.conv, a->math), "math type");

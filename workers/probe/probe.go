@@ -59,7 +59,11 @@ func (p *probe) Probe(ctx context.Context, req *workerkit.ProbeRequest) (*worker
 		}
 	}
 	switch req.Backend {
-	case "", "auto", "cpu":
+	case "", "cpu":
+	case "auto", "cuda", "hip":
+		if resp, ok, err := p.probeGPU(ctx, req); ok || err != nil {
+			return resp, err
+		}
 	default:
 		return nil, workerkit.Errorf(workerkit.CodeInternal, "probe: backend %q is not available in this build", req.Backend)
 	}
