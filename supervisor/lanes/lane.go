@@ -358,7 +358,9 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		rep.Teardown = time.Since(t0)
 	}()
 	if st.Attach != nil { // the watchdog watches the worker until the lane lets it go
-		defer st.Attach(proc)()
+		if detach := st.Attach(proc); detach != nil {
+			defer detach()
+		}
 	}
 
 	stop := l.sample(st, proc, &peak)

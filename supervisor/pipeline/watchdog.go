@@ -40,11 +40,6 @@ func (j *jobRun) runOnLane(ctx context.Context, stage framepackv1.Stage, section
 		var err error
 		rep, err = j.lane.Run(ctx, att)
 		a.Kept = err == nil && rep.Kept
-		if rep.Result != nil && rep.Result.Stats != nil {
-			for _, n := range rep.Result.Stats.OpCounts {
-				a.Ops += n
-			}
-		}
 		return err
 	})
 	return rep, err

@@ -68,6 +68,11 @@ func (k Knobs) VAETiling(base *workerkit.VAETiling) *workerkit.VAETiling {
 	return &t
 }
 
+// LastConvTier is the conv chain's last tier (runtime.TierCPU's name). A hang there is never
+// marked in the decision cache: with it skipped no tier would be left to serve the shape, so
+// the stage is retried as for any other hang.
+const LastConvTier = "cpu"
+
 // ConvMark is "shape Key hung at tier Tier", recorded in the conv decision cache.
 type ConvMark struct {
 	Key, Tier string
@@ -150,7 +155,7 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 		// held is back, no fragmentation); the budget bounds these.
 		return Step{Knobs: next, Change: "retry as is (no smaller footprint left to try)"}, true
 	case ClassHang:
-		if key, tier, ok := v.Conv(); ok {
+		if key, tier, ok := v.Conv(); ok && tier != LastConvTier {
 			return Step{Knobs: next, MarkHung: &ConvMark{Key: key, Tier: tier},
 				Change: fmt.Sprintf("conv tier %s marked hung for shape %q; the next worker skips it", tier, key)}, true
 		}

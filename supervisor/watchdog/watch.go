@@ -217,9 +217,10 @@ type Guard struct {
 	lim Limits
 	log *logrus.Entry
 
-	// mu protects verdict and stops.
+	// mu protects verdict, ops and stops.
 	mu      sync.Mutex
 	verdict *Verdict
+	ops     uint64 // the highest beacon op number seen at a detach
 	stops   []func()
 }
 
@@ -263,6 +264,11 @@ func (g *Guard) Attach(p Target) (stop func()) {
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
+			if s, err := p.Beacon(); err == nil || errors.Is(err, beacon.ErrTorn) {
+				g.mu.Lock()
+				g.ops = max(g.ops, s.OpSeq)
+				g.mu.Unlock()
+			}
 			cancel()
 			<-done
 		})
@@ -283,6 +289,14 @@ func (g *Guard) Verdict() *Verdict {
 	}
 	v := *g.verdict
 	return &v
+}
+
+// Ops returns the number of ops the attempt's workers had begun when they were detached (the
+// beacon's op numbering, which op-numbered faults use).
+func (g *Guard) Ops() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.ops
 }
 
 // Stop ends every watch of the guard (a lane that forgot a stop, or an attempt that ended

@@ -338,8 +338,6 @@ type Attempt struct {
 	// Kept is set by the AttemptFunc when the stage succeeded and its worker stays resident
 	// (the recovery check is then skipped).
 	Kept bool
-	// Ops is set by the AttemptFunc to the number of ops the worker ran (its Stats), when known.
-	Ops uint64
 
 	w     *Watchdog
 	guard *Guard
@@ -473,10 +471,10 @@ func (j *Job) Run(ctx context.Context, st StageInfo, fn AttemptFunc) error {
 			Lane: w.cfg.Lane, StartTime: timestamppb.New(start), Duration: durationpb.New(dur)}
 		switch class {
 		case ClassOK:
-			if a.Ops > 0 {
+			if ops := a.guard.Ops(); ops > 0 {
 				w.mu.Lock()
-				if o := w.opsSeen[st.Kind]; o == 0 || a.Ops < o {
-					w.opsSeen[st.Kind] = a.Ops
+				if o := w.opsSeen[st.Kind]; o == 0 || ops < o {
+					w.opsSeen[st.Kind] = ops
 				}
 				w.mu.Unlock()
 			}

@@ -180,6 +180,10 @@ func TestLadder(t *testing.T) {
 	if s, ok := l.Next(vae, ClassHang, 1, Knobs{}, &Verdict{Kind: VerdictStalled}); !ok || s.MarkHung != nil || s.Knobs != (Knobs{}) {
 		t.Errorf("plain hang: %+v", s)
 	}
+	inCPU := &Verdict{Kind: VerdictOpOverdue, Beacon: beacon.Snapshot{InOp: true, Op: "conv3d", ConvKey: "K", ConvTier: LastConvTier}}
+	if s, ok := l.Next(vae, ClassHang, 1, Knobs{}, inCPU); !ok || s.MarkHung != nil {
+		t.Errorf("hang in the last conv tier marked: %+v", s)
+	}
 	if s, ok := l.Next(vae, ClassCrash, 1, Knobs{}, nil); !ok || s.Knobs != (Knobs{}) {
 		t.Errorf("first crash: %+v", s)
 	}
