@@ -26,7 +26,15 @@ type hclogBridge struct {
 type entrySource struct {
 	mu sync.Mutex // mu protects e
 	e  *logrus.Entry
+
+	// killed, when set, reports whether the supervisor itself killed the worker: then the exit
+	// go-plugin reports as an error ("signal: killed") is the normal teardown.
+	killed func() bool
 }
+
+// exitMessage is what go-plugin logs when the plugin process has ended (at error level when
+// the exit status is not 0).
+const exitMessage = "plugin process exited"
 
 func (s *entrySource) get() *logrus.Entry {
 	s.mu.Lock()
@@ -64,8 +72,12 @@ func (b *hclogBridge) entry(args []any) *logrus.Entry {
 	return e.WithFields(fields)
 }
 
-// Log writes msg at level with key/value args.
+// Log writes msg at level with key/value args. go-plugin's error for the exit of a worker the
+// supervisor killed is logged at debug level: every normal teardown ends that way.
 func (b *hclogBridge) Log(level hclog.Level, msg string, args ...any) {
+	if level == hclog.Error && msg == exitMessage && b.src.killed != nil && b.src.killed() {
+		level = hclog.Debug
+	}
 	e := b.entry(args)
 	switch level {
 	case hclog.Trace:

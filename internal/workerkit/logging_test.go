@@ -91,3 +91,30 @@ func TestStderrTailKeepsLast(t *testing.T) {
 		t.Fatalf("runaway line: %d lines", len(got))
 	}
 }
+
+// TestHclogBridgeKilledExit checks that go-plugin's exit error is debug only while the
+// supervisor's kill explains it.
+func TestHclogBridgeKilledExit(t *testing.T) {
+	tests := []struct {
+		name   string
+		killed bool
+		msg    string
+		want   logrus.Level
+	}{
+		{"killed by the supervisor", true, exitMessage, logrus.DebugLevel},
+		{"died by itself", false, exitMessage, logrus.ErrorLevel},
+		{"other error after the kill", true, "client", logrus.ErrorLevel},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			log, hook := test.NewNullLogger()
+			log.SetLevel(logrus.DebugLevel)
+			b := newHclogBridge(logrus.NewEntry(log))
+			b.src.killed = func() bool { return tc.killed }
+			b.Named("plugin").Error(tc.msg, "error", "signal: killed")
+			if e := hook.LastEntry(); e == nil || e.Level != tc.want || e.Data["error"] != "signal: killed" {
+				t.Fatalf("entry %+v, want level %s", e, tc.want)
+			}
+		})
+	}
+}

@@ -163,6 +163,7 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 
 	// The log bridge learns the pid once the runner has started the process.
 	bridge := newHclogBridge(p.log)
+	bridge.src.killed = p.killed.Load
 	p.client = plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  Handshake,
 		Plugins:          pluginMap(nil),

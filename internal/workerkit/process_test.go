@@ -501,3 +501,48 @@ func TestWorkerSurvivesStarterThreadExit(t *testing.T) {
 		t.Fatal("worker exited")
 	}
 }
+
+// TestExitLogLevel checks how go-plugin's "plugin process exited" line reaches the log: at
+// debug level when the supervisor killed the worker (every normal teardown), at error level when
+// the worker died by itself.
+func TestExitLogLevel(t *testing.T) {
+	exitEntry := func(t *testing.T, hook *test.Hook) *logrus.Entry {
+		t.Helper()
+		for _, e := range hook.AllEntries() {
+			if e.Message == "plugin process exited" {
+				return e
+			}
+		}
+		t.Fatalf("no %q entry among %d", "plugin process exited", len(hook.AllEntries()))
+		return nil
+	}
+	t.Run("killed", func(t *testing.T) {
+		p, hook := startProbe(t)
+		if err := p.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if e := exitEntry(t, hook); e.Level != logrus.DebugLevel {
+			t.Fatalf("exit after Kill logged at %s: %v", e.Level, e.Data)
+		}
+		for _, e := range hook.AllEntries() {
+			if e.Level <= logrus.ErrorLevel {
+				t.Errorf("error entry on a normal teardown: %q %v", e.Message, e.Data)
+			}
+		}
+	})
+	t.Run("crashed", func(t *testing.T) {
+		p, hook := startFake(t)
+		if _, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: "/m"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.TextEncodeRequest{Prompt: "crash"}}, nil); err == nil {
+			t.Fatal("crash stage succeeded")
+		}
+		if err := p.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		if e := exitEntry(t, hook); e.Level != logrus.ErrorLevel {
+			t.Fatalf("exit of a crashed worker logged at %s: %v", e.Level, e.Data)
+		}
+	})
+}
