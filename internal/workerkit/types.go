@@ -104,7 +104,7 @@ type ConvTierStats struct {
 // LoadRequest asks a worker to open its backend and load its model.
 type LoadRequest struct {
 	ModelDir          string
-	DType             string // "bf16", "fp16", "fp32"; empty: the backend's default
+	DType             string // weight storage: "fp32" (or empty), "fp16", "bf16", "auto" (the checkpoint's)
 	Backend           string // "cpu", "cuda", "hip", "auto"; empty: auto
 	DeviceIndex       uint32
 	MemoryCapBytes    uint64 // 0: no cap

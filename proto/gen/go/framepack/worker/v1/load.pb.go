@@ -30,8 +30,10 @@ type LoadRequest struct {
 	// model_dir is the directory holding the model's config and safetensors
 	// weights (sharded checkpoints allowed). REQUIRED.
 	ModelDir string `protobuf:"bytes,1,opt,name=model_dir,json=modelDir,proto3" json:"model_dir,omitempty"`
-	// dtype is the compute dtype: "bf16", "fp16" or "fp32". Empty means the
-	// backend's default (fp32 on cpu, bf16 on GPUs).
+	// dtype selects the dtype the weight matrices (linear and conv weights,
+	// embedding tables) are stored in: "fp32" (also empty), "fp16", "bf16", or
+	// "auto" (the checkpoint's own dtype). On cpu, activations are fp32
+	// whatever it says; LoadResponse.dtype reports the compute dtype.
 	Dtype string `protobuf:"bytes,2,opt,name=dtype,proto3" json:"dtype,omitempty"`
 	// backend is "cpu", "cuda", "hip" or "auto" (first GPU backend that
 	// initialises, else cpu). Empty means "auto".
