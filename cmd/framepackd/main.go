@@ -225,7 +225,13 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	}
 	devs.lanes = lanes
 
-	// The FramePack pipeline and its lanes (pipeline.go).
+	// The lanes' watchdogs (watchdog.go), then the FramePack pipeline and its lanes (pipeline.go).
+	guards, err := newGuards(o, devs, lanes, log)
+	if err != nil {
+		return err
+	}
+	defer guards.close()
+	o.pipeline.watchdog = guards.lookup
 	runJob, closeRunner, err := newRunner(o, devs, lanes, log)
 	if err != nil {
 		return err
@@ -237,7 +243,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Listen:   listen,
 		Lanes:    lanes,
 		Run:      runJob,
-		Devices:  devs.list,
+		Devices:  guards.devices(devs.list),
 		Grace:    o.grace,
 		Log:      log,
 	})
@@ -245,6 +251,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		return err
 	}
 	log.WithField("lanes", strings.Join(lanes, ",")).Info("framepackd ready")
+	stopNotify := guards.notify(ctx, d) // sd_notify READY, WATCHDOG pings (watchdog.go)
 
 	var runErr error
 	select {
@@ -254,6 +261,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		log.WithError(runErr).Error("serving failed; stopping")
 	}
 	stopSignals()
+	stopNotify()
 	stopCtx, cancel := context.WithTimeout(context.Background(), o.grace+30*time.Second)
 	defer cancel()
 	if err := d.Stop(stopCtx); err != nil && runErr == nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
+	"github.com/framepackd/framepackd/supervisor/watchdog"
 )
 
 // pipelineOptions are the pipeline's flags.
@@ -26,6 +27,7 @@ type pipelineOptions struct {
 	noPreviews  bool
 	keepHistory bool
 	siglip      string
+	watchdog    func(lane string) *watchdog.Watchdog // the lanes' watchdogs, set by run (watchdog.go)
 }
 
 // addPipelineFlags registers the pipeline's flags on fs.
@@ -101,7 +103,7 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 	}
 	log.WithFields(logrus.Fields{"hunyuanvideo": models.HunyuanVideo, "flux_redux": models.FluxRedux, "transformer": models.Transformer}).Info("models found")
 	r, err := pipeline.New(pipeline.Config{
-		Models: models, Shm: root, Log: log, WorkerEnv: env,
+		Models: models, Shm: root, Log: log, WorkerEnv: env, Watchdog: p.watchdog,
 		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency,
 		Lane: func(name string) (*lanes.Lane, error) {
 			if l, ok := byName[name]; ok {

@@ -1,0 +1,141 @@
+package main
+
+// The watchdog's part of the daemon (supervisor/watchdog): one watchdog per lane — hangs seen
+// from the workers' beacons, the VRAM recovery check after every worker, device probes with
+// backoff after crashes, the degradation ladder and retry budgets — the lanes' health in
+// ListDevices, and sd_notify READY/WATCHDOG for systemd (deploy/framepackd.service).
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strconv"
+
+	"github.com/sirupsen/logrus"
+
+	"github.com/framepackd/framepackd/internal/convcache"
+	"github.com/framepackd/framepackd/internal/workerkit"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/supervisor/watchdog"
+)
+
+// convCacheFile is the conv decision cache in the state directory, shared by every worker.
+const convCacheFile = "conv-decisions.json"
+
+// guards are the lanes' watchdogs.
+type guards struct {
+	byLane map[string]*watchdog.Watchdog
+	list   []*watchdog.Watchdog
+	log    *logrus.Entry
+}
+
+// newGuards makes one watchdog per lane: device memory read from amdgpu sysfs (hip) or
+// nvidia-smi (cuda), none on the CPU (the recovery check then waits for the worker's process
+// group to be gone), and the probe worker to check a device after a crash.
+func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger) (*guards, error) {
+	cache, err := convcache.Open(filepath.Join(o.state, convCacheFile))
+	if err != nil {
+		return nil, err
+	}
+	if lerr := cache.LoadError(); lerr != nil {
+		log.WithError(lerr).Warn("conv decision cache unreadable; it starts empty")
+	}
+	g := &guards{byLane: map[string]*watchdog.Watchdog{}, log: logrus.NewEntry(log)}
+	for _, name := range laneNames {
+		backend, idx, err := laneBackend(name)
+		if err != nil {
+			g.close()
+			return nil, err
+		}
+		var mem watchdog.Memory
+		devs.mu.Lock()
+		dev := devs.last[name]
+		devs.mu.Unlock()
+		switch backend {
+		case "hip":
+			if bus := dev.GetPciBusId(); bus != "" {
+				mem = watchdog.NewAMDGPU(bus)
+			}
+		case "cuda":
+			mem = &watchdog.NvidiaSMI{ID: strconv.Itoa(int(idx))}
+		}
+		probe := watchdog.ProbeWorker(workerkit.Config{Name: "probe", Path: filepath.Join(o.workersDir, "probe"), Log: g.log},
+			backend, idx, watchdog.DefaultProbeAllocate)
+		wd, err := watchdog.New(watchdog.Config{Lane: name, LaneBackend: backend, ConvCache: cache,
+			Recovery: &watchdog.Recovery{Memory: mem}, Probe: probe, Log: g.log})
+		if err != nil {
+			g.close()
+			return nil, err
+		}
+		g.byLane[name] = wd
+		g.list = append(g.list, wd)
+		f := g.log.WithField("lane", name)
+		if mem != nil {
+			f = f.WithField("device_memory", mem.Name())
+		}
+		f.Debug("lane watchdog ready")
+	}
+	return g, nil
+}
+
+// lookup returns the watchdog of a lane (nil for an unknown lane: its stages run once).
+func (g *guards) lookup(lane string) *watchdog.Watchdog { return g.byLane[lane] }
+
+// close stops the watchdogs' monitors.
+func (g *guards) close() {
+	for _, w := range g.list {
+		w.Close()
+	}
+}
+
+// devices wraps a ListDevices source with the lanes' health (held, degraded, and why).
+func (g *guards) devices(list func(context.Context) ([]*framepackv1.Device, error)) func(context.Context) ([]*framepackv1.Device, error) {
+	return func(ctx context.Context) ([]*framepackv1.Device, error) {
+		devs, err := list(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range devs {
+			if w := g.byLane[d.GetLane()]; w != nil && w.Health().Status().State != watchdog.LaneHealthy {
+				w.Health().Annotate(d)
+			}
+		}
+		return devs, nil
+	}
+}
+
+// notify tells systemd the daemon is ready and pings its watchdog while the job queue
+// answers; the returned stop sends STOPPING=1 and ends the pings. Outside systemd it does
+// nothing.
+func (g *guards) notify(ctx context.Context, d *api.Daemon) (stop func()) {
+	n := watchdog.NewNotifier(g.log)
+	if err := n.Ready(watchdog.LanesStatus(g.list)); err != nil {
+		g.log.WithError(err).Warn("sd_notify READY")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		healthy := func(ctx context.Context) error {
+			answered := make(chan struct{})
+			go func() { d.Queue().Running(); close(answered) }()
+			select {
+			case <-answered:
+				return nil
+			case <-ctx.Done():
+				return errors.New("the job queue does not answer")
+			}
+		}
+		if err := n.Run(ctx, healthy, func() string { return watchdog.LanesStatus(g.list) }); err != nil {
+			g.log.WithError(err).Warn("systemd watchdog")
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		if err := n.Stopping(); err != nil {
+			g.log.WithError(err).Debug("sd_notify STOPPING")
+		}
+	}
+}
