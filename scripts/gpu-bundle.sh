@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # gpu-bundle.sh — builds here (with Go) what scripts/gpu-check.sh runs on the GPU machine, which
-# has no Go: the test binaries of the packages it checks and gpubench (stripped, xz), and the
-# OpenBLAS the cgo binaries link against, into build/gpu (git-ignored; carried with the run).
+# has no Go: the test binaries of the packages it checks, the textenc worker its parity test
+# starts, and gpubench (stripped, one solid xz archive: they share most of their code), the
+# OpenBLAS the cgo binaries link against, and third_party_ref/, into build/gpu (git-ignored;
+# carried with the run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=build/gpu
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
 rm -rf "$B"
 mkdir -p "$B/lib"
 flags=(-trimpath -ldflags='-s -w')
 while read -r name pkg; do
-	go test -c "${flags[@]}" -o "$B/$name.test" "./$pkg"
+	go test -c "${flags[@]}" -o "$T/$name.test" "./$pkg"
 done <<'LIST'
 runtime internal/runtime
 devices internal/devices
@@ -18,11 +22,13 @@ textenc workers/textenc
 siglip workers/clipvision/siglip
 dit workers/transformer/dit
 LIST
-go build "${flags[@]}" -o "$B/gpubench" ./scripts/gpubench
+go build "${flags[@]}" -o "$T/gpubench" ./scripts/gpubench
+go build "${flags[@]}" -o "$T/textenc-worker" ./workers/textenc
+tar -C "$T" -cf - . | xz -T2 -9 >"$B/bins.tar.xz"
 for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
 	cp -L "$(ldconfig -p | awk -v l="$lib" '$1 == l && /x86-64/ {print $NF; exit}')" "$B/lib/$lib"
 done
+xz -T2 -6 -f "$B"/lib/*.so.*
 # the reference sources the PyTorch side imports (git-ignored, never committed)
 [ -d third_party_ref ] && tar -cJf "$B/third_party_ref.tar.xz" third_party_ref
-xz -T2 -6 -f "$B"/*.test "$B"/gpubench "$B"/lib/*.so.*
 du -sh "$B"

@@ -32,7 +32,8 @@ status=0
 
 # ---- environment ------------------------------------------------------------------------------
 mkdir -p "$BIN/lib"
-for f in "$BUNDLE"/*.test.xz "$BUNDLE"/gpubench.xz "$BUNDLE"/lib/*.xz; do
+[ -e "$BIN/gpubench" ] || tar -C "$BIN" -xJf "$BUNDLE/bins.tar.xz"
+for f in "$BUNDLE"/lib/*.xz; do
 	[ -e "$f" ] || continue
 	rel=${f#"$BUNDLE"/}
 	[ -e "$BIN/${rel%.xz}" ] || xz -dc "$f" >"$BIN/${rel%.xz}"
@@ -94,10 +95,10 @@ for phase in "${phases[@]}"; do
 		gotest "runtime ops on cuda" internal/runtime runtime.test 300 -test.v
 		grep -E "^(--- FAIL|FAIL|ok|PASS)" "$LOG" | tail -5 >>"$SUMMARY"
 		gotest "parity vae" workers/vae/causalvae causalvae.test 300 -test.run '^TestParity' -test.v
-		# workers/textenc's TestMain builds its worker binary with go, which this machine lacks;
-		# the parity tests do not start it, so a stand-in `go` writes an empty file
+		# workers/textenc's TestMain builds its worker binary with go, which this machine lacks:
+		# a stand-in `go` copies the carried worker instead
 		mkdir -p "$BIN/fakego"
-		printf '#!/bin/sh\n[ "$1" = build ] || exit 1\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && : >"$2" && chmod +x "$2"; shift; done\n' >"$BIN/fakego/go"
+		printf '#!/bin/sh\n[ "$1" = build ] || exit 1\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && cp "%s" "$2" && chmod +x "$2"; shift; done\n' "$BIN/textenc-worker" >"$BIN/fakego/go"
 		chmod +x "$BIN/fakego/go"
 		PATH="$BIN/fakego:$PATH" gotest "parity textenc" workers/textenc textenc.test 300 -test.run '^TestParity' -test.v
 		gotest "parity siglip" workers/clipvision/siglip siglip.test 300 -test.run 'Parity' -test.v
@@ -120,7 +121,9 @@ for phase in "${phases[@]}"; do
 		mkdir -p "$B"
 		export PYTHONUNBUFFERED=1
 		run "bench manifests" 300 python3 scripts/gpubench/torch_bench.py --out "$B" --manifests-only
-		run "bench ours" "${BENCH_OURS_LIMIT:-420}" "$BIN/gpubench" -dir "$B" ${BENCH_STAGES:+-stages $BENCH_STAGES}
+		# ours as FramePack computes: 16-bit matrix products (weights bf16, activations rounded
+		# to bf16 at the matrix units), f32 accumulation and f32 elsewhere
+		FRAMEPACK_GPU_HALF_COMPUTE=${FRAMEPACK_GPU_HALF_COMPUTE:-1} run "bench ours" "${BENCH_OURS_LIMIT:-420}" "$BIN/gpubench" -dir "$B" ${BENCH_STAGES:+-stages $BENCH_STAGES}
 		run "bench pytorch" "${BENCH_TORCH_LIMIT:-420}" python3 scripts/gpubench/torch_bench.py --out "$B" ${BENCH_STAGES:+--stages $BENCH_STAGES}
 		cp "$B"/ours.json "$B"/torch.json "$OUT"/ 2>/dev/null
 		python3 scripts/gpubench/table.py "$B" | tee "$OUT/table.md" >>"$SUMMARY"

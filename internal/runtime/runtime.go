@@ -56,7 +56,9 @@ type Options struct {
 	// no cap. Going over fails with *OOMError.
 	MemoryCap int64
 	// CacheLimit bounds the freed blocks the allocator keeps for reuse (within the cap);
-	// 0 means min(1 GiB, MemoryCap/4).
+	// 0 means min(1 GiB, MemoryCap/4) on cpu and, on device backends (where cudaMalloc and
+	// cudaFree cost milliseconds and synchronise), everything freed, within the cap (a device
+	// allocation that fails gives the cache back and retries).
 	CacheLimit int64
 	// Poison fills every new tensor with NaN so elements an op fails to write show up (tests).
 	Poison bool
@@ -182,6 +184,9 @@ func New(opts Options) (*Runtime, error) {
 	}
 	if opts.Poison {
 		cfg.flags |= C.FPK_BACKEND_FLAG_POISON
+	}
+	if opts.CacheLimit == 0 && opts.Backend != "cpu" {
+		cfg.cache_limit = 1 << 50
 	}
 	if opts.hostBounce {
 		cfg.flags |= C.FPK_BACKEND_FLAG_TEST_HOST_BOUNCE

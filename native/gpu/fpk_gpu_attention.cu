@@ -34,6 +34,25 @@ extern "C" fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_s
     }
     float scale = p->scale != 0 ? p->scale : (float)(1.0 / sqrt((double)(D ? D : 1)));
     int64_t rep = H / Hkv;
+    /* FRAMEPACK_GPU_HALF_COMPUTE: f32 q, k, v go through the matrix units in bf16 (as PyTorch's
+     * bf16 attention), scores and softmax staying f32 */
+    fpk_gt qh, kh, vh;
+    fpk_scratch sq(sf), sk(sf), sv(sf);
+    if (c->half_compute && q->dtype == FPK_F32 && k->dtype == FPK_F32 && v->dtype == FPK_F32) {
+        const fpk_gt *src[3] = {q, k, v};
+        fpk_gt *dst[3] = {&qh, &kh, &vh};
+        fpk_scratch *scr[3] = {&sq, &sk, &sv};
+        for (int i = 0; i < 3; i++) {
+            *dst[i] = *src[i];
+            FPK_TRY(scr[i]->alloc((size_t)src[i]->numel * 2));
+            FPK_TRY(fpk_gpu_convert(st, scr[i]->ptr, FPK_BF16, src[i]->data, FPK_F32, src[i]->numel));
+            dst[i]->data = scr[i]->ptr;
+            dst[i]->dtype = FPK_BF16;
+        }
+        q = &qh;
+        k = &kh;
+        v = &vh;
+    }
     int pdt = (v->dtype == FPK_F16 || v->dtype == FPK_BF16) ? v->dtype : FPK_F32;
     int64_t row_bytes = Lk * 4 + (pdt != FPK_F32 ? Lk * 2 : 0);
     int64_t chunk = p->query_chunk > 0 ? p->query_chunk : score_budget() / (Hkv * row_bytes);

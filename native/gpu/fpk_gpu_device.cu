@@ -9,6 +9,41 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <vector>
+
+/* Blocks under 1 MiB, which the core's allocator does not cache: kept here in power-of-two
+ * classes (256 B … 512 KiB), at most SMALL_CACHE bytes, because cudaMalloc and cudaFree cost
+ * tens of microseconds and cudaFree synchronises the device. The core still charges every
+ * block to the cap; the few MiB kept here while free are not charged. */
+#define SMALL_MIN_LOG 8
+#define SMALL_MAX_LOG 19
+#define SMALL_CACHE ((size_t)64 << 20)
+
+struct fpk_small_cache {
+    std::mutex mu;
+    std::unordered_map<void *, int> live; /* small blocks handed out → class */
+    std::vector<void *> free_[SMALL_MAX_LOG + 1];
+    size_t cached = 0;
+};
+
+static int small_class(size_t n) {
+    int k = SMALL_MIN_LOG;
+    while (((size_t)1 << k) < n) k++;
+    return k;
+}
+
+static void small_cache_free(fpk_gpu_ctx *c) {
+    fpk_small_cache *sc = c->small;
+    if (!sc) return;
+    for (auto &v : sc->free_)
+        for (void *p : v) (void)cudaFree(p);
+    delete sc;
+    c->small = nullptr;
+}
+
 extern "C" const char *fpk_gpu_backend_name(void) { return FPK_GPU_NAME; }
 
 fpk_status fpk_gpu_error(cudaError_t e, const char *what) {
@@ -78,6 +113,7 @@ extern "C" fpk_status fpk_gpu_create(const fpk_backend_config *config, fpk_gpu_c
     const char *hc = getenv("FRAMEPACK_GPU_HALF_COMPUTE");
     c->half_compute = hc && *hc && strcmp(hc, "0") != 0;
     pthread_mutex_init(&c->mu, NULL);
+    c->small = new (std::nothrow) fpk_small_cache();
     fpk_vendor_open(c);
     *out = c;
     return FPK_OK;
@@ -88,6 +124,7 @@ extern "C" void fpk_gpu_free(fpk_gpu_ctx *c) {
     (void)cudaSetDevice(c->device);
     (void)cudaStreamSynchronize(c->stream);
     fpk_vendor_close(c);
+    small_cache_free(c);
     (void)cudaStreamDestroy(c->stream);
     pthread_mutex_destroy(&c->mu);
     free(c);
@@ -106,6 +143,21 @@ extern "C" fpk_status fpk_gpu_props(fpk_gpu_ctx *c, fpk_backend_props *out) {
 
 extern "C" fpk_status fpk_gpu_alloc(fpk_gpu_ctx *c, size_t nbytes, void **out) {
     if (c->device) (void)cudaSetDevice(c->device);
+    fpk_small_cache *sc = c->small;
+    int cls = -1;
+    if (sc && nbytes <= ((size_t)1 << SMALL_MAX_LOG)) {
+        cls = small_class(nbytes);
+        std::lock_guard<std::mutex> g(sc->mu);
+        if (!sc->free_[cls].empty()) {
+            void *p = sc->free_[cls].back();
+            sc->free_[cls].pop_back();
+            sc->cached -= (size_t)1 << cls;
+            sc->live[p] = cls;
+            *out = p;
+            return FPK_OK;
+        }
+        nbytes = (size_t)1 << cls;
+    }
     void *p = nullptr;
     cudaError_t e = cudaMalloc(&p, nbytes);
     if (e != cudaSuccess) {
@@ -117,13 +169,32 @@ extern "C" fpk_status fpk_gpu_alloc(fpk_gpu_ctx *c, size_t nbytes, void **out) {
         }
         return fpk_gpu_error(e, "device allocation");
     }
+    if (cls >= 0) {
+        std::lock_guard<std::mutex> g(sc->mu);
+        sc->live[p] = cls;
+    }
     *out = p;
     return FPK_OK;
 }
 
 extern "C" void fpk_gpu_dealloc(fpk_gpu_ctx *c, void *ptr) {
     if (c->device) (void)cudaSetDevice(c->device);
-    if (ptr) (void)cudaFree(ptr);
+    if (!ptr) return;
+    fpk_small_cache *sc = c->small;
+    if (sc) {
+        std::lock_guard<std::mutex> g(sc->mu);
+        auto it = sc->live.find(ptr);
+        if (it != sc->live.end()) {
+            int cls = it->second;
+            sc->live.erase(it);
+            if (sc->cached + ((size_t)1 << cls) <= SMALL_CACHE) {
+                sc->free_[cls].push_back(ptr);
+                sc->cached += (size_t)1 << cls;
+                return;
+            }
+        }
+    }
+    (void)cudaFree(ptr);
 }
 
 extern "C" fpk_status fpk_gpu_stream_new(fpk_gpu_ctx *c, void **out) {

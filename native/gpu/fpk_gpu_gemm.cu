@@ -113,14 +113,20 @@ fpk_status fpk_gpu_gemm_run(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
         return fpk_gpu_gemm_own(st, &z);
     }
     fpk_scratch sa(sf), sb(sf), sc(sf);
-    /* one operand type */
-    if (d.adt != d.bdt) {
+    /* one operand type for the vendor BLAS */
+    if (d.adt != d.bdt && !c->no_blas && c->blas.handle) {
         int to = FPK_F32; /* widen the 16-bit operand: exactly the f32 path's product */
         if (c->half_compute) to = is_half(d.adt) && !is_half(d.bdt) ? d.adt : is_half(d.bdt) && !is_half(d.adt) ? d.bdt : FPK_F32;
-        if (d.adt != to)
-            FPK_TRY(to_dtype(st, sa, &d.a, &d.adt, to, span(d.trans_a ? d.K : d.M, d.lda, d.stride_a, d.batch)));
-        if (d.bdt != to)
-            FPK_TRY(to_dtype(st, sb, &d.b, &d.bdt, to, span(d.trans_b ? d.N : d.K, d.ldb, d.stride_b, d.batch)));
+        fpk_status cs = FPK_OK;
+        if (d.adt != to) cs = to_dtype(st, sa, &d.a, &d.adt, to, span(d.trans_a ? d.K : d.M, d.lda, d.stride_a, d.batch));
+        if (cs == FPK_OK && d.bdt != to)
+            cs = to_dtype(st, sb, &d.b, &d.bdt, to, span(d.trans_b ? d.N : d.K, d.ldb, d.stride_b, d.batch));
+        if (cs == FPK_ERR_OUT_OF_MEMORY) {
+            /* no room to convert under the cap: our kernel reads mixed operands as they are */
+            fpk_gemm_desc o = *in;
+            return fpk_gpu_gemm_own(st, &o);
+        }
+        if (cs != FPK_OK) return cs;
     }
     if (!c->no_blas && c->blas.handle) {
         /* the vendor BLAS writes f32 or the operands' own type; anything else goes through f32 */

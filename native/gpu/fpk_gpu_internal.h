@@ -71,6 +71,7 @@ struct fpk_gpu_ctx {
      * default: the 16-bit operand is widened exactly to f32, the f32 path's result. */
     int half_compute;
     pthread_mutex_t mu; /* op submission, see fpk_gpu_lock */
+    struct fpk_small_cache *small; /* freed blocks under 1 MiB (fpk_gpu_device.cu) */
     fpk_vendor_blas blas;
     fpk_vendor_dnn dnn;
 };

@@ -172,7 +172,8 @@ __global__ void k_unary(const void *x, int xdt, void *y, int ydt, int64_t n, int
             r = v * sigmoid_fam(v, 1.5957691216057308f, 1.5957691216057308f * 0.044715f);
             break;
         case FPK_UNARY_QUICK_GELU: r = v * sigmoid_fam(v, 1.702f, 0.0f); break;
-        case FPK_UNARY_GELU_ERF: r = 0.5f * v * (1.0f + erff(v * 0.7071067811865476f)); break;
+        /* 0.5·x·(1 + erf(x/√2)) written with erfc so the negative tail keeps its digits */
+        case FPK_UNARY_GELU_ERF: r = 0.5f * v * erfcf(-v * 0.7071067811865476f); break;
         case FPK_UNARY_SIGMOID: r = sigmoid_fam(v, 1.0f, 0.0f); break;
         case FPK_UNARY_TANH: r = tanhf(v); break;
         case FPK_UNARY_EXP: r = expf(v); break;
