@@ -8,12 +8,14 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strconv"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/framepackd/framepackd/internal/convcache"
+	gpudevices "github.com/framepackd/framepackd/internal/devices"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
@@ -52,13 +54,17 @@ func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		devs.mu.Lock()
 		dev := devs.last[name]
 		devs.mu.Unlock()
-		switch backend {
-		case "hip":
-			if bus := dev.GetPciBusId(); bus != "" {
-				mem = watchdog.NewAMDGPU(bus)
+		if bus := dev.GetPciBusId(); bus != "" && (backend == gpudevices.BackendCUDA || backend == gpudevices.BackendHIP) {
+			// NVML by bus id / amdgpu sysfs (internal/devices), read in this process: reading a
+			// figure loads no kernel code onto the device.
+			r, err := gpudevices.NewReader(gpudevices.Device{Backend: backend, PCIBusID: bus}, gpudevices.Options{})
+			if err != nil {
+				g.close()
+				return nil, fmt.Errorf("lane %s: %w", name, err)
 			}
-		case "cuda":
-			mem = &watchdog.NvidiaSMI{ID: strconv.Itoa(int(idx))}
+			mem = namedReader{r, fmt.Sprintf("%s %s", backend, bus)}
+		} else if backend == gpudevices.BackendCUDA {
+			mem = &watchdog.NvidiaSMI{ID: strconv.Itoa(int(idx))} // no bus id: nvidia-smi by index
 		}
 		probe := watchdog.ProbeWorker(workerkit.Config{Name: "probe", Path: filepath.Join(o.workersDir, "probe"), Log: g.log},
 			backend, idx, watchdog.DefaultProbeAllocate)
@@ -78,6 +84,15 @@ func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger
 	}
 	return g, nil
 }
+
+// namedReader gives an internal/devices reader the name the watchdog logs.
+type namedReader struct {
+	gpudevices.Reader
+	name string
+}
+
+// Name says where the figure comes from.
+func (r namedReader) Name() string { return r.name }
 
 // lookup returns the watchdog of a lane (nil for an unknown lane: its stages run once).
 func (g *guards) lookup(lane string) *watchdog.Watchdog { return g.byLane[lane] }
