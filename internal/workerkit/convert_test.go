@@ -157,6 +157,14 @@ func TestErrorStatusRoundTrip(t *testing.T) {
 	if CodeOf(nil) != CodeUnspecified || CodeOutOfMemory.String() != "out of memory" || ErrorCode(42).String() != "code(42)" {
 		t.Fatal("code names")
 	}
+	// A request error keeps its code through wrapping and over the wire, with its whole message.
+	bad := fmt.Errorf("vae_decode: %w", InvalidArgumentf("latents: shape %v", []int64{1, 2}))
+	if CodeOf(bad) != CodeInvalidArgument || !errors.Is(bad, ErrInvalidArgument) {
+		t.Fatalf("request error: %v", CodeOf(bad))
+	}
+	if we := errorOf(statusOf(bad)).(*Error); we.Code != CodeInvalidArgument || we.Message != "vae_decode: invalid argument: latents: shape [1 2]" {
+		t.Fatalf("request error over the wire: %+v", we)
+	}
 }
 
 func TestExitStatusString(t *testing.T) {

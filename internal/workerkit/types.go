@@ -451,8 +451,20 @@ func Errorf(code ErrorCode, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
 
-// CodeOf classifies err: the code of the *Error it wraps, CodeCancelled for a cancelled or
-// expired context, CodeInternal otherwise (CodeUnspecified for nil).
+// ErrInvalidArgument marks an error that is the request's fault (a missing field, a tensor of
+// the wrong shape); CodeOf gives an error wrapping it CodeInvalidArgument. Wrap it with what is
+// wrong, or use InvalidArgumentf.
+var ErrInvalidArgument = errors.New("invalid argument")
+
+// InvalidArgumentf returns an error wrapping ErrInvalidArgument: "invalid argument: " and the
+// formatted message (which may wrap errors with %w).
+func InvalidArgumentf(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrInvalidArgument}, args...)...)
+}
+
+// CodeOf classifies err: the code of the *Error it wraps, CodeInvalidArgument for
+// ErrInvalidArgument, CodeCancelled for a cancelled or expired context, CodeInternal otherwise
+// (CodeUnspecified for nil).
 func CodeOf(err error) ErrorCode {
 	var we *Error
 	switch {
@@ -460,6 +472,8 @@ func CodeOf(err error) ErrorCode {
 		return CodeUnspecified
 	case errors.As(err, &we):
 		return we.Code
+	case errors.Is(err, ErrInvalidArgument):
+		return CodeInvalidArgument
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return CodeCancelled
 	}

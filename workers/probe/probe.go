@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"time"
@@ -44,7 +43,7 @@ func (p *probe) Stats(context.Context) (*workerkit.Stats, error) {
 	p.mu.Lock()
 	peak := p.peak
 	p.mu.Unlock()
-	rss, err := hostRSS()
+	rss, err := workerkit.HostRSS()
 	if err != nil {
 		return nil, fmt.Errorf("stats: %w", err)
 	}
@@ -133,7 +132,7 @@ func cpuDevice() (workerkit.Device, error) {
 	return workerkit.Device{
 		Index:            0,
 		Name:             name,
-		Arch:             machine(),
+		Arch:             workerkit.HostArch(),
 		TotalMemoryBytes: vm.Total,
 		FreeMemoryBytes:  vm.Available,
 	}, nil
@@ -164,17 +163,6 @@ func cpuName(r io.Reader, def string) string {
 	return def
 }
 
-// machine returns the kernel's machine name ("x86_64", "aarch64"), or GOARCH.
-func machine() string {
-	var u unix.Utsname
-	if err := unix.Uname(&u); err == nil {
-		if m := unix.ByteSliceToString(u.Machine[:]); m != "" {
-			return m
-		}
-	}
-	return runtime.GOARCH
-}
-
 // kernelVersion returns "linux <release>".
 func kernelVersion() string {
 	var u unix.Utsname
@@ -182,17 +170,4 @@ func kernelVersion() string {
 		return "linux"
 	}
 	return "linux " + unix.ByteSliceToString(u.Release[:])
-}
-
-// hostRSS returns the process's resident set size.
-func hostRSS() (uint64, error) {
-	b, err := os.ReadFile("/proc/self/statm")
-	if err != nil {
-		return 0, err
-	}
-	var size, rss uint64
-	if _, err := fmt.Sscan(string(b), &size, &rss); err != nil {
-		return 0, fmt.Errorf("parse statm: %w", err)
-	}
-	return rss * uint64(os.Getpagesize()), nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/tokenizer"
+	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/workers/textenc/clip"
 	"github.com/framepackd/framepackd/workers/textenc/internal/nn"
 	"github.com/framepackd/framepackd/workers/textenc/llama"
@@ -31,7 +32,7 @@ const (
 )
 
 // ErrInvalidArgument is wrapped by errors the worker reports as ERROR_CODE_INVALID_ARGUMENT.
-var ErrInvalidArgument = errors.New("invalid argument")
+var ErrInvalidArgument = workerkit.ErrInvalidArgument
 
 // Paths are the folders of a HunyuanVideo snapshot the encoder loads.
 type Paths struct {

@@ -9,6 +9,7 @@ import (
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/tokenizer"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/tensorio"
 )
 
 // The optional outputs of a text_encode stage (worker.proto TextEncodeRequest llama_ids,
@@ -40,7 +41,7 @@ func checkTokenRefs(req *workerkit.TextEncodeRequest) error {
 		if !refSet(r.ref) {
 			continue
 		}
-		if err := checkOutputRef(r.field, r.ref); err != nil {
+		if err := tensorio.CheckRef(r.field, r.ref); err != nil {
 			return err
 		}
 		if r.ref.DType != "" && !slices.Contains(r.allowed, r.ref.DType) {
@@ -50,30 +51,26 @@ func checkTokenRefs(req *workerkit.TextEncodeRequest) error {
 	return nil
 }
 
-// tokenOutputs encodes toks for the optional token outputs the request sets, in the order
-// worker.proto lists them.
-func tokenOutputs(req *workerkit.TextEncodeRequest, toks tokenizer.PromptTokens) ([]outputSpec, error) {
+// tokens adds toks for the optional token outputs the request sets, in the order worker.proto
+// lists them.
+func (o *encoded) tokens(req *workerkit.TextEncodeRequest, toks tokenizer.PromptTokens) error {
 	values := map[string][]int64{"llama_ids": toks.LlamaIDs, "llama_attention_mask": toks.LlamaMask, "clip_ids": toks.CLIPIDs}
-	var outs []outputSpec
 	for _, r := range tokenRefs(req) {
 		if !refSet(r.ref) {
 			continue
 		}
 		v := values[r.field]
-		o, err := intOutput(r, v, []int64{1, int64(len(v))})
+		dt, data, err := encodeInts(r, v)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		outs = append(outs, o)
+		o.add(r.field, r.ref, dt, []int64{1, int64(len(v))}, data)
 	}
-	return outs, nil
+	return nil
 }
 
-// intOutput encodes integer values in the dtype r asks for (its first allowed one by default).
-func intOutput(r tokenRef, v []int64, shape []int64) (outputSpec, error) {
-	if err := checkShape(r.field, r.ref, shape); err != nil {
-		return outputSpec{}, err
-	}
+// encodeInts encodes integer values in the dtype r asks for (its first allowed one by default).
+func encodeInts(r tokenRef, v []int64) (safetensors.DType, []byte, error) {
 	dt := r.ref.DType
 	if dt == "" {
 		dt = r.allowed[0]
@@ -89,7 +86,7 @@ func intOutput(r tokenRef, v []int64, shape []int64) (outputSpec, error) {
 		data = make([]byte, 4*len(v))
 		for i, x := range v {
 			if x < math.MinInt32 || x > math.MaxInt32 {
-				return outputSpec{}, fmt.Errorf("%s: value %d does not fit I32", r.field, x)
+				return "", nil, fmt.Errorf("%s: value %d does not fit I32", r.field, x)
 			}
 			binary.LittleEndian.PutUint32(data[4*i:], uint32(int32(x)))
 		}
@@ -97,12 +94,12 @@ func intOutput(r tokenRef, v []int64, shape []int64) (outputSpec, error) {
 		data = make([]byte, len(v))
 		for i, x := range v {
 			if x < 0 || x > 1 {
-				return outputSpec{}, fmt.Errorf("%s: value %d is not a 0/1 mask entry", r.field, x)
+				return "", nil, fmt.Errorf("%s: value %d is not a 0/1 mask entry", r.field, x)
 			}
 			data[i] = byte(x)
 		}
 	default:
-		return outputSpec{}, fmt.Errorf("%w: %s: dtype %s (one of %v)", ErrInvalidArgument, r.field, dt, r.allowed)
+		return "", nil, fmt.Errorf("%w: %s: dtype %s (one of %v)", ErrInvalidArgument, r.field, dt, r.allowed)
 	}
-	return outputSpec{ref: r.ref, field: r.field, data: data, dtype: dt, shape: shape}, nil
+	return dt, data, nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/tensorio"
 	"github.com/framepackd/framepackd/workers/transformer/dit"
 	"github.com/framepackd/framepackd/workers/transformer/sampler"
 )
@@ -31,14 +32,11 @@ func (w *worker) planForward(req *workerkit.TransformerForwardRequest) (*forward
 			return nil, err
 		}
 	}
-	if err := checkOutputRef("velocity", req.Velocity); err != nil {
-		return nil, err
-	}
-	if _, err := floatDType("velocity", req.Velocity); err != nil {
+	if err := tensorio.CheckFloatOutput("velocity", req.Velocity); err != nil {
 		return nil, err
 	}
 	if w.model.ImageProjection != nil && !refSet(req.ImageEmbeddings) {
-		return nil, invalidf("image_embeddings is required: the model has an image projection")
+		return nil, workerkit.InvalidArgumentf("image_embeddings is required: the model has an image projection")
 	}
 	var in inputs
 	optional := func(field string, r workerkit.TensorRef, rank int) dit.Tensor {
@@ -64,7 +62,7 @@ func (w *worker) planForward(req *workerkit.TransformerForwardRequest) (*forward
 	if in.err != nil {
 		return nil, in.err
 	}
-	if err := checkOutputShape("velocity", req.Velocity, x.Shape); err != nil {
+	if err := tensorio.CheckShape("velocity", req.Velocity, tensorio.Shape64(x.Shape)); err != nil {
 		return nil, err
 	}
 	return &forwardPlan{x: x, shape: [5]int(x.Shape), cond: cond}, nil
@@ -98,21 +96,21 @@ func (w *worker) forward(ctx context.Context, req *workerkit.TransformerForwardR
 	if err := send("forward"); err != nil {
 		return nil, err
 	}
-	w.k.Beacon.SetStep(1, 1)
+	w.base.Beacon.SetStep(1, 1)
 	v, err := m.Forward(ctx, sec, fp.x.Data, req.Timestep, req.Guidance, dit.ForwardOptions{})
-	w.k.Beacon.SetStep(0, 0)
-	w.k.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
+	w.base.Beacon.SetStep(0, 0)
+	w.base.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
 	if err != nil {
 		return nil, err
 	}
 	if err := send("write"); err != nil {
 		return nil, err
 	}
-	written, err := writeFloat(req.Velocity, v, fp.shape[:])
+	written, err := tensorio.WriteFloat("velocity", req.Velocity, v, tensorio.Shape64(fp.shape[:]))
 	if err != nil {
 		return nil, fmt.Errorf("velocity: %w", err)
 	}
 	imgTokens, encTokens := sec.Tokens()
 	log.WithFields(logrus.Fields{"shape": fmt.Sprint(fp.shape), "image_tokens": imgTokens, "encoder_tokens": encTokens}).Info("forward done")
-	return &workerkit.Result{Outputs: []workerkit.TensorRef{written}, Stats: w.stats()}, nil
+	return &workerkit.Result{Outputs: []workerkit.TensorRef{written}, Stats: w.base.Stats()}, nil
 }

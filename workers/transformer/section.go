@@ -10,6 +10,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/torchrng"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/tensorio"
 	"github.com/framepackd/framepackd/workers/transformer/dit"
 	"github.com/framepackd/framepackd/workers/transformer/sampler"
 )
@@ -29,7 +30,7 @@ type sectionPlan struct {
 
 func finite(name string, v float32) error {
 	if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-		return invalidf("%s is %v", name, v)
+		return workerkit.InvalidArgumentf("%s is %v", name, v)
 	}
 	return nil
 }
@@ -38,11 +39,11 @@ func finite(name string, v float32) error {
 func (w *worker) plan(req *workerkit.TransformerSectionRequest) (*sectionPlan, error) {
 	switch {
 	case req.Steps < 1 || req.Steps > maxSteps:
-		return nil, invalidf("steps %d (1 to %d)", req.Steps, maxSteps)
+		return nil, workerkit.InvalidArgumentf("steps %d (1 to %d)", req.Steps, maxSteps)
 	case req.Width == 0 || req.Height == 0 || req.Width%16 != 0 || req.Height%16 != 0:
-		return nil, invalidf("size %d×%d: width and height must be positive multiples of 16", req.Width, req.Height)
+		return nil, workerkit.InvalidArgumentf("size %d×%d: width and height must be positive multiples of 16", req.Width, req.Height)
 	case req.Frames == 0 || req.Frames > 4096:
-		return nil, invalidf("frames %d", req.Frames)
+		return nil, workerkit.InvalidArgumentf("frames %d", req.Frames)
 	}
 	for name, v := range map[string]float32{"cfg": req.CFG, "gs": req.GS, "rs": req.RS, "teacache_threshold": req.TeaCacheThreshold} {
 		if err := finite(name, v); err != nil {
@@ -50,10 +51,10 @@ func (w *worker) plan(req *workerkit.TransformerSectionRequest) (*sectionPlan, e
 		}
 	}
 	if req.RS < 0 || req.RS > 1 {
-		return nil, invalidf("rs %v (0 to 1)", req.RS)
+		return nil, workerkit.InvalidArgumentf("rs %v (0 to 1)", req.RS)
 	}
 	if req.TeaCacheThreshold < 0 {
-		return nil, invalidf("teacache_threshold %v", req.TeaCacheThreshold)
+		return nil, workerkit.InvalidArgumentf("teacache_threshold %v", req.TeaCacheThreshold)
 	}
 	opts := sampler.Options{
 		Steps:             int(req.Steps),
@@ -64,7 +65,7 @@ func (w *worker) plan(req *workerkit.TransformerSectionRequest) (*sectionPlan, e
 	}
 	if req.Shift != nil {
 		if err := finite("shift", *req.Shift); err != nil || *req.Shift <= 0 {
-			return nil, invalidf("shift %v must be positive", *req.Shift)
+			return nil, workerkit.InvalidArgumentf("shift %v must be positive", *req.Shift)
 		}
 		opts.Shift = float64(*req.Shift)
 	}
@@ -74,31 +75,25 @@ func (w *worker) plan(req *workerkit.TransformerSectionRequest) (*sectionPlan, e
 	case workerkit.SamplerUniPCBH2:
 		opts.Variant = sampler.BH2
 	default:
-		return nil, invalidf("sampler %d", req.Sampler)
+		return nil, workerkit.InvalidArgumentf("sampler %d", req.Sampler)
 	}
 	shape := sampler.LatentShape(1, int(req.Width), int(req.Height), int(req.Frames))
 
-	if err := checkOutputRef("latents", req.Latents); err != nil {
+	if err := tensorio.CheckFloatOutput("latents", req.Latents); err != nil {
 		return nil, err
 	}
-	if _, err := floatDType("latents", req.Latents); err != nil {
-		return nil, err
-	}
-	if err := checkOutputShape("latents", req.Latents, shape.Ints()); err != nil {
+	if err := tensorio.CheckShape("latents", req.Latents, tensorio.Shape64(shape.Ints())); err != nil {
 		return nil, err
 	}
 	if n := len(req.StepPreviews); n != 0 && n != int(req.Steps) {
-		return nil, invalidf("step_previews has %d entries, want 0 or steps (%d)", n, req.Steps)
+		return nil, workerkit.InvalidArgumentf("step_previews has %d entries, want 0 or steps (%d)", n, req.Steps)
 	}
 	for i, r := range req.StepPreviews {
 		field := fmt.Sprintf("step_previews[%d]", i)
-		if err := checkOutputRef(field, r); err != nil {
+		if err := tensorio.CheckFloatOutput(field, r); err != nil {
 			return nil, err
 		}
-		if _, err := floatDType(field, r); err != nil {
-			return nil, err
-		}
-		if err := checkOutputShape(field, r, shape.Ints()); err != nil {
+		if err := tensorio.CheckShape(field, r, tensorio.Shape64(shape.Ints())); err != nil {
 			return nil, err
 		}
 	}
@@ -106,7 +101,7 @@ func (w *worker) plan(req *workerkit.TransformerSectionRequest) (*sectionPlan, e
 	gen := torchrng.New(torchrng.SeedFromInt(req.Seed))
 	if len(req.GeneratorState) > 0 {
 		if err := gen.UnmarshalBinary(req.GeneratorState); err != nil {
-			return nil, invalidf("generator_state: %v", err)
+			return nil, workerkit.InvalidArgumentf("generator_state: %v", err)
 		}
 	}
 
@@ -202,11 +197,11 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 	req2 := sp.req
 	req2.Noise = noise
 	req2.OnStep = func(s sampler.StepInfo) error {
-		if err := w.inj.Load().Err(); err != nil {
+		if err := w.base.InjectedOOM(); err != nil {
 			return err // injected out of memory (a test fault)
 		}
-		w.k.Beacon.SetStep(s.Step+1, s.Steps)
-		w.k.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
+		w.base.Beacon.SetStep(s.Step+1, s.Steps)
+		w.base.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
 		fields := map[string]string{"step": fmt.Sprint(s.Step + 1), "sigma": fmt.Sprint(s.Sigma)}
 		if req.UseTeaCache {
 			tc := sm.TeaCache(sampler.Positive).Calls
@@ -223,7 +218,7 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 		}
 		if len(sp.previews) > 0 {
 			ref := sp.previews[s.Step]
-			written, err := writeFloat(ref, s.Denoised, shape.Ints())
+			written, err := tensorio.WriteFloat(fmt.Sprintf("step_previews[%d]", s.Step), ref, s.Denoised, tensorio.Shape64(shape.Ints()))
 			if err != nil {
 				return fmt.Errorf("step %d preview: %w", s.Step+1, err)
 			}
@@ -235,7 +230,7 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 	}
 	out, err := sampler.Sample(ctx, sm, req2)
 	if err == nil {
-		err = w.inj.Load().Err() // injected out of memory in the last step (a test fault)
+		err = w.base.InjectedOOM() // injected out of memory in the last step (a test fault)
 	}
 	if err != nil {
 		return nil, err
@@ -243,11 +238,11 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 	if err := send(&workerkit.Progress{Phase: "write", Elapsed: time.Since(start)}); err != nil {
 		return nil, err
 	}
-	written, err := writeFloat(sp.latentRef, out, shape.Ints())
+	written, err := tensorio.WriteFloat("latents", sp.latentRef, out, tensorio.Shape64(shape.Ints()))
 	if err != nil {
 		return nil, fmt.Errorf("latents: %w", err)
 	}
 	log.WithFields(logrus.Fields{"steps": steps, "transformer_calls": calls, "teacache_skipped": sm.TeaCache(sampler.Positive).Skipped() + sm.TeaCache(sampler.Negative).Skipped(),
 		"shape": fmt.Sprint(shape.Ints())}).Info("section sampled")
-	return &workerkit.Result{Outputs: []workerkit.TensorRef{written}, Stats: w.stats(), GeneratorState: state}, nil
+	return &workerkit.Result{Outputs: []workerkit.TensorRef{written}, Stats: w.base.Stats(), GeneratorState: state}, nil
 }

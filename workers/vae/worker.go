@@ -2,94 +2,47 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
-	"os"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/framepackd/framepackd/internal/convcache"
-	"github.com/framepackd/framepackd/internal/faults"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/modelrt"
+	"github.com/framepackd/framepackd/internal/workerkit/tensorio"
 	"github.com/framepackd/framepackd/workers/vae/causalvae"
 )
 
 // worker serves vae_encode and vae_decode stages.
 type worker struct {
-	k   *workerkit.Kit
-	log *logrus.Entry
+	base *modelrt.Base
+	log  *logrus.Entry
 
 	// runMu serialises Load and Run (one stage at a time); Stats does not take it.
 	runMu sync.Mutex
 
-	// mu protects the fields below it; they are set once by Load (and the times by Run).
-	mu          sync.RWMutex
-	rt          *runtime.Runtime
-	model       *causalvae.Model
-	env         envPlan
-	loadTime    time.Duration
-	computeTime time.Duration
-
-	// obsMu protects ops, convEvents and lastFailed (written by the runtime's op observer).
-	obsMu      sync.Mutex
-	ops        map[string]uint64
-	convEvents []workerkit.ConvFallback
-	lastFailed string // shape key whose last tier attempt failed
-
-	// inj keeps the beacon and fires the test faults of LoadRequest.Fault (set in Load).
-	inj atomic.Pointer[faults.Injector]
+	// mu protects the fields below it; they are set once by Load.
+	mu    sync.RWMutex
+	rt    *runtime.Runtime
+	model *causalvae.Model
+	env   envPlan
 }
 
 var _ workerkit.Worker = (*worker)(nil)
 
 func newWorker(k *workerkit.Kit) *worker {
-	log := k.Log
-	if log == nil {
-		log = logrus.NewEntry(logrus.StandardLogger())
-	}
-	w := &worker{k: k, log: log.WithField("worker", "vae"), ops: map[string]uint64{}}
-	inj, _ := faults.New(nil, faults.Caps{}, k.Beacon, w.log) // no fault: never fails
-	w.inj.Store(inj)
-	return w
-}
-
-// errInvalid marks errors that are the request's fault.
-var errInvalid = errors.New("invalid argument")
-
-func invalidf(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", errInvalid, fmt.Sprintf(format, args...))
+	base := modelrt.New(k, modelrt.Config{Name: "vae", Conv: true})
+	return &worker{base: base, log: base.Log}
 }
 
 // classify maps an error to the worker error the supervisor acts on.
 func classify(err error) error {
-	var oom *runtime.OOMError
-	var we *workerkit.Error
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &we):
-		return err
-	case errors.As(err, &oom):
-		return &workerkit.Error{Code: workerkit.CodeOutOfMemory, Message: err.Error(),
-			RequestedBytes: oom.Requested, AvailableBytes: oom.Available}
-	case errors.Is(err, runtime.ErrOutOfMemory):
-		return &workerkit.Error{Code: workerkit.CodeOutOfMemory, Message: err.Error()}
-	case errors.Is(err, runtime.ErrDeviceLost):
-		return &workerkit.Error{Code: workerkit.CodeDeviceLost, Message: err.Error()}
-	case errors.Is(err, errInvalid), errors.Is(err, causalvae.ErrBadInput), errors.Is(err, causalvae.ErrCheckpoint):
-		return &workerkit.Error{Code: workerkit.CodeInvalidArgument, Message: err.Error()}
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return &workerkit.Error{Code: workerkit.CodeCancelled, Message: err.Error()}
-	}
-	return &workerkit.Error{Code: workerkit.CodeInternal, Message: err.Error()}
+	return modelrt.Classify(err, causalvae.ErrBadInput, causalvae.ErrCheckpoint)
 }
 
 // recovered turns a panic into an internal error, so a bug reports instead of killing the
@@ -99,88 +52,6 @@ func (w *worker) recovered(what string, err *error) {
 		w.log.WithFields(logrus.Fields{"call": what, "panic": fmt.Sprint(r)}).Error("panic\n" + string(debug.Stack()))
 		*err = workerkit.Errorf(workerkit.CodeInternal, "%s: internal error: %v", what, r)
 	}
-}
-
-// ---- runtime op observer ------------------------------------------------------------------
-
-func toWorkerTier(t runtime.Tier) workerkit.ConvTier {
-	switch t {
-	case runtime.TierVendorTuned:
-		return workerkit.ConvTierVendorTuned
-	case runtime.TierVendorDefault:
-		return workerkit.ConvTierVendorDefault
-	case runtime.TierOwnKernel:
-		return workerkit.ConvTierOwnKernel
-	case runtime.TierCPU:
-		return workerkit.ConvTierCPU
-	}
-	return workerkit.ConvTierUnspecified
-}
-
-func toRuntimeTier(t workerkit.ConvTier) (runtime.Tier, bool) {
-	switch t {
-	case workerkit.ConvTierVendorTuned:
-		return runtime.TierVendorTuned, true
-	case workerkit.ConvTierVendorDefault:
-		return runtime.TierVendorDefault, true
-	case workerkit.ConvTierOwnKernel:
-		return runtime.TierOwnKernel, true
-	case workerkit.ConvTierCPU:
-		return runtime.TierCPU, true
-	}
-	return 0, false
-}
-
-// observe is the runtime's op observer: it keeps the beacon current, counts ops, queues conv
-// fallback events and fires injected faults. It runs on the op's thread and must be quick.
-func (w *worker) observe(e runtime.OpEvent) {
-	w.k.Beacon.SetBytes(int64(e.Bytes)) // the allocator's bytes, per op (begin: output allocated; end: scratch freed)
-	if e.Phase == runtime.OpEnd {
-		w.k.Beacon.EndOp()
-		if e.Key == "" {
-			return
-		}
-		w.obsMu.Lock()
-		switch {
-		case e.Err != nil && !errors.Is(e.Err, runtime.ErrUnavailable):
-			w.convEvents = append(w.convEvents, workerkit.ConvFallback{ShapeKey: e.Key, Tier: toWorkerTier(e.Tier),
-				Outcome: workerkit.ConvOutcomeFailed, Detail: e.Err.Error()})
-			w.lastFailed = e.Key
-		case e.Err == nil && w.lastFailed == e.Key:
-			w.convEvents = append(w.convEvents, workerkit.ConvFallback{ShapeKey: e.Key, Tier: toWorkerTier(e.Tier),
-				Outcome: workerkit.ConvOutcomeSucceeded})
-			w.lastFailed = ""
-		}
-		w.obsMu.Unlock()
-		return
-	}
-	w.obsMu.Lock()
-	w.ops[e.Op]++
-	w.obsMu.Unlock()
-	tier := ""
-	if e.Key != "" {
-		tier = e.Tier.String() // a conv tier attempt: the watchdog can name the shape and tier if it hangs
-	}
-	// The beacon's op number, which Fault counts in; faults fire here (package faults).
-	w.inj.Load().BeginOp(e.Op, e.Key, tier, e.Seq)
-}
-
-// opFault is the runtime's fault hook: the op oom_at_op names fails with the injected out of
-// memory before it runs (the observer has just told the injector it began).
-func (w *worker) opFault(e runtime.OpEvent) error {
-	return w.inj.Load().OpErr(e.Seq, e.OutBytes, e.Bytes, e.Cap)
-}
-
-// injectedOOM returns the injected out-of-memory error once its op has started.
-func (w *worker) injectedOOM() error { return w.inj.Load().Err() }
-
-// drainConvEvents returns the queued conv fallback events.
-func (w *worker) drainConvEvents() []workerkit.ConvFallback {
-	w.obsMu.Lock()
-	defer w.obsMu.Unlock()
-	ev := w.convEvents
-	w.convEvents = nil
-	return ev
 }
 
 // ---- Load ----------------------------------------------------------------------------------
@@ -204,11 +75,11 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	loaded := w.model != nil
 	w.mu.RUnlock()
 	if loaded {
-		return nil, invalidf("already loaded")
+		return nil, workerkit.InvalidArgumentf("already loaded")
 	}
 	start := time.Now()
 	if req.ModelDir == "" {
-		return nil, invalidf("model_dir is required")
+		return nil, workerkit.InvalidArgumentf("model_dir is required")
 	}
 	backend := req.Backend
 	switch backend {
@@ -216,74 +87,22 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 		backend = "cpu" // the only backend of this build; auto falls back to it
 	case "hip", "cuda":
 	default:
-		return nil, invalidf("backend %q (cpu, cuda, hip or auto)", req.Backend)
+		return nil, workerkit.InvalidArgumentf("backend %q (cpu, cuda, hip or auto)", req.Backend)
 	}
 	// The cpu backend computes in fp32; dtype says what the conv and linear weights are kept
 	// in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
 	wdt, err := runtime.ParseWeightDType(req.DType)
 	if err != nil {
-		return nil, invalidf("%v", err)
-	}
-	if req.MemoryCapBytes > math.MaxInt64 {
-		return nil, invalidf("memory cap %d too large", req.MemoryCapBytes)
+		return nil, workerkit.InvalidArgumentf("%v", err)
 	}
 	env, err := planEnv(backend, req.Env)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errInvalid, err)
+		return nil, workerkit.InvalidArgumentf("%w", err)
 	}
 	if err := env.apply(); err != nil {
 		return nil, err
 	}
-	inj, err := faults.New(req.Fault, faults.Caps{Conv: true}, w.k.Beacon, w.log)
-	if err != nil {
-		return nil, invalidf("%v", err)
-	}
-	w.inj.Store(inj) // read by the op observer from the first op on
-	opts := runtime.Options{Backend: backend, Device: int(req.DeviceIndex), MemoryCap: int64(req.MemoryCapBytes),
-		OpObserver: w.observe, OpFault: w.opFault}
-	if f := req.Fault; f != nil {
-		if f.HangConvTier != workerkit.ConvTierUnspecified {
-			tier, ok := toRuntimeTier(f.HangConvTier)
-			if !ok {
-				return nil, invalidf("fault: hang_conv_tier %d", f.HangConvTier)
-			}
-			// A tier this backend lacks still hangs: the fault stands in for a vendor library.
-			opts.ConvFaults = append(opts.ConvFaults, runtime.ConvFault{Key: f.HangConvShapeKey, Tier: tier, Mode: runtime.FaultHang})
-		}
-	}
-	if p := req.ConvPolicy; p != nil {
-		if p.ForcedTier != workerkit.ConvTierUnspecified {
-			tier, ok := toRuntimeTier(p.ForcedTier)
-			if !ok {
-				return nil, invalidf("conv policy: forced tier %d", p.ForcedTier)
-			}
-			opts.ConvPolicy.FirstTier = tier
-		}
-		for _, o := range p.TierOverrides { // later entries for a shape win
-			tier, ok := toRuntimeTier(o.Tier)
-			if !ok || o.ShapeKey == "" {
-				return nil, invalidf("conv policy: tier override %q: shape key and tier (%d) are required", o.ShapeKey, o.Tier)
-			}
-			if opts.ConvPolicy.TierOverrides == nil {
-				opts.ConvPolicy.TierOverrides = map[string]runtime.Tier{}
-			}
-			opts.ConvPolicy.TierOverrides[o.ShapeKey] = tier
-		}
-		if n := len(opts.ConvPolicy.TierOverrides); n > 0 {
-			w.log.WithField("overrides", n).Info("conv policy: per-shape first tiers")
-		}
-		if p.DecisionCachePath != "" {
-			cache, err := convcache.Open(p.DecisionCachePath)
-			if err != nil {
-				return nil, fmt.Errorf("conv decision cache: %w", err)
-			}
-			if err := cache.LoadError(); err != nil {
-				w.log.WithError(err).Warn("conv decision cache unreadable; starting without it")
-			}
-			opts.ConvCache = cache
-		}
-	}
-	rt, err := runtime.New(opts)
+	rt, err := w.base.NewRuntime(req, runtime.Options{Backend: backend, Device: int(req.DeviceIndex)})
 	if err != nil {
 		return nil, err
 	}
@@ -294,25 +113,16 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	}
 	w.mu.Lock()
 	w.rt, w.model, w.env = rt, model, env
-	w.loadTime = time.Since(start)
 	w.mu.Unlock()
+	resp := w.base.Loaded(rt, start, model.Info.WeightBytes)
+	resp.VAE = vaeInfo(model.Config)
 	w.logLoad(req, model, env)
-	mem := rt.Memory()
-	w.k.Beacon.SetBytes(int64(mem.Allocated))
-	info := rt.Backend()
-	return &workerkit.LoadResponse{
-		Backend: info.Name, DType: "fp32",
-		Device:               &workerkit.Device{Index: uint32(info.Device), Name: info.DeviceName, Arch: hostArch(info), TotalMemoryBytes: info.DeviceMemory},
-		WeightBytes:          uint64(model.Info.WeightBytes),
-		DeviceAllocatedBytes: mem.Allocated,
-		LoadDuration:         w.loadTime,
-		VAE:                  vaeInfo(model.Config),
-	}, nil
+	return resp, nil
 }
 
 // vaeInfo is the model's constants as LoadResponse reports them to the supervisor.
 func vaeInfo(c causalvae.Config) *workerkit.VAEInfo {
-	u := func(n int) uint32 { return uint32(min(max(n, 0), math.MaxUint32)) }
+	u := modelrt.Uint32
 	return &workerkit.VAEInfo{
 		ScalingFactor:            c.ScalingFactor,
 		LatentChannels:           u(c.LatentChannels),
@@ -321,13 +131,6 @@ func vaeInfo(c causalvae.Config) *workerkit.VAEInfo {
 		InChannels:               u(c.InChannels),
 		OutChannels:              u(c.OutChannels),
 	}
-}
-
-func hostArch(info runtime.BackendInfo) string {
-	if info.IsHost {
-		return "x86_64"
-	}
-	return ""
 }
 
 func (w *worker) logLoad(req *workerkit.LoadRequest, m *causalvae.Model, env envPlan) {
@@ -366,14 +169,10 @@ func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit worker
 	m := w.model
 	w.mu.RUnlock()
 	if m == nil {
-		return nil, classify(invalidf("run: not loaded"))
+		return nil, classify(workerkit.InvalidArgumentf("run: not loaded"))
 	}
 	start := time.Now()
-	defer func() {
-		w.mu.Lock()
-		w.computeTime += time.Since(start)
-		w.mu.Unlock()
-	}()
+	defer w.base.AddCompute(start)
 	log := w.log.WithField("job", req.JobID)
 	var stage string
 	switch s := req.Stage.(type) {
@@ -384,10 +183,10 @@ func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit worker
 		stage = "vae_decode"
 		res, err = w.decode(ctx, m, s, emit, start)
 	default:
-		return nil, classify(invalidf("run: the vae worker runs vae_encode and vae_decode stages, not %T", req.Stage))
+		return nil, classify(workerkit.InvalidArgumentf("run: the vae worker runs vae_encode and vae_decode stages, not %T", req.Stage))
 	}
 	log = log.WithField("stage", stage)
-	w.k.Beacon.SetStep(0, 0)
+	w.base.Beacon.SetStep(0, 0)
 	cs := w.rt.ConvStats()
 	log.WithFields(logrus.Fields{"convs": cs.Convs, "served": cs.Served, "failed": cs.Failed,
 		"shapes": len(cs.Decisions), "peak_bytes": w.rt.Memory().Peak}).Info(strings.TrimRight(cs.String(), "\n"))
@@ -396,7 +195,7 @@ func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit worker
 		log.WithError(err).Warn("stage failed")
 		return nil, err
 	}
-	res.Stats = w.stats()
+	res.Stats = w.base.Stats()
 	log.WithField("elapsed", time.Since(start)).Info("stage done")
 	return res, nil
 }
@@ -405,9 +204,9 @@ func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit worker
 // injected OOM, and cancellation.
 func (w *worker) progress(ctx context.Context, phase string, emit workerkit.Emit, start time.Time) func(done, total int) error {
 	return func(done, total int) error {
-		w.k.Beacon.SetStep(done, total)
-		w.k.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
-		if err := w.injectedOOM(); err != nil {
+		w.base.Beacon.SetStep(done, total)
+		w.base.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
+		if err := w.base.InjectedOOM(); err != nil {
 			return err
 		}
 		if err := ctx.Err(); err != nil {
@@ -416,7 +215,7 @@ func (w *worker) progress(ctx context.Context, phase string, emit workerkit.Emit
 		if emit == nil {
 			return nil
 		}
-		for _, ev := range w.drainConvEvents() {
+		for _, ev := range w.base.DrainConvEvents() {
 			if err := emit(&ev); err != nil {
 				return err
 			}
@@ -476,7 +275,7 @@ func logvarRef(req *workerkit.VAEEncodeRequest) workerkit.TensorRef {
 // encode writes the posterior's unscaled mean (not × scaling_factor: the supervisor scales with
 // LoadResponse.VAE) and its log-variance (logvarRef).
 func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.VAEEncodeRequest, emit workerkit.Emit, start time.Time) (*workerkit.Result, error) {
-	if err := checkOutputRef("latents", req.Latents); err != nil {
+	if err := tensorio.CheckFloatOutput("latents", req.Latents); err != nil {
 		return nil, err
 	}
 	x, err := readVolume("pixels", req.Pixels)
@@ -488,26 +287,25 @@ func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.
 	if err != nil {
 		return nil, fmt.Errorf("pixels: %w", err)
 	}
-	mean, logvar := req.Latents, logvarRef(req)
-	outs, err := newOutputs([]outputRef{{field: "latents", ref: mean, shape: shape}, {field: "logvar", ref: logvar, shape: shape}})
+	outs, err := tensorio.Create([]tensorio.Output{volumeOutput("latents", req.Latents, shape), volumeOutput("logvar", logvarRef(req), shape)})
 	if err != nil {
 		return nil, err
 	}
-	defer outs.abort()
+	defer outs.Abort()
 	mv, lv, err := m.Encode(ctx, x, causalvae.RunOptions{Tiling: tiling, Progress: w.progress(ctx, "encode", emit, start)})
 	if err != nil {
 		return nil, err
 	}
-	if err := w.injectedOOM(); err != nil {
+	if err := w.base.InjectedOOM(); err != nil {
 		return nil, err
 	}
-	if err := outs.put(0, mv); err != nil {
+	if err := put(outs, 0, mv, shape); err != nil {
 		return nil, err
 	}
-	if err := outs.put(1, lv); err != nil {
+	if err := put(outs, 1, lv, shape); err != nil {
 		return nil, err
 	}
-	written, err := outs.commit()
+	written, err := outs.Commit()
 	if err != nil {
 		return nil, err
 	}
@@ -516,7 +314,7 @@ func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.
 
 // decode takes unscaled latents (already divided by scaling_factor) and writes pixels.
 func (w *worker) decode(ctx context.Context, m *causalvae.Model, req *workerkit.VAEDecodeRequest, emit workerkit.Emit, start time.Time) (*workerkit.Result, error) {
-	if err := checkOutputRef("pixels", req.Pixels); err != nil {
+	if err := tensorio.CheckFloatOutput("pixels", req.Pixels); err != nil {
 		return nil, err
 	}
 	z, err := readVolume("latents", req.Latents)
@@ -528,12 +326,12 @@ func (w *worker) decode(ctx context.Context, m *causalvae.Model, req *workerkit.
 	if err != nil {
 		return nil, fmt.Errorf("latents: %w", err)
 	}
-	outs, err := newOutputs([]outputRef{{field: "pixels", ref: req.Pixels, shape: shape}})
+	outs, err := tensorio.Create([]tensorio.Output{volumeOutput("pixels", req.Pixels, shape)})
 	if err != nil {
 		return nil, err
 	}
-	defer outs.abort()
-	dst, direct, err := outs.target(0)
+	defer outs.Abort()
+	dst, direct, err := target(outs, 0, shape)
 	if err != nil {
 		return nil, err
 	}
@@ -541,15 +339,15 @@ func (w *worker) decode(ctx context.Context, m *causalvae.Model, req *workerkit.
 	if err := m.DecodeInto(ctx, z, opts, dst); err != nil {
 		return nil, err
 	}
-	if err := w.injectedOOM(); err != nil {
+	if err := w.base.InjectedOOM(); err != nil {
 		return nil, err
 	}
 	if !direct {
-		if err := outs.put(0, dst); err != nil {
+		if err := put(outs, 0, dst, shape); err != nil {
 			return nil, err
 		}
 	}
-	written, err := outs.commit()
+	written, err := outs.Commit()
 	if err != nil {
 		return nil, err
 	}
@@ -560,52 +358,7 @@ func (w *worker) decode(ctx context.Context, m *causalvae.Model, req *workerkit.
 
 // Stats reports the runtime's memory, the conv chain's counters, op counts and timings.
 func (w *worker) Stats(context.Context) (*workerkit.Stats, error) {
-	return w.stats(), nil
-}
-
-func (w *worker) stats() *workerkit.Stats {
-	w.mu.RLock()
-	st := &workerkit.Stats{LoadTime: w.loadTime, ComputeTime: w.computeTime, OpCounts: map[string]uint64{}}
-	rt := w.rt
-	w.mu.RUnlock()
-	if rt != nil {
-		m := rt.Memory()
-		st.AllocatorCurrentBytes, st.AllocatorPeakBytes, st.MemoryCapBytes = m.Allocated, m.Peak, m.Cap
-		cs := rt.ConvStats()
-		for t := runtime.Tier(0); t < runtime.NumTiers; t++ {
-			ts := cs.Tiers[t]
-			if ts.Attempts == 0 && ts.SkippedHung == 0 {
-				continue
-			}
-			st.ConvTiers = append(st.ConvTiers, workerkit.ConvTierStats{Tier: toWorkerTier(t),
-				Attempts: uint64(ts.Attempts), Successes: uint64(ts.Successes), Failures: uint64(ts.Failures),
-				SkippedAsHung: uint64(ts.SkippedHung), Time: ts.Time})
-		}
-	}
-	st.HostRSSBytes = hostRSS()
-	w.obsMu.Lock()
-	for k, v := range w.ops {
-		st.OpCounts[k] = v
-	}
-	w.obsMu.Unlock()
-	return st
-}
-
-// hostRSS reads the process's resident set size from /proc (0 when unavailable).
-func hostRSS() uint64 {
-	raw, err := os.ReadFile("/proc/self/statm")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(raw))
-	if len(f) < 2 {
-		return 0
-	}
-	pages, err := strconv.ParseUint(f[1], 10, 64)
-	if err != nil {
-		return 0
-	}
-	return pages * uint64(os.Getpagesize())
+	return w.base.Stats(), nil
 }
 
 // Probe is refused: device probing is the probe worker's job.
