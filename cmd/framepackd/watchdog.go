@@ -32,9 +32,10 @@ type guards struct {
 	log    *logrus.Entry
 }
 
-// newGuards makes one watchdog per lane: device memory read from amdgpu sysfs (hip) or
-// nvidia-smi (cuda), none on the CPU (the recovery check then waits for the worker's process
-// group to be gone), and the probe worker to check a device after a crash.
+// newGuards makes one watchdog per lane: device memory read through internal/devices (NVML by
+// the probed PCI bus id on cuda, amdgpu sysfs on hip; nvidia-smi by index when the probe gave
+// no bus id), none on the CPU (the recovery check then waits for the worker's process group to
+// be gone), and the probe worker to check a device after a crash.
 func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger) (*guards, error) {
 	cache, err := convcache.Open(filepath.Join(o.state, convCacheFile))
 	if err != nil {
