@@ -5,11 +5,11 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/tokenizer"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/workers/textenc/clip"
-	"github.com/framepackd/framepackd/workers/textenc/internal/nn"
 	"github.com/framepackd/framepackd/workers/textenc/llama"
 )
 

@@ -9,13 +9,13 @@ import (
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/tokenizer"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/modelrt"
 	"github.com/framepackd/framepackd/internal/workerkit/tensorio"
-	"github.com/framepackd/framepackd/workers/textenc/internal/nn"
 )
 
 // worker serves text_encode stages.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/framepackd/framepackd/internal/nn"
 )
 
 // Config is the part of a SiglipVisionConfig (image_encoder/config.json) the encoder needs.
@@ -74,7 +76,7 @@ func (c *Config) Validate() error {
 	if c.HiddenAct == "" {
 		c.HiddenAct = "gelu_pytorch_tanh"
 	}
-	if _, err := activationByName(c.HiddenAct); err != nil {
+	if _, err := nn.ActivationByName(c.HiddenAct); err != nil {
 		return err
 	}
 	if c.LayerNormEps == 0 {

@@ -19,56 +19,10 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
-
-// LayerNorm is torch.nn.LayerNorm over the last dim.
-type LayerNorm struct {
-	Weight *runtime.Tensor // [hidden]
-	Bias   *runtime.Tensor // [hidden]
-	Eps    float32
-}
-
-// Forward keeps x's shape.
-func (n LayerNorm) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	return rt.LayerNorm(x, n.Weight, n.Bias, n.Eps)
-}
-
-func loadLayerNorm(l *loader, name string, d int, eps float32) (LayerNorm, error) {
-	n := LayerNorm{Eps: eps}
-	var err error
-	if n.Weight, err = l.load(name+".weight", d); err != nil {
-		return LayerNorm{}, err
-	}
-	if n.Bias, err = l.load(name+".bias", d); err != nil {
-		return LayerNorm{}, err
-	}
-	return n, nil
-}
-
-// Linear is torch.nn.Linear with bias: y = x·Weightᵀ + Bias.
-type Linear struct {
-	Weight *runtime.Tensor // [out, in]
-	Bias   *runtime.Tensor // [out]
-}
-
-// Forward maps x [..., in] → [..., out].
-func (m Linear) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	return rt.Linear(x, m.Weight, m.Bias)
-}
-
-func loadLinear(l *loader, name string, in, out int) (Linear, error) {
-	var m Linear
-	var err error
-	if m.Weight, err = l.loadWeight(name+".weight", out, in); err != nil {
-		return Linear{}, err
-	}
-	if m.Bias, err = l.load(name+".bias", out); err != nil {
-		return Linear{}, err
-	}
-	return m, nil
-}
 
 // Embeddings is SiglipVisionEmbeddings: a patchifying convolution plus learned position
 // embeddings (no class token).
@@ -101,7 +55,7 @@ func (e *Embeddings) Forward(rt *runtime.Runtime, pixels *runtime.Tensor) (*runt
 
 // Attention is SiglipAttention: multi-head self-attention with biases, scale head_dim^−½, no mask.
 type Attention struct {
-	QProj, KProj, VProj, OutProj Linear // [hidden, hidden]
+	QProj, KProj, VProj, OutProj nn.Linear // [hidden, hidden]
 
 	heads, headDim int
 }
@@ -111,7 +65,7 @@ func (a *Attention) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Te
 	var sc runtime.Scope
 	defer sc.Free()
 	B, N := x.Dim(0), x.Dim(1)
-	split := func(p Linear) (*runtime.Tensor, error) { // → [B, heads, N, head_dim]
+	split := func(p nn.Linear) (*runtime.Tensor, error) { // → [B, heads, N, head_dim]
 		y, err := sc.Track(p.Forward(rt, x))
 		if err != nil {
 			return nil, err
@@ -149,10 +103,10 @@ func (a *Attention) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Te
 
 // MLP is SiglipMLP: fc1, hidden_act, fc2.
 type MLP struct {
-	FC1 Linear // [intermediate, hidden]
-	FC2 Linear // [hidden, intermediate]
+	FC1 nn.Linear // [intermediate, hidden]
+	FC2 nn.Linear // [hidden, intermediate]
 
-	act runtime.UnaryOp
+	act nn.Activation
 }
 
 // Forward: x [B, N, hidden] → [B, N, hidden].
@@ -163,7 +117,7 @@ func (m *MLP) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, 
 	if err != nil {
 		return nil, err
 	}
-	if h, err = sc.Track(rt.Unary(m.act, h)); err != nil {
+	if h, err = sc.Track(m.act(rt, h)); err != nil {
 		return nil, err
 	}
 	return m.FC2.Forward(rt, h)
@@ -171,9 +125,9 @@ func (m *MLP) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, 
 
 // EncoderLayer is SiglipEncoderLayer: pre-norm attention and MLP, each with a residual.
 type EncoderLayer struct {
-	LayerNorm1 LayerNorm
+	LayerNorm1 nn.LayerNorm
 	SelfAttn   Attention
-	LayerNorm2 LayerNorm
+	LayerNorm2 nn.LayerNorm
 	MLP        MLP
 }
 
@@ -206,11 +160,11 @@ type Model struct {
 	Config        Config
 	Embeddings    Embeddings
 	Layers        []EncoderLayer
-	PostLayerNorm LayerNorm
+	PostLayerNorm nn.LayerNorm
 
 	rt      *runtime.Runtime
 	weights []*runtime.Tensor
-	report  LoadReport
+	report  nn.Report
 }
 
 // LoadOptions are Load's options.
@@ -252,32 +206,33 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 	if dt == 0 {
 		dt = runtime.F32
 	}
-	act, err := activationByName(cfg.HiddenAct)
+	act, err := nn.ActivationByName(cfg.HiddenAct)
 	if err != nil {
 		return nil, err
 	}
-	l, err := newLoader(rt, src, dt)
+	prefix, err := nn.DetectPrefix(src, "embeddings.patch_embedding.weight", checkpointPrefixes...)
 	if err != nil {
 		return nil, err
 	}
-	l.wdtype = opts.WeightDType
+	l := nn.NewLoader(rt, src, dt, prefix)
+	l.SetWeightDType(opts.WeightDType)
 	ok := false
 	defer func() {
 		if !ok {
-			l.free()
+			l.Free()
 		}
 	}()
 	D, I, P, C := cfg.HiddenSize, cfg.IntermediateSize, cfg.PatchSize, cfg.NumChannels
 	eps := float32(cfg.LayerNormEps)
 	m := &Model{Config: cfg, rt: rt}
 	m.Embeddings.patch = P
-	if m.Embeddings.PatchWeight, err = l.loadWeight("embeddings.patch_embedding.weight", D, C, P, P); err != nil {
+	if m.Embeddings.PatchWeight, err = l.LoadWeight("embeddings.patch_embedding.weight", D, C, P, P); err != nil {
 		return nil, err
 	}
-	if m.Embeddings.PatchBias, err = l.load("embeddings.patch_embedding.bias", D); err != nil {
+	if m.Embeddings.PatchBias, err = l.Load("embeddings.patch_embedding.bias", D); err != nil {
 		return nil, err
 	}
-	if m.Embeddings.PositionEmbedding, err = l.load("embeddings.position_embedding.weight", cfg.NumPatches(), D); err != nil {
+	if m.Embeddings.PositionEmbedding, err = l.Load("embeddings.position_embedding.weight", cfg.NumPatches(), D); err != nil {
 		return nil, err
 	}
 	m.Layers = make([]EncoderLayer, cfg.NumHiddenLayers)
@@ -286,40 +241,40 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 		ly := &m.Layers[i]
 		ly.SelfAttn.heads, ly.SelfAttn.headDim = cfg.NumAttentionHeads, cfg.HeadDim()
 		ly.MLP.act = act
-		if ly.LayerNorm1, err = loadLayerNorm(l, p+"layer_norm1", D, eps); err != nil {
+		if ly.LayerNorm1, err = nn.LoadLayerNorm(l, p+"layer_norm1", D, eps); err != nil {
 			return nil, err
 		}
-		if ly.LayerNorm2, err = loadLayerNorm(l, p+"layer_norm2", D, eps); err != nil {
+		if ly.LayerNorm2, err = nn.LoadLayerNorm(l, p+"layer_norm2", D, eps); err != nil {
 			return nil, err
 		}
 		for _, lin := range []struct {
 			name string
-			dst  *Linear
+			dst  *nn.Linear
 		}{{"self_attn.q_proj", &ly.SelfAttn.QProj}, {"self_attn.k_proj", &ly.SelfAttn.KProj},
 			{"self_attn.v_proj", &ly.SelfAttn.VProj}, {"self_attn.out_proj", &ly.SelfAttn.OutProj}} {
-			if *lin.dst, err = loadLinear(l, p+lin.name, D, D); err != nil {
+			if *lin.dst, err = nn.LoadLinear(l, p+lin.name, D, D, true); err != nil {
 				return nil, err
 			}
 		}
-		if ly.MLP.FC1, err = loadLinear(l, p+"mlp.fc1", D, I); err != nil {
+		if ly.MLP.FC1, err = nn.LoadLinear(l, p+"mlp.fc1", D, I, true); err != nil {
 			return nil, err
 		}
-		if ly.MLP.FC2, err = loadLinear(l, p+"mlp.fc2", I, D); err != nil {
+		if ly.MLP.FC2, err = nn.LoadLinear(l, p+"mlp.fc2", I, D, true); err != nil {
 			return nil, err
 		}
 	}
-	if m.PostLayerNorm, err = loadLayerNorm(l, "post_layernorm", D, eps); err != nil {
+	if m.PostLayerNorm, err = nn.LoadLayerNorm(l, "post_layernorm", D, eps); err != nil {
 		return nil, err
 	}
-	l.skip("head.")
-	m.report = l.report()
-	m.weights = l.loaded
+	l.Skip("head.")
+	m.report = l.Report()
+	m.weights = l.Tensors()
 	ok = true
 	return m, nil
 }
 
 // Report says which checkpoint tensors were loaded, skipped (the pooling head) and unexpected.
-func (m *Model) Report() LoadReport { return m.report }
+func (m *Model) Report() nn.Report { return m.report }
 
 // WeightBytes is the size of the loaded weights in the runtime's memory.
 func (m *Model) WeightBytes() int64 { return m.report.Bytes }

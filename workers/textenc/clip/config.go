@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/framepackd/framepackd/workers/textenc/internal/nn"
+	"github.com/framepackd/framepackd/internal/nn"
 )
 
 // LegacyEOSTokenID is the eos_token_id of configs written before transformers PR #24773; with it

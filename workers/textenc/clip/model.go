@@ -19,34 +19,10 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
-	"github.com/framepackd/framepackd/workers/textenc/internal/nn"
 )
-
-// LayerNorm is torch.nn.LayerNorm over the last dim.
-type LayerNorm struct {
-	Weight *runtime.Tensor // [hidden]
-	Bias   *runtime.Tensor // [hidden]
-	Eps    float32
-}
-
-// Forward keeps x's shape.
-func (n LayerNorm) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	return rt.LayerNorm(x, n.Weight, n.Bias, n.Eps)
-}
-
-func loadLayerNorm(ld *nn.Loader, name string, d int, eps float32) (LayerNorm, error) {
-	n := LayerNorm{Eps: eps}
-	var err error
-	if n.Weight, err = ld.Load(name+".weight", d); err != nil {
-		return LayerNorm{}, err
-	}
-	if n.Bias, err = ld.Load(name+".bias", d); err != nil {
-		return LayerNorm{}, err
-	}
-	return n, nil
-}
 
 // Embeddings is CLIPTextEmbeddings: token embedding plus learned position embedding.
 type Embeddings struct {
@@ -149,9 +125,9 @@ func (m *MLP) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, 
 
 // EncoderLayer is CLIPEncoderLayer (pre-norm attention and MLP, each with a residual).
 type EncoderLayer struct {
-	LayerNorm1 LayerNorm
+	LayerNorm1 nn.LayerNorm
 	SelfAttn   Attention
-	LayerNorm2 LayerNorm
+	LayerNorm2 nn.LayerNorm
 	MLP        MLP
 }
 
@@ -184,7 +160,7 @@ type Model struct {
 
 	Embeddings     Embeddings
 	Layers         []*EncoderLayer // encoder.layers.{i}
-	FinalLayerNorm LayerNorm       // final_layer_norm
+	FinalLayerNorm nn.LayerNorm    // final_layer_norm
 
 	// Report says which checkpoint tensors were loaded and which were unexpected.
 	Report nn.Report
@@ -253,10 +229,10 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, e
 	for i := range cfg.NumHiddenLayers {
 		p := fmt.Sprintf("encoder.layers.%d.", i)
 		l := &EncoderLayer{}
-		if l.LayerNorm1, err = loadLayerNorm(ld, p+"layer_norm1", H, eps); err != nil {
+		if l.LayerNorm1, err = nn.LoadLayerNorm(ld, p+"layer_norm1", H, eps); err != nil {
 			return nil, err
 		}
-		if l.LayerNorm2, err = loadLayerNorm(ld, p+"layer_norm2", H, eps); err != nil {
+		if l.LayerNorm2, err = nn.LoadLayerNorm(ld, p+"layer_norm2", H, eps); err != nil {
 			return nil, err
 		}
 		a := &l.SelfAttn
@@ -278,7 +254,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, e
 		}
 		m.Layers = append(m.Layers, l)
 	}
-	if m.FinalLayerNorm, err = loadLayerNorm(ld, "final_layer_norm", H, eps); err != nil {
+	if m.FinalLayerNorm, err = nn.LoadLayerNorm(ld, "final_layer_norm", H, eps); err != nil {
 		return nil, err
 	}
 	// position_ids is a non-persistent buffer in current transformers, saved by older ones.

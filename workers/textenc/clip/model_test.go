@@ -5,9 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/runtime"
-	"github.com/framepackd/framepackd/workers/textenc/internal/nn"
 )
 
 func newRuntime(t *testing.T) *runtime.Runtime {

@@ -6,7 +6,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/framepackd/framepackd/workers/textenc/internal/nn"
+	"github.com/framepackd/framepackd/internal/nn"
 )
 
 // RopeParameters is transformers 5's rope_parameters (and the legacy rope_scaling) block.

@@ -21,9 +21,9 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
-	"github.com/framepackd/framepackd/workers/textenc/internal/nn"
 )
 
 // Plan says which parts of the model one hidden-state entry needs.

@@ -7,9 +7,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/runtime"
-	"github.com/framepackd/framepackd/workers/textenc/internal/nn"
 )
 
 // opCounter counts runtime ops by name through the runtime's op observer.

@@ -1,6 +1,7 @@
-// Package nn holds the pieces both text encoders of the textenc worker share: a checkpoint
-// loader that checks names and shapes both ways, linear layers, activations by their
-// transformers names, and an embedding table that stays in the mapped checkpoint.
+// Package nn holds the pieces the model packages of the workers share (textenc's CLIP and
+// Llama, clipvision's SigLIP): a checkpoint loader that checks names, shapes and dtypes both
+// ways, torch.nn's Linear and LayerNorm, activations by their transformers names, and an
+// embedding table that stays in the mapped checkpoint.
 package nn
 
 import (
@@ -20,7 +21,7 @@ import (
 var ErrBadInput = errors.New("bad input")
 
 // ErrCheckpoint is wrapped by load errors about the checkpoint's tensors (missing, wrong shape,
-// unsupported dtype).
+// not a float type).
 var ErrCheckpoint = errors.New("bad checkpoint")
 
 // Source is a set of named tensors: *safetensors.Checkpoint.
@@ -59,17 +60,20 @@ func (l *Loader) SetWeightDType(dt runtime.DType) { l.wdtype = dt }
 
 // DetectPrefix returns the first of prefixes under which src holds name ("" included if
 // listed), so one loader serves checkpoints saved with or without a wrapper module.
-func DetectPrefix(src Source, name string, prefixes ...string) (string, error) {
+func DetectPrefix(src runtime.TensorSource, name string, prefixes ...string) (string, error) {
 	for _, p := range prefixes {
 		if _, ok := src.Info(p + name); ok {
 			return p, nil
 		}
 	}
-	quoted := make([]string, len(prefixes))
-	for i, p := range prefixes {
-		quoted[i] = fmt.Sprintf("%q", p+name)
+	if len(prefixes) == 0 {
+		return "", fmt.Errorf("%w: tensor %q is missing", ErrCheckpoint, name)
 	}
-	return "", fmt.Errorf("%w: none of %s found", ErrCheckpoint, strings.Join(quoted, ", "))
+	quoted := make([]string, len(prefixes)-1)
+	for i, p := range prefixes[1:] {
+		quoted[i] = fmt.Sprintf("%q", p)
+	}
+	return "", fmt.Errorf("%w: tensor %q is missing (also looked under %s)", ErrCheckpoint, prefixes[0]+name, strings.Join(quoted, ", "))
 }
 
 // Prefix returns the prefix the loader puts in front of names.
@@ -86,40 +90,41 @@ func shapeOf(info safetensors.TensorInfo) []int {
 	return s
 }
 
-// info looks name up and checks its shape against shape.
-func (l *Loader) info(name string, shape []int) (safetensors.TensorInfo, error) {
+// info looks name up and checks its shape against shape and that it is a float type the
+// runtime stores.
+func (l *Loader) info(name string, shape []int) (runtime.DType, error) {
 	full := l.prefix + name
 	info, ok := l.src.Info(full)
 	if !ok {
-		return info, fmt.Errorf("%w: tensor %q is missing", ErrCheckpoint, full)
+		return 0, fmt.Errorf("%w: tensor %q is missing", ErrCheckpoint, full)
 	}
 	if got := shapeOf(info); !slices.Equal(got, shape) {
-		return info, fmt.Errorf("%w: tensor %q: got %v, expected %v", ErrCheckpoint, full, got, shape)
+		return 0, fmt.Errorf("%w: tensor %q: got %v, expected %v", ErrCheckpoint, full, got, shape)
+	}
+	dt, ok := runtime.DTypeOf(info.DType)
+	if !ok || !dt.IsFloat() {
+		return 0, fmt.Errorf("%w: tensor %q: dtype %s is not a float type the runtime stores", ErrCheckpoint, full, info.DType)
 	}
 	l.used[full] = true
-	return info, nil
+	return dt, nil
 }
 
 // Load uploads tensor name (prefix added), which must have exactly shape.
 func (l *Loader) Load(name string, shape ...int) (*runtime.Tensor, error) {
-	if _, err := l.info(name, shape); err != nil {
-		return nil, err
-	}
-	t, err := l.rt.LoadTensor(l.src, l.prefix+name, l.dtype)
-	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
-	}
-	l.track(t)
-	return t, nil
+	return l.load(l.dtype, name, shape)
 }
 
-// LoadWeight is Load for a weight matrix (a Linear's weight, an embedding table): uploaded as
-// the weight dtype (SetWeightDType).
+// LoadWeight is Load for a weight matrix the runtime may read in 16 bits (a Linear's or a
+// convolution's weight, an embedding table): uploaded as the weight dtype (SetWeightDType).
 func (l *Loader) LoadWeight(name string, shape ...int) (*runtime.Tensor, error) {
+	return l.load(l.wdtype, name, shape)
+}
+
+func (l *Loader) load(dt runtime.DType, name string, shape []int) (*runtime.Tensor, error) {
 	if _, err := l.info(name, shape); err != nil {
 		return nil, err
 	}
-	t, err := l.rt.LoadTensor(l.src, l.prefix+name, l.wdtype)
+	t, err := l.rt.LoadTensor(l.src, l.prefix+name, dt)
 	if err != nil {
 		return nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
 	}
@@ -130,13 +135,9 @@ func (l *Loader) LoadWeight(name string, shape ...int) (*runtime.Tensor, error) 
 // Raw returns the stored bytes of tensor name (a view into the mapped checkpoint) and their
 // dtype, for tensors the caller uses on the host (HostEmbedding gathers rows from it).
 func (l *Loader) Raw(name string, shape ...int) (runtime.DType, []byte, error) {
-	info, err := l.info(name, shape)
+	dt, err := l.info(name, shape)
 	if err != nil {
 		return 0, nil, err
-	}
-	dt, ok := runtime.DTypeOf(info.DType)
-	if !ok || !dt.IsFloat() {
-		return 0, nil, fmt.Errorf("%w: tensor %q: dtype %s is not a float type the runtime stores", ErrCheckpoint, l.prefix+name, info.DType)
 	}
 	raw, err := l.src.Bytes(l.prefix + name)
 	if err != nil {
@@ -178,6 +179,8 @@ func (l *Loader) Free() {
 
 // Report says what a load did with the checkpoint's tensors.
 type Report struct {
+	// Prefix is the name prefix the checkpoint uses ("" or a wrapper module's, "vision_model.").
+	Prefix string
 	// Loaded is the number of checkpoint tensors bound to the model.
 	Loaded int
 	// Bytes is the size of the uploaded weights in the runtime's memory.
@@ -190,7 +193,7 @@ type Report struct {
 
 // Report returns what has been loaded, skipped and left over so far.
 func (l *Loader) Report() Report {
-	r := Report{Loaded: len(l.used), Bytes: l.bytes}
+	r := Report{Prefix: l.prefix, Loaded: len(l.used), Bytes: l.bytes}
 	for _, n := range l.src.Names() {
 		switch {
 		case l.used[n]:

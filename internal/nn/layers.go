@@ -33,6 +33,31 @@ func (m Linear) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor
 	return rt.Linear(x, m.Weight, m.Bias)
 }
 
+// LayerNorm is torch.nn.LayerNorm over the last dim.
+type LayerNorm struct {
+	Weight *runtime.Tensor // [hidden]
+	Bias   *runtime.Tensor // [hidden]
+	Eps    float32
+}
+
+// LoadLayerNorm binds <name>.weight and <name>.bias [d].
+func LoadLayerNorm(l *Loader, name string, d int, eps float32) (LayerNorm, error) {
+	n := LayerNorm{Eps: eps}
+	var err error
+	if n.Weight, err = l.Load(name+".weight", d); err != nil {
+		return LayerNorm{}, err
+	}
+	if n.Bias, err = l.Load(name+".bias", d); err != nil {
+		return LayerNorm{}, err
+	}
+	return n, nil
+}
+
+// Forward keeps x's shape.
+func (n LayerNorm) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
+	return rt.LayerNorm(x, n.Weight, n.Bias, n.Eps)
+}
+
 // Activation is an elementwise activation function.
 type Activation func(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error)
 
