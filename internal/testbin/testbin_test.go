@@ -6,13 +6,43 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 )
 
+// childEnv makes the test binary a child that Serve runs (TestReexec); its value is a file
+// the child's stop writes.
+const childEnv = "FRAMEPACK_TESTBIN_CHILD"
+
 func TestMain(m *testing.M) {
+	if path := os.Getenv(childEnv); path != "" {
+		os.Exit(Serve(func() (func() error, error) {
+			return func() error { return os.WriteFile(path, []byte("stopped"), 0o600) }, nil
+		}))
+	}
 	code := m.Run()
 	Cleanup()
 	os.Exit(code)
+}
+
+// TestReexec starts the test binary as a serving child, which is ready once Reexec returns, and
+// stops it with SIGTERM: it runs its stop and exits 0.
+func TestReexec(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "stopped")
+	cmd := Reexec(t, childEnv, path, 30*time.Second)
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Fatalf("stopped before SIGTERM: %v", err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("child after SIGTERM: %v", err)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "stopped" {
+		t.Fatalf("stop not run: %q, %v", b, err)
+	}
 }
 
 func TestModuleRoot(t *testing.T) {

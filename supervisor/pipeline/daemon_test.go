@@ -10,11 +10,7 @@ import (
 	"image/png"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +22,7 @@ import (
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/shm/shmtest"
 	"github.com/framepackd/framepackd/internal/testbin"
+	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/lanes"
@@ -40,13 +37,7 @@ func TestMain(m *testing.M) {
 	if v := os.Getenv(daemonEnv); v != "" {
 		os.Exit(daemonMain(v))
 	}
-	code := m.Run()
-	testbin.Cleanup()
-	if left, err := shmtest.Leftovers(); err != nil || len(left) > 0 {
-		fmt.Fprintf(os.Stderr, "shared-memory leftovers: %v %v\n", left, err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(workertest.Main(m))
 }
 
 // daemonOpts configures a test daemon.
@@ -66,19 +57,7 @@ type daemonOpts struct {
 // buildWorkers builds the four worker binaries once per test process.
 func buildWorkers(t testing.TB) map[lanes.Model]string {
 	t.Helper()
-	out := map[lanes.Model]string{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, m := range []lanes.Model{lanes.TextEnc, lanes.VAE, lanes.ClipVision, lanes.Transformer} {
-		wg.Go(func() {
-			p := testbin.Build(t, "./workers/"+string(m))
-			mu.Lock()
-			out[m] = p
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return out
+	return workertest.Build(t, lanes.TextEnc, lanes.VAE, lanes.ClipVision, lanes.Transformer)
 }
 
 // shortDir is a temporary directory with a short path (unix socket paths are limited).
@@ -158,29 +137,23 @@ func testLogger() *logrus.Logger {
 
 // daemonMain is the test binary as a daemon process: it serves until killed or SIGTERM.
 func daemonMain(raw string) int {
-	var o daemonOpts
-	if err := json.Unmarshal([]byte(raw), &o); err != nil {
-		fmt.Fprintln(os.Stderr, "daemon options:", err)
-		return 2
-	}
-	log := testLogger()
-	log.SetOutput(os.Stderr)
-	d, err := newDaemon(o, log)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start daemon:", err)
-		return 1
-	}
-	fmt.Println("ready")
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := d.Stop(sctx); err != nil {
-		fmt.Fprintln(os.Stderr, "stop:", err)
-		return 1
-	}
-	return 0
+	return testbin.Serve(func() (func() error, error) {
+		var o daemonOpts
+		if err := json.Unmarshal([]byte(raw), &o); err != nil {
+			return nil, fmt.Errorf("daemon options: %w", err)
+		}
+		log := testLogger()
+		log.SetOutput(os.Stderr)
+		d, err := newDaemon(o, log)
+		if err != nil {
+			return nil, err
+		}
+		return func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			return d.Stop(ctx)
+		}, nil
+	})
 }
 
 // startDaemonProcess runs the test binary as a daemon and waits until it serves.
@@ -190,36 +163,7 @@ func startDaemonProcess(t *testing.T, o daemonOpts) *exec.Cmd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), daemonEnv+"="+string(raw))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line := make(chan string, 1)
-	go func() {
-		b := make([]byte, 64)
-		n, _ := out.Read(b)
-		line <- strings.TrimSpace(string(b[:n]))
-	}()
-	select {
-	case l := <-line:
-		if l != "ready" {
-			t.Fatalf("daemon process said %q", l)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("daemon process did not start")
-	}
-	return cmd
+	return testbin.Reexec(t, daemonEnv, string(raw), 30*time.Second)
 }
 
 // client is a JobService client on a daemon's socket.
@@ -267,34 +211,11 @@ func pngOf(t testing.TB, pix []int64, h, w int) []byte {
 	return b.Bytes()
 }
 
-// workerProcesses returns the pids of live processes running one of the worker binaries.
-func workerProcesses(workers map[lanes.Model]string) []int {
-	entries, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range entries {
-		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if err != nil {
-			continue
-		}
-		exe = strings.TrimSuffix(exe, " (deleted)")
-		for _, p := range workers {
-			if exe == p {
-				var pid int
-				fmt.Sscan(e.Name(), &pid)
-				if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && !bytes.Contains(st, []byte(") Z ")) {
-					out = append(out, pid)
-				}
-			}
-		}
-	}
-	return out
-}
-
 // waitNoWorkers waits up to d for every worker process to be gone.
 func waitNoWorkers(workers map[lanes.Model]string, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
-		left := workerProcesses(workers)
+		left := workertest.Processes(workers)
 		if len(left) == 0 {
 			return nil
 		}

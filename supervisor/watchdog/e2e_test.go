@@ -9,7 +9,6 @@ import (
 	"image/png"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -26,7 +25,9 @@ import (
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/shm/shmtest"
+	"github.com/framepackd/framepackd/internal/testbin"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/lanes"
@@ -176,26 +177,17 @@ func startDaemon(o daemonOpts, log *logrus.Logger) (*testDaemon, error) {
 
 // daemonMain is the test binary as a daemon process: it serves until killed or SIGTERM.
 func daemonMain(raw string) int {
-	var o daemonOpts
-	if err := json.Unmarshal([]byte(raw), &o); err != nil {
-		fmt.Fprintln(os.Stderr, "daemon options:", err)
-		return 2
-	}
-	log := quietLog()
-	d, err := startDaemon(o, log)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "start daemon:", err)
-		return 1
-	}
-	fmt.Println("ready")
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	<-ctx.Done()
-	if err := d.stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "stop:", err)
-		return 1
-	}
-	return 0
+	return testbin.Serve(func() (func() error, error) {
+		var o daemonOpts
+		if err := json.Unmarshal([]byte(raw), &o); err != nil {
+			return nil, fmt.Errorf("daemon options: %w", err)
+		}
+		d, err := startDaemon(o, quietLog())
+		if err != nil {
+			return nil, err
+		}
+		return d.stop, nil
+	})
 }
 
 // startDaemonProcess runs the test binary as a daemon and waits until it serves.
@@ -205,36 +197,7 @@ func startDaemonProcess(t *testing.T, o daemonOpts) *exec.Cmd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), daemonEnv+"="+string(raw))
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line := make(chan string, 1)
-	go func() {
-		b := make([]byte, 64)
-		n, _ := out.Read(b)
-		line <- strings.TrimSpace(string(b[:n]))
-	}()
-	select {
-	case l := <-line:
-		if l != "ready" {
-			t.Fatalf("daemon process said %q", l)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("daemon process did not start")
-	}
-	return cmd
+	return testbin.Reexec(t, daemonEnv, string(raw), 60*time.Second)
 }
 
 // conn is a client connection to a daemon's socket.
@@ -304,29 +267,6 @@ func finalPixels(t testing.TB, state, id string, sections int) []float32 {
 		t.Fatal(err)
 	}
 	return v
-}
-
-// workerProcesses returns the pids of live processes running one of the worker binaries.
-func workerProcesses(workers map[lanes.Model]string) []int {
-	entries, _ := os.ReadDir("/proc")
-	var out []int
-	for _, e := range entries {
-		exe, err := os.Readlink(filepath.Join("/proc", e.Name(), "exe"))
-		if err != nil {
-			continue
-		}
-		exe = strings.TrimSuffix(exe, " (deleted)")
-		for _, p := range workers {
-			if exe == p {
-				var pid int
-				fmt.Sscan(e.Name(), &pid)
-				if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil && !bytes.Contains(st, []byte(") Z ")) {
-					out = append(out, pid)
-				}
-			}
-		}
-	}
-	return out
 }
 
 // waitGone waits up to d for pid to be gone (or a zombie); it returns how long it took.
@@ -481,7 +421,7 @@ func TestFaultSupervisorKilled(t *testing.T) {
 	if !equal(finalPixels(t, o.State, id, 2), want) {
 		t.Fatal("the resumed job's frames differ from the run without faults")
 	}
-	if left := workerProcesses(o.Workers); len(left) > 0 {
+	if left := workertest.Processes(o.Workers); len(left) > 0 {
 		t.Fatalf("worker processes left: %v", left)
 	}
 	if err := shmEmpty(o.Shm); err != nil {

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,8 +20,8 @@ import (
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/shm/shmtest"
-	"github.com/framepackd/framepackd/internal/testbin"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/watchdog"
 )
@@ -31,13 +30,7 @@ func TestMain(m *testing.M) {
 	if v := os.Getenv(daemonEnv); v != "" {
 		os.Exit(daemonMain(v))
 	}
-	code := m.Run()
-	testbin.Cleanup()
-	if left, err := shmtest.Leftovers(); err != nil || len(left) > 0 {
-		fmt.Fprintf(os.Stderr, "shared-memory leftovers: %v %v\n", left, err)
-		code = 1
-	}
-	os.Exit(code)
+	os.Exit(workertest.Main(m))
 }
 
 // testOp is the op deadline of these tests: every op of the tiny models takes milliseconds, so
@@ -74,19 +67,7 @@ func modelsDir(t testing.TB) string {
 // workerBins builds the worker binaries (once per test process).
 func workerBins(t testing.TB) map[lanes.Model]string {
 	t.Helper()
-	out := map[lanes.Model]string{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, m := range []lanes.Model{lanes.TextEnc, lanes.VAE, lanes.ClipVision, lanes.Transformer, "probe"} {
-		wg.Go(func() {
-			p := testbin.Build(t, "./workers/"+string(m))
-			mu.Lock()
-			out[m] = p
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	return out
+	return workertest.Build(t, lanes.TextEnc, lanes.VAE, lanes.ClipVision, lanes.Transformer, "probe")
 }
 
 // rig is one CPU lane with real workers under a watchdog.

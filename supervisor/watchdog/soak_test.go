@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/watchdog"
 )
@@ -359,7 +360,7 @@ func TestFaultSoak(t *testing.T) {
 	}
 
 	// Nothing left behind.
-	if left := workerProcesses(o.Workers); len(left) > 0 {
+	if left := workertest.Processes(o.Workers); len(left) > 0 {
 		t.Errorf("worker processes left: %v", left)
 	}
 	if kids := children(os.Getpid()); len(kids) > 0 {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 
 	"github.com/framepackd/framepackd/internal/convcache"
@@ -19,28 +17,11 @@ import (
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/shm/shmtest"
-	"github.com/framepackd/framepackd/internal/testbin"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testbin.Cleanup()
-	if left, err := shmtest.Leftovers(); err != nil || len(left) > 0 {
-		fmt.Fprintf(os.Stderr, "shared-memory leftovers: %v %v\n", left, err)
-		code = 1
-	}
-	os.Exit(code)
-}
-
-// callTimeout bounds every worker call of these tests.
-const callTimeout = 60 * time.Second
-
-func callCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
+func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 
 // startWorker starts the real clipvision binary and loads modelDir; env entries go into the
 // LoadRequest's env.
@@ -52,15 +33,8 @@ func startWorker(t *testing.T, modelDir string, env map[string]string) (*workerk
 // startWorkerDType is startWorker with the LoadRequest's dtype.
 func startWorkerDType(t *testing.T, modelDir, dtype string, env map[string]string) (*workerkit.Process, *workerkit.LoadResponse, *test.Hook) {
 	t.Helper()
-	log, hook := test.NewNullLogger()
-	log.SetLevel(logrus.DebugLevel)
-	p, err := workerkit.Start(callCtx(t), workerkit.Config{Name: "clipvision", Path: testbin.Build(t, "./workers/clipvision"),
-		SocketDir: t.TempDir(), Log: logrus.NewEntry(log)})
-	if err != nil {
-		t.Fatalf("start clipvision: %v", err)
-	}
-	t.Cleanup(func() { p.Close() })
-	resp, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: modelDir, Backend: "cpu", Env: env,
+	p, hook := workertest.Start(t, "clipvision")
+	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: modelDir, Backend: "cpu", Env: env,
 		MemoryCapBytes: 1 << 30, DType: dtype})
 	if err != nil {
 		t.Fatalf("load %s: %v", modelDir, err)
@@ -71,47 +45,22 @@ func startWorkerDType(t *testing.T, modelDir, dtype string, env map[string]strin
 // writeImage writes a uint8 image tensor into a new segment of a and returns its ref.
 func writeImage(t *testing.T, a *shm.Arena, name string, shape []int64, pix []uint8) workerkit.TensorRef {
 	t.Helper()
-	path, err := a.NewSegment(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := shm.WriteSegment(path, []safetensors.Tensor{safetensors.FromUint8("image", shape, pix)}); err != nil {
-		t.Fatal(err)
-	}
-	return workerkit.TensorRef{Path: path, Name: "image"}
+	return workertest.Write(t, a, name, safetensors.FromUint8("image", shape, pix))
 }
 
+// outputRef reserves segment name of a for the last_hidden_state output.
 func outputRef(t *testing.T, a *shm.Arena, name string) workerkit.TensorRef {
 	t.Helper()
-	path, err := a.NewSegment(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return workerkit.TensorRef{Path: path, Name: "last_hidden_state"}
+	return workertest.OutputRef(t, a, name, "last_hidden_state")
 }
 
 // runEncode runs one image_encode stage and returns the result and the events.
 func runEncode(t *testing.T, p *workerkit.Process, img, out workerkit.TensorRef) (*workerkit.Result, []workerkit.Event, error) {
 	t.Helper()
 	var events []workerkit.Event
-	res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "test", Stage: &workerkit.ImageEncodeRequest{Image: img, LastHiddenState: out}},
+	res, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{JobID: "test", Stage: &workerkit.ImageEncodeRequest{Image: img, LastHiddenState: out}},
 		func(e workerkit.Event) error { events = append(events, e); return nil })
 	return res, events, err
-}
-
-// readOutput reads the written output back.
-func readOutput(t *testing.T, ref workerkit.TensorRef) ([]float32, []int64) {
-	t.Helper()
-	m, err := shm.Open(ref.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	v, shape, err := m.Float32(ref.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v, shape
 }
 
 // TestParitySiglip runs every siglip.encode case through the real worker process: the uint8
@@ -150,7 +99,7 @@ func TestParitySiglip(t *testing.T) {
 			if len(res.Outputs) != 1 || res.Outputs[0].Path != out.Path || res.Outputs[0].DType != safetensors.F32 {
 				t.Fatalf("outputs %+v", res.Outputs)
 			}
-			got, shape := readOutput(t, out)
+			got, shape := workertest.ReadF32(t, out)
 			want := c.Output(t, "last_hidden_state")
 			if !parity.SameShape(res.Outputs[0].Shape, want.Shape) {
 				t.Errorf("reported shape %v, want %v", res.Outputs[0].Shape, want.Shape)
@@ -200,7 +149,7 @@ func TestOddAndBadInputs(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		got, s := readOutput(t, out)
+		got, s := workertest.ReadF32(t, out)
 		if len(s) != 3 || s[0] != 1 || !parity.SameShape(s, res.Outputs[0].Shape) {
 			t.Fatalf("%s: shape %v, reported %v", name, s, res.Outputs[0].Shape)
 		}
@@ -281,7 +230,7 @@ func TestOddAndBadInputs(t *testing.T) {
 		})
 	}
 	// a wrong stage is refused too, and the worker is still alive and correct afterwards
-	_, err = p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{}}, func(workerkit.Event) error { return nil })
+	_, err = p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{}}, func(workerkit.Event) error { return nil })
 	if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument {
 		t.Errorf("vae_decode on clipvision: %v", err)
 	}
@@ -318,7 +267,7 @@ func TestOutputDTypes(t *testing.T) {
 		if res.Outputs[0].DType != dt {
 			t.Errorf("wrote %s, asked %s", res.Outputs[0].DType, dt)
 		}
-		got, _ := readOutput(t, out)
+		got, _ := workertest.ReadF32(t, out)
 		if dt == safetensors.F32 {
 			ref = got
 			continue
@@ -366,7 +315,7 @@ func TestParitySiglipHalfWeights(t *testing.T) {
 		if _, _, err := runEncode(t, p, writeImage(t, a, c.Name+"-image", in.Shape, pix), out); err != nil {
 			t.Fatalf("case %s: %v", c.Name, err)
 		}
-		got, shape := readOutput(t, out)
+		got, shape := workertest.ReadF32(t, out)
 		c.Check(t, "last_hidden_state (worker, weights as stored)", got, shape, c.Output(t, "last_hidden_state"))
 	}
 	if n == 0 {
@@ -377,14 +326,8 @@ func TestParitySiglipHalfWeights(t *testing.T) {
 // startWorkerWith starts the clipvision binary and sends req as its Load.
 func startWorkerWith(t *testing.T, req *workerkit.LoadRequest) (*workerkit.Process, error) {
 	t.Helper()
-	log, _ := test.NewNullLogger()
-	p, err := workerkit.Start(callCtx(t), workerkit.Config{Name: "clipvision", Path: testbin.Build(t, "./workers/clipvision"),
-		SocketDir: t.TempDir(), Log: logrus.NewEntry(log)})
-	if err != nil {
-		t.Fatalf("start clipvision: %v", err)
-	}
-	t.Cleanup(func() { p.Close() })
-	_, err = p.Load(callCtx(t), req)
+	p, _ := workertest.Start(t, "clipvision")
+	_, err := p.Load(workertest.Ctx(t), req)
 	return p, err
 }
 
@@ -445,7 +388,7 @@ func TestConvTierOverrides(t *testing.T) {
 	if err := encode(p2, "overridden"); err != nil {
 		t.Fatalf("encode with the shape overridden to cpu: %v", err)
 	}
-	st, err := p2.Stats(callCtx(t))
+	st, err := p2.Stats(workertest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,16 +413,10 @@ func TestLoadErrors(t *testing.T) {
 		{"bad dtype", workerkit.LoadRequest{ModelDir: empty, DType: "int8"}, `dtype "int8"`},
 		{"bad processor", workerkit.LoadRequest{ModelDir: empty, Env: map[string]string{EnvProcessorBackend: "opencv"}}, "opencv"},
 	}
-	bin := testbin.Build(t, "./workers/clipvision")
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			log, _ := test.NewNullLogger()
-			p, err := workerkit.Start(callCtx(t), workerkit.Config{Name: "clipvision", Path: bin, SocketDir: t.TempDir(), Log: logrus.NewEntry(log)})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Close()
-			_, err = p.Load(callCtx(t), &tc.req)
+			p, _ := workertest.Start(t, "clipvision")
+			_, err := p.Load(workertest.Ctx(t), &tc.req)
 			if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err %v, want InvalidArgument with %q", err, tc.want)
 			}
@@ -495,14 +432,8 @@ func TestFaultExitAtOp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log, _ := test.NewNullLogger()
-	p, err := workerkit.Start(callCtx(t), workerkit.Config{Name: "clipvision", Path: testbin.Build(t, "./workers/clipvision"),
-		SocketDir: t.TempDir(), Log: logrus.NewEntry(log)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	if _, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: encDir,
+	p, _ := workertest.Start(t, "clipvision")
+	if _, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: encDir,
 		Fault: &workerkit.Fault{ExitAtOp: 5}}); err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/framepackd/framepackd/internal/parity"
+	"github.com/framepackd/framepackd/internal/shm/shmtest"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 )
 
 // codeOf returns the worker error code of err (CodeUnspecified for nil).
@@ -25,7 +27,7 @@ func TestBadPrompts(t *testing.T) {
 	fx := parity.Load(t, "textenc")
 	dir := snapshotDir(t, fx)
 	p, _ := loadWorker(t, dir)
-	a := newArena(t)
+	a := shmtest.Arena(t, "job")
 	enc := loadEncoder(t, dir)
 
 	t.Run("nul byte", func(t *testing.T) {
@@ -65,7 +67,7 @@ func TestBadPrompts(t *testing.T) {
 	t.Run("invalid utf-8", func(t *testing.T) {
 		req := stageRequest("caf\xe9", "", 1, Params{})
 		stageRefs(t, a, &req)
-		ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+		ctx, cancel := context.WithTimeout(t.Context(), workertest.CallTimeout)
 		defer cancel()
 		_, err := p.Run(ctx, &workerkit.RunRequest{Stage: &req}, nil)
 		if err == nil {
@@ -92,7 +94,7 @@ func TestRunBadRequests(t *testing.T) {
 	}
 	defer w.rt.Close()
 	defer w.enc.Close()
-	a := newArena(t)
+	a := shmtest.Arena(t, "job")
 	good := func() workerkit.TextEncodeRequest {
 		r := stageRequest("a cat", "", 1, Params{})
 		stageRefs(t, a, &r)
@@ -219,8 +221,8 @@ func TestLoadRefusals(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			p := startWorker(t)
-			ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+			p, _ := workertest.Start(t, "textenc")
+			ctx, cancel := context.WithTimeout(t.Context(), workertest.CallTimeout)
 			defer cancel()
 			_, err := p.Load(ctx, &workerkit.LoadRequest{ModelDir: tc.modelDir, DType: tc.dtype})
 			if err == nil {
@@ -240,14 +242,14 @@ func TestLoadRefusals(t *testing.T) {
 func TestHangFault(t *testing.T) {
 	fx := parity.Load(t, "textenc")
 	dir := snapshotDir(t, fx)
-	p := startWorker(t)
-	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+	p, _ := workertest.Start(t, "textenc")
+	ctx, cancel := context.WithTimeout(t.Context(), workertest.CallTimeout)
 	defer cancel()
 	const hangAt = 5
 	if _, err := p.Load(ctx, &workerkit.LoadRequest{ModelDir: dir, Fault: &workerkit.Fault{HangAtOp: hangAt}}); err != nil {
 		t.Fatal(err)
 	}
-	a := newArena(t)
+	a := shmtest.Arena(t, "job")
 	req := stageRequest("a cat", "", 1, Params{})
 	stageRefs(t, a, &req)
 	runErr := make(chan error, 1)

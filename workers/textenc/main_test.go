@@ -4,11 +4,9 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/sirupsen/logrus"
 
@@ -16,31 +14,10 @@ import (
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 )
 
-// workerBin is the textenc binary built for this test run.
-var workerBin string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "textenc-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	workerBin = filepath.Join(dir, "textenc")
-	out, err := exec.Command("go", "build", "-o", workerBin, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build textenc: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// callTimeout bounds every call to a worker process.
-const callTimeout = 2 * time.Minute
+func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 
 // snapshotDir returns a folder laid out as a HunyuanVideo snapshot (text_encoder/,
 // text_encoder_2/, tokenizer/, tokenizer_2/) for the fixture's models: their common parent when
@@ -82,54 +59,19 @@ func testLog() *logrus.Entry {
 	return logrus.NewEntry(l)
 }
 
-// startWorker starts the textenc binary and kills it when the test ends.
-func startWorker(t *testing.T) *workerkit.Process {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
-	defer cancel()
-	p, err := workerkit.Start(ctx, workerkit.Config{Name: "textenc", Path: workerBin, Log: testLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return p
-}
-
 // loadWorker starts a worker and loads modelDir into it.
 func loadWorker(t *testing.T, modelDir string) (*workerkit.Process, *workerkit.LoadResponse) {
 	t.Helper()
-	p := startWorker(t)
-	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
-	defer cancel()
-	resp, err := p.Load(ctx, &workerkit.LoadRequest{ModelDir: modelDir, Backend: "cpu"})
+	p, _ := workertest.Start(t, "textenc")
+	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: modelDir, Backend: "cpu"})
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
 	return p, resp
 }
 
+// segmentCount numbers the segments stageRefs makes.
 var segmentCount atomic.Int64
-
-// newArena makes a job arena in shared memory (/dev/shm when the machine has it) that is
-// removed when the test ends.
-func newArena(t *testing.T) *shm.Arena {
-	t.Helper()
-	rootDir := t.TempDir()
-	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
-		rootDir = filepath.Join("/dev/shm", fmt.Sprintf("framepackd-textenc-test-%d-%d", os.Getpid(), segmentCount.Add(1)))
-		t.Cleanup(func() { os.RemoveAll(rootDir) })
-	}
-	root, err := shm.OpenRoot(rootDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := root.NewArena("job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	return a
-}
 
 // outputs are the output tensors of a text_encode stage, read back from shared memory: the six
 // always written, then the optional token outputs the request set (nil when not set).
@@ -249,7 +191,7 @@ func shapeSize(s []int64) int64 {
 func runStage(t *testing.T, p *workerkit.Process, a *shm.Arena, req workerkit.TextEncodeRequest) (outputs, []workerkit.Event) {
 	t.Helper()
 	stageRefs(t, a, &req)
-	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+	ctx, cancel := context.WithTimeout(t.Context(), workertest.CallTimeout)
 	defer cancel()
 	var events []workerkit.Event
 	res, err := p.Run(ctx, &workerkit.RunRequest{JobID: "test", Stage: &req}, func(e workerkit.Event) error {

@@ -8,8 +8,10 @@ import (
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
+	"github.com/framepackd/framepackd/internal/shm/shmtest"
 	"github.com/framepackd/framepackd/internal/tokenizer"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 )
 
 // loadEncoder loads the encoder in this process (for the ids checks and the in-process test).
@@ -124,7 +126,7 @@ func TestParityTextenc(t *testing.T) {
 	fx := parity.Load(t, "textenc")
 	dir := snapshotDir(t, fx)
 	p, _ := loadWorker(t, dir)
-	a := newArena(t)
+	a := shmtest.Arena(t, "job")
 	enc := loadEncoder(t, dir)
 	var encodeCases []parity.Case
 	checked := 0
@@ -171,8 +173,8 @@ func TestParityTextencHalfWeights(t *testing.T) {
 	fx := parity.Load(t, "textenc")
 	dir := snapshotDir(t, fx)
 	f32Bytes := loadEncoder(t, dir).WeightBytes()
-	p := startWorker(t)
-	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+	p, _ := workertest.Start(t, "textenc")
+	ctx, cancel := context.WithTimeout(t.Context(), workertest.CallTimeout)
 	defer cancel()
 	resp, err := p.Load(ctx, &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", DType: "auto"})
 	if err != nil {
@@ -182,7 +184,7 @@ func TestParityTextencHalfWeights(t *testing.T) {
 	if resp.WeightBytes == 0 || float64(resp.WeightBytes) > 0.6*float64(f32Bytes) {
 		t.Errorf("weights as stored take %d bytes, f32 %d: want about half", resp.WeightBytes, f32Bytes)
 	}
-	a := newArena(t)
+	a := shmtest.Arena(t, "job")
 	checked := 0
 	for _, c := range fx.Cases {
 		switch c.Op {
@@ -325,7 +327,7 @@ func TestLayersComputedInWorker(t *testing.T) {
 	enc := loadEncoder(t, dir) // for the configs
 	L, clipLayers := enc.Llama.Config.NumHiddenLayers, enc.CLIP.Config.NumHiddenLayers
 	p, resp := loadWorker(t, dir)
-	a := newArena(t)
+	a := shmtest.Arena(t, "job")
 	if resp.WeightBytes == 0 || resp.Backend != "cpu" {
 		t.Errorf("load response %+v", resp)
 	}
@@ -338,7 +340,7 @@ func TestLayersComputedInWorker(t *testing.T) {
 		t.Errorf("load response model info %+v, want %+v", resp.TextEncoder, wantInfo)
 	}
 	stats := func() map[string]uint64 {
-		ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
+		ctx, cancel := context.WithTimeout(t.Context(), workertest.CallTimeout)
 		defer cancel()
 		st, err := p.Stats(ctx)
 		if err != nil {

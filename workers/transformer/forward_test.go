@@ -9,7 +9,9 @@ import (
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
+	"github.com/framepackd/framepackd/internal/shm/shmtest"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 )
 
 // opForward is the transformer fixture's op.
@@ -30,7 +32,7 @@ func writeForwardCase(t *testing.T, a *shm.Arena, c parity.Case) forwardCase {
 	if c.Param(t, "batch_size", &batch) && batch != 1 {
 		t.Fatalf("case %s: batch_size %d (only 1 is supported)", c.Name, batch)
 	}
-	path := segment(t, a, "forward-in")
+	path := workertest.Segment(t, a, "forward-in")
 	var fc forwardCase
 	r := &fc.req
 	floats := map[string]*workerkit.TensorRef{
@@ -78,13 +80,13 @@ func writeForwardCase(t *testing.T, a *shm.Arena, c parity.Case) forwardCase {
 	if _, err := shm.WriteSegment(path, ts); err != nil {
 		t.Fatal(err)
 	}
-	r.Velocity = workerkit.TensorRef{Path: segment(t, a, "velocity"), Name: "velocity"}
+	r.Velocity = workerkit.TensorRef{Path: workertest.Segment(t, a, "velocity"), Name: "velocity"}
 	return fc
 }
 
 func runForward(t *testing.T, p *workerkit.Process, req workerkit.TransformerForwardRequest) (*workerkit.Result, []workerkit.Event, error) {
 	var events []workerkit.Event
-	res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "test", Stage: &req}, func(e workerkit.Event) error {
+	res, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{JobID: "test", Stage: &req}, func(e workerkit.Event) error {
 		events = append(events, e)
 		return nil
 	})
@@ -110,7 +112,7 @@ func TestParityTransformerWorker(t *testing.T) {
 				t.Fatalf("case %s: unknown op %q", c.Name, c.Op)
 			}
 			ran++
-			fc := writeForwardCase(t, newArena(t), c)
+			fc := writeForwardCase(t, shmtest.Arena(t, "job"), c)
 			res, events, err := runForward(t, p, fc.req)
 			if err != nil {
 				t.Fatalf("case %s: run: %v", c.Name, err)
@@ -151,8 +153,8 @@ func TestParityTransformerWorkerHalfWeights(t *testing.T) {
 	resp := make(map[string]*workerkit.LoadResponse)
 	var p *workerkit.Process
 	for _, dtype := range []string{"", "auto"} {
-		p = startWorker(t)
-		if resp[dtype], err = p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", DType: dtype}); err != nil {
+		p, _ = workertest.Start(t, "transformer")
+		if resp[dtype], err = p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", DType: dtype}); err != nil {
 			t.Fatalf("load dtype %q: %v", dtype, err)
 		}
 	}
@@ -168,7 +170,7 @@ func TestParityTransformerWorkerHalfWeights(t *testing.T) {
 			continue
 		}
 		ran++
-		fc := writeForwardCase(t, newArena(t), c)
+		fc := writeForwardCase(t, shmtest.Arena(t, "job"), c)
 		res, _, err := runForward(t, p, fc.req)
 		if err != nil {
 			t.Fatalf("case %s: run: %v", c.Name, err)
@@ -219,7 +221,7 @@ func TestWorkerForwardBadInput(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			fc := writeForwardCase(t, newArena(t), c)
+			fc := writeForwardCase(t, shmtest.Arena(t, "job"), c)
 			tc.edit(&fc.req)
 			_, _, err := runForward(t, p, fc.req)
 			if err == nil {
@@ -235,7 +237,7 @@ func TestWorkerForwardBadInput(t *testing.T) {
 		})
 	}
 	// Still serving, and a dtype the request asks for is written.
-	fc := writeForwardCase(t, newArena(t), c)
+	fc := writeForwardCase(t, shmtest.Arena(t, "job"), c)
 	fc.req.Velocity.DType = safetensors.BF16
 	res, _, err := runForward(t, p, fc.req)
 	if err != nil {

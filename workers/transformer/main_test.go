@@ -1,83 +1,34 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
-
-	"github.com/sirupsen/logrus"
 
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
+	"github.com/framepackd/framepackd/internal/shm/shmtest"
 	"github.com/framepackd/framepackd/internal/torchrng"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 	"github.com/framepackd/framepackd/workers/transformer/dit"
 	"github.com/framepackd/framepackd/workers/transformer/sampler"
 	"github.com/framepackd/framepackd/workers/transformer/sampler/samplertest"
 )
 
-// workerBin is the transformer binary built for this test run.
-var workerBin string
-
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "transformer-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	workerBin = filepath.Join(dir, "transformer")
-	out, err := exec.Command("go", "build", "-o", workerBin, ".").CombinedOutput()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "build transformer: %v\n%s", err, out)
-		os.RemoveAll(dir)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-// callTimeout bounds every call to a worker process.
-const callTimeout = 2 * time.Minute
-
-func testLog() *logrus.Entry {
-	l := logrus.New()
-	l.SetLevel(logrus.WarnLevel)
-	return logrus.NewEntry(l)
-}
-
-func callCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// startWorker starts the transformer binary and kills it when the test ends.
-func startWorker(t *testing.T) *workerkit.Process {
-	t.Helper()
-	p, err := workerkit.Start(callCtx(t), workerkit.Config{Name: "transformer", Path: workerBin, Log: testLog()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return p
-}
+func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 
 // loadWorker starts a worker and loads the transformer folder dir into it.
 func loadWorker(t *testing.T, dir string) *workerkit.Process {
 	t.Helper()
-	p := startWorker(t)
-	resp, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu"})
+	p, _ := workertest.Start(t, "transformer")
+	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu"})
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
@@ -98,38 +49,6 @@ func loadWorker(t *testing.T, dir string) *workerkit.Process {
 	}
 	if resp.Transformer == nil || *resp.Transformer != want || want.InChannels == 0 || resp.VAE != nil || resp.TextEncoder != nil {
 		t.Fatalf("load response model info %+v, want %+v", resp.Transformer, want)
-	}
-	return p
-}
-
-var arenaCount atomic.Int64
-
-// newArena makes a job arena in shared memory (/dev/shm when the machine has it), removed
-// when the test ends.
-func newArena(t *testing.T) *shm.Arena {
-	t.Helper()
-	rootDir := t.TempDir()
-	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
-		rootDir = filepath.Join("/dev/shm", fmt.Sprintf("framepackd-transformer-test-%d-%d", os.Getpid(), arenaCount.Add(1)))
-		t.Cleanup(func() { os.RemoveAll(rootDir) })
-	}
-	root, err := shm.OpenRoot(rootDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := root.NewArena("job")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close() })
-	return a
-}
-
-func segment(t *testing.T, a *shm.Arena, name string) string {
-	t.Helper()
-	p, err := a.NewSegment(name)
-	if err != nil {
-		t.Fatal(err)
 	}
 	return p
 }
@@ -172,7 +91,7 @@ func writeCase(t *testing.T, a *shm.Arena, c parity.Case) sectionCase {
 		return safetensors.FromUint8(name, i64(x.Shape), b)
 	}
 	pos := d.Request.Positive
-	cond := segment(t, a, "cond")
+	cond := workertest.Segment(t, a, "cond")
 	ts := []safetensors.Tensor{
 		f32("llama_vec", pos.EncoderHiddenStates), u8("llama_mask", pos.EncoderAttentionMask),
 		f32("clip_pooler", pos.PooledProjections), f32("image_embeddings", pos.ImageEmbeddings),
@@ -198,7 +117,7 @@ func writeCase(t *testing.T, a *shm.Arena, c parity.Case) sectionCase {
 		Steps:         uint32(o.Steps), CFG: float32(o.Guidance.CFG), GS: float32(o.Guidance.Distilled),
 		RS: float32(o.Guidance.Rescale), UseTeaCache: o.TeaCache, Seed: d.Seed,
 		Width: uint32(w), Height: uint32(h), Frames: uint32(frames),
-		Latents: workerkit.TensorRef{Path: segment(t, a, "latents"), Name: "latents"},
+		Latents: workerkit.TensorRef{Path: workertest.Segment(t, a, "latents"), Name: "latents"},
 	}
 	if d.Request.Negative != nil {
 		req.LlamaVecN, req.LlamaMaskN, req.ClipPoolerN = ref("llama_vec_n"), ref("llama_mask_n"), ref("clip_pooler_n")
@@ -211,7 +130,7 @@ func writeCase(t *testing.T, a *shm.Arena, c parity.Case) sectionCase {
 		req.Sampler = workerkit.SamplerUniPCBH2
 	}
 	for i := range o.Steps {
-		req.StepPreviews = append(req.StepPreviews, workerkit.TensorRef{Path: segment(t, a, fmt.Sprintf("preview-%d", i+1)), Name: "denoised"})
+		req.StepPreviews = append(req.StepPreviews, workerkit.TensorRef{Path: workertest.Segment(t, a, fmt.Sprintf("preview-%d", i+1)), Name: "denoised"})
 	}
 	return sectionCase{req: req, d: d, shape: i64(d.Request.Shape.Ints())}
 }
@@ -235,7 +154,7 @@ func readFloat(t *testing.T, r workerkit.TensorRef) []float32 {
 
 func run(t *testing.T, p *workerkit.Process, req workerkit.TransformerSectionRequest) (*workerkit.Result, []workerkit.Event, error) {
 	var events []workerkit.Event
-	res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "test", Stage: &req}, func(e workerkit.Event) error {
+	res, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{JobID: "test", Stage: &req}, func(e workerkit.Event) error {
 		events = append(events, e)
 		return nil
 	})
@@ -264,7 +183,7 @@ func TestWorkerParitySampler(t *testing.T) {
 				t.Fatalf("case %s: unknown op %q", c.Name, c.Op)
 			}
 			ran++
-			a := newArena(t)
+			a := shmtest.Arena(t, "job")
 			sc := writeCase(t, a, c)
 			p := loadWorker(t, dir)
 			res, events, err := run(t, p, sc.req)
@@ -362,7 +281,7 @@ func TestWorkerCarriesGenerator(t *testing.T) {
 	fx := parity.Load(t, "sampler")
 	dir, _ := fx.ModelPath("transformer")
 	c := firstSampleCase(t, fx)
-	a := newArena(t)
+	a := shmtest.Arena(t, "job")
 	sc := writeCase(t, a, c)
 	sc.req.StepPreviews = nil
 	res1, _, err := run(t, loadWorker(t, dir), sc.req)
@@ -420,7 +339,7 @@ func TestWorkerBadInput(t *testing.T) {
 				t.Fatal(err)
 			}
 			v[5] = float32(math.NaN())
-			path := segment(t, a, "nan")
+			path := workertest.Segment(t, a, "nan")
 			if _, err := shm.WriteSegment(path, []safetensors.Tensor{safetensors.FromFloat32("x", shape, v)}); err != nil {
 				t.Fatal(err)
 			}
@@ -447,7 +366,7 @@ func TestWorkerBadInput(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			a := newArena(t)
+			a := shmtest.Arena(t, "job")
 			sc := writeCase(t, a, c)
 			tc.edit(t, a, &sc.req)
 			_, _, err := run(t, p, sc.req)
@@ -464,7 +383,7 @@ func TestWorkerBadInput(t *testing.T) {
 		})
 	}
 	// Still serving: a good request after the bad ones.
-	a := newArena(t)
+	a := shmtest.Arena(t, "job")
 	sc := writeCase(t, a, c)
 	res, events, err := run(t, p, sc.req)
 	if err != nil {
@@ -535,12 +454,12 @@ func TestWorkerBadModel(t *testing.T) {
 		{"unknown dtype", func(*testing.T) string { return dir }, "dtype \"int8\""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := startWorker(t)
+			p, _ := workertest.Start(t, "transformer")
 			req := &workerkit.LoadRequest{ModelDir: tc.dir(t), Backend: "cpu"}
 			if strings.HasPrefix(tc.name, "unknown dtype") {
 				req.DType = "int8"
 			}
-			_, err := p.Load(callCtx(t), req)
+			_, err := p.Load(workertest.Ctx(t), req)
 			if err == nil {
 				t.Fatal("loaded")
 			}

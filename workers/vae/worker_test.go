@@ -10,56 +10,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sirupsen/logrus"
-	"github.com/sirupsen/logrus/hooks/test"
-
 	"github.com/framepackd/framepackd/internal/convcache"
 	"github.com/framepackd/framepackd/internal/faults"
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/shm/shmtest"
-	"github.com/framepackd/framepackd/internal/testbin"
 	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 	"github.com/framepackd/framepackd/workers/vae/causalvae"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testbin.Cleanup()
-	if left, err := shmtest.Leftovers(); err != nil || len(left) > 0 {
-		fmt.Fprintf(os.Stderr, "shared-memory leftovers: %v %v\n", left, err)
-		code = 1
-	}
-	os.Exit(code)
-}
-
-// callTimeout bounds each worker call of these tests (a stage of the tiny model takes seconds).
-const callTimeout = 2 * time.Minute
-
-func callCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), callTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// startVAE starts the real vae worker binary.
-func startVAE(t *testing.T) (*workerkit.Process, *test.Hook) {
-	t.Helper()
-	log, hook := test.NewNullLogger()
-	log.SetLevel(logrus.DebugLevel)
-	p, err := workerkit.Start(callCtx(t), workerkit.Config{Name: "vae", Path: testbin.Build(t, "./workers/vae"),
-		Log: logrus.NewEntry(log), SocketDir: t.TempDir()})
-	if err != nil {
-		t.Fatalf("start vae worker: %v", err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return p, hook
-}
+func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 
 func loadVAE(t *testing.T, p *workerkit.Process, dir string, memCap uint64) {
 	t.Helper()
-	resp, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", MemoryCapBytes: memCap,
+	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", MemoryCapBytes: memCap,
 		Env: map[string]string{"MIOPEN_FIND_MODE": "FAST", "MIOPEN_FIND_ENFORCE": "3", "MIOPEN_USER_DB_PATH": t.TempDir()}})
 	if err != nil {
 		t.Fatalf("load: %v", err)
@@ -81,43 +47,6 @@ func loadVAE(t *testing.T, p *workerkit.Process, dir string, memCap uint64) {
 	if resp.Transformer != nil || resp.TextEncoder != nil {
 		t.Fatalf("vae worker reports other models' info: %+v", resp)
 	}
-}
-
-// writeInput writes a float32 tensor as a segment of arena and returns its reference.
-func writeInput(t *testing.T, a *shm.Arena, seg, name string, shape []int64, data []float32) workerkit.TensorRef {
-	t.Helper()
-	path, err := a.NewSegment(seg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := shm.WriteSegment(path, []safetensors.Tensor{safetensors.FromFloat32(name, shape, data)}); err != nil {
-		t.Fatal(err)
-	}
-	return workerkit.TensorRef{Path: path, Name: name}
-}
-
-func outputRefOf(t *testing.T, a *shm.Arena, seg, name string) workerkit.TensorRef {
-	t.Helper()
-	path, err := a.NewSegment(seg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return workerkit.TensorRef{Path: path, Name: name}
-}
-
-// readOutput maps a written output and returns its values and shape.
-func readOutput(t *testing.T, r workerkit.TensorRef) ([]float32, []int64) {
-	t.Helper()
-	seg, err := shm.Open(r.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer seg.Close()
-	v, shape, err := seg.Float32(r.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v, shape
 }
 
 // requestTiling maps a fixture case's params to the stage request, as the supervisor would ask
@@ -159,7 +88,7 @@ func TestParityVAE(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, hook := startVAE(t)
+	p, hook := workertest.Start(t, "vae")
 	loadVAE(t, p, dir, 0)
 	a := shmtest.Arena(t, "parity")
 	for i, c := range fx.Cases {
@@ -167,10 +96,10 @@ func TestParityVAE(t *testing.T) {
 			switch c.Op {
 			case "vae.encode":
 				x := c.Input(t, "x")
-				in := writeInput(t, a, fmt.Sprintf("x%d", i), "x", x.Shape, x.F32)
-				out := outputRefOf(t, a, fmt.Sprintf("latents%d", i), "latents")
+				in := workertest.WriteF32(t, a, fmt.Sprintf("x%d", i), "x", x.Shape, x.F32)
+				out := workertest.OutputRef(t, a, fmt.Sprintf("latents%d", i), "latents")
 				var events int
-				res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEEncodeRequest{
+				res, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEEncodeRequest{
 					Pixels: in, Tiling: requestTiling(t, c), Latents: out}}, func(workerkit.Event) error { events++; return nil })
 				if err != nil {
 					t.Fatal(err)
@@ -178,37 +107,37 @@ func TestParityVAE(t *testing.T) {
 				if len(res.Outputs) != 2 || res.Outputs[1].Name != "latents"+LogvarSuffix || events == 0 {
 					t.Fatalf("outputs %+v, %d events", res.Outputs, events)
 				}
-				mean, ms := readOutput(t, res.Outputs[0])
+				mean, ms := workertest.ReadF32(t, res.Outputs[0])
 				c.Check(t, "mean", mean, ms, c.Output(t, "mean"))
 				if c.HasOutput("logvar") {
-					lv, ls := readOutput(t, res.Outputs[1])
+					lv, ls := workertest.ReadF32(t, res.Outputs[1])
 					c.Check(t, "logvar", lv, ls, c.Output(t, "logvar"))
 
 					// logvar set: written where it says, in its own file.
-					lref := outputRefOf(t, a, fmt.Sprintf("logvar%d", i), "lv")
-					res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEEncodeRequest{
-						Pixels: in, Tiling: requestTiling(t, c), Latents: outputRefOf(t, a, fmt.Sprintf("mean%d", i), "mean"), Logvar: lref}}, nil)
+					lref := workertest.OutputRef(t, a, fmt.Sprintf("logvar%d", i), "lv")
+					res, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEEncodeRequest{
+						Pixels: in, Tiling: requestTiling(t, c), Latents: workertest.OutputRef(t, a, fmt.Sprintf("mean%d", i), "mean"), Logvar: lref}}, nil)
 					if err != nil {
 						t.Fatal(err)
 					}
 					if len(res.Outputs) != 2 || res.Outputs[1].Path != lref.Path || res.Outputs[1].Name != "lv" || res.Outputs[1].DType != safetensors.F32 {
 						t.Fatalf("outputs with a logvar ref: %+v", res.Outputs)
 					}
-					lv, ls = readOutput(t, res.Outputs[1])
+					lv, ls = workertest.ReadF32(t, res.Outputs[1])
 					c.Check(t, "logvar (own ref)", lv, ls, c.Output(t, "logvar"))
-					mean, ms = readOutput(t, res.Outputs[0])
+					mean, ms = workertest.ReadF32(t, res.Outputs[0])
 					c.Check(t, "mean (with a logvar ref)", mean, ms, c.Output(t, "mean"))
 				}
 			case "vae.decode":
 				z := c.Input(t, "z")
-				in := writeInput(t, a, fmt.Sprintf("z%d", i), "z", z.Shape, z.F32)
-				out := outputRefOf(t, a, fmt.Sprintf("pixels%d", i), "pixels")
-				res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEDecodeRequest{
+				in := workertest.WriteF32(t, a, fmt.Sprintf("z%d", i), "z", z.Shape, z.F32)
+				out := workertest.OutputRef(t, a, fmt.Sprintf("pixels%d", i), "pixels")
+				res, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEDecodeRequest{
 					Latents: in, Tiling: requestTiling(t, c), Pixels: out}}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, shape := readOutput(t, res.Outputs[0])
+				got, shape := workertest.ReadF32(t, res.Outputs[0])
 				c.Check(t, "sample", got, shape, c.Output(t, "sample"))
 				if res.Stats == nil || len(res.Stats.ConvTiers) == 0 || res.Stats.ConvTiers[0].Successes == 0 {
 					t.Fatalf("result stats without conv tiers: %+v", res.Stats)
@@ -229,7 +158,7 @@ func TestParityVAE(t *testing.T) {
 			}
 		})
 	}
-	st, err := p.Stats(callCtx(t))
+	st, err := p.Stats(workertest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,8 +194,8 @@ func TestParityVAEHalfWeights(t *testing.T) {
 	resp := map[string]*workerkit.LoadResponse{}
 	var p *workerkit.Process
 	for _, dtype := range []string{"", "auto"} {
-		p, _ = startVAE(t)
-		if resp[dtype], err = p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", DType: dtype}); err != nil {
+		p, _ = workertest.Start(t, "vae")
+		if resp[dtype], err = p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", DType: dtype}); err != nil {
 			t.Fatalf("load dtype %q: %v", dtype, err)
 		}
 	}
@@ -280,27 +209,27 @@ func TestParityVAEHalfWeights(t *testing.T) {
 		switch c.Op {
 		case "vae.encode":
 			x := c.Input(t, "x")
-			in := writeInput(t, a, fmt.Sprintf("x%d", i), "x", x.Shape, x.F32)
-			res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEEncodeRequest{
-				Pixels: in, Tiling: requestTiling(t, c), Latents: outputRefOf(t, a, fmt.Sprintf("latents%d", i), "latents")}}, nil)
+			in := workertest.WriteF32(t, a, fmt.Sprintf("x%d", i), "x", x.Shape, x.F32)
+			res, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEEncodeRequest{
+				Pixels: in, Tiling: requestTiling(t, c), Latents: workertest.OutputRef(t, a, fmt.Sprintf("latents%d", i), "latents")}}, nil)
 			if err != nil {
 				t.Fatalf("case %s: %v", c.Name, err)
 			}
-			mean, ms := readOutput(t, res.Outputs[0])
+			mean, ms := workertest.ReadF32(t, res.Outputs[0])
 			c.Check(t, "mean (weights as stored)", mean, ms, c.Output(t, "mean"))
 			if c.HasOutput("logvar") {
-				lv, ls := readOutput(t, res.Outputs[1])
+				lv, ls := workertest.ReadF32(t, res.Outputs[1])
 				c.Check(t, "logvar (weights as stored)", lv, ls, c.Output(t, "logvar"))
 			}
 		case "vae.decode":
 			z := c.Input(t, "z")
-			in := writeInput(t, a, fmt.Sprintf("z%d", i), "z", z.Shape, z.F32)
-			res, err := p.Run(callCtx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEDecodeRequest{
-				Latents: in, Tiling: requestTiling(t, c), Pixels: outputRefOf(t, a, fmt.Sprintf("pixels%d", i), "pixels")}}, nil)
+			in := workertest.WriteF32(t, a, fmt.Sprintf("z%d", i), "z", z.Shape, z.F32)
+			res, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{JobID: "parity", Stage: &workerkit.VAEDecodeRequest{
+				Latents: in, Tiling: requestTiling(t, c), Pixels: workertest.OutputRef(t, a, fmt.Sprintf("pixels%d", i), "pixels")}}, nil)
 			if err != nil {
 				t.Fatalf("case %s: %v", c.Name, err)
 			}
-			got, shape := readOutput(t, res.Outputs[0])
+			got, shape := workertest.ReadF32(t, res.Outputs[0])
 			c.Check(t, "sample (weights as stored)", got, shape, c.Output(t, "sample"))
 		case "vae.decode_fake":
 			t.Logf("case %s: the preview map reads no weights (TestParityVAE checks it)", c.Name)
@@ -368,12 +297,12 @@ func TestBadModelAndInput(t *testing.T) {
 		}
 		return out
 	}, nil)
-	p, _ := startVAE(t)
-	_, err = p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: bad, Backend: "cpu"})
+	p, _ := workertest.Start(t, "vae")
+	_, err = p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: bad, Backend: "cpu"})
 	if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument || !strings.Contains(err.Error(), missing) {
 		t.Fatalf("load without %s: %v", missing, err)
 	}
-	if _, err := p.Stats(callCtx(t)); err != nil {
+	if _, err := p.Stats(workertest.Ctx(t)); err != nil {
 		t.Fatalf("stats after a failed load: %v", err)
 	}
 	if _, exited := p.Exited(); exited {
@@ -381,11 +310,11 @@ func TestBadModelAndInput(t *testing.T) {
 	}
 	// A worker serves one Load, failed or not: the supervisor starts another.
 	p.Close()
-	p, _ = startVAE(t)
+	p, _ = workertest.Start(t, "vae")
 	loadVAE(t, p, dir, 0)
 
 	a := shmtest.Arena(t, "bad")
-	out := outputRefOf(t, a, "pixels", "pixels")
+	out := workertest.OutputRef(t, a, "pixels", "pixels")
 	for _, tc := range []struct {
 		name  string
 		shape []int64
@@ -398,8 +327,8 @@ func TestBadModelAndInput(t *testing.T) {
 		for _, d := range tc.shape {
 			n *= d
 		}
-		in := writeInput(t, a, strings.ReplaceAll(tc.name, " ", "_"), "z", tc.shape, make([]float32, n))
-		_, err := p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil)
+		in := workertest.WriteF32(t, a, strings.ReplaceAll(tc.name, " ", "_"), "z", tc.shape, make([]float32, n))
+		_, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil)
 		if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument {
 			t.Errorf("%s: %v", tc.name, err)
 		}
@@ -408,8 +337,8 @@ func TestBadModelAndInput(t *testing.T) {
 		}
 	}
 	// Bad tiling is the request's fault too.
-	z := writeInput(t, a, "z", "z", []int64{1, 16, 1, 4, 4}, make([]float32, 256))
-	_, err = p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out,
+	z := workertest.WriteF32(t, a, "z", "z", []int64{1, 16, 1, 4, 4}, make([]float32, 256))
+	_, err = p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out,
 		Tiling: &workerkit.VAETiling{EnableSpatialTiling: true, TileSampleMinHeight: 64, TileSampleStrideHeight: 128}}}, nil)
 	if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument {
 		t.Errorf("stride over tile: %v", err)
@@ -417,7 +346,7 @@ func TestBadModelAndInput(t *testing.T) {
 	if _, exited := p.Exited(); exited {
 		t.Fatal("worker exited after bad input")
 	}
-	res, err := p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out}}, nil)
+	res, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out}}, nil)
 	if err != nil {
 		t.Fatalf("good decode after bad ones: %v", err)
 	}
@@ -445,19 +374,19 @@ func TestOOMThenSmallerTiles(t *testing.T) {
 		t.Skip("fixture set has no decode case of at least 4×4 latents")
 	}
 	// The cap: weights plus a third of what an untiled decode of these latents peaks at.
-	probe, _ := startVAE(t)
+	probe, _ := workertest.Start(t, "vae")
 	loadVAE(t, probe, dir, 0)
 	a := shmtest.Arena(t, "oom")
-	in := writeInput(t, a, "z", "z", z.Shape, z.F32)
-	out := outputRefOf(t, a, "pixels", "pixels")
-	before, err := probe.Stats(callCtx(t))
+	in := workertest.WriteF32(t, a, "z", "z", z.Shape, z.F32)
+	out := workertest.OutputRef(t, a, "pixels", "pixels")
+	before, err := probe.Stats(workertest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := probe.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil); err != nil {
+	if _, err := probe.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	after, err := probe.Stats(callCtx(t))
+	after, err := probe.Stats(workertest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,9 +394,9 @@ func TestOOMThenSmallerTiles(t *testing.T) {
 	memCap := weights + (peak-weights)/3
 	probe.Close()
 
-	p, _ := startVAE(t)
+	p, _ := workertest.Start(t, "vae")
 	loadVAE(t, p, dir, memCap)
-	_, err = p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil)
+	_, err = p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil)
 	var we *workerkit.Error
 	if workerkit.CodeOf(err) != workerkit.CodeOutOfMemory || !errors.As(err, &we) || we.RequestedBytes == 0 {
 		t.Fatalf("decode under a cap of %d bytes: %v", memCap, err)
@@ -479,7 +408,7 @@ func TestOOMThenSmallerTiles(t *testing.T) {
 	tile := uint32(z.Shape[3]) * uint32(cfg.SpatialCompressionRatio) / 2 // half the height in pixels
 	tiled := &workerkit.VAETiling{EnableSpatialTiling: true, TileSampleMinHeight: tile, TileSampleMinWidth: tile,
 		TileSampleStrideHeight: tile * 3 / 4, TileSampleStrideWidth: tile * 3 / 4}
-	res, err := p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out, Tiling: tiled}}, nil)
+	res, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out, Tiling: tiled}}, nil)
 	if err != nil {
 		t.Fatalf("tiled decode (%d px) under the cap: %v", tile, err)
 	}
@@ -498,18 +427,18 @@ func TestConvTierOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	a := shmtest.Arena(t, "overrides")
-	z := writeInput(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
+	z := workertest.WriteF32(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
 	decode := func(p *workerkit.Process, out string) error {
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second) // a hang fails, not stalls, the test
 		defer cancel()
 		_, err := p.Run(ctx, &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z,
-			Pixels: outputRefOf(t, a, out, "pixels")}}, nil)
+			Pixels: workertest.OutputRef(t, a, out, "pixels")}}, nil)
 		return err
 	}
 	// the decode's conv shape keys, from the decision cache a clean run fills
 	cachePath := filepath.Join(t.TempDir(), "conv-decisions.json")
-	p1, _ := startVAE(t)
-	if _, err := p1.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu",
+	p1, _ := workertest.Start(t, "vae")
+	if _, err := p1.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu",
 		ConvPolicy: &workerkit.ConvPolicy{DecisionCachePath: cachePath}}); err != nil {
 		t.Fatal(err)
 	}
@@ -529,15 +458,15 @@ func TestConvTierOverrides(t *testing.T) {
 		pol.TierOverrides = append(pol.TierOverrides, workerkit.ConvTierOverride{ShapeKey: k, Tier: workerkit.ConvTierVendorDefault},
 			workerkit.ConvTierOverride{ShapeKey: k, Tier: workerkit.ConvTierCPU}) // the later entry wins
 	}
-	p2, _ := startVAE(t)
-	if _, err := p2.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", ConvPolicy: pol,
+	p2, _ := workertest.Start(t, "vae")
+	if _, err := p2.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", ConvPolicy: pol,
 		Fault: &workerkit.Fault{HangConvTier: workerkit.ConvTierVendorTuned}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := decode(p2, "overridden"); err != nil {
 		t.Fatalf("decode with every shape overridden to cpu: %v", err)
 	}
-	st, err := p2.Stats(callCtx(t))
+	st, err := p2.Stats(workertest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -551,8 +480,8 @@ func TestConvTierOverrides(t *testing.T) {
 	}
 	t.Logf("%d shapes overridden to cpu; conv tiers %+v", len(keys), st.ConvTiers)
 
-	bad, _ := startVAE(t)
-	_, err = bad.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu",
+	bad, _ := workertest.Start(t, "vae")
+	_, err = bad.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu",
 		ConvPolicy: &workerkit.ConvPolicy{TierOverrides: []workerkit.ConvTierOverride{{Tier: workerkit.ConvTierCPU}}}})
 	if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument {
 		t.Fatalf("override without a shape key: got %v, want invalid argument", err)
@@ -569,21 +498,21 @@ func TestOOMAtOpFailsThatOp(t *testing.T) {
 		t.Fatal(err)
 	}
 	const at = 7
-	p, _ := startVAE(t)
-	if _, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", MemoryCapBytes: 1 << 30,
+	p, _ := workertest.Start(t, "vae")
+	if _, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", MemoryCapBytes: 1 << 30,
 		Fault: &workerkit.Fault{OOMAtOp: at}}); err != nil {
 		t.Fatal(err)
 	}
 	a := shmtest.Arena(t, "oom")
-	z := writeInput(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
-	_, err = p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z,
-		Pixels: outputRefOf(t, a, "pixels", "pixels")}}, nil)
+	z := workertest.WriteF32(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
+	_, err = p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z,
+		Pixels: workertest.OutputRef(t, a, "pixels", "pixels")}}, nil)
 	var we *workerkit.Error
 	if !errors.As(err, &we) || we.Code != workerkit.CodeOutOfMemory || we.RequestedBytes == 0 ||
 		we.RequestedBytes == faults.InjectedOOMBytes || we.AvailableBytes == 0 || we.AvailableBytes > 1<<30 {
 		t.Fatalf("got %v (%+v), want the op's typed out of memory with its sizes", err, we)
 	}
-	st, err := p.Stats(callCtx(t))
+	st, err := p.Stats(workertest.Ctx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -607,17 +536,17 @@ func TestBeaconBytesPerOp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, _ := startVAE(t)
-	resp, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", Fault: &workerkit.Fault{HangAtOp: 5}})
+	p, _ := workertest.Start(t, "vae")
+	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", Fault: &workerkit.Fault{HangAtOp: 5}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := shmtest.Arena(t, "bytes")
-	z := writeInput(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
-	out := outputRefOf(t, a, "pixels", "pixels")
+	z := workertest.WriteF32(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
+	out := workertest.OutputRef(t, a, "pixels", "pixels")
 	done := make(chan error, 1)
 	go func() {
-		_, err := p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out}}, nil)
+		_, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out}}, nil)
 		done <- err
 	}()
 	deadline := time.Now().Add(30 * time.Second)
@@ -651,17 +580,17 @@ func TestConvHangSeenInBeacon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, _ := startVAE(t)
-	if _, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu",
+	p, _ := workertest.Start(t, "vae")
+	if _, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu",
 		Fault: &workerkit.Fault{HangConvTier: workerkit.ConvTierVendorTuned}}); err != nil {
 		t.Fatal(err)
 	}
 	a := shmtest.Arena(t, "hang")
-	z := writeInput(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
-	out := outputRefOf(t, a, "pixels", "pixels")
+	z := workertest.WriteF32(t, a, "z", "z", []int64{1, 16, 1, 2, 2}, make([]float32, 64))
+	out := workertest.OutputRef(t, a, "pixels", "pixels")
 	done := make(chan error, 1)
 	go func() {
-		_, err := p.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out}}, nil)
+		_, err := p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: z, Pixels: out}}, nil)
 		done <- err
 	}()
 	deadline := time.Now().Add(30 * time.Second)
