@@ -106,9 +106,13 @@ func TestConvChainFallThrough(t *testing.T) {
 	t.Log("\n" + block)
 }
 
+// TestConvChainRetryAndPolicy: RetryFailed, FirstTier, TierOverrides and keyed faults, on the cpu
+// backend, whose only real tier is cpu (the faults stand in for a GPU library's tiers and the
+// shape keys name cpu:0).
 func TestConvChainRetryAndPolicy(t *testing.T) {
 	t.Run("retry failed", func(t *testing.T) {
 		rt := newTestRuntime(t, Options{
+			Backend:    "cpu",
 			ConvPolicy: ConvPolicy{RetryFailed: true},
 			ConvFaults: []ConvFault{{Tier: TierVendorTuned, Mode: FaultFail}},
 		})
@@ -125,6 +129,7 @@ func TestConvChainRetryAndPolicy(t *testing.T) {
 	})
 	t.Run("first tier", func(t *testing.T) {
 		rt := newTestRuntime(t, Options{
+			Backend:    "cpu",
 			ConvPolicy: ConvPolicy{FirstTier: TierCPU},
 			ConvFaults: []ConvFault{{Tier: TierVendorTuned, Mode: FaultServe}},
 		})
@@ -142,6 +147,7 @@ func TestConvChainRetryAndPolicy(t *testing.T) {
 		xs, ws := []int{1, 3, 3, 6, 5}, []int{4, 3, 3, 3, 3}
 		key := convKey("cpu", 0, xs, ws, F32, F32, Conv3dParams{Padding: [3]int{1, 1, 1}}.norm())
 		rt := newTestRuntime(t, Options{
+			Backend:    "cpu",
 			ConvPolicy: ConvPolicy{TierOverrides: map[string]Tier{key: TierCPU, "conv3d x=1x1 other": TierOwnKernel}},
 			ConvFaults: []ConvFault{{Tier: TierVendorTuned, Mode: FaultServe}},
 		})
@@ -170,6 +176,7 @@ func TestConvChainRetryAndPolicy(t *testing.T) {
 		xs, ws := []int{1, 3, 3, 6, 5}, []int{4, 3, 3, 3, 3}
 		key := convKey("cpu", 0, xs, ws, F32, F32, Conv3dParams{Padding: [3]int{1, 1, 1}}.norm())
 		rt := newTestRuntime(t, Options{
+			Backend:    "cpu",
 			ConvPolicy: ConvPolicy{FirstTier: TierCPU, TierOverrides: map[string]Tier{key: TierVendorTuned}},
 			ConvFaults: []ConvFault{{Tier: TierVendorTuned, Mode: FaultServe}},
 		})
@@ -187,6 +194,7 @@ func TestConvChainRetryAndPolicy(t *testing.T) {
 	})
 	t.Run("fault on another shape", func(t *testing.T) {
 		rt := newTestRuntime(t, Options{
+			Backend:    "cpu",
 			ConvFaults: []ConvFault{{Key: "conv3d x=9x9 other", Tier: TierCPU, Mode: FaultFail}},
 		})
 		f := newConvFixture(t, rt)
@@ -197,9 +205,12 @@ func TestConvChainRetryAndPolicy(t *testing.T) {
 	})
 }
 
+// TestConvChainAllTiersFail: on the cpu backend (cpu is its only real tier) a failing cpu tier
+// leaves no tier to serve.
 func TestConvChainAllTiersFail(t *testing.T) {
 	cache := openCache(t)
 	rt := newTestRuntime(t, Options{
+		Backend:    "cpu",
 		ConvCache:  cache,
 		ConvFaults: []ConvFault{{Tier: TierCPU, Mode: FaultFail}},
 	})
@@ -221,12 +232,13 @@ func TestConvChainAllTiersFail(t *testing.T) {
 
 // TestConvChainHangReleased: a tier hangs; the op observer and CurrentOp name the shape and the
 // tier while it blocks; when the hang is released it counts as a failure and the next tier
-// serves.
+// serves. On the cpu backend, where vendor_default is unavailable.
 func TestConvChainHangReleased(t *testing.T) {
 	release := make(chan struct{})
 	var mu sync.Mutex
 	var events []OpEvent
 	rt := newTestRuntime(t, Options{
+		Backend: "cpu",
 		ConvFaults: []ConvFault{
 			{Tier: TierVendorTuned, Mode: FaultHang, Release: release},
 			{Tier: TierOwnKernel, Mode: FaultServe},
@@ -290,9 +302,10 @@ func TestConvChainHangReleased(t *testing.T) {
 }
 
 // TestConvHostBounce: the CPU tier of a backend without its own host conv (every GPU backend)
-// downloads, convolves on a host backend and uploads.
+// downloads, convolves on a host backend and uploads: the cpu backend made to refuse its own
+// conv tier stands in for one.
 func TestConvHostBounce(t *testing.T) {
-	rt := newTestRuntime(t, Options{hostBounce: true})
+	rt := newTestRuntime(t, Options{Backend: "cpu", hostBounce: true})
 	if tiers := rt.Backend().ConvTiers; len(tiers) != 1 || tiers[0] != TierCPU {
 		t.Fatalf("backend reports tiers %v, want only cpu (served by the core)", tiers)
 	}
@@ -463,7 +476,7 @@ func TestConvHangAcrossProcesses(t *testing.T) {
 }
 
 // TestConcurrentOps: goroutines share one runtime (pool, allocator, conv chain and cache);
-// every result is still right and the statistics add up.
+// every result is still right and the statistics add up. On any backend (FRAMEPACK_BACKEND).
 func TestConcurrentOps(t *testing.T) {
 	rt := newTestRuntime(t, Options{ConvCache: openCache(t)})
 	f := newConvFixture(t, rt)
@@ -520,7 +533,12 @@ func TestConcurrentOps(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if s := rt.ConvStats(); s.Convs != workers*rounds || s.Tiers[TierCPU].Successes != workers*rounds {
+	s := rt.ConvStats()
+	if s.Convs != workers*rounds || s.Served != workers*rounds || s.Failed != 0 {
 		t.Fatalf("stats: %+v", s)
+	}
+	// on the cpu backend its own tier serves every conv (a GPU backend's vendor tiers come first)
+	if rt.Backend().Name == "cpu" && s.Tiers[TierCPU].Successes != workers*rounds {
+		t.Fatalf("cpu backend, cpu tier did not serve every conv: %+v", s)
 	}
 }

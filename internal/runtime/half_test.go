@@ -128,6 +128,8 @@ func TestMatMulHalfWeights(t *testing.T) {
 	t.Logf("%d of %d half-weight products bit-identical to the f32 path", identical, 2*len(cases))
 }
 
+// TestLinearHalfWeights: Linear with an f16/bf16 weight and f32 activations and bias, on any
+// backend (FRAMEPACK_BACKEND).
 func TestLinearHalfWeights(t *testing.T) {
 	rt := newTestRuntime(t, Options{})
 	r := rng(t)
@@ -157,14 +159,28 @@ func TestLinearHalfWeights(t *testing.T) {
 		}
 		y, err = rt.Linear(x1, wh, nil)
 		check(t, dt.String()+" linear rank1", y, err, []int{11}, want1)
+	}
+}
 
-		// only the weight may be 16-bit: activations and bias stay f32
+// TestHalfOperandsRefusedOnCPU: on the cpu backend only the weight may be 16-bit: activations
+// and bias stay f32 (GPU backends take f16/bf16 storage in every operand).
+func TestHalfOperandsRefusedOnCPU(t *testing.T) {
+	rt := newTestRuntime(t, Options{Backend: "cpu"})
+	r := rng(t)
+	for _, dt := range []DType{F16, BF16} {
+		x, _ := randTensor(t, rt, r, 2, 3, 17)
+		wh, _, _ := halfTensor(t, rt, r, dt, 11, 17)
+		b, _ := randTensor(t, rt, r, 11)
 		bh, _, _ := halfTensor(t, rt, r, dt, 11)
-		if _, err := rt.Linear(x, wh, bh); !errors.Is(err, ErrUnsupported) {
+		if y, err := rt.Linear(x, wh, bh); !errors.Is(err, ErrUnsupported) {
+			if err == nil {
+				y.Free()
+			}
 			t.Fatalf("%s bias: got %v, want ErrUnsupported", dt, err)
 		}
 		xh, _, _ := halfTensor(t, rt, r, dt, 3, 11)
-		if _, err := rt.MatMul(xh, b, GemmParams{}); err == nil {
+		if y, err := rt.MatMul(xh, b, GemmParams{}); err == nil {
+			y.Free()
 			t.Fatalf("%s a operand: no error", dt)
 		}
 	}

@@ -56,9 +56,10 @@ func TestMemoryCapOOM(t *testing.T) {
 // TestScratchOOM: the tensors fit but an op's scratch (conv im2col, attention scores) does not at
 // its preferred size: the op narrows its bands or chunks and succeeds; when even the narrowest
 // does not fit, the typed error comes out of the op (through the conv chain) and nothing leaks.
+// The sizes are the cpu backend's im2col bands and attention chunks.
 func TestScratchOOM(t *testing.T) {
 	const cap = 64 << 10
-	rt := newTestRuntime(t, Options{MemoryCap: cap})
+	rt := newTestRuntime(t, Options{Backend: "cpu", MemoryCap: cap})
 	r := rng(t)
 	xs, ws := []int{1, 8, 3, 16, 16}, []int{2, 8, 3, 3, 3} // x 24 KiB; one band of 16 rows 216 KiB
 	x, xv := randTensor(t, rt, r, xs...)
@@ -173,13 +174,16 @@ func TestTensorLifecycle(t *testing.T) {
 }
 
 // TestBadArguments: wrong shapes and dtypes come back as ErrInvalidArgument/ErrUnsupported,
-// never a crash.
+// never a crash. On any backend (FRAMEPACK_BACKEND), but for the cpu backend's refusal of f16
+// compute, which a cpu runtime asserts beside it.
 func TestBadArguments(t *testing.T) {
 	rt := newTestRuntime(t, Options{})
+	cpu := newTestRuntime(t, Options{Backend: "cpu"})
 	r := rng(t)
 	x, _ := randTensor(t, rt, r, 2, 3, 4)
 	w, _ := randTensor(t, rt, r, 5, 4)
-	h, err := rt.Cast(x, F16)
+	xc, _ := randTensor(t, cpu, r, 2, 3, 4)
+	h, err := cpu.Cast(xc, F16)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +225,7 @@ func TestBadArguments(t *testing.T) {
 			defer z.Free()
 			return rt.RoPE(z, z, z)
 		}, ErrInvalidArgument},
-		{"f16 compute on cpu", func() (*Tensor, error) { return rt.SiLU(h) }, ErrUnsupported},
+		{"f16 compute on cpu", func() (*Tensor, error) { return cpu.SiLU(h) }, ErrUnsupported},
 		{"slice dim", func() (*Tensor, error) { return rt.Slice(x, 3, 0, 1) }, ErrInvalidArgument},
 		{"permute", func() (*Tensor, error) { return rt.Permute(x, 0, 0, 1) }, ErrInvalidArgument},
 		{"pad negative", func() (*Tensor, error) { return rt.Pad(x, PadZero, []int{0, -1, 0}, []int{0, 0, 0}) }, ErrInvalidArgument},
