@@ -68,7 +68,7 @@ func modelDirs(dir string) (enc, fe string, err error) {
 		"load: no feature_extractor/preprocessor_config.json for %s", dir)
 }
 
-// Load opens the cpu runtime and loads the encoder.
+// Load opens the runtime of req.Backend and loads the encoder.
 func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerkit.LoadResponse, error) {
 	start := time.Now()
 	w.mu.Lock()
@@ -79,11 +79,12 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err := modelrt.ApplyEnv(req.Env); err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	if err := modelrt.CheckCPUBackend(req.Backend); err != nil {
+	opts, err := modelrt.RuntimeOptions(req)
+	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	// The cpu backend computes in fp32; dtype says what the weight matrices are kept in
-	// ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
+	// The runtime computes in fp32 (on every backend); dtype says what the weight matrices are
+	// kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
 	wdt, err := runtime.ParseWeightDType(req.DType)
 	if err != nil {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: %v", err)
@@ -96,7 +97,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, err
 	}
-	rt, err := w.base.NewRuntime(req, runtime.Options{})
+	rt, err := w.base.NewRuntime(req, opts)
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}

@@ -45,7 +45,7 @@ func classify(err error) error {
 	return modelrt.Classify(err, nn.ErrBadInput, tokenizer.ErrInvalidPrompt)
 }
 
-// Load opens the cpu runtime and loads both text encoders from the snapshot folder
+// Load opens the runtime of req.Backend and loads both text encoders from the snapshot folder
 // req.ModelDir (text_encoder/, text_encoder_2/, tokenizer/, tokenizer_2/).
 func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerkit.LoadResponse, error) {
 	w.runMu.Lock()
@@ -57,11 +57,12 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if req.ModelDir == "" {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: model_dir is required")
 	}
-	if err := modelrt.CheckCPUBackend(req.Backend); err != nil {
+	opts, err := modelrt.RuntimeOptions(req)
+	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	// The cpu backend computes in fp32; dtype says what the weight matrices are kept in
-	// ("fp16"/"bf16", or "auto": the checkpoints' own dtype).
+	// The runtime computes in fp32 (on every backend); dtype says what the weight matrices are
+	// kept in ("fp16"/"bf16", or "auto": the checkpoints' own dtype).
 	wdt, err := runtime.ParseWeightDType(req.DType)
 	if err != nil {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: %v", err)
@@ -69,7 +70,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err := modelrt.ApplyEnv(req.Env); err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	rt, err := w.base.NewRuntime(req, runtime.Options{})
+	rt, err := w.base.NewRuntime(req, opts)
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}

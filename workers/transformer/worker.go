@@ -39,7 +39,7 @@ func classify(err error) error {
 	return modelrt.Classify(err, dit.ErrInvalidInput, dit.ErrUnsupportedConfig, dit.ErrBadCheckpoint, sampler.ErrBadRequest)
 }
 
-// Load opens the cpu runtime and loads the transformer from req.ModelDir.
+// Load opens the runtime of req.Backend and loads the transformer from req.ModelDir.
 func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerkit.LoadResponse, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -50,12 +50,13 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if req.ModelDir == "" {
 		return nil, classify(workerkit.InvalidArgumentf("load: model_dir is required"))
 	}
-	if err := modelrt.CheckCPUBackend(req.Backend); err != nil {
+	opts, err := modelrt.RuntimeOptions(req)
+	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	// The cpu backend computes in fp32, so fm_wrapper (which rounds the model's inputs to its
-	// dtype) has nothing to round; dtype says what the weight matrices are kept in ("fp16"/"bf16",
-	// or "auto": the checkpoint's own dtype).
+	// The runtime computes in fp32 (on every backend), so fm_wrapper (which rounds the model's
+	// inputs to its dtype) has nothing to round; dtype says what the weight matrices are kept in
+	// ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
 	wdt, err := runtime.ParseWeightDType(req.DType)
 	if err != nil {
 		return nil, classify(workerkit.InvalidArgumentf("load: %v", err))
@@ -64,7 +65,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err := modelrt.ApplyEnv(req.Env); err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	rt, err := w.base.NewRuntime(req, runtime.Options{})
+	rt, err := w.base.NewRuntime(req, opts)
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
@@ -84,7 +85,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		w.log.WithField("tensor", n).Warn("unexpected tensor in checkpoint")
 	}
 	if req.MaxResidentBlocks != 0 {
-		w.log.WithField("max_resident_blocks", req.MaxResidentBlocks).Info("cpu backend: every block stays resident")
+		w.log.WithField("max_resident_blocks", req.MaxResidentBlocks).Info("every block stays resident")
 	}
 	return resp, nil
 }

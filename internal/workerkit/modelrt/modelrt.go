@@ -72,14 +72,20 @@ func New(k *workerkit.Kit, cfg Config) *Base {
 	return b
 }
 
-// CheckCPUBackend refuses a LoadRequest backend other than cpu, auto or empty, for a worker
-// whose model runs on the cpu backend only (an internal error: the build lacks it).
-func CheckCPUBackend(backend string) error {
-	switch backend {
-	case "", "auto", "cpu":
-		return nil
+// RuntimeOptions returns the runtime options for req's backend and device: "cpu", "cuda" and
+// "hip" as named, "auto" the first of cuda, hip and cpu that opens, "" the runtime's default
+// ($FRAMEPACK_BACKEND, cpu when unset); req.DeviceIndex is the device on it. Any other backend
+// name is an invalid argument.
+func RuntimeOptions(req *workerkit.LoadRequest) (runtime.Options, error) {
+	switch req.Backend {
+	case "", "auto", "cpu", "cuda", "hip":
+	default:
+		return runtime.Options{}, workerkit.InvalidArgumentf("backend %q (cpu, cuda, hip or auto)", req.Backend)
 	}
-	return workerkit.Errorf(workerkit.CodeInternal, "backend %q is not available in this build (cpu only)", backend)
+	if req.DeviceIndex > math.MaxInt32 {
+		return runtime.Options{}, workerkit.InvalidArgumentf("device index %d", req.DeviceIndex)
+	}
+	return runtime.Options{Backend: req.Backend, Device: int(req.DeviceIndex)}, nil
 }
 
 // ApplyEnv sets LoadRequest.env in the process's environment, before the runtime starts.

@@ -210,13 +210,17 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-func TestCheckCPUBackend(t *testing.T) {
-	for _, b := range []string{"", "auto", "cpu"} {
-		if err := CheckCPUBackend(b); err != nil {
-			t.Errorf("%q: %v", b, err)
+func TestRuntimeOptions(t *testing.T) {
+	for _, b := range []string{"", "auto", "cpu", "cuda", "hip"} {
+		opts, err := RuntimeOptions(&workerkit.LoadRequest{Backend: b, DeviceIndex: 2})
+		if err != nil || opts.Backend != b || opts.Device != 2 {
+			t.Errorf("%q: %+v %v", b, opts, err)
 		}
 	}
-	if err := CheckCPUBackend("cuda"); workerkit.CodeOf(err) != workerkit.CodeInternal || !strings.Contains(err.Error(), `"cuda"`) {
-		t.Errorf("cuda: %v", err)
+	for _, b := range []string{"vulkan", "../lib", "CPU"} {
+		_, err := RuntimeOptions(&workerkit.LoadRequest{Backend: b})
+		if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument || !strings.Contains(err.Error(), fmt.Sprintf("%q", b)) {
+			t.Errorf("%q: %v", b, err)
+		}
 	}
 }
