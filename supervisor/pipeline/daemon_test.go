@@ -86,6 +86,17 @@ func newOpts(t testing.TB, workers map[lanes.Model]string) daemonOpts {
 		Models: filepath.Join(root, "models"), Workers: workers, KeepHistory: true}
 }
 
+// testLane is the test daemon's one lane, named as cmd/framepackd names lanes: "cpu", or device
+// 0 of workertest.Backend() ("cuda:0" when FRAMEPACK_BACKEND=cuda, as scripts/gpu-check.sh
+// runs TestParityPipeline), its workers loading on that backend.
+func testLane() (name, backend string) {
+	backend = workertest.Backend()
+	if backend == "cpu" {
+		return "cpu", backend
+	}
+	return backend + ":0", backend
+}
+
 // newDaemon starts framepackd's pieces as cmd/framepackd assembles them: the lane, the
 // pipeline Runner, the API daemon on a unix socket.
 func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
@@ -100,7 +111,8 @@ func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
 	if _, err := root.RemoveStale(); err != nil {
 		return nil, err
 	}
-	lane, err := lanes.New(lanes.Config{Name: "cpu", Backend: "cpu", Log: logrus.NewEntry(log),
+	laneName, backend := testLane()
+	lane, err := lanes.New(lanes.Config{Name: laneName, Backend: backend, Log: logrus.NewEntry(log),
 		Residency: o.Residency, Budget: 8 << 30,
 		WorkerPath: func(m lanes.Model) (string, error) {
 			if p, ok := o.Workers[m]; ok {
@@ -113,7 +125,7 @@ func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
 	}
 	runner, err := pipeline.New(pipeline.Config{Models: models, Shm: root, Log: log,
 		Lane: func(name string) (*lanes.Lane, error) {
-			if name != "cpu" {
+			if name != laneName {
 				return nil, fmt.Errorf("no lane %q", name)
 			}
 			return lane, nil
@@ -123,7 +135,7 @@ func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
 		return nil, err
 	}
 	return api.StartDaemon(api.DaemonConfig{StateDir: o.State, Listen: []api.Addr{{Network: "unix", Address: o.Socket}},
-		Lanes: []string{"cpu"}, Run: runner.Run, Grace: time.Second, Log: log})
+		Lanes: []string{laneName}, Run: runner.Run, Grace: time.Second, Log: log})
 }
 
 func testLogger() *logrus.Logger {

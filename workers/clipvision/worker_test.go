@@ -23,8 +23,8 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 
-// startWorker starts the real clipvision binary and loads modelDir; env entries go into the
-// LoadRequest's env.
+// startWorker starts the real clipvision binary and loads modelDir on workertest.Backend(); env
+// entries go into the LoadRequest's env.
 func startWorker(t *testing.T, modelDir string, env map[string]string) (*workerkit.Process, *workerkit.LoadResponse, *test.Hook) {
 	t.Helper()
 	return startWorkerDType(t, modelDir, "", env)
@@ -34,7 +34,7 @@ func startWorker(t *testing.T, modelDir string, env map[string]string) (*workerk
 func startWorkerDType(t *testing.T, modelDir, dtype string, env map[string]string) (*workerkit.Process, *workerkit.LoadResponse, *test.Hook) {
 	t.Helper()
 	p, hook := workertest.Start(t, "clipvision")
-	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: modelDir, Backend: "cpu", Env: env,
+	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: modelDir, Backend: workertest.Backend(), Env: env,
 		MemoryCapBytes: 1 << 30, DType: dtype})
 	if err != nil {
 		t.Fatalf("load %s: %v", modelDir, err)
@@ -74,7 +74,7 @@ func TestParitySiglip(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, resp, hook := startWorker(t, encDir, nil)
-	if resp.Backend != "cpu" || resp.DType != "fp32" || resp.WeightBytes == 0 || resp.DeviceAllocatedBytes < resp.WeightBytes {
+	if resp.Backend != workertest.Backend() || resp.DType != "fp32" || resp.WeightBytes == 0 || resp.DeviceAllocatedBytes < resp.WeightBytes {
 		t.Errorf("load response %+v", resp)
 	}
 	a := shmtest.Arena(t, "parity")

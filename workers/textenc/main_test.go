@@ -59,11 +59,11 @@ func testLog() *logrus.Entry {
 	return logrus.NewEntry(l)
 }
 
-// loadWorker starts a worker and loads modelDir into it.
+// loadWorker starts a worker and loads modelDir into it, on workertest.Backend().
 func loadWorker(t *testing.T, modelDir string) (*workerkit.Process, *workerkit.LoadResponse) {
 	t.Helper()
 	p, _ := workertest.Start(t, "textenc")
-	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: modelDir, Backend: "cpu"})
+	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: modelDir, Backend: workertest.Backend()})
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}

@@ -176,7 +176,7 @@ func TestParityTextencHalfWeights(t *testing.T) {
 	p, _ := workertest.Start(t, "textenc")
 	ctx, cancel := context.WithTimeout(t.Context(), workertest.CallTimeout)
 	defer cancel()
-	resp, err := p.Load(ctx, &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", DType: "auto"})
+	resp, err := p.Load(ctx, &workerkit.LoadRequest{ModelDir: dir, Backend: workertest.Backend(), DType: "auto"})
 	if err != nil {
 		t.Fatalf("load dtype auto: %v", err)
 	}
@@ -328,7 +328,7 @@ func TestLayersComputedInWorker(t *testing.T) {
 	L, clipLayers := enc.Llama.Config.NumHiddenLayers, enc.CLIP.Config.NumHiddenLayers
 	p, resp := loadWorker(t, dir)
 	a := shmtest.Arena(t, "job")
-	if resp.WeightBytes == 0 || resp.Backend != "cpu" {
+	if resp.WeightBytes == 0 || resp.Backend != workertest.Backend() {
 		t.Errorf("load response %+v", resp)
 	}
 	// The encoders' constants, so the supervisor need not read the configs.

@@ -154,7 +154,7 @@ func TestParityTransformerWorkerHalfWeights(t *testing.T) {
 	var p *workerkit.Process
 	for _, dtype := range []string{"", "auto"} {
 		p, _ = workertest.Start(t, "transformer")
-		if resp[dtype], err = p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", DType: dtype}); err != nil {
+		if resp[dtype], err = p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: workertest.Backend(), DType: dtype}); err != nil {
 			t.Fatalf("load dtype %q: %v", dtype, err)
 		}
 	}

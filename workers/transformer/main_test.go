@@ -24,15 +24,16 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 
-// loadWorker starts a worker and loads the transformer folder dir into it.
+// loadWorker starts a worker and loads the transformer folder dir into it, on
+// workertest.Backend().
 func loadWorker(t *testing.T, dir string) *workerkit.Process {
 	t.Helper()
 	p, _ := workertest.Start(t, "transformer")
-	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu"})
+	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: workertest.Backend()})
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
-	if resp.Backend != "cpu" || resp.DType != "fp32" || resp.WeightBytes == 0 {
+	if resp.Backend != workertest.Backend() || resp.DType != "fp32" || resp.WeightBytes == 0 {
 		t.Fatalf("load response %+v", resp)
 	}
 	// The model's constants, as config.json states them, so the supervisor need not read it.

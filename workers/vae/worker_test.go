@@ -23,14 +23,15 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 
+// loadVAE loads dir into p on workertest.Backend(), with memCap.
 func loadVAE(t *testing.T, p *workerkit.Process, dir string, memCap uint64) {
 	t.Helper()
-	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", MemoryCapBytes: memCap,
+	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: workertest.Backend(), MemoryCapBytes: memCap,
 		Env: map[string]string{"MIOPEN_FIND_MODE": "FAST", "MIOPEN_FIND_ENFORCE": "3", "MIOPEN_USER_DB_PATH": t.TempDir()}})
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
-	if resp.Backend != "cpu" || resp.WeightBytes == 0 {
+	if resp.Backend != workertest.Backend() || resp.WeightBytes == 0 {
 		t.Fatalf("load response: %+v", resp)
 	}
 	// The model's constants, as config.json states them, so the supervisor need not read it.
@@ -195,7 +196,7 @@ func TestParityVAEHalfWeights(t *testing.T) {
 	var p *workerkit.Process
 	for _, dtype := range []string{"", "auto"} {
 		p, _ = workertest.Start(t, "vae")
-		if resp[dtype], err = p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: "cpu", DType: dtype}); err != nil {
+		if resp[dtype], err = p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: workertest.Backend(), DType: dtype}); err != nil {
 			t.Fatalf("load dtype %q: %v", dtype, err)
 		}
 	}

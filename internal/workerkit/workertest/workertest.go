@@ -40,6 +40,19 @@ func Main(m *testing.M) int {
 	return code
 }
 
+// EnvBackend is the variable that chooses the runtime's backend (runtime.EnvBackend, named here
+// so that supervisor tests need not link the native runtime).
+const EnvBackend = "FRAMEPACK_BACKEND"
+
+// Backend is the backend worker tests load their models on: $FRAMEPACK_BACKEND ("cuda" when
+// scripts/gpu-check.sh runs them), or "cpu" when it is unset.
+func Backend() string {
+	if b := os.Getenv(EnvBackend); b != "" {
+		return b
+	}
+	return "cpu"
+}
+
 // Ctx returns the context of one worker call: CallTimeout, and no longer than the test.
 func Ctx(tb testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(tb.Context(), CallTimeout)
