@@ -6,7 +6,11 @@
 #
 # build   make native-cuda (libfpk-cuda.so for sm_$CUDA_ARCHS, default 90) into build/native
 # tests   the carried test binaries on the cuda backend (FRAMEPACK_BACKEND=cuda): every runtime op
-#         test, then every parity case of the vae, textenc, siglip and transformer fixtures
+#         test, then every parity case of every fixture: vae, textenc, siglip and transformer in
+#         process and through their worker processes (Load on workertest.Backend(), the cuda
+#         backend here), the sampler's sample_hunyuan cases through the transformer worker (and
+#         its UniPC replay), the pipeline fixture through the daemon on a cuda:0 lane, and the
+#         backend-independent rng, prep and tokenize cases
 # tiers   the VAE parity cases once per conv tier, each forced alone (FRAMEPACK_CONV_TIER)
 # memory  NVML discovery, and a worker holding 40 GB killed: used memory back within 2 s
 # bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), needs
@@ -92,17 +96,26 @@ for phase in "${phases[@]}"; do
 		fi
 		;;
 	tests)
-		gotest "runtime ops on cuda" internal/runtime runtime.test 300 -test.v
+		gotest "runtime ops on $FRAMEPACK_BACKEND" internal/runtime runtime.test 300 -test.v
 		grep -E "^(--- FAIL|FAIL|ok|PASS)" "$LOG" | tail -5 >>"$SUMMARY"
 		gotest "parity vae" workers/vae/causalvae causalvae.test 300 -test.run '^TestParity' -test.v
-		# workers/textenc's TestMain builds its worker binary with go, which this machine lacks:
-		# a stand-in `go` copies the carried worker instead
-		mkdir -p "$BIN/fakego"
-		printf '#!/bin/sh\n[ "$1" = build ] || exit 1\nwhile [ $# -gt 0 ]; do [ "$1" = -o ] && cp "%s" "$2" && chmod +x "$2"; shift; done\n' "$BIN/textenc-worker" >"$BIN/fakego/go"
-		chmod +x "$BIN/fakego/go"
-		PATH="$BIN/fakego:$PATH" gotest "parity textenc" workers/textenc textenc.test 300 -test.run '^TestParity' -test.v
+		# worker tests build their workers through internal/testbin, and this machine has no go:
+		# scripts/fakego/go answers it with the carried <model>-worker binaries
+		chmod +x "$BIN"/*-worker
+		export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
+		gotest "parity vae worker" workers/vae vae.test 300 -test.run '^TestParity' -test.v
+		gotest "parity textenc" workers/textenc textenc.test 300 -test.run '^TestParity' -test.v
+		gotest "parity textenc tokenize" internal/tokenizer tokenizer.test 120 -test.run '^TestParity' -test.v
 		gotest "parity siglip" workers/clipvision/siglip siglip.test 300 -test.run 'Parity' -test.v
+		gotest "parity siglip worker" workers/clipvision clipvision.test 300 -test.run 'Parity' -test.v
 		gotest "parity transformer" workers/transformer/dit dit.test 300 -test.run '^TestParity' -test.v
+		# sample_hunyuan (TestWorkerParitySampler) and transformer.forward (TestParityTransformerWorker*)
+		# through the transformer worker
+		gotest "parity sampler and transformer worker" workers/transformer transformer.test 300 -test.run 'Parity' -test.v
+		gotest "parity sampler (sigmas, UniPC replay)" workers/transformer/sampler sampler.test 120 -test.run '^TestParity' -test.v
+		gotest "parity rng" internal/torchrng torchrng.test 120 -test.run '^TestParity' -test.v
+		gotest "parity prep" internal/imageproc imageproc.test 120 -test.run '^TestParity' -test.v
+		gotest "parity pipeline (daemon, $FRAMEPACK_BACKEND lane)" supervisor/pipeline pipeline.test 300 -test.run '^TestParityPipeline$' -test.v
 		;;
 	tiers)
 		for tier in vendor_tuned vendor_default own_kernel cpu; do
@@ -134,7 +147,7 @@ for phase in "${phases[@]}"; do
 		;;
 	esac
 done
-grep -E "rel_l2" "$LOG" | sed 's/^ *//' | sort -u >"$OUT/parity.txt"
+grep -E "rel_l2|mismatches=|max diff" "$LOG" | sed 's/^ *//' | sort -u >"$OUT/parity.txt"
 echo "--- summary ($OUT)"
 cat "$SUMMARY"
 exit $status
