@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh — the GPU acceptance run, on a machine with an NVIDIA GPU and nvcc (no Go needed).
 #
-#   scripts/gpu-bundle.sh            # here (with Go): test binaries, gpubench, OpenBLAS → build/gpu
+#   scripts/gpu-bundle.sh            # here (with Go): test binaries, workers, gpubench, OpenBLAS → build/gpu
 #   scripts/gpu-check.sh [phase...]  # there: phases build tests tiers memory bench (default: all)
 #
 # build   make native-cuda (libfpk-cuda.so for sm_$CUDA_ARCHS, default 90) into build/native
@@ -36,7 +36,9 @@ status=0
 
 # ---- environment ------------------------------------------------------------------------------
 mkdir -p "$BIN/lib"
-[ -e "$BIN/gpubench" ] || tar -C "$BIN" -xJf "$BUNDLE/bins.tar.xz"
+for a in tests bench; do # what the run carries of scripts/gpu-bundle.sh's archives, once
+	[ -e "$BUNDLE/$a.tar.xz" ] && [ ! -e "$BIN/.$a" ] && tar -C "$BIN" -xJf "$BUNDLE/$a.tar.xz" && touch "$BIN/.$a"
+done
 for f in "$BUNDLE"/lib/*.xz; do
 	[ -e "$f" ] || continue
 	rel=${f#"$BUNDLE"/}
