@@ -159,8 +159,6 @@ static size_t find_workspace(fpk_scratch &ws, size_t want) {
 enum { FPK_CUDA_R_32F = 0, FPK_CUDA_R_16F = 2, FPK_CUDA_R_16BF = 14 };
 enum { FPK_CUBLAS_OP_N = 0, FPK_CUBLAS_OP_T = 1, FPK_CUBLAS_COMPUTE_32F = 68, FPK_CUBLAS_GEMM_DEFAULT = -1 };
 
-typedef int (*cublasCreate_t)(void **);
-typedef int (*cublasDestroy_t)(void *);
 typedef int (*cublasSetStream_t)(void *, cudaStream_t);
 typedef int (*cublasGemmStridedBatchedEx_t)(void *, int, int, int, int, int, const void *, const void *, int, int,
                                             long long, const void *, int, int, long long, const void *, void *, int,
@@ -212,40 +210,6 @@ typedef int (*fn_v7)(void *, void *, void *, void *, void *, int, int *, cudnnCo
 typedef int (*fn_ws)(void *, void *, void *, void *, void *, int, size_t *);
 typedef int (*fn_fwd)(void *, const void *, void *, const void *, void *, const void *, void *, int, void *, size_t,
                       const void *, void *, void *);
-
-void fpk_vendor_open(fpk_gpu_ctx *c) {
-    char dir[PATH_MAX] = "";
-    if (!env_on("FRAMEPACK_GPU_NO_BLAS_LIB")) {
-        fpk_vendor_blas *b = &c->blas;
-        b->dl = open_first(blas_names, "", b->library, sizeof b->library);
-        if (b->dl && resolve(b->dl, blas_syms, b->fn) && ((cublasCreate_t)b->fn[0])(&b->handle) == 0) {
-            dir_of(b->library, dir, sizeof dir);
-        } else {
-            if (b->dl) dlclose(b->dl);
-            b->dl = NULL;
-            b->handle = NULL;
-        }
-    }
-    if (!env_on("FRAMEPACK_GPU_NO_DNN")) {
-        fpk_vendor_dnn *d = &c->dnn;
-        d->dl = open_first(dnn_names, dir, d->library, sizeof d->library);
-        if (!(d->dl && resolve(d->dl, dnn_syms, d->fn) && ((fn_hp)d->fn[D_CREATE])(&d->handle) == 0)) {
-            if (d->dl) dlclose(d->dl);
-            d->dl = NULL;
-            d->handle = NULL;
-        }
-    }
-}
-
-void fpk_vendor_close(fpk_gpu_ctx *c) {
-    if (c->blas.handle) ((cublasDestroy_t)c->blas.fn[1])(c->blas.handle);
-    if (c->blas.dl) dlclose(c->blas.dl);
-    if (c->dnn.handle) ((fn_h)c->dnn.fn[D_DESTROY])(c->dnn.handle);
-    algos_free(&c->dnn);
-    if (c->dnn.dl) dlclose(c->dnn.dl);
-    memset(&c->blas, 0, sizeof c->blas);
-    memset(&c->dnn, 0, sizeof c->dnn);
-}
 
 static int cuda_type(int dt) { return dt == FPK_F32 ? FPK_CUDA_R_32F : dt == FPK_F16 ? FPK_CUDA_R_16F : dt == FPK_BF16 ? FPK_CUDA_R_16BF : -1; }
 
@@ -370,8 +334,6 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
 
 enum { RB_OP_N = 111, RB_OP_T = 112, RB_F16 = 150, RB_F32 = 151, RB_BF16 = 168 };
 
-typedef int (*rb_create_t)(void **);
-typedef int (*rb_destroy_t)(void *);
 typedef int (*rb_set_stream_t)(void *, hipStream_t);
 typedef int (*rb_gemm_t)(void *, int, int, int, int, int, const void *, const void *, int, int, int64_t, const void *,
                          int, int, int64_t, const void *, const void *, int, int, int64_t, void *, int, int, int64_t,
@@ -426,40 +388,6 @@ typedef int (*m_sol)(void *, void *, void *, void *, void *, size_t, size_t *, m
 typedef int (*m_compile)(void *, void *, void *, void *, void *, uint64_t);
 typedef int (*m_immed)(void *, void *, const void *, void *, const void *, void *, void *, void *, void *, size_t,
                        uint64_t);
-
-void fpk_vendor_open(fpk_gpu_ctx *c) {
-    char dir[PATH_MAX] = "";
-    if (!env_on("FRAMEPACK_GPU_NO_BLAS_LIB")) {
-        fpk_vendor_blas *b = &c->blas;
-        b->dl = open_first(blas_names, "", b->library, sizeof b->library);
-        if (b->dl && resolve(b->dl, blas_syms, b->fn) && ((rb_create_t)b->fn[0])(&b->handle) == 0) {
-            dir_of(b->library, dir, sizeof dir);
-        } else {
-            if (b->dl) dlclose(b->dl);
-            b->dl = NULL;
-            b->handle = NULL;
-        }
-    }
-    if (!env_on("FRAMEPACK_GPU_NO_DNN")) {
-        fpk_vendor_dnn *d = &c->dnn;
-        d->dl = open_first(dnn_names, dir, d->library, sizeof d->library);
-        if (!(d->dl && resolve(d->dl, dnn_syms, d->fn) && ((m_hp)d->fn[M_CREATE])(&d->handle) == 0)) {
-            if (d->dl) dlclose(d->dl);
-            d->dl = NULL;
-            d->handle = NULL;
-        }
-    }
-}
-
-void fpk_vendor_close(fpk_gpu_ctx *c) {
-    if (c->blas.handle) ((rb_destroy_t)c->blas.fn[1])(c->blas.handle);
-    if (c->blas.dl) dlclose(c->blas.dl);
-    if (c->dnn.handle) ((m_h)c->dnn.fn[M_DESTROY])(c->dnn.handle);
-    algos_free(&c->dnn);
-    if (c->dnn.dl) dlclose(c->dnn.dl);
-    memset(&c->blas, 0, sizeof c->blas);
-    memset(&c->dnn, 0, sizeof c->dnn);
-}
 
 static int rb_type(int dt) { return dt == FPK_F32 ? RB_F32 : dt == FPK_F16 ? RB_F16 : dt == FPK_BF16 ? RB_BF16 : -1; }
 
@@ -582,3 +510,45 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
     return fpk_gpu_launched("conv3d (MIOpen)");
 }
 #endif
+
+/* =====================================================================================
+ * Shared by both vendors: every BLAS and DNN library's table starts with its create
+ * (int (*)(void **)) and destroy (int (*)(void *)) functions.
+ * ===================================================================================== */
+
+typedef int (*vendor_create_t)(void **);
+typedef int (*vendor_destroy_t)(void *);
+
+/* Opens the first of names (looked up in dir first), resolves syms into fn and creates a handle
+ * with fn[0]; on any failure *dl and *handle stay NULL and the library's tiers are unavailable. */
+static void vendor_lib_open(const char *const *names, const char *const *syms, const char *dir, void **dl,
+                            void **fn, void **handle, char *library, size_t n) {
+    *dl = open_first(names, dir, library, n);
+    if (*dl && resolve(*dl, syms, fn) && ((vendor_create_t)fn[0])(handle) == 0) return;
+    if (*dl) dlclose(*dl);
+    *dl = NULL;
+    *handle = NULL;
+}
+
+void fpk_vendor_open(fpk_gpu_ctx *c) {
+    char dir[PATH_MAX] = "";
+    if (!env_on("FRAMEPACK_GPU_NO_BLAS_LIB")) {
+        fpk_vendor_blas *b = &c->blas;
+        vendor_lib_open(blas_names, blas_syms, "", &b->dl, b->fn, &b->handle, b->library, sizeof b->library);
+        if (b->handle) dir_of(b->library, dir, sizeof dir); /* the DNN library from the same root */
+    }
+    if (!env_on("FRAMEPACK_GPU_NO_DNN")) {
+        fpk_vendor_dnn *d = &c->dnn;
+        vendor_lib_open(dnn_names, dnn_syms, dir, &d->dl, d->fn, &d->handle, d->library, sizeof d->library);
+    }
+}
+
+void fpk_vendor_close(fpk_gpu_ctx *c) {
+    if (c->blas.handle) ((vendor_destroy_t)c->blas.fn[1])(c->blas.handle);
+    if (c->blas.dl) dlclose(c->blas.dl);
+    if (c->dnn.handle) ((vendor_destroy_t)c->dnn.fn[1])(c->dnn.handle);
+    algos_free(&c->dnn);
+    if (c->dnn.dl) dlclose(c->dnn.dl);
+    memset(&c->blas, 0, sizeof c->blas);
+    memset(&c->dnn, 0, sizeof c->dnn);
+}
