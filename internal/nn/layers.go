@@ -127,3 +127,39 @@ func CausalMask(rt *runtime.Runtime, n int, keep []bool) (*runtime.Tensor, error
 	}
 	return rt.FromUint8(m, 1, 1, n, n)
 }
+
+// MLP is the two-layer feed-forward block of CLIP and SigLIP encoder layers (CLIPMLP,
+// SiglipMLP): fc2(act(fc1(x))).
+type MLP struct {
+	FC1 Linear // fc1 [intermediate, hidden]
+	FC2 Linear // fc2 [hidden, intermediate]
+
+	act Activation
+}
+
+// LoadMLP binds <name>.fc1 and <name>.fc2 (both with bias) for hidden → intermediate → hidden.
+func LoadMLP(l *Loader, name string, hidden, intermediate int, act Activation) (MLP, error) {
+	m := MLP{act: act}
+	var err error
+	if m.FC1, err = LoadLinear(l, name+".fc1", hidden, intermediate, true); err != nil {
+		return MLP{}, err
+	}
+	if m.FC2, err = LoadLinear(l, name+".fc2", intermediate, hidden, true); err != nil {
+		return MLP{}, err
+	}
+	return m, nil
+}
+
+// Forward keeps x's shape [..., hidden].
+func (m MLP) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
+	var sc runtime.Scope
+	defer sc.Free()
+	h, err := sc.Track(m.FC1.Forward(rt, x))
+	if err != nil {
+		return nil, err
+	}
+	if h, err = sc.Track(m.act(rt, h)); err != nil {
+		return nil, err
+	}
+	return m.FC2.Forward(rt, h)
+}

@@ -101,27 +101,8 @@ func (a *Attention) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Te
 	return a.OutProj.Forward(rt, o)
 }
 
-// MLP is SiglipMLP: fc1, hidden_act, fc2.
-type MLP struct {
-	FC1 nn.Linear // [intermediate, hidden]
-	FC2 nn.Linear // [hidden, intermediate]
-
-	act nn.Activation
-}
-
-// Forward: x [B, N, hidden] → [B, N, hidden].
-func (m *MLP) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	var sc runtime.Scope
-	defer sc.Free()
-	h, err := sc.Track(m.FC1.Forward(rt, x))
-	if err != nil {
-		return nil, err
-	}
-	if h, err = sc.Track(m.act(rt, h)); err != nil {
-		return nil, err
-	}
-	return m.FC2.Forward(rt, h)
-}
+// MLP is SiglipMLP: fc2(act(fc1(x))), shared with the other CLIP-family encoder (nn.MLP).
+type MLP = nn.MLP
 
 // EncoderLayer is SiglipEncoderLayer: pre-norm attention and MLP, each with a residual.
 type EncoderLayer struct {
@@ -240,7 +221,6 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 		p := fmt.Sprintf("encoder.layers.%d.", i)
 		ly := &m.Layers[i]
 		ly.SelfAttn.heads, ly.SelfAttn.headDim = cfg.NumAttentionHeads, cfg.HeadDim()
-		ly.MLP.act = act
 		if ly.LayerNorm1, err = nn.LoadLayerNorm(l, p+"layer_norm1", D, eps); err != nil {
 			return nil, err
 		}
@@ -256,10 +236,7 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 				return nil, err
 			}
 		}
-		if ly.MLP.FC1, err = nn.LoadLinear(l, p+"mlp.fc1", D, I, true); err != nil {
-			return nil, err
-		}
-		if ly.MLP.FC2, err = nn.LoadLinear(l, p+"mlp.fc2", I, D, true); err != nil {
+		if ly.MLP, err = nn.LoadMLP(l, p+"mlp", D, I, act); err != nil {
 			return nil, err
 		}
 	}

@@ -101,27 +101,8 @@ func (a *Attention) Forward(rt *runtime.Runtime, x, mask *runtime.Tensor) (*runt
 	return a.OutProj.Forward(rt, o)
 }
 
-// MLP is CLIPMLP: fc2(act(fc1(x))).
-type MLP struct {
-	FC1 nn.Linear // fc1 [intermediate, hidden]
-	FC2 nn.Linear // fc2 [hidden, intermediate]
-
-	act nn.Activation
-}
-
-// Forward keeps x's shape [1, S, hidden].
-func (m *MLP) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	var sc runtime.Scope
-	defer sc.Free()
-	y, err := sc.Track(m.FC1.Forward(rt, x))
-	if err != nil {
-		return nil, err
-	}
-	if y, err = sc.Track(m.act(rt, y)); err != nil {
-		return nil, err
-	}
-	return m.FC2.Forward(rt, y)
-}
+// MLP is CLIPMLP: fc2(act(fc1(x))), shared with the other CLIP-family encoder (nn.MLP).
+type MLP = nn.MLP
 
 // EncoderLayer is CLIPEncoderLayer (pre-norm attention and MLP, each with a residual).
 type EncoderLayer struct {
@@ -245,11 +226,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, e
 				return nil, err
 			}
 		}
-		l.MLP.act = act
-		if l.MLP.FC1, err = nn.LoadLinear(ld, p+"mlp.fc1", H, I, true); err != nil {
-			return nil, err
-		}
-		if l.MLP.FC2, err = nn.LoadLinear(ld, p+"mlp.fc2", I, H, true); err != nil {
+		if l.MLP, err = nn.LoadMLP(ld, p+"mlp", H, I, act); err != nil {
 			return nil, err
 		}
 		m.Layers = append(m.Layers, l)
