@@ -235,7 +235,7 @@ func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepack
 	}
 	total := job.TotalSections
 	if total < 1 {
-		total = jobs.TotalSections(spec)
+		total = plan.TotalSections(spec)
 	}
 	variant, err := variantByName(jobVariant(spec))
 	if err != nil {
