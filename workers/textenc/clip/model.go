@@ -37,7 +37,7 @@ func (e *Embeddings) Forward(p *nn.Pass, ids []int32) *runtime.Tensor {
 		return nil
 	}
 	tok := p.Do(p.RT.EmbeddingAs(e.TokenEmbedding, t, e.PositionEmbedding.DType())) // [1, S, hidden]
-	pos := p.Do(p.RT.Slice(e.PositionEmbedding, 0, 0, S))                          // [S, hidden]
+	pos := p.Do(p.RT.Slice(e.PositionEmbedding, 0, 0, S))                           // [S, hidden]
 	return p.Do(p.RT.Add(tok, pos))
 }
 

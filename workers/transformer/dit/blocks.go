@@ -12,7 +12,7 @@ type rope struct {
 
 // apply rotates x [1, L, H, D] (interleaved pairs, apply_rotary_emb_transposed).
 func (r rope) apply(p *pass, x *runtime.Tensor) *runtime.Tensor {
-	return p.do(p.rt.RoPE(x, r.cos, r.sin))
+	return p.do(p.rt.RoPE(runtime.RoPEInterleaved, x, r.cos, r.sin))
 }
 
 // JointAttention is the double block's attn (HunyuanAttnProcessorFlashAttnDouble): image q/k/v
