@@ -280,9 +280,9 @@ func TestBadCheckpoint(t *testing.T) {
 			return writeSharded(t, all, "diffusion_pytorch_model-00002-of-00002.safetensors")
 		}, "shard diffusion_pytorch_model-00002-of-00002.safetensors"},
 		{"missing tensor", func(t *testing.T) string { return writeSharded(t, without("norm_out.linear.bias"), "") },
-			"tensor norm_out.linear.bias is missing (expected [64])"},
+			"tensor norm_out.linear.bias: missing (expected shape [64])"},
 		{"wrong shape", func(t *testing.T) string { return writeSharded(t, reshaped, "") },
-			"tensor proj_out.weight: got [32 64], expected [64 32]"},
+			"tensor proj_out.weight: got shape [32 64], expected [64 32]"},
 		{"complete sharded copy", func(t *testing.T) string { return writeSharded(t, extra, "") }, ""},
 	}
 	for _, tc := range tests {

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 )
 
@@ -228,8 +229,8 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	}
 
 	s := &Section{m: m, shape: shape, noisyLen: T * h * w}
-	p := newPass(m.rt)
-	defer p.free()
+	p := nn.NewPass(nil, m.rt)
+	defer p.Free()
 	ok := false
 	defer func() {
 		if !ok {
@@ -237,7 +238,7 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 		}
 	}()
 	own := func(t *runtime.Tensor) *runtime.Tensor {
-		t = p.keep(t)
+		t = p.Keep(t)
 		if t != nil {
 			s.sc.Add(t)
 		}
@@ -250,8 +251,8 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 		if cleanIdx[i] == nil {
 			continue
 		}
-		x := p.do(m.rt.FromFloat32(cl.x.Data, cl.x.Shape...))
-		var conv Conv3d
+		x := p.Do(m.rt.FromFloat32(cl.x.Data, cl.x.Shape...))
+		var conv PatchConv
 		var pool [3]int
 		switch i {
 		case 0:
@@ -266,8 +267,8 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	}
 	ropes = append(ropes, m.Rope.Forward(p, latentIdx, h, w, [3]int{1, 1, 1}))
 	if len(tokens) > 0 {
-		s.clean = own(p.do(m.rt.Concat(1, tokens...)))
-		if p.err == nil {
+		s.clean = own(p.Do(m.rt.Concat(1, tokens...)))
+		if p.OK() {
 			s.cleanLen = s.clean.Dim(1)
 		}
 	}
@@ -287,10 +288,10 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 				}
 			}
 		}
-		s.textMask = own(p.do(m.rt.FromUint8(mask, 1, 1, L, L)))
+		s.textMask = own(p.Do(m.rt.FromUint8(mask, 1, 1, L, L)))
 	}
 	s.textKeep = real
-	s.text = own(p.do(m.rt.FromFloat32(textData, 1, textLen, td)))
+	s.text = own(p.Do(m.rt.FromFloat32(textData, 1, textLen, td)))
 	mean := make([]float64, td)
 	for i, v := range c.EncoderAttentionMask.Data {
 		if v == 1 {
@@ -303,11 +304,11 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	for j := range mean {
 		mean32[j] = float32(mean[j] / float64(real))
 	}
-	s.meanText = own(p.do(m.rt.FromFloat32(mean32, 1, td)))
-	s.pooled = own(p.do(m.rt.FromFloat32(c.PooledProjections.Data, 1, cfg.PooledProjectionDim)))
+	s.meanText = own(p.Do(m.rt.FromFloat32(mean32, 1, td)))
+	s.pooled = own(p.Do(m.rt.FromFloat32(c.PooledProjections.Data, 1, cfg.PooledProjectionDim)))
 	encLen := s.textKeep
 	if m.ImageProjection != nil {
-		x := p.do(m.rt.FromFloat32(img.Data, img.Shape...))
+		x := p.Do(m.rt.FromFloat32(img.Data, img.Shape...))
 		s.image = own(m.ImageProjection.Forward(p, x))
 		encLen += img.Shape[1]
 	}
@@ -320,21 +321,21 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 			ident[i*2*d+j] = 1
 		}
 	}
-	ropes = append(ropes, p.do(m.rt.FromFloat32(ident, 1, encLen, 2*d)))
-	all := p.do(m.rt.Concat(1, ropes...))
-	if p.err != nil {
-		return nil, p.err
+	ropes = append(ropes, p.Do(m.rt.FromFloat32(ident, 1, encLen, 2*d)))
+	all := p.Do(m.rt.Concat(1, ropes...))
+	if !p.OK() {
+		return nil, p.Err()
 	}
 	n := all.Dim(1)
 	if want := s.cleanLen + s.noisyLen + encLen; n != want {
 		return nil, fmt.Errorf("internal: rope table has %d rows, sequence has %d", n, want)
 	}
-	cos := p.do(m.rt.Slice(all, -1, 0, d))
-	sin := p.do(m.rt.Slice(all, -1, d, 2*d))
-	s.rope.cos = own(p.reshape(cos, 1, n, 1, d))
-	s.rope.sin = own(p.reshape(sin, 1, n, 1, d))
-	if p.err != nil {
-		return nil, p.err
+	cos := p.Do(m.rt.Slice(all, -1, 0, d))
+	sin := p.Do(m.rt.Slice(all, -1, d, 2*d))
+	s.rope.cos = own(p.Reshape(cos, 1, n, 1, d))
+	s.rope.sin = own(p.Reshape(sin, 1, n, 1, d))
+	if !p.OK() {
+		return nil, p.Err()
 	}
 	ok = true
 	return s, nil
@@ -342,14 +343,14 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 
 // ropeTable returns the image stream's rope table [1, L, 2·D] (cos | sin), for tests.
 func (s *Section) ropeTable() (*runtime.Tensor, error) {
-	p := newPass(s.m.rt)
-	defer p.free()
+	p := nn.NewPass(nil, s.m.rt)
+	defer p.Free()
 	li := s.cleanLen + s.noisyLen
-	c := p.do(s.m.rt.Slice(s.rope.cos, 1, 0, li))
-	sn := p.do(s.m.rt.Slice(s.rope.sin, 1, 0, li))
-	cat := p.do(s.m.rt.Concat(-1, c, sn))
-	if p.err != nil {
-		return nil, p.err
+	c := p.Do(s.m.rt.Slice(s.rope.cos, 1, 0, li))
+	sn := p.Do(s.m.rt.Slice(s.rope.sin, 1, 0, li))
+	cat := p.Do(s.m.rt.Concat(-1, c, sn))
+	if !p.OK() {
+		return nil, p.Err()
 	}
-	return p.keep(p.reshape(cat, 1, li, -1)), p.err
+	return p.Keep(p.Reshape(cat, 1, li, -1)), p.Err()
 }
