@@ -7,37 +7,12 @@ import (
 
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 )
 
-// Tensor is a float32 host tensor, row-major (same layout as sampler.Tensor).
-type Tensor struct {
-	Shape []int
-	Data  []float32
-}
-
-// IntTensor is an integer host tensor, row-major (same layout as sampler.IntTensor).
-type IntTensor struct {
-	Shape []int
-	Data  []int64
-}
-
 // Conditioning is one branch of what the transformer is conditioned on besides the noisy
-// latents, the timestep and the guidance: the keyword arguments FramePack's sample_hunyuan passes
-// to the packed transformer. Only batch 1 is supported.
-type Conditioning struct {
-	EncoderHiddenStates  Tensor    // LLaMA states [1, L, text_embed_dim]
-	EncoderAttentionMask IntTensor // 0/1 per text token [1, L]
-	PooledProjections    Tensor    // CLIP-L pooled [1, pooled_projection_dim]
-	ImageEmbeddings      Tensor    // SigLIP states [1, Li, image_proj_dim] (required with has_image_proj)
-
-	LatentIndices        IntTensor // frame indices of the noisy latents [1, T]; empty means 0..T-1
-	CleanLatents         Tensor    // [1, 16, T1, H, W] (optional, with CleanLatentIndices [1, T1])
-	CleanLatentIndices   IntTensor //
-	CleanLatents2x       Tensor    // [1, 16, T2, H, W] (optional, with CleanLatent2xIndices [1, T2])
-	CleanLatent2xIndices IntTensor //
-	CleanLatents4x       Tensor    // [1, 16, T4, H, W] (optional, with CleanLatent4xIndices [1, T4])
-	CleanLatent4xIndices IntTensor //
-}
+// latents, the timestep and the guidance (batch 1 only).
+type Conditioning = conditioning.Conditioning
 
 // Section is a Conditioning embedded once for one latent shape: everything the forwards of a
 // section share (clean-latent tokens, rope table, projected image states, cropped text). Close it
@@ -86,7 +61,7 @@ func checkFinite(name string, v []float32) error {
 	return nil
 }
 
-func checkTensor(name string, t Tensor, want []int) error {
+func checkTensor(name string, t conditioning.Tensor, want []int) error {
 	if !slices.Equal(t.Shape, want) {
 		return invalidf("%s has shape %v, expected %v", name, t.Shape, want)
 	}
@@ -101,7 +76,7 @@ func checkTensor(name string, t Tensor, want []int) error {
 }
 
 // indices checks a [1, n] index tensor and returns its values.
-func indices(name string, t IntTensor, n int) ([]int64, error) {
+func indices(name string, t conditioning.IntTensor, n int) ([]int64, error) {
 	if !slices.Equal(t.Shape, []int{1, n}) || len(t.Data) != n {
 		return nil, invalidf("%s has shape %v (%d values), expected [1 %d] to match the latents", name, t.Shape, len(t.Data), n)
 	}
@@ -183,8 +158,8 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	}
 	type cleanIn struct {
 		name string
-		x    Tensor
-		idx  IntTensor
+		x    conditioning.Tensor
+		idx  conditioning.IntTensor
 	}
 	cleans := []cleanIn{ // packed order: 4x, 2x, 1x
 		{"clean_latents_4x", c.CleanLatents4x, c.CleanLatent4xIndices},
@@ -193,7 +168,7 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	}
 	var cleanIdx [3][]int64
 	for i, cl := range cleans {
-		hasX, hasIdx := len(cl.x.Data) > 0 || len(cl.x.Shape) > 0, len(cl.idx.Data) > 0 || len(cl.idx.Shape) > 0
+		hasX, hasIdx := cl.x.Set(), cl.idx.Set()
 		if !hasX && !hasIdx {
 			continue
 		}
@@ -217,7 +192,7 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 		cleanIdx[i] = idx
 	}
 
-	var img Tensor
+	var img conditioning.Tensor
 	if m.ImageProjection != nil {
 		img = c.ImageEmbeddings
 		if len(img.Shape) != 3 {
