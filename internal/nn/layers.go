@@ -8,75 +8,160 @@ import (
 
 // Linear is torch.nn.Linear: y = x·Weightᵀ + Bias.
 type Linear struct {
-	Weight *runtime.Tensor // [out, in]
-	Bias   *runtime.Tensor // [out], nil when the layer has no bias
+	Weight *runtime.Tensor // <name>.weight [out, in] (the weight dtype)
+	Bias   *runtime.Tensor // <name>.bias [out], nil when the layer has no bias
 }
 
-// LoadLinear binds <name>.weight [out, in] (in the loader's weight dtype) and, when bias is
-// set, <name>.bias [out].
-func LoadLinear(l *Loader, name string, in, out int, bias bool) (Linear, error) {
-	var lin Linear
-	var err error
-	if lin.Weight, err = l.LoadWeight(name+".weight", out, in); err != nil {
-		return Linear{}, err
-	}
+// NewLinear binds <name>.weight [out, in] and, when bias is set, <name>.bias [out].
+func NewLinear(l *Loader, name string, in, out int, bias bool) Linear {
+	lin := Linear{Weight: l.Weight(Join(name, "weight"), out, in)}
 	if bias {
-		if lin.Bias, err = l.Load(name+".bias", out); err != nil {
-			return Linear{}, err
-		}
+		lin.Bias = l.Tensor(Join(name, "bias"), out)
 	}
-	return lin, nil
+	return lin
 }
 
-// Forward maps x [..., in] → [..., out].
-func (m Linear) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	return rt.Linear(x, m.Weight, m.Bias)
+// Forward: x [..., in] → [..., out].
+func (m Linear) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
+	return p.Do(p.RT.Linear(x, m.Weight, m.Bias))
 }
 
-// LayerNorm is torch.nn.LayerNorm over the last dim.
+// LayerNorm is torch.nn.LayerNorm over the last dim; Weight and Bias are nil when
+// elementwise_affine is False.
 type LayerNorm struct {
-	Weight *runtime.Tensor // [hidden]
-	Bias   *runtime.Tensor // [hidden]
+	Weight *runtime.Tensor // <name>.weight [dim]
+	Bias   *runtime.Tensor // <name>.bias [dim]
 	Eps    float32
 }
 
-// LoadLayerNorm binds <name>.weight and <name>.bias [d].
-func LoadLayerNorm(l *Loader, name string, d int, eps float32) (LayerNorm, error) {
-	n := LayerNorm{Eps: eps}
-	var err error
-	if n.Weight, err = l.Load(name+".weight", d); err != nil {
-		return LayerNorm{}, err
-	}
-	if n.Bias, err = l.Load(name+".bias", d); err != nil {
-		return LayerNorm{}, err
-	}
-	return n, nil
+// NewLayerNorm binds <name>.weight and <name>.bias [dim].
+func NewLayerNorm(l *Loader, name string, dim int, eps float32) LayerNorm {
+	return LayerNorm{Weight: l.Tensor(Join(name, "weight"), dim), Bias: l.Tensor(Join(name, "bias"), dim), Eps: eps}
 }
 
-// Forward keeps x's shape.
-func (n LayerNorm) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	return rt.LayerNorm(x, n.Weight, n.Bias, n.Eps)
+// Forward: x [..., dim] → [..., dim].
+func (n LayerNorm) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
+	return p.Do(p.RT.LayerNorm(x, n.Weight, n.Bias, n.Eps))
+}
+
+// RMSNorm is x / sqrt(mean(x²) + eps) · weight over the last dim (LlamaRMSNorm, diffusers'
+// RMSNorm).
+type RMSNorm struct {
+	Weight *runtime.Tensor // <name>.weight [dim]
+	Eps    float32
+}
+
+// NewRMSNorm binds <name>.weight [dim].
+func NewRMSNorm(l *Loader, name string, dim int, eps float32) RMSNorm {
+	return RMSNorm{Weight: l.Tensor(Join(name, "weight"), dim), Eps: eps}
+}
+
+// Forward: x [..., dim] → [..., dim].
+func (n RMSNorm) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
+	return p.Do(p.RT.RMSNorm(x, n.Weight, n.Eps))
+}
+
+// GroupNorm is torch.nn.GroupNorm with affine weights over dim 1.
+type GroupNorm struct {
+	Weight *runtime.Tensor // <name>.weight [C]
+	Bias   *runtime.Tensor // <name>.bias [C]
+	Groups int
+	Eps    float32
+}
+
+// NewGroupNorm binds <name>.weight and <name>.bias [c].
+func NewGroupNorm(l *Loader, name string, c, groups int, eps float32) GroupNorm {
+	return GroupNorm{Weight: l.Tensor(Join(name, "weight"), c), Bias: l.Tensor(Join(name, "bias"), c), Groups: groups, Eps: eps}
+}
+
+// Forward: x [B, C, ...] → same.
+func (g GroupNorm) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
+	return p.Do(p.RT.GroupNorm(x, g.Weight, g.Bias, g.Groups, g.Eps))
+}
+
+// Conv3d is torch.nn.Conv3d without padding of its own (callers pad: replicate for the causal
+// VAE, none for patch embeddings).
+type Conv3d struct {
+	Weight *runtime.Tensor // <name>.weight [Cout, Cin, kT, kH, kW] (the weight dtype)
+	Bias   *runtime.Tensor // <name>.bias [Cout]
+	Kernel [3]int          // kT, kH, kW
+	Stride [3]int          // T, H, W
+}
+
+// NewConv3d binds <name>.weight [cout, cin, kernel...] and <name>.bias [cout].
+func NewConv3d(l *Loader, name string, cin, cout int, kernel, stride [3]int) Conv3d {
+	return Conv3d{
+		Weight: l.Weight(Join(name, "weight"), cout, cin, kernel[0], kernel[1], kernel[2]),
+		Bias:   l.Tensor(Join(name, "bias"), cout),
+		Kernel: kernel,
+		Stride: stride,
+	}
+}
+
+// Forward: x [B, Cin, T, H, W] → [B, Cout, (T−kT)/sT+1, (H−kH)/sH+1, (W−kW)/sW+1].
+func (c Conv3d) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
+	return p.Do(p.RT.Conv3d(x, c.Weight, c.Bias, runtime.Conv3dParams{Stride: c.Stride}))
+}
+
+// Conv2d is torch.nn.Conv2d without padding (SigLIP's patch embedding).
+type Conv2d struct {
+	Weight *runtime.Tensor // <name>.weight [Cout, Cin, kH, kW] (the weight dtype)
+	Bias   *runtime.Tensor // <name>.bias [Cout]
+	Stride [2]int
+}
+
+// NewConv2d binds <name>.weight [cout, cin, k, k] and <name>.bias [cout].
+func NewConv2d(l *Loader, name string, cin, cout, k int, stride [2]int) Conv2d {
+	return Conv2d{Weight: l.Weight(Join(name, "weight"), cout, cin, k, k), Bias: l.Tensor(Join(name, "bias"), cout), Stride: stride}
+}
+
+// Forward: x [B, Cin, H, W] → [B, Cout, (H−k)/sH+1, (W−k)/sW+1].
+func (c Conv2d) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
+	return p.Do(p.RT.Conv2d(x, c.Weight, c.Bias, runtime.Conv2dParams{Stride: c.Stride}))
 }
 
 // Activation is an elementwise activation function.
-type Activation func(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error)
+type Activation runtime.UnaryOp
 
 // ActivationByName returns transformers' ACT2FN[name] for the names the text encoders use.
 func ActivationByName(name string) (Activation, error) {
-	var op runtime.UnaryOp
 	switch name {
 	case "silu", "swish":
-		op = runtime.OpSiLU
+		return Activation(runtime.OpSiLU), nil
 	case "quick_gelu":
-		op = runtime.OpQuickGELU
+		return Activation(runtime.OpQuickGELU), nil
 	case "gelu":
-		op = runtime.OpGELUErf
+		return Activation(runtime.OpGELUErf), nil
 	case "gelu_new", "gelu_pytorch_tanh", "gelu_fast":
-		op = runtime.OpGELUTanh
-	default:
-		return nil, fmt.Errorf("hidden_act %q is not supported (silu, swish, quick_gelu, gelu, gelu_new, gelu_pytorch_tanh, gelu_fast)", name)
+		return Activation(runtime.OpGELUTanh), nil
 	}
-	return func(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) { return rt.Unary(op, x) }, nil
+	return 0, fmt.Errorf("hidden_act %q is not supported (silu, swish, quick_gelu, gelu, gelu_new, gelu_pytorch_tanh, gelu_fast)", name)
+}
+
+// Forward: x → act(x), same shape.
+func (a Activation) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
+	return p.Do(p.RT.Unary(runtime.UnaryOp(a), x))
 }
 
 // HostEmbedding is torch.nn.Embedding whose table stays in the mapped checkpoint: the rows a
@@ -90,33 +175,37 @@ type HostEmbedding struct {
 	Rows, Dim int
 }
 
-// LoadHostEmbedding binds name [rows, dim] without uploading it.
-func LoadHostEmbedding(l *Loader, name string, rows, dim int) (*HostEmbedding, error) {
-	src, raw, err := l.Raw(name, rows, dim)
-	if err != nil {
-		return nil, err
-	}
-	return &HostEmbedding{raw: raw, src: src, dt: l.dtype, Rows: rows, Dim: dim}, nil
+// NewHostEmbedding binds name [rows, dim] without uploading it.
+func NewHostEmbedding(l *Loader, name string, rows, dim int) *HostEmbedding {
+	src, raw := l.Raw(name, rows, dim)
+	return &HostEmbedding{raw: raw, src: src, dt: l.dtype, Rows: rows, Dim: dim}
 }
 
 // Forward returns the rows of ids: [len(ids)] → [1, len(ids), Dim]. An id outside the table is
 // an error wrapping ErrBadInput.
-func (e *HostEmbedding) Forward(rt *runtime.Runtime, ids []int32) (*runtime.Tensor, error) {
+func (e *HostEmbedding) Forward(p *Pass, ids []int32) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
 	es := e.src.Size()
 	row := e.Dim * es
 	buf := make([]byte, len(ids)*row)
 	for i, id := range ids {
 		if id < 0 || int(id) >= e.Rows {
-			return nil, fmt.Errorf("embedding: token id %d at %d outside the vocabulary [0, %d): %w", id, i, e.Rows, ErrBadInput)
+			p.Failf("embedding: token id %d at %d outside the vocabulary [0, %d): %w", id, i, e.Rows, ErrBadInput)
+			return nil
 		}
 		copy(buf[i*row:(i+1)*row], e.raw[int(id)*row:(int(id)+1)*row])
 	}
-	return rt.FromBytes(e.dt, e.src, buf, 1, len(ids), e.Dim)
+	return p.Do(p.RT.FromBytes(e.dt, e.src, buf, 1, len(ids), e.Dim))
 }
 
-// CausalMask returns a U8 mask [1, 1, n, n] for runtime.Attention: query i may attend key j
-// when j ≤ i and keep[j] (keep nil means every key).
-func CausalMask(rt *runtime.Runtime, n int, keep []bool) (*runtime.Tensor, error) {
+// CausalMask returns a U8 mask [1, 1, n, n] for attention: query i may attend key j when
+// j ≤ i and keep[j] (keep nil means every key).
+func CausalMask(p *Pass, n int, keep []bool) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
 	m := make([]uint8, n*n)
 	for i := range n {
 		for j := 0; j <= i; j++ {
@@ -125,7 +214,7 @@ func CausalMask(rt *runtime.Runtime, n int, keep []bool) (*runtime.Tensor, error
 			}
 		}
 	}
-	return rt.FromUint8(m, 1, 1, n, n)
+	return p.Do(p.RT.FromUint8(m, 1, 1, n, n))
 }
 
 // MLP is the two-layer feed-forward block of CLIP and SigLIP encoder layers (CLIPMLP,
@@ -133,33 +222,24 @@ func CausalMask(rt *runtime.Runtime, n int, keep []bool) (*runtime.Tensor, error
 type MLP struct {
 	FC1 Linear // fc1 [intermediate, hidden]
 	FC2 Linear // fc2 [hidden, intermediate]
-
-	act Activation
+	Act Activation
 }
 
-// LoadMLP binds <name>.fc1 and <name>.fc2 (both with bias) for hidden → intermediate → hidden.
-func LoadMLP(l *Loader, name string, hidden, intermediate int, act Activation) (MLP, error) {
-	m := MLP{act: act}
-	var err error
-	if m.FC1, err = LoadLinear(l, name+".fc1", hidden, intermediate, true); err != nil {
-		return MLP{}, err
+// NewMLP binds <name>.fc1 and <name>.fc2 (both with bias) for hidden → intermediate → hidden.
+func NewMLP(l *Loader, name string, hidden, intermediate int, act Activation) MLP {
+	return MLP{
+		FC1: NewLinear(l, Join(name, "fc1"), hidden, intermediate, true),
+		FC2: NewLinear(l, Join(name, "fc2"), intermediate, hidden, true),
+		Act: act,
 	}
-	if m.FC2, err = LoadLinear(l, name+".fc2", intermediate, hidden, true); err != nil {
-		return MLP{}, err
-	}
-	return m, nil
 }
 
-// Forward keeps x's shape [..., hidden].
-func (m MLP) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	var sc runtime.Scope
-	defer sc.Free()
-	h, err := sc.Track(m.FC1.Forward(rt, x))
-	if err != nil {
-		return nil, err
-	}
-	if h, err = sc.Track(m.act(rt, h)); err != nil {
-		return nil, err
-	}
-	return m.FC2.Forward(rt, h)
+// Forward: x [..., hidden] → [..., hidden].
+func (m MLP) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
+	h := m.FC1.Forward(p, x)
+	a := m.Act.Forward(p, h)
+	p.Drop(h)
+	out := m.FC2.Forward(p, a)
+	p.Drop(a)
+	return out
 }

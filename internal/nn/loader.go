@@ -1,12 +1,17 @@
-// Package nn holds the pieces the model packages of the workers share (textenc's CLIP and
-// Llama, clipvision's SigLIP): a checkpoint loader that checks names, shapes and dtypes both
-// ways, torch.nn's Linear and LayerNorm, activations by their transformers names, and an
+// Package nn is the toolkit every model package of the workers is written with (textenc's CLIP
+// and Llama, clipvision's SigLIP, the transformer's packed DiT, the causal VAE): one checkpoint
+// loader that checks names, shapes and dtypes both ways (or makes random weights, or only
+// records shapes), one forward-pass style (Pass: a sticky error and a scope of intermediates),
+// and the layers the models share: Linear, LayerNorm, RMSNorm, GroupNorm, Conv2d/Conv3d,
+// multi-head attention, activations by their transformers names, the CLIP-family MLP and an
 // embedding table that stays in the mapped checkpoint.
 package nn
 
 import (
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"slices"
 	"sort"
 	"strings"
@@ -21,42 +26,93 @@ import (
 var ErrBadInput = errors.New("bad input")
 
 // ErrCheckpoint is wrapped by load errors about the checkpoint's tensors (missing, wrong shape,
-// not a float type).
+// not a float type) and by config errors the weights contradict. Retrying cannot help.
 var ErrCheckpoint = errors.New("bad checkpoint")
 
-// Source is a set of named tensors: *safetensors.Checkpoint.
+// TensorError names the checkpoint tensor a load problem is about; it wraps ErrCheckpoint.
+type TensorError struct {
+	Name    string // full checkpoint key ("decoder.conv_in.conv.weight")
+	Problem string // "missing (expected shape [..])", "got shape [..], expected [..]", ...
+}
+
+// Error implements error.
+func (e *TensorError) Error() string { return "tensor " + e.Name + ": " + e.Problem }
+
+// Unwrap makes errors.Is(err, ErrCheckpoint) hold.
+func (e *TensorError) Unwrap() error { return ErrCheckpoint }
+
+// maxLoadErrors is how many tensor problems a load error lists before summarising.
+const maxLoadErrors = 8
+
+// Source is a set of named tensors: *safetensors.Checkpoint or *safetensors.File.
 type Source interface {
 	runtime.TensorSource
 	Names() []string
 }
 
-// Loader binds checkpoint tensors to runtime tensors. Every tensor it hands out is tracked so
-// that a failed load frees what it already uploaded (Free) and a finished load can report the
-// checkpoint tensors nobody asked for (Report).
+// Loader binds checkpoint tensors to the typed fields of a model at load. Every bind checks the
+// tensor's name, shape and dtype; problems are collected (Err names every missing, mis-shaped
+// or non-float tensor, not only the first), and once there is one nothing more is uploaded.
+// Every tensor it hands out is tracked, so a failed load frees what it uploaded (Free) and a
+// finished load reports the checkpoint tensors nobody asked for (Report).
+//
+// Besides a checkpoint (NewLoader) a loader can make seeded random weights (NewRandomLoader:
+// benchmarks of configs without a checkpoint) or only record the shapes a model asks for
+// (NewShapeLoader: size estimates, synthetic checkpoints in tests); binds then return nil.
+//
+// Dtype rules: Tensor uploads as the loader's dtype (norms, biases, embeddings added to
+// activations); Weight uploads weight matrices the runtime reads in 16 bits (Linear, conv and
+// embedding tables) as the weight dtype: F16, BF16, runtime.AsStored (the checkpoint's own
+// dtype; F32 for random weights) or, by default, the loader's dtype.
 type Loader struct {
 	rt     *runtime.Runtime
-	src    Source
+	src    Source           // checkpoint mode
+	rng    *rand.Rand       // random mode
+	shapes map[string][]int // shape mode
 	dtype  runtime.DType
-	wdtype runtime.DType // weight matrices (LoadWeight)
+	wdtype runtime.DType
 	prefix string
 
 	used    map[string]bool
 	skipped map[string]bool
 	loaded  []*runtime.Tensor
 	bytes   int64
+	errs    []error
 }
 
-// NewLoader returns a loader that uploads tensors of src into rt as dtype dt. prefix is put in
-// front of every name asked for ("model." for a LlamaForCausalLM checkpoint, "" for LlamaModel).
-// Weight matrices (LoadWeight) are uploaded as dt too unless SetWeightDType says otherwise.
+// NewLoader returns a loader that uploads tensors of src into rt as dtype dt (0 means F32).
+// prefix is put in front of every name asked for ("model." for a LlamaForCausalLM checkpoint,
+// "" for LlamaModel).
 func NewLoader(rt *runtime.Runtime, src Source, dt runtime.DType, prefix string) *Loader {
+	if dt == 0 {
+		dt = runtime.F32
+	}
 	return &Loader{rt: rt, src: src, dtype: dt, wdtype: dt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{}}
 }
 
-// SetWeightDType sets the dtype of the weight matrices that LoadWeight uploads
-// (those the runtime's Linear and EmbeddingAs read in 16 bits): F16, BF16, runtime.AsStored
-// (the checkpoint's own dtype) or the loader's dtype.
-func (l *Loader) SetWeightDType(dt runtime.DType) { l.wdtype = dt }
+// NewRandomLoader returns a loader that makes every tensor from a generator seeded with seed,
+// as PyTorch's default init would in distribution: uniform ±1/√fan_in for matrices and
+// convolutions, 1 ± 0.1 for 1-D ".weight" tensors (norms), ±0.02 for the rest.
+func NewRandomLoader(rt *runtime.Runtime, seed uint64, dt runtime.DType) *Loader {
+	l := NewLoader(rt, nil, dt, "")
+	l.rng = rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
+	return l
+}
+
+// NewShapeLoader returns a loader that uploads nothing and only records the name and shape of
+// every tensor asked for (Shapes).
+func NewShapeLoader() *Loader {
+	l := NewLoader(nil, nil, runtime.F32, "")
+	l.shapes = map[string][]int{}
+	return l
+}
+
+// SetWeightDType sets the dtype Weight uploads weight matrices as (0 keeps the loader's dtype).
+func (l *Loader) SetWeightDType(dt runtime.DType) {
+	if dt != 0 {
+		l.wdtype = dt
+	}
+}
 
 // DetectPrefix returns the first of prefixes under which src holds name ("" included if
 // listed), so one loader serves checkpoints saved with or without a wrapper module.
@@ -67,88 +123,205 @@ func DetectPrefix(src runtime.TensorSource, name string, prefixes ...string) (st
 		}
 	}
 	if len(prefixes) == 0 {
-		return "", fmt.Errorf("%w: tensor %q is missing", ErrCheckpoint, name)
+		return "", &TensorError{Name: name, Problem: "missing"}
 	}
 	quoted := make([]string, len(prefixes)-1)
 	for i, p := range prefixes[1:] {
 		quoted[i] = fmt.Sprintf("%q", p)
 	}
-	return "", fmt.Errorf("%w: tensor %q is missing (also looked under %s)", ErrCheckpoint, prefixes[0]+name, strings.Join(quoted, ", "))
+	return "", &TensorError{Name: prefixes[0] + name, Problem: "missing (also looked under " + strings.Join(quoted, ", ") + ")"}
+}
+
+// Join joins module path parts with dots, skipping empty ones: Join("blocks", 3, "attn") is
+// "blocks.3.attn".
+func Join(parts ...any) string {
+	var sb strings.Builder
+	for _, p := range parts {
+		s := fmt.Sprint(p)
+		if s == "" {
+			continue
+		}
+		if sb.Len() > 0 {
+			sb.WriteByte('.')
+		}
+		sb.WriteString(s)
+	}
+	return sb.String()
 }
 
 // Prefix returns the prefix the loader puts in front of names.
 func (l *Loader) Prefix() string { return l.prefix }
 
-// DType returns the dtype tensors are uploaded as.
+// DType returns the dtype Tensor uploads as.
 func (l *Loader) DType() runtime.DType { return l.dtype }
 
-func shapeOf(info safetensors.TensorInfo) []int {
-	s := make([]int, len(info.Shape))
-	for i, d := range info.Shape {
-		s[i] = int(d)
+// Fail records a load problem that is not about one tensor (a config the weights contradict).
+func (l *Loader) Fail(err error) {
+	if err != nil {
+		l.errs = append(l.errs, err)
 	}
-	return s
 }
 
-// info looks name up and checks its shape against shape and that it is a float type the
-// runtime stores.
-func (l *Loader) info(name string, shape []int) (runtime.DType, error) {
-	full := l.prefix + name
+// Err returns every problem found so far (errors.Is ErrCheckpoint for tensor problems), or nil.
+func (l *Loader) Err() error {
+	if len(l.errs) == 0 {
+		return nil
+	}
+	errs := l.errs
+	if len(errs) > maxLoadErrors {
+		errs = append(slices.Clone(errs[:maxLoadErrors]), fmt.Errorf("and %d more tensor problems", len(l.errs)-maxLoadErrors))
+	}
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return errors.Join(errs...)
+}
+
+func (l *Loader) problem(name, format string, args ...any) {
+	l.errs = append(l.errs, &TensorError{Name: name, Problem: fmt.Sprintf(format, args...)})
+}
+
+// check looks name (prefix added) up and checks its shape and that it is a float type the
+// runtime stores; it records a problem and returns false when not.
+func (l *Loader) check(full string, shape []int) (safetensors.TensorInfo, bool) {
+	l.used[full] = true
 	info, ok := l.src.Info(full)
 	if !ok {
-		return 0, fmt.Errorf("%w: tensor %q is missing", ErrCheckpoint, full)
+		l.problem(full, "missing (expected shape %v)", shape)
+		return info, false
 	}
-	if got := shapeOf(info); !slices.Equal(got, shape) {
-		return 0, fmt.Errorf("%w: tensor %q: got %v, expected %v", ErrCheckpoint, full, got, shape)
+	got := make([]int, len(info.Shape))
+	for i, d := range info.Shape {
+		got[i] = int(d)
 	}
-	dt, ok := runtime.DTypeOf(info.DType)
-	if !ok || !dt.IsFloat() {
-		return 0, fmt.Errorf("%w: tensor %q: dtype %s is not a float type the runtime stores", ErrCheckpoint, full, info.DType)
+	if !slices.Equal(got, shape) {
+		l.problem(full, "got shape %v, expected %v", got, shape)
+		return info, false
 	}
-	l.used[full] = true
-	return dt, nil
+	if !info.DType.IsFloat() {
+		l.problem(full, "dtype %s is not a float type the runtime stores", info.DType)
+		return info, false
+	}
+	return info, true
 }
 
-// Load uploads tensor name (prefix added), which must have exactly shape.
-func (l *Loader) Load(name string, shape ...int) (*runtime.Tensor, error) {
-	return l.load(l.dtype, name, shape)
+// Tensor binds name (prefix added) with exactly shape, uploaded as the loader's dtype. It
+// returns nil after a problem (recorded for Err) and in shape mode.
+func (l *Loader) Tensor(name string, shape ...int) *runtime.Tensor {
+	return l.bind(l.dtype, name, shape)
 }
 
-// LoadWeight is Load for a weight matrix the runtime may read in 16 bits (a Linear's or a
-// convolution's weight, an embedding table): uploaded as the weight dtype (SetWeightDType).
-func (l *Loader) LoadWeight(name string, shape ...int) (*runtime.Tensor, error) {
-	return l.load(l.wdtype, name, shape)
+// Weight is Tensor for a weight matrix the runtime may read in 16 bits (a Linear's or a
+// convolution's weight, an embedding table): uploaded as the weight dtype.
+func (l *Loader) Weight(name string, shape ...int) *runtime.Tensor {
+	return l.bind(l.wdtype, name, shape)
 }
 
-func (l *Loader) load(dt runtime.DType, name string, shape []int) (*runtime.Tensor, error) {
-	if _, err := l.info(name, shape); err != nil {
-		return nil, err
+func (l *Loader) bind(dt runtime.DType, name string, shape []int) *runtime.Tensor {
+	full := l.prefix + name
+	switch {
+	case l.shapes != nil:
+		l.used[full] = true
+		l.shapes[full] = slices.Clone(shape)
+		return nil
+	case l.rng != nil:
+		l.used[full] = true
+		if len(l.errs) > 0 {
+			return nil
+		}
+		t, err := l.random(full, shape, dt)
+		return l.keep(full, t, err)
 	}
-	t, err := l.rt.LoadTensor(l.src, l.prefix+name, dt)
+	if _, ok := l.check(full, shape); !ok || len(l.errs) > 0 {
+		return nil
+	}
+	t, err := l.rt.LoadTensor(l.src, full, dt)
 	if err != nil {
-		return nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
+		if errors.Is(err, runtime.ErrOutOfMemory) {
+			l.errs = append(l.errs, fmt.Errorf("tensor %s: %w", full, err))
+		} else {
+			l.errs = append(l.errs, fmt.Errorf("%w: %w", &TensorError{Name: full, Problem: "unreadable"}, err))
+		}
+		return nil
 	}
-	l.track(t)
-	return t, nil
+	return l.keep(full, t, nil)
 }
 
-// Raw returns the stored bytes of tensor name (a view into the mapped checkpoint) and their
-// dtype, for tensors the caller uses on the host (HostEmbedding gathers rows from it).
-func (l *Loader) Raw(name string, shape ...int) (runtime.DType, []byte, error) {
-	dt, err := l.info(name, shape)
+func (l *Loader) keep(full string, t *runtime.Tensor, err error) *runtime.Tensor {
 	if err != nil {
-		return 0, nil, err
+		l.errs = append(l.errs, fmt.Errorf("tensor %s: %w", full, err))
+		return nil
 	}
-	raw, err := l.src.Bytes(l.prefix + name)
-	if err != nil {
-		return 0, nil, fmt.Errorf("load %s: %w", l.prefix+name, err)
-	}
-	return dt, raw, nil
-}
-
-func (l *Loader) track(t *runtime.Tensor) {
 	l.loaded = append(l.loaded, t)
 	l.bytes += int64(t.NumBytes())
+	return t
+}
+
+// randomValues fills a tensor of shape as NewRandomLoader describes.
+func (l *Loader) randomValues(name string, shape []int) []float32 {
+	n := 1
+	for _, d := range shape {
+		n *= d
+	}
+	v := make([]float32, n)
+	lo, hi := float32(-0.02), float32(0.02)
+	switch {
+	case len(shape) >= 2 && n > 0:
+		bound := float32(1 / math.Sqrt(float64(n/shape[0])))
+		lo, hi = -bound, bound
+	case strings.HasSuffix(name, ".weight"):
+		lo, hi = 0.9, 1.1
+	}
+	for i := range v {
+		v[i] = lo + (hi-lo)*l.rng.Float32()
+	}
+	return v
+}
+
+func (l *Loader) random(name string, shape []int, dt runtime.DType) (*runtime.Tensor, error) {
+	t, err := l.rt.FromFloat32(l.randomValues(name, shape), shape...)
+	if err != nil || dt == runtime.F32 || dt == runtime.AsStored {
+		return t, err
+	}
+	defer t.Free()
+	return l.rt.Cast(t, dt)
+}
+
+// Raw returns the stored bytes of tensor name (a view into the mapped checkpoint; random F32
+// bytes in random mode) and their dtype, for tensors the caller uses on the host
+// (HostEmbedding gathers rows from it). It returns nil bytes after a problem and in shape mode.
+func (l *Loader) Raw(name string, shape ...int) (runtime.DType, []byte) {
+	full := l.prefix + name
+	switch {
+	case l.shapes != nil:
+		l.used[full] = true
+		l.shapes[full] = slices.Clone(shape)
+		return runtime.F32, nil
+	case l.rng != nil:
+		l.used[full] = true
+		v := l.randomValues(full, shape)
+		raw := make([]byte, 4*len(v))
+		for i, x := range v {
+			b := math.Float32bits(x)
+			raw[4*i], raw[4*i+1], raw[4*i+2], raw[4*i+3] = byte(b), byte(b>>8), byte(b>>16), byte(b>>24)
+		}
+		return runtime.F32, raw
+	}
+	info, ok := l.check(full, shape)
+	if !ok {
+		return 0, nil
+	}
+	dt, ok := runtime.DTypeOf(info.DType)
+	if !ok {
+		l.problem(full, "dtype %s is not a float type the runtime stores", info.DType)
+		return 0, nil
+	}
+	raw, err := l.src.Bytes(full)
+	if err != nil {
+		l.errs = append(l.errs, fmt.Errorf("%w: %w", &TensorError{Name: full, Problem: "unreadable"}, err))
+		return 0, nil
+	}
+	return dt, raw
 }
 
 // Skip marks checkpoint tensors whose names start with prefix (loader prefix added) as known
@@ -158,12 +331,18 @@ func (l *Loader) Skip(prefix string) { l.SkipRoot(l.prefix + prefix) }
 // SkipRoot is Skip without the loader's prefix, for tensors outside the wrapped module (a
 // causal LM's lm_head next to its "model." body).
 func (l *Loader) SkipRoot(prefix string) {
+	if l.src == nil {
+		return
+	}
 	for _, n := range l.src.Names() {
 		if strings.HasPrefix(n, prefix) && !l.used[n] {
 			l.skipped[n] = true
 		}
 	}
 }
+
+// Shapes returns the tensors asked for and their shapes (shape mode; nil otherwise).
+func (l *Loader) Shapes() map[string][]int { return l.shapes }
 
 // Tensors returns every tensor uploaded so far (the caller owns them once loading succeeded).
 func (l *Loader) Tensors() []*runtime.Tensor { return slices.Clone(l.loaded) }
@@ -175,6 +354,16 @@ func (l *Loader) Free() {
 	}
 	l.loaded = nil
 	l.bytes = 0
+}
+
+// Finish ends a load: on a problem it frees everything and returns Err; else it returns the
+// uploaded tensors (now owned by the caller) and the report.
+func (l *Loader) Finish() ([]*runtime.Tensor, Report, error) {
+	if err := l.Err(); err != nil {
+		l.Free()
+		return nil, Report{}, err
+	}
+	return l.Tensors(), l.Report(), nil
 }
 
 // Report says what a load did with the checkpoint's tensors.
@@ -194,6 +383,9 @@ type Report struct {
 // Report returns what has been loaded, skipped and left over so far.
 func (l *Loader) Report() Report {
 	r := Report{Prefix: l.prefix, Loaded: len(l.used), Bytes: l.bytes}
+	if l.src == nil {
+		return r
+	}
 	for _, n := range l.src.Names() {
 		switch {
 		case l.used[n]:

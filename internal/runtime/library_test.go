@@ -77,7 +77,7 @@ func TestBackendLibrary(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer x32.Free()
-	if _, err := rt.RoPEWith(RoPEHalves, x32, x32, x32); !errors.Is(err, ErrUnsupported) { // no rope_mode slot
+	if _, err := rt.RoPE(RoPEHalves, x32, x32, x32); !errors.Is(err, ErrUnsupported) { // no rope slot
 		t.Fatalf("rope mode the library lacks: got %v, want ErrUnsupported", err)
 	}
 

@@ -223,7 +223,7 @@ func TestBadArguments(t *testing.T) {
 				return nil, err
 			}
 			defer z.Free()
-			return rt.RoPE(z, z, z)
+			return rt.RoPE(RoPEInterleaved, z, z, z)
 		}, ErrInvalidArgument},
 		{"f16 compute on cpu", func() (*Tensor, error) { return cpu.SiLU(h) }, ErrUnsupported},
 		{"slice dim", func() (*Tensor, error) { return rt.Slice(x, 3, 0, 1) }, ErrInvalidArgument},

@@ -357,34 +357,30 @@ func (rt *Runtime) Attention(q, k, v, mask *Tensor, p AttentionParams) (*Tensor,
 	})
 }
 
-// RoPE rotates interleaved pairs (x[2i], x[2i+1]) of the last dim:
-// out[2i] = x[2i]·cos[2i] − x[2i+1]·sin[2i], out[2i+1] = x[2i+1]·cos[2i+1] + x[2i]·sin[2i+1];
-// cos and sin have the full last dim and broadcast to x.
-func (rt *Runtime) RoPE(x, cos, sin *Tensor) (*Tensor, error) {
-	return rt.RoPEWith(RoPEInterleaved, x, cos, sin)
-}
-
 // RoPEMode is the layout of the pairs RoPE rotates.
 type RoPEMode int
 
 // RoPE layouts.
 const (
-	// RoPEInterleaved rotates pairs (x[2i], x[2i+1]) (RoPE).
+	// RoPEInterleaved rotates pairs (x[2i], x[2i+1]):
+	// out[2i] = x[2i]·cos[2i] − x[2i+1]·sin[2i], out[2i+1] = x[2i+1]·cos[2i+1] + x[2i]·sin[2i+1]
+	// (HunyuanVideo's apply_rotary_emb).
 	RoPEInterleaved RoPEMode = C.FPK_ROPE_INTERLEAVED
 	// RoPEHalves rotates pairs (x[i], x[i+D/2]): transformers' x·cos + rotate_half(x)·sin with
-	// rotate_half(x) = cat(−x[D/2:], x[:D/2]) and cos, sin = cat(freqs, freqs) (Llama).
+	// rotate_half(x) = cat(−x[D/2:], x[:D/2]) and cos, sin = cat(freqs, freqs) (Llama): for
+	// i < D/2, out[i] = x[i]·cos[i] − x[i+D/2]·sin[i], out[i+D/2] = x[i+D/2]·cos[i+D/2] + x[i]·sin[i+D/2].
 	RoPEHalves RoPEMode = C.FPK_ROPE_HALVES
 )
 
-// RoPEWith is RoPE in layout mode. RoPEHalves: for i < D/2,
-// out[i] = x[i]·cos[i] − x[i+D/2]·sin[i], out[i+D/2] = x[i+D/2]·cos[i+D/2] + x[i]·sin[i+D/2].
-func (rt *Runtime) RoPEWith(mode RoPEMode, x, cos, sin *Tensor) (*Tensor, error) {
+// RoPE rotates the last dim of x in layout mode; cos and sin have the full last dim and
+// broadcast to x.
+func (rt *Runtime) RoPE(mode RoPEMode, x, cos, sin *Tensor) (*Tensor, error) {
 	const op = "rope"
 	if err := required(op, x, cos, sin); err != nil {
 		return nil, err
 	}
 	return rt.op(op, x.dtype, x.shape, []*Tensor{x, cos, sin}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
-		return C.fpk_op_rope_mode(rt.stream, C.fpk_rope_mode(mode), in[0], in[1], in[2], out)
+		return C.fpk_op_rope(rt.stream, C.fpk_rope_mode(mode), in[0], in[1], in[2], out)
 	})
 }
 

@@ -722,7 +722,7 @@ func TestRoPE(t *testing.T) {
 					want[i] = xv[i]*cv[ci] + xv[i-1]*sv[ci]
 				}
 			}
-			y, err := rt.RoPE(x, cs, sn)
+			y, err := rt.RoPE(RoPEInterleaved, x, cs, sn)
 			check(t, c.name, y, err, c.xs, want)
 
 			// rotate_half: pairs (i, i + D/2) of each row
@@ -736,12 +736,12 @@ func TestRoPE(t *testing.T) {
 					want[i] = xv[i]*cv[ci] + xv[i-D/2]*sv[ci]
 				}
 			}
-			y, err = rt.RoPEWith(RoPEHalves, x, cs, sn)
+			y, err = rt.RoPE(RoPEHalves, x, cs, sn)
 			check(t, c.name+" halves", y, err, c.xs, want)
 		})
 	}
 	x, _ := randTensor(t, rt, r, 2, 4)
-	if _, err := rt.RoPEWith(RoPEMode(7), x, x, x); !errors.Is(err, ErrInvalidArgument) {
+	if _, err := rt.RoPE(RoPEMode(7), x, x, x); !errors.Is(err, ErrInvalidArgument) {
 		t.Fatalf("unknown mode: got %v, want ErrInvalidArgument", err)
 	}
 }
@@ -771,12 +771,12 @@ func TestRoPEHalvesIsPermutedInterleaved(t *testing.T) {
 			cosH[p*D+i], cosH[p*D+i+D/2], sinH[p*D+i], sinH[p*D+i+D/2] = c, c, s, s
 		}
 	}
-	yh, err := rt.RoPEWith(RoPEHalves, upload(t, rt, xv, L, D), upload(t, rt, cosH, L, D), upload(t, rt, sinH, L, D))
+	yh, err := rt.RoPE(RoPEHalves, upload(t, rt, xv, L, D), upload(t, rt, cosH, L, D), upload(t, rt, sinH, L, D))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer yh.Free()
-	yi, err := rt.RoPE(upload(t, rt, perm(xv), L, D), upload(t, rt, perm(cosH), L, D), upload(t, rt, perm(sinH), L, D))
+	yi, err := rt.RoPE(RoPEInterleaved, upload(t, rt, perm(xv), L, D), upload(t, rt, perm(cosH), L, D), upload(t, rt, perm(sinH), L, D))
 	if err != nil {
 		t.Fatal(err)
 	}

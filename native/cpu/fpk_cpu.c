@@ -729,8 +729,8 @@ static void rope_task(void *arg, int64_t rb, int64_t re, int th) {
     }
 }
 
-static fpk_status cpu_rope_mode(void *ctx, void *stream, fpk_rope_mode mode, fpk_tensor_t x,
-                                fpk_tensor_t cos, fpk_tensor_t sin, fpk_tensor_t out) {
+static fpk_status cpu_rope(void *ctx, void *stream, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
+                           fpk_tensor_t sin, fpk_tensor_t out) {
     (void)stream;
     const char *op = "rope";
     REQ(op, x);
@@ -750,11 +750,6 @@ static fpk_status cpu_rope_mode(void *ctx, void *stream, fpk_rope_mode mode, fpk
     }
     fpk_pool_run(CTX(ctx)->pool, x->numel / j.D, 4096 / j.D + 1, rope_task, &j);
     return FPK_OK;
-}
-
-static fpk_status cpu_rope(void *ctx, void *stream, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
-                           fpk_tensor_t out) {
-    return cpu_rope_mode(ctx, stream, FPK_ROPE_INTERLEAVED, x, cos, sin, out);
 }
 
 /* ---- data movement (any dtype, by element size) ---------------------------------------------- */
@@ -1140,7 +1135,6 @@ static const struct fpk_backend_iface cpu_iface = {
     .softmax = cpu_softmax,
     .attention = fpk_cpu_attention,
     .rope = cpu_rope,
-    .rope_mode = cpu_rope_mode,
     .concat = cpu_concat,
     .slice = cpu_slice,
     .permute = cpu_permute,

@@ -171,17 +171,8 @@ static fpk_status g_attention(void *ctx, void *s, const fpk_attention_params *p,
     return LOCKED(fpk_gpu_attention, s, &sf, p, qd, kd, vd, md, od);
 }
 
-static fpk_status g_rope(void *ctx, void *s, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
-                         fpk_tensor_t out) {
-    GT(xd, x);
-    GT(cd, cos);
-    GT(sd, sin);
-    GT(od, out);
-    return LOCKED(fpk_gpu_rope, s, FPK_ROPE_INTERLEAVED, xd, cd, sd, od);
-}
-
-static fpk_status g_rope_mode(void *ctx, void *s, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
-                              fpk_tensor_t sin, fpk_tensor_t out) {
+static fpk_status g_rope(void *ctx, void *s, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
+                         fpk_tensor_t sin, fpk_tensor_t out) {
     GT(xd, x);
     GT(cd, cos);
     GT(sd, sin);
@@ -278,7 +269,6 @@ static struct fpk_backend_iface gpu_iface = {
     .softmax = g_softmax,
     .attention = g_attention,
     .rope = g_rope,
-    .rope_mode = g_rope_mode,
     .concat = g_concat,
     .slice = g_slice,
     .permute = g_permute,

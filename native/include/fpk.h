@@ -28,8 +28,9 @@ extern "C" {
 #endif
 
 /* Version of the backend function table; a backend library built for another version is refused.
- * 2: the rope_mode slot (after rope). */
-#define FPK_API_VERSION 2
+ * 2: the rope_mode slot (after rope).
+ * 3: one rope slot with a mode (the interleaved-only rope slot is gone). */
+#define FPK_API_VERSION 3
 
 /* Most dimensions a tensor may have. */
 #define FPK_MAX_DIMS 8
@@ -294,27 +295,24 @@ fpk_status fpk_op_attention(fpk_stream_t stream, const fpk_attention_params *par
                             fpk_tensor_t q, fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask,
                             fpk_tensor_t out);
 
-/* Rotary embedding on interleaved pairs of the last dim (x[2i], x[2i+1]):
- * out[2i]   = x[2i] cos[2i]     - x[2i+1] sin[2i]
- * out[2i+1] = x[2i+1] cos[2i+1] + x[2i] sin[2i+1]
- * cos and sin broadcast to x (NumPy rules); the last dim D must be even. */
-fpk_status fpk_op_rope(fpk_stream_t stream, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
-                       fpk_tensor_t out);
-
 /* Layouts of the pairs RoPE rotates. */
 typedef enum fpk_rope_mode {
-    FPK_ROPE_INTERLEAVED = 0, /* pairs (x[2i], x[2i+1]): fpk_op_rope */
+    FPK_ROPE_INTERLEAVED = 0, /* pairs (x[2i], x[2i+1]) (HunyuanVideo) */
     FPK_ROPE_HALVES = 1,      /* pairs (x[i], x[i+D/2]): transformers' rotate_half (Llama) */
     FPK_ROPE_MODE_COUNT = 2
 } fpk_rope_mode;
-/* Rotary embedding in the given layout; FPK_ROPE_INTERLEAVED is fpk_op_rope. FPK_ROPE_HALVES is
- * x·cos + rotate_half(x)·sin with rotate_half(x) = cat(−x[D/2:], x[:D/2]): for i < D/2
+/* Rotary embedding of the last dim in the given layout. FPK_ROPE_INTERLEAVED:
+ * out[2i]   = x[2i] cos[2i]     - x[2i+1] sin[2i]
+ * out[2i+1] = x[2i+1] cos[2i+1] + x[2i] sin[2i+1]
+ * FPK_ROPE_HALVES is x·cos + rotate_half(x)·sin with rotate_half(x) = cat(−x[D/2:], x[:D/2]):
+ * for i < D/2
  * out[i]       = x[i] cos[i]             - x[i+D/2] sin[i]
  * out[i+D/2]   = x[i+D/2] cos[i+D/2]     + x[i] sin[i+D/2]
- * (cos and sin as transformers builds them: cat(freqs, freqs) along the last dim). Shapes as
- * fpk_op_rope. A backend without the mode answers FPK_ERR_UNSUPPORTED. */
-fpk_status fpk_op_rope_mode(fpk_stream_t stream, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
-                            fpk_tensor_t sin, fpk_tensor_t out);
+ * (cos and sin as transformers builds them: cat(freqs, freqs) along the last dim).
+ * cos and sin have the full last dim and broadcast to x (NumPy rules); the last dim D must be
+ * even. A backend without the mode answers FPK_ERR_UNSUPPORTED. */
+fpk_status fpk_op_rope(fpk_stream_t stream, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
+                       fpk_tensor_t sin, fpk_tensor_t out);
 
 /* Concatenates n tensors along dim (all other dims equal). */
 fpk_status fpk_op_concat(fpk_stream_t stream, int dim, int n, const fpk_tensor_t *inputs,

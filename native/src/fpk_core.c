@@ -1073,13 +1073,8 @@ fpk_status fpk_op_attention(fpk_stream_t s, const fpk_attention_params *p, fpk_t
     return s->backend->iface->attention(BCTX(s), p, q, k, v, mask, out);
 }
 
-fpk_status fpk_op_rope(fpk_stream_t s, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
-                       fpk_tensor_t out) {
-    return fpk_op_rope_mode(s, FPK_ROPE_INTERLEAVED, x, cos, sin, out);
-}
-
-fpk_status fpk_op_rope_mode(fpk_stream_t s, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
-                            fpk_tensor_t sin, fpk_tensor_t out) {
+fpk_status fpk_op_rope(fpk_stream_t s, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
+                       fpk_tensor_t sin, fpk_tensor_t out) {
     const char *op = "rope";
     CHECK(mode >= 0 && mode < FPK_ROPE_MODE_COUNT, "%s: unknown mode %d", op, (int)mode);
     fpk_tensor_t ts[] = {x, cos, sin, out};
@@ -1091,11 +1086,8 @@ fpk_status fpk_op_rope_mode(fpk_stream_t s, fpk_rope_mode mode, fpk_tensor_t x, 
     CHECK(cos->ndim >= 1 && cos->shape[cos->ndim - 1] == x->shape[x->ndim - 1] && sin->ndim >= 1 &&
               sin->shape[sin->ndim - 1] == x->shape[x->ndim - 1],
           "%s: cos and sin must have the full last dim of x", op);
-    const struct fpk_backend_iface *bi = s->backend->iface;
-    if (mode == FPK_ROPE_INTERLEAVED && bi->rope) return bi->rope(BCTX(s), x, cos, sin, out);
-    if (!bi->rope_mode)
-        return fpk_set_error(FPK_ERR_UNSUPPORTED, "%s: backend %s lacks mode %d", op, bi->name, (int)mode);
-    return bi->rope_mode(BCTX(s), mode, x, cos, sin, out);
+    SLOT(s, rope, op);
+    return s->backend->iface->rope(BCTX(s), mode, x, cos, sin, out);
 }
 
 fpk_status fpk_op_concat(fpk_stream_t s, int dim, int n, const fpk_tensor_t *in, fpk_tensor_t out) {

@@ -119,12 +119,9 @@ struct fpk_backend_iface {
     fpk_status (*softmax)(void *ctx, void *stream, float scale, fpk_tensor_t x, fpk_tensor_t out);
     fpk_status (*attention)(void *ctx, void *stream, const fpk_attention_params *p, fpk_tensor_t q,
                             fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask, fpk_tensor_t out);
-    fpk_status (*rope)(void *ctx, void *stream, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
-                       fpk_tensor_t out);
-    /* Rope in any fpk_rope_mode (optional; NULL: FPK_ROPE_INTERLEAVED goes to rope, other
-     * modes answer FPK_ERR_UNSUPPORTED). Since api version 2. */
-    fpk_status (*rope_mode)(void *ctx, void *stream, fpk_rope_mode mode, fpk_tensor_t x,
-                            fpk_tensor_t cos, fpk_tensor_t sin, fpk_tensor_t out);
+    /* Rope in any fpk_rope_mode; a mode the backend lacks answers FPK_ERR_UNSUPPORTED. */
+    fpk_status (*rope)(void *ctx, void *stream, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
+                       fpk_tensor_t sin, fpk_tensor_t out);
     fpk_status (*concat)(void *ctx, void *stream, int dim, int n, const fpk_tensor_t *in,
                          fpk_tensor_t out);
     fpk_status (*slice)(void *ctx, void *stream, int dim, int64_t start, int64_t step,

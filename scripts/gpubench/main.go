@@ -28,6 +28,7 @@ import (
 	"github.com/framepackd/framepackd/workers/clipvision/siglip"
 	"github.com/framepackd/framepackd/workers/textenc/clip"
 	"github.com/framepackd/framepackd/workers/textenc/llama"
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 	"github.com/framepackd/framepackd/workers/transformer/dit"
 	"github.com/framepackd/framepackd/workers/vae/causalvae"
 )
@@ -148,7 +149,7 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 			return err
 		}
 		defer m.Close()
-		c, shape, x := conditioning(cfg)
+		c, shape, x := ditConditioning(cfg)
 		sec, err := m.Prepare(c, shape)
 		if err != nil {
 			return err
@@ -286,9 +287,9 @@ func randVolume(shape [5]int, seed uint64) causalvae.Volume {
 
 // conditioning is a FramePack section's conditioning at 544×704: clean latents 1x (2 frames),
 // 2x (2), 4x (16), 729 SigLIP states, textTokens real text tokens of 512.
-func conditioning(cfg dit.Config) (dit.Conditioning, [5]int, []float32) {
+func ditConditioning(cfg dit.Config) (conditioning.Conditioning, [5]int, []float32) {
 	r := rand.New(rand.NewPCG(11, 12))
-	randn := func(shape ...int) dit.Tensor {
+	randn := func(shape ...int) conditioning.Tensor {
 		n := 1
 		for _, d := range shape {
 			n *= d
@@ -297,27 +298,27 @@ func conditioning(cfg dit.Config) (dit.Conditioning, [5]int, []float32) {
 		for i := range v {
 			v[i] = float32(r.NormFloat64())
 		}
-		return dit.Tensor{Shape: shape, Data: v}
+		return conditioning.Tensor{Shape: shape, Data: v}
 	}
-	idx := func(from, n int) dit.IntTensor {
+	idx := func(from, n int) conditioning.IntTensor {
 		v := make([]int64, n)
 		for i := range v {
 			v[i] = int64(from + i)
 		}
-		return dit.IntTensor{Shape: []int{1, n}, Data: v}
+		return conditioning.IntTensor{Shape: []int{1, n}, Data: v}
 	}
 	mask := make([]int64, 512)
 	for i := range textTokens {
 		mask[i] = 1
 	}
-	c := dit.Conditioning{
+	c := conditioning.Conditioning{
 		EncoderHiddenStates:  randn(1, 512, cfg.TextEmbedDim),
-		EncoderAttentionMask: dit.IntTensor{Shape: []int{1, 512}, Data: mask},
+		EncoderAttentionMask: conditioning.IntTensor{Shape: []int{1, 512}, Data: mask},
 		PooledProjections:    randn(1, cfg.PooledProjectionDim),
 		LatentIndices:        idx(1, window),
 		ImageEmbeddings:      randn(1, 729, cfg.ImageProjDim),
 		CleanLatents:         randn(1, 16, 2, latH, latW),
-		CleanLatentIndices:   dit.IntTensor{Shape: []int{1, 2}, Data: []int64{0, window + 1}},
+		CleanLatentIndices:   conditioning.IntTensor{Shape: []int{1, 2}, Data: []int64{0, window + 1}},
 		CleanLatents2x:       randn(1, 16, 2, latH, latW),
 		CleanLatent2xIndices: idx(window+2, 2),
 		CleanLatents4x:       randn(1, 16, 16, latH, latW),

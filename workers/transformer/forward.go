@@ -9,8 +9,8 @@ import (
 
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/tensorio"
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 	"github.com/framepackd/framepackd/workers/transformer/dit"
-	"github.com/framepackd/framepackd/workers/transformer/sampler"
 )
 
 // refSet reports whether an optional input is given: a ref naming neither a file nor a tensor
@@ -20,9 +20,9 @@ func refSet(r workerkit.TensorRef) bool { return r.Path != "" || r.Name != "" }
 // forwardPlan is a validated TransformerForwardRequest: the noisy latents, the model's
 // conditioning, and where the velocity goes.
 type forwardPlan struct {
-	x     sampler.Tensor
+	x     conditioning.Tensor
 	shape [5]int
-	cond  dit.Conditioning
+	cond  conditioning.Conditioning
 }
 
 // planForward checks the request and reads its input tensors.
@@ -39,25 +39,25 @@ func (w *worker) planForward(req *workerkit.TransformerForwardRequest) (*forward
 		return nil, workerkit.InvalidArgumentf("image_embeddings is required: the model has an image projection")
 	}
 	var in inputs
-	optional := func(field string, r workerkit.TensorRef, rank int) dit.Tensor {
+	optional := func(field string, r workerkit.TensorRef, rank int) conditioning.Tensor {
 		if !refSet(r) {
-			return dit.Tensor{}
+			return conditioning.Tensor{}
 		}
-		return dit.Tensor(in.float(field, r, rank))
+		return in.float(field, r, rank)
 	}
 	x := in.float("hidden_states", req.HiddenStates, 5)
-	cond := dit.Conditioning{
-		EncoderHiddenStates:  dit.Tensor(in.float("llama_vec", req.LlamaVec, 3)),
-		EncoderAttentionMask: dit.IntTensor(in.mask("llama_mask", req.LlamaMask)),
-		PooledProjections:    dit.Tensor(in.float("clip_pooler", req.ClipPooler, 2)),
+	cond := conditioning.Conditioning{
+		EncoderHiddenStates:  in.float("llama_vec", req.LlamaVec, 3),
+		EncoderAttentionMask: in.mask("llama_mask", req.LlamaMask),
+		PooledProjections:    in.float("clip_pooler", req.ClipPooler, 2),
 		ImageEmbeddings:      optional("image_embeddings", req.ImageEmbeddings, 3),
-		LatentIndices:        dit.IntTensor(indexTensor(req.LatentIndices)),
+		LatentIndices:        indexTensor(req.LatentIndices),
 		CleanLatents:         optional("clean_latents", req.CleanLatents, 5),
-		CleanLatentIndices:   dit.IntTensor(indexTensor(req.CleanLatentIndices)),
+		CleanLatentIndices:   indexTensor(req.CleanLatentIndices),
 		CleanLatents2x:       optional("clean_latents_2x", req.CleanLatents2x, 5),
-		CleanLatent2xIndices: dit.IntTensor(indexTensor(req.CleanLatent2xIndices)),
+		CleanLatent2xIndices: indexTensor(req.CleanLatent2xIndices),
 		CleanLatents4x:       optional("clean_latents_4x", req.CleanLatents4x, 5),
-		CleanLatent4xIndices: dit.IntTensor(indexTensor(req.CleanLatent4xIndices)),
+		CleanLatent4xIndices: indexTensor(req.CleanLatent4xIndices),
 	}
 	if in.err != nil {
 		return nil, in.err

@@ -3,7 +3,7 @@ package main
 import (
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/tensorio"
-	"github.com/framepackd/framepackd/workers/transformer/sampler"
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 )
 
 // inputs reads input tensors from their segments, keeping the first error (later reads return
@@ -13,39 +13,39 @@ type inputs struct {
 }
 
 // float reads a float tensor of the given rank.
-func (in *inputs) float(field string, r workerkit.TensorRef, rank int) sampler.Tensor {
+func (in *inputs) float(field string, r workerkit.TensorRef, rank int) conditioning.Tensor {
 	if in.err != nil {
-		return sampler.Tensor{}
+		return conditioning.Tensor{}
 	}
 	v, shape, err := tensorio.ReadFloat(field, r, rank)
 	if err != nil {
 		in.err = err
-		return sampler.Tensor{}
+		return conditioning.Tensor{}
 	}
-	return sampler.Tensor{Shape: toInts(shape), Data: v}
+	return conditioning.Tensor{Shape: toInts(shape), Data: v}
 }
 
 // mask reads an attention mask ([1, L] of BOOL, U8 or an integer type).
-func (in *inputs) mask(field string, r workerkit.TensorRef) sampler.IntTensor {
+func (in *inputs) mask(field string, r workerkit.TensorRef) conditioning.IntTensor {
 	if in.err != nil {
-		return sampler.IntTensor{}
+		return conditioning.IntTensor{}
 	}
 	f, info, err := tensorio.Open(field, r)
 	if err != nil {
 		in.err = err
-		return sampler.IntTensor{}
+		return conditioning.IntTensor{}
 	}
 	defer f.Close()
 	if info.DType.IsFloat() || len(info.Shape) != 2 {
 		in.err = workerkit.InvalidArgumentf("%s: %s%v, want a [1, L] mask", field, info.DType, info.Shape)
-		return sampler.IntTensor{}
+		return conditioning.IntTensor{}
 	}
 	v, shape, err := f.Int64(r.Name)
 	if err != nil {
 		in.err = workerkit.InvalidArgumentf("%s: %v", field, err)
-		return sampler.IntTensor{}
+		return conditioning.IntTensor{}
 	}
-	return sampler.IntTensor{Shape: toInts(shape), Data: v}
+	return conditioning.IntTensor{Shape: toInts(shape), Data: v}
 }
 
 func toInts(s []int64) []int {

@@ -17,6 +17,7 @@ import (
 	"github.com/framepackd/framepackd/internal/torchrng"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/workertest"
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 	"github.com/framepackd/framepackd/workers/transformer/dit"
 	"github.com/framepackd/framepackd/workers/transformer/sampler"
 	"github.com/framepackd/framepackd/workers/transformer/sampler/samplertest"
@@ -81,10 +82,10 @@ func writeCase(t *testing.T, a *shm.Arena, c parity.Case) sectionCase {
 	c.Param(t, "width", &w)
 	c.Param(t, "height", &h)
 	c.Param(t, "frames", &frames)
-	f32 := func(name string, x sampler.Tensor) safetensors.Tensor {
+	f32 := func(name string, x conditioning.Tensor) safetensors.Tensor {
 		return safetensors.FromFloat32(name, i64(x.Shape), x.Data)
 	}
-	u8 := func(name string, x sampler.IntTensor) safetensors.Tensor {
+	u8 := func(name string, x conditioning.IntTensor) safetensors.Tensor {
 		b := make([]byte, len(x.Data))
 		for i, v := range x.Data {
 			b[i] = byte(v)

@@ -11,7 +11,7 @@ import (
 	"github.com/framepackd/framepackd/internal/torchrng"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/tensorio"
-	"github.com/framepackd/framepackd/workers/transformer/dit"
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 	"github.com/framepackd/framepackd/workers/transformer/sampler"
 )
 
@@ -141,11 +141,11 @@ func (w *worker) plan(req *workerkit.TransformerSectionRequest) (*sectionPlan, e
 }
 
 // indexTensor is a request's frame index list as a [1, n] tensor (empty stays empty).
-func indexTensor(v []int64) sampler.IntTensor {
+func indexTensor(v []int64) conditioning.IntTensor {
 	if len(v) == 0 {
-		return sampler.IntTensor{}
+		return conditioning.IntTensor{}
 	}
-	return sampler.IntTensor{Shape: []int{1, len(v)}, Data: v}
+	return conditioning.IntTensor{Shape: []int{1, len(v)}, Data: v}
 }
 
 // section samples one section: prepare both branches, draw the noise, run UniPC with a
@@ -169,16 +169,15 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 	if err := send(&workerkit.Progress{Phase: "prepare", Elapsed: time.Since(start)}); err != nil {
 		return nil, err
 	}
+	sm := newSamplerModel(m)
+	defer sm.Close()
 	for _, c := range []*sampler.Conditioning{sp.pos, sp.neg} {
 		if c == nil {
 			continue
 		}
-		sec, err := m.Prepare(dit.ConditioningFrom(c), [5]int(shape))
-		if err != nil {
+		if _, err := sm.prepare(c, shape); err != nil {
 			return nil, err
 		}
-		defer sec.Close()
-		c.Prepared = sec
 	}
 	noise, err := sp.gen.Randn(shape.Ints())
 	if err != nil {
@@ -189,10 +188,8 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 		return nil, fmt.Errorf("generator state: %w", err)
 	}
 
-	sm := dit.NewSamplerModel(m)
-	defer sm.Close()
 	calls := 0
-	sm.OnForward = func(sampler.ForwardInput) { calls++ }
+	sm.onForward = func(sampler.ForwardInput) { calls++ }
 	steps := sp.req.Steps
 	req2 := sp.req
 	req2.Noise = noise
@@ -204,7 +201,7 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 		w.base.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
 		fields := map[string]string{"step": fmt.Sprint(s.Step + 1), "sigma": fmt.Sprint(s.Sigma)}
 		if req.UseTeaCache {
-			tc := sm.TeaCache(sampler.Positive).Calls
+			tc := sm.teaCache(sampler.Positive).Calls
 			if n := len(tc); n > 0 {
 				fields["teacache"] = "computed"
 				if !tc[n-1].Computed {
@@ -242,7 +239,7 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 	if err != nil {
 		return nil, fmt.Errorf("latents: %w", err)
 	}
-	log.WithFields(logrus.Fields{"steps": steps, "transformer_calls": calls, "teacache_skipped": sm.TeaCache(sampler.Positive).Skipped() + sm.TeaCache(sampler.Negative).Skipped(),
+	log.WithFields(logrus.Fields{"steps": steps, "transformer_calls": calls, "teacache_skipped": sm.teaCache(sampler.Positive).Skipped() + sm.teaCache(sampler.Negative).Skipped(),
 		"shape": fmt.Sprint(shape.Ints())}).Info("section sampled")
 	return &workerkit.Result{Outputs: []workerkit.TensorRef{written}, Stats: w.base.Stats(), GeneratorState: state}, nil
 }

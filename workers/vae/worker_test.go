@@ -82,7 +82,7 @@ func requestTiling(t *testing.T, c parity.Case) *workerkit.VAETiling {
 
 // TestParityVAE runs every case of the vae fixture through the real worker process, with
 // inputs and outputs in shared memory (the preview map, a plain function the supervisor calls,
-// runs in process).
+// runs in process). A fixture without a model case fails it.
 func TestParityVAE(t *testing.T) {
 	fx := parity.Load(t, "vae")
 	dir, err := fx.ModelPath("vae")
@@ -92,10 +92,12 @@ func TestParityVAE(t *testing.T) {
 	p, hook := workertest.Start(t, "vae")
 	loadVAE(t, p, dir, 0)
 	a := shmtest.Arena(t, "parity")
+	ran := 0 // model cases run
 	for i, c := range fx.Cases {
 		t.Run(c.Name, func(t *testing.T) {
 			switch c.Op {
 			case "vae.encode":
+				ran++
 				x := c.Input(t, "x")
 				in := workertest.WriteF32(t, a, fmt.Sprintf("x%d", i), "x", x.Shape, x.F32)
 				out := workertest.OutputRef(t, a, fmt.Sprintf("latents%d", i), "latents")
@@ -130,6 +132,7 @@ func TestParityVAE(t *testing.T) {
 					c.Check(t, "mean (with a logvar ref)", mean, ms, c.Output(t, "mean"))
 				}
 			case "vae.decode":
+				ran++
 				z := c.Input(t, "z")
 				in := workertest.WriteF32(t, a, fmt.Sprintf("z%d", i), "z", z.Shape, z.F32)
 				out := workertest.OutputRef(t, a, fmt.Sprintf("pixels%d", i), "pixels")
@@ -158,6 +161,9 @@ func TestParityVAE(t *testing.T) {
 				t.Fatalf("case %s: unknown op %q", c.Name, c.Op)
 			}
 		})
+	}
+	if ran == 0 {
+		t.Fatal("no vae.encode or vae.decode case ran")
 	}
 	st, err := p.Stats(workertest.Ctx(t))
 	if err != nil {

@@ -17,7 +17,6 @@ package siglip
 
 import (
 	"fmt"
-	"math"
 
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
@@ -27,121 +26,52 @@ import (
 // Embeddings is SiglipVisionEmbeddings: a patchifying convolution plus learned position
 // embeddings (no class token).
 type Embeddings struct {
-	PatchWeight       *runtime.Tensor // patch_embedding.weight [hidden, channels, patch, patch]
-	PatchBias         *runtime.Tensor // patch_embedding.bias [hidden]
+	PatchEmbedding    nn.Conv2d       // patch_embedding [hidden, channels, patch, patch], stride patch
 	PositionEmbedding *runtime.Tensor // position_embedding.weight [grid², hidden]
-
-	patch int
 }
 
 // Forward: pixels [B, C, H, W] → [B, (H/patch)·(W/patch), hidden].
-func (e *Embeddings) Forward(rt *runtime.Runtime, pixels *runtime.Tensor) (*runtime.Tensor, error) {
-	var sc runtime.Scope
-	defer sc.Free()
-	x, err := sc.Track(rt.Conv2d(pixels, e.PatchWeight, e.PatchBias,
-		runtime.Conv2dParams{Stride: [2]int{e.patch, e.patch}})) // [B, hidden, g, g]
-	if err != nil {
-		return nil, fmt.Errorf("patch embedding: %w", err)
+func (e *Embeddings) Forward(p *nn.Pass, pixels *runtime.Tensor) *runtime.Tensor {
+	x := e.PatchEmbedding.Forward(p, pixels) // [B, hidden, g, g]
+	if !p.OK() {
+		return nil
 	}
-	B, D := x.Dim(0), x.Dim(1)
-	if x, err = sc.Track(x.Reshape(B, D, -1)); err != nil {
-		return nil, err
-	}
-	if x, err = sc.Track(rt.Permute(x, 0, 2, 1)); err != nil { // flatten(2).transpose(1, 2)
-		return nil, err
-	}
-	return rt.Add(x, e.PositionEmbedding)
+	x = p.Reshape(x, x.Dim(0), x.Dim(1), -1)
+	x = p.Then(x, func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Permute(x, 0, 2, 1)) }) // flatten(2).transpose(1, 2)
+	return p.Then(x, func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Add(x, e.PositionEmbedding)) })
 }
 
-// Attention is SiglipAttention: multi-head self-attention with biases, scale head_dim^−½, no mask.
-type Attention struct {
-	QProj, KProj, VProj, OutProj nn.Linear // [hidden, hidden]
-
-	heads, headDim int
-}
-
-// Forward: x [B, N, hidden] → [B, N, hidden].
-func (a *Attention) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	var sc runtime.Scope
-	defer sc.Free()
-	B, N := x.Dim(0), x.Dim(1)
-	split := func(p nn.Linear) (*runtime.Tensor, error) { // → [B, heads, N, head_dim]
-		y, err := sc.Track(p.Forward(rt, x))
-		if err != nil {
-			return nil, err
-		}
-		if y, err = sc.Track(y.Reshape(B, N, a.heads, a.headDim)); err != nil {
-			return nil, err
-		}
-		return sc.Track(rt.Permute(y, 0, 2, 1, 3))
-	}
-	q, err := split(a.QProj)
-	if err != nil {
-		return nil, err
-	}
-	k, err := split(a.KProj)
-	if err != nil {
-		return nil, err
-	}
-	v, err := split(a.VProj)
-	if err != nil {
-		return nil, err
-	}
-	scale := float32(1 / math.Sqrt(float64(a.headDim)))
-	o, err := sc.Track(rt.Attention(q, k, v, nil, runtime.AttentionParams{Scale: scale}))
-	if err != nil {
-		return nil, err
-	}
-	if o, err = sc.Track(rt.Permute(o, 0, 2, 1, 3)); err != nil { // [B, N, heads, head_dim]
-		return nil, err
-	}
-	if o, err = sc.Track(o.Reshape(B, N, a.heads*a.headDim)); err != nil {
-		return nil, err
-	}
-	return a.OutProj.Forward(rt, o)
-}
+// Attention is SiglipAttention: multi-head self-attention with biases, scale head_dim^−½, no
+// mask (q_proj, k_proj, v_proj, out_proj [hidden, hidden]).
+type Attention = nn.EncoderAttention
 
 // MLP is SiglipMLP: fc2(act(fc1(x))), shared with the other CLIP-family encoder (nn.MLP).
 type MLP = nn.MLP
 
 // EncoderLayer is SiglipEncoderLayer: pre-norm attention and MLP, each with a residual.
 type EncoderLayer struct {
-	LayerNorm1 nn.LayerNorm
-	SelfAttn   Attention
-	LayerNorm2 nn.LayerNorm
-	MLP        MLP
+	LayerNorm1 nn.LayerNorm // layer_norm1 [hidden]
+	SelfAttn   Attention    // self_attn
+	LayerNorm2 nn.LayerNorm // layer_norm2 [hidden]
+	MLP        MLP          // mlp
 }
 
 // Forward: x [B, N, hidden] → [B, N, hidden].
-func (l *EncoderLayer) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	var sc runtime.Scope
-	defer sc.Free()
-	h, err := sc.Track(l.LayerNorm1.Forward(rt, x))
-	if err != nil {
-		return nil, err
-	}
-	if h, err = sc.Track(l.SelfAttn.Forward(rt, h)); err != nil {
-		return nil, fmt.Errorf("self_attn: %w", err)
-	}
-	r, err := sc.Track(rt.Add(x, h))
-	if err != nil {
-		return nil, err
-	}
-	if h, err = sc.Track(l.LayerNorm2.Forward(rt, r)); err != nil {
-		return nil, err
-	}
-	if h, err = sc.Track(l.MLP.Forward(rt, h)); err != nil {
-		return nil, fmt.Errorf("mlp: %w", err)
-	}
-	return rt.Add(r, h)
+func (l *EncoderLayer) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	h := l.LayerNorm1.Forward(p, x)
+	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return l.SelfAttn.Forward(p, h, nil) })
+	r := p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Add(x, h)) })
+	h = l.LayerNorm2.Forward(p, r)
+	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return l.MLP.Forward(p, h) })
+	return p.Do(p.RT.Add(r, h))
 }
 
 // Model is SiglipVisionModel without its pooling head.
 type Model struct {
 	Config        Config
-	Embeddings    Embeddings
-	Layers        []EncoderLayer
-	PostLayerNorm nn.LayerNorm
+	Embeddings    Embeddings     // embeddings
+	Layers        []EncoderLayer // encoder.layers.{i}
+	PostLayerNorm nn.LayerNorm   // post_layernorm [hidden]
 
 	rt      *runtime.Runtime
 	weights []*runtime.Tensor
@@ -150,11 +80,11 @@ type Model struct {
 
 // LoadOptions are Load's options.
 type LoadOptions struct {
-	// DType is the dtype the weights are stored in on the runtime; 0 means F32 (the cpu backend
-	// computes in F32 only).
+	// DType is the dtype the weights are stored in on the runtime; 0 means F32 (every backend
+	// computes in F32).
 	DType runtime.DType
 	// WeightDType is the dtype of the Linear and patch-embedding weights (nearly all the bytes):
-	// F16 or BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype; 0 means F32.
+	// F16 or BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype; 0 means DType.
 	WeightDType runtime.DType
 }
 
@@ -183,10 +113,6 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrCheckpoint, err)
 	}
-	dt := opts.DType
-	if dt == 0 {
-		dt = runtime.F32
-	}
 	act, err := nn.ActivationByName(cfg.HiddenAct)
 	if err != nil {
 		return nil, err
@@ -195,58 +121,30 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 	if err != nil {
 		return nil, err
 	}
-	l := nn.NewLoader(rt, src, dt, prefix)
+	l := nn.NewLoader(rt, src, opts.DType, prefix)
 	l.SetWeightDType(opts.WeightDType)
-	ok := false
-	defer func() {
-		if !ok {
-			l.Free()
-		}
-	}()
-	D, I, P, C := cfg.HiddenSize, cfg.IntermediateSize, cfg.PatchSize, cfg.NumChannels
+	D, P := cfg.HiddenSize, cfg.PatchSize
 	eps := float32(cfg.LayerNormEps)
 	m := &Model{Config: cfg, rt: rt}
-	m.Embeddings.patch = P
-	if m.Embeddings.PatchWeight, err = l.LoadWeight("embeddings.patch_embedding.weight", D, C, P, P); err != nil {
-		return nil, err
-	}
-	if m.Embeddings.PatchBias, err = l.Load("embeddings.patch_embedding.bias", D); err != nil {
-		return nil, err
-	}
-	if m.Embeddings.PositionEmbedding, err = l.Load("embeddings.position_embedding.weight", cfg.NumPatches(), D); err != nil {
-		return nil, err
+	m.Embeddings = Embeddings{
+		PatchEmbedding:    nn.NewConv2d(l, "embeddings.patch_embedding", cfg.NumChannels, D, P, [2]int{P, P}),
+		PositionEmbedding: l.Tensor("embeddings.position_embedding.weight", cfg.NumPatches(), D),
 	}
 	m.Layers = make([]EncoderLayer, cfg.NumHiddenLayers)
 	for i := range m.Layers {
-		p := fmt.Sprintf("encoder.layers.%d.", i)
-		ly := &m.Layers[i]
-		ly.SelfAttn.heads, ly.SelfAttn.headDim = cfg.NumAttentionHeads, cfg.HeadDim()
-		if ly.LayerNorm1, err = nn.LoadLayerNorm(l, p+"layer_norm1", D, eps); err != nil {
-			return nil, err
-		}
-		if ly.LayerNorm2, err = nn.LoadLayerNorm(l, p+"layer_norm2", D, eps); err != nil {
-			return nil, err
-		}
-		for _, lin := range []struct {
-			name string
-			dst  *nn.Linear
-		}{{"self_attn.q_proj", &ly.SelfAttn.QProj}, {"self_attn.k_proj", &ly.SelfAttn.KProj},
-			{"self_attn.v_proj", &ly.SelfAttn.VProj}, {"self_attn.out_proj", &ly.SelfAttn.OutProj}} {
-			if *lin.dst, err = nn.LoadLinear(l, p+lin.name, D, D, true); err != nil {
-				return nil, err
-			}
-		}
-		if ly.MLP, err = nn.LoadMLP(l, p+"mlp", D, I, act); err != nil {
-			return nil, err
+		name := nn.Join("encoder.layers", i)
+		m.Layers[i] = EncoderLayer{
+			LayerNorm1: nn.NewLayerNorm(l, nn.Join(name, "layer_norm1"), D, eps),
+			SelfAttn:   nn.NewEncoderAttention(l, nn.Join(name, "self_attn"), D, cfg.NumAttentionHeads),
+			LayerNorm2: nn.NewLayerNorm(l, nn.Join(name, "layer_norm2"), D, eps),
+			MLP:        nn.NewMLP(l, nn.Join(name, "mlp"), D, cfg.IntermediateSize, act),
 		}
 	}
-	if m.PostLayerNorm, err = nn.LoadLayerNorm(l, "post_layernorm", D, eps); err != nil {
+	m.PostLayerNorm = nn.NewLayerNorm(l, "post_layernorm", D, eps)
+	l.Skip("head.")
+	if m.weights, m.report, err = l.Finish(); err != nil {
 		return nil, err
 	}
-	l.Skip("head.")
-	m.report = l.Report()
-	m.weights = l.Tensors()
-	ok = true
 	return m, nil
 }
 
@@ -292,37 +190,26 @@ func (m *Model) Forward(pixels *runtime.Tensor, hook func(i int) error) (*runtim
 	if err := m.checkPixels(pixels); err != nil {
 		return nil, fmt.Errorf("siglip forward: %w", err)
 	}
-	rt := m.rt
-	x, err := m.Embeddings.Forward(rt, pixels)
-	if err != nil {
-		return nil, fmt.Errorf("siglip forward: embeddings: %w", err)
+	p := nn.NewPass(nil, m.rt)
+	defer p.Free()
+	call := func(i int) {
+		if hook != nil && p.OK() {
+			p.Fail(hook(i))
+		}
 	}
+	x := p.Sub("embeddings", func(q *nn.Pass) *runtime.Tensor { return m.Embeddings.Forward(q, pixels) })
 	for i := range m.Layers {
-		if hook != nil {
-			if err := hook(i); err != nil {
-				x.Free()
-				return nil, fmt.Errorf("siglip forward: %w", err)
-			}
-		}
-		y, err := m.Layers[i].Forward(rt, x)
-		x.Free()
-		if err != nil {
-			return nil, fmt.Errorf("siglip forward: encoder.layers.%d: %w", i, err)
-		}
-		x = y
+		call(i)
+		x = p.Then(x, func(x *runtime.Tensor) *runtime.Tensor {
+			return p.Sub(nn.Join("encoder.layers", i), func(q *nn.Pass) *runtime.Tensor { return m.Layers[i].Forward(q, x) })
+		})
 	}
-	if hook != nil {
-		if err := hook(len(m.Layers)); err != nil {
-			x.Free()
-			return nil, fmt.Errorf("siglip forward: %w", err)
-		}
+	call(len(m.Layers))
+	x = p.Then(x, func(x *runtime.Tensor) *runtime.Tensor { return m.PostLayerNorm.Forward(p, x) })
+	if err := p.Err(); err != nil {
+		return nil, fmt.Errorf("siglip forward: %w", err)
 	}
-	y, err := m.PostLayerNorm.Forward(rt, x)
-	x.Free()
-	if err != nil {
-		return nil, fmt.Errorf("siglip forward: post_layernorm: %w", err)
-	}
-	return y, nil
+	return p.Keep(x), nil
 }
 
 // ForwardHost is Forward from and to host memory: pixels [B, C, H, W] as float32 values →

@@ -301,10 +301,10 @@ func TestLoadErrors(t *testing.T) {
 		reshape map[string][]int64
 		want    string
 	}{
-		{"missing", "encoder.layers.1.mlp.fc2.bias", nil, `"vision_model.encoder.layers.1.mlp.fc2.bias" is missing`},
+		{"missing", "encoder.layers.1.mlp.fc2.bias", nil, `tensor vision_model.encoder.layers.1.mlp.fc2.bias: missing`},
 		{"wrong shape", "", map[string][]int64{"encoder.layers.0.self_attn.k_proj.weight": {4, 16}},
-			`"vision_model.encoder.layers.0.self_attn.k_proj.weight": got [4 16], expected [8 8]`},
-		{"no patch embedding", "embeddings.patch_embedding.weight", nil, `"embeddings.patch_embedding.weight" is missing`},
+			`tensor vision_model.encoder.layers.0.self_attn.k_proj.weight: got shape [4 16], expected [8 8]`},
+		{"no patch embedding", "embeddings.patch_embedding.weight", nil, `tensor embeddings.patch_embedding.weight: missing`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

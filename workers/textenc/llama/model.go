@@ -51,15 +51,7 @@ func NewPlan(cfg Config, index int) (Plan, error) {
 }
 
 // RMSNorm is LlamaRMSNorm: x / sqrt(mean(x²) + eps) · weight over the last dim.
-type RMSNorm struct {
-	Weight *runtime.Tensor // [hidden]
-	Eps    float32
-}
-
-// Forward keeps x's shape.
-func (n RMSNorm) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	return rt.RMSNorm(x, n.Weight, n.Eps)
-}
+type RMSNorm = nn.RMSNorm
 
 // RotaryEmbedding is LlamaRotaryEmbedding of the default type: inv_freq[i] = 1/θ^(2i/head_dim),
 // computed in float32 as transformers does, so the phases match it bit for bit.
@@ -78,151 +70,90 @@ func NewRotaryEmbedding(headDim int, theta float64) RotaryEmbedding {
 	return RotaryEmbedding{InvFreq: inv}
 }
 
-// Tables returns cos and sin [n, head_dim] for positions 0 … n−1 as transformers lays them out
-// (cat(freqs, freqs)): columns i and i + head_dim/2 both hold frequency i, for
-// runtime.RoPEHalves (rotate_half).
-func (r RotaryEmbedding) Tables(rt *runtime.Runtime, n int) (cos, sin *runtime.Tensor, err error) {
+// Tables returns cos and sin [n, 1, head_dim] for positions 0 … n−1 (broadcast over the heads)
+// as transformers lays them out (cat(freqs, freqs)): columns i and i + head_dim/2 both hold
+// frequency i, for runtime.RoPEHalves (rotate_half).
+func (r RotaryEmbedding) Tables(p *nn.Pass, n int) (cos, sin *runtime.Tensor) {
 	d := 2 * len(r.InvFreq)
 	h := d / 2
 	c := make([]float32, n*d)
 	s := make([]float32, n*d)
-	for p := range n {
+	for pos := range n {
 		for i, f := range r.InvFreq {
-			ph := float64(float32(p) * f) // float32 product, as torch's float32 matmul
+			ph := float64(float32(pos) * f) // float32 product, as torch's float32 matmul
 			cv, sv := float32(math.Cos(ph)), float32(math.Sin(ph))
-			c[p*d+i], c[p*d+i+h] = cv, cv
-			s[p*d+i], s[p*d+i+h] = sv, sv
+			c[pos*d+i], c[pos*d+i+h] = cv, cv
+			s[pos*d+i], s[pos*d+i+h] = sv, sv
 		}
 	}
-	if cos, err = rt.FromFloat32(c, n, d); err != nil {
-		return nil, nil, err
-	}
-	if sin, err = rt.FromFloat32(s, n, d); err != nil {
-		cos.Free()
-		return nil, nil, err
-	}
-	return cos, sin, nil
+	return p.Do(p.RT.FromFloat32(c, n, 1, d)), p.Do(p.RT.FromFloat32(s, n, 1, d))
 }
 
 // Attention is LlamaAttention: grouped-query attention with rotary embeddings on q and k
 // (transformers' rotate_half layout: runtime.RoPEHalves).
 type Attention struct {
-	QProj nn.Linear // [heads·head_dim, hidden]
-	KProj nn.Linear // [kv_heads·head_dim, hidden]
-	VProj nn.Linear // [kv_heads·head_dim, hidden]
-	OProj nn.Linear // [hidden, heads·head_dim]
-
-	heads, kvHeads, headDim int
+	QProj nn.Linear // q_proj [heads·head_dim, hidden]
+	KProj nn.Linear // k_proj [kv_heads·head_dim, hidden]
+	VProj nn.Linear // v_proj [kv_heads·head_dim, hidden]
+	OProj nn.Linear // o_proj [hidden, heads·head_dim]
+	nn.Attention
 }
 
-// Forward: x [1, L, hidden], cos/sin [L, head_dim], mask U8 [1, 1, L, L] → [1, L, hidden].
-func (a *Attention) Forward(rt *runtime.Runtime, x, cos, sin, mask *runtime.Tensor) (*runtime.Tensor, error) {
-	var sc runtime.Scope
-	defer sc.Free()
-	L := x.Dim(1)
-	// heads projects x to [1, L, h·D] and returns it as [1, h, L, D].
-	heads := func(p nn.Linear, h int) (*runtime.Tensor, error) {
-		y, err := sc.Track(p.Forward(rt, x))
-		if err != nil {
-			return nil, err
+// Forward: x [1, L, hidden], cos/sin [L, 1, head_dim], mask U8 [1, 1, L, L] → [1, L, hidden].
+func (a *Attention) Forward(p *nn.Pass, x, cos, sin, mask *runtime.Tensor) *runtime.Tensor {
+	// rotated projects x to [1, L, h·D] and rotates it as [1, L, h, D].
+	rotated := func(l nn.Linear, h int) *runtime.Tensor {
+		y := l.Forward(p, x)
+		if !p.OK() {
+			return nil
 		}
-		y, err = sc.Track(y.Reshape(1, L, h, a.headDim))
-		if err != nil {
-			return nil, err
-		}
-		return sc.Track(rt.Permute(y, 0, 2, 1, 3))
+		y = p.Reshape(y, 1, y.Dim(1), h, a.HeadDim)
+		return p.Then(y, func(y *runtime.Tensor) *runtime.Tensor {
+			return p.Do(p.RT.RoPE(runtime.RoPEHalves, y, cos, sin))
+		})
 	}
-	q, err := heads(a.QProj, a.heads)
-	if err != nil {
-		return nil, err
-	}
-	k, err := heads(a.KProj, a.kvHeads)
-	if err != nil {
-		return nil, err
-	}
-	v, err := heads(a.VProj, a.kvHeads)
-	if err != nil {
-		return nil, err
-	}
-	if q, err = sc.Track(rt.RoPEWith(runtime.RoPEHalves, q, cos, sin)); err != nil {
-		return nil, err
-	}
-	if k, err = sc.Track(rt.RoPEWith(runtime.RoPEHalves, k, cos, sin)); err != nil {
-		return nil, err
-	}
-	scale := float32(1 / math.Sqrt(float64(a.headDim)))
-	o, err := sc.Track(rt.Attention(q, k, v, mask, runtime.AttentionParams{Scale: scale})) // [1, H, L, D]
-	if err != nil {
-		return nil, err
-	}
-	if o, err = sc.Track(rt.Permute(o, 0, 2, 1, 3)); err != nil { // [1, L, H, D]
-		return nil, err
-	}
-	if o, err = sc.Track(o.Reshape(1, L, a.heads*a.headDim)); err != nil {
-		return nil, err
-	}
-	return a.OProj.Forward(rt, o)
+	q := rotated(a.QProj, a.Heads)
+	k := rotated(a.KProj, a.KVHeads)
+	v := a.VProj.Forward(p, x)
+	o := a.Attention.Forward(p, q, k, v, mask) // [1, L, heads·D]
+	p.Drop(q, k, v)
+	return p.Then(o, func(o *runtime.Tensor) *runtime.Tensor { return a.OProj.Forward(p, o) })
 }
 
 // MLP is LlamaMLP: down_proj(act(gate_proj(x)) · up_proj(x)).
 type MLP struct {
-	GateProj nn.Linear // [intermediate, hidden]
-	UpProj   nn.Linear // [intermediate, hidden]
-	DownProj nn.Linear // [hidden, intermediate]
-
-	act nn.Activation
+	GateProj nn.Linear // gate_proj [intermediate, hidden]
+	UpProj   nn.Linear // up_proj [intermediate, hidden]
+	DownProj nn.Linear // down_proj [hidden, intermediate]
+	Act      nn.Activation
 }
 
-// Forward keeps x's shape [1, L, hidden].
-func (m *MLP) Forward(rt *runtime.Runtime, x *runtime.Tensor) (*runtime.Tensor, error) {
-	var sc runtime.Scope
-	defer sc.Free()
-	g, err := sc.Track(m.GateProj.Forward(rt, x))
-	if err != nil {
-		return nil, err
-	}
-	if g, err = sc.Track(m.act(rt, g)); err != nil {
-		return nil, err
-	}
-	u, err := sc.Track(m.UpProj.Forward(rt, x))
-	if err != nil {
-		return nil, err
-	}
-	if g, err = sc.Track(rt.Mul(g, u)); err != nil {
-		return nil, err
-	}
-	return m.DownProj.Forward(rt, g)
+// Forward: x [1, L, hidden] → [1, L, hidden].
+func (m *MLP) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	g := m.GateProj.Forward(p, x)
+	g = p.Then(g, func(g *runtime.Tensor) *runtime.Tensor { return m.Act.Forward(p, g) })
+	u := m.UpProj.Forward(p, x)
+	gu := p.Do(p.RT.Mul(g, u))
+	p.Drop(g, u)
+	return p.Then(gu, func(gu *runtime.Tensor) *runtime.Tensor { return m.DownProj.Forward(p, gu) })
 }
 
 // DecoderLayer is LlamaDecoderLayer (pre-norm attention and MLP, each with a residual).
 type DecoderLayer struct {
-	InputLayernorm         RMSNorm
-	SelfAttn               Attention
-	PostAttentionLayernorm RMSNorm
-	MLP                    MLP
+	InputLayernorm         RMSNorm   // input_layernorm [hidden]
+	SelfAttn               Attention // self_attn
+	PostAttentionLayernorm RMSNorm   // post_attention_layernorm [hidden]
+	MLP                    MLP       // mlp
 }
 
 // Forward: h [1, L, hidden] → [1, L, hidden].
-func (l *DecoderLayer) Forward(rt *runtime.Runtime, h, cos, sin, mask *runtime.Tensor) (*runtime.Tensor, error) {
-	var sc runtime.Scope
-	defer sc.Free()
-	x, err := sc.Track(l.InputLayernorm.Forward(rt, h))
-	if err != nil {
-		return nil, err
-	}
-	if x, err = sc.Track(l.SelfAttn.Forward(rt, x, cos, sin, mask)); err != nil {
-		return nil, err
-	}
-	if h, err = sc.Track(rt.Add(h, x)); err != nil {
-		return nil, err
-	}
-	if x, err = sc.Track(l.PostAttentionLayernorm.Forward(rt, h)); err != nil {
-		return nil, err
-	}
-	if x, err = sc.Track(l.MLP.Forward(rt, x)); err != nil {
-		return nil, err
-	}
-	return rt.Add(h, x)
+func (l *DecoderLayer) Forward(p *nn.Pass, h, cos, sin, mask *runtime.Tensor) *runtime.Tensor {
+	x := l.InputLayernorm.Forward(p, h)
+	x = p.Then(x, func(x *runtime.Tensor) *runtime.Tensor { return l.SelfAttn.Forward(p, x, cos, sin, mask) })
+	r := p.Then(x, func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Add(h, x)) })
+	x = l.PostAttentionLayernorm.Forward(p, r)
+	x = p.Then(x, func(x *runtime.Tensor) *runtime.Tensor { return l.MLP.Forward(p, x) })
+	return p.Do(p.RT.Add(r, x))
 }
 
 // Model is LlamaModel, loaded for one Plan.
@@ -277,7 +208,7 @@ func Load(rt *runtime.Runtime, dir string, o Options) (*Model, error) {
 }
 
 // New binds the tensors of src (which must stay open while the model is used) for cfg.
-func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, err error) {
+func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("llama config: %w", err)
 	}
@@ -285,8 +216,9 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, e
 	if err != nil {
 		return nil, fmt.Errorf("llama: %w", err)
 	}
-	if o.DType == 0 {
-		o.DType = runtime.F32
+	act, err := nn.ActivationByName(cfg.HiddenAct)
+	if err != nil {
+		return nil, fmt.Errorf("llama: %w", err)
 	}
 	theta, _ := cfg.Rope()
 	prefix, err := nn.DetectPrefix(src, "embed_tokens.weight", "", "model.")
@@ -295,73 +227,45 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (_ *Model, e
 	}
 	ld := nn.NewLoader(rt, src, o.DType, prefix)
 	ld.SetWeightDType(o.WeightDType)
-	defer func() {
-		if err != nil {
-			ld.Free()
-			err = fmt.Errorf("llama: %w", err)
-		}
-	}()
 	m := &Model{Config: cfg, Plan: plan, rt: rt, RotaryEmb: NewRotaryEmbedding(cfg.HeadDim, theta)}
-	H, D := cfg.HiddenSize, cfg.HeadDim
-	if m.EmbedTokens, err = nn.LoadHostEmbedding(ld, "embed_tokens.weight", cfg.VocabSize, H); err != nil {
-		return nil, err
-	}
-	act, err := nn.ActivationByName(cfg.HiddenAct)
-	if err != nil {
-		return nil, err
-	}
+	H, D, I := cfg.HiddenSize, cfg.HeadDim, cfg.IntermediateSize
+	heads, kvHeads := cfg.NumAttentionHeads, cfg.NumKeyValueHeads
 	eps := float32(cfg.RMSNormEps)
+	m.EmbedTokens = nn.NewHostEmbedding(ld, "embed_tokens.weight", cfg.VocabSize, H)
 	for i := range plan.Layers {
-		p := fmt.Sprintf("layers.%d.", i)
-		l := &DecoderLayer{}
-		l.InputLayernorm.Eps, l.PostAttentionLayernorm.Eps = eps, eps
-		if l.InputLayernorm.Weight, err = ld.Load(p+"input_layernorm.weight", H); err != nil {
-			return nil, err
-		}
-		if l.PostAttentionLayernorm.Weight, err = ld.Load(p+"post_attention_layernorm.weight", H); err != nil {
-			return nil, err
-		}
-		a := &l.SelfAttn
-		a.heads, a.kvHeads, a.headDim = cfg.NumAttentionHeads, cfg.NumKeyValueHeads, D
-		if a.QProj, err = nn.LoadLinear(ld, p+"self_attn.q_proj", H, a.heads*D, cfg.AttentionBias); err != nil {
-			return nil, err
-		}
-		if a.KProj, err = nn.LoadLinear(ld, p+"self_attn.k_proj", H, a.kvHeads*D, cfg.AttentionBias); err != nil {
-			return nil, err
-		}
-		if a.VProj, err = nn.LoadLinear(ld, p+"self_attn.v_proj", H, a.kvHeads*D, cfg.AttentionBias); err != nil {
-			return nil, err
-		}
-		if a.OProj, err = nn.LoadLinear(ld, p+"self_attn.o_proj", a.heads*D, H, cfg.AttentionBias); err != nil {
-			return nil, err
-		}
-		l.MLP.act = act
-		I := cfg.IntermediateSize
-		if l.MLP.GateProj, err = nn.LoadLinear(ld, p+"mlp.gate_proj", H, I, cfg.MLPBias); err != nil {
-			return nil, err
-		}
-		if l.MLP.UpProj, err = nn.LoadLinear(ld, p+"mlp.up_proj", H, I, cfg.MLPBias); err != nil {
-			return nil, err
-		}
-		if l.MLP.DownProj, err = nn.LoadLinear(ld, p+"mlp.down_proj", I, H, cfg.MLPBias); err != nil {
-			return nil, err
-		}
-		m.Layers = append(m.Layers, l)
+		name := nn.Join("layers", i)
+		at, mlp := nn.Join(name, "self_attn"), nn.Join(name, "mlp")
+		m.Layers = append(m.Layers, &DecoderLayer{
+			InputLayernorm: nn.NewRMSNorm(ld, nn.Join(name, "input_layernorm"), H, eps),
+			SelfAttn: Attention{
+				QProj:     nn.NewLinear(ld, nn.Join(at, "q_proj"), H, heads*D, cfg.AttentionBias),
+				KProj:     nn.NewLinear(ld, nn.Join(at, "k_proj"), H, kvHeads*D, cfg.AttentionBias),
+				VProj:     nn.NewLinear(ld, nn.Join(at, "v_proj"), H, kvHeads*D, cfg.AttentionBias),
+				OProj:     nn.NewLinear(ld, nn.Join(at, "o_proj"), heads*D, H, cfg.AttentionBias),
+				Attention: nn.Attention{Heads: heads, KVHeads: kvHeads, HeadDim: D, Scale: float32(1 / math.Sqrt(float64(D)))},
+			},
+			PostAttentionLayernorm: nn.NewRMSNorm(ld, nn.Join(name, "post_attention_layernorm"), H, eps),
+			MLP: MLP{
+				GateProj: nn.NewLinear(ld, nn.Join(mlp, "gate_proj"), H, I, cfg.MLPBias),
+				UpProj:   nn.NewLinear(ld, nn.Join(mlp, "up_proj"), H, I, cfg.MLPBias),
+				DownProj: nn.NewLinear(ld, nn.Join(mlp, "down_proj"), I, H, cfg.MLPBias),
+				Act:      act,
+			},
+		})
 	}
 	for i := plan.Layers; i < cfg.NumHiddenLayers; i++ {
-		ld.Skip(fmt.Sprintf("layers.%d.", i))
+		ld.Skip(nn.Join("layers", i) + ".")
 	}
 	if plan.FinalNorm {
-		m.Norm = &RMSNorm{Eps: eps}
-		if m.Norm.Weight, err = ld.Load("norm.weight", H); err != nil {
-			return nil, err
-		}
+		norm := nn.NewRMSNorm(ld, "norm", H, eps)
+		m.Norm = &norm
 	} else {
 		ld.Skip("norm.weight")
 	}
 	ld.SkipRoot("lm_head.") // LlamaForCausalLM's head, beside "model.": never used by an encoder
-	m.weights = ld.Tensors()
-	m.Report = ld.Report()
+	if m.weights, m.Report, err = ld.Finish(); err != nil {
+		return nil, fmt.Errorf("llama: %w", err)
+	}
 	return m, nil
 }
 
@@ -407,38 +311,23 @@ func (m *Model) HiddenState(ids []int32, mask []bool) (*runtime.Tensor, error) {
 		return nil, fmt.Errorf("llama: %w: %w", ErrEmptyMask, nn.ErrBadInput)
 	}
 	ids, mask = ids[:n], mask[:n]
-	h, err := m.EmbedTokens.Forward(rt, ids) // [1, n, hidden]
-	if err != nil {
-		return nil, fmt.Errorf("llama: %w", err)
-	}
-	if len(m.Layers) == 0 && m.Norm == nil {
-		return h, nil
-	}
-	var sc runtime.Scope
-	defer sc.Free()
-	sc.Add(h)
-	cos, sin, err := m.RotaryEmb.Tables(rt, n)
-	if err != nil {
-		return nil, fmt.Errorf("llama: rope: %w", err)
-	}
-	sc.Add(cos, sin)
-	causal, err := sc.Track(nn.CausalMask(rt, n, mask))
-	if err != nil {
-		return nil, fmt.Errorf("llama: mask: %w", err)
-	}
-	for i, l := range m.Layers {
-		next, err := l.Forward(rt, h, cos, sin, causal)
-		if err != nil {
-			return nil, fmt.Errorf("llama: layer %d: %w", i, err)
+	p := nn.NewPass(nil, rt)
+	defer p.Free()
+	h := m.EmbedTokens.Forward(p, ids) // [1, n, hidden]
+	if len(m.Layers) > 0 {
+		cos, sin := m.RotaryEmb.Tables(p, n)
+		causal := nn.CausalMask(p, n, mask)
+		for i, l := range m.Layers {
+			h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor {
+				return p.Sub(fmt.Sprintf("layer %d", i), func(q *nn.Pass) *runtime.Tensor { return l.Forward(q, h, cos, sin, causal) })
+			})
 		}
-		h.Free()
-		h = next
-		sc.Add(h)
 	}
 	if m.Norm != nil {
-		if h, err = sc.Track(m.Norm.Forward(rt, h)); err != nil {
-			return nil, fmt.Errorf("llama: norm: %w", err)
-		}
+		h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return m.Norm.Forward(p, h) })
 	}
-	return sc.Keep(h), nil
+	if err := p.Err(); err != nil {
+		return nil, fmt.Errorf("llama: %w", err)
+	}
+	return p.Keep(h), nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/safetensors"
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 )
 
 // firstForwardCase returns the transformer fixture's first transformer.forward case.
@@ -27,12 +28,12 @@ func firstForwardCase(t *testing.T, fx *parity.Fixture) parity.Case {
 	return parity.Case{}
 }
 
-func cloneTensor(x Tensor) Tensor {
-	return Tensor{Shape: slices.Clone(x.Shape), Data: slices.Clone(x.Data)}
+func cloneTensor(x conditioning.Tensor) conditioning.Tensor {
+	return conditioning.Tensor{Shape: slices.Clone(x.Shape), Data: slices.Clone(x.Data)}
 }
 
-func cloneInts(x IntTensor) IntTensor {
-	return IntTensor{Shape: slices.Clone(x.Shape), Data: slices.Clone(x.Data)}
+func cloneInts(x conditioning.IntTensor) conditioning.IntTensor {
+	return conditioning.IntTensor{Shape: slices.Clone(x.Shape), Data: slices.Clone(x.Data)}
 }
 
 // TestBadInput feeds inconsistent or non-finite inputs and checks each is refused with
@@ -52,16 +53,16 @@ func TestBadInput(t *testing.T) {
 		wantE error
 	}{
 		{name: "latent indices shorter than the latents", edit: func(c *Conditioning, _ *[5]int) {
-			c.LatentIndices = IntTensor{Shape: []int{1, 2}, Data: c.LatentIndices.Data[:2]}
+			c.LatentIndices = conditioning.IntTensor{Shape: []int{1, 2}, Data: c.LatentIndices.Data[:2]}
 		}, want: "latent_indices has shape [1 2]"},
 		{name: "clean latents of another size", edit: func(c *Conditioning, _ *[5]int) {
-			c.CleanLatents = Tensor{Shape: []int{1, 16, 2, 8, 10}, Data: c.CleanLatents.Data[:16*2*8*10]}
+			c.CleanLatents = conditioning.Tensor{Shape: []int{1, 16, 2, 8, 10}, Data: c.CleanLatents.Data[:16*2*8*10]}
 		}, want: "clean_latents has shape [1 16 2 8 10]"},
 		{name: "2x indices do not match the 2x latents", edit: func(c *Conditioning, _ *[5]int) {
-			c.CleanLatent2xIndices = IntTensor{Shape: []int{1, 3}, Data: []int64{1, 2, 3}}
+			c.CleanLatent2xIndices = conditioning.IntTensor{Shape: []int{1, 3}, Data: []int64{1, 2, 3}}
 		}, want: "clean_latents_2x indices has shape [1 3]"},
 		{name: "4x latents without indices", edit: func(c *Conditioning, _ *[5]int) {
-			c.CleanLatent4xIndices = IntTensor{}
+			c.CleanLatent4xIndices = conditioning.IntTensor{}
 		}, want: "clean_latents_4x and its indices must be given together"},
 		{name: "NaN in the clean latents", edit: func(c *Conditioning, _ *[5]int) {
 			c.CleanLatents.Data[17] = float32(math.NaN())
@@ -80,10 +81,10 @@ func TestBadInput(t *testing.T) {
 			c.EncoderAttentionMask.Data[0] = 2
 		}, want: "encoder_attention_mask holds 2 at 0"},
 		{name: "pooled projection of the wrong width", edit: func(c *Conditioning, _ *[5]int) {
-			c.PooledProjections = Tensor{Shape: []int{1, 7}, Data: make([]float32, 7)}
+			c.PooledProjections = conditioning.Tensor{Shape: []int{1, 7}, Data: make([]float32, 7)}
 		}, want: "pooled_projections has shape [1 7]"},
 		{name: "no image embeddings for a model with image projection", edit: func(c *Conditioning, _ *[5]int) {
-			c.ImageEmbeddings = Tensor{}
+			c.ImageEmbeddings = conditioning.Tensor{}
 		}, want: "image_embeddings has shape []"},
 	}
 	for _, tc := range tests {
@@ -280,9 +281,9 @@ func TestBadCheckpoint(t *testing.T) {
 			return writeSharded(t, all, "diffusion_pytorch_model-00002-of-00002.safetensors")
 		}, "shard diffusion_pytorch_model-00002-of-00002.safetensors"},
 		{"missing tensor", func(t *testing.T) string { return writeSharded(t, without("norm_out.linear.bias"), "") },
-			"tensor norm_out.linear.bias is missing (expected [64])"},
+			"tensor norm_out.linear.bias: missing (expected shape [64])"},
 		{"wrong shape", func(t *testing.T) string { return writeSharded(t, reshaped, "") },
-			"tensor proj_out.weight: got [32 64], expected [64 32]"},
+			"tensor proj_out.weight: got shape [32 64], expected [64 32]"},
 		{"complete sharded copy", func(t *testing.T) string { return writeSharded(t, extra, "") }, ""},
 	}
 	for _, tc := range tests {

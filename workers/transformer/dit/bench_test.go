@@ -7,6 +7,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 )
 
 // MidConfig is the mid-size benchmark model: 4 double + 4 single blocks, 8 heads × 64, with the
@@ -25,7 +26,7 @@ func MidConfig() Config {
 // 4x (16), SigLIP states of siglip tokens and text real tokens of 512 padded.
 func randomConditioning(cfg Config, window, h, w, siglip, text int, seed uint64) (Conditioning, [5]int, []float32) {
 	r := rand.New(rand.NewPCG(seed, 1))
-	randn := func(shape ...int) Tensor {
+	randn := func(shape ...int) conditioning.Tensor {
 		n := 1
 		for _, d := range shape {
 			n *= d
@@ -34,14 +35,14 @@ func randomConditioning(cfg Config, window, h, w, siglip, text int, seed uint64)
 		for i := range v {
 			v[i] = float32(r.NormFloat64())
 		}
-		return Tensor{Shape: shape, Data: v}
+		return conditioning.Tensor{Shape: shape, Data: v}
 	}
-	idx := func(from, n int) IntTensor {
+	idx := func(from, n int) conditioning.IntTensor {
 		v := make([]int64, n)
 		for i := range v {
 			v[i] = int64(from + i)
 		}
-		return IntTensor{Shape: []int{1, n}, Data: v}
+		return conditioning.IntTensor{Shape: []int{1, n}, Data: v}
 	}
 	const padded = 512
 	mask := make([]int64, padded)
@@ -50,7 +51,7 @@ func randomConditioning(cfg Config, window, h, w, siglip, text int, seed uint64)
 	}
 	c := Conditioning{
 		EncoderHiddenStates:  randn(1, padded, cfg.TextEmbedDim),
-		EncoderAttentionMask: IntTensor{Shape: []int{1, padded}, Data: mask},
+		EncoderAttentionMask: conditioning.IntTensor{Shape: []int{1, padded}, Data: mask},
 		PooledProjections:    randn(1, cfg.PooledProjectionDim),
 		LatentIndices:        idx(1, window),
 	}
@@ -59,7 +60,7 @@ func randomConditioning(cfg Config, window, h, w, siglip, text int, seed uint64)
 	}
 	if cfg.HasCleanXEmbedder {
 		c.CleanLatents = randn(1, 16, 2, h, w)
-		c.CleanLatentIndices = IntTensor{Shape: []int{1, 2}, Data: []int64{0, int64(window + 1)}}
+		c.CleanLatentIndices = conditioning.IntTensor{Shape: []int{1, 2}, Data: []int64{0, int64(window + 1)}}
 		c.CleanLatents2x, c.CleanLatent2xIndices = randn(1, 16, 2, h, w), idx(window+2, 2)
 		c.CleanLatents4x, c.CleanLatent4xIndices = randn(1, 16, 16, h, w), idx(window+4, 16)
 	}

@@ -1,6 +1,7 @@
 package dit
 
 import (
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 )
 
@@ -11,8 +12,8 @@ type rope struct {
 }
 
 // apply rotates x [1, L, H, D] (interleaved pairs, apply_rotary_emb_transposed).
-func (r rope) apply(p *pass, x *runtime.Tensor) *runtime.Tensor {
-	return p.do(p.rt.RoPE(x, r.cos, r.sin))
+func (r rope) apply(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	return p.Do(p.RT.RoPE(runtime.RoPEInterleaved, x, r.cos, r.sin))
 }
 
 // JointAttention is the double block's attn (HunyuanAttnProcessorFlashAttnDouble): image q/k/v
@@ -20,60 +21,63 @@ func (r rope) apply(p *pass, x *runtime.Tensor) *runtime.Tensor {
 // and no rope, one attention over [image | text], then to_out.0 for the image part and
 // to_add_out for the text part.
 type JointAttention struct {
-	ToQ, ToK, ToV          Linear  // to_q, to_k, to_v [dim, dim]
-	NormQ, NormK           RMSNorm // norm_q, norm_k [head_dim]
-	AddQ, AddK, AddV       Linear  // add_q_proj, add_k_proj, add_v_proj [dim, dim]
-	NormAddedQ, NormAddedK RMSNorm // norm_added_q, norm_added_k [head_dim]
-	ToOut                  Linear  // to_out.0 [dim, dim] (to_out.1 is Dropout)
-	ToAddOut               Linear  // to_add_out [dim, dim]
-	heads                  int
+	ToQ, ToK, ToV          nn.Linear  // to_q, to_k, to_v [dim, dim]
+	NormQ, NormK           nn.RMSNorm // norm_q, norm_k [head_dim]
+	AddQ, AddK, AddV       nn.Linear  // add_q_proj, add_k_proj, add_v_proj [dim, dim]
+	NormAddedQ, NormAddedK nn.RMSNorm // norm_added_q, norm_added_k [head_dim]
+	ToOut                  nn.Linear  // to_out.0 [dim, dim] (to_out.1 is Dropout)
+	ToAddOut               nn.Linear  // to_add_out [dim, dim]
+	nn.Attention
 }
 
-func bindJointAttention(b *binder, prefix string, cfg Config) JointAttention {
+func bindJointAttention(l *nn.Loader, prefix string, cfg Config) JointAttention {
 	dim, hd := cfg.InnerDim(), cfg.AttentionHeadDim
+	lin := func(name string) nn.Linear { return nn.NewLinear(l, nn.Join(prefix, name), dim, dim, true) }
+	norm := func(name string) nn.RMSNorm { return nn.NewRMSNorm(l, nn.Join(prefix, name), hd, normEps) }
 	return JointAttention{
-		ToQ: bindLinear(b, join(prefix, "to_q"), dim, dim, true), ToK: bindLinear(b, join(prefix, "to_k"), dim, dim, true),
-		ToV:   bindLinear(b, join(prefix, "to_v"), dim, dim, true),
-		NormQ: bindRMSNorm(b, join(prefix, "norm_q"), hd), NormK: bindRMSNorm(b, join(prefix, "norm_k"), hd),
-		AddQ: bindLinear(b, join(prefix, "add_q_proj"), dim, dim, true), AddK: bindLinear(b, join(prefix, "add_k_proj"), dim, dim, true),
-		AddV:       bindLinear(b, join(prefix, "add_v_proj"), dim, dim, true),
-		NormAddedQ: bindRMSNorm(b, join(prefix, "norm_added_q"), hd), NormAddedK: bindRMSNorm(b, join(prefix, "norm_added_k"), hd),
-		ToOut:    bindLinear(b, join(prefix, "to_out.0"), dim, dim, true),
-		ToAddOut: bindLinear(b, join(prefix, "to_add_out"), dim, dim, true),
-		heads:    cfg.NumAttentionHeads,
+		ToQ: lin("to_q"), ToK: lin("to_k"), ToV: lin("to_v"),
+		NormQ: norm("norm_q"), NormK: norm("norm_k"),
+		AddQ: lin("add_q_proj"), AddK: lin("add_k_proj"), AddV: lin("add_v_proj"),
+		NormAddedQ: norm("norm_added_q"), NormAddedK: norm("norm_added_k"),
+		ToOut: lin("to_out.0"), ToAddOut: lin("to_add_out"),
+		Attention: nn.NewAttention(cfg.NumAttentionHeads, hd),
 	}
+}
+
+// heads projects x [1, L, dim] with l to [1, L, H, D] and applies norm when it is not nil.
+func heads(p *nn.Pass, a nn.Attention, l nn.Linear, norm *nn.RMSNorm, x *runtime.Tensor) *runtime.Tensor {
+	h := l.Forward(p, x)
+	if !p.OK() {
+		return nil
+	}
+	h = p.Reshape(h, h.Dim(0), h.Dim(1), a.Heads, a.HeadDim)
+	if norm == nil {
+		return h
+	}
+	return p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return norm.Forward(p, h) })
 }
 
 // Forward: img [1, Li, dim], txt [1, Lt, dim] → attention outputs of the same shapes.
-func (a JointAttention) Forward(p *pass, img, txt *runtime.Tensor, r rope) (*runtime.Tensor, *runtime.Tensor) {
-	proj := func(l Linear, n *RMSNorm, x *runtime.Tensor) *runtime.Tensor {
-		h := toHeads(p, l.Forward(p, x), a.heads)
-		if n == nil {
-			return h
-		}
-		out := n.Forward(p, h)
-		p.drop(h)
+func (a JointAttention) Forward(p *nn.Pass, img, txt *runtime.Tensor, r rope) (*runtime.Tensor, *runtime.Tensor) {
+	cat := func(x, y *runtime.Tensor) *runtime.Tensor { // [1, Li+Lt, H, D]
+		out := p.Do(p.RT.Concat(1, x, y))
+		p.Drop(x, y)
 		return out
 	}
-	cat := func(x, y *runtime.Tensor) *runtime.Tensor {
-		out := p.do(p.rt.Concat(1, x, y))
-		p.drop(x, y)
-		return out
-	}
-	q := cat(proj(a.ToQ, &a.NormQ, img), proj(a.AddQ, &a.NormAddedQ, txt))
-	k := cat(proj(a.ToK, &a.NormK, img), proj(a.AddK, &a.NormAddedK, txt))
-	v := cat(proj(a.ToV, nil, img), proj(a.AddV, nil, txt))
-	qr, kr := r.apply(p, q), r.apply(p, k)
-	p.drop(q, k)
-	o := sdpa(p, qr, kr, v, nil)
-	p.drop(qr, kr, v)
-	if p.err != nil {
+	q := cat(heads(p, a.Attention, a.ToQ, &a.NormQ, img), heads(p, a.Attention, a.AddQ, &a.NormAddedQ, txt))
+	k := cat(heads(p, a.Attention, a.ToK, &a.NormK, img), heads(p, a.Attention, a.AddK, &a.NormAddedK, txt))
+	v := cat(heads(p, a.Attention, a.ToV, nil, img), heads(p, a.Attention, a.AddV, nil, txt))
+	q = p.Then(q, func(q *runtime.Tensor) *runtime.Tensor { return r.apply(p, q) })
+	k = p.Then(k, func(k *runtime.Tensor) *runtime.Tensor { return r.apply(p, k) })
+	o := a.Attention.Forward(p, q, k, v, nil) // [1, Li+Lt, dim]
+	p.Drop(q, k, v)
+	if !p.OK() {
 		return nil, nil
 	}
 	li := img.Dim(1)
-	oi := p.do(p.rt.Slice(o, 1, 0, li))
-	ot := p.do(p.rt.Slice(o, 1, li, o.Dim(1)))
-	p.drop(o)
+	oi := p.Do(p.RT.Slice(o, 1, 0, li))
+	ot := p.Do(p.RT.Slice(o, 1, li, o.Dim(1)))
+	p.Drop(o)
 	return a.ToOut.Forward(p, oi), a.ToAddOut.Forward(p, ot)
 }
 
@@ -88,75 +92,70 @@ type HunyuanVideoTransformerBlock struct {
 	FFContext FeedForward // ff_context
 }
 
-func bindDoubleBlock(b *binder, prefix string, cfg Config) HunyuanVideoTransformerBlock {
+func bindDoubleBlock(l *nn.Loader, prefix string, cfg Config) HunyuanVideoTransformerBlock {
 	dim := cfg.InnerDim()
 	return HunyuanVideoTransformerBlock{
-		Norm1:        AdaLayerNormZero{Linear: bindLinear(b, join(prefix, "norm1.linear"), dim, 6*dim, true)},
-		Norm1Context: AdaLayerNormZero{Linear: bindLinear(b, join(prefix, "norm1_context.linear"), dim, 6*dim, true)},
-		Attn:         bindJointAttention(b, join(prefix, "attn"), cfg),
-		FF:           bindFeedForward(b, join(prefix, "ff"), dim, cfg.MLPDim(), runtime.OpGELUTanh),
-		FFContext:    bindFeedForward(b, join(prefix, "ff_context"), dim, cfg.MLPDim(), runtime.OpGELUTanh),
+		Norm1:        AdaLayerNormZero{Linear: nn.NewLinear(l, nn.Join(prefix, "norm1.linear"), dim, 6*dim, true)},
+		Norm1Context: AdaLayerNormZero{Linear: nn.NewLinear(l, nn.Join(prefix, "norm1_context.linear"), dim, 6*dim, true)},
+		Attn:         bindJointAttention(l, nn.Join(prefix, "attn"), cfg),
+		FF:           bindFeedForward(l, nn.Join(prefix, "ff"), dim, cfg.MLPDim(), runtime.OpGELUTanh),
+		FFContext:    bindFeedForward(l, nn.Join(prefix, "ff_context"), dim, cfg.MLPDim(), runtime.OpGELUTanh),
 	}
 }
 
 // Forward: img [1, Li, dim], txt [1, Lt, dim], temb [1, dim] → new img, txt (owned by the
 // caller).
 func (blk HunyuanVideoTransformerBlock) Forward(rt *runtime.Runtime, img, txt, temb *runtime.Tensor, r rope) (*runtime.Tensor, *runtime.Tensor, error) {
-	p := newPass(rt)
-	defer p.free()
+	p := nn.NewPass(nil, rt)
+	defer p.Free()
 	a := blk.Norm1.Forward(p, img, temb)
 	c := blk.Norm1Context.Forward(p, txt, temb)
 	ia, ta := blk.Attn.Forward(p, a.x, c.x, r)
-	p.drop(a.x, c.x)
+	p.Drop(a.x, c.x)
 
 	// residual + gate·attn, then residual + gate·ff(modulated LayerNorm).
 	stream := func(x, attn *runtime.Tensor, m adaZeroOut, ff FeedForward) *runtime.Tensor {
-		g := p.do(p.rt.Mul(attn, m.gateMSA))
-		p.drop(attn)
-		h := p.do(p.rt.Add(x, g))
-		p.drop(g)
-		n := p.do(p.rt.LayerNorm(h, nil, nil, normEps))
+		g := p.Do(p.RT.Mul(attn, m.gateMSA))
+		p.Drop(attn)
+		h := p.Do(p.RT.Add(x, g))
+		p.Drop(g)
+		n := layerNorm.Forward(p, h)
 		mn := modulate(p, n, m.scaleMLP, m.shiftMLP)
-		p.drop(n)
+		p.Drop(n)
 		f := ff.Forward(p, mn)
-		p.drop(mn)
-		gf := p.do(p.rt.Mul(f, m.gateMLP))
-		p.drop(f)
-		out := p.do(p.rt.Add(h, gf))
-		p.drop(h, gf)
+		p.Drop(mn)
+		gf := p.Do(p.RT.Mul(f, m.gateMLP))
+		p.Drop(f)
+		out := p.Do(p.RT.Add(h, gf))
+		p.Drop(h, gf)
 		return out
 	}
 	imgOut := stream(img, ia, a, blk.FF)
 	txtOut := stream(txt, ta, c, blk.FFContext)
-	if p.err != nil {
-		return nil, nil, p.err
+	if !p.OK() {
+		return nil, nil, p.Err()
 	}
-	return p.keep(imgOut), p.keep(txtOut), nil
+	return p.Keep(imgOut), p.Keep(txtOut), nil
 }
 
 // SingleAttention is the single block's attn (HunyuanAttnProcessorFlashAttnSingle, pre_only):
 // q/k/v over the whole [image | text] sequence, RMS-normed q/k, rope on the image part.
 type SingleAttention struct {
-	ToQ, ToK, ToV Linear  // to_q, to_k, to_v [dim, dim]
-	NormQ, NormK  RMSNorm // norm_q, norm_k [head_dim]
-	heads         int
+	ToQ, ToK, ToV nn.Linear  // to_q, to_k, to_v [dim, dim]
+	NormQ, NormK  nn.RMSNorm // norm_q, norm_k [head_dim]
+	nn.Attention
 }
 
 // Forward: x [1, L, dim] → [1, L, dim].
-func (a SingleAttention) Forward(p *pass, x *runtime.Tensor, r rope) *runtime.Tensor {
-	qk := func(l Linear, n RMSNorm) *runtime.Tensor {
-		h := toHeads(p, l.Forward(p, x), a.heads)
-		nh := n.Forward(p, h)
-		p.drop(h)
-		out := r.apply(p, nh)
-		p.drop(nh)
-		return out
+func (a SingleAttention) Forward(p *nn.Pass, x *runtime.Tensor, r rope) *runtime.Tensor {
+	qk := func(l nn.Linear, n *nn.RMSNorm) *runtime.Tensor {
+		h := heads(p, a.Attention, l, n, x)
+		return p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return r.apply(p, h) })
 	}
-	q := qk(a.ToQ, a.NormQ)
-	k := qk(a.ToK, a.NormK)
-	v := toHeads(p, a.ToV.Forward(p, x), a.heads)
-	o := sdpa(p, q, k, v, nil)
-	p.drop(q, k, v)
+	q, k := qk(a.ToQ, &a.NormQ), qk(a.ToK, &a.NormK)
+	v := heads(p, a.Attention, a.ToV, nil, x)
+	o := a.Attention.Forward(p, q, k, v, nil)
+	p.Drop(q, k, v)
 	return o
 }
 
@@ -165,45 +164,46 @@ func (a SingleAttention) Forward(p *pass, x *runtime.Tensor, r rope) *runtime.Te
 type HunyuanVideoSingleTransformerBlock struct {
 	Norm    AdaLayerNormZeroSingle // norm
 	Attn    SingleAttention        // attn
-	ProjMLP Linear                 // proj_mlp [mlp, dim]; act_mlp is GELU(tanh)
-	ProjOut Linear                 // proj_out [dim, dim + mlp]
+	ProjMLP nn.Linear              // proj_mlp [mlp, dim]; act_mlp is GELU(tanh)
+	ProjOut nn.Linear              // proj_out [dim, dim + mlp]
 }
 
-func bindSingleBlock(b *binder, prefix string, cfg Config) HunyuanVideoSingleTransformerBlock {
+func bindSingleBlock(l *nn.Loader, prefix string, cfg Config) HunyuanVideoSingleTransformerBlock {
 	dim, hd, mlp := cfg.InnerDim(), cfg.AttentionHeadDim, cfg.MLPDim()
 	return HunyuanVideoSingleTransformerBlock{
-		Norm: AdaLayerNormZeroSingle{Linear: bindLinear(b, join(prefix, "norm.linear"), dim, 3*dim, true)},
+		Norm: AdaLayerNormZeroSingle{Linear: nn.NewLinear(l, nn.Join(prefix, "norm.linear"), dim, 3*dim, true)},
 		Attn: SingleAttention{
-			ToQ: bindLinear(b, join(prefix, "attn.to_q"), dim, dim, true), ToK: bindLinear(b, join(prefix, "attn.to_k"), dim, dim, true),
-			ToV:   bindLinear(b, join(prefix, "attn.to_v"), dim, dim, true),
-			NormQ: bindRMSNorm(b, join(prefix, "attn.norm_q"), hd), NormK: bindRMSNorm(b, join(prefix, "attn.norm_k"), hd),
-			heads: cfg.NumAttentionHeads,
+			ToQ: nn.NewLinear(l, nn.Join(prefix, "attn.to_q"), dim, dim, true), ToK: nn.NewLinear(l, nn.Join(prefix, "attn.to_k"), dim, dim, true),
+			ToV:       nn.NewLinear(l, nn.Join(prefix, "attn.to_v"), dim, dim, true),
+			NormQ:     nn.NewRMSNorm(l, nn.Join(prefix, "attn.norm_q"), hd, normEps),
+			NormK:     nn.NewRMSNorm(l, nn.Join(prefix, "attn.norm_k"), hd, normEps),
+			Attention: nn.NewAttention(cfg.NumAttentionHeads, hd),
 		},
-		ProjMLP: bindLinear(b, join(prefix, "proj_mlp"), dim, mlp, true),
-		ProjOut: bindLinear(b, join(prefix, "proj_out"), dim+mlp, dim, true),
+		ProjMLP: nn.NewLinear(l, nn.Join(prefix, "proj_mlp"), dim, mlp, true),
+		ProjOut: nn.NewLinear(l, nn.Join(prefix, "proj_out"), dim+mlp, dim, true),
 	}
 }
 
 // Forward: x [1, L, dim] (image then text tokens), temb [1, dim] → [1, L, dim] (owned by the
 // caller).
 func (blk HunyuanVideoSingleTransformerBlock) Forward(rt *runtime.Runtime, x, temb *runtime.Tensor, r rope) (*runtime.Tensor, error) {
-	p := newPass(rt)
-	defer p.free()
+	p := nn.NewPass(nil, rt)
+	defer p.Free()
 	nx, gate := blk.Norm.Forward(p, x, temb)
 	pm := blk.ProjMLP.Forward(p, nx)
-	mlp := p.do(p.rt.GELU(pm))
-	p.drop(pm)
+	mlp := p.Do(p.RT.GELU(pm))
+	p.Drop(pm)
 	attn := blk.Attn.Forward(p, nx, r)
-	p.drop(nx)
-	cat := p.do(p.rt.Concat(-1, attn, mlp))
-	p.drop(attn, mlp)
+	p.Drop(nx)
+	cat := p.Do(p.RT.Concat(-1, attn, mlp))
+	p.Drop(attn, mlp)
 	o := blk.ProjOut.Forward(p, cat)
-	p.drop(cat)
-	g := p.do(p.rt.Mul(o, gate))
-	p.drop(o)
-	out := p.do(p.rt.Add(g, x))
-	if p.err != nil {
-		return nil, p.err
+	p.Drop(cat)
+	g := p.Do(p.RT.Mul(o, gate))
+	p.Drop(o)
+	out := p.Do(p.RT.Add(g, x))
+	if !p.OK() {
+		return nil, p.Err()
 	}
-	return p.keep(out), nil
+	return p.Keep(out), nil
 }

@@ -3,6 +3,7 @@ package dit
 import (
 	"math"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 )
 
@@ -30,47 +31,47 @@ func timestepProj(t float32) []float32 {
 
 // TimestepEmbedding is diffusers' TimestepEmbedding: linear_1, SiLU, linear_2.
 type TimestepEmbedding struct {
-	Linear1 Linear // linear_1 [dim, 256]
-	Linear2 Linear // linear_2 [dim, dim]
+	Linear1 nn.Linear // linear_1 [dim, 256]
+	Linear2 nn.Linear // linear_2 [dim, dim]
 }
 
-func bindTimestepEmbedding(b *binder, prefix string, in, dim int) TimestepEmbedding {
+func bindTimestepEmbedding(l *nn.Loader, prefix string, in, dim int) TimestepEmbedding {
 	return TimestepEmbedding{
-		Linear1: bindLinear(b, join(prefix, "linear_1"), in, dim, true),
-		Linear2: bindLinear(b, join(prefix, "linear_2"), dim, dim, true),
+		Linear1: nn.NewLinear(l, nn.Join(prefix, "linear_1"), in, dim, true),
+		Linear2: nn.NewLinear(l, nn.Join(prefix, "linear_2"), dim, dim, true),
 	}
 }
 
 // Forward: x [1, in] → [1, dim].
-func (e TimestepEmbedding) Forward(p *pass, x *runtime.Tensor) *runtime.Tensor {
+func (e TimestepEmbedding) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 	h := e.Linear1.Forward(p, x)
-	a := p.do(p.rt.SiLU(h))
+	a := p.Do(p.RT.SiLU(h))
 	return e.Linear2.Forward(p, a)
 }
 
 // embedTimestep is TimestepEmbedding(Timesteps(t)).
-func (e TimestepEmbedding) embedTimestep(p *pass, t float32) *runtime.Tensor {
-	proj := p.do(p.rt.FromFloat32(timestepProj(t), 1, timestepChannels))
+func (e TimestepEmbedding) embedTimestep(p *nn.Pass, t float32) *runtime.Tensor {
+	proj := p.Do(p.RT.FromFloat32(timestepProj(t), 1, timestepChannels))
 	return e.Forward(p, proj)
 }
 
 // PixArtAlphaTextProjection with act_fn="silu": linear_1, SiLU, linear_2.
 type PixArtAlphaTextProjection struct {
-	Linear1 Linear // linear_1 [dim, in]
-	Linear2 Linear // linear_2 [dim, dim]
+	Linear1 nn.Linear // linear_1 [dim, in]
+	Linear2 nn.Linear // linear_2 [dim, dim]
 }
 
-func bindTextProjection(b *binder, prefix string, in, dim int) PixArtAlphaTextProjection {
+func bindTextProjection(l *nn.Loader, prefix string, in, dim int) PixArtAlphaTextProjection {
 	return PixArtAlphaTextProjection{
-		Linear1: bindLinear(b, join(prefix, "linear_1"), in, dim, true),
-		Linear2: bindLinear(b, join(prefix, "linear_2"), dim, dim, true),
+		Linear1: nn.NewLinear(l, nn.Join(prefix, "linear_1"), in, dim, true),
+		Linear2: nn.NewLinear(l, nn.Join(prefix, "linear_2"), dim, dim, true),
 	}
 }
 
 // Forward: x [1, in] → [1, dim].
-func (t PixArtAlphaTextProjection) Forward(p *pass, x *runtime.Tensor) *runtime.Tensor {
+func (t PixArtAlphaTextProjection) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 	h := t.Linear1.Forward(p, x)
-	a := p.do(p.rt.SiLU(h))
+	a := p.Do(p.RT.SiLU(h))
 	return t.Linear2.Forward(p, a)
 }
 
@@ -83,21 +84,21 @@ type CombinedTimestepGuidanceTextProjEmbeddings struct {
 	TextEmbedder     PixArtAlphaTextProjection // text_embedder [dim, pooled_projection_dim]
 }
 
-func bindTimeGuidanceText(b *binder, prefix string, dim, pooledDim int) CombinedTimestepGuidanceTextProjEmbeddings {
+func bindTimeGuidanceText(l *nn.Loader, prefix string, dim, pooledDim int) CombinedTimestepGuidanceTextProjEmbeddings {
 	return CombinedTimestepGuidanceTextProjEmbeddings{
-		TimestepEmbedder: bindTimestepEmbedding(b, join(prefix, "timestep_embedder"), timestepChannels, dim),
-		GuidanceEmbedder: bindTimestepEmbedding(b, join(prefix, "guidance_embedder"), timestepChannels, dim),
-		TextEmbedder:     bindTextProjection(b, join(prefix, "text_embedder"), pooledDim, dim),
+		TimestepEmbedder: bindTimestepEmbedding(l, nn.Join(prefix, "timestep_embedder"), timestepChannels, dim),
+		GuidanceEmbedder: bindTimestepEmbedding(l, nn.Join(prefix, "guidance_embedder"), timestepChannels, dim),
+		TextEmbedder:     bindTextProjection(l, nn.Join(prefix, "text_embedder"), pooledDim, dim),
 	}
 }
 
 // Forward: timestep, guidance scalars, pooled [1, pooled_projection_dim] → temb [1, dim].
-func (e CombinedTimestepGuidanceTextProjEmbeddings) Forward(p *pass, timestep, guidance float32, pooled *runtime.Tensor) *runtime.Tensor {
+func (e CombinedTimestepGuidanceTextProjEmbeddings) Forward(p *nn.Pass, timestep, guidance float32, pooled *runtime.Tensor) *runtime.Tensor {
 	te := e.TimestepEmbedder.embedTimestep(p, timestep)
 	ge := e.GuidanceEmbedder.embedTimestep(p, guidance)
-	tg := p.do(p.rt.Add(te, ge))
+	tg := p.Do(p.RT.Add(te, ge))
 	pe := e.TextEmbedder.Forward(p, pooled)
-	return p.do(p.rt.Add(tg, pe))
+	return p.Do(p.RT.Add(tg, pe))
 }
 
 // CombinedTimestepTextProjEmbeddings is the token refiner's time_text_embed:
@@ -107,93 +108,86 @@ type CombinedTimestepTextProjEmbeddings struct {
 	TextEmbedder     PixArtAlphaTextProjection // text_embedder [dim, text_embed_dim]
 }
 
-func bindTimeText(b *binder, prefix string, dim, pooledDim int) CombinedTimestepTextProjEmbeddings {
+func bindTimeText(l *nn.Loader, prefix string, dim, pooledDim int) CombinedTimestepTextProjEmbeddings {
 	return CombinedTimestepTextProjEmbeddings{
-		TimestepEmbedder: bindTimestepEmbedding(b, join(prefix, "timestep_embedder"), timestepChannels, dim),
-		TextEmbedder:     bindTextProjection(b, join(prefix, "text_embedder"), pooledDim, dim),
+		TimestepEmbedder: bindTimestepEmbedding(l, nn.Join(prefix, "timestep_embedder"), timestepChannels, dim),
+		TextEmbedder:     bindTextProjection(l, nn.Join(prefix, "text_embedder"), pooledDim, dim),
 	}
 }
 
 // Forward: timestep, pooled [1, text_embed_dim] → [1, dim].
-func (e CombinedTimestepTextProjEmbeddings) Forward(p *pass, timestep float32, pooled *runtime.Tensor) *runtime.Tensor {
+func (e CombinedTimestepTextProjEmbeddings) Forward(p *nn.Pass, timestep float32, pooled *runtime.Tensor) *runtime.Tensor {
 	te := e.TimestepEmbedder.embedTimestep(p, timestep)
 	pe := e.TextEmbedder.Forward(p, pooled)
-	return p.do(p.rt.Add(te, pe))
+	return p.Do(p.RT.Add(te, pe))
 }
 
 // ClipVisionProjection is image_projection: down(SiLU(up(x))).
 type ClipVisionProjection struct {
-	Up   Linear // up [3·dim, image_proj_dim]
-	Down Linear // down [dim, 3·dim]
+	Up   nn.Linear // up [3·dim, image_proj_dim]
+	Down nn.Linear // down [dim, 3·dim]
 }
 
-func bindClipVisionProjection(b *binder, prefix string, in, dim int) ClipVisionProjection {
+func bindClipVisionProjection(l *nn.Loader, prefix string, in, dim int) ClipVisionProjection {
 	return ClipVisionProjection{
-		Up:   bindLinear(b, join(prefix, "up"), in, 3*dim, true),
-		Down: bindLinear(b, join(prefix, "down"), 3*dim, dim, true),
+		Up:   nn.NewLinear(l, nn.Join(prefix, "up"), in, 3*dim, true),
+		Down: nn.NewLinear(l, nn.Join(prefix, "down"), 3*dim, dim, true),
 	}
 }
 
 // Forward: SigLIP states [1, Li, image_proj_dim] → [1, Li, dim].
-func (c ClipVisionProjection) Forward(p *pass, x *runtime.Tensor) *runtime.Tensor {
+func (c ClipVisionProjection) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 	h := c.Up.Forward(p, x)
-	a := p.do(p.rt.SiLU(h))
-	p.drop(h)
+	a := p.Do(p.RT.SiLU(h))
+	p.Drop(h)
 	return c.Down.Forward(p, a)
 }
 
-// Conv3d is torch.nn.Conv3d with kernel = stride (a patch embedding).
-type Conv3d struct {
-	Weight *runtime.Tensor // <prefix>.weight [dim, in, kt, kh, kw]
-	Bias   *runtime.Tensor // <prefix>.bias [dim]
-	Kernel [3]int
+// PatchConv is torch.nn.Conv3d with kernel = stride (a patch embedding) whose output is read as
+// tokens.
+type PatchConv struct {
+	nn.Conv3d // <prefix> [dim, in, kt, kh, kw], stride = kernel
 }
 
-func bindPatchConv(b *binder, prefix string, in, dim int, kernel [3]int) Conv3d {
-	return Conv3d{
-		Weight: b.weight(join(prefix, "weight"), dim, in, kernel[0], kernel[1], kernel[2]),
-		Bias:   b.tensor(join(prefix, "bias"), dim),
-		Kernel: kernel,
-	}
+func bindPatchConv(l *nn.Loader, prefix string, in, dim int, kernel [3]int) PatchConv {
+	return PatchConv{nn.NewConv3d(l, prefix, in, dim, kernel, kernel)}
 }
 
 // Forward: x [1, in, T, H, W] (each dim a multiple of the kernel) → tokens [1, T/kt·H/kh·W/kw, dim]
 // in (t, h, w) order (the reference's flatten(2).transpose(1, 2)).
-func (c Conv3d) Forward(p *pass, x *runtime.Tensor) *runtime.Tensor {
-	y := p.do(p.rt.Conv3d(x, c.Weight, c.Bias, runtime.Conv3dParams{Stride: c.Kernel}))
-	if p.err != nil {
+func (c PatchConv) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	y := c.Conv3d.Forward(p, x)
+	if !p.OK() {
 		return nil
 	}
-	flat := p.reshape(y, y.Dim(0), y.Dim(1), -1)
-	out := p.do(p.rt.Permute(flat, 0, 2, 1))
-	p.drop(flat)
-	return out
+	flat := p.Reshape(y, y.Dim(0), y.Dim(1), -1)
+	return p.Then(flat, func(f *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Permute(f, 0, 2, 1)) })
 }
 
 // HunyuanVideoPatchEmbed is x_embedder: proj is a Conv3d with kernel (patch_size_t, p, p).
 type HunyuanVideoPatchEmbed struct {
-	Proj Conv3d // proj [dim, in_channels, 1, p, p]
+	Proj PatchConv // proj [dim, in_channels, 1, p, p]
 }
 
 // HunyuanVideoPatchEmbedForCleanLatents is clean_x_embedder: the 1x, 2x and 4x context
 // embedders (16 input channels, kernels (1,2,2), (2,4,4), (4,8,8)).
 type HunyuanVideoPatchEmbedForCleanLatents struct {
-	Proj   Conv3d // proj [dim, 16, 1, 2, 2]
-	Proj2x Conv3d // proj_2x [dim, 16, 2, 4, 4]
-	Proj4x Conv3d // proj_4x [dim, 16, 4, 8, 8]
+	Proj   PatchConv // proj [dim, 16, 1, 2, 2]
+	Proj2x PatchConv // proj_2x [dim, 16, 2, 4, 4]
+	Proj4x PatchConv // proj_4x [dim, 16, 4, 8, 8]
 }
 
-func bindCleanEmbedder(b *binder, prefix string, dim int) *HunyuanVideoPatchEmbedForCleanLatents {
+func bindCleanEmbedder(l *nn.Loader, prefix string, dim int) *HunyuanVideoPatchEmbedForCleanLatents {
 	return &HunyuanVideoPatchEmbedForCleanLatents{
-		Proj:   bindPatchConv(b, join(prefix, "proj"), cleanInChannels, dim, [3]int{1, 2, 2}),
-		Proj2x: bindPatchConv(b, join(prefix, "proj_2x"), cleanInChannels, dim, [3]int{2, 4, 4}),
-		Proj4x: bindPatchConv(b, join(prefix, "proj_4x"), cleanInChannels, dim, [3]int{4, 8, 8}),
+		Proj:   bindPatchConv(l, nn.Join(prefix, "proj"), cleanInChannels, dim, [3]int{1, 2, 2}),
+		Proj2x: bindPatchConv(l, nn.Join(prefix, "proj_2x"), cleanInChannels, dim, [3]int{2, 4, 4}),
+		Proj4x: bindPatchConv(l, nn.Join(prefix, "proj_4x"), cleanInChannels, dim, [3]int{4, 8, 8}),
 	}
 }
 
 // padTo is pad_for_3d_conv: replicate-pads the end of (T, H, W) up to multiples of k.
-func padTo(p *pass, x *runtime.Tensor, k [3]int) *runtime.Tensor {
-	if p.err != nil {
+func padTo(p *nn.Pass, x *runtime.Tensor, k [3]int) *runtime.Tensor {
+	if !p.OK() {
 		return nil
 	}
 	var pad runtime.Pad3d
@@ -206,5 +200,5 @@ func padTo(p *pass, x *runtime.Tensor, k [3]int) *runtime.Tensor {
 	if !need {
 		return x
 	}
-	return p.do(p.rt.Pad3d(x, runtime.PadReplicate, pad))
+	return p.Do(p.RT.Pad3d(x, runtime.PadReplicate, pad))
 }

@@ -3,6 +3,8 @@ package dit
 import (
 	"errors"
 	"fmt"
+
+	"github.com/framepackd/framepackd/internal/nn"
 )
 
 // Errors callers act on. Bad requests (shapes, indices, NaN inputs, batch > 1) match
@@ -13,8 +15,9 @@ var (
 	ErrInvalidInput = errors.New("invalid input")
 	// ErrUnsupportedConfig: the model config asks for something this implementation does not do.
 	ErrUnsupportedConfig = errors.New("unsupported config")
-	// ErrBadCheckpoint: a weight is missing or has the wrong shape.
-	ErrBadCheckpoint = errors.New("bad checkpoint")
+	// ErrBadCheckpoint: a weight is missing or has the wrong shape (the shared loader's
+	// nn.ErrCheckpoint).
+	ErrBadCheckpoint = nn.ErrCheckpoint
 	// ErrNonFinite: the model produced NaN or Inf from finite inputs.
 	ErrNonFinite = errors.New("non-finite output")
 )

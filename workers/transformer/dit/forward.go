@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 )
 
@@ -53,24 +54,24 @@ func (m *Model) forward(ctx context.Context, s *Section, x []float32, timestep, 
 		trace = func(string, *runtime.Tensor) {}
 	}
 	rt := m.rt
-	p := newPass(rt)
-	defer p.free()
+	p := nn.NewPass(nil, rt)
+	defer p.Free()
 
 	// Image stream: [clean | noisy] tokens.
-	xt := p.do(rt.FromFloat32(x, shape[:]...))
+	xt := p.Do(rt.FromFloat32(x, shape[:]...))
 	noisy := m.XEmbedder.Proj.Forward(p, xt)
-	p.drop(xt)
-	if p.err != nil {
-		return nil, p.err
+	p.Drop(xt)
+	if !p.OK() {
+		return nil, p.Err()
 	}
 	trace("x_embedder", noisy)
 	img := noisy
 	if s.clean != nil {
-		img = p.do(rt.Concat(1, s.clean, noisy))
-		p.drop(noisy)
+		img = p.Do(rt.Concat(1, s.clean, noisy))
+		p.Drop(noisy)
 	}
-	if p.err != nil {
-		return nil, p.err
+	if !p.OK() {
+		return nil, p.Err()
 	}
 	trace("packed_hidden_states", img)
 	if opts.Trace != nil {
@@ -82,34 +83,34 @@ func (m *Model) forward(ctx context.Context, s *Section, x []float32, timestep, 
 
 	temb := m.TimeTextEmbed.Forward(p, timestep, guidance, s.pooled)
 	text := m.ContextEmbedder.Forward(p, s.text, s.meanText, timestep, s.textMask)
-	if p.err != nil {
-		return nil, p.err
+	if !p.OK() {
+		return nil, p.Err()
 	}
 	trace("temb", temb)
 	trace("context_embedder", text)
 	if text.Dim(1) != s.textKeep {
-		text = p.do(rt.Slice(text, 1, 0, s.textKeep))
+		text = p.Do(rt.Slice(text, 1, 0, s.textKeep))
 	}
 	txt := text
 	if s.image != nil {
-		txt = p.do(rt.Concat(1, s.image, text))
+		txt = p.Do(rt.Concat(1, s.image, text))
 	}
-	if p.err != nil {
-		return nil, p.err
+	if !p.OK() {
+		return nil, p.Err()
 	}
 
 	compute := true
 	tc := opts.TeaCache
 	if tc != nil && tc.Enabled {
 		mod := m.teaCacheInput(p, img, temb)
-		if p.err != nil {
-			return nil, p.err
+		if !p.OK() {
+			return nil, p.Err()
 		}
 		var err error
 		if compute, err = tc.decide(mod, img); err != nil {
 			return nil, err
 		}
-		p.drop(mod)
+		p.Drop(mod)
 	}
 
 	if compute {
@@ -118,28 +119,28 @@ func (m *Model) forward(ctx context.Context, s *Section, x []float32, timestep, 
 			return nil, err
 		}
 		if tc != nil && tc.Enabled {
-			res := p.do(rt.Sub(out, img))
-			if p.err != nil {
+			res := p.Do(rt.Sub(out, img))
+			if !p.OK() {
 				out.Free()
-				return nil, p.err
+				return nil, p.Err()
 			}
-			tc.setResidual(p.keep(res))
+			tc.setResidual(p.Keep(res))
 		}
-		img = p.do(out, nil)
+		img = p.Do(out, nil)
 	} else {
-		img = p.do(rt.Add(img, tc.residual))
+		img = p.Do(rt.Add(img, tc.residual))
 	}
 
 	h := m.NormOut.Forward(p, img, temb)
-	if p.err != nil {
-		return nil, p.err
+	if !p.OK() {
+		return nil, p.Err()
 	}
 	if h.Dim(1) != s.noisyLen {
-		h = p.do(rt.Slice(h, 1, h.Dim(1)-s.noisyLen, h.Dim(1)))
+		h = p.Do(rt.Slice(h, 1, h.Dim(1)-s.noisyLen, h.Dim(1)))
 	}
 	o := m.ProjOut.Forward(p, h)
-	if p.err != nil {
-		return nil, p.err
+	if !p.OK() {
+		return nil, p.Err()
 	}
 	flat, err := o.Float32()
 	if err != nil {
@@ -154,9 +155,9 @@ func (m *Model) forward(ctx context.Context, s *Section, x []float32, timestep, 
 
 // teaCacheInput is transformer_blocks[0].norm1's modulated image input: TeaCache's
 // change detector.
-func (m *Model) teaCacheInput(p *pass, img, temb *runtime.Tensor) *runtime.Tensor {
+func (m *Model) teaCacheInput(p *nn.Pass, img, temb *runtime.Tensor) *runtime.Tensor {
 	if len(m.TransformerBlocks) == 0 {
-		p.fail(fmt.Errorf("%w: TeaCache needs at least one double block", ErrUnsupportedConfig))
+		p.Fail(fmt.Errorf("%w: TeaCache needs at least one double block", ErrUnsupportedConfig))
 		return nil
 	}
 	a := m.TransformerBlocks[0].Norm1.Forward(p, img, temb)

@@ -2,16 +2,16 @@ package dit
 
 import (
 	"fmt"
-	"math/rand/v2"
 	"path/filepath"
 	"strconv"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
 // Model is HunyuanVideoTransformer3DModelPacked (FramePack's packed HunyuanVideo DiT) with its
-// weights in a runtime as float32. Field names follow the checkpoint's module names.
+// weights in a runtime (weight matrices in LoadOptions.WeightDType, the rest float32). Field names follow the checkpoint's module names.
 type Model struct {
 	Config Config
 
@@ -26,7 +26,7 @@ type Model struct {
 	SingleTransformerBlocks []HunyuanVideoSingleTransformerBlock // single_transformer_blocks.N
 
 	NormOut AdaLayerNormContinuous // norm_out (LayerNorm without affine)
-	ProjOut Linear                 // proj_out [p·p·out_channels, dim]
+	ProjOut nn.Linear              // proj_out [p·p·out_channels, dim]
 
 	// Unexpected lists checkpoint tensors no module uses (the loader's caller logs them).
 	Unexpected []string
@@ -42,7 +42,7 @@ type LoadOptions struct {
 	RandomWeights bool
 	// Seed seeds RandomWeights.
 	Seed uint64
-	// WeightDType is the dtype of the Linear and patch-embedding weights (nearly all the
+	// WeightDType is the dtype of the nn.Linear and patch-embedding weights (nearly all the
 	// bytes): F16 or BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype
 	// (F32 with RandomWeights); zero means F32. Norms, biases and activations are f32.
 	WeightDType runtime.DType
@@ -73,44 +73,46 @@ func Load(rt *runtime.Runtime, dir string, opts LoadOptions) (*Model, error) {
 // New builds the model of cfg with its weights from src (nil with opts.RandomWeights). Every
 // tensor the config needs must be in src with its shape; tensors src has beyond those are listed
 // in Model.Unexpected.
-func New(rt *runtime.Runtime, cfg Config, src WeightSource, opts LoadOptions) (*Model, error) {
+func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Model, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if src == nil && !opts.RandomWeights {
 		return nil, fmt.Errorf("new transformer: no weights (a checkpoint or RandomWeights)")
 	}
-	b := &binder{rt: rt, src: src, wdtype: opts.WeightDType, used: map[string]bool{}}
+	var l *nn.Loader
 	if src == nil {
-		b.rng = rand.New(rand.NewPCG(opts.Seed, 0x9e3779b97f4a7c15))
+		l = nn.NewRandomLoader(rt, opts.Seed, runtime.F32)
+	} else {
+		l = nn.NewLoader(rt, src, runtime.F32, "")
 	}
+	l.SetWeightDType(opts.WeightDType)
 	dim := cfg.InnerDim()
 	p := cfg.PatchSize
 	m := &Model{Config: cfg, rt: rt, Rope: HunyuanVideoRotaryPosEmbed{AxesDim: cfg.RopeAxesDim, Theta: cfg.RopeTheta}}
-	m.XEmbedder = HunyuanVideoPatchEmbed{Proj: bindPatchConv(b, "x_embedder.proj", cfg.InChannels, dim, [3]int{cfg.PatchSizeT, p, p})}
-	m.ContextEmbedder = bindTokenRefiner(b, "context_embedder", cfg)
-	m.TimeTextEmbed = bindTimeGuidanceText(b, "time_text_embed", dim, cfg.PooledProjectionDim)
+	m.XEmbedder = HunyuanVideoPatchEmbed{Proj: bindPatchConv(l, "x_embedder.proj", cfg.InChannels, dim, [3]int{cfg.PatchSizeT, p, p})}
+	m.ContextEmbedder = bindTokenRefiner(l, "context_embedder", cfg)
+	m.TimeTextEmbed = bindTimeGuidanceText(l, "time_text_embed", dim, cfg.PooledProjectionDim)
 	if cfg.HasCleanXEmbedder {
-		m.CleanXEmbedder = bindCleanEmbedder(b, "clean_x_embedder", dim)
+		m.CleanXEmbedder = bindCleanEmbedder(l, "clean_x_embedder", dim)
 	}
 	if cfg.HasImageProj {
-		ip := bindClipVisionProjection(b, "image_projection", cfg.ImageProjDim, dim)
+		ip := bindClipVisionProjection(l, "image_projection", cfg.ImageProjDim, dim)
 		m.ImageProjection = &ip
 	}
 	for i := range cfg.NumLayers {
-		m.TransformerBlocks = append(m.TransformerBlocks, bindDoubleBlock(b, "transformer_blocks."+strconv.Itoa(i), cfg))
+		m.TransformerBlocks = append(m.TransformerBlocks, bindDoubleBlock(l, "transformer_blocks."+strconv.Itoa(i), cfg))
 	}
 	for i := range cfg.NumSingleLayers {
-		m.SingleTransformerBlocks = append(m.SingleTransformerBlocks, bindSingleBlock(b, "single_transformer_blocks."+strconv.Itoa(i), cfg))
+		m.SingleTransformerBlocks = append(m.SingleTransformerBlocks, bindSingleBlock(l, "single_transformer_blocks."+strconv.Itoa(i), cfg))
 	}
-	m.NormOut = AdaLayerNormContinuous{Linear: bindLinear(b, "norm_out.linear", dim, 2*dim, true)}
-	m.ProjOut = bindLinear(b, "proj_out", dim, cfg.PatchSizeT*p*p*cfg.OutChannelsOrIn(), true)
-	if b.err != nil {
-		b.free()
-		return nil, b.err
+	m.NormOut = AdaLayerNormContinuous{Linear: nn.NewLinear(l, "norm_out.linear", dim, 2*dim, true)}
+	m.ProjOut = nn.NewLinear(l, "proj_out", dim, cfg.PatchSizeT*p*p*cfg.OutChannelsOrIn(), true)
+	ws, rep, err := l.Finish()
+	if err != nil {
+		return nil, err
 	}
-	m.weights = b.all
-	m.Unexpected = b.unexpected()
+	m.weights, m.Unexpected = ws, rep.Unexpected
 	return m, nil
 }
 

@@ -7,8 +7,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/runtime"
-	"github.com/framepackd/framepackd/workers/transformer/sampler"
-	"github.com/framepackd/framepackd/workers/transformer/sampler/samplertest"
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 )
 
 // OpForward is the transformer fixture's op.
@@ -62,29 +61,29 @@ func toInt64s(s []int) []int64 {
 	return out
 }
 
-func floatIn(t testing.TB, c parity.Case, name string) Tensor {
+func floatIn(t testing.TB, c parity.Case, name string) conditioning.Tensor {
 	if !c.HasInput(name) {
-		return Tensor{}
+		return conditioning.Tensor{}
 	}
 	a := c.Input(t, name)
-	return Tensor{Shape: toInts(a.Shape), Data: a.F32}
+	return conditioning.Tensor{Shape: toInts(a.Shape), Data: a.F32}
 }
 
-func intIn(t testing.TB, c parity.Case, name string) IntTensor {
+func intIn(t testing.TB, c parity.Case, name string) conditioning.IntTensor {
 	if !c.HasInput(name) {
-		return IntTensor{}
+		return conditioning.IntTensor{}
 	}
 	a := c.Input(t, name)
 	if a.Ints == nil {
 		t.Fatalf("case %s: input %s is %s, want integers", c.Name, name, a.DType)
 	}
-	return IntTensor{Shape: toInts(a.Shape), Data: a.Ints}
+	return conditioning.IntTensor{Shape: toInts(a.Shape), Data: a.Ints}
 }
 
 // forwardCase is a transformer.forward case decoded.
 type forwardCase struct {
 	cond               Conditioning
-	x                  Tensor
+	x                  conditioning.Tensor
 	timestep, guidance float32
 }
 
@@ -234,86 +233,4 @@ func tokensOf(v []float32, s []int) []float32 {
 		}
 	}
 	return out
-}
-
-// TestParitySampler runs the sampler fixture's sample_hunyuan cases through this model
-// (samplertest.RunParityCase checks every step's x and denoised) and checks that TeaCache skipped
-// exactly the transformer calls the reference skipped.
-func TestParitySampler(t *testing.T) {
-	fx := parity.Load(t, "sampler")
-	rt := newTestRuntime(t)
-	m := loadFixtureModel(t, rt, fx)
-	ran := 0
-	for _, c := range fx.Cases {
-		t.Run(c.Name, func(t *testing.T) {
-			switch c.Op {
-			case samplertest.OpSampleHunyuan:
-				sm := NewSamplerModel(m)
-				defer sm.Close()
-				calls := 0
-				sm.OnForward = func(sampler.ForwardInput) { calls++ }
-				samplertest.RunParityCase(t, c, sm)
-				checkTeaCacheCalls(t, c, sm, calls)
-				ran++
-			case "sampler.sigmas":
-				t.Skipf("case %s: schedule only, checked by the sampler package", c.Name)
-			default:
-				t.Fatalf("case %s: unknown op %q", c.Name, c.Op)
-			}
-		})
-	}
-	if ran == 0 {
-		t.Fatal("no sample_hunyuan cases")
-	}
-}
-
-// checkTeaCacheCalls compares the model's TeaCache record with the reference's accumulated
-// distance per transformer call (0 where the blocks ran).
-func checkTeaCacheCalls(t *testing.T, c parity.Case, sm *SamplerModel, calls int) {
-	d := samplertest.Decode(t, c)
-	ref := d.TeaCacheRelL1
-	if len(ref) == 0 {
-		return
-	}
-	if calls != len(ref) {
-		t.Errorf("case %s: %d transformer calls, reference %d", c.Name, calls, len(ref))
-		return
-	}
-	if !d.Request.TeaCache {
-		for i, v := range ref {
-			if v != 0 {
-				t.Errorf("case %s: TeaCache off but reference call %d skipped (accumulated %v)", c.Name, i, v)
-			}
-		}
-		t.Logf("case %s: TeaCache off, %d transformer calls all computed", c.Name, calls)
-		return
-	}
-	if d.Request.Guidance.CFG != 1 {
-		t.Fatalf("case %s: TeaCache with real CFG: the reference shares one state between branches", c.Name)
-	}
-	got := sm.TeaCache(sampler.Positive).Calls
-	if len(got) != len(ref) {
-		t.Fatalf("case %s: TeaCache saw %d calls, reference %d", c.Name, len(got), len(ref))
-	}
-	for i, r := range ref {
-		refSkipped := r != 0
-		t.Logf("case %s teacache call %d: computed=%v accumulated=%.6g, reference computed=%v accumulated=%.6g",
-			c.Name, i, got[i].Computed, got[i].Accumulated, !refSkipped, r)
-		if got[i].Computed == refSkipped {
-			t.Errorf("case %s: call %d computed=%v, reference computed=%v", c.Name, i, got[i].Computed, !refSkipped)
-		}
-		if refSkipped && abs(got[i].Accumulated-r) > 1e-3*abs(r) {
-			t.Errorf("case %s: call %d accumulated %v, reference %v", c.Name, i, got[i].Accumulated, r)
-		}
-	}
-	if s := sm.TeaCache(sampler.Positive).Skipped(); s == 0 {
-		t.Errorf("case %s: TeaCache skipped nothing", c.Name)
-	}
-}
-
-func abs(x float64) float64 {
-	if x < 0 {
-		return -x
-	}
-	return x
 }

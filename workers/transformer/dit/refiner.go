@@ -3,114 +3,86 @@ package dit
 import (
 	"strconv"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 )
 
 // SelfAttention is diffusers' Attention as the token refiner uses it (AttnProcessor2_0, no
 // q/k norm): to_q, to_k, to_v, to_out.0 (to_out.1 is Dropout).
 type SelfAttention struct {
-	ToQ, ToK, ToV Linear // to_q, to_k, to_v [dim, dim]
-	ToOut         Linear // to_out.0 [dim, dim]
-	heads         int
+	ToQ, ToK, ToV nn.Linear // to_q, to_k, to_v [dim, dim]
+	ToOut         nn.Linear // to_out.0 [dim, dim]
+	nn.Attention
 }
 
-func bindSelfAttention(b *binder, prefix string, dim, heads int) SelfAttention {
-	return SelfAttention{
-		ToQ:   bindLinear(b, join(prefix, "to_q"), dim, dim, true),
-		ToK:   bindLinear(b, join(prefix, "to_k"), dim, dim, true),
-		ToV:   bindLinear(b, join(prefix, "to_v"), dim, dim, true),
-		ToOut: bindLinear(b, join(prefix, "to_out.0"), dim, dim, true),
-		heads: heads,
-	}
+func bindSelfAttention(l *nn.Loader, prefix string, dim, heads int) SelfAttention {
+	lin := func(name string) nn.Linear { return nn.NewLinear(l, nn.Join(prefix, name), dim, dim, true) }
+	return SelfAttention{ToQ: lin("to_q"), ToK: lin("to_k"), ToV: lin("to_v"), ToOut: lin("to_out.0"), Attention: nn.NewAttention(heads, dim/heads)}
 }
 
 // Forward: x [1, L, dim], mask nil or U8 [1, 1, L, L] → [1, L, dim].
-func (a SelfAttention) Forward(p *pass, x, mask *runtime.Tensor) *runtime.Tensor {
-	q := toHeads(p, a.ToQ.Forward(p, x), a.heads)
-	k := toHeads(p, a.ToK.Forward(p, x), a.heads)
-	v := toHeads(p, a.ToV.Forward(p, x), a.heads)
-	o := sdpa(p, q, k, v, mask)
-	return a.ToOut.Forward(p, o)
-}
-
-// toHeads: [1, L, H·D] → [1, L, H, D].
-func toHeads(p *pass, x *runtime.Tensor, heads int) *runtime.Tensor {
-	if p.err != nil {
-		return nil
-	}
-	return p.reshape(x, x.Dim(0), x.Dim(1), heads, -1)
-}
-
-// sdpa is scaled dot-product attention on [1, L, H, D] tensors → [1, L, H·D].
-func sdpa(p *pass, q, k, v, mask *runtime.Tensor) *runtime.Tensor {
-	qt := p.do(p.rt.Permute(q, 0, 2, 1, 3))
-	kt := p.do(p.rt.Permute(k, 0, 2, 1, 3))
-	vt := p.do(p.rt.Permute(v, 0, 2, 1, 3))
-	o := p.do(p.rt.Attention(qt, kt, vt, mask, runtime.AttentionParams{}))
-	p.drop(qt, kt, vt)
-	ot := p.do(p.rt.Permute(o, 0, 2, 1, 3))
-	p.drop(o)
-	if p.err != nil {
-		return nil
-	}
-	return p.reshape(ot, ot.Dim(0), ot.Dim(1), -1)
+func (a SelfAttention) Forward(p *nn.Pass, x, mask *runtime.Tensor) *runtime.Tensor {
+	q, k, v := a.ToQ.Forward(p, x), a.ToK.Forward(p, x), a.ToV.Forward(p, x)
+	o := a.Attention.Forward(p, q, k, v, mask)
+	p.Drop(q, k, v)
+	return p.Then(o, func(o *runtime.Tensor) *runtime.Tensor { return a.ToOut.Forward(p, o) })
 }
 
 // HunyuanVideoAdaNorm is the refiner block's norm_out: SiLU → linear → (gate_msa, gate_mlp).
 type HunyuanVideoAdaNorm struct {
-	Linear Linear // linear [2·dim, dim]
+	Linear nn.Linear // linear [2·dim, dim]
 }
 
 // HunyuanVideoIndividualTokenRefinerBlock is one refiner block: pre-norm self-attention and a
 // SiLU feed-forward, each gated by the refiner's time/text embedding.
 type HunyuanVideoIndividualTokenRefinerBlock struct {
-	Norm1   LayerNorm           // norm1 (affine)
+	Norm1   nn.LayerNorm        // norm1 (affine)
 	Attn    SelfAttention       // attn
-	Norm2   LayerNorm           // norm2 (affine)
+	Norm2   nn.LayerNorm        // norm2 (affine)
 	FF      FeedForward         // ff: net.0.proj [mlp, dim] + SiLU, net.2 [dim, mlp]
 	NormOut HunyuanVideoAdaNorm // norm_out
 }
 
-func bindRefinerBlock(b *binder, prefix string, cfg Config) HunyuanVideoIndividualTokenRefinerBlock {
+func bindRefinerBlock(l *nn.Loader, prefix string, cfg Config) HunyuanVideoIndividualTokenRefinerBlock {
 	dim := cfg.InnerDim()
 	return HunyuanVideoIndividualTokenRefinerBlock{
-		Norm1:   bindLayerNorm(b, join(prefix, "norm1"), dim),
-		Attn:    bindSelfAttention(b, join(prefix, "attn"), dim, cfg.NumAttentionHeads),
-		Norm2:   bindLayerNorm(b, join(prefix, "norm2"), dim),
-		FF:      bindFeedForward(b, join(prefix, "ff"), dim, int(float64(dim)*4.0), runtime.OpSiLU),
-		NormOut: HunyuanVideoAdaNorm{Linear: bindLinear(b, join(prefix, "norm_out.linear"), dim, 2*dim, true)},
+		Norm1:   nn.NewLayerNorm(l, nn.Join(prefix, "norm1"), dim, normEps),
+		Attn:    bindSelfAttention(l, nn.Join(prefix, "attn"), dim, cfg.NumAttentionHeads),
+		Norm2:   nn.NewLayerNorm(l, nn.Join(prefix, "norm2"), dim, normEps),
+		FF:      bindFeedForward(l, nn.Join(prefix, "ff"), dim, int(float64(dim)*4.0), runtime.OpSiLU),
+		NormOut: HunyuanVideoAdaNorm{Linear: nn.NewLinear(l, nn.Join(prefix, "norm_out.linear"), dim, 2*dim, true)},
 	}
 }
 
 // Forward: x [1, L, dim], temb [1, dim], mask nil or [1, 1, L, L] → [1, L, dim].
-func (blk HunyuanVideoIndividualTokenRefinerBlock) Forward(p *pass, x, temb, mask *runtime.Tensor) *runtime.Tensor {
+func (blk HunyuanVideoIndividualTokenRefinerBlock) Forward(p *nn.Pass, x, temb, mask *runtime.Tensor) *runtime.Tensor {
 	n1 := blk.Norm1.Forward(p, x)
 	attn := blk.Attn.Forward(p, n1, mask)
-	st := p.do(p.rt.SiLU(temb))
-	gates := p.chunk(blk.NormOut.Linear.Forward(p, st), 2)
-	ga := p.do(p.rt.Mul(attn, gates[0]))
-	h := p.do(p.rt.Add(x, ga))
+	st := p.Do(p.RT.SiLU(temb))
+	gates := p.Chunk(blk.NormOut.Linear.Forward(p, st), 2)
+	ga := p.Do(p.RT.Mul(attn, gates[0]))
+	h := p.Do(p.RT.Add(x, ga))
 	ff := blk.FF.Forward(p, blk.Norm2.Forward(p, h))
-	gf := p.do(p.rt.Mul(ff, gates[1]))
-	return p.do(p.rt.Add(h, gf))
+	gf := p.Do(p.RT.Mul(ff, gates[1]))
+	return p.Do(p.RT.Add(h, gf))
 }
 
 // HunyuanVideoTokenRefiner is context_embedder: the text states' own small transformer,
 // conditioned on the timestep and the masked mean of the text states.
 type HunyuanVideoTokenRefiner struct {
 	TimeTextEmbed CombinedTimestepTextProjEmbeddings        // time_text_embed
-	ProjIn        Linear                                    // proj_in [dim, text_embed_dim]
+	ProjIn        nn.Linear                                 // proj_in [dim, text_embed_dim]
 	Blocks        []HunyuanVideoIndividualTokenRefinerBlock // token_refiner.refiner_blocks.N
 }
 
-func bindTokenRefiner(b *binder, prefix string, cfg Config) HunyuanVideoTokenRefiner {
+func bindTokenRefiner(l *nn.Loader, prefix string, cfg Config) HunyuanVideoTokenRefiner {
 	dim := cfg.InnerDim()
 	r := HunyuanVideoTokenRefiner{
-		TimeTextEmbed: bindTimeText(b, join(prefix, "time_text_embed"), dim, cfg.TextEmbedDim),
-		ProjIn:        bindLinear(b, join(prefix, "proj_in"), cfg.TextEmbedDim, dim, true),
+		TimeTextEmbed: bindTimeText(l, nn.Join(prefix, "time_text_embed"), dim, cfg.TextEmbedDim),
+		ProjIn:        nn.NewLinear(l, nn.Join(prefix, "proj_in"), cfg.TextEmbedDim, dim, true),
 	}
 	for i := range cfg.NumRefinerLayers {
-		r.Blocks = append(r.Blocks, bindRefinerBlock(b, join(prefix, "token_refiner.refiner_blocks."+strconv.Itoa(i)), cfg))
+		r.Blocks = append(r.Blocks, bindRefinerBlock(l, nn.Join(prefix, "token_refiner.refiner_blocks."+strconv.Itoa(i)), cfg))
 	}
 	return r
 }
@@ -121,17 +93,11 @@ func bindTokenRefiner(b *binder, prefix string, cfg Config) HunyuanVideoTokenRef
 // The reference runs all 512 padded tokens with mask m_i ∧ m_j (plus key 0 for every query).
 // For a mask of leading ones the real tokens only ever see real tokens, so running the real
 // tokens alone without a mask gives their rows exactly; that is what the model does then.
-func (r HunyuanVideoTokenRefiner) Forward(p *pass, text, pooled *runtime.Tensor, timestep float32, mask *runtime.Tensor) *runtime.Tensor {
+func (r HunyuanVideoTokenRefiner) Forward(p *nn.Pass, text, pooled *runtime.Tensor, timestep float32, mask *runtime.Tensor) *runtime.Tensor {
 	temb := r.TimeTextEmbed.Forward(p, timestep, pooled)
 	h := r.ProjIn.Forward(p, text)
-	for _, blk := range r.Blocks {
-		bp := newPass(p.rt)
-		out := bp.keep(blk.Forward(bp, h, temb, mask))
-		if bp.err != nil {
-			p.fail(bp.err)
-		}
-		bp.free()
-		h = p.do(out, nil)
+	for i, blk := range r.Blocks {
+		h = p.Sub(nn.Join("refiner_blocks", i), func(q *nn.Pass) *runtime.Tensor { return blk.Forward(q, h, temb, mask) })
 	}
 	return h
 }

@@ -3,6 +3,7 @@ package dit
 import (
 	"math"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 )
 
@@ -71,16 +72,16 @@ func (r HunyuanVideoRotaryPosEmbed) table(frames []int64, h, w int) []float32 {
 // by pool (the reference's pad_for_3d_conv + center_down_sample_3d for the 2x and 4x context;
 // {1,1,1} for none), as [1, L, 2·D] tokens in (t, h, w) order: cos in the first D columns, sin
 // in the last D (the reference's rope_freqs).
-func (r HunyuanVideoRotaryPosEmbed) Forward(p *pass, frames []int64, h, w int, pool [3]int) *runtime.Tensor {
+func (r HunyuanVideoRotaryPosEmbed) Forward(p *nn.Pass, frames []int64, h, w int, pool [3]int) *runtime.Tensor {
 	d := r.AxesDim[0] + r.AxesDim[1] + r.AxesDim[2]
-	tab := p.do(p.rt.FromFloat32(r.table(frames, h, w), 1, 2*d, len(frames), h, w))
+	tab := p.Do(p.RT.FromFloat32(r.table(frames, h, w), 1, 2*d, len(frames), h, w))
 	if pool != [3]int{1, 1, 1} {
 		tab = padTo(p, tab, pool)
-		tab = p.do(p.rt.AvgPool3d(tab, pool, pool))
+		tab = p.Do(p.RT.AvgPool3d(tab, pool, pool))
 	}
-	if p.err != nil {
+	if !p.OK() {
 		return nil
 	}
-	flat := p.reshape(tab, 1, 2*d, -1)
-	return p.do(p.rt.Permute(flat, 0, 2, 1))
+	flat := p.Reshape(tab, 1, 2*d, -1)
+	return p.Do(p.RT.Permute(flat, 0, 2, 1))
 }

@@ -5,38 +5,14 @@ import (
 	"math"
 	"slices"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 )
 
-// Tensor is a float32 host tensor, row-major (same layout as sampler.Tensor).
-type Tensor struct {
-	Shape []int
-	Data  []float32
-}
-
-// IntTensor is an integer host tensor, row-major (same layout as sampler.IntTensor).
-type IntTensor struct {
-	Shape []int
-	Data  []int64
-}
-
 // Conditioning is one branch of what the transformer is conditioned on besides the noisy
-// latents, the timestep and the guidance: the keyword arguments FramePack's sample_hunyuan passes
-// to the packed transformer. Only batch 1 is supported.
-type Conditioning struct {
-	EncoderHiddenStates  Tensor    // LLaMA states [1, L, text_embed_dim]
-	EncoderAttentionMask IntTensor // 0/1 per text token [1, L]
-	PooledProjections    Tensor    // CLIP-L pooled [1, pooled_projection_dim]
-	ImageEmbeddings      Tensor    // SigLIP states [1, Li, image_proj_dim] (required with has_image_proj)
-
-	LatentIndices        IntTensor // frame indices of the noisy latents [1, T]; empty means 0..T-1
-	CleanLatents         Tensor    // [1, 16, T1, H, W] (optional, with CleanLatentIndices [1, T1])
-	CleanLatentIndices   IntTensor //
-	CleanLatents2x       Tensor    // [1, 16, T2, H, W] (optional, with CleanLatent2xIndices [1, T2])
-	CleanLatent2xIndices IntTensor //
-	CleanLatents4x       Tensor    // [1, 16, T4, H, W] (optional, with CleanLatent4xIndices [1, T4])
-	CleanLatent4xIndices IntTensor //
-}
+// latents, the timestep and the guidance (batch 1 only).
+type Conditioning = conditioning.Conditioning
 
 // Section is a Conditioning embedded once for one latent shape: everything the forwards of a
 // section share (clean-latent tokens, rope table, projected image states, cropped text). Close it
@@ -85,7 +61,7 @@ func checkFinite(name string, v []float32) error {
 	return nil
 }
 
-func checkTensor(name string, t Tensor, want []int) error {
+func checkTensor(name string, t conditioning.Tensor, want []int) error {
 	if !slices.Equal(t.Shape, want) {
 		return invalidf("%s has shape %v, expected %v", name, t.Shape, want)
 	}
@@ -100,7 +76,7 @@ func checkTensor(name string, t Tensor, want []int) error {
 }
 
 // indices checks a [1, n] index tensor and returns its values.
-func indices(name string, t IntTensor, n int) ([]int64, error) {
+func indices(name string, t conditioning.IntTensor, n int) ([]int64, error) {
 	if !slices.Equal(t.Shape, []int{1, n}) || len(t.Data) != n {
 		return nil, invalidf("%s has shape %v (%d values), expected [1 %d] to match the latents", name, t.Shape, len(t.Data), n)
 	}
@@ -182,8 +158,8 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	}
 	type cleanIn struct {
 		name string
-		x    Tensor
-		idx  IntTensor
+		x    conditioning.Tensor
+		idx  conditioning.IntTensor
 	}
 	cleans := []cleanIn{ // packed order: 4x, 2x, 1x
 		{"clean_latents_4x", c.CleanLatents4x, c.CleanLatent4xIndices},
@@ -192,7 +168,7 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	}
 	var cleanIdx [3][]int64
 	for i, cl := range cleans {
-		hasX, hasIdx := len(cl.x.Data) > 0 || len(cl.x.Shape) > 0, len(cl.idx.Data) > 0 || len(cl.idx.Shape) > 0
+		hasX, hasIdx := cl.x.Set(), cl.idx.Set()
 		if !hasX && !hasIdx {
 			continue
 		}
@@ -216,7 +192,7 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 		cleanIdx[i] = idx
 	}
 
-	var img Tensor
+	var img conditioning.Tensor
 	if m.ImageProjection != nil {
 		img = c.ImageEmbeddings
 		if len(img.Shape) != 3 {
@@ -228,8 +204,8 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	}
 
 	s := &Section{m: m, shape: shape, noisyLen: T * h * w}
-	p := newPass(m.rt)
-	defer p.free()
+	p := nn.NewPass(nil, m.rt)
+	defer p.Free()
 	ok := false
 	defer func() {
 		if !ok {
@@ -237,7 +213,7 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 		}
 	}()
 	own := func(t *runtime.Tensor) *runtime.Tensor {
-		t = p.keep(t)
+		t = p.Keep(t)
 		if t != nil {
 			s.sc.Add(t)
 		}
@@ -250,8 +226,8 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 		if cleanIdx[i] == nil {
 			continue
 		}
-		x := p.do(m.rt.FromFloat32(cl.x.Data, cl.x.Shape...))
-		var conv Conv3d
+		x := p.Do(m.rt.FromFloat32(cl.x.Data, cl.x.Shape...))
+		var conv PatchConv
 		var pool [3]int
 		switch i {
 		case 0:
@@ -266,8 +242,8 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	}
 	ropes = append(ropes, m.Rope.Forward(p, latentIdx, h, w, [3]int{1, 1, 1}))
 	if len(tokens) > 0 {
-		s.clean = own(p.do(m.rt.Concat(1, tokens...)))
-		if p.err == nil {
+		s.clean = own(p.Do(m.rt.Concat(1, tokens...)))
+		if p.OK() {
 			s.cleanLen = s.clean.Dim(1)
 		}
 	}
@@ -287,10 +263,10 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 				}
 			}
 		}
-		s.textMask = own(p.do(m.rt.FromUint8(mask, 1, 1, L, L)))
+		s.textMask = own(p.Do(m.rt.FromUint8(mask, 1, 1, L, L)))
 	}
 	s.textKeep = real
-	s.text = own(p.do(m.rt.FromFloat32(textData, 1, textLen, td)))
+	s.text = own(p.Do(m.rt.FromFloat32(textData, 1, textLen, td)))
 	mean := make([]float64, td)
 	for i, v := range c.EncoderAttentionMask.Data {
 		if v == 1 {
@@ -303,11 +279,11 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	for j := range mean {
 		mean32[j] = float32(mean[j] / float64(real))
 	}
-	s.meanText = own(p.do(m.rt.FromFloat32(mean32, 1, td)))
-	s.pooled = own(p.do(m.rt.FromFloat32(c.PooledProjections.Data, 1, cfg.PooledProjectionDim)))
+	s.meanText = own(p.Do(m.rt.FromFloat32(mean32, 1, td)))
+	s.pooled = own(p.Do(m.rt.FromFloat32(c.PooledProjections.Data, 1, cfg.PooledProjectionDim)))
 	encLen := s.textKeep
 	if m.ImageProjection != nil {
-		x := p.do(m.rt.FromFloat32(img.Data, img.Shape...))
+		x := p.Do(m.rt.FromFloat32(img.Data, img.Shape...))
 		s.image = own(m.ImageProjection.Forward(p, x))
 		encLen += img.Shape[1]
 	}
@@ -320,21 +296,21 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 			ident[i*2*d+j] = 1
 		}
 	}
-	ropes = append(ropes, p.do(m.rt.FromFloat32(ident, 1, encLen, 2*d)))
-	all := p.do(m.rt.Concat(1, ropes...))
-	if p.err != nil {
-		return nil, p.err
+	ropes = append(ropes, p.Do(m.rt.FromFloat32(ident, 1, encLen, 2*d)))
+	all := p.Do(m.rt.Concat(1, ropes...))
+	if !p.OK() {
+		return nil, p.Err()
 	}
 	n := all.Dim(1)
 	if want := s.cleanLen + s.noisyLen + encLen; n != want {
 		return nil, fmt.Errorf("internal: rope table has %d rows, sequence has %d", n, want)
 	}
-	cos := p.do(m.rt.Slice(all, -1, 0, d))
-	sin := p.do(m.rt.Slice(all, -1, d, 2*d))
-	s.rope.cos = own(p.reshape(cos, 1, n, 1, d))
-	s.rope.sin = own(p.reshape(sin, 1, n, 1, d))
-	if p.err != nil {
-		return nil, p.err
+	cos := p.Do(m.rt.Slice(all, -1, 0, d))
+	sin := p.Do(m.rt.Slice(all, -1, d, 2*d))
+	s.rope.cos = own(p.Reshape(cos, 1, n, 1, d))
+	s.rope.sin = own(p.Reshape(sin, 1, n, 1, d))
+	if !p.OK() {
+		return nil, p.Err()
 	}
 	ok = true
 	return s, nil
@@ -342,14 +318,14 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 
 // ropeTable returns the image stream's rope table [1, L, 2·D] (cos | sin), for tests.
 func (s *Section) ropeTable() (*runtime.Tensor, error) {
-	p := newPass(s.m.rt)
-	defer p.free()
+	p := nn.NewPass(nil, s.m.rt)
+	defer p.Free()
 	li := s.cleanLen + s.noisyLen
-	c := p.do(s.m.rt.Slice(s.rope.cos, 1, 0, li))
-	sn := p.do(s.m.rt.Slice(s.rope.sin, 1, 0, li))
-	cat := p.do(s.m.rt.Concat(-1, c, sn))
-	if p.err != nil {
-		return nil, p.err
+	c := p.Do(s.m.rt.Slice(s.rope.cos, 1, 0, li))
+	sn := p.Do(s.m.rt.Slice(s.rope.sin, 1, 0, li))
+	cat := p.Do(s.m.rt.Concat(-1, c, sn))
+	if !p.OK() {
+		return nil, p.Err()
 	}
-	return p.keep(p.reshape(cat, 1, li, -1)), p.err
+	return p.Keep(p.Reshape(cat, 1, li, -1)), p.Err()
 }

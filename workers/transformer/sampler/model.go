@@ -3,6 +3,8 @@ package sampler
 import (
 	"context"
 	"fmt"
+
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 )
 
 // Shape is a latent's shape [B, C, T, H, W].
@@ -51,44 +53,10 @@ func LatentShape(batch, width, height, frames int) Shape {
 	return Shape{batch, 16, (frames + 3) / 4, height / 8, width / 8}
 }
 
-// Tensor is a float tensor in host memory, row-major.
-type Tensor struct {
-	Shape []int
-	Data  []float32
-}
-
-// IntTensor is an integer tensor in host memory (token masks, frame indices), row-major.
-type IntTensor struct {
-	Shape []int
-	Data  []int64
-}
-
-// Conditioning is one branch (positive or negative prompt) of what FramePack's transformer is
-// conditioned on besides x, the timestep and the guidance: the keyword arguments that
-// sample_hunyuan passes through to HunyuanVideoTransformer3DModelPacked.forward. The sampler
-// never reads the tensors; it hands the branch's Conditioning to Model.Forward.
-//
-// In FramePack both branches share the image embeddings and the clean latents; only the text
-// (LLaMA states, mask, CLIP pooled) differs, so a negative branch can reuse the positive one's
-// slices. All fields are optional to the sampler; the model decides what it requires.
-type Conditioning struct {
-	EncoderHiddenStates  Tensor    // LLaMA hidden_states[-3] cropped at 95, padded: [B, 512, 4096]
-	EncoderAttentionMask IntTensor // 1 for real text tokens: [B, 512]
-	PooledProjections    Tensor    // CLIP-L pooled output: [B, 768]
-	ImageEmbeddings      Tensor    // SigLIP last_hidden_state: [B, 729, 1152]
-
-	LatentIndices        IntTensor // frame indices of the noisy latents: [B, T]
-	CleanLatents         Tensor    // start latent and newest history latent: [B, 16, 2, H, W]
-	CleanLatentIndices   IntTensor // [B, 2]
-	CleanLatents2x       Tensor    // [B, 16, 2, H, W]
-	CleanLatent2xIndices IntTensor // [B, 2]
-	CleanLatents4x       Tensor    // [B, 16, 16, H, W]
-	CleanLatent4xIndices IntTensor // [B, 16]
-
-	// Prepared is the model's own form of this conditioning (for instance device-resident
-	// copies made once per section); the sampler only passes it along.
-	Prepared any
-}
+// Conditioning is one branch (positive or negative prompt) of what the transformer is
+// conditioned on besides x, the timestep and the guidance. The sampler never reads it; it hands
+// the branch's Conditioning to Model.Forward.
+type Conditioning = conditioning.Conditioning
 
 // Branch says which conditioning a forward pass uses.
 type Branch int

@@ -1,6 +1,7 @@
 package causalvae
 
 import (
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 )
 
@@ -10,33 +11,33 @@ type DownBlock struct {
 	Downsamplers *DownsampleCausal3D // downsamplers.0, nil when the block keeps the size
 }
 
-func bindDownBlock(b *binder, prefix string, p blockPlan, groups int) *DownBlock {
+func bindDownBlock(l *nn.Loader, prefix string, p blockPlan, groups int) *DownBlock {
 	d := &DownBlock{}
 	for i := range p.layers {
 		in := p.out
 		if i == 0 {
 			in = p.in
 		}
-		d.Resnets = append(d.Resnets, bindResnet(b, join(prefix, "resnets", i), in, p.out, groups))
+		d.Resnets = append(d.Resnets, bindResnet(l, nn.Join(prefix, "resnets", i), in, p.out, groups))
 	}
 	if p.resampled() {
 		d.Downsamplers = &DownsampleCausal3D{
-			Conv: bindCausalConv3d(b, prefix+".downsamplers.0.conv", p.out, p.out, 3, p.stride),
+			Conv: bindCausalConv3d(l, nn.Join(prefix, "downsamplers.0.conv"), p.out, p.out, 3, p.stride),
 		}
 	}
 	return d
 }
 
-func (d *DownBlock) forward(f *fwd, x *runtime.Tensor) (*runtime.Tensor, error) {
-	// x: [B, Cin, T, H, W] → [B, Cout, T', H', W']
-	steps := make([]step, 0, len(d.Resnets)+1)
-	for _, r := range d.Resnets {
-		steps = append(steps, func(x *runtime.Tensor) (*runtime.Tensor, error) { return r.forward(f, x) })
+// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W'].
+func (d *DownBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	h := d.Resnets[0].Forward(p, x)
+	for _, r := range d.Resnets[1:] {
+		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Forward(p, x) })
 	}
 	if d.Downsamplers != nil {
-		steps = append(steps, func(x *runtime.Tensor) (*runtime.Tensor, error) { return d.Downsamplers.forward(f, x) })
+		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.Downsamplers.Forward(p, x) })
 	}
-	return chain(x, steps...)
+	return h
 }
 
 // UpBlock is HunyuanVideoUpBlock3D: layers_per_block+1 resnets, then an optional upsampler.
@@ -45,34 +46,34 @@ type UpBlock struct {
 	Upsamplers *UpsampleCausal3D // upsamplers.0, nil when the block keeps the size
 }
 
-func bindUpBlock(b *binder, prefix string, p blockPlan, groups int) *UpBlock {
+func bindUpBlock(l *nn.Loader, prefix string, p blockPlan, groups int) *UpBlock {
 	u := &UpBlock{}
 	for i := range p.layers {
 		in := p.out
 		if i == 0 {
 			in = p.in
 		}
-		u.Resnets = append(u.Resnets, bindResnet(b, join(prefix, "resnets", i), in, p.out, groups))
+		u.Resnets = append(u.Resnets, bindResnet(l, nn.Join(prefix, "resnets", i), in, p.out, groups))
 	}
 	if p.resampled() {
 		u.Upsamplers = &UpsampleCausal3D{
-			Conv:   bindCausalConv3d(b, prefix+".upsamplers.0.conv", p.out, p.out, 3, [3]int{1, 1, 1}),
+			Conv:   bindCausalConv3d(l, nn.Join(prefix, "upsamplers.0.conv"), p.out, p.out, 3, unit),
 			Factor: p.stride,
 		}
 	}
 	return u
 }
 
-func (u *UpBlock) forward(f *fwd, x *runtime.Tensor) (*runtime.Tensor, error) {
-	// x: [B, Cin, T, H, W] → [B, Cout, T', H', W']
-	steps := make([]step, 0, len(u.Resnets)+1)
-	for _, r := range u.Resnets {
-		steps = append(steps, func(x *runtime.Tensor) (*runtime.Tensor, error) { return r.forward(f, x) })
+// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W'].
+func (u *UpBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	h := u.Resnets[0].Forward(p, x)
+	for _, r := range u.Resnets[1:] {
+		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Forward(p, x) })
 	}
 	if u.Upsamplers != nil {
-		steps = append(steps, func(x *runtime.Tensor) (*runtime.Tensor, error) { return u.Upsamplers.forward(f, x) })
+		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return u.Upsamplers.Forward(p, x) })
 	}
-	return chain(x, steps...)
+	return h
 }
 
 // Encoder is HunyuanVideoEncoder3D (double_z: conv_out gives mean and log-variance).
@@ -80,37 +81,35 @@ type Encoder struct {
 	ConvIn      CausalConv3d // conv_in [C0, in_channels, 3, 3, 3]
 	DownBlocks  []*DownBlock // down_blocks.i
 	MidBlock    *MidBlock    // mid_block [C_last]
-	ConvNormOut GroupNorm    // conv_norm_out [C_last]; conv_act is SiLU
+	ConvNormOut nn.GroupNorm // conv_norm_out [C_last]; conv_act is SiLU
 	ConvOut     CausalConv3d // conv_out [2·latent_channels, C_last, 3, 3, 3]
 }
 
-func bindEncoder(b *binder, prefix string, c Config) *Encoder {
+func bindEncoder(l *nn.Loader, prefix string, c Config) *Encoder {
 	bo := c.BlockOutChannels
 	last := bo[len(bo)-1]
 	e := &Encoder{
-		ConvIn: bindCausalConv3d(b, prefix+".conv_in", c.InChannels, bo[0], 3, [3]int{1, 1, 1}),
+		ConvIn: bindCausalConv3d(l, nn.Join(prefix, "conv_in"), c.InChannels, bo[0], 3, unit),
 	}
 	for i, p := range c.downPlan() {
-		e.DownBlocks = append(e.DownBlocks, bindDownBlock(b, join(prefix, "down_blocks", i), p, c.NormNumGroups))
+		e.DownBlocks = append(e.DownBlocks, bindDownBlock(l, nn.Join(prefix, "down_blocks", i), p, c.NormNumGroups))
 	}
-	e.MidBlock = bindMidBlock(b, prefix+".mid_block", last, c.NormNumGroups, c.MidBlockAddAttention)
-	e.ConvNormOut = bindGroupNorm(b, prefix+".conv_norm_out", last, c.NormNumGroups)
-	e.ConvOut = bindCausalConv3d(b, prefix+".conv_out", last, 2*c.LatentChannels, 3, [3]int{1, 1, 1})
+	e.MidBlock = bindMidBlock(l, nn.Join(prefix, "mid_block"), last, c.NormNumGroups, c.MidBlockAddAttention)
+	e.ConvNormOut = nn.NewGroupNorm(l, nn.Join(prefix, "conv_norm_out"), last, c.NormNumGroups, normEps)
+	e.ConvOut = bindCausalConv3d(l, nn.Join(prefix, "conv_out"), last, 2*c.LatentChannels, 3, unit)
 	return e
 }
 
-func (e *Encoder) forward(f *fwd, x *runtime.Tensor) (*runtime.Tensor, error) {
-	// x: [B, in, T, H, W] → [B, 2·latent, (T−1)/4+1, H/8, W/8]
-	steps := []step{func(x *runtime.Tensor) (*runtime.Tensor, error) { return e.ConvIn.forward(f, x) }}
+// Forward: x [B, in, T, H, W] → [B, 2·latent, (T−1)/4+1, H/8, W/8].
+func (e *Encoder) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	h := e.ConvIn.Forward(p, x)
 	for _, d := range e.DownBlocks {
-		steps = append(steps, func(x *runtime.Tensor) (*runtime.Tensor, error) { return d.forward(f, x) })
+		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.Forward(p, x) })
 	}
-	steps = append(steps,
-		func(x *runtime.Tensor) (*runtime.Tensor, error) { return e.MidBlock.forward(f, x) },
-		func(x *runtime.Tensor) (*runtime.Tensor, error) { return e.ConvNormOut.forward(f, x) },
-		f.rt.SiLU,
-		func(x *runtime.Tensor) (*runtime.Tensor, error) { return e.ConvOut.forward(f, x) })
-	return chain(x, steps...)
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return e.MidBlock.Forward(p, x) })
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return e.ConvNormOut.Forward(p, x) })
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.SiLU(x)) }) // conv_act
+	return p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return e.ConvOut.Forward(p, x) })
 }
 
 // Decoder is HunyuanVideoDecoder3D.
@@ -118,37 +117,33 @@ type Decoder struct {
 	ConvIn      CausalConv3d // conv_in [C_last, latent_channels, 3, 3, 3]
 	MidBlock    *MidBlock    // mid_block [C_last]
 	UpBlocks    []*UpBlock   // up_blocks.i (channels reversed)
-	ConvNormOut GroupNorm    // conv_norm_out [C0]; conv_act is SiLU
+	ConvNormOut nn.GroupNorm // conv_norm_out [C0]; conv_act is SiLU
 	ConvOut     CausalConv3d // conv_out [out_channels, C0, 3, 3, 3]
 }
 
-func bindDecoder(b *binder, prefix string, c Config) *Decoder {
+func bindDecoder(l *nn.Loader, prefix string, c Config) *Decoder {
 	bo := c.BlockOutChannels
 	last := bo[len(bo)-1]
 	d := &Decoder{
-		ConvIn:   bindCausalConv3d(b, prefix+".conv_in", c.LatentChannels, last, 3, [3]int{1, 1, 1}),
-		MidBlock: bindMidBlock(b, prefix+".mid_block", last, c.NormNumGroups, c.MidBlockAddAttention),
+		ConvIn:   bindCausalConv3d(l, nn.Join(prefix, "conv_in"), c.LatentChannels, last, 3, unit),
+		MidBlock: bindMidBlock(l, nn.Join(prefix, "mid_block"), last, c.NormNumGroups, c.MidBlockAddAttention),
 	}
 	for i, p := range c.upPlan() {
-		d.UpBlocks = append(d.UpBlocks, bindUpBlock(b, join(prefix, "up_blocks", i), p, c.NormNumGroups))
+		d.UpBlocks = append(d.UpBlocks, bindUpBlock(l, nn.Join(prefix, "up_blocks", i), p, c.NormNumGroups))
 	}
-	d.ConvNormOut = bindGroupNorm(b, prefix+".conv_norm_out", bo[0], c.NormNumGroups)
-	d.ConvOut = bindCausalConv3d(b, prefix+".conv_out", bo[0], c.OutChannels, 3, [3]int{1, 1, 1})
+	d.ConvNormOut = nn.NewGroupNorm(l, nn.Join(prefix, "conv_norm_out"), bo[0], c.NormNumGroups, normEps)
+	d.ConvOut = bindCausalConv3d(l, nn.Join(prefix, "conv_out"), bo[0], c.OutChannels, 3, unit)
 	return d
 }
 
-func (d *Decoder) forward(f *fwd, z *runtime.Tensor) (*runtime.Tensor, error) {
-	// z: [B, latent, T, h, w] → [B, out, 4T−3, 8h, 8w]
-	steps := []step{
-		func(x *runtime.Tensor) (*runtime.Tensor, error) { return d.ConvIn.forward(f, x) },
-		func(x *runtime.Tensor) (*runtime.Tensor, error) { return d.MidBlock.forward(f, x) },
-	}
+// Forward: z [B, latent, T, h, w] → [B, out, 4T−3, 8h, 8w].
+func (d *Decoder) Forward(p *nn.Pass, z *runtime.Tensor) *runtime.Tensor {
+	h := d.ConvIn.Forward(p, z)
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.MidBlock.Forward(p, x) })
 	for _, u := range d.UpBlocks {
-		steps = append(steps, func(x *runtime.Tensor) (*runtime.Tensor, error) { return u.forward(f, x) })
+		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return u.Forward(p, x) })
 	}
-	steps = append(steps,
-		func(x *runtime.Tensor) (*runtime.Tensor, error) { return d.ConvNormOut.forward(f, x) },
-		f.rt.SiLU,
-		func(x *runtime.Tensor) (*runtime.Tensor, error) { return d.ConvOut.forward(f, x) })
-	return chain(z, steps...)
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.ConvNormOut.Forward(p, x) })
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.SiLU(x)) }) // conv_act
+	return p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.ConvOut.Forward(p, x) })
 }

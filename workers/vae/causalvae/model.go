@@ -1,10 +1,12 @@
 package causalvae
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
@@ -18,15 +20,12 @@ func badInput(format string, args ...any) error {
 }
 
 // Checkpoint is a set of named tensors with their list of names (*safetensors.Checkpoint).
-type Checkpoint interface {
-	runtime.TensorSource
-	Names() []string
-}
+type Checkpoint = nn.Source
 
 // Options configure Load.
 type Options struct {
-	// DType is the dtype weights are held and computed in; zero means F32 (the cpu backend
-	// computes in f32 whatever the storage).
+	// DType is the dtype weights are held in; zero means F32 (every backend computes in f32
+	// whatever the storage).
 	DType runtime.DType
 	// WeightDType is the dtype of the conv and linear weights (nearly all the bytes): F16 or
 	// BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype; zero means DType.
@@ -46,10 +45,10 @@ type LoadInfo struct {
 // stages (a worker runs one at a time).
 type Model struct {
 	Config        Config
-	Encoder       *Encoder // encoder
-	Decoder       *Decoder // decoder
-	QuantConv     Conv3d   // quant_conv [2·latent, 2·latent, 1, 1, 1]
-	PostQuantConv Conv3d   // post_quant_conv [latent, latent, 1, 1, 1]
+	Encoder       *Encoder  // encoder
+	Decoder       *Decoder  // decoder
+	QuantConv     nn.Conv3d // quant_conv [2·latent, 2·latent, 1, 1, 1]
+	PostQuantConv nn.Conv3d // post_quant_conv [latent, latent, 1, 1, 1]
 	Info          LoadInfo
 
 	rt      *runtime.Runtime
@@ -89,27 +88,26 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, ck Checkpoint, opts Options) (*Mo
 	if !dt.IsFloat() {
 		return nil, fmt.Errorf("load vae: dtype %s is not a float type", dt)
 	}
-	b := newBinder(rt, ck, dt)
-	if opts.WeightDType != 0 {
-		b.wdtype = opts.WeightDType
-	}
-	L := cfg.LatentChannels
-	m := &Model{
-		Config:        cfg,
-		Encoder:       bindEncoder(b, "encoder", cfg),
-		Decoder:       bindDecoder(b, "decoder", cfg),
-		QuantConv:     bindConv3d(b, "quant_conv", 2*L, 2*L),
-		PostQuantConv: bindConv3d(b, "post_quant_conv", L, L),
-		rt:            rt,
-	}
-	if err := b.err(); err != nil {
-		b.free()
+	l := nn.NewLoader(rt, ck, dt, "")
+	l.SetWeightDType(opts.WeightDType)
+	m := &Model{Config: cfg, rt: rt}
+	m.bind(l)
+	ws, rep, err := l.Finish()
+	if err != nil {
 		return nil, err
 	}
-	m.weights = b.owned
-	m.Info.WeightBytes = b.bytes
-	m.Info.Unexpected = b.unexpected(ck.Names())
+	m.weights = ws
+	m.Info.WeightBytes, m.Info.Unexpected = rep.Bytes, rep.Unexpected
 	return m, nil
+}
+
+// bind binds every module of m.Config from l.
+func (m *Model) bind(l *nn.Loader) {
+	L := m.Config.LatentChannels
+	m.Encoder = bindEncoder(l, "encoder", m.Config)
+	m.Decoder = bindDecoder(l, "decoder", m.Config)
+	m.QuantConv = nn.NewConv3d(l, "quant_conv", 2*L, 2*L, unit, unit)
+	m.PostQuantConv = nn.NewConv3d(l, "post_quant_conv", L, L, unit, unit)
 }
 
 // Runtime returns the runtime holding the weights.
@@ -125,38 +123,28 @@ func (m *Model) Close() {
 
 // encodeTile runs encoder and quant_conv on one tile: x [B, in, T, H, W] → moments
 // [B, 2·latent, T', H', W'], on the host.
-func (m *Model) encodeTile(f *fwd, x Volume) (Volume, error) {
-	xt, err := m.rt.FromFloat32(x.Data, x.ShapeInt()...)
-	if err != nil {
+func (m *Model) encodeTile(ctx context.Context, x Volume) (Volume, error) {
+	p := nn.NewPass(ctx, m.rt)
+	defer p.Free()
+	h := m.Encoder.Forward(p, p.Do(m.rt.FromFloat32(x.Data, x.ShapeInt()...)))
+	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return m.QuantConv.Forward(p, h) })
+	if err := p.Err(); err != nil {
 		return Volume{}, fmt.Errorf("encode tile %v: %w", x.Shape, err)
 	}
-	defer xt.Free()
-	enc, err := chain(xt,
-		func(x *runtime.Tensor) (*runtime.Tensor, error) { return m.Encoder.forward(f, x) },
-		func(x *runtime.Tensor) (*runtime.Tensor, error) { return m.QuantConv.forward(f, x) })
-	if err != nil {
-		return Volume{}, fmt.Errorf("encode tile %v: %w", x.Shape, err)
-	}
-	defer enc.Free()
-	return download(enc)
+	return download(h)
 }
 
 // decodeTile runs post_quant_conv and the decoder on one tile: z [B, latent, T, h, w] →
 // pixels [B, out, T', H, W], on the host.
-func (m *Model) decodeTile(f *fwd, z Volume) (Volume, error) {
-	zt, err := m.rt.FromFloat32(z.Data, z.ShapeInt()...)
-	if err != nil {
+func (m *Model) decodeTile(ctx context.Context, z Volume) (Volume, error) {
+	p := nn.NewPass(ctx, m.rt)
+	defer p.Free()
+	h := m.PostQuantConv.Forward(p, p.Do(m.rt.FromFloat32(z.Data, z.ShapeInt()...)))
+	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return m.Decoder.Forward(p, h) })
+	if err := p.Err(); err != nil {
 		return Volume{}, fmt.Errorf("decode tile %v: %w", z.Shape, err)
 	}
-	defer zt.Free()
-	dec, err := chain(zt,
-		func(x *runtime.Tensor) (*runtime.Tensor, error) { return m.PostQuantConv.forward(f, x) },
-		func(x *runtime.Tensor) (*runtime.Tensor, error) { return m.Decoder.forward(f, x) })
-	if err != nil {
-		return Volume{}, fmt.Errorf("decode tile %v: %w", z.Shape, err)
-	}
-	defer dec.Free()
-	return download(dec)
+	return download(h)
 }
 
 func download(t *runtime.Tensor) (Volume, error) {

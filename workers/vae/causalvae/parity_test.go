@@ -86,7 +86,7 @@ func loadFixtureModel(t testing.TB, fx *parity.Fixture, rt *runtime.Runtime) *Mo
 }
 
 // TestParityVAE runs every case of the vae fixture in process (the worker's test runs them
-// through the worker binary and shared memory).
+// through the worker binary and shared memory); a fixture without a model case fails it.
 func TestParityVAE(t *testing.T) {
 	fx := parity.Load(t, "vae")
 	rt := newRuntime(t)
@@ -97,10 +97,12 @@ func TestParityVAE(t *testing.T) {
 			break
 		}
 	}
+	ran := 0 // model cases run
 	for _, c := range fx.Cases {
 		t.Run(c.Name, func(t *testing.T) {
 			switch c.Op {
 			case "vae.encode":
+				ran++
 				x := volumeOf(t, c.Input(t, "x"))
 				mean, logvar, err := m.Encode(t.Context(), x, RunOptions{Tiling: tilingFromParams(t, c)})
 				if err != nil {
@@ -111,6 +113,7 @@ func TestParityVAE(t *testing.T) {
 					c.Check(t, "logvar", logvar.Data, logvar.ShapeInt64(), c.Output(t, "logvar"))
 				}
 			case "vae.decode":
+				ran++
 				z := volumeOf(t, c.Input(t, "z"))
 				out, err := m.Decode(t.Context(), z, RunOptions{Tiling: tilingFromParams(t, c)})
 				if err != nil {
@@ -128,5 +131,8 @@ func TestParityVAE(t *testing.T) {
 				t.Fatalf("case %s: unknown op %q", c.Name, c.Op)
 			}
 		})
+	}
+	if ran == 0 {
+		t.Fatal("no vae.encode or vae.decode case ran")
 	}
 }

@@ -224,11 +224,11 @@ func (m *Model) makePlan(in [5]int, t Tiling, encode bool) (plan, error) {
 }
 
 // tileFunc runs the model on one tile.
-type tileFunc func(f *fwd, in Volume) (Volume, error)
+type tileFunc func(ctx context.Context, in Volume) (Volume, error)
 
 // executor runs a plan, counting model runs for progress.
 type executor struct {
-	f    *fwd
+	ctx  context.Context
 	p    plan
 	run  tileFunc
 	opts RunOptions
@@ -236,10 +236,10 @@ type executor struct {
 }
 
 func (e *executor) runTile(in Volume) (Volume, error) {
-	if err := e.f.check(); err != nil {
-		return Volume{}, err
+	if err := e.ctx.Err(); err != nil {
+		return Volume{}, fmt.Errorf("forward: %w", err)
 	}
-	out, err := e.run(e.f, in)
+	out, err := e.run(e.ctx, in)
 	if err != nil {
 		return Volume{}, err
 	}
@@ -407,7 +407,7 @@ func (m *Model) EncodeMoments(ctx context.Context, x Volume, opts RunOptions) (V
 		return Volume{}, badInput("input has %d values for shape %v", len(x.Data), x.Shape)
 	}
 	out := NewVolume(p.out)
-	e := &executor{f: &fwd{ctx: ctx, rt: m.rt}, p: p, run: m.encodeTile, opts: opts}
+	e := &executor{ctx: ctx, p: p, run: m.encodeTile, opts: opts}
 	if err := e.execute(x, out); err != nil {
 		return Volume{}, fmt.Errorf("encode: %w", err)
 	}
@@ -445,7 +445,7 @@ func (m *Model) DecodeInto(ctx context.Context, z Volume, opts RunOptions, dst V
 	if len(z.Data) != numel5(z.Shape) {
 		return badInput("latents have %d values for shape %v", len(z.Data), z.Shape)
 	}
-	e := &executor{f: &fwd{ctx: ctx, rt: m.rt}, p: p, run: m.decodeTile, opts: opts}
+	e := &executor{ctx: ctx, p: p, run: m.decodeTile, opts: opts}
 	if err := e.execute(z, dst); err != nil {
 		return fmt.Errorf("decode: %w", err)
 	}

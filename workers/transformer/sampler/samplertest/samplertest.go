@@ -14,6 +14,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/torchrng"
+	"github.com/framepackd/framepackd/workers/transformer/conditioning"
 	"github.com/framepackd/framepackd/workers/transformer/sampler"
 )
 
@@ -205,25 +206,25 @@ func RunParityCase(t *testing.T, c parity.Case, model sampler.Model) {
 	}
 }
 
-func floatInput(t testing.TB, c parity.Case, name string) sampler.Tensor {
+func floatInput(t testing.TB, c parity.Case, name string) conditioning.Tensor {
 	t.Helper()
 	if !c.HasInput(name) {
-		return sampler.Tensor{}
+		return conditioning.Tensor{}
 	}
 	a := c.Input(t, name)
-	return sampler.Tensor{Shape: toInt(a.Shape), Data: a.F32}
+	return conditioning.Tensor{Shape: toInt(a.Shape), Data: a.F32}
 }
 
-func intInput(t testing.TB, c parity.Case, name string) sampler.IntTensor {
+func intInput(t testing.TB, c parity.Case, name string) conditioning.IntTensor {
 	t.Helper()
 	if !c.HasInput(name) {
-		return sampler.IntTensor{}
+		return conditioning.IntTensor{}
 	}
 	a := c.Input(t, name)
 	if a.Ints == nil {
 		t.Fatalf("case %s: input %q is %s, want an integer tensor", c.Name, name, a.DType)
 	}
-	return sampler.IntTensor{Shape: toInt(a.Shape), Data: a.Ints}
+	return conditioning.IntTensor{Shape: toInt(a.Shape), Data: a.Ints}
 }
 
 func toInt(s []int64) []int {

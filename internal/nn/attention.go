@@ -1,0 +1,98 @@
+package nn
+
+import (
+	"math"
+
+	"github.com/framepackd/framepackd/internal/runtime"
+)
+
+// Attention is multi-head scaled dot-product attention on token-major tensors: the one place
+// the models call the runtime's attention op (SigLIP, CLIP, Llama, the DiT's blocks and
+// refiner, the VAE's mid block). The runtime's op wants [B, H, L, D]; the head transposes are
+// made here, and only here, so a strided [B, L, H, D] kernel can later replace them without
+// touching a model.
+type Attention struct {
+	Heads   int     // query heads
+	KVHeads int     // key/value heads (grouped-query attention); 0 means Heads
+	HeadDim int     // D
+	Scale   float32 // softmax scale; 0 means D^−½
+}
+
+// NewAttention returns attention with heads heads of headDim and the default scale.
+func NewAttention(heads, headDim int) Attention {
+	return Attention{Heads: heads, HeadDim: headDim}
+}
+
+// Forward: q [B, Lq, Heads·D] or [B, Lq, Heads, D]; k, v [B, Lk, KVHeads·D] or
+// [B, Lk, KVHeads, D]; mask nil or U8 broadcastable to [B, Heads, Lq, Lk] (nonzero = attend; a
+// fully masked query row gives zeros) → [B, Lq, Heads·D]. q, k and v stay the caller's.
+func (a Attention) Forward(p *Pass, q, k, v, mask *runtime.Tensor) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
+	kvh := a.KVHeads
+	if kvh == 0 {
+		kvh = a.Heads
+	}
+	qh, kh, vh := a.toHeads(p, q, a.Heads), a.toHeads(p, k, kvh), a.toHeads(p, v, kvh)
+	o := p.Do(p.RT.Attention(qh, kh, vh, mask, runtime.AttentionParams{Scale: a.Scale})) // [B, H, Lq, D]
+	p.Drop(qh, kh, vh)
+	if !p.OK() {
+		return nil
+	}
+	B, Lq := o.Dim(0), o.Dim(2)
+	if a.Heads > 1 && Lq > 1 {
+		o = p.Then(o, func(o *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Permute(o, 0, 2, 1, 3)) }) // [B, Lq, H, D]
+	}
+	return p.Reshape(o, B, Lq, a.Heads*a.HeadDim)
+}
+
+// toHeads: x [B, L, h·D] or [B, L, h, D] → a new [B, h, L, D] (a view when h or L is 1).
+func (a Attention) toHeads(p *Pass, x *runtime.Tensor, h int) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
+	B, L := x.Dim(0), x.Dim(1)
+	if h == 1 || L == 1 {
+		return p.Do(x.Reshape(B, h, L, a.HeadDim))
+	}
+	if x.Rank() == 4 {
+		return p.Do(p.RT.Permute(x, 0, 2, 1, 3))
+	}
+	view := p.Do(x.Reshape(B, L, h, a.HeadDim))
+	out := p.Do(p.RT.Permute(view, 0, 2, 1, 3))
+	p.Drop(view)
+	return out
+}
+
+// EncoderAttention is the attention of the CLIP-family encoder layers (CLIPAttention,
+// SiglipAttention): q_proj, k_proj, v_proj and out_proj, all with bias, scale head_dim^−½.
+type EncoderAttention struct {
+	QProj   Linear // q_proj [hidden, hidden]
+	KProj   Linear // k_proj [hidden, hidden]
+	VProj   Linear // v_proj [hidden, hidden]
+	OutProj Linear // out_proj [hidden, hidden]
+	Attention
+}
+
+// NewEncoderAttention binds <name>.{q,k,v,out}_proj for hidden = heads·(hidden/heads).
+func NewEncoderAttention(l *Loader, name string, hidden, heads int) EncoderAttention {
+	d := hidden / heads
+	return EncoderAttention{
+		QProj:     NewLinear(l, Join(name, "q_proj"), hidden, hidden, true),
+		KProj:     NewLinear(l, Join(name, "k_proj"), hidden, hidden, true),
+		VProj:     NewLinear(l, Join(name, "v_proj"), hidden, hidden, true),
+		OutProj:   NewLinear(l, Join(name, "out_proj"), hidden, hidden, true),
+		Attention: Attention{Heads: heads, HeadDim: d, Scale: float32(1 / math.Sqrt(float64(d)))},
+	}
+}
+
+// Forward: x [B, L, hidden], mask nil or U8 [1, 1, L, L] → [B, L, hidden].
+func (a EncoderAttention) Forward(p *Pass, x, mask *runtime.Tensor) *runtime.Tensor {
+	q, k, v := a.QProj.Forward(p, x), a.KProj.Forward(p, x), a.VProj.Forward(p, x)
+	o := a.Attention.Forward(p, q, k, v, mask)
+	p.Drop(q, k, v)
+	out := a.OutProj.Forward(p, o)
+	p.Drop(o)
+	return out
+}
