@@ -69,6 +69,7 @@ type options struct {
 	logLevel   string
 	logFormat  string
 	shmRoot    string
+	shm        *shm.Instance    // this daemon's own shared-memory folder, opened by run
 	pipeline   *pipelineOptions // the pipeline's flags (pipeline.go)
 }
 
@@ -198,7 +199,16 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	}
 	log.WithFields(logrus.Fields{"state": o.state, "models": o.models, "workers": o.workersDir, "backend": o.backend}).Info("framepackd starting")
 
-	cleanStaleShm(o.shmRoot, log)
+	inst, err := openShm(o.shmRoot, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := inst.Close(); err != nil {
+			log.WithError(err).Warn("remove shared-memory folder")
+		}
+	}()
+	o.shm = inst
 	if st, err := os.Stat(o.models); err != nil || !st.IsDir() {
 		log.WithField("models", o.models).Warn("models directory not found; jobs will fail until it exists")
 	}
@@ -279,18 +289,19 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// cleanStaleShm removes the shared-memory directories of supervisors that are gone.
-func cleanStaleShm(dir string, log logrus.FieldLogger) {
-	root, err := shm.OpenRoot(dir)
-	if err != nil {
-		log.WithError(err).WithField("shm_root", dir).Warn("shared-memory root unusable")
-		return
-	}
-	removed, err := root.RemoveStale()
+// openShm makes this daemon's own shared-memory folder under dir, after removing the folders
+// of daemons that are gone (never those of live ones).
+func openShm(dir string, log logrus.FieldLogger) (*shm.Instance, error) {
+	inst, removed, err := shm.OpenInstance(dir)
 	if len(removed) > 0 {
 		log.WithFields(logrus.Fields{"shm_root": dir, "removed": removed}).Info("removed stale shared-memory directories")
+	}
+	if inst == nil {
+		return nil, fmt.Errorf("shared memory: %w", err)
 	}
 	if err != nil {
 		log.WithError(err).WithField("shm_root", dir).Warn("remove stale shared-memory directories")
 	}
+	log.WithField("shm_dir", inst.Dir()).Debug("shared-memory folder")
+	return inst, nil
 }
