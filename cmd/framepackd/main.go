@@ -52,6 +52,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/video"
 	"github.com/sirupsen/logrus"
 )
@@ -71,6 +72,7 @@ type options struct {
 	shmRoot    string
 	shm        *shm.Instance    // this daemon's own shared-memory folder, opened by run
 	pipeline   *pipelineOptions // the pipeline's flags (pipeline.go)
+	limits     *limitOptions    // disk and input limits (limits.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -118,6 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.shmRoot, "shm-root", shm.DefaultRoot(), "shared-memory root for tensors passed between processes")
 	o.pipeline = addPipelineFlags(fs)
+	o.limits = addLimitFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
 		fs.PrintDefaults()
@@ -256,9 +259,20 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Devices:  guards.devices(devs.list),
 		Grace:    o.grace,
 		Log:      log,
+
+		DiskBudget:   int64(o.limits.diskBudget),
+		MinFreeBytes: int64(o.limits.minFree),
+		Retention:    jobs.Retention{MaxAge: o.limits.retentionAge, MaxBytes: int64(o.limits.retentionBytes)},
+		Ready:        o.shm.Check,
 	})
 	if err != nil {
 		return err
+	}
+	if g := o.limits.socketGroup; g != "" {
+		if err := api.ShareSocket(o.socket, g); err != nil {
+			_ = d.Stop(context.Background())
+			return err
+		}
 	}
 	log.WithField("lanes", strings.Join(lanes, ",")).Info("framepackd ready")
 	stopNotify := guards.notify(ctx, d) // sd_notify READY, WATCHDOG pings (watchdog.go)

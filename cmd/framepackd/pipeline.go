@@ -13,6 +13,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
@@ -100,6 +101,7 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 	r, err := pipeline.New(pipeline.Config{
 		Models: models, Shm: root, Log: log, WorkerEnv: env, Watchdog: p.watchdog,
 		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency,
+		KeepSectionVideos: o.limits.keepVideos, FreeBytes: api.FreeBytes,
 		Lane: func(name string) (*lanes.Lane, error) {
 			if l, ok := byName[name]; ok {
 				return l, nil
