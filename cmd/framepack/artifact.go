@@ -19,7 +19,13 @@ func download(ctx context.Context, client framepackv1.JobServiceClient, id, out 
 	if err != nil {
 		return 0, fail(exitError, "save video: %v", err)
 	}
-	defer f.Close()
+	defer func() {
+		f.Close()
+		// Nothing came: leave no empty partial file behind (an unknown job, a refusal).
+		if st, err := os.Stat(tmp); err == nil && st.Size() == 0 {
+			os.Remove(tmp)
+		}
+	}()
 	off, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
 		return 0, fail(exitError, "save video: %v", err)

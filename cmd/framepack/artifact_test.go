@@ -52,8 +52,12 @@ func TestGetAndRm(t *testing.T) {
 	if !strings.Contains(r.stderr, "saved") {
 		t.Errorf("stderr %q", r.stderr)
 	}
-	if r := f.cli(t, "get", "zzzzzzzzzz"); r.code != exitNotFound {
+	unknown := filepath.Join(t.TempDir(), "unknown.mp4")
+	if r := f.cli(t, "get", "zzzzzzzzzz", "-o", unknown); r.code != exitNotFound {
 		t.Fatalf("get unknown: exit %d %s", r.code, r.stderr)
+	}
+	if _, err := os.Stat(unknown + ".partial"); !os.IsNotExist(err) {
+		t.Fatalf("empty partial file left by a failed get: %v", err)
 	}
 
 	// A running job cannot be removed; a finished one goes with its folder.
@@ -70,7 +74,7 @@ func TestGetAndRm(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Fatalf("job folder after rm: %v", err)
 	}
-	if r := f.cli(t, "get", id); r.code != exitNotFound {
+	if r := f.cli(t, "get", id, "-o", unknown); r.code != exitNotFound {
 		t.Fatalf("get after rm: exit %d %s", r.code, r.stderr)
 	}
 	if r := f.cli(t, "cancel", running); r.code != exitOK {
