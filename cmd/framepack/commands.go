@@ -66,6 +66,11 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	if out != "" && video.FramesDir(out) == out {
 		return fail(exitUsage, "generate: --out %q: give the file an extension (.mp4)", out)
 	}
+	if out != "" {
+		if err := checkOut(out); err != nil {
+			return err
+		}
+	}
 	img, err := os.ReadFile(image)
 	if err != nil {
 		return fail(exitError, "read image: %v", err)
@@ -148,11 +153,12 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		}
 		return err
 	}
-	return finish(e, last, out)
+	return finish(ctx, e, client, last, out)
 }
 
-// finish reports a job's terminal event and saves its video to out (when out is set).
-func finish(e *env, last *framepackv1.JobEvent, out string) error {
+// finish reports a job's terminal event and saves its video to out (when out is set): a copy
+// when the server's file is readable here, else a download over the API.
+func finish(ctx context.Context, e *env, client framepackv1.JobServiceClient, last *framepackv1.JobEvent, out string) error {
 	switch {
 	case last.GetJobFinished() != nil:
 		res := last.GetJobFinished().GetResult()
@@ -166,7 +172,12 @@ func finish(e *env, last *framepackv1.JobEvent, out string) error {
 			return nil
 		}
 		if err != nil {
-			return fail(exitError, "the video is at %s on the server and cannot be read here (%v); is the server remote?", src, err)
+			// Not on this machine's disk (a remote server, or another user's files).
+			if _, derr := download(ctx, client, last.GetJobId(), out); derr != nil {
+				return derr
+			}
+			fmt.Fprintln(e.stdout, out)
+			return nil
 		}
 		if st.IsDir() {
 			dst := video.FramesDir(out)
@@ -302,11 +313,12 @@ func cmdWatch(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer conn.Close()
-	last, err := follow(ctx, framepackv1.NewJobServiceClient(conn), pos[0], newDisplay(e, quiet), previews)
+	client := framepackv1.NewJobServiceClient(conn)
+	last, err := follow(ctx, client, pos[0], newDisplay(e, quiet), previews)
 	if err != nil {
 		return err
 	}
-	return finish(e, last, out)
+	return finish(ctx, e, client, last, out)
 }
 
 func cmdCancel(ctx context.Context, e *env, args []string) error {

@@ -10,15 +10,18 @@
 //	framepack watch ID [--previews DIR] [--out OUT.mp4]
 //	framepack cancel ID [--reason …]
 //	framepack devices
+//	framepack get ID [-o OUT.mp4]
+//	framepack rm ID…
 //
 // Every command takes --addr (default: the daemon's default socket, see framepackd; or
 // $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port.
 //
 // generate submits the job, shows its progress (a progress bar on a terminal, plain lines
 // otherwise, on stderr) and, when the job has finished, copies the video to --out and prints
-// its path on stdout. Ctrl-C cancels the job (a second Ctrl-C leaves at once). --out reads the
-// video from the server's file system, so it works when the daemon runs on this machine; for a
-// remote daemon use --detach and fetch the path that `framepack watch` prints.
+// its path on stdout. Ctrl-C cancels the job (a second Ctrl-C leaves at once). --out copies the
+// video from the server's file system when it is readable here, and otherwise downloads it
+// over the API (GetArtifact), as `framepack get ID -o OUT.mp4` does; an interrupted download
+// resumes from OUT.mp4.partial.
 //
 // Exit status:
 //
@@ -111,6 +114,8 @@ commands:
   watch      follow a job's progress
   cancel     cancel a job
   devices    list the server's devices and lanes
+  get        download a job's video (works with a remote server)
+  rm         delete finished jobs and their files on the server
 
 Run 'framepack COMMAND -h' for a command's flags.
 `
@@ -127,6 +132,8 @@ func run(ctx context.Context, e *env, args []string) int {
 		"watch":    cmdWatch,
 		"cancel":   cmdCancel,
 		"devices":  cmdDevices,
+		"get":      cmdGet,
+		"rm":       cmdRm,
 	}
 	name := args[0]
 	if name == "-h" || name == "--help" || name == "help" {

@@ -53,6 +53,7 @@ import (
 	"github.com/framepackd/framepackd/internal/apiaddr"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/video"
 	"github.com/sirupsen/logrus"
 )
@@ -70,7 +71,9 @@ type options struct {
 	logLevel   string
 	logFormat  string
 	shmRoot    string
+	shm        *shm.Instance    // this daemon's own shared-memory folder, opened by run
 	pipeline   *pipelineOptions // the pipeline's flags (pipeline.go)
+	limits     *limitOptions    // disk and input limits (limits.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -118,6 +121,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.shmRoot, "shm-root", shm.DefaultRoot(), "shared-memory root for tensors passed between processes")
 	o.pipeline = addPipelineFlags(fs)
+	o.limits = addLimitFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
 		fs.PrintDefaults()
@@ -199,7 +203,16 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	}
 	log.WithFields(logrus.Fields{"state": o.state, "models": o.models, "workers": o.workersDir, "backend": o.backend}).Info("framepackd starting")
 
-	cleanStaleShm(o.shmRoot, log)
+	inst, err := openShm(o.shmRoot, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := inst.Close(); err != nil {
+			log.WithError(err).Warn("remove shared-memory folder")
+		}
+	}()
+	o.shm = inst
 	if st, err := os.Stat(o.models); err != nil || !st.IsDir() {
 		log.WithField("models", o.models).Warn("models directory not found; jobs will fail until it exists")
 	}
@@ -247,9 +260,20 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Devices:  guards.devices(devs.list),
 		Grace:    o.grace,
 		Log:      log,
+
+		DiskBudget:   int64(o.limits.diskBudget),
+		MinFreeBytes: int64(o.limits.minFree),
+		Retention:    jobs.Retention{MaxAge: o.limits.retentionAge, MaxBytes: int64(o.limits.retentionBytes)},
+		Ready:        o.shm.Check,
 	})
 	if err != nil {
 		return err
+	}
+	if g := o.limits.socketGroup; g != "" {
+		if err := api.ShareSocket(o.socket, g); err != nil {
+			_ = d.Stop(context.Background())
+			return err
+		}
 	}
 	log.WithField("lanes", strings.Join(lanes, ",")).Info("framepackd ready")
 	stopNotify := guards.notify(ctx, d) // sd_notify READY, WATCHDOG pings (watchdog.go)
@@ -280,18 +304,19 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// cleanStaleShm removes the shared-memory directories of supervisors that are gone.
-func cleanStaleShm(dir string, log logrus.FieldLogger) {
-	root, err := shm.OpenRoot(dir)
-	if err != nil {
-		log.WithError(err).WithField("shm_root", dir).Warn("shared-memory root unusable")
-		return
-	}
-	removed, err := root.RemoveStale()
+// openShm makes this daemon's own shared-memory folder under dir, after removing the folders
+// of daemons that are gone (never those of live ones).
+func openShm(dir string, log logrus.FieldLogger) (*shm.Instance, error) {
+	inst, removed, err := shm.OpenInstance(dir)
 	if len(removed) > 0 {
 		log.WithFields(logrus.Fields{"shm_root": dir, "removed": removed}).Info("removed stale shared-memory directories")
+	}
+	if inst == nil {
+		return nil, fmt.Errorf("shared memory: %w", err)
 	}
 	if err != nil {
 		log.WithError(err).WithField("shm_root", dir).Warn("remove stale shared-memory directories")
 	}
+	log.WithField("shm_dir", inst.Dir()).Debug("shared-memory folder")
+	return inst, nil
 }

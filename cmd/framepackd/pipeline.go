@@ -12,8 +12,8 @@ import (
 
 	"github.com/sirupsen/logrus"
 
-	"github.com/framepackd/framepackd/internal/shm"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
@@ -58,10 +58,7 @@ func laneBackend(lane string) (string, uint32, error) {
 // daemon still starts, and jobs fail saying why.
 func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger) (run func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error), closeFn func(), err error) {
 	p := o.pipeline
-	root, err := shm.OpenRoot(o.shmRoot)
-	if err != nil {
-		return nil, nil, fmt.Errorf("shared memory: %w", err)
-	}
+	root := o.shm.Root()
 	byName := map[string]*lanes.Lane{}
 	for _, name := range laneNames {
 		backend, idx, err := laneBackend(name)
@@ -87,7 +84,6 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		for _, l := range byName {
 			_ = l.Close()
 		}
-		_ = root.RemoveIfEmpty()
 	}
 	env := map[string]string{}
 	if p.siglip != "" {
@@ -105,6 +101,7 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 	r, err := pipeline.New(pipeline.Config{
 		Models: models, Shm: root, Log: log, WorkerEnv: env, Watchdog: p.watchdog,
 		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency,
+		KeepSectionVideos: o.limits.keepVideos, FreeBytes: api.FreeBytes,
 		Lane: func(name string) (*lanes.Lane, error) {
 			if l, ok := byName[name]; ok {
 				return l, nil

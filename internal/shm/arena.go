@@ -1,9 +1,11 @@
 // Package shm holds the tensors that pass between framepackd processes: safetensors files in
-// /dev/shm/framepackd-<uid>/<job>/ (0700 directories, 0600 files) whose header is padded so the
-// tensor data starts on a 4096-byte boundary.
+// /dev/shm/framepackd-<uid>/daemon-<pid>-<random>/<job>/ (0700 directories, 0600 files) whose
+// header is padded so the tensor data starts on a 4096-byte boundary.
 //
-// The supervisor owns the names: it opens the Root (removing directories left by dead
-// supervisors), makes one Arena per job and reserves a path with Arena.NewSegment for every
+// Every daemon owns its own folder under the user's root (OpenInstance), locked for the
+// daemon's life: a daemon that starts removes only folders whose owner is dead, one that stops
+// removes only its own, and one whose folder vanished makes it again (Instance.Check). The
+// supervisor owns the names: it makes one Arena per job and reserves a path with Arena.NewSegment for every
 // tensor file a stage will produce or consume. Whoever fills a segment writes "<path>.partial"
 // and renames it to path when complete (Create/Writer.Commit or WriteSegment); readers map
 // complete segments read-only with Open. Closing the arena removes the job's directory.
@@ -67,6 +69,9 @@ func DefaultRoot() string {
 // Root is the directory that holds one arena directory per job. It is safe for concurrent use.
 type Root struct {
 	dir string
+	// ensure, when set, makes dir again after it was removed under the process (an
+	// Instance's folder); nil for a plain root.
+	ensure func() error
 }
 
 // OpenRoot creates dir (mode 0700) if needed and checks that it is a real directory owned by
@@ -145,6 +150,11 @@ func (r *Root) removeIfStale(dir string) (bool, error) {
 		}
 		return false, fmt.Errorf("check arena %s: lock: %w", dir, err)
 	}
+	// An owner writes its pid only after it holds the lock: an empty owner file in a young
+	// directory is an owner between creating the file and locking it.
+	if st, err := f.Stat(); err == nil && st.Size() == 0 && time.Since(st.ModTime()) < orphanGrace {
+		return false, nil
+	}
 	// We hold the lock now, so no live owner can appear until the directory is gone.
 	if err := os.RemoveAll(dir); err != nil {
 		return false, fmt.Errorf("remove stale arena %s: %w", dir, err)
@@ -182,7 +192,15 @@ func (r *Root) NewArena(job string) (*Arena, error) {
 		return nil, err
 	}
 	dir := filepath.Join(r.dir, job)
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	err := os.Mkdir(dir, 0o700)
+	if errors.Is(err, fs.ErrNotExist) && r.ensure != nil {
+		// The root itself is gone (removed under us): make it again, then the arena.
+		if eerr := r.ensure(); eerr != nil {
+			return nil, fmt.Errorf("new arena %s: %w", job, eerr)
+		}
+		err = os.Mkdir(dir, 0o700)
+	}
+	if err != nil {
 		if !errors.Is(err, fs.ErrExist) {
 			return nil, fmt.Errorf("new arena %s: %w", job, err)
 		}
@@ -203,7 +221,8 @@ func (r *Root) NewArena(job string) (*Arena, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("new arena %s: owner file: %w", job, err)
 	}
-	if err := unix.Flock(int(owner.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	// Blocking: another supervisor's RemoveStale holds the lock only while it checks the file.
+	if err := unix.Flock(int(owner.Fd()), unix.LOCK_EX); err != nil {
 		owner.Close()
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("new arena %s: lock owner file: %w", job, err)

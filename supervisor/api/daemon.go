@@ -39,6 +39,14 @@ type DaemonConfig struct {
 	DecodeImage func([]byte) (int, int, error)
 	// Grace is the graceful stop's grace period; 0 means DefaultGrace.
 	Grace time.Duration
+	// DiskBudget, MinFreeBytes and Ready are the API server's (Config); Retention deletes
+	// old finished jobs (housekeeping.go); ReadyInterval is how often Ready is checked for
+	// the health service (0: DefaultReadyInterval).
+	DiskBudget    int64
+	MinFreeBytes  int64
+	Ready         func() error
+	ReadyInterval time.Duration
+	Retention     jobs.Retention
 	// Log is the daemon's logger; nil discards.
 	Log logrus.FieldLogger
 }
@@ -95,7 +103,8 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 	if d.queue, err = jobs.NewQueue(jobs.Config{Store: d.store, Lanes: cfg.Lanes, Run: cfg.Run, Publish: d.hub.Publish, Log: log}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
-	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, Log: log}); err != nil {
+	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, Log: log,
+		DiskBudget: cfg.DiskBudget, MinFreeBytes: cfg.MinFreeBytes, Ready: cfg.Ready}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	var listeners []net.Listener
@@ -115,6 +124,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	d.grpc = d.server.GRPCServer()
+	go d.housekeep(qctx)
 	for _, l := range listeners {
 		d.wg.Add(1)
 		go func() {

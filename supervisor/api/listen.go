@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/framepackd/framepackd/internal/apiaddr"
@@ -56,4 +58,27 @@ func Listen(a apiaddr.Addr) (net.Listener, error) {
 		return nil, fmt.Errorf("listen %s: %w", a, err)
 	}
 	return l, nil
+}
+
+// ShareSocket opens the unix socket at path to the members of group (a name or a numeric
+// id): the socket gets that group and mode 0660. It is how a system service (framepackd's
+// systemd unit, User=framepackd) serves the users in its group rather than only itself.
+func ShareSocket(path, group string) error {
+	g, err := user.LookupGroup(group)
+	if err != nil {
+		if g, err = user.LookupGroupId(group); err != nil {
+			return fmt.Errorf("socket group %q: no such group", group)
+		}
+	}
+	gid, err := strconv.Atoi(g.Gid)
+	if err != nil {
+		return fmt.Errorf("socket group %q: gid %q", group, g.Gid)
+	}
+	if err := os.Chown(path, -1, gid); err != nil {
+		return fmt.Errorf("socket group %q: %w (the daemon's user must be a member)", group, err)
+	}
+	if err := os.Chmod(path, 0o660); err != nil {
+		return fmt.Errorf("socket group %q: %w", group, err)
+	}
+	return nil
 }

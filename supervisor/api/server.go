@@ -50,6 +50,17 @@ type Config struct {
 	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
 	// DecodeImage checks a submitted image; nil means DecodeImage.
 	DecodeImage func([]byte) (width, height int, err error)
+	// DiskBudget is the most bytes the job directories may hold together; a job that would
+	// not fit is refused at submit with RESOURCE_EXHAUSTED. 0 means no budget.
+	DiskBudget int64
+	// MinFreeBytes is the free space a job must leave on the state directory's file system;
+	// 0 turns the check off.
+	MinFreeBytes int64
+	// FreeBytes returns the free bytes of the file system holding dir; nil means statfs.
+	FreeBytes func(dir string) (uint64, error)
+	// Ready reports why jobs cannot run now (nil when they can); SubmitJob refuses jobs with
+	// UNAVAILABLE and the reason while it fails. Nil means always ready.
+	Ready func() error
 	// Log is the server's logger; nil discards.
 	Log logrus.FieldLogger
 	// Now is the clock; nil means time.Now.
@@ -76,6 +87,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.FreeBytes == nil {
+		cfg.FreeBytes = FreeBytes
 	}
 	log := cfg.Log
 	if log == nil {
@@ -195,6 +209,14 @@ func requireID(id string) error {
 // SubmitJob validates the request and queues the job.
 func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
 	if err := validateSubmit(req, s.cfg.Queue.Lanes(), s.cfg.DecodeImage).Err("SubmitJobRequest"); err != nil {
+		return nil, err
+	}
+	if s.cfg.Ready != nil {
+		if err := s.cfg.Ready(); err != nil {
+			return nil, status.Errorf(codes.Unavailable, "the server cannot run jobs now: %v", err)
+		}
+	}
+	if err := s.admit(req.GetSpec(), len(req.GetImage())); err != nil {
 		return nil, err
 	}
 	job, err := s.cfg.Queue.Submit(ctx, jobs.WithDefaults(req.GetSpec()), req.GetImage())

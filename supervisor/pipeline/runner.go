@@ -70,6 +70,13 @@ type Config struct {
 	WorkerEnv map[string]string
 	// KeepSectionHistory keeps every section's history file instead of only the newest.
 	KeepSectionHistory bool
+	// KeepSectionVideos keeps every section's MP4; by default a section's MP4 is removed once
+	// the next one (which holds all its frames) is written.
+	KeepSectionVideos bool
+	// FreeBytes returns the free bytes of the file system holding dir; before a section's
+	// files are written the job fails (ErrDiskFull) when they would not fit. Nil skips the
+	// check (the writes still fail cleanly on a full disk).
+	FreeBytes func(dir string) (uint64, error)
 	// Residency lets the section loop keep the transformer and VAE workers alive when the
 	// lane's budget proves both fit (see supervisor/lanes); off by default.
 	Residency bool
@@ -462,7 +469,8 @@ func stageName(stage framepackv1.Stage, section int) string {
 		framepackv1.Stage_STAGE_WRITE_VIDEO: "write video",
 	}[stage]
 	if section >= 0 {
-		return fmt.Sprintf("%s (section %d)", name, section)
+		// Users count sections from 1, as the CLI's "section 2/5" does.
+		return fmt.Sprintf("%s (section %d)", name, section+1)
 	}
 	return name
 }

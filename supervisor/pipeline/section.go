@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -166,18 +168,33 @@ func (j *jobRun) keepWith() []lanes.Model {
 	return sectionPair
 }
 
-// saveSection writes the section's history file and MP4, then records the checkpoint.
-func (j *jobRun) saveSection(ctx context.Context, h *history) (video.Output, error) {
+// saveSection writes the section's history file and MP4, then records the checkpoint; only
+// then are the previous section's history file and (unless KeepSectionVideos) its MP4
+// removed, so a failure at any point leaves the last finished section whole. A disk too full
+// for the section fails before anything is written (ErrDiskFull).
+func (j *jobRun) saveSection(ctx context.Context, h *history) (_ video.Output, err error) {
 	dir := j.job.Dir
+	if err := j.checkDisk(h); err != nil {
+		return video.Output{}, err
+	}
 	rel := filepath.Join(filepath.Base(dir.History()), SectionFile(h.section))
-	if err := h.save(filepath.Join(dir.Path(), rel)); err != nil {
+	histPath := filepath.Join(dir.Path(), rel)
+	name := filepath.Join(dir.Videos(), fmt.Sprintf("section-%03d.mp4", h.section))
+	defer func() {
+		if err != nil {
+			// Leave the previous section as the job's last: drop this one's files.
+			_ = os.Remove(histPath)
+			_ = os.Remove(name)
+			err = diskError(err)
+		}
+	}()
+	if err := h.save(histPath); err != nil {
 		return video.Output{}, err
 	}
 	frames, err := imageproc.VideoFrames(*h.pixels)
 	if err != nil {
 		return video.Output{}, fmt.Errorf("frames: %w", err)
 	}
-	name := filepath.Join(dir.Videos(), fmt.Sprintf("section-%03d.mp4", h.section))
 	out, err := j.r.cfg.Video.Write(ctx, name, video.Clip{Frames: frames.T, Height: frames.H, Width: frames.W, RGB: frames.Pix}, int(j.job.Spec.GetMp4Crf()))
 	if err != nil {
 		return video.Output{}, err
@@ -196,7 +213,50 @@ func (j *jobRun) saveSection(ctx context.Context, h *history) (video.Output, err
 			j.log.WithError(err).Warn("remove previous section history")
 		}
 	}
+	if h.section > 0 && !j.r.cfg.KeepSectionVideos {
+		// The new video holds every frame of the previous one: it is superseded.
+		for _, prev := range []string{filepath.Join(dir.Videos(), fmt.Sprintf("section-%03d.mp4", h.section-1)),
+			video.FramesDir(filepath.Join(dir.Videos(), fmt.Sprintf("section-%03d.mp4", h.section-1)))} {
+			if err := os.RemoveAll(prev); err != nil {
+				j.log.WithError(err).Warn("remove superseded section video")
+			}
+		}
+	}
 	return out, nil
+}
+
+// ErrDiskFull marks a section that could not be written for lack of disk space; the job fails
+// with its previous section as its last video and checkpoint.
+var ErrDiskFull = errors.New("disk full")
+
+// checkDisk fails with ErrDiskFull when the state directory's file system has less free space
+// than the section's files need (Config.FreeBytes).
+func (j *jobRun) checkDisk(h *history) error {
+	if j.r.cfg.FreeBytes == nil {
+		return nil
+	}
+	free, err := j.r.cfg.FreeBytes(j.job.Dir.Path())
+	if err != nil {
+		return nil // cannot tell: the writes themselves will say
+	}
+	need := uint64(len(h.latents.Data)+len(h.pixels.Data))*4 + uint64(h.pixels.T*h.pixels.H*h.pixels.W)*3/2 + 1<<20
+	if free < need {
+		return fmt.Errorf("%w: the section needs about %d MiB, %d MiB are free on the state directory; the job stops with section %d as its last video (free space, then submit again)",
+			ErrDiskFull, need>>20, free>>20, h.section) // h.section-1, counted from 1
+	}
+	return nil
+}
+
+// diskError marks an out-of-space error from a write as ErrDiskFull, so the message says so
+// in the user's terms.
+func diskError(err error) error {
+	if err == nil || errors.Is(err, ErrDiskFull) {
+		return err
+	}
+	if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || strings.Contains(err.Error(), "No space left on device") {
+		return fmt.Errorf("%w: %w", ErrDiskFull, err)
+	}
+	return err
 }
 
 // stepTracker turns the transformer's events into SamplingStep and Preview events.

@@ -1,6 +1,7 @@
 // Package video writes the job's video files: an H.264 MP4 made by piping raw RGB frames into
-// an ffmpeg child process, the way FramePack's save_bcthw_as_mp4 writes through torchvision's
-// write_video (PyAV, libx264, yuv420p, the crf of the request, 30 fps), or, when ffmpeg is not
+// an ffmpeg child process, as FramePack's save_bcthw_as_mp4 writes through torchvision's
+// write_video (libx264, yuv420p, the crf of the request, 30 fps) but made to play everywhere
+// (High profile, BT.709 tags, +faststart; see Args), or, when ffmpeg is not
 // installed, a directory of PNG frames so the job still has its output.
 //
 // Every output appears atomically: the MP4 is written to "<path>.partial" and renamed when ffmpeg
@@ -127,7 +128,8 @@ func (w *Writer) Available() (string, error) {
 	return p, nil
 }
 
-// Write writes clip to path as an H.264 MP4 at 30 fps with the given crf (0–51). When ffmpeg
+// Write writes clip to path as an H.264 MP4 at 30 fps with the given crf (0–51; 0 encodes as
+// MinCRF, see Args). When ffmpeg
 // is not installed it writes the frames as PNGs into path with its extension replaced by
 // ".frames" instead and says so in Output.Note; every other failure is an error and leaves no
 // output behind.
@@ -158,18 +160,26 @@ func FramesDir(path string) string {
 	return strings.TrimSuffix(path, filepath.Ext(path)) + FramesDirExt
 }
 
+// MinCRF is the lowest crf Write encodes with: crf 0 is lossless H.264, which x264 writes in
+// the High 4:4:4 Predictive profile that browsers and phones do not play, so 0 means 1.
+const MinCRF = 1
+
 // Args returns ffmpeg's arguments for writing a clip of width×height RGB frames read from
-// stdin to out. They mirror torchvision.io.write_video as FramePack calls it: libx264 with
-// only crf set (x264's default preset and profile), yuv420p, rate 30, no audio, and the
-// RGB→YUV conversion of PyAV's reformatter (swscale, bilinear, BT.601 limited range).
+// stdin to out, a video that plays everywhere: libx264 in the High profile with only crf set
+// (x264's default preset), yuv420p, rate 30, no audio; the RGB→YUV conversion is BT.709 in TV
+// (limited) range and the stream is tagged so (primaries, transfer, matrix, range), so players
+// do not guess; the index (moov) is written before the data (+faststart) so a browser can
+// start playing while it downloads. crf below MinCRF is raised to it.
 func Args(width, height, crf int, out string) []string {
+	crf = max(crf, MinCRF)
 	return []string{
 		"-hide_banner", "-nostdin", "-loglevel", "error", "-y",
 		"-f", "rawvideo", "-pix_fmt", "rgb24", "-s", fmt.Sprintf("%dx%d", width, height),
 		"-framerate", strconv.Itoa(FPS), "-i", "pipe:0",
-		"-an", "-sws_flags", "bilinear",
-		"-c:v", "libx264", "-crf", strconv.Itoa(crf), "-pix_fmt", "yuv420p",
-		"-f", "mp4", out,
+		"-an", "-vf", "scale=out_color_matrix=bt709:out_range=tv:flags=bilinear,format=yuv420p",
+		"-c:v", "libx264", "-crf", strconv.Itoa(crf), "-profile:v", "high", "-pix_fmt", "yuv420p",
+		"-color_primaries", "bt709", "-color_trc", "bt709", "-colorspace", "bt709", "-color_range", "tv",
+		"-movflags", "+faststart", "-f", "mp4", out,
 	}
 }
 

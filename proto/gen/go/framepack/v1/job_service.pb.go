@@ -21,6 +21,56 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ArtifactKind names which file of a job GetArtifact sends.
+type ArtifactKind int32
+
+const (
+	// ARTIFACT_KIND_UNSPECIFIED means ARTIFACT_KIND_VIDEO.
+	ArtifactKind_ARTIFACT_KIND_UNSPECIFIED ArtifactKind = 0
+	// ARTIFACT_KIND_VIDEO is the final video of a succeeded job, or the newest
+	// section video of an unfinished one (JobProgress.latest_video_path).
+	ArtifactKind_ARTIFACT_KIND_VIDEO ArtifactKind = 1
+)
+
+// Enum value maps for ArtifactKind.
+var (
+	ArtifactKind_name = map[int32]string{
+		0: "ARTIFACT_KIND_UNSPECIFIED",
+		1: "ARTIFACT_KIND_VIDEO",
+	}
+	ArtifactKind_value = map[string]int32{
+		"ARTIFACT_KIND_UNSPECIFIED": 0,
+		"ARTIFACT_KIND_VIDEO":       1,
+	}
+)
+
+func (x ArtifactKind) Enum() *ArtifactKind {
+	p := new(ArtifactKind)
+	*p = x
+	return p
+}
+
+func (x ArtifactKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ArtifactKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_framepack_v1_job_service_proto_enumTypes[0].Descriptor()
+}
+
+func (ArtifactKind) Type() protoreflect.EnumType {
+	return &file_framepack_v1_job_service_proto_enumTypes[0]
+}
+
+func (x ArtifactKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ArtifactKind.Descriptor instead.
+func (ArtifactKind) EnumDescriptor() ([]byte, []int) {
+	return file_framepack_v1_job_service_proto_rawDescGZIP(), []int{0}
+}
+
 // SubmitJobRequest is the input image and the job's parameters.
 type SubmitJobRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -491,6 +541,236 @@ func (x *WatchJobRequest) GetIncludePreviews() bool {
 	return false
 }
 
+// GetArtifactRequest names the job and where in its file to start.
+type GetArtifactRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// job_id is the job's id. REQUIRED.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// kind is which file; unspecified means the video.
+	Kind ArtifactKind `protobuf:"varint,2,opt,name=kind,proto3,enum=framepack.v1.ArtifactKind" json:"kind,omitempty"`
+	// offset is the byte to start at, 0 to the file's size; a client resuming
+	// an interrupted download passes the bytes it already has.
+	Offset        int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetArtifactRequest) Reset() {
+	*x = GetArtifactRequest{}
+	mi := &file_framepack_v1_job_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetArtifactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetArtifactRequest) ProtoMessage() {}
+
+func (x *GetArtifactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetArtifactRequest.ProtoReflect.Descriptor instead.
+func (*GetArtifactRequest) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GetArtifactRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *GetArtifactRequest) GetKind() ArtifactKind {
+	if x != nil {
+		return x.Kind
+	}
+	return ArtifactKind_ARTIFACT_KIND_UNSPECIFIED
+}
+
+func (x *GetArtifactRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+// GetArtifactResponse is one chunk of the file, in order.
+type GetArtifactResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the file's base name ("<job>.mp4"); set on the first chunk.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// total_size is the whole file's size in bytes; set on the first chunk.
+	TotalSize int64 `protobuf:"varint,2,opt,name=total_size,json=totalSize,proto3" json:"total_size,omitempty"`
+	// offset is where data starts in the file.
+	Offset int64 `protobuf:"varint,3,opt,name=offset,proto3" json:"offset,omitempty"`
+	// data is up to 1 MiB of the file.
+	Data          []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetArtifactResponse) Reset() {
+	*x = GetArtifactResponse{}
+	mi := &file_framepack_v1_job_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetArtifactResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetArtifactResponse) ProtoMessage() {}
+
+func (x *GetArtifactResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetArtifactResponse.ProtoReflect.Descriptor instead.
+func (*GetArtifactResponse) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *GetArtifactResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetArtifactResponse) GetTotalSize() int64 {
+	if x != nil {
+		return x.TotalSize
+	}
+	return 0
+}
+
+func (x *GetArtifactResponse) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *GetArtifactResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// DeleteJobRequest names the job to delete.
+type DeleteJobRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// job_id is the job's id. REQUIRED.
+	JobId         string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteJobRequest) Reset() {
+	*x = DeleteJobRequest{}
+	mi := &file_framepack_v1_job_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteJobRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteJobRequest) ProtoMessage() {}
+
+func (x *DeleteJobRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteJobRequest.ProtoReflect.Descriptor instead.
+func (*DeleteJobRequest) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DeleteJobRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+// DeleteJobResponse says what deleting freed.
+type DeleteJobResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// freed_bytes is the size of the job's files that were removed.
+	FreedBytes    int64 `protobuf:"varint,1,opt,name=freed_bytes,json=freedBytes,proto3" json:"freed_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteJobResponse) Reset() {
+	*x = DeleteJobResponse{}
+	mi := &file_framepack_v1_job_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteJobResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteJobResponse) ProtoMessage() {}
+
+func (x *DeleteJobResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteJobResponse.ProtoReflect.Descriptor instead.
+func (*DeleteJobResponse) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DeleteJobResponse) GetFreedBytes() int64 {
+	if x != nil {
+		return x.FreedBytes
+	}
+	return 0
+}
+
 var File_framepack_v1_job_service_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_service_proto_rawDesc = "" +
@@ -520,14 +800,34 @@ const file_framepack_v1_job_service_proto_rawDesc = "" +
 	"\x03job\x18\x01 \x01(\v2\x11.framepack.v1.JobR\x03job\"S\n" +
 	"\x0fWatchJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12)\n" +
-	"\x10include_previews\x18\x02 \x01(\bR\x0fincludePreviews2\xfd\x02\n" +
+	"\x10include_previews\x18\x02 \x01(\bR\x0fincludePreviews\"s\n" +
+	"\x12GetArtifactRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12.\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x1a.framepack.v1.ArtifactKindR\x04kind\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\"t\n" +
+	"\x13GetArtifactResponse\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"total_size\x18\x02 \x01(\x03R\ttotalSize\x12\x16\n" +
+	"\x06offset\x18\x03 \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\")\n" +
+	"\x10DeleteJobRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"4\n" +
+	"\x11DeleteJobResponse\x12\x1f\n" +
+	"\vfreed_bytes\x18\x01 \x01(\x03R\n" +
+	"freedBytes*F\n" +
+	"\fArtifactKind\x12\x1d\n" +
+	"\x19ARTIFACT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13ARTIFACT_KIND_VIDEO\x10\x012\xa1\x04\n" +
 	"\n" +
 	"JobService\x12L\n" +
 	"\tSubmitJob\x12\x1e.framepack.v1.SubmitJobRequest\x1a\x1f.framepack.v1.SubmitJobResponse\x12C\n" +
 	"\x06GetJob\x12\x1b.framepack.v1.GetJobRequest\x1a\x1c.framepack.v1.GetJobResponse\x12I\n" +
 	"\bListJobs\x12\x1d.framepack.v1.ListJobsRequest\x1a\x1e.framepack.v1.ListJobsResponse\x12L\n" +
 	"\tCancelJob\x12\x1e.framepack.v1.CancelJobRequest\x1a\x1f.framepack.v1.CancelJobResponse\x12C\n" +
-	"\bWatchJob\x12\x1d.framepack.v1.WatchJobRequest\x1a\x16.framepack.v1.JobEvent0\x01B\xbc\x01\n" +
+	"\bWatchJob\x12\x1d.framepack.v1.WatchJobRequest\x1a\x16.framepack.v1.JobEvent0\x01\x12T\n" +
+	"\vGetArtifact\x12 .framepack.v1.GetArtifactRequest\x1a!.framepack.v1.GetArtifactResponse0\x01\x12L\n" +
+	"\tDeleteJob\x12\x1e.framepack.v1.DeleteJobRequest\x1a\x1f.framepack.v1.DeleteJobResponseB\xbc\x01\n" +
 	"\x10com.framepack.v1B\x0fJobServiceProtoP\x01ZFgithub.com/framepackd/framepackd/proto/gen/go/framepack/v1;framepackv1\xa2\x02\x03FXX\xaa\x02\fFramepack.V1\xca\x02\fFramepack\\V1\xe2\x02\x18Framepack\\V1\\GPBMetadata\xea\x02\rFramepack::V1b\x06proto3"
 
 var (
@@ -542,44 +842,55 @@ func file_framepack_v1_job_service_proto_rawDescGZIP() []byte {
 	return file_framepack_v1_job_service_proto_rawDescData
 }
 
-var file_framepack_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_framepack_v1_job_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_framepack_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_framepack_v1_job_service_proto_goTypes = []any{
-	(*SubmitJobRequest)(nil),  // 0: framepack.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil), // 1: framepack.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),     // 2: framepack.v1.GetJobRequest
-	(*GetJobResponse)(nil),    // 3: framepack.v1.GetJobResponse
-	(*ListJobsRequest)(nil),   // 4: framepack.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),  // 5: framepack.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),  // 6: framepack.v1.CancelJobRequest
-	(*CancelJobResponse)(nil), // 7: framepack.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),   // 8: framepack.v1.WatchJobRequest
-	(*JobSpec)(nil),           // 9: framepack.v1.JobSpec
-	(*Job)(nil),               // 10: framepack.v1.Job
-	(JobState)(0),             // 11: framepack.v1.JobState
-	(*JobEvent)(nil),          // 12: framepack.v1.JobEvent
+	(ArtifactKind)(0),           // 0: framepack.v1.ArtifactKind
+	(*SubmitJobRequest)(nil),    // 1: framepack.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),   // 2: framepack.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),       // 3: framepack.v1.GetJobRequest
+	(*GetJobResponse)(nil),      // 4: framepack.v1.GetJobResponse
+	(*ListJobsRequest)(nil),     // 5: framepack.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),    // 6: framepack.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),    // 7: framepack.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),   // 8: framepack.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),     // 9: framepack.v1.WatchJobRequest
+	(*GetArtifactRequest)(nil),  // 10: framepack.v1.GetArtifactRequest
+	(*GetArtifactResponse)(nil), // 11: framepack.v1.GetArtifactResponse
+	(*DeleteJobRequest)(nil),    // 12: framepack.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),   // 13: framepack.v1.DeleteJobResponse
+	(*JobSpec)(nil),             // 14: framepack.v1.JobSpec
+	(*Job)(nil),                 // 15: framepack.v1.Job
+	(JobState)(0),               // 16: framepack.v1.JobState
+	(*JobEvent)(nil),            // 17: framepack.v1.JobEvent
 }
 var file_framepack_v1_job_service_proto_depIdxs = []int32{
-	9,  // 0: framepack.v1.SubmitJobRequest.spec:type_name -> framepack.v1.JobSpec
-	10, // 1: framepack.v1.SubmitJobResponse.job:type_name -> framepack.v1.Job
-	10, // 2: framepack.v1.GetJobResponse.job:type_name -> framepack.v1.Job
-	11, // 3: framepack.v1.ListJobsRequest.states:type_name -> framepack.v1.JobState
-	10, // 4: framepack.v1.ListJobsResponse.jobs:type_name -> framepack.v1.Job
-	10, // 5: framepack.v1.CancelJobResponse.job:type_name -> framepack.v1.Job
-	0,  // 6: framepack.v1.JobService.SubmitJob:input_type -> framepack.v1.SubmitJobRequest
-	2,  // 7: framepack.v1.JobService.GetJob:input_type -> framepack.v1.GetJobRequest
-	4,  // 8: framepack.v1.JobService.ListJobs:input_type -> framepack.v1.ListJobsRequest
-	6,  // 9: framepack.v1.JobService.CancelJob:input_type -> framepack.v1.CancelJobRequest
-	8,  // 10: framepack.v1.JobService.WatchJob:input_type -> framepack.v1.WatchJobRequest
-	1,  // 11: framepack.v1.JobService.SubmitJob:output_type -> framepack.v1.SubmitJobResponse
-	3,  // 12: framepack.v1.JobService.GetJob:output_type -> framepack.v1.GetJobResponse
-	5,  // 13: framepack.v1.JobService.ListJobs:output_type -> framepack.v1.ListJobsResponse
-	7,  // 14: framepack.v1.JobService.CancelJob:output_type -> framepack.v1.CancelJobResponse
-	12, // 15: framepack.v1.JobService.WatchJob:output_type -> framepack.v1.JobEvent
-	11, // [11:16] is the sub-list for method output_type
-	6,  // [6:11] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	14, // 0: framepack.v1.SubmitJobRequest.spec:type_name -> framepack.v1.JobSpec
+	15, // 1: framepack.v1.SubmitJobResponse.job:type_name -> framepack.v1.Job
+	15, // 2: framepack.v1.GetJobResponse.job:type_name -> framepack.v1.Job
+	16, // 3: framepack.v1.ListJobsRequest.states:type_name -> framepack.v1.JobState
+	15, // 4: framepack.v1.ListJobsResponse.jobs:type_name -> framepack.v1.Job
+	15, // 5: framepack.v1.CancelJobResponse.job:type_name -> framepack.v1.Job
+	0,  // 6: framepack.v1.GetArtifactRequest.kind:type_name -> framepack.v1.ArtifactKind
+	1,  // 7: framepack.v1.JobService.SubmitJob:input_type -> framepack.v1.SubmitJobRequest
+	3,  // 8: framepack.v1.JobService.GetJob:input_type -> framepack.v1.GetJobRequest
+	5,  // 9: framepack.v1.JobService.ListJobs:input_type -> framepack.v1.ListJobsRequest
+	7,  // 10: framepack.v1.JobService.CancelJob:input_type -> framepack.v1.CancelJobRequest
+	9,  // 11: framepack.v1.JobService.WatchJob:input_type -> framepack.v1.WatchJobRequest
+	10, // 12: framepack.v1.JobService.GetArtifact:input_type -> framepack.v1.GetArtifactRequest
+	12, // 13: framepack.v1.JobService.DeleteJob:input_type -> framepack.v1.DeleteJobRequest
+	2,  // 14: framepack.v1.JobService.SubmitJob:output_type -> framepack.v1.SubmitJobResponse
+	4,  // 15: framepack.v1.JobService.GetJob:output_type -> framepack.v1.GetJobResponse
+	6,  // 16: framepack.v1.JobService.ListJobs:output_type -> framepack.v1.ListJobsResponse
+	8,  // 17: framepack.v1.JobService.CancelJob:output_type -> framepack.v1.CancelJobResponse
+	17, // 18: framepack.v1.JobService.WatchJob:output_type -> framepack.v1.JobEvent
+	11, // 19: framepack.v1.JobService.GetArtifact:output_type -> framepack.v1.GetArtifactResponse
+	13, // 20: framepack.v1.JobService.DeleteJob:output_type -> framepack.v1.DeleteJobResponse
+	14, // [14:21] is the sub-list for method output_type
+	7,  // [7:14] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_job_service_proto_init() }
@@ -594,13 +905,14 @@ func file_framepack_v1_job_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_v1_job_service_proto_rawDesc), len(file_framepack_v1_job_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   9,
+			NumEnums:      1,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_framepack_v1_job_service_proto_goTypes,
 		DependencyIndexes: file_framepack_v1_job_service_proto_depIdxs,
+		EnumInfos:         file_framepack_v1_job_service_proto_enumTypes,
 		MessageInfos:      file_framepack_v1_job_service_proto_msgTypes,
 	}.Build()
 	File_framepack_v1_job_service_proto = out.File

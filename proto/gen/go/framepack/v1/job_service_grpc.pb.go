@@ -19,11 +19,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	JobService_SubmitJob_FullMethodName = "/framepack.v1.JobService/SubmitJob"
-	JobService_GetJob_FullMethodName    = "/framepack.v1.JobService/GetJob"
-	JobService_ListJobs_FullMethodName  = "/framepack.v1.JobService/ListJobs"
-	JobService_CancelJob_FullMethodName = "/framepack.v1.JobService/CancelJob"
-	JobService_WatchJob_FullMethodName  = "/framepack.v1.JobService/WatchJob"
+	JobService_SubmitJob_FullMethodName   = "/framepack.v1.JobService/SubmitJob"
+	JobService_GetJob_FullMethodName      = "/framepack.v1.JobService/GetJob"
+	JobService_ListJobs_FullMethodName    = "/framepack.v1.JobService/ListJobs"
+	JobService_CancelJob_FullMethodName   = "/framepack.v1.JobService/CancelJob"
+	JobService_WatchJob_FullMethodName    = "/framepack.v1.JobService/WatchJob"
+	JobService_GetArtifact_FullMethodName = "/framepack.v1.JobService/GetArtifact"
+	JobService_DeleteJob_FullMethodName   = "/framepack.v1.JobService/DeleteJob"
 )
 
 // JobServiceClient is the client API for JobService service.
@@ -44,6 +46,14 @@ type JobServiceClient interface {
 	// WatchJob streams a job's events until it finishes, fails or is
 	// cancelled; watching a finished job sends a snapshot and the final event.
 	WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JobEvent], error)
+	// GetArtifact streams a job's video file in chunks, from an offset so an
+	// interrupted download resumes; it is how a client that does not share the
+	// server's disk gets its video. NOT_FOUND if the job or the video does not
+	// exist (yet).
+	GetArtifact(ctx context.Context, in *GetArtifactRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetArtifactResponse], error)
+	// DeleteJob removes a finished job: its record, events, input and videos.
+	// FAILED_PRECONDITION for a queued or running job (cancel it first).
+	DeleteJob(ctx context.Context, in *DeleteJobRequest, opts ...grpc.CallOption) (*DeleteJobResponse, error)
 }
 
 type jobServiceClient struct {
@@ -113,6 +123,35 @@ func (c *jobServiceClient) WatchJob(ctx context.Context, in *WatchJobRequest, op
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type JobService_WatchJobClient = grpc.ServerStreamingClient[JobEvent]
 
+func (c *jobServiceClient) GetArtifact(ctx context.Context, in *GetArtifactRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetArtifactResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &JobService_ServiceDesc.Streams[1], JobService_GetArtifact_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GetArtifactRequest, GetArtifactResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type JobService_GetArtifactClient = grpc.ServerStreamingClient[GetArtifactResponse]
+
+func (c *jobServiceClient) DeleteJob(ctx context.Context, in *DeleteJobRequest, opts ...grpc.CallOption) (*DeleteJobResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteJobResponse)
+	err := c.cc.Invoke(ctx, JobService_DeleteJob_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JobServiceServer is the server API for JobService service.
 // All implementations must embed UnimplementedJobServiceServer
 // for forward compatibility.
@@ -131,6 +170,14 @@ type JobServiceServer interface {
 	// WatchJob streams a job's events until it finishes, fails or is
 	// cancelled; watching a finished job sends a snapshot and the final event.
 	WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[JobEvent]) error
+	// GetArtifact streams a job's video file in chunks, from an offset so an
+	// interrupted download resumes; it is how a client that does not share the
+	// server's disk gets its video. NOT_FOUND if the job or the video does not
+	// exist (yet).
+	GetArtifact(*GetArtifactRequest, grpc.ServerStreamingServer[GetArtifactResponse]) error
+	// DeleteJob removes a finished job: its record, events, input and videos.
+	// FAILED_PRECONDITION for a queued or running job (cancel it first).
+	DeleteJob(context.Context, *DeleteJobRequest) (*DeleteJobResponse, error)
 	mustEmbedUnimplementedJobServiceServer()
 }
 
@@ -155,6 +202,12 @@ func (UnimplementedJobServiceServer) CancelJob(context.Context, *CancelJobReques
 }
 func (UnimplementedJobServiceServer) WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[JobEvent]) error {
 	return status.Error(codes.Unimplemented, "method WatchJob not implemented")
+}
+func (UnimplementedJobServiceServer) GetArtifact(*GetArtifactRequest, grpc.ServerStreamingServer[GetArtifactResponse]) error {
+	return status.Error(codes.Unimplemented, "method GetArtifact not implemented")
+}
+func (UnimplementedJobServiceServer) DeleteJob(context.Context, *DeleteJobRequest) (*DeleteJobResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteJob not implemented")
 }
 func (UnimplementedJobServiceServer) mustEmbedUnimplementedJobServiceServer() {}
 func (UnimplementedJobServiceServer) testEmbeddedByValue()                    {}
@@ -260,6 +313,35 @@ func _JobService_WatchJob_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type JobService_WatchJobServer = grpc.ServerStreamingServer[JobEvent]
 
+func _JobService_GetArtifact_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GetArtifactRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(JobServiceServer).GetArtifact(m, &grpc.GenericServerStream[GetArtifactRequest, GetArtifactResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type JobService_GetArtifactServer = grpc.ServerStreamingServer[GetArtifactResponse]
+
+func _JobService_DeleteJob_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteJobRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JobServiceServer).DeleteJob(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JobService_DeleteJob_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JobServiceServer).DeleteJob(ctx, req.(*DeleteJobRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // JobService_ServiceDesc is the grpc.ServiceDesc for JobService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -283,11 +365,20 @@ var JobService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "CancelJob",
 			Handler:    _JobService_CancelJob_Handler,
 		},
+		{
+			MethodName: "DeleteJob",
+			Handler:    _JobService_DeleteJob_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "WatchJob",
 			Handler:       _JobService_WatchJob_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "GetArtifact",
+			Handler:       _JobService_GetArtifact_Handler,
 			ServerStreams: true,
 		},
 	},
