@@ -10,6 +10,8 @@
 //	framepack watch ID [--previews DIR] [--out OUT.mp4]
 //	framepack cancel ID [--reason …]
 //	framepack devices
+//	framepack pull [--variant i2v,f1] [--cache DIR]     (pull.go)
+//	framepack models [verify] [--cache DIR]             (models.go)
 //
 // Every command takes --addr (default: the daemon's default socket, see framepackd; or
 // $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port.
@@ -111,6 +113,8 @@ commands:
   watch      follow a job's progress
   cancel     cancel a job
   devices    list the server's devices and lanes
+  pull       download the models from the Hugging Face hub (no daemon needed)
+  models     list the models in the Hugging Face cache; 'models verify' re-hashes them
 
 Run 'framepack COMMAND -h' for a command's flags.
 `
@@ -127,6 +131,8 @@ func run(ctx context.Context, e *env, args []string) int {
 		"watch":    cmdWatch,
 		"cancel":   cmdCancel,
 		"devices":  cmdDevices,
+		"pull":     cmdPull,
+		"models":   cmdModels,
 	}
 	name := args[0]
 	if name == "-h" || name == "--help" || name == "help" {

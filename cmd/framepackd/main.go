@@ -8,14 +8,15 @@
 //	           [--backend auto|cpu|cuda|hip] [--workers-dir DIR] [--lanes LANE,…]
 //	           [--grace 30s] [--log-level info] [--log-format text|json] [--shm-root DIR]
 //	           [--residency] [--memory-budget-gb N] [--no-previews] [--keep-section-history]
-//	           [--siglip-processor torchvision|pil]
+//	           [--siglip-processor torchvision|pil] [--pull-missing [--pull-variants i2v,f1]]
 //
 // --models is a folder holding the three models in one of these layouts (pipeline.ResolveModels):
 // the tiny test models' (hunyuanvideo/, flux_redux_bfl/, framepack_i2v/, as in
 // testdata/parity/models), one folder per Hugging Face repository
 // (hunyuanvideo-community/HunyuanVideo, lllyasviel/flux_redux_bfl, lllyasviel/FramePackI2V_HY),
 // or a Hugging Face cache (models--<org>--<name>/snapshots/…, also under hub/, e.g. FramePack's
-// hf_download/).
+// hf_download/). --pull-missing downloads what is missing from the Hugging Face hub into
+// --models before serving (pull.go).
 //
 // Defaults: the socket is $XDG_RUNTIME_DIR/framepackd.sock, else /run/user/<uid>/framepackd.sock
 // when that directory is this user's, else ~/.local/state/framepackd/framepackd.sock; the
@@ -70,6 +71,7 @@ type options struct {
 	logFormat  string
 	shmRoot    string
 	pipeline   *pipelineOptions // the pipeline's flags (pipeline.go)
+	pull       *pullOptions     // --pull-missing (pull.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -117,6 +119,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.shmRoot, "shm-root", shm.DefaultRoot(), "shared-memory root for tensors passed between processes")
 	o.pipeline = addPipelineFlags(fs)
+	o.pull = addPullFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
 		fs.PrintDefaults()
@@ -199,6 +202,9 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	log.WithFields(logrus.Fields{"state": o.state, "models": o.models, "workers": o.workersDir, "backend": o.backend}).Info("framepackd starting")
 
 	cleanStaleShm(o.shmRoot, log)
+	if err := pullMissing(ctx, o, log); err != nil {
+		return err
+	}
 	if st, err := os.Stat(o.models); err != nil || !st.IsDir() {
 		log.WithField("models", o.models).Warn("models directory not found; jobs will fail until it exists")
 	}

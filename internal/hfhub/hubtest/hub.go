@@ -42,6 +42,7 @@ type Hub struct {
 	faults   map[string]*Fault
 	requests []Request
 	blobs    map[string][]byte // LFS contents by sha256
+	stalled  chan string
 }
 
 type repo struct {
@@ -65,6 +66,9 @@ type Fault struct {
 	// DropAt closes the connection once the file's bytes up to this offset are sent (GET only;
 	// a request starting at or after it is not dropped).
 	DropAt int64
+	// StallAt sends the file's bytes up to this offset, then sends nothing more until the
+	// client goes away (a pull killed mid-file); Stalled is told the file's key then.
+	StallAt int64
 	// Corrupt serves the file with one byte changed (same size, same headers).
 	Corrupt bool
 	// Times is how many requests the fault applies to (0: every one).
@@ -73,7 +77,8 @@ type Fault struct {
 
 // New starts a hub; Close stops it.
 func New() *Hub {
-	h := &Hub{repos: map[string]*repo{}, tokens: map[string]bool{}, faults: map[string]*Fault{}, blobs: map[string][]byte{}}
+	h := &Hub{repos: map[string]*repo{}, tokens: map[string]bool{}, faults: map[string]*Fault{}, blobs: map[string][]byte{},
+		stalled: make(chan string, 16)}
 	h.API = httptest.NewServer(h.logged("api", http.HandlerFunc(h.route)))
 	lfs := http.NewServeMux()
 	lfs.HandleFunc("/lfs/{sha}", h.lfs)
@@ -101,9 +106,14 @@ func (h *Hub) route(w http.ResponseWriter, r *http.Request) {
 
 // Close stops both servers.
 func (h *Hub) Close() {
+	h.API.CloseClientConnections()
+	h.LFS.CloseClientConnections()
 	h.API.Close()
 	h.LFS.Close()
 }
+
+// Stalled receives "repo/path" each time a StallAt fault has sent its bytes.
+func (h *Hub) Stalled() <-chan string { return h.stalled }
 
 // Endpoint is the hub's URL (HF_ENDPOINT).
 func (h *Hub) Endpoint() string { return h.API.URL }
@@ -378,7 +388,7 @@ func (h *Hub) resolve(w http.ResponseWriter, r *http.Request, id, rev, path stri
 	w.Header().Set("X-Repo-Commit", commit)
 	if !lfs {
 		w.Header().Set("ETag", `"`+gitBlobID(b)+`"`)
-		serve(w, r, b, f)
+		h.serve(w, r, b, f, key)
 		return
 	}
 	sum := sha256Hex(b)
@@ -404,11 +414,11 @@ func (h *Hub) lfs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("ETag", `"`+r.PathValue("sha")+`"`)
-	serve(w, r, b, f)
+	h.serve(w, r, b, f, r.URL.Query().Get("file"))
 }
 
 // serve answers a GET or HEAD of b with Range support, applying a fault.
-func serve(w http.ResponseWriter, r *http.Request, b []byte, f *Fault) {
+func (h *Hub) serve(w http.ResponseWriter, r *http.Request, b []byte, f *Fault, key string) {
 	if f != nil && f.Corrupt && len(b) > 0 {
 		b = append([]byte(nil), b...)
 		b[len(b)/2] ^= 0xff
@@ -444,6 +454,18 @@ func serve(w http.ResponseWriter, r *http.Request, b []byte, f *Fault) {
 			fl.Flush()
 		}
 		panic(http.ErrAbortHandler) // drops the connection mid-body
+	}
+	if f != nil && f.StallAt > start && f.StallAt < int64(len(b)) {
+		_, _ = w.Write(b[start:f.StallAt])
+		if fl, ok := w.(http.Flusher); ok {
+			fl.Flush()
+		}
+		select {
+		case h.stalled <- key:
+		default:
+		}
+		<-r.Context().Done()
+		panic(http.ErrAbortHandler)
 	}
 	_, _ = w.Write(body)
 }
