@@ -71,6 +71,10 @@ type Item struct {
 	Repo, Revision, Commit, Path string
 	// ETag is the blob's name: the sha256 of an LFS file, the git blob sha1 of another.
 	ETag string
+	// Hash is what the contents must hash to: the sha256 of an LFS file (64 hex digits), the
+	// git blob sha1 (40) of another, as the file list gives them; empty when neither is known
+	// (only the size is checked then).
+	Hash string
 	// Size is the file's size in bytes.
 	Size int64
 	// LFS is set for files stored with git-lfs (verified by sha256).
@@ -223,13 +227,20 @@ func (p *Puller) planOnline(ctx context.Context, plan *Plan, w Want) error {
 		if m.Commit != info.Commit {
 			return fmt.Errorf("%s in %s: %w: X-Repo-Commit %s, asked for %s", s.Path, w.Repo, ErrProtocol, m.Commit, info.Commit)
 		}
-		if s.LFS != nil && (m.ETag != s.LFS.SHA256 || m.Size != s.LFS.Size) {
+		// The ETag names the blob (as huggingface_hub names it); for an LFS file it is the
+		// sha256 the file list gives, which the contents are checked against.
+		if s.LFS != nil && (m.Size != s.LFS.Size || (len(m.ETag) == 64 && m.ETag != s.LFS.SHA256) || len(s.LFS.SHA256) != 64 || !isHex(s.LFS.SHA256)) {
 			return fmt.Errorf("%s in %s: %w: ETag %s size %d, the file list says sha256 %s size %d", s.Path, w.Repo, ErrProtocol, m.ETag, m.Size, s.LFS.SHA256, s.LFS.Size)
 		}
-		if it.LFS && len(m.ETag) != 64 {
-			return fmt.Errorf("%s in %s: %w: LFS file with ETag %q (want its sha256)", s.Path, w.Repo, ErrProtocol, m.ETag)
-		}
 		it.ETag, it.Size, it.Location = m.ETag, m.Size, m.Location
+		switch {
+		case s.LFS != nil:
+			it.Hash = s.LFS.SHA256
+		case len(s.BlobID) == 40 && isHex(s.BlobID):
+			it.Hash = s.BlobID
+		case hasherFor(m.ETag, m.Size) != nil:
+			it.Hash = m.ETag
+		}
 		blob := p.Cache.BlobPath(w.Repo, m.ETag)
 		if st, err := os.Stat(blob); err == nil && st.Size() == it.Size {
 			it.BlobPresent = true
@@ -519,9 +530,9 @@ func (p *Puller) fetchOnce(ctx context.Context, st *pullState, i int) (err error
 		}
 		have = 0
 	}
-	h := hasherFor(it.ETag, it.Size)
+	h := hasherFor(it.Hash, it.Size)
 	if it.LFS && h == nil {
-		return fmt.Errorf("%s: %w: cannot verify ETag %q", what, ErrProtocol, it.ETag)
+		return fmt.Errorf("%s: %w: cannot verify sha256 %q", what, ErrProtocol, it.Hash)
 	}
 	if h == nil {
 		h = nopHash{}
@@ -548,7 +559,7 @@ func (p *Puller) fetchOnce(ctx context.Context, st *pullState, i int) (err error
 				return fmt.Errorf("%s: %w", what, diskErr(err))
 			}
 			have = 0
-			h = hasherFor(it.ETag, it.Size)
+			h = hasherFor(it.Hash, it.Size)
 			if h == nil {
 				h = nopHash{}
 			}
@@ -579,10 +590,10 @@ func (p *Puller) fetchOnce(ctx context.Context, st *pullState, i int) (err error
 	}
 	st.set(i, FileVerifying, it.Size, nil)
 	if _, unverifiable := h.(nopHash); !unverifiable {
-		if got := hex.EncodeToString(h.Sum(nil)); got != it.ETag {
+		if got := hex.EncodeToString(h.Sum(nil)); got != it.Hash {
 			// Every byte is there and wrong: resuming cannot mend it, so it goes.
 			_ = os.Remove(inc)
-			return fmt.Errorf("%s: %w: got %s, want %s (not linked; the next pull downloads it again)", what, ErrChecksum, got, it.ETag)
+			return fmt.Errorf("%s: %w: got %s, want %s (not linked; the next pull downloads it again)", what, ErrChecksum, got, it.Hash)
 		}
 	}
 	if err := os.Rename(inc, blob); err != nil {
