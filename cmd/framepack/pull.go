@@ -163,6 +163,7 @@ type pullDisplay struct {
 	tty      bool
 	quiet    bool
 	width    func() int
+	now      func() time.Time
 	active   map[string]hfhub.Progress
 	last     hfhub.Progress
 	lines    int // lines drawn last time (terminal)
@@ -176,7 +177,7 @@ const (
 )
 
 func newPullDisplay(e *env, quiet bool) *pullDisplay {
-	return &pullDisplay{w: e.stderr, tty: e.stderrTTY, quiet: quiet, width: e.width, active: map[string]hfhub.Progress{}}
+	return &pullDisplay{w: e.stderr, tty: e.stderrTTY, quiet: quiet, width: e.width, now: time.Now, active: map[string]hfhub.Progress{}}
 }
 
 func (d *pullDisplay) update(p hfhub.Progress) {
@@ -199,7 +200,7 @@ func (d *pullDisplay) update(p hfhub.Progress) {
 			d.above(fmt.Sprintf("done   %s (%s)", key, hfhub.Bytes(p.Size)))
 		}
 	}
-	now := time.Now()
+	now := d.now()
 	if d.tty {
 		if now.Sub(d.drawn) >= redrawEvery || p.State != hfhub.FileDownloading {
 			d.draw()

@@ -536,3 +536,33 @@ func sha256Of(b []byte) string {
 	s := sha256.Sum256(b)
 	return hex.EncodeToString(s[:])
 }
+
+// TestPullDiskFull: a write that fails with ENOSPC (the partial blob is /dev/full) fails the
+// file with ErrNoSpace at once, without retries, and links nothing.
+func TestPullDiskFull(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skipf("no /dev/full: %v", err)
+	}
+	f := newFixture(t)
+	sha := sha256Of(f.fixtureFile(t, hunyuan, vaeWeights))
+	partial := f.cache.BlobPath(hunyuan, sha) + ".incomplete"
+	if err := os.MkdirAll(filepath.Dir(partial), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/dev/full", partial); err != nil {
+		t.Fatal(err)
+	}
+	err := f.pull(t, f.puller("", nil), "i2v")
+	if !errors.Is(err, hfhub.ErrNoSpace) || !strings.Contains(err.Error(), vaeWeights) {
+		t.Fatalf("err %v, want ErrNoSpace naming the file", err)
+	}
+	if got := rangesFor(f.hub.Requests(), sha); len(got) != 1 {
+		t.Fatalf("%d downloads of the file, want 1 (a full disk is not retried)", len(got))
+	}
+	if _, err := os.Lstat(f.cache.SnapshotPath(hunyuan, f.commits[hunyuan], vaeWeights)); !os.IsNotExist(err) {
+		t.Fatalf("file linked after a full disk: %v", err)
+	}
+	if _, err := os.Stat(f.cache.BlobPath(hunyuan, sha)); !os.IsNotExist(err) {
+		t.Fatalf("blob written after a full disk: %v", err)
+	}
+}
