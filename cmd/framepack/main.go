@@ -12,6 +12,8 @@
 //	framepack devices
 //	framepack get ID [-o OUT.mp4]
 //	framepack rm ID…
+//	framepack pull [--variant i2v,f1] [--cache DIR]     (pull.go)
+//	framepack models [verify] [--cache DIR]             (models.go)
 //
 // Every command takes --addr (default: the daemon's default socket, see framepackd; or
 // $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port.
@@ -116,6 +118,8 @@ commands:
   devices    list the server's devices and lanes
   get        download a job's video (works with a remote server)
   rm         delete finished jobs and their files on the server
+  pull       download the models from the Hugging Face hub (no daemon needed)
+  models     list the models in the Hugging Face cache; 'models verify' re-hashes them
 
 Run 'framepack COMMAND -h' for a command's flags.
 `
@@ -134,6 +138,8 @@ func run(ctx context.Context, e *env, args []string) int {
 		"devices":  cmdDevices,
 		"get":      cmdGet,
 		"rm":       cmdRm,
+		"pull":     cmdPull,
+		"models":   cmdModels,
 	}
 	name := args[0]
 	if name == "-h" || name == "--help" || name == "help" {

@@ -8,14 +8,15 @@
 //	           [--backend auto|cpu|cuda|hip] [--workers-dir DIR] [--lanes LANE,…]
 //	           [--grace 30s] [--log-level info] [--log-format text|json] [--shm-root DIR]
 //	           [--residency] [--memory-budget-gb N] [--no-previews] [--keep-section-history]
-//	           [--siglip-processor torchvision|pil]
+//	           [--siglip-processor torchvision|pil] [--pull-missing [--pull-variants i2v,f1]]
 //
 // --models is a folder holding the three models in one of these layouts (pipeline.ResolveModels):
 // the tiny test models' (hunyuanvideo/, flux_redux_bfl/, framepack_i2v/, as in
 // testdata/parity/models), one folder per Hugging Face repository
 // (hunyuanvideo-community/HunyuanVideo, lllyasviel/flux_redux_bfl, lllyasviel/FramePackI2V_HY),
 // or a Hugging Face cache (models--<org>--<name>/snapshots/…, also under hub/, e.g. FramePack's
-// hf_download/).
+// hf_download/). --pull-missing downloads what is missing from the Hugging Face hub into
+// --models before serving (pull.go).
 //
 // Defaults: the socket is $XDG_RUNTIME_DIR/framepackd.sock, else /run/user/<uid>/framepackd.sock
 // when that directory is this user's, else ~/.local/state/framepackd/framepackd.sock; the
@@ -74,6 +75,7 @@ type options struct {
 	shm        *shm.Instance    // this daemon's own shared-memory folder, opened by run
 	pipeline   *pipelineOptions // the pipeline's flags (pipeline.go)
 	limits     *limitOptions    // disk and input limits (limits.go)
+	pull       *pullOptions     // --pull-missing (pull.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -122,6 +124,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.shmRoot, "shm-root", shm.DefaultRoot(), "shared-memory root for tensors passed between processes")
 	o.pipeline = addPipelineFlags(fs)
 	o.limits = addLimitFlags(fs)
+	o.pull = addPullFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
 		fs.PrintDefaults()
@@ -213,6 +216,9 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		}
 	}()
 	o.shm = inst
+	if err := pullMissing(ctx, o, log); err != nil {
+		return err
+	}
 	if st, err := os.Stat(o.models); err != nil || !st.IsDir() {
 		log.WithField("models", o.models).Warn("models directory not found; jobs will fail until it exists")
 	}
