@@ -13,6 +13,7 @@ import (
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/sirupsen/logrus"
+	"google.golang.org/protobuf/proto"
 )
 
 // probeTimeout bounds one probe worker: start, handshake, probe.
@@ -107,7 +108,11 @@ func (d *devices) list(ctx context.Context) ([]*framepackv1.Device, error) {
 	d.mu.Unlock()
 	out := make([]*framepackv1.Device, 0, len(d.lanes))
 	for _, lane := range d.lanes {
-		dev, ok := found[lane]
+		dev, ok := laneDevice(found, lane)
+		if ok && dev.GetLane() != lane {
+			dev = proto.Clone(dev).(*framepackv1.Device) // another cpu lane
+			dev.Lane = lane
+		}
 		if !ok {
 			dev = &framepackv1.Device{Lane: lane, Backend: api.LaneBackend(lane), LaneState: framepackv1.LaneState_LANE_STATE_DEGRADED,
 				LaneStateReason: "no device for this lane in the last probe"}

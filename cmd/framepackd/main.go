@@ -65,6 +65,7 @@ type options struct {
 	backend    string
 	workersDir string
 	lanes      string
+	minJobGB   float64
 	grace      time.Duration
 	logLevel   string
 	logFormat  string
@@ -111,7 +112,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.listen, "listen", "", "also serve on TCP, tcp://HOST:PORT (no TLS: keep it on loopback or a trusted network)")
 	fs.StringVar(&o.backend, "backend", "auto", "compute backend: auto, cpu, cuda or hip")
 	fs.StringVar(&o.workersDir, "workers-dir", "", "directory of the worker binaries (default: next to this executable)")
-	fs.StringVar(&o.lanes, "lanes", "", "comma-separated lanes to run jobs on (default: one per probed device)")
+	fs.StringVar(&o.lanes, "lanes", "auto", "comma-separated lanes to run jobs on: auto (one per probed GPU, else the cpu), cpu, cpu:N, cuda:N, hip:N, or a GPU's PCI bus id")
+	fs.Float64Var(&o.minJobGB, "job-min-memory-gb", 0, "free device memory a job needs on a GPU lane besides its gpu_memory_preservation_gb")
 	fs.DurationVar(&o.grace, "grace", api.DefaultGrace, "on stop, how long a running job may take to reach a stage boundary before it is cancelled")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -206,22 +208,17 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		log.WithError(err).Warn("ffmpeg not found: videos will be kept as PNG frames (make setup installs ffmpeg)")
 	}
 
+	useBusOrder() // cuda:N is the N-th GPU in PCI bus order, for the workers too (lanes.go)
 	devs := &devices{workersDir: o.workersDir, backend: o.backend, log: logrus.NewEntry(log)}
-	lanes, err := devs.discover(ctx)
-	if err != nil {
+	if _, err := devs.discover(ctx); err != nil {
 		return err
 	}
-	if o.lanes != "" {
-		lanes = nil
-		for _, l := range strings.Split(o.lanes, ",") {
-			if l = strings.TrimSpace(l); l != "" {
-				lanes = append(lanes, l)
-			}
-		}
-		if len(lanes) == 0 {
-			fmt.Fprintln(stderr, "framepackd: --lanes names no lane")
-			return errUsage
-		}
+	devs.mu.Lock()
+	lanes, err := resolveLanes(o.lanes, devs.last)
+	devs.mu.Unlock()
+	if err != nil {
+		fmt.Fprintln(stderr, "framepackd:", err)
+		return errUsage
 	}
 	devs.lanes = lanes
 
@@ -231,6 +228,9 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		return err
 	}
 	defer guards.close()
+	if guardsHook != nil {
+		guardsHook(guards) // tests hold a lane here (lanes_test.go)
+	}
 	o.pipeline.watchdog = guards.lookup
 	runJob, closeRunner, err := newRunner(o, devs, lanes, log)
 	if err != nil {
@@ -239,13 +239,14 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	defer closeRunner()
 
 	d, err := api.StartDaemon(api.DaemonConfig{
-		StateDir: o.state,
-		Listen:   listen,
-		Lanes:    lanes,
-		Run:      runJob,
-		Devices:  guards.devices(devs.list),
-		Grace:    o.grace,
-		Log:      log,
+		StateDir:  o.state,
+		Listen:    listen,
+		Lanes:     lanes,
+		Run:       runJob,
+		Devices:   guards.devices(devs.list),
+		Placement: newPlacement(guards, devs, lanes, o.minJobGB).jobs(),
+		Grace:     o.grace,
+		Log:       log,
 	})
 	if err != nil {
 		return err
