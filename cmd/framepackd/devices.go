@@ -27,9 +27,11 @@ type devices struct {
 	log        *logrus.Entry
 	lanes      []string // the daemon's lanes, set after discover
 
-	// mu protects last, the devices of the last successful probe, by lane.
-	mu   sync.Mutex
-	last map[string]*framepackv1.Device
+	// mu protects last, the devices of the last successful probe, by lane, and runtime, its
+	// GPU runtime and driver versions (nil on the cpu).
+	mu      sync.Mutex
+	last    map[string]*framepackv1.Device
+	runtime *workerkit.RuntimeVersions
 }
 
 // probe runs the probe worker once and returns its devices by lane name.
@@ -70,6 +72,9 @@ func (d *devices) probe(ctx context.Context) (map[string]*framepackv1.Device, er
 	if len(out) == 0 {
 		return nil, fmt.Errorf("probe %s devices: none found", d.backend)
 	}
+	d.mu.Lock()
+	d.runtime = resp.Runtime
+	d.mu.Unlock()
 	return out, nil
 }
 

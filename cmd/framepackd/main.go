@@ -66,11 +66,13 @@ type options struct {
 	workersDir string
 	lanes      string
 	minJobGB   float64
-	grace      time.Duration
-	logLevel   string
-	logFormat  string
-	shmRoot    string
-	pipeline   *pipelineOptions // the pipeline's flags (pipeline.go)
+	// allowMismatch keeps lanes whose GPU runtime the host driver cannot serve (runtime.go).
+	allowMismatch bool
+	grace         time.Duration
+	logLevel      string
+	logFormat     string
+	shmRoot       string
+	pipeline      *pipelineOptions // the pipeline's flags (pipeline.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -113,6 +115,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.backend, "backend", "auto", "compute backend: auto, cpu, cuda or hip")
 	fs.StringVar(&o.workersDir, "workers-dir", "", "directory of the worker binaries (default: next to this executable)")
 	fs.StringVar(&o.lanes, "lanes", "auto", "comma-separated lanes to run jobs on: auto (one per probed GPU, else the cpu), cpu, cpu:N, cuda:N, hip:N, or a GPU's PCI bus id")
+	fs.BoolVar(&o.allowMismatch, "allow-runtime-mismatch", false, "run lanes whose GPU runtime (the container's CUDA/ROCm) the host driver cannot serve, instead of holding them")
 	fs.Float64Var(&o.minJobGB, "job-min-memory-gb", 0, "free device memory a job needs on a GPU lane besides its gpu_memory_preservation_gb")
 	fs.DurationVar(&o.grace, "grace", api.DefaultGrace, "on stop, how long a running job may take to reach a stage boundary before it is cancelled")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
@@ -228,6 +231,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		return err
 	}
 	defer guards.close()
+	checkRuntime(devs, guards, lanes, o.allowMismatch, logrus.NewEntry(log)) // runtime.go
 	if guardsHook != nil {
 		guardsHook(guards) // tests hold a lane here (lanes_test.go)
 	}
