@@ -10,6 +10,7 @@
 //	framepack watch ID [--previews DIR] [--out OUT.mp4]
 //	framepack cancel ID [--reason …]
 //	framepack devices
+//	framepack health [--service NAME] [--timeout 5s]
 //
 // Every command takes --addr (default: the daemon's default socket, see framepackd; or
 // $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port.
@@ -32,6 +33,7 @@
 //	7  the job was cancelled
 //	8  the job finished but the server had no ffmpeg: the frames are PNG files (copied to
 //	   OUT's name with ".frames" instead of ".mp4")
+//	9  health: the server answers but does not serve (it is stopping)
 package main
 
 import (
@@ -65,6 +67,7 @@ const (
 	exitFailed      = 6
 	exitCancelled   = 7
 	exitPNGFrames   = 8
+	exitUnhealthy   = 9
 )
 
 // exitErr carries an exit status and the message printed for it.
@@ -111,6 +114,7 @@ commands:
   watch      follow a job's progress
   cancel     cancel a job
   devices    list the server's devices and lanes
+  health     check the server's gRPC health (exit 0 when it serves)
 
 Run 'framepack COMMAND -h' for a command's flags.
 `
@@ -127,6 +131,7 @@ func run(ctx context.Context, e *env, args []string) int {
 		"watch":    cmdWatch,
 		"cancel":   cmdCancel,
 		"devices":  cmdDevices,
+		"health":   cmdHealth,
 	}
 	name := args[0]
 	if name == "-h" || name == "--help" || name == "help" {
