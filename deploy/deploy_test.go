@@ -321,8 +321,8 @@ func TestCompose(t *testing.T) {
 		t.Fatal(err)
 	}
 	type service struct {
-		Profiles    []string          `yaml:"profiles"`
-		Image       string            `yaml:"image"`
+		Profiles    []string `yaml:"profiles"`
+		Image       string   `yaml:"image"`
 		Build       struct{ Context, Dockerfile string }
 		ShmSize     string            `yaml:"shm_size"`
 		Volumes     []string          `yaml:"volumes"`
