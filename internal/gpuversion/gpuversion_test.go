@@ -96,9 +96,7 @@ func TestRead(t *testing.T) {
 		if err != nil || !ok || v.Backend != backend || v.RuntimeSource == "" || v.DriverSource == "" {
 			t.Fatalf("%s: %+v %v %v", backend, v, ok, err)
 		}
-		if err := Check(v); v.Runtime.Known() && v.Driver.Known() && err != nil {
-			t.Logf("%s on this machine: %v", backend, err)
-		}
+		t.Logf("%s on this machine: %s (check: %v)", backend, v.Describe(), Check(v))
 	}
 	if _, ok, _ := Read("cpu", Options{Getenv: getenv}); ok {
 		t.Fatal("cpu has versions")
