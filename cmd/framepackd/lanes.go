@@ -189,6 +189,10 @@ func (p *placement) jobs() jobs.Placement {
 			}
 			return p.total[lane] - min(used, p.total[lane]), true
 		},
+		TotalBytes: func(lane string) (uint64, bool) {
+			t, ok := p.total[lane]
+			return t, ok
+		},
 		NeedBytes: func(spec *framepackv1.JobSpec) uint64 {
 			return p.minNeed + uint64(float64(spec.GetGpuMemoryPreservationGb())*(1<<30))
 		},

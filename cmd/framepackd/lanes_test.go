@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -238,5 +239,26 @@ func TestLanesHeldSkipped(t *testing.T) {
 	}
 	if b.start.Before(a.end) {
 		t.Fatalf("FIFO on cpu:1 broken: b started %s before a ended %s", b.start, a.end)
+	}
+}
+
+// TestDaemonLanesCommandLine: a --lanes the daemon cannot serve is a bad command line (exit 2)
+// that says why.
+func TestDaemonLanesCommandLine(t *testing.T) {
+	f := newFixture(t)
+	for _, tc := range []struct{ lanes, want string }{
+		{"tpu:0", "is not a lane"},
+		{"0000:01:00.0", "no probed GPU at PCI address"},
+		{"cpu:0,cpu:0", "named twice"},
+	} {
+		t.Run(tc.lanes, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, f.bin, f.args("--lanes", tc.lanes)...)
+			out, _ := cmd.CombinedOutput()
+			if code := cmd.ProcessState.ExitCode(); code != 2 || !strings.Contains(string(out), tc.want) {
+				t.Fatalf("exit %d, want 2 with %q:\n%s", code, tc.want, out)
+			}
+		})
 	}
 }

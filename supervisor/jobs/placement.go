@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -37,6 +38,9 @@ type Placement struct {
 	// FreeBytes returns the device memory free on lane now; ok false means unknown (no
 	// memory check on that lane, e.g. the cpu).
 	FreeBytes func(lane string) (free uint64, ok bool)
+	// TotalBytes returns a lane's device memory; ok false means unknown. A job that needs
+	// more than every lane it may run on has fails at once instead of waiting forever.
+	TotalBytes func(lane string) (total uint64, ok bool)
 	// NeedBytes returns the free device memory a job needs on its lane (its
 	// gpu_memory_preservation_gb plus the pipeline's minimum); nil or 0 means no check.
 	NeedBytes func(spec *framepackv1.JobSpec) uint64
@@ -114,13 +118,39 @@ func (q *Queue) watchLane(st *loopState, lane string, h LaneHealth, reason strin
 	}()
 }
 
+// need returns the memory job needs (0: no check).
+func (p *placement) need(job pendingJob) uint64 {
+	if job.spec == nil || p.q.cfg.Placement.NeedBytes == nil {
+		return 0
+	}
+	return p.q.cfg.Placement.NeedBytes(job.spec)
+}
+
+// neverFits returns why job can run on no lane, however long it waits: it needs more memory
+// than every lane it may run on has in total. Empty when some lane may take it.
+func (q *Queue) neverFits(job pendingJob, need uint64) string {
+	if need == 0 || q.cfg.Placement.TotalBytes == nil {
+		return ""
+	}
+	var largest uint64
+	for _, lane := range q.cfg.Lanes {
+		if job.lane != "" && job.lane != lane {
+			continue
+		}
+		total, ok := q.cfg.Placement.TotalBytes(lane)
+		if !ok || total >= need {
+			return ""
+		}
+		largest = max(largest, total)
+	}
+	return fmt.Sprintf("the job needs %.1f GiB of free device memory (gpu_memory_preservation_gb and the server's minimum) "+
+		"but the largest lane it may run on has %.1f GiB: lower gpu_memory_preservation_gb", float64(need)/(1<<30), float64(largest)/(1<<30))
+}
+
 // pick takes the lane job should start on now out of the free lanes; ok is false when no free
 // lane can take it.
 func (p *placement) pick(job pendingJob) (c laneCandidate, ok bool) {
-	var need uint64
-	if job.spec != nil && p.q.cfg.Placement.NeedBytes != nil {
-		need = p.q.cfg.Placement.NeedBytes(job.spec)
-	}
+	need := p.need(job)
 	best := -1
 	for i, c := range p.free {
 		if job.lane != "" && job.lane != c.name {

@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -128,16 +129,24 @@ func TestPlacementLeastLoadedWithMemory(t *testing.T) {
 			}
 			return free1.Load(), true
 		},
+		TotalBytes: func(string) (uint64, bool) { return 24 << 30, true },
 		NeedBytes: func(s *framepackv1.JobSpec) uint64 {
-			if s.GetPrompt() == "big" {
+			switch s.GetPrompt() {
+			case "big":
 				return 16 << 30
+			case "huge":
+				return 32 << 30
 			}
 			return 6 << 30
 		},
 		Recheck: 20 * time.Millisecond,
 	})
 	a := e.submit(t, spec("a"))
-	expectStart(t, g, a, "cuda:1") // 20 GiB free beats 10
+	expectStart(t, g, a, "cuda:1")    // 20 GiB free beats 10
+	huge := e.submit(t, spec("huge")) // more than any lane has: fails at once, blocks nothing
+	if ev := e.terminal(t, huge); !strings.Contains(ev.GetJobFailed().GetFailure().GetMessage(), "needs 32.0 GiB") {
+		t.Fatalf("huge job: %v", ev)
+	}
 	big := e.submit(t, spec("big"))
 	small := e.submit(t, spec("small"))
 	expectStart(t, g, small, "cuda:0") // big does not fit cuda:0's 10 GiB; small does

@@ -439,6 +439,12 @@ func (q *Queue) schedule(st *loopState) {
 		p := st.pending[i]
 		c, ok := pl.pick(p)
 		if !ok {
+			if why := q.neverFits(p, pl.need(p)); why != "" {
+				st.pending = slices.Delete(st.pending, i, i+1)
+				i--
+				q.failQueued(p.id, why)
+				continue
+			}
 			continue // no free lane can take it now; a later job may fit another lane
 		}
 		st.pending = slices.Delete(st.pending, i, i+1)
