@@ -10,6 +10,11 @@ BIN := $(CURDIR)/bin
 BUF_VERSION ?= v1.75.0
 PROTOC_GEN_GO_VERSION ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
+# deploy-check: kubeconform, kustomize (v5.8.3 needs Go 1.27), and the Kubernetes release whose
+# OpenAPI document (in the k8s.io/kubernetes module) gives the offline schemas.
+KUBECONFORM_VERSION ?= v0.8.0
+KUSTOMIZE_VERSION ?= v5.8.2
+K8S_VERSION ?= 1.34.3
 
 APT_PACKAGES := build-essential pkg-config libopenblas-dev ffmpeg
 # Debian 12's minimal HIP toolchain: compile-checks and links the gpu kernels for gfx1030/gfx90a.
@@ -25,12 +30,15 @@ setup: ## install what a fresh Debian 12 machine lacks
 	$(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	$(GO) install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION)
+	$(GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
+	$(GO) mod download k8s.io/kubernetes@v$(K8S_VERSION)
 
 build: ## every binary into bin/
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/... ./workers/...
 
-test: native-hip-check ## the whole suite
+test: native-hip-check deploy-check ## the whole suite
 	$(GO) test -count=1 -timeout 30m ./...
 
 bench: ## benchmark tables
@@ -154,3 +162,22 @@ $(NATIVE_OUT)/hip/vendor-cuda.o: native/gpu/fpk_gpu_vendor.cu $(GPU_HDR)
 # check and the speed table against PyTorch. See scripts/gpu-check.sh.
 gpu-check:
 	scripts/gpu-check.sh
+
+# The Kubernetes manifests, rendered by kustomize for every overlay and validated by kubeconform
+# against schemas made offline from the k8s.io/kubernetes module's OpenAPI document
+# (deploy/tools/k8sschema; kubeconform's default schemas are on GitHub, unreachable in CI) plus
+# deploy/kubernetes/schemas (the ServiceMonitor subset). The Dockerfiles and compose.yaml are
+# checked by `go test ./deploy/` (no container engine needed).
+DEPLOY_OUT := $(CURDIR)/build/deploy
+K8S_OVERLAYS := $(notdir $(wildcard deploy/kubernetes/overlays/*))
+
+.PHONY: deploy-check
+deploy-check: ## validate the rendered Kubernetes overlays with kubeconform (offline schemas)
+	@command -v kubeconform >/dev/null && command -v kustomize >/dev/null || { echo "deploy-check: kubeconform/kustomize not found (make setup installs them)"; exit 1; }
+	@rm -rf $(DEPLOY_OUT) && mkdir -p $(DEPLOY_OUT)
+	@set -e; swagger=$$($(GO) mod download -json k8s.io/kubernetes@v$(K8S_VERSION) | sed -n 's/^\t"Dir": "\(.*\)",$$/\1/p')/api/openapi-spec/swagger.json; \
+	for o in $(K8S_OVERLAYS); do kustomize build deploy/kubernetes/overlays/$$o > $(DEPLOY_OUT)/$$o.yaml; done; \
+	$(GO) run ./deploy/tools/k8sschema -swagger "$$swagger" -out $(DEPLOY_OUT)/schemas/v$(K8S_VERSION)-standalone-strict $(DEPLOY_OUT)/*.yaml; \
+	kubeconform -strict -summary -kubernetes-version $(K8S_VERSION) \
+		-schema-location '$(DEPLOY_OUT)/schemas/{{.NormalizedKubernetesVersion}}-standalone{{.StrictSuffix}}/{{.ResourceKind}}{{.KindSuffix}}.json' \
+		-schema-location 'deploy/kubernetes/schemas/{{.ResourceKind}}{{.KindSuffix}}.json' $(DEPLOY_OUT)/*.yaml

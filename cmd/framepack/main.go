@@ -14,6 +14,7 @@
 //	framepack rm ID…
 //	framepack pull [--variant i2v,f1] [--cache DIR]     (pull.go)
 //	framepack models [verify] [--cache DIR]             (models.go)
+//	framepack health [--service NAME] [--timeout 5s]
 //
 // Every command takes --addr (default: the daemon's default socket, see framepackd; or
 // $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port.
@@ -37,6 +38,7 @@
 //	7  the job was cancelled
 //	8  the job finished but the server had no ffmpeg: the frames are PNG files (copied to
 //	   OUT's name with ".frames" instead of ".mp4")
+//	9  health: the server answers but does not serve (it is stopping)
 package main
 
 import (
@@ -70,6 +72,7 @@ const (
 	exitFailed      = 6
 	exitCancelled   = 7
 	exitPNGFrames   = 8
+	exitUnhealthy   = 9
 )
 
 // exitErr carries an exit status and the message printed for it.
@@ -120,6 +123,7 @@ commands:
   rm         delete finished jobs and their files on the server
   pull       download the models from the Hugging Face hub (no daemon needed)
   models     list the models in the Hugging Face cache; 'models verify' re-hashes them
+  health     check the server's gRPC health (exit 0 when it serves)
 
 Run 'framepack COMMAND -h' for a command's flags.
 `
@@ -140,6 +144,7 @@ func run(ctx context.Context, e *env, args []string) int {
 		"rm":       cmdRm,
 		"pull":     cmdPull,
 		"models":   cmdModels,
+		"health":   cmdHealth,
 	}
 	name := args[0]
 	if name == "-h" || name == "--help" || name == "help" {

@@ -13,6 +13,7 @@ import (
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/sirupsen/logrus"
+	"google.golang.org/protobuf/proto"
 )
 
 // probeTimeout bounds one probe worker: start, handshake, probe.
@@ -26,9 +27,11 @@ type devices struct {
 	log        *logrus.Entry
 	lanes      []string // the daemon's lanes, set after discover
 
-	// mu protects last, the devices of the last successful probe, by lane.
-	mu   sync.Mutex
-	last map[string]*framepackv1.Device
+	// mu protects last, the devices of the last successful probe, by lane, and runtime, its
+	// GPU runtime and driver versions (nil on the cpu).
+	mu      sync.Mutex
+	last    map[string]*framepackv1.Device
+	runtime *workerkit.RuntimeVersions
 }
 
 // probe runs the probe worker once and returns its devices by lane name.
@@ -69,6 +72,9 @@ func (d *devices) probe(ctx context.Context) (map[string]*framepackv1.Device, er
 	if len(out) == 0 {
 		return nil, fmt.Errorf("probe %s devices: none found", d.backend)
 	}
+	d.mu.Lock()
+	d.runtime = resp.Runtime
+	d.mu.Unlock()
 	return out, nil
 }
 
@@ -107,7 +113,11 @@ func (d *devices) list(ctx context.Context) ([]*framepackv1.Device, error) {
 	d.mu.Unlock()
 	out := make([]*framepackv1.Device, 0, len(d.lanes))
 	for _, lane := range d.lanes {
-		dev, ok := found[lane]
+		dev, ok := laneDevice(found, lane)
+		if ok && dev.GetLane() != lane {
+			dev = proto.Clone(dev).(*framepackv1.Device) // another cpu lane
+			dev.Lane = lane
+		}
 		if !ok {
 			dev = &framepackv1.Device{Lane: lane, Backend: api.LaneBackend(lane), LaneState: framepackv1.LaneState_LANE_STATE_DEGRADED,
 				LaneStateReason: "no device for this lane in the last probe"}

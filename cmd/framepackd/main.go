@@ -76,6 +76,9 @@ type options struct {
 	pipeline   *pipelineOptions // the pipeline's flags (pipeline.go)
 	limits     *limitOptions    // disk and input limits (limits.go)
 	pull       *pullOptions     // --pull-missing (pull.go)
+	minJobGB   float64
+	// allowMismatch keeps lanes whose GPU runtime the host driver cannot serve (runtime.go).
+	allowMismatch bool
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -117,7 +120,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.listen, "listen", "", "also serve on TCP, tcp://HOST:PORT (no TLS: keep it on loopback or a trusted network)")
 	fs.StringVar(&o.backend, "backend", "auto", "compute backend: auto, cpu, cuda or hip")
 	fs.StringVar(&o.workersDir, "workers-dir", "", "directory of the worker binaries (default: next to this executable)")
-	fs.StringVar(&o.lanes, "lanes", "", "comma-separated lanes to run jobs on (default: one per probed device)")
+	fs.StringVar(&o.lanes, "lanes", "auto", "comma-separated lanes to run jobs on: auto (one per probed GPU, else the cpu), cpu, cpu:N, cuda:N, hip:N, or a GPU's PCI bus id")
+	fs.BoolVar(&o.allowMismatch, "allow-runtime-mismatch", false, "run lanes whose GPU runtime (the container's CUDA/ROCm) the host driver cannot serve, instead of holding them")
+	fs.Float64Var(&o.minJobGB, "job-min-memory-gb", 0, "free device memory a job needs on a GPU lane besides its gpu_memory_preservation_gb")
 	fs.DurationVar(&o.grace, "grace", api.DefaultGrace, "on stop, how long a running job may take to reach a stage boundary before it is cancelled")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
@@ -226,22 +231,17 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		log.WithError(err).Warn("ffmpeg not found: videos will be kept as PNG frames (make setup installs ffmpeg)")
 	}
 
+	useBusOrder() // cuda:N is the N-th GPU in PCI bus order, for the workers too (lanes.go)
 	devs := &devices{workersDir: o.workersDir, backend: o.backend, log: logrus.NewEntry(log)}
-	lanes, err := devs.discover(ctx)
-	if err != nil {
+	if _, err := devs.discover(ctx); err != nil {
 		return err
 	}
-	if o.lanes != "" {
-		lanes = nil
-		for _, l := range strings.Split(o.lanes, ",") {
-			if l = strings.TrimSpace(l); l != "" {
-				lanes = append(lanes, l)
-			}
-		}
-		if len(lanes) == 0 {
-			fmt.Fprintln(stderr, "framepackd: --lanes names no lane")
-			return errUsage
-		}
+	devs.mu.Lock()
+	lanes, err := resolveLanes(o.lanes, devs.last)
+	devs.mu.Unlock()
+	if err != nil {
+		fmt.Fprintln(stderr, "framepackd:", err)
+		return errUsage
 	}
 	devs.lanes = lanes
 
@@ -251,6 +251,10 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		return err
 	}
 	defer guards.close()
+	checkRuntime(devs, guards, lanes, o.allowMismatch, logrus.NewEntry(log)) // runtime.go
+	if guardsHook != nil {
+		guardsHook(guards) // tests hold a lane here (lanes_test.go)
+	}
 	o.pipeline.watchdog = guards.lookup
 	runJob, closeRunner, err := newRunner(o, devs, lanes, log)
 	if err != nil {
@@ -271,6 +275,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		MinFreeBytes: int64(o.limits.minFree),
 		Retention:    jobs.Retention{MaxAge: o.limits.retentionAge, MaxBytes: int64(o.limits.retentionBytes)},
 		Ready:        o.shm.Check,
+		Placement:    newPlacement(guards, devs, lanes, o.minJobGB).jobs(),
 	})
 	if err != nil {
 		return err

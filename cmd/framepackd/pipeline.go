@@ -7,7 +7,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/sirupsen/logrus"
@@ -41,17 +40,11 @@ func addPipelineFlags(fs *flag.FlagSet) *pipelineOptions {
 	return p
 }
 
-// laneBackend splits a lane name ("cpu", "cuda:0", "hip:1") into backend and device index.
+// laneBackend splits a lane name ("cpu", "cpu:1", "cuda:0", "hip:1") into backend and device index.
 func laneBackend(lane string) (string, uint32, error) {
-	backend, idx, ok := strings.Cut(lane, ":")
-	if !ok {
-		return backend, 0, nil
-	}
-	n, err := strconv.ParseUint(idx, 10, 32)
-	if err != nil {
-		return "", 0, fmt.Errorf("lane %q: bad device index", lane)
-	}
-	return backend, uint32(n), nil
+	backend, _, _ := strings.Cut(lane, ":")
+	idx, err := laneIndexOf(lane) // lanes.go: "cpu:N" lanes share the host CPU
+	return backend, idx, err
 }
 
 // newRunner builds the lanes and the pipeline Runner. When the models cannot be found the

@@ -30,8 +30,8 @@ func (f *daemonFixture) withWorkers(t *testing.T) {
 	}
 }
 
-// tinyJob is a short job on the tiny test models.
-func tinyJob(t *testing.T) *framepackv1.SubmitJobRequest {
+// tinyJobRequest is a short job on the tiny test models.
+func tinyJobRequest(t *testing.T) *framepackv1.SubmitJobRequest {
 	t.Helper()
 	root, err := testbin.ModuleRoot()
 	if err != nil {
@@ -90,7 +90,7 @@ func TestTwoDaemonsShareShmRoot(t *testing.T) {
 	}
 	stop(t, acmd, alogs)
 
-	last := runJob(t, framepackv1.NewJobServiceClient(bconn), tinyJob(t))
+	last := runJob(t, framepackv1.NewJobServiceClient(bconn), tinyJobRequest(t))
 	if last.GetJobFinished() == nil {
 		t.Fatalf("job on the daemon that kept running: %v\nlogs:\n%s", last, blogs.String())
 	}

@@ -242,6 +242,10 @@ func toProbeResponse(r *ProbeResponse) *pb.ProbeResponse {
 	if a := r.Allocate; a != nil {
 		out.Allocate = &pb.AllocateResult{Succeeded: a.Succeeded, Error: a.Error, Duration: toDuration(a.Duration)}
 	}
+	if v := r.Runtime; v != nil {
+		out.Runtime = &pb.RuntimeVersions{Backend: v.Backend, RuntimeVersion: v.RuntimeVersion, DriverVersion: v.DriverVersion,
+			RuntimeSource: v.RuntimeSource, DriverSource: v.DriverSource}
+	}
 	return out
 }
 
@@ -252,6 +256,10 @@ func fromProbeResponse(r *pb.ProbeResponse) *ProbeResponse {
 	}
 	if a := r.GetAllocate(); a != nil {
 		out.Allocate = &AllocateResult{Succeeded: a.GetSucceeded(), Error: a.GetError(), Duration: fromDuration(a.GetDuration())}
+	}
+	if v := r.GetRuntime(); v != nil {
+		out.Runtime = &RuntimeVersions{Backend: v.GetBackend(), RuntimeVersion: v.GetRuntimeVersion(), DriverVersion: v.GetDriverVersion(),
+			RuntimeSource: v.GetRuntimeSource(), DriverSource: v.GetDriverSource()}
 	}
 	return out
 }

@@ -190,6 +190,18 @@ type ProbeResponse struct {
 	DriverVersion string
 	Devices       []Device
 	Allocate      *AllocateResult // nil when no allocation was asked
+	// Runtime is the GPU runtime and what the host driver serves; nil on the cpu.
+	Runtime *RuntimeVersions
+}
+
+// RuntimeVersions is the GPU runtime a worker links (the container's CUDA or ROCm) and the
+// newest runtime release the host driver serves (internal/gpuversion reads them).
+type RuntimeVersions struct {
+	Backend        string // "cuda" or "hip"
+	RuntimeVersion string // "12.8", "6.4.43484"; empty when unknown
+	DriverVersion  string // "12.4", "6.1"; empty when unknown
+	RuntimeSource  string // where each was read, or why it could not be
+	DriverSource   string
 }
 
 // Device describes one compute device.

@@ -37,6 +37,9 @@ type DaemonConfig struct {
 	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
 	// DecodeImage checks submitted images; nil means DecodeImage.
 	DecodeImage func([]byte) (int, int, error)
+	// Placement chooses among the lanes (their health, free device memory); the zero value
+	// takes the first free lane.
+	Placement jobs.Placement
 	// Grace is the graceful stop's grace period; 0 means DefaultGrace.
 	Grace time.Duration
 	// DiskBudget, MinFreeBytes and Ready are the API server's (Config); Retention deletes
@@ -100,7 +103,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	cleanup = append(cleanup, d.hub.Close)
-	if d.queue, err = jobs.NewQueue(jobs.Config{Store: d.store, Lanes: cfg.Lanes, Run: cfg.Run, Publish: d.hub.Publish, Log: log}); err != nil {
+	if d.queue, err = jobs.NewQueue(jobs.Config{Store: d.store, Lanes: cfg.Lanes, Run: cfg.Run, Publish: d.hub.Publish, Placement: cfg.Placement, Log: log}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, Log: log,

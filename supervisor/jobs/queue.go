@@ -31,6 +31,9 @@ type Config struct {
 	Run func(ctx context.Context, job *Job, emit func(*framepackv1.JobEvent)) (Result, error)
 	// Publish hands an event to the event hub (events.Hub.Publish); required.
 	Publish func(*framepackv1.JobEvent) error
+	// Placement chooses among several lanes (health, free memory); the zero value takes the
+	// first free lane (see Placement).
+	Placement Placement
 	// Log is the queue's logger; nil discards.
 	Log logrus.FieldLogger
 	// Now is the clock; nil means time.Now.
@@ -51,6 +54,7 @@ type Queue struct {
 	cancelCh chan cancelReq
 	doneCh   chan runDone
 	drainCh  chan drainReq
+	wakeCh   chan string   // a lane that was not ready changed state
 	started  chan struct{} // closed by Start
 	stopped  chan struct{} // closed when loop returns
 	draining chan struct{} // closed when a drain begins; Job.Draining
@@ -89,6 +93,7 @@ type runDone struct {
 type pendingJob struct {
 	id   string
 	lane string // the lane the job is pinned to; empty for any
+	spec *framepackv1.JobSpec
 }
 
 // run is one running job.
@@ -116,6 +121,8 @@ type loopState struct {
 	waiters  []chan struct{}
 	runCtx   context.Context
 	stopRuns context.CancelCauseFunc
+	watched  map[string]bool  // lanes not ready whose next change wakes the loop
+	recheck  <-chan time.Time // set when a job waits for device memory
 }
 
 // NewQueue returns a queue; Start runs it.
@@ -149,6 +156,7 @@ func NewQueue(cfg Config) (*Queue, error) {
 		cancelCh: make(chan cancelReq),
 		doneCh:   make(chan runDone),
 		drainCh:  make(chan drainReq),
+		wakeCh:   make(chan string),
 		started:  make(chan struct{}),
 		stopped:  make(chan struct{}),
 		draining: make(chan struct{}),
@@ -213,7 +221,7 @@ func (q *Queue) Start(ctx context.Context) error {
 				f.Info("requeued interrupted job; no section had finished")
 			}
 		}
-		st.pending = append(st.pending, pendingJob{id: job.GetId(), lane: lane})
+		st.pending = append(st.pending, pendingJob{id: job.GetId(), lane: lane, spec: job.GetSpec()})
 	}
 	st.runCtx, st.stopRuns = context.WithCancelCause(context.WithoutCancel(ctx))
 	close(q.started)
@@ -385,13 +393,17 @@ func (q *Queue) loop(ctx context.Context, st *loopState) {
 			}
 			return
 		case req := <-q.submitCh:
-			st.pending = append(st.pending, pendingJob{id: req.job.GetId(), lane: req.job.GetSpec().GetLane()})
+			st.pending = append(st.pending, pendingJob{id: req.job.GetId(), lane: req.job.GetSpec().GetLane(), spec: req.job.GetSpec()})
 			req.reply <- struct{}{}
 		case req := <-q.cancelCh:
 			job, err := q.handleCancel(st, req.id, req.reason)
 			req.reply <- cancelReply{job: job, err: err}
 		case d := <-q.doneCh:
 			q.handleDone(st, d)
+		case lane := <-q.wakeCh:
+			delete(st.watched, lane)
+		case <-st.recheck:
+			st.recheck = nil
 		case req := <-q.drainCh:
 			if !st.drain {
 				st.drain = true
@@ -417,26 +429,37 @@ func (q *Queue) loop(ctx context.Context, st *loopState) {
 	}
 }
 
-// schedule starts the oldest pending job that fits each free lane. Loop goroutine only.
+// schedule starts pending jobs, oldest first, on the free lanes that can take them (see
+// Placement). Loop goroutine only.
 func (q *Queue) schedule(st *loopState) {
 	if st.drain {
 		return
 	}
-	for _, lane := range q.cfg.Lanes {
-		if st.byLane[lane] != nil {
-			continue
-		}
-		for i := 0; i < len(st.pending); i++ {
-			p := st.pending[i]
-			if p.lane != "" && p.lane != lane {
+	pl := q.freeLanes(st)
+	for i := 0; i < len(st.pending) && len(pl.free) > 0; i++ {
+		p := st.pending[i]
+		c, ok := pl.pick(p)
+		if !ok {
+			if why := q.neverFits(p, pl.need(p)); why != "" {
+				st.pending = slices.Delete(st.pending, i, i+1)
+				i--
+				q.failQueued(p.id, why)
 				continue
 			}
-			st.pending = slices.Delete(st.pending, i, i+1)
-			if q.startRun(st, lane, p.id) {
-				break
-			}
-			i-- // the job could not start; try the next one on this lane
+			continue // no free lane can take it now; a later job may fit another lane
 		}
+		st.pending = slices.Delete(st.pending, i, i+1)
+		i--
+		if !q.startRun(st, c.name, p.id) {
+			pl.free = append(pl.free, c) // the job could not start; the lane stays free
+		}
+	}
+	if pl.short && st.recheck == nil && len(st.pending) > 0 {
+		every := q.cfg.Placement.Recheck
+		if every <= 0 {
+			every = DefaultRecheck
+		}
+		st.recheck = time.After(every)
 	}
 	q.mu.Lock()
 	clear(q.busy)

@@ -61,6 +61,9 @@ func (p *probe) Probe(ctx context.Context, req *workerkit.ProbeRequest) (*worker
 	case "", "cpu":
 	case "auto", "cuda", "hip":
 		if resp, ok, err := p.probeGPU(ctx, req); ok || err != nil {
+			if err == nil {
+				err = runtimeVersions(resp.Backend, resp)
+			}
 			return resp, err
 		}
 	default:
@@ -73,6 +76,9 @@ func (p *probe) Probe(ctx context.Context, req *workerkit.ProbeRequest) (*worker
 	resp := &workerkit.ProbeResponse{Backend: "cpu", DriverVersion: kernelVersion(), Devices: []workerkit.Device{dev}}
 	if req.AllocateBytes > 0 {
 		resp.Allocate = p.allocate(ctx, req.AllocateBytes, req.AllocateDeviceIndex, dev)
+	}
+	if err := runtimeVersions("cpu", resp); err != nil {
+		return nil, err
 	}
 	return resp, nil
 }

@@ -109,7 +109,10 @@ type ProbeResponse struct {
 	// devices are the devices of backend, by index.
 	Devices []*Device `protobuf:"bytes,3,rep,name=devices,proto3" json:"devices,omitempty"`
 	// allocate is the allocation test's result; unset when none was asked.
-	Allocate      *AllocateResult `protobuf:"bytes,4,opt,name=allocate,proto3" json:"allocate,omitempty"`
+	Allocate *AllocateResult `protobuf:"bytes,4,opt,name=allocate,proto3" json:"allocate,omitempty"`
+	// runtime is the GPU runtime in this process and what the host driver
+	// serves; unset on the cpu backend.
+	Runtime       *RuntimeVersions `protobuf:"bytes,5,opt,name=runtime,proto3" json:"runtime,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -172,6 +175,101 @@ func (x *ProbeResponse) GetAllocate() *AllocateResult {
 	return nil
 }
 
+func (x *ProbeResponse) GetRuntime() *RuntimeVersions {
+	if x != nil {
+		return x.Runtime
+	}
+	return nil
+}
+
+// RuntimeVersions is the GPU runtime a worker links (the container's CUDA or
+// ROCm) and the version the host driver serves, to catch a container whose
+// runtime the host driver cannot serve.
+type RuntimeVersions struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// backend is "cuda" or "hip".
+	Backend string `protobuf:"bytes,1,opt,name=backend,proto3" json:"backend,omitempty"`
+	// runtime_version is the runtime's version ("12.8", "6.4.1"): CUDA's
+	// cudaRuntimeGetVersion, HIP's hipRuntimeGetVersion; empty when unknown.
+	RuntimeVersion string `protobuf:"bytes,2,opt,name=runtime_version,json=runtimeVersion,proto3" json:"runtime_version,omitempty"`
+	// driver_version is the newest runtime version the host driver serves: CUDA's
+	// cudaDriverGetVersion ("12.4"), or the ROCm release of the host's amdgpu
+	// kernel driver ("6.1"); empty when unknown.
+	DriverVersion string `protobuf:"bytes,3,opt,name=driver_version,json=driverVersion,proto3" json:"driver_version,omitempty"`
+	// runtime_source says where runtime_version was read ("libcudart.so.12").
+	RuntimeSource string `protobuf:"bytes,4,opt,name=runtime_source,json=runtimeSource,proto3" json:"runtime_source,omitempty"`
+	// driver_source says where driver_version was read ("libcuda.so.1",
+	// "/sys/module/amdgpu/version 6.7.0").
+	DriverSource  string `protobuf:"bytes,5,opt,name=driver_source,json=driverSource,proto3" json:"driver_source,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RuntimeVersions) Reset() {
+	*x = RuntimeVersions{}
+	mi := &file_framepack_worker_v1_probe_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RuntimeVersions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RuntimeVersions) ProtoMessage() {}
+
+func (x *RuntimeVersions) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_probe_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RuntimeVersions.ProtoReflect.Descriptor instead.
+func (*RuntimeVersions) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_probe_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *RuntimeVersions) GetBackend() string {
+	if x != nil {
+		return x.Backend
+	}
+	return ""
+}
+
+func (x *RuntimeVersions) GetRuntimeVersion() string {
+	if x != nil {
+		return x.RuntimeVersion
+	}
+	return ""
+}
+
+func (x *RuntimeVersions) GetDriverVersion() string {
+	if x != nil {
+		return x.DriverVersion
+	}
+	return ""
+}
+
+func (x *RuntimeVersions) GetRuntimeSource() string {
+	if x != nil {
+		return x.RuntimeSource
+	}
+	return ""
+}
+
+func (x *RuntimeVersions) GetDriverSource() string {
+	if x != nil {
+		return x.DriverSource
+	}
+	return ""
+}
+
 // Device describes one compute device.
 type Device struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -193,7 +291,7 @@ type Device struct {
 
 func (x *Device) Reset() {
 	*x = Device{}
-	mi := &file_framepack_worker_v1_probe_proto_msgTypes[2]
+	mi := &file_framepack_worker_v1_probe_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -205,7 +303,7 @@ func (x *Device) String() string {
 func (*Device) ProtoMessage() {}
 
 func (x *Device) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_probe_proto_msgTypes[2]
+	mi := &file_framepack_worker_v1_probe_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -218,7 +316,7 @@ func (x *Device) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Device.ProtoReflect.Descriptor instead.
 func (*Device) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_probe_proto_rawDescGZIP(), []int{2}
+	return file_framepack_worker_v1_probe_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Device) GetIndex() uint32 {
@@ -278,7 +376,7 @@ type AllocateResult struct {
 
 func (x *AllocateResult) Reset() {
 	*x = AllocateResult{}
-	mi := &file_framepack_worker_v1_probe_proto_msgTypes[3]
+	mi := &file_framepack_worker_v1_probe_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -290,7 +388,7 @@ func (x *AllocateResult) String() string {
 func (*AllocateResult) ProtoMessage() {}
 
 func (x *AllocateResult) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_probe_proto_msgTypes[3]
+	mi := &file_framepack_worker_v1_probe_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -303,7 +401,7 @@ func (x *AllocateResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AllocateResult.ProtoReflect.Descriptor instead.
 func (*AllocateResult) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_probe_proto_rawDescGZIP(), []int{3}
+	return file_framepack_worker_v1_probe_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AllocateResult) GetSucceeded() bool {
@@ -339,12 +437,19 @@ const file_framepack_worker_v1_probe_proto_rawDesc = "" +
 	"\x15allocate_device_index\x18\x04 \x01(\rR\x13allocateDeviceIndex\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc8\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x88\x02\n" +
 	"\rProbeResponse\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12%\n" +
 	"\x0edriver_version\x18\x02 \x01(\tR\rdriverVersion\x125\n" +
 	"\adevices\x18\x03 \x03(\v2\x1b.framepack.worker.v1.DeviceR\adevices\x12?\n" +
-	"\ballocate\x18\x04 \x01(\v2#.framepack.worker.v1.AllocateResultR\ballocate\"\xbe\x01\n" +
+	"\ballocate\x18\x04 \x01(\v2#.framepack.worker.v1.AllocateResultR\ballocate\x12>\n" +
+	"\aruntime\x18\x05 \x01(\v2$.framepack.worker.v1.RuntimeVersionsR\aruntime\"\xc7\x01\n" +
+	"\x0fRuntimeVersions\x12\x18\n" +
+	"\abackend\x18\x01 \x01(\tR\abackend\x12'\n" +
+	"\x0fruntime_version\x18\x02 \x01(\tR\x0eruntimeVersion\x12%\n" +
+	"\x0edriver_version\x18\x03 \x01(\tR\rdriverVersion\x12%\n" +
+	"\x0eruntime_source\x18\x04 \x01(\tR\rruntimeSource\x12#\n" +
+	"\rdriver_source\x18\x05 \x01(\tR\fdriverSource\"\xbe\x01\n" +
 	"\x06Device\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\rR\x05index\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x12\n" +
@@ -372,25 +477,27 @@ func file_framepack_worker_v1_probe_proto_rawDescGZIP() []byte {
 	return file_framepack_worker_v1_probe_proto_rawDescData
 }
 
-var file_framepack_worker_v1_probe_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_framepack_worker_v1_probe_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_framepack_worker_v1_probe_proto_goTypes = []any{
 	(*ProbeRequest)(nil),        // 0: framepack.worker.v1.ProbeRequest
 	(*ProbeResponse)(nil),       // 1: framepack.worker.v1.ProbeResponse
-	(*Device)(nil),              // 2: framepack.worker.v1.Device
-	(*AllocateResult)(nil),      // 3: framepack.worker.v1.AllocateResult
-	nil,                         // 4: framepack.worker.v1.ProbeRequest.EnvEntry
-	(*durationpb.Duration)(nil), // 5: google.protobuf.Duration
+	(*RuntimeVersions)(nil),     // 2: framepack.worker.v1.RuntimeVersions
+	(*Device)(nil),              // 3: framepack.worker.v1.Device
+	(*AllocateResult)(nil),      // 4: framepack.worker.v1.AllocateResult
+	nil,                         // 5: framepack.worker.v1.ProbeRequest.EnvEntry
+	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
 }
 var file_framepack_worker_v1_probe_proto_depIdxs = []int32{
-	4, // 0: framepack.worker.v1.ProbeRequest.env:type_name -> framepack.worker.v1.ProbeRequest.EnvEntry
-	2, // 1: framepack.worker.v1.ProbeResponse.devices:type_name -> framepack.worker.v1.Device
-	3, // 2: framepack.worker.v1.ProbeResponse.allocate:type_name -> framepack.worker.v1.AllocateResult
-	5, // 3: framepack.worker.v1.AllocateResult.duration:type_name -> google.protobuf.Duration
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	5, // 0: framepack.worker.v1.ProbeRequest.env:type_name -> framepack.worker.v1.ProbeRequest.EnvEntry
+	3, // 1: framepack.worker.v1.ProbeResponse.devices:type_name -> framepack.worker.v1.Device
+	4, // 2: framepack.worker.v1.ProbeResponse.allocate:type_name -> framepack.worker.v1.AllocateResult
+	2, // 3: framepack.worker.v1.ProbeResponse.runtime:type_name -> framepack.worker.v1.RuntimeVersions
+	6, // 4: framepack.worker.v1.AllocateResult.duration:type_name -> google.protobuf.Duration
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_probe_proto_init() }
@@ -404,7 +511,7 @@ func file_framepack_worker_v1_probe_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_worker_v1_probe_proto_rawDesc), len(file_framepack_worker_v1_probe_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

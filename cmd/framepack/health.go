@@ -1,0 +1,45 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// cmdHealth asks the server's gRPC health service whether it serves (the containers'
+// HEALTHCHECK, like grpc_health_probe): exit 0 and "SERVING" when it does, exitUnhealthy when
+// it answers anything else (it is stopping), exitUnreachable when it cannot be reached in
+// --timeout.
+func cmdHealth(ctx context.Context, e *env, args []string) error {
+	var c common
+	fs := newFlags("health", e, &c)
+	service := fs.String("service", "", "the health service name to check (\"\": the whole server)")
+	fs.Lookup("timeout").DefValue = "5s"
+	if err := fs.Set("timeout", "5s"); err != nil {
+		return err
+	}
+	pos, err := parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return fail(exitUsage, "health: unexpected arguments %q", pos)
+	}
+	conn, err := dial(&c)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	hctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(hctx, &healthpb.HealthCheckRequest{Service: *service})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, resp.GetStatus())
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		return fail(exitUnhealthy, "")
+	}
+	return nil
+}
