@@ -64,6 +64,10 @@ type Checkpoint struct {
 	Section int `json:"section"`
 	// Sections is the job's total number of sections.
 	Sections int `json:"sections"`
+	// Variant is the sampling variant the job's sections ran with (the pipeline's variant
+	// name, "i2v" or "f1"); a resumed job keeps it. Empty in checkpoints written before
+	// variants were recorded, which were all "i2v".
+	Variant string `json:"variant,omitempty"`
 	// Files names the files the pipeline needs to go on (history latents, history pixels,
 	// generator state, …), by a name the pipeline chooses, as paths relative to the job
 	// directory. Every file must exist when the checkpoint is saved.

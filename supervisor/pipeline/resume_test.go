@@ -19,6 +19,7 @@ import (
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
 )
 
@@ -292,6 +293,9 @@ func TestDrainResumes(t *testing.T) {
 	if err := shmEmpty(o.Shm); err != nil {
 		t.Fatal(err)
 	}
+	// The checkpoint names the job's variant; one from before variants were recorded (none
+	// named) must resume as i2v, so the restart below runs on such a checkpoint.
+	forgetVariant(t, o.State, id, pipeline.VariantI2V)
 
 	d, err = newDaemon(o, testLogger())
 	if err != nil {
@@ -352,5 +356,27 @@ func TestJobOptions(t *testing.T) {
 	}
 	if err := shmEmpty(o.Shm); err != nil {
 		t.Error(err)
+	}
+}
+
+// forgetVariant checks that job id's checkpoint records the variant want, then saves it again
+// without a variant, as checkpoints were written before variants existed.
+func forgetVariant(t *testing.T, state, id, want string) {
+	t.Helper()
+	st, err := jobs.Open(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	cp, err := st.Checkpoint(id)
+	if err != nil || cp == nil {
+		t.Fatalf("checkpoint %v (%v)", cp, err)
+	}
+	if cp.Variant != want {
+		t.Fatalf("checkpoint variant %q, want %q", cp.Variant, want)
+	}
+	cp.Variant = ""
+	if err := st.SaveCheckpoint(id, *cp); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -205,8 +205,9 @@ type jobRun struct {
 	log   logrus.FieldLogger
 
 	window, steps, total int
-	paddings             []int
 	buckets              []imageproc.Bucket
+	// variant is the job's sampling variant (variant.go); a resumed job keeps its checkpoint's.
+	variant Variant
 
 	cond *conditioning
 	hist *history
@@ -236,9 +237,13 @@ func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepack
 	if total < 1 {
 		total = jobs.TotalSections(spec)
 	}
+	variant, err := variantByName(jobVariant(spec))
+	if err != nil {
+		return nil, err
+	}
 	j := &jobRun{r: r, job: job, lane: lane, emitf: emit,
 		log:    r.log.WithFields(logrus.Fields{"job": job.ID, "lane": job.Lane}),
-		window: w, steps: steps, total: total, paddings: plan.Paddings(total), buckets: buckets}
+		window: w, steps: steps, total: total, buckets: buckets, variant: variant}
 	j.eta = etaModel{steps: steps, sections: total}
 	return j, nil
 }
@@ -287,9 +292,9 @@ func (j *jobRun) run(ctx context.Context) (jobs.Result, error) {
 			return jobs.Result{}, err
 		}
 	}
-	h, w := j.cond.height/8, j.cond.width/8
 	if j.hist == nil {
-		j.hist = &history{section: -1, latents: zeros(1, 16, plan.CleanFrames, h, w)}
+		latents, generated := j.variant.InitialHistory(j.cond.startLatent)
+		j.hist = &history{section: -1, latents: latents, totalGenerated: generated}
 	}
 	condSeg, err := j.arena.NewSegment("cond")
 	if err != nil {
@@ -313,6 +318,10 @@ func (j *jobRun) run(ctx context.Context) (jobs.Result, error) {
 
 // resume loads the checkpoint's files. done is true when the checkpoint is the last section.
 func (j *jobRun) resume(cp *jobs.Checkpoint) (res jobs.Result, next int, done bool, err error) {
+	variant, err := variantByName(cp.Variant) // "" is a checkpoint from before variants: i2v
+	if err != nil {
+		return res, 0, false, fmt.Errorf("checkpoint: %w", err)
+	}
 	if cp.Sections != j.total {
 		return res, 0, false, fmt.Errorf("checkpoint has %d sections, the job %d", cp.Sections, j.total)
 	}
@@ -337,8 +346,11 @@ func (j *jobRun) resume(cp *jobs.Checkpoint) (res jobs.Result, next int, done bo
 	if hist.latents.H*8 != cond.height || hist.latents.W*8 != cond.width {
 		return res, 0, false, fmt.Errorf("history latents %v do not match the %dx%d frame", hist.latents.Shape(), cond.width, cond.height)
 	}
-	j.cond, j.hist = cond, hist
-	j.log.WithFields(logrus.Fields{"after_section": cp.Section, "sections": j.total}).Info("resuming job")
+	if variant.Name() != j.variant.Name() {
+		j.log.WithFields(logrus.Fields{"checkpoint": variant.Name(), "spec": j.variant.Name()}).Warn("resuming with the checkpoint's sampling variant")
+	}
+	j.cond, j.hist, j.variant = cond, hist, variant
+	j.log.WithFields(logrus.Fields{"after_section": cp.Section, "sections": j.total, "variant": variant.Name()}).Info("resuming job")
 	return res, cp.Section + 1, false, nil
 }
 

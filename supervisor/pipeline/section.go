@@ -29,28 +29,23 @@ var sectionPair = []lanes.Model{lanes.Transformer, lanes.VAE}
 // section runs section i: sample, decode, blend, write the MP4, checkpoint.
 func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Result, error) {
 	sectionStart := time.Now()
-	w := j.window
-	pad := j.paddings[i]
-	last := pad == 0
-	idx := plan.SectionIndices(pad, w)
+	sec := Section{Index: i, Total: j.total, Window: j.window}
 	hist := j.hist
 	sfx := fmt.Sprintf("s%03d-", i)
-
-	// Clean latents: the start latent and the newest history frame (1x), then 2 and 16 more
-	// history frames (2x, 4x).
 	start := j.cond.startLatent
-	clean, err := concatT(start, sliceT(hist.latents, 0, plan.Clean1x))
+
+	// Clean latents 1x/2x/4x and the frame indices, as the job's variant takes them.
+	sc, err := j.variant.Context(sec, start, hist.latents)
 	if err != nil {
-		return jobs.Result{}, fmt.Errorf("section %d: clean latents: %w", i, err)
+		return jobs.Result{}, fmt.Errorf("section %d: %w", i, err)
 	}
-	clean2x := sliceT(hist.latents, plan.Clean1x, plan.Clean1x+plan.Clean2x)
-	clean4x := sliceT(hist.latents, plan.Clean1x+plan.Clean2x, plan.CleanFrames)
+	idx := sc.Indices
 	cleanSeg, err := j.segment(sfx + "clean")
 	if err != nil {
 		return jobs.Result{}, err
 	}
-	if _, err := shm.WriteSegment(cleanSeg, []safetensors.Tensor{f32Tensor("clean", clean), f32Tensor("clean_2x", clean2x),
-		f32Tensor("clean_4x", clean4x)}); err != nil {
+	if _, err := shm.WriteSegment(cleanSeg, []safetensors.Tensor{f32Tensor("clean", sc.Clean), f32Tensor("clean_2x", sc.Clean2x),
+		f32Tensor("clean_4x", sc.Clean4x)}); err != nil {
 		return jobs.Result{}, fmt.Errorf("section %d: clean latents: %w", i, err)
 	}
 	latSeg, err := j.segment(sfx + "latents")
@@ -85,7 +80,7 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 		Steps:         uint32(j.steps), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
 		UseTeaCache: spec.GetUseTeacache(), Sampler: workerkit.SamplerUniPCBH1,
 		GeneratorState: hist.generator, Seed: spec.GetSeed(),
-		Width: uint32(j.cond.width), Height: uint32(j.cond.height), Frames: uint32(plan.Frames(w)),
+		Width: uint32(j.cond.width), Height: uint32(j.cond.height), Frames: uint32(plan.Frames(j.window)),
 		Latents:      workerkit.TensorRef{Path: latSeg, Name: "latents"},
 		StepPreviews: previews,
 	}
@@ -106,23 +101,15 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 		return jobs.Result{}, j.failure(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, sectionStart, 0, errors.New("the worker returned no generator state"))
 	}
 
-	// History: the last section also holds the start latent; the newest frames go first.
-	if last {
-		if generated, err = concatT(start, generated); err != nil {
-			return jobs.Result{}, fmt.Errorf("section %d: %w", i, err)
-		}
-	}
-	next := &history{section: i, totalGenerated: hist.totalGenerated + generated.T, generator: gen}
-	if next.latents, err = concatT(generated, hist.latents); err != nil {
+	// History: the variant appends the generated latents; then the newest latents (all of them
+	// the first time) are decoded and blended into the pixels.
+	next := &history{section: i, generator: gen}
+	latents, added, err := j.variant.Append(sec, start, hist.latents, generated)
+	if err != nil {
 		return jobs.Result{}, fmt.Errorf("section %d: history: %w", i, err)
 	}
-	real := sliceT(next.latents, 0, next.totalGenerated)
-
-	// Decode the newest latents (all of them the first time) and blend them into the pixels.
-	toDecode := real
-	if hist.pixels != nil {
-		toDecode = sliceT(real, 0, plan.DecodeFrames(w, last))
-	}
+	next.latents, next.totalGenerated = latents, hist.totalGenerated+added
+	toDecode := j.variant.DecodeRange(sec, next.latents, next.totalGenerated, hist.pixels == nil)
 	decIn, err := j.segment(sfx + "decode-in")
 	if err != nil {
 		return jobs.Result{}, err
@@ -153,8 +140,7 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	if err := j.hostStage(ctx, framepackv1.Stage_STAGE_WRITE_VIDEO, i, func() error {
 		pixels := current
 		if hist.pixels != nil {
-			// soft_append_bcthw(current_pixels, history_pixels, overlapped_frames)
-			if pixels, err = imageproc.SoftAppend(current, *hist.pixels, plan.Overlap(w)); err != nil {
+			if pixels, err = j.variant.Blend(sec, current, *hist.pixels); err != nil {
 				return fmt.Errorf("blend: %w", err)
 			}
 		}
@@ -199,7 +185,7 @@ func (j *jobRun) saveSection(ctx context.Context, h *history) (video.Output, err
 	if out.Note != "" {
 		j.log.WithField("path", out.Path).Warn(out.Note)
 	}
-	cp := jobs.Checkpoint{Section: h.section, Sections: j.total, VideoPath: out.Path, FrameCount: out.Frames,
+	cp := jobs.Checkpoint{Section: h.section, Sections: j.total, Variant: j.variant.Name(), VideoPath: out.Path, FrameCount: out.Frames,
 		Files: map[string]string{cpConditioning: filepath.Join(filepath.Base(dir.History()), ConditioningFile), cpSection: rel}}
 	if err := j.job.SaveCheckpoint(cp); err != nil {
 		return video.Output{}, fmt.Errorf("checkpoint: %w", err)
