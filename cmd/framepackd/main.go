@@ -243,9 +243,11 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Listen:   listen,
 		Lanes:    lanes,
 		Run:      runJob,
-		Devices:  guards.devices(devs.list),
-		Grace:    o.grace,
-		Log:      log,
+		// JobSpec.variant at submit: f1 needs its transformer (issue 19).
+		CheckVariant: o.pipeline.checkVariant,
+		Devices:      guards.devices(devs.list),
+		Grace:        o.grace,
+		Log:          log,
 	})
 	if err != nil {
 		return err

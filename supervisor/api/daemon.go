@@ -37,6 +37,9 @@ type DaemonConfig struct {
 	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
 	// DecodeImage checks submitted images; nil means DecodeImage.
 	DecodeImage func([]byte) (int, int, error)
+	// CheckVariant checks JobSpec.variant at submit (pipeline.Runner.CheckVariant); nil
+	// accepts only i2v.
+	CheckVariant func(name string) error
 	// Grace is the graceful stop's grace period; 0 means DefaultGrace.
 	Grace time.Duration
 	// Log is the daemon's logger; nil discards.
@@ -95,7 +98,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 	if d.queue, err = jobs.NewQueue(jobs.Config{Store: d.store, Lanes: cfg.Lanes, Run: cfg.Run, Publish: d.hub.Publish, Log: log}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
-	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, Log: log}); err != nil {
+	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	var listeners []net.Listener

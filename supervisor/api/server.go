@@ -50,6 +50,9 @@ type Config struct {
 	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
 	// DecodeImage checks a submitted image; nil means DecodeImage.
 	DecodeImage func([]byte) (width, height int, err error)
+	// CheckVariant says whether jobs of a sampling variant (JobSpec.variant, "" for i2v) can
+	// run (pipeline.Runner.CheckVariant); nil accepts only "" and "i2v".
+	CheckVariant func(name string) error
 	// Log is the server's logger; nil discards.
 	Log logrus.FieldLogger
 	// Now is the clock; nil means time.Now.
@@ -194,7 +197,9 @@ func requireID(id string) error {
 
 // SubmitJob validates the request and queues the job.
 func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
-	if err := validateSubmit(req, s.cfg.Queue.Lanes(), s.cfg.DecodeImage).Err("SubmitJobRequest"); err != nil {
+	v := validateSubmit(req, s.cfg.Queue.Lanes(), s.cfg.DecodeImage)
+	checkVariant(&v, req.GetSpec().GetVariant(), s.cfg.CheckVariant)
+	if err := v.Err("SubmitJobRequest"); err != nil {
 		return nil, err
 	}
 	job, err := s.cfg.Queue.Submit(ctx, jobs.WithDefaults(req.GetSpec()), req.GetImage())

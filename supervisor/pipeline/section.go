@@ -86,7 +86,7 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	}
 	steps := &stepTracker{j: j, section: i, last: time.Now()}
 	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, lanes.Stage{
-		Model: lanes.Transformer, ModelDir: j.r.cfg.Models.Transformer, Request: req, KeepWith: j.keepWith(),
+		Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, KeepWith: j.keepWith(), Loras: jobLoras(spec),
 		OnEvent: steps.onEvent,
 	})
 	if err != nil {

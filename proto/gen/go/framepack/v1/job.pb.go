@@ -348,7 +348,12 @@ type JobSpec struct {
 	// (W += strength * alpha/rank * up @ down), in order; several stack. Each
 	// path is a safetensors file on the server in diffusers/PEFT,
 	// kohya/musubi-tuner or original HunyuanVideo naming. At most 16.
-	Loras         []*Lora `protobuf:"bytes,17,rep,name=loras,proto3" json:"loras,omitempty"`
+	Loras []*Lora `protobuf:"bytes,17,rep,name=loras,proto3" json:"loras,omitempty"`
+	// variant is the sampling loop: "i2v" (FramePack's image-to-video loop,
+	// sections generated backwards in time; also empty) or "f1" (FramePack-F1,
+	// forward in time, with the F1 transformer). A job that names "f1" on a
+	// server without the F1 transformer fails at submit.
+	Variant       string `protobuf:"bytes,18,opt,name=variant,proto3" json:"variant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -500,6 +505,13 @@ func (x *JobSpec) GetLoras() []*Lora {
 		return x.Loras
 	}
 	return nil
+}
+
+func (x *JobSpec) GetVariant() string {
+	if x != nil {
+		return x.Variant
+	}
+	return ""
 }
 
 // Lora is one LoRA file and the strength it is merged with.
@@ -1187,7 +1199,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\x04\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x05\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -1208,7 +1220,8 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\x1agpu_memory_preservation_gb\x18\x0e \x01(\x02H\x02R\x17gpuMemoryPreservationGb\x88\x01\x01\x12\x12\n" +
 	"\x04lane\x18\x0f \x01(\tR\x04lane\x12.\n" +
 	"\abuckets\x18\x10 \x03(\v2\x14.framepack.v1.BucketR\abuckets\x12(\n" +
-	"\x05loras\x18\x11 \x03(\v2\x12.framepack.v1.LoraR\x05lorasB\x0f\n" +
+	"\x05loras\x18\x11 \x03(\v2\x12.framepack.v1.LoraR\x05loras\x12\x18\n" +
+	"\avariant\x18\x12 \x01(\tR\avariantB\x0f\n" +
 	"\r_use_teacacheB\n" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +
