@@ -116,6 +116,24 @@ func toLoadRequest(r *LoadRequest) *pb.LoadRequest {
 	}
 }
 
+func toExtraPrompts(ps []ExtraPrompt) []*pb.ExtraPrompt {
+	var out []*pb.ExtraPrompt
+	for _, p := range ps {
+		out = append(out, &pb.ExtraPrompt{Prompt: p.Prompt, LlamaVec: toTensorRef(p.LlamaVec), LlamaMask: toTensorRef(p.LlamaMask),
+			ClipPooler: toTensorRef(p.ClipPooler)})
+	}
+	return out
+}
+
+func fromExtraPrompts(ps []*pb.ExtraPrompt) []ExtraPrompt {
+	var out []ExtraPrompt
+	for _, p := range ps {
+		out = append(out, ExtraPrompt{Prompt: p.GetPrompt(), LlamaVec: fromTensorRef(p.GetLlamaVec()), LlamaMask: fromTensorRef(p.GetLlamaMask()),
+			ClipPooler: fromTensorRef(p.GetClipPooler())})
+	}
+	return out
+}
+
 func toLoraSpecs(ls []LoraSpec) []*pb.LoraSpec {
 	var out []*pb.LoraSpec
 	for _, l := range ls {
@@ -369,6 +387,7 @@ func toRunRequest(r *RunRequest) (*pb.RunRequest, error) {
 			LlamaVec: toTensorRef(s.LlamaVec), LlamaMask: toTensorRef(s.LlamaMask), ClipPooler: toTensorRef(s.ClipPooler),
 			LlamaVecN: toTensorRef(s.LlamaVecN), LlamaMaskN: toTensorRef(s.LlamaMaskN), ClipPoolerN: toTensorRef(s.ClipPoolerN),
 			LlamaIds: toTensorRef(s.LlamaIDs), LlamaAttentionMask: toTensorRef(s.LlamaAttentionMask), ClipIds: toTensorRef(s.ClipIDs),
+			ExtraPrompts: toExtraPrompts(s.ExtraPrompts),
 		}}
 	case *VAEEncodeRequest:
 		out.Stage = &pb.RunRequest_VaeEncode{VaeEncode: &pb.VaeEncodeRequest{
@@ -424,6 +443,7 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 			LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler()),
 			LlamaVecN: fromTensorRef(t.GetLlamaVecN()), LlamaMaskN: fromTensorRef(t.GetLlamaMaskN()), ClipPoolerN: fromTensorRef(t.GetClipPoolerN()),
 			LlamaIDs: fromTensorRef(t.GetLlamaIds()), LlamaAttentionMask: fromTensorRef(t.GetLlamaAttentionMask()), ClipIDs: fromTensorRef(t.GetClipIds()),
+			ExtraPrompts: fromExtraPrompts(t.GetExtraPrompts()),
 		}
 	case *pb.RunRequest_VaeEncode:
 		v := s.VaeEncode

@@ -274,6 +274,16 @@ type TextEncodeRequest struct {
 	LlamaIDs           TensorRef // [1, llama_max_length + crop_start], I64 or I32
 	LlamaAttentionMask TensorRef // the tokenizer's mask for LlamaIDs, I64, U8 or BOOL
 	ClipIDs            TensorRef // [1, clip_max_length], I64 or I32
+	// ExtraPrompts are more positive prompts encoded in the same run (a timed prompt's).
+	ExtraPrompts []ExtraPrompt
+}
+
+// ExtraPrompt is one more positive prompt of a TextEncodeRequest and its outputs.
+type ExtraPrompt struct {
+	Prompt     string
+	LlamaVec   TensorRef
+	LlamaMask  TensorRef
+	ClipPooler TensorRef
 }
 
 // VAETiling sets how the VAE splits its work, as diffusers does: framewise (temporal) chunking

@@ -106,6 +106,11 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 		}
 	}
 	checkText(&v, "spec.prompt", s.GetPrompt(), true)
+	if plan.IsTimed(s.GetPrompt()) { // [0s: a cat sits] [2.5s: the cat jumps]
+		if _, err := plan.ParsePrompts(s.GetPrompt()); err != nil {
+			v.Add("spec.prompt", "%v", err)
+		}
+	}
 	checkText(&v, "spec.negative_prompt", s.GetNegativePrompt(), false)
 	// spec.seed: every int64 is a valid seed (torch.Generator.manual_seed takes them all).
 	switch secs := s.GetTotalSecondLength(); {
