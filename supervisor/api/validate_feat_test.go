@@ -45,7 +45,9 @@ func TestValidateFeatures(t *testing.T) {
 		{"lora", func(s *framepackv1.JobSpec) { s.Loras = []*framepackv1.Lora{{Path: lora, Strength: 0.8}} }, nil, "", ""},
 		{"lora relative", func(s *framepackv1.JobSpec) { s.Loras = []*framepackv1.Lora{{Path: "style.safetensors"}} }, nil,
 			"spec.loras[0].path", "absolute"},
-		{"lora missing", func(s *framepackv1.JobSpec) { s.Loras = []*framepackv1.Lora{{Path: filepath.Join(dir, "nope.safetensors")}} }, nil,
+		{"lora missing", func(s *framepackv1.JobSpec) {
+			s.Loras = []*framepackv1.Lora{{Path: filepath.Join(dir, "nope.safetensors")}}
+		}, nil,
 			"spec.loras[0].path", "no such file"},
 		{"lora not safetensors", func(s *framepackv1.JobSpec) { s.Loras = []*framepackv1.Lora{{Path: lora}, {Path: junk}} }, nil,
 			"spec.loras[1].path", "not a readable safetensors file"},
