@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -34,6 +35,8 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		seed                               int64
 		steps, window, resolution, crf     uint
 		teacache, detach, quiet            bool
+		loras                              loraFlags
+		variant                            string
 	)
 	fs.StringVar(&image, "image", "", "start frame: PNG, JPEG or WebP (required)")
 	fs.StringVar(&prompt, "prompt", "", "what should happen (required)")
@@ -53,6 +56,8 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&lane, "lane", "", "run on this lane (see framepack devices)")
 	fs.BoolVar(&detach, "detach", false, "submit, print the job id and return")
 	fs.BoolVar(&quiet, "quiet", false, "no progress output")
+	fs.Var(&loras, "lora", "LoRA file merged into the transformer, PATH or PATH:STRENGTH (strength -4–4, default 1); repeat to stack")
+	fs.StringVar(&variant, "variant", "i2v", "sampling loop: i2v (FramePack, backwards in time) or f1 (FramePack-F1, forwards)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -91,6 +96,8 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		Mp4Crf:                  proto.Uint32(uint32(min(crf, 1<<31))),
 		GpuMemoryPreservationGb: proto.Float32(float32(gpuPreserve)),
 		Lane:                    lane,
+		Loras:                   loras,
+		Variant:                 variant,
 	}
 	if imageproc.Sniff(img) == "" {
 		// Say it here, with the file name; the server would say "image: not a usable image".
@@ -570,5 +577,37 @@ func copyDir(src, dst string) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// loraFlags collects repeated --lora PATH[:STRENGTH] flags; paths are made absolute, as the
+// server wants them.
+type loraFlags []*framepackv1.Lora
+
+// String lists the LoRAs as given.
+func (l *loraFlags) String() string {
+	parts := make([]string, len(*l))
+	for i, x := range *l {
+		parts[i] = fmt.Sprintf("%s:%g", x.GetPath(), x.GetStrength())
+	}
+	return strings.Join(parts, ",")
+}
+
+// Set adds one LoRA: PATH, or PATH:STRENGTH when what follows the last colon is a number.
+func (l *loraFlags) Set(v string) error {
+	path, strength := v, float32(1)
+	if i := strings.LastIndexByte(v, ':'); i > 0 {
+		if f, err := strconv.ParseFloat(v[i+1:], 32); err == nil {
+			path, strength = v[:i], float32(f)
+		}
+	}
+	if path == "" {
+		return errors.New("a LoRA file path is required")
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("lora %s: %w", path, err)
+	}
+	*l = append(*l, &framepackv1.Lora{Path: abs, Strength: strength})
 	return nil
 }

@@ -276,6 +276,8 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Retention:    jobs.Retention{MaxAge: o.limits.retentionAge, MaxBytes: int64(o.limits.retentionBytes)},
 		Ready:        o.shm.Check,
 		Placement:    newPlacement(guards, devs, lanes, o.minJobGB).jobs(),
+		// JobSpec.variant at submit: f1 needs its transformer (issue 19).
+		CheckVariant: o.pipeline.checkVariant,
 	})
 	if err != nil {
 		return err

@@ -27,6 +27,9 @@ type pipelineOptions struct {
 	keepHistory bool
 	siglip      string
 	watchdog    func(lane string) *watchdog.Watchdog // the lanes' watchdogs, set by run (watchdog.go)
+	// checkVariant checks JobSpec.variant at submit (pipeline.Runner.CheckVariant); set by
+	// newRunner when the models are found, nil otherwise (only i2v accepted).
+	checkVariant func(name string) error
 }
 
 // addPipelineFlags registers the pipeline's flags on fs.
@@ -90,7 +93,8 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 			return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{Message: msg}}
 		}, closeAll, nil
 	}
-	log.WithFields(logrus.Fields{"hunyuanvideo": models.HunyuanVideo, "flux_redux": models.FluxRedux, "transformer": models.Transformer}).Info("models found")
+	log.WithFields(logrus.Fields{"hunyuanvideo": models.HunyuanVideo, "flux_redux": models.FluxRedux, "transformer": models.Transformer,
+		"transformer_f1": models.TransformerF1}).Info("models found")
 	r, err := pipeline.New(pipeline.Config{
 		Models: models, Shm: root, Log: log, WorkerEnv: env, Watchdog: p.watchdog,
 		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency,
@@ -106,5 +110,6 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		closeAll()
 		return nil, nil, err
 	}
+	p.checkVariant = r.CheckVariant
 	return r.Run, closeAll, nil
 }

@@ -112,7 +112,58 @@ func toLoadRequest(r *LoadRequest) *pb.LoadRequest {
 		ModelDir: r.ModelDir, Dtype: r.DType, Backend: r.Backend, DeviceIndex: r.DeviceIndex,
 		MemoryCapBytes: r.MemoryCapBytes, ConvPolicy: toConvPolicy(r.ConvPolicy), Env: r.Env,
 		BeaconPath: r.BeaconPath, MaxResidentBlocks: r.MaxResidentBlocks, Fault: toFault(r.Fault),
+		Loras: toLoraSpecs(r.Loras),
 	}
+}
+
+func toExtraPrompts(ps []ExtraPrompt) []*pb.ExtraPrompt {
+	var out []*pb.ExtraPrompt
+	for _, p := range ps {
+		out = append(out, &pb.ExtraPrompt{Prompt: p.Prompt, LlamaVec: toTensorRef(p.LlamaVec), LlamaMask: toTensorRef(p.LlamaMask),
+			ClipPooler: toTensorRef(p.ClipPooler)})
+	}
+	return out
+}
+
+func fromExtraPrompts(ps []*pb.ExtraPrompt) []ExtraPrompt {
+	var out []ExtraPrompt
+	for _, p := range ps {
+		out = append(out, ExtraPrompt{Prompt: p.GetPrompt(), LlamaVec: fromTensorRef(p.GetLlamaVec()), LlamaMask: fromTensorRef(p.GetLlamaMask()),
+			ClipPooler: fromTensorRef(p.GetClipPooler())})
+	}
+	return out
+}
+
+func toLoraSpecs(ls []LoraSpec) []*pb.LoraSpec {
+	var out []*pb.LoraSpec
+	for _, l := range ls {
+		out = append(out, &pb.LoraSpec{Path: l.Path, Strength: l.Strength})
+	}
+	return out
+}
+
+func fromLoraSpecs(ls []*pb.LoraSpec) []LoraSpec {
+	var out []LoraSpec
+	for _, l := range ls {
+		out = append(out, LoraSpec{Path: l.GetPath(), Strength: l.GetStrength()})
+	}
+	return out
+}
+
+func toLorasApplied(ls []LoraApplied) []*pb.LoraApplied {
+	var out []*pb.LoraApplied
+	for _, l := range ls {
+		out = append(out, &pb.LoraApplied{Path: l.Path, Strength: l.Strength, Format: l.Format, WeightsChanged: l.WeightsChanged})
+	}
+	return out
+}
+
+func fromLorasApplied(ls []*pb.LoraApplied) []LoraApplied {
+	var out []LoraApplied
+	for _, l := range ls {
+		out = append(out, LoraApplied{Path: l.GetPath(), Strength: l.GetStrength(), Format: l.GetFormat(), WeightsChanged: l.GetWeightsChanged()})
+	}
+	return out
 }
 
 func fromLoadRequest(r *pb.LoadRequest) *LoadRequest {
@@ -120,6 +171,7 @@ func fromLoadRequest(r *pb.LoadRequest) *LoadRequest {
 		ModelDir: r.GetModelDir(), DType: r.GetDtype(), Backend: r.GetBackend(), DeviceIndex: r.GetDeviceIndex(),
 		MemoryCapBytes: r.GetMemoryCapBytes(), ConvPolicy: fromConvPolicy(r.GetConvPolicy()), Env: r.GetEnv(),
 		BeaconPath: r.GetBeaconPath(), MaxResidentBlocks: r.GetMaxResidentBlocks(), Fault: fromFault(r.GetFault()),
+		Loras: fromLoraSpecs(r.GetLoras()),
 	}
 }
 
@@ -146,6 +198,12 @@ func toLoadResponse(r *LoadResponse) *pb.LoadResponse {
 	if r.Device != nil {
 		out.Device = toDevice(*r.Device)
 	}
+	if len(r.Loras) > 0 {
+		if out.Transformer == nil {
+			out.Transformer = &pb.TransformerInfo{}
+		}
+		out.Transformer.Loras = toLorasApplied(r.Loras)
+	}
 	return out
 }
 
@@ -159,6 +217,7 @@ func fromLoadResponse(r *pb.LoadResponse) *LoadResponse {
 		d := fromDevice(r.GetDevice())
 		out.Device = &d
 	}
+	out.Loras = fromLorasApplied(r.GetTransformer().GetLoras())
 	return out
 }
 
@@ -336,6 +395,7 @@ func toRunRequest(r *RunRequest) (*pb.RunRequest, error) {
 			LlamaVec: toTensorRef(s.LlamaVec), LlamaMask: toTensorRef(s.LlamaMask), ClipPooler: toTensorRef(s.ClipPooler),
 			LlamaVecN: toTensorRef(s.LlamaVecN), LlamaMaskN: toTensorRef(s.LlamaMaskN), ClipPoolerN: toTensorRef(s.ClipPoolerN),
 			LlamaIds: toTensorRef(s.LlamaIDs), LlamaAttentionMask: toTensorRef(s.LlamaAttentionMask), ClipIds: toTensorRef(s.ClipIDs),
+			ExtraPrompts: toExtraPrompts(s.ExtraPrompts),
 		}}
 	case *VAEEncodeRequest:
 		out.Stage = &pb.RunRequest_VaeEncode{VaeEncode: &pb.VaeEncodeRequest{
@@ -391,6 +451,7 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 			LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler()),
 			LlamaVecN: fromTensorRef(t.GetLlamaVecN()), LlamaMaskN: fromTensorRef(t.GetLlamaMaskN()), ClipPoolerN: fromTensorRef(t.GetClipPoolerN()),
 			LlamaIDs: fromTensorRef(t.GetLlamaIds()), LlamaAttentionMask: fromTensorRef(t.GetLlamaAttentionMask()), ClipIDs: fromTensorRef(t.GetClipIds()),
+			ExtraPrompts: fromExtraPrompts(t.GetExtraPrompts()),
 		}
 	case *pb.RunRequest_VaeEncode:
 		v := s.VaeEncode

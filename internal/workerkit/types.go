@@ -112,7 +112,22 @@ type LoadRequest struct {
 	Env               map[string]string
 	BeaconPath        string // optional: a file beacon, for workers started without the inherited one
 	MaxResidentBlocks uint32
-	Fault             *Fault // tests only
+	Fault             *Fault     // tests only
+	Loras             []LoraSpec // transformer only: LoRAs merged at load, in order
+}
+
+// LoraSpec names one LoRA file merged into the transformer at load (worker.proto LoraSpec).
+type LoraSpec struct {
+	Path     string
+	Strength float64
+}
+
+// LoraApplied reports one LoRA the transformer worker merged (worker.proto LoraApplied).
+type LoraApplied struct {
+	Path           string
+	Strength       float64
+	Format         string // "peft", "musubi", "original"
+	WeightsChanged uint32
 }
 
 // Fault injects failures into a worker, for tests (worker.proto Fault).
@@ -139,6 +154,8 @@ type LoadResponse struct {
 	VAE                  *VAEInfo         // vae worker only
 	Transformer          *TransformerInfo // transformer worker only
 	TextEncoder          *TextEncoderInfo // textenc worker only
+	// Loras lists the LoRAs merged into the transformer (TransformerInfo.loras on the wire).
+	Loras []LoraApplied
 }
 
 // VAEInfo holds a loaded VAE's constants, so the supervisor need not read its config.json.
@@ -269,6 +286,16 @@ type TextEncodeRequest struct {
 	LlamaIDs           TensorRef // [1, llama_max_length + crop_start], I64 or I32
 	LlamaAttentionMask TensorRef // the tokenizer's mask for LlamaIDs, I64, U8 or BOOL
 	ClipIDs            TensorRef // [1, clip_max_length], I64 or I32
+	// ExtraPrompts are more positive prompts encoded in the same run (a timed prompt's).
+	ExtraPrompts []ExtraPrompt
+}
+
+// ExtraPrompt is one more positive prompt of a TextEncodeRequest and its outputs.
+type ExtraPrompt struct {
+	Prompt     string
+	LlamaVec   TensorRef
+	LlamaMask  TensorRef
+	ClipPooler TensorRef
 }
 
 // VAETiling sets how the VAE splits its work, as diffusers does: framewise (temporal) chunking

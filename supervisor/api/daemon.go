@@ -40,6 +40,9 @@ type DaemonConfig struct {
 	// Placement chooses among the lanes (their health, free device memory); the zero value
 	// takes the first free lane.
 	Placement jobs.Placement
+	// CheckVariant checks JobSpec.variant at submit (pipeline.Runner.CheckVariant); nil
+	// accepts only i2v.
+	CheckVariant func(name string) error
 	// Grace is the graceful stop's grace period; 0 means DefaultGrace.
 	Grace time.Duration
 	// DiskBudget, MinFreeBytes and Ready are the API server's (Config); Retention deletes
@@ -106,7 +109,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 	if d.queue, err = jobs.NewQueue(jobs.Config{Store: d.store, Lanes: cfg.Lanes, Run: cfg.Run, Publish: d.hub.Publish, Placement: cfg.Placement, Log: log}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
-	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, Log: log,
+	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log,
 		DiskBudget: cfg.DiskBudget, MinFreeBytes: cfg.MinFreeBytes, Ready: cfg.Ready}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}

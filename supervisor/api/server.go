@@ -61,6 +61,9 @@ type Config struct {
 	// Ready reports why jobs cannot run now (nil when they can); SubmitJob refuses jobs with
 	// UNAVAILABLE and the reason while it fails. Nil means always ready.
 	Ready func() error
+	// CheckVariant says whether jobs of a sampling variant (JobSpec.variant, "" for i2v) can
+	// run (pipeline.Runner.CheckVariant); nil accepts only "" and "i2v".
+	CheckVariant func(name string) error
 	// Log is the server's logger; nil discards.
 	Log logrus.FieldLogger
 	// Now is the clock; nil means time.Now.
@@ -208,7 +211,9 @@ func requireID(id string) error {
 
 // SubmitJob validates the request and queues the job.
 func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
-	if err := validateSubmit(req, s.cfg.Queue.Lanes(), s.cfg.DecodeImage).Err("SubmitJobRequest"); err != nil {
+	v := validateSubmit(req, s.cfg.Queue.Lanes(), s.cfg.DecodeImage)
+	checkVariant(&v, req.GetSpec().GetVariant(), s.cfg.CheckVariant)
+	if err := v.Err("SubmitJobRequest"); err != nil {
 		return nil, err
 	}
 	if s.cfg.Ready != nil {

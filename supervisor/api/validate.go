@@ -3,12 +3,14 @@ package api
 import (
 	"fmt"
 	"math"
+	"path/filepath"
 	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/framepackd/framepackd/internal/imageproc"
+	"github.com/framepackd/framepackd/internal/safetensors"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -104,6 +106,11 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 		}
 	}
 	checkText(&v, "spec.prompt", s.GetPrompt(), true)
+	if plan.IsTimed(s.GetPrompt()) { // [0s: a cat sits] [2.5s: the cat jumps]
+		if _, err := plan.ParsePrompts(s.GetPrompt()); err != nil {
+			v.Add("spec.prompt", "%v", err)
+		}
+	}
 	checkText(&v, "spec.negative_prompt", s.GetNegativePrompt(), false)
 	// spec.seed: every int64 is a valid seed (torch.Generator.manual_seed takes them all).
 	switch secs := s.GetTotalSecondLength(); {
@@ -144,10 +151,58 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 			v.Add("spec.gpu_memory_preservation_gb", "must be 0 to 128, got %g", g)
 		}
 	}
+	checkLoras(&v, s.GetLoras())
 	if l := s.GetLane(); l != "" && !slices.Contains(lanes, l) {
 		v.Add("spec.lane", "no lane %q on this server (lanes: %s)", l, strings.Join(lanes, ", "))
 	}
 	return v
+}
+
+// MaxLoras bounds JobSpec.loras.
+const MaxLoras = 16
+
+// MaxLoraStrength bounds the magnitude of a LoRA's strength.
+const MaxLoraStrength = 4
+
+// checkLoras checks each LoRA names an absolute path to a readable safetensors file on the
+// server and a finite strength; what the keys mean is the transformer worker's to check.
+func checkLoras(v *Violations, ls []*framepackv1.Lora) {
+	if len(ls) > MaxLoras {
+		v.Add("spec.loras", "%d LoRAs, the limit is %d", len(ls), MaxLoras)
+		return
+	}
+	for i, l := range ls {
+		field := fmt.Sprintf("spec.loras[%d]", i)
+		switch p := l.GetPath(); {
+		case p == "":
+			v.Add(field+".path", "required: a LoRA safetensors file on the server")
+		case !filepath.IsAbs(p):
+			v.Add(field+".path", "must be an absolute path on the server, got %q", p)
+		default:
+			f, err := safetensors.Open(p)
+			if err != nil {
+				v.Add(field+".path", "not a readable safetensors file: %v", err)
+				break
+			}
+			f.Close()
+		}
+		if st := l.GetStrength(); badFloat(st) || st < -MaxLoraStrength || st > MaxLoraStrength {
+			v.Add(field+".strength", "must be a finite number from %d to %d (0 means 1), got %g", -MaxLoraStrength, MaxLoraStrength, st)
+		}
+	}
+}
+
+// checkVariant checks JobSpec.variant with the pipeline's check (nil: only i2v runs here).
+func checkVariant(v *Violations, name string, check func(string) error) {
+	if check == nil {
+		if name != "" && name != "i2v" {
+			v.Add("spec.variant", "this server runs only the i2v variant, not %q", name)
+		}
+		return
+	}
+	if err := check(name); err != nil {
+		v.Add("spec.variant", "%v", err)
+	}
 }
 
 func checkText(v *Violations, field, text string, required bool) {

@@ -584,6 +584,9 @@ func (q *Queue) emitter(r *run) func(*framepackv1.JobEvent) {
 				j.Progress = &framepackv1.JobProgress{}
 			}
 			applyProgress(j.Progress, ev, r.total)
+			if l := ev.GetStageFinished().GetLoras(); len(l) > 0 {
+				j.LorasApplied = l // the LoRAs the transformer merged, with the weights each changed
+			}
 			return nil
 		}); err != nil {
 			q.log.WithField("job", r.job.ID).WithError(err).Warn("record job progress")

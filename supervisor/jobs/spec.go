@@ -17,6 +17,7 @@ const (
 	DefaultMP4CRF                  = 16
 	DefaultGPUMemoryPreservationGB = 6.0
 	DefaultUseTeaCache             = true
+	DefaultLoraStrength            = 1.0
 )
 
 // WithDefaults returns a copy of spec with every default filled in, as the Job stores it.
@@ -42,6 +43,11 @@ func WithDefaults(spec *framepackv1.JobSpec) *framepackv1.JobSpec {
 	}
 	if s.Mp4Crf == nil {
 		s.Mp4Crf = proto.Uint32(DefaultMP4CRF)
+	}
+	for _, l := range s.Loras {
+		if l.Strength == 0 {
+			l.Strength = DefaultLoraStrength
+		}
 	}
 	if s.GpuMemoryPreservationGb == nil {
 		s.GpuMemoryPreservationGb = proto.Float32(DefaultGPUMemoryPreservationGB)

@@ -155,6 +155,9 @@ type Stage struct {
 	DType string
 	// JobID labels the worker's logs.
 	JobID string
+	// Loras are LoadRequest.Loras: LoRAs the transformer merges at load. A resident worker
+	// serves only stages with the same list.
+	Loras []workerkit.LoraSpec
 	// Request is the stage's work; required.
 	Request workerkit.Stage
 	// KeepWith names the models that alternate with this one on the lane (this one included);
@@ -213,6 +216,8 @@ type Report struct {
 	Backend string
 	// Result is the stage's result.
 	Result *workerkit.Result
+	// Loras lists the LoRAs the worker merged when it loaded (also for a reused worker).
+	Loras []workerkit.LoraApplied
 }
 
 // Footprint is the memory a report shows the worker needs: the larger of its allocator peak
@@ -227,6 +232,7 @@ type resident struct {
 	rssPeak uint64
 	weights uint64
 	backend string
+	loras   []workerkit.LoraApplied
 }
 
 // Lane runs stages one at a time. Its methods are safe for concurrent use; stages queue on
@@ -292,6 +298,9 @@ func loadKey(st Stage) string {
 		keys = append(keys, k+"="+v)
 	}
 	slices.Sort(keys)
+	for _, l := range st.Loras {
+		keys = append(keys, fmt.Sprintf("lora=%s@%v", l.Path, l.Strength)) // in order: they stack
+	}
 	return st.DType + "\x00" + strings.Join(keys, "\x00")
 }
 
@@ -327,7 +336,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 	if res != nil {
 		delete(l.residents, st.Model)
 		proc, rep.Reused = res.proc, true
-		rep.WeightBytes, rep.Backend = res.weights, res.backend
+		rep.WeightBytes, rep.Backend, rep.Loras = res.weights, res.backend, res.loras
 		peak.observe(res.rssPeak)
 	} else {
 		path, err := l.cfg.WorkerPath(st.Model)
@@ -370,7 +379,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		lctx, cancel := context.WithTimeout(ctx, l.cfg.LoadTimeout)
 		t0 := time.Now()
 		lreq := &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
-			DeviceIndex: l.cfg.DeviceIndex, MemoryCapBytes: l.cfg.MemoryCap, Env: st.Env}
+			DeviceIndex: l.cfg.DeviceIndex, MemoryCapBytes: l.cfg.MemoryCap, Env: st.Env, Loras: st.Loras}
 		if st.PrepareLoad != nil {
 			st.PrepareLoad(lreq) // the watchdog's attempt settings
 		}
@@ -380,7 +389,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		if err != nil {
 			return rep, fmt.Errorf("run %s: load %s: %w", st.Model, st.ModelDir, stageErr(ctx, err))
 		}
-		rep.WeightBytes, rep.Backend = resp.WeightBytes, resp.Backend
+		rep.WeightBytes, rep.Backend, rep.Loras = resp.WeightBytes, resp.Backend, resp.Loras
 	}
 
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.StageTimeout)
@@ -421,7 +430,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		kept = true
 		rep.Kept = true
 		l.residents[st.Model] = &resident{proc: proc, dir: st.ModelDir, env: loadKey(st), rssPeak: rep.RSSPeakBytes,
-			weights: rep.WeightBytes, backend: rep.Backend}
+			weights: rep.WeightBytes, backend: rep.Backend, loras: rep.Loras}
 	}
 	log.WithFields(logrus.Fields{"pid": rep.PID, "reused": rep.Reused, "kept": rep.Kept,
 		"spawn_to_ready": rep.SpawnToReady.Round(time.Microsecond).String(), "load": rep.Load.Round(time.Microsecond).String(),

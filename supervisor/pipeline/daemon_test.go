@@ -135,7 +135,7 @@ func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
 		return nil, err
 	}
 	return api.StartDaemon(api.DaemonConfig{StateDir: o.State, Listen: []api.Addr{{Network: "unix", Address: o.Socket}},
-		Lanes: []string{laneName}, Run: runner.Run, Grace: time.Second, Log: log})
+		Lanes: []string{laneName}, Run: runner.Run, CheckVariant: runner.CheckVariant, Grace: time.Second, Log: log})
 }
 
 func testLogger() *logrus.Logger {

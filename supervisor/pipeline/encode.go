@@ -26,17 +26,29 @@ func (j *jobRun) encode(ctx context.Context) error {
 		return err
 	}
 	ref := func(name string) workerkit.TensorRef { return workerkit.TensorRef{Path: textSeg, Name: name} }
-	_, err = j.workerStage(ctx, framepackv1.Stage_STAGE_TEXT_ENCODE, -1, lanes.Stage{
-		Model: lanes.TextEnc, ModelDir: j.r.cfg.Models.HunyuanVideo,
-		Request: &workerkit.TextEncodeRequest{Prompt: spec.GetPrompt(), NegativePrompt: spec.GetNegativePrompt(), CFG: spec.GetCfg(),
-			LlamaVec: ref(tLlamaVec), LlamaMask: ref(tLlamaMask), ClipPooler: ref(tClipPooler),
-			LlamaVecN: ref(tLlamaVecN), LlamaMaskN: ref(tLlamaMaskN), ClipPoolerN: ref(tClipPoolerN)},
-	})
+	// A timed prompt's distinct texts are encoded once each, in this one stage: the first as
+	// the prompt, the others as extra prompts into tensors named <name>.<k>.
+	prompts, err := j.jobPrompts()
 	if err != nil {
+		return j.failure(ctx, framepackv1.Stage_STAGE_TEXT_ENCODE, -1, j.r.cfg.Now(), 0, err)
+	}
+	names := []string{tLlamaVec, tLlamaMask, tClipPooler, tLlamaVecN, tLlamaMaskN, tClipPoolerN}
+	req := &workerkit.TextEncodeRequest{Prompt: prompts.texts[0], NegativePrompt: spec.GetNegativePrompt(), CFG: spec.GetCfg(),
+		LlamaVec: ref(tLlamaVec), LlamaMask: ref(tLlamaMask), ClipPooler: ref(tClipPooler),
+		LlamaVecN: ref(tLlamaVecN), LlamaMaskN: ref(tLlamaMaskN), ClipPoolerN: ref(tClipPoolerN)}
+	for k := 1; k < len(prompts.texts); k++ {
+		x := workerkit.ExtraPrompt{Prompt: prompts.texts[k], LlamaVec: ref(promptTensor(tLlamaVec, k)),
+			LlamaMask: ref(promptTensor(tLlamaMask, k)), ClipPooler: ref(promptTensor(tClipPooler, k))}
+		req.ExtraPrompts = append(req.ExtraPrompts, x)
+		names = append(names, x.LlamaVec.Name, x.LlamaMask.Name, x.ClipPooler.Name)
+	}
+	if _, err = j.workerStage(ctx, framepackv1.Stage_STAGE_TEXT_ENCODE, -1, lanes.Stage{
+		Model: lanes.TextEnc, ModelDir: j.r.cfg.Models.HunyuanVideo, Request: req,
+	}); err != nil {
 		return err
 	}
 	if err := j.readSegment(textSeg, func(m *shm.Mapped) error {
-		for _, name := range []string{tLlamaVec, tLlamaMask, tClipPooler, tLlamaVecN, tLlamaMaskN, tClipPoolerN} {
+		for _, name := range names {
 			t, err := readRaw(m, name)
 			if err != nil {
 				return err

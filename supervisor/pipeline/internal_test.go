@@ -53,10 +53,12 @@ func TestResolveModels(t *testing.T) {
 		want    Models // relative to root
 		wantErr bool
 	}{
-		{name: "tiny", make: tiny, want: Models{"hunyuanvideo", "flux_redux_bfl", "framepack_i2v"}},
-		{name: "repositories", make: repos, want: Models{"hunyuanvideo-community/HunyuanVideo", "lllyasviel/flux_redux_bfl", "lllyasviel/FramePackI2V_HY"}},
+		{name: "tiny", make: tiny, want: Models{"hunyuanvideo", "flux_redux_bfl", "framepack_i2v", ""}},
+		{name: "tiny with f1", make: func(root string) { tiny(root); mkfile(t, filepath.Join(root, "framepack_f1", "config.json")) },
+			want: Models{"hunyuanvideo", "flux_redux_bfl", "framepack_i2v", "framepack_f1"}},
+		{name: "repositories", make: repos, want: Models{"hunyuanvideo-community/HunyuanVideo", "lllyasviel/flux_redux_bfl", "lllyasviel/FramePackI2V_HY", ""}},
 		{name: "hub cache", make: hub, want: Models{"hub/models--hunyuanvideo-community--HunyuanVideo/snapshots/abc123",
-			"hub/models--lllyasviel--flux_redux_bfl/snapshots/abc123", "hub/models--lllyasviel--FramePackI2V_HY/snapshots/abc123"}},
+			"hub/models--lllyasviel--flux_redux_bfl/snapshots/abc123", "hub/models--lllyasviel--FramePackI2V_HY/snapshots/abc123", ""}},
 		{name: "empty", make: func(string) {}, wantErr: true},
 	}
 	for _, tc := range tests {
@@ -73,7 +75,10 @@ func TestResolveModels(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := Models{filepath.Join(root, tc.want.HunyuanVideo), filepath.Join(root, tc.want.FluxRedux), filepath.Join(root, tc.want.Transformer)}
+			want := Models{filepath.Join(root, tc.want.HunyuanVideo), filepath.Join(root, tc.want.FluxRedux), filepath.Join(root, tc.want.Transformer), ""}
+			if tc.want.TransformerF1 != "" {
+				want.TransformerF1 = filepath.Join(root, tc.want.TransformerF1)
+			}
 			if got != want {
 				t.Fatalf("got %+v\nwant %+v", got, want)
 			}

@@ -20,6 +20,9 @@ type Models struct {
 	FluxRedux string
 	// Transformer is the FramePack I2V transformer folder (config.json and safetensors).
 	Transformer string
+	// TransformerF1 is the FramePack-F1 transformer folder; optional: empty when it is not
+	// downloaded, and then jobs of variant f1 are refused at submit.
+	TransformerF1 string
 }
 
 // VAE is the VAE folder inside the HunyuanVideo snapshot.
@@ -36,6 +39,8 @@ var (
 	hunyuanLayout     = modelLayout{short: "hunyuanvideo", repo: "hunyuanvideo-community/HunyuanVideo", probe: "vae/config.json"}
 	fluxReduxLayout   = modelLayout{short: "flux_redux_bfl", repo: "lllyasviel/flux_redux_bfl", probe: "image_encoder/config.json"}
 	transformerLayout = modelLayout{short: "framepack_i2v", repo: "lllyasviel/FramePackI2V_HY", probe: "config.json"}
+	// transformerF1Layout is FramePack-F1's transformer, optional.
+	transformerF1Layout = modelLayout{short: "framepack_f1", repo: "lllyasviel/FramePack_F1_I2V_HY_20250503", probe: "config.json"}
 )
 
 // ResolveModels finds the three model folders under root. For each model it accepts, first
@@ -68,6 +73,9 @@ func ResolveModels(root string) (Models, error) {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Models{}, fmt.Errorf("resolve models in %s: %w", root, err)
+	}
+	if dir, err := resolveModel(root, transformerF1Layout); err == nil {
+		m.TransformerF1 = dir // optional: only variant f1 needs it
 	}
 	return m, nil
 }

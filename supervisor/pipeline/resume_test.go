@@ -88,7 +88,29 @@ func partials(dir string) []string {
 // resumes there and ends with the same frames as an uninterrupted run, that no worker outlived
 // the killed supervisor, and that no shared memory is left.
 func TestResumeAfterSupervisorKill(t *testing.T) {
-	jc := firstCase(t)
+	resumeAfterKill(t, firstCase(t))
+}
+
+// TestResumeF1AfterSupervisorKill is TestResumeAfterSupervisorKill for a job of variant f1
+// (the pipeline_f1 fixture's two-section case): the checkpoint records the variant and the
+// resumed job ends with the same frames, byte for byte, as an uninterrupted run.
+func TestResumeF1AfterSupervisorKill(t *testing.T) {
+	fx := parity.Load(t, "pipeline_f1")
+	var jc i2vCase
+	for _, c := range fx.Cases {
+		if n := 0; c.Op == opF1 && c.Param(t, "sections", &n) && n == 2 {
+			jc, _ = loadF1Case(t, c)
+		}
+	}
+	if jc.spec == nil {
+		t.Fatalf("fixture %s has no two-section %s case", fx.Name, opF1)
+	}
+	resumeAfterKill(t, jc)
+}
+
+// resumeAfterKill runs jc uninterrupted, then again in a daemon process killed after the first
+// section video, and checks the resumed job (see TestResumeAfterSupervisorKill).
+func resumeAfterKill(t *testing.T, jc i2vCase) {
 	workers := buildWorkers(t)
 
 	// The uninterrupted run, in this process.

@@ -127,6 +127,28 @@ func New(cfg Config) (*Runner, error) {
 	return &Runner{cfg: cfg, log: log, scalingFactor: sf, sfString: s}, nil
 }
 
+// CheckVariant says whether a job of the named sampling variant can run here: the variant is
+// known and its transformer was found. The API calls it at submit.
+func (r *Runner) CheckVariant(name string) error {
+	v, err := variantByName(name)
+	if err != nil {
+		return err
+	}
+	if r.transformerDir(v.Name()) == "" {
+		return fmt.Errorf("variant %s needs the FramePack-F1 transformer (%s), which is not in the models folder: download it next to the others and restart the daemon",
+			v.Name(), transformerF1Layout.repo)
+	}
+	return nil
+}
+
+// transformerDir is the transformer folder a variant samples with ("" when not installed).
+func (r *Runner) transformerDir(variant string) string {
+	if variant == VariantF1 {
+		return r.cfg.Models.TransformerF1
+	}
+	return r.cfg.Models.Transformer
+}
+
 // readScalingFactor reads the VAE config's scaling_factor (0.476986 for HunyuanVideo's).
 func readScalingFactor(dir string) (float32, string, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
@@ -367,10 +389,28 @@ func (j *jobRun) stageStarted(stage framepackv1.Stage, section int) {
 		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: 1, Lane: j.job.Lane}}})
 }
 
-func (j *jobRun) stageFinished(stage framepackv1.Stage, section int, wall, load, compute time.Duration) {
+func (j *jobRun) stageFinished(stage framepackv1.Stage, section int, wall, load, compute time.Duration, loras ...workerkit.LoraApplied) {
 	j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageFinished{StageFinished: &framepackv1.StageFinished{
 		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: 1, Duration: durationpb.New(wall),
-		LoadDuration: durationpb.New(load), ComputeDuration: durationpb.New(compute)}}})
+		LoadDuration: durationpb.New(load), ComputeDuration: durationpb.New(compute), Loras: lorasApplied(loras)}}})
+}
+
+// jobLoras is the spec's LoRAs as the transformer's LoadRequest takes them.
+func jobLoras(spec *framepackv1.JobSpec) []workerkit.LoraSpec {
+	var out []workerkit.LoraSpec
+	for _, l := range spec.GetLoras() {
+		out = append(out, workerkit.LoraSpec{Path: l.GetPath(), Strength: float64(l.GetStrength())})
+	}
+	return out
+}
+
+// lorasApplied is what the transformer worker reports having merged, as events carry it.
+func lorasApplied(ls []workerkit.LoraApplied) []*framepackv1.LoraApplied {
+	var out []*framepackv1.LoraApplied
+	for _, l := range ls {
+		out = append(out, &framepackv1.LoraApplied{Path: l.Path, Strength: float32(l.Strength), Format: l.Format, WeightsChanged: l.WeightsChanged})
+	}
+	return out
 }
 
 // record logs a stage's record, appends it to the job's stages file and hands it to OnStage.
@@ -421,7 +461,7 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 		return rep, j.failure(ctx, stage, section, t0, wall, err)
 	}
 	j.record(rec)
-	j.stageFinished(stage, section, wall, rep.Load, rep.Compute)
+	j.stageFinished(stage, section, wall, rep.Load, rep.Compute, rep.Loras...)
 	return rep, nil
 }
 

@@ -71,8 +71,13 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 
 	spec := j.job.Spec
 	cref := func(name string) workerkit.TensorRef { return workerkit.TensorRef{Path: condSeg, Name: name} }
+	prompts, err := j.jobPrompts()
+	if err != nil {
+		return jobs.Result{}, j.failure(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, sectionStart, 0, err)
+	}
+	k := prompts.section[i] // the prompt active at the section's start time
 	req := &workerkit.TransformerSectionRequest{
-		LlamaVec: cref(tLlamaVec), LlamaMask: cref(tLlamaMask), ClipPooler: cref(tClipPooler),
+		LlamaVec: cref(promptTensor(tLlamaVec, k)), LlamaMask: cref(promptTensor(tLlamaMask, k)), ClipPooler: cref(promptTensor(tClipPooler, k)),
 		LlamaVecN: cref(tLlamaVecN), LlamaMaskN: cref(tLlamaMaskN), ClipPoolerN: cref(tClipPoolerN),
 		ImageEmbeddings: cref(tImageHidden),
 		CleanLatents:    workerkit.TensorRef{Path: cleanSeg, Name: "clean"}, CleanLatentIndices: idx.Clean,
@@ -88,7 +93,7 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	}
 	steps := &stepTracker{j: j, section: i, last: time.Now()}
 	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, lanes.Stage{
-		Model: lanes.Transformer, ModelDir: j.r.cfg.Models.Transformer, Request: req, KeepWith: j.keepWith(),
+		Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, KeepWith: j.keepWith(), Loras: jobLoras(spec),
 		OnEvent: steps.onEvent,
 	})
 	if err != nil {

@@ -51,7 +51,7 @@ func SectionFile(i int) string { return fmt.Sprintf(sectionFilePattern, i) }
 // conditioning is what the encoders produce once per job.
 type conditioning struct {
 	// text holds llama_vec, llama_mask, clip_pooler and their negatives, as the text encoder
-	// wrote them.
+	// wrote them, then llama_vec.k, llama_mask.k, clip_pooler.k of a timed prompt's text k ≥ 1.
 	text []safetensors.Tensor
 	// imageHidden is SigLIP's last_hidden_state.
 	imageHidden safetensors.Tensor
@@ -88,7 +88,14 @@ func loadConditioning(path string) (*conditioning, error) {
 	}
 	defer f.Close()
 	c := &conditioning{}
-	for _, name := range []string{tLlamaVec, tLlamaMask, tClipPooler, tLlamaVecN, tLlamaMaskN, tClipPoolerN} {
+	names := []string{tLlamaVec, tLlamaMask, tClipPooler, tLlamaVecN, tLlamaMaskN, tClipPoolerN}
+	for k := 1; ; k++ { // a timed prompt's other texts
+		if _, ok := f.Info(promptTensor(tLlamaVec, k)); !ok {
+			break
+		}
+		names = append(names, promptTensor(tLlamaVec, k), promptTensor(tLlamaMask, k), promptTensor(tClipPooler, k))
+	}
+	for _, name := range names {
 		t, err := readRaw(f, name)
 		if err != nil {
 			return nil, fmt.Errorf("load conditioning: %w", err)

@@ -159,6 +159,11 @@ func (i2v) Blend(s Section, current, history vol) (vol, error) {
 	return imageproc.SoftAppend(current, history, plan.Overlap(s.Window))
 }
 
-// jobVariant is the sampling variant a new job asks for. JobSpec has no variant field yet
-// (FramePack-F1, its own issue, adds one), so every new job runs VariantI2V.
-func jobVariant(*framepackv1.JobSpec) string { return VariantI2V }
+// jobVariant is the sampling variant a new job asks for: JobSpec.variant, empty meaning
+// VariantI2V.
+func jobVariant(spec *framepackv1.JobSpec) string {
+	if v := spec.GetVariant(); v != "" {
+		return v
+	}
+	return VariantI2V
+}

@@ -159,6 +159,13 @@ func (w *worker) textEncode(ctx context.Context, enc *Encoder, req *workerkit.Te
 		ref   workerkit.TensorRef
 	}{{"llama_vec", req.LlamaVec}, {"llama_mask", req.LlamaMask}, {"clip_pooler", req.ClipPooler},
 		{"llama_vec_n", req.LlamaVecN}, {"llama_mask_n", req.LlamaMaskN}, {"clip_pooler_n", req.ClipPoolerN}}
+	for i, x := range req.ExtraPrompts {
+		f := fmt.Sprintf("extra_prompts[%d].", i)
+		refs = append(refs, []struct {
+			field string
+			ref   workerkit.TensorRef
+		}{{f + "llama_vec", x.LlamaVec}, {f + "llama_mask", x.LlamaMask}, {f + "clip_pooler", x.ClipPooler}}...)
+	}
 	for _, r := range refs {
 		if err := tensorio.CheckRef(r.field, r.ref); err != nil {
 			return nil, err
@@ -187,9 +194,9 @@ func (w *worker) textEncode(ctx context.Context, enc *Encoder, req *workerkit.Te
 		}
 		return emit(&workerkit.Progress{Phase: phase, Step: step, TotalSteps: total, Elapsed: time.Since(start)})
 	}
-	total := uint32(2)
+	total := uint32(2 + len(req.ExtraPrompts))
 	if req.CFG == 1 {
-		total = 1
+		total--
 	}
 	if err := progress("encode_prompt", 0, total); err != nil {
 		return nil, err
@@ -215,6 +222,19 @@ func (w *worker) textEncode(ctx context.Context, enc *Encoder, req *workerkit.Te
 			return nil, err
 		}
 	}
+	conds := []Conds{pos, neg}
+	for i, x := range req.ExtraPrompts { // a timed prompt's other texts, with the same parameters
+		step := total - uint32(len(req.ExtraPrompts)) + uint32(i) + 1
+		w.base.Beacon.SetStep(int(step), int(total))
+		c, err := enc.Encode(x.Prompt, p)
+		if err != nil {
+			return nil, fmt.Errorf("extra prompt %d: %w", i, err)
+		}
+		conds = append(conds, c)
+		if err := progress("encode_prompt", step, total); err != nil {
+			return nil, err
+		}
+	}
 	w.base.Beacon.SetStep(0, 0)
 	if err := progress("write", 0, 0); err != nil {
 		return nil, err
@@ -223,7 +243,7 @@ func (w *worker) textEncode(ctx context.Context, enc *Encoder, req *workerkit.Te
 	hidden := int64(enc.Llama.Config.HiddenSize)
 	clipHidden := int64(enc.CLIP.Config.HiddenSize)
 	var outs encoded
-	for i, c := range []Conds{pos, neg} {
+	for i, c := range conds[:2] {
 		if err := outs.float(refs[3*i].field, refs[3*i].ref, c.LlamaVec, []int64{1, pad, hidden}); err != nil {
 			return nil, err
 		}
@@ -236,6 +256,18 @@ func (w *worker) textEncode(ctx context.Context, enc *Encoder, req *workerkit.Te
 	}
 	if err := outs.tokens(req, pos.Tokens); err != nil { // optional, after the six
 		return nil, err
+	}
+	for i, c := range conds[2:] { // the extra prompts', last
+		r := refs[6+3*i : 9+3*i]
+		if err := outs.float(r[0].field, r[0].ref, c.LlamaVec, []int64{1, pad, hidden}); err != nil {
+			return nil, err
+		}
+		if err := outs.mask(r[1].field, r[1].ref, c.LlamaMask, []int64{1, pad}); err != nil {
+			return nil, err
+		}
+		if err := outs.float(r[2].field, r[2].ref, c.CLIPPooler, []int64{1, clipHidden}); err != nil {
+			return nil, err
+		}
 	}
 	written, err := tensorio.Write(outs.specs, outs.data)
 	if err != nil {

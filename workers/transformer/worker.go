@@ -3,15 +3,18 @@ package main
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/modelrt"
 	"github.com/framepackd/framepackd/workers/transformer/dit"
+	"github.com/framepackd/framepackd/workers/transformer/lora"
 	"github.com/framepackd/framepackd/workers/transformer/sampler"
 )
 
@@ -30,13 +33,13 @@ type worker struct {
 var _ workerkit.Worker = (*worker)(nil)
 
 func newWorker(k *workerkit.Kit) *worker {
-	base := modelrt.New(k, modelrt.Config{Name: "transformer"})
+	base := modelrt.New(k, modelrt.Config{Name: "transformer", Loras: true})
 	return &worker{base: base, log: base.Log}
 }
 
 // classify maps an error to the worker error the supervisor acts on.
 func classify(err error) error {
-	return modelrt.Classify(err, dit.ErrInvalidInput, dit.ErrUnsupportedConfig, dit.ErrBadCheckpoint, sampler.ErrBadRequest)
+	return modelrt.Classify(err, lora.ErrInvalid, dit.ErrInvalidInput, dit.ErrUnsupportedConfig, dit.ErrBadCheckpoint, sampler.ErrBadRequest)
 }
 
 // Load opens the runtime of req.Backend and loads the transformer from req.ModelDir.
@@ -69,7 +72,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	m, err := dit.Load(rt, req.ModelDir, dit.LoadOptions{WeightDType: wdt})
+	m, applied, err := loadModel(rt, req, dit.LoadOptions{WeightDType: wdt})
 	if err != nil {
 		rt.Close()
 		return nil, modelrt.ClassifyLoad(fmt.Errorf("load %s: %w", req.ModelDir, err))
@@ -77,6 +80,11 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	w.rt, w.model = rt, m
 	resp := w.base.Loaded(rt, start, m.WeightBytes())
 	resp.Transformer = transformerInfo(m)
+	resp.Loras = applied
+	for _, a := range applied {
+		w.log.WithFields(logrus.Fields{"lora": a.Path, "strength": a.Strength, "format": a.Format,
+			"weights_changed": a.WeightsChanged}).Info("lora merged")
+	}
 	cfg := m.Config
 	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "weights": wdt.String(), "double_blocks": cfg.NumLayers,
 		"single_blocks": cfg.NumSingleLayers, "heads": cfg.NumAttentionHeads, "head_dim": cfg.AttentionHeadDim,
@@ -88,6 +96,65 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		w.log.WithField("max_resident_blocks", req.MaxResidentBlocks).Info("every block stays resident")
 	}
 	return resp, nil
+}
+
+// loadModel loads the transformer of req.ModelDir with req.Loras merged into its weights as
+// they are read (see workers/transformer/lora), so the weights' storage (dtype, residency) is
+// the same with LoRAs as without.
+func loadModel(rt *runtime.Runtime, req *workerkit.LoadRequest, opts dit.LoadOptions) (*dit.Model, []workerkit.LoraApplied, error) {
+	if len(req.Loras) == 0 {
+		m, err := dit.Load(rt, req.ModelDir, opts)
+		return m, nil, err
+	}
+	cfg, err := dit.LoadConfig(req.ModelDir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load transformer: %w", err)
+	}
+	ck, err := safetensors.OpenCheckpoint(req.ModelDir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load transformer: %w", err)
+	}
+	defer ck.Close()
+	specs := make([]lora.Spec, len(req.Loras))
+	for i, l := range req.Loras {
+		specs[i] = lora.Spec{Path: l.Path, Strength: l.Strength}
+	}
+	// Weights kept as stored keep a merged weight in the checkpoint's dtype too.
+	src, applied, err := lora.Merge(ck, specs, lora.Options{KeepDType: opts.WeightDType == runtime.AsStored, MatMul: runtimeMatMul(rt)})
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := dit.New(rt, cfg, src, opts)
+	if err != nil {
+		return nil, nil, fmt.Errorf("load transformer %s: %w", filepath.Base(ck.Path), err)
+	}
+	out := make([]workerkit.LoraApplied, len(applied))
+	for i, a := range applied {
+		out[i] = workerkit.LoraApplied{Path: a.Path, Strength: a.Strength, Format: string(a.Format), WeightsChanged: uint32(a.WeightsChanged)}
+	}
+	return m, out, nil
+}
+
+// runtimeMatMul computes a LoRA's up @ down with the runtime's GEMM (OpenBLAS, or the GPU).
+func runtimeMatMul(rt *runtime.Runtime) func(up []float32, rows, rank int, down []float32, in int) ([]float32, error) {
+	return func(up []float32, rows, rank int, down []float32, in int) ([]float32, error) {
+		a, err := rt.FromFloat32(up, rows, rank)
+		if err != nil {
+			return nil, err
+		}
+		defer a.Free()
+		b, err := rt.FromFloat32(down, rank, in)
+		if err != nil {
+			return nil, err
+		}
+		defer b.Free()
+		c, err := rt.MatMul(a, b, runtime.GemmParams{})
+		if err != nil {
+			return nil, err
+		}
+		defer c.Free()
+		return c.Float32()
+	}
 }
 
 // transformerInfo is the model's constants as LoadResponse reports them to the supervisor.

@@ -33,6 +33,9 @@ type Config struct {
 	// ConvFallback events (DrainConvEvents). Without it the conv policy is ignored and a
 	// hang_conv fault is refused.
 	Conv bool
+	// Loras says the worker merges LoadRequest.loras into its model (the transformer); the
+	// others refuse a request that names LoRAs.
+	Loras bool
 }
 
 // Base is the part of a model worker that is the same in every one: its logger and beacon, the
@@ -44,7 +47,9 @@ type Base struct {
 	// Beacon is the worker's beacon (nil: none, every call a no-op).
 	Beacon *beacon.Writer
 
-	conv bool
+	conv  bool
+	loras bool
+	name  string
 	// inj keeps the beacon and fires the test faults of LoadRequest.Fault; NewRuntime replaces
 	// it before the first op.
 	inj atomic.Pointer[faults.Injector]
@@ -66,7 +71,7 @@ func New(k *workerkit.Kit, cfg Config) *Base {
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
 	}
-	b := &Base{Log: log.WithField("worker", cfg.Name), Beacon: k.Beacon, conv: cfg.Conv, ops: map[string]uint64{}}
+	b := &Base{Log: log.WithField("worker", cfg.Name), Beacon: k.Beacon, conv: cfg.Conv, loras: cfg.Loras, name: cfg.Name, ops: map[string]uint64{}}
 	inj, _ := faults.New(nil, faults.Caps{}, k.Beacon, b.Log) // no fault: never fails
 	b.inj.Store(inj)
 	return b
@@ -105,6 +110,9 @@ func ApplyEnv(env map[string]string) error {
 func (b *Base) NewRuntime(req *workerkit.LoadRequest, opts runtime.Options) (*runtime.Runtime, error) {
 	if req.MemoryCapBytes > math.MaxInt64 {
 		return nil, workerkit.InvalidArgumentf("memory cap %d too large", req.MemoryCapBytes)
+	}
+	if len(req.Loras) > 0 && !b.loras {
+		return nil, workerkit.InvalidArgumentf("the %s worker does not take LoRAs (only the transformer does)", b.name)
 	}
 	opts.MemoryCap = int64(req.MemoryCapBytes)
 	inj, err := faults.New(req.Fault, faults.Caps{Conv: b.conv}, b.Beacon, b.Log)

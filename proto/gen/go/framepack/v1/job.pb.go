@@ -343,7 +343,17 @@ type JobSpec struct {
 	// (64x96, 80x80, 96x64 at resolution 96). Empty means the table for
 	// resolution. At most 64 buckets, each side a multiple of 16 from 16 to
 	// 2048; with buckets set, resolution is a label from 16 to 2048.
-	Buckets       []*Bucket `protobuf:"bytes,16,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	Buckets []*Bucket `protobuf:"bytes,16,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	// loras are LoRA files merged into the transformer's weights when it loads
+	// (W += strength * alpha/rank * up @ down), in order; several stack. Each
+	// path is a safetensors file on the server in diffusers/PEFT,
+	// kohya/musubi-tuner or original HunyuanVideo naming. At most 16.
+	Loras []*Lora `protobuf:"bytes,17,rep,name=loras,proto3" json:"loras,omitempty"`
+	// variant is the sampling loop: "i2v" (FramePack's image-to-video loop,
+	// sections generated backwards in time; also empty) or "f1" (FramePack-F1,
+	// forward in time, with the F1 transformer). A job that names "f1" on a
+	// server without the F1 transformer fails at submit.
+	Variant       string `protobuf:"bytes,18,opt,name=variant,proto3" json:"variant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -490,6 +500,150 @@ func (x *JobSpec) GetBuckets() []*Bucket {
 	return nil
 }
 
+func (x *JobSpec) GetLoras() []*Lora {
+	if x != nil {
+		return x.Loras
+	}
+	return nil
+}
+
+func (x *JobSpec) GetVariant() string {
+	if x != nil {
+		return x.Variant
+	}
+	return ""
+}
+
+// Lora is one LoRA file and the strength it is merged with.
+type Lora struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is the LoRA safetensors file on the server. REQUIRED.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// strength multiplies the LoRA's update, -4 to 4; 0 means 1 (the trained
+	// strength).
+	Strength      float32 `protobuf:"fixed32,2,opt,name=strength,proto3" json:"strength,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Lora) Reset() {
+	*x = Lora{}
+	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Lora) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Lora) ProtoMessage() {}
+
+func (x *Lora) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Lora.ProtoReflect.Descriptor instead.
+func (*Lora) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Lora) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *Lora) GetStrength() float32 {
+	if x != nil {
+		return x.Strength
+	}
+	return 0
+}
+
+// LoraApplied reports one LoRA merged into the transformer.
+type LoraApplied struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is the LoRA file.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// strength is the strength it was merged with.
+	Strength float32 `protobuf:"fixed32,2,opt,name=strength,proto3" json:"strength,omitempty"`
+	// format is the naming convention told from its keys: "peft", "musubi" or
+	// "original".
+	Format string `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"`
+	// weights_changed is the number of the transformer's weights it changed.
+	WeightsChanged uint32 `protobuf:"varint,4,opt,name=weights_changed,json=weightsChanged,proto3" json:"weights_changed,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *LoraApplied) Reset() {
+	*x = LoraApplied{}
+	mi := &file_framepack_v1_job_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoraApplied) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoraApplied) ProtoMessage() {}
+
+func (x *LoraApplied) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoraApplied.ProtoReflect.Descriptor instead.
+func (*LoraApplied) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *LoraApplied) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *LoraApplied) GetStrength() float32 {
+	if x != nil {
+		return x.Strength
+	}
+	return 0
+}
+
+func (x *LoraApplied) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *LoraApplied) GetWeightsChanged() uint32 {
+	if x != nil {
+		return x.WeightsChanged
+	}
+	return 0
+}
+
 // Bucket is one frame size (height x width in pixels) a job's image can be
 // fitted to.
 type Bucket struct {
@@ -504,7 +658,7 @@ type Bucket struct {
 
 func (x *Bucket) Reset() {
 	*x = Bucket{}
-	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	mi := &file_framepack_v1_job_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -516,7 +670,7 @@ func (x *Bucket) String() string {
 func (*Bucket) ProtoMessage() {}
 
 func (x *Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	mi := &file_framepack_v1_job_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -529,7 +683,7 @@ func (x *Bucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bucket.ProtoReflect.Descriptor instead.
 func (*Bucket) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{1}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Bucket) GetHeight() uint32 {
@@ -566,14 +720,17 @@ type Job struct {
 	// result is set when state is JOB_STATE_SUCCEEDED.
 	Result *JobResult `protobuf:"bytes,8,opt,name=result,proto3" json:"result,omitempty"`
 	// failure is set when state is JOB_STATE_FAILED.
-	Failure       *JobFailure `protobuf:"bytes,9,opt,name=failure,proto3" json:"failure,omitempty"`
+	Failure *JobFailure `protobuf:"bytes,9,opt,name=failure,proto3" json:"failure,omitempty"`
+	// loras_applied lists the LoRAs merged into the transformer, with how many
+	// weights each changed; set once the first transformer stage has loaded.
+	LorasApplied  []*LoraApplied `protobuf:"bytes,10,rep,name=loras_applied,json=lorasApplied,proto3" json:"loras_applied,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_framepack_v1_job_proto_msgTypes[2]
+	mi := &file_framepack_v1_job_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +742,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[2]
+	mi := &file_framepack_v1_job_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +755,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{2}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Job) GetId() string {
@@ -664,6 +821,13 @@ func (x *Job) GetFailure() *JobFailure {
 	return nil
 }
 
+func (x *Job) GetLorasApplied() []*LoraApplied {
+	if x != nil {
+		return x.LorasApplied
+	}
+	return nil
+}
+
 // JobProgress says how far a job is.
 type JobProgress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -690,7 +854,7 @@ type JobProgress struct {
 
 func (x *JobProgress) Reset() {
 	*x = JobProgress{}
-	mi := &file_framepack_v1_job_proto_msgTypes[3]
+	mi := &file_framepack_v1_job_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -702,7 +866,7 @@ func (x *JobProgress) String() string {
 func (*JobProgress) ProtoMessage() {}
 
 func (x *JobProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[3]
+	mi := &file_framepack_v1_job_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -715,7 +879,7 @@ func (x *JobProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobProgress.ProtoReflect.Descriptor instead.
 func (*JobProgress) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{3}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *JobProgress) GetStage() Stage {
@@ -789,7 +953,7 @@ type JobResult struct {
 
 func (x *JobResult) Reset() {
 	*x = JobResult{}
-	mi := &file_framepack_v1_job_proto_msgTypes[4]
+	mi := &file_framepack_v1_job_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +965,7 @@ func (x *JobResult) String() string {
 func (*JobResult) ProtoMessage() {}
 
 func (x *JobResult) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[4]
+	mi := &file_framepack_v1_job_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +978,7 @@ func (x *JobResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobResult.ProtoReflect.Descriptor instead.
 func (*JobResult) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{4}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *JobResult) GetVideoPath() string {
@@ -856,7 +1020,7 @@ type JobFailure struct {
 
 func (x *JobFailure) Reset() {
 	*x = JobFailure{}
-	mi := &file_framepack_v1_job_proto_msgTypes[5]
+	mi := &file_framepack_v1_job_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +1032,7 @@ func (x *JobFailure) String() string {
 func (*JobFailure) ProtoMessage() {}
 
 func (x *JobFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[5]
+	mi := &file_framepack_v1_job_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +1045,7 @@ func (x *JobFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobFailure.ProtoReflect.Descriptor instead.
 func (*JobFailure) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{5}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *JobFailure) GetMessage() string {
@@ -940,7 +1104,7 @@ type Attempt struct {
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_framepack_v1_job_proto_msgTypes[6]
+	mi := &file_framepack_v1_job_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1116,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[6]
+	mi := &file_framepack_v1_job_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1129,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{6}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Attempt) GetStage() Stage {
@@ -1035,7 +1199,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd3\x04\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x05\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -1055,14 +1219,24 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\amp4_crf\x18\r \x01(\rH\x01R\x06mp4Crf\x88\x01\x01\x12@\n" +
 	"\x1agpu_memory_preservation_gb\x18\x0e \x01(\x02H\x02R\x17gpuMemoryPreservationGb\x88\x01\x01\x12\x12\n" +
 	"\x04lane\x18\x0f \x01(\tR\x04lane\x12.\n" +
-	"\abuckets\x18\x10 \x03(\v2\x14.framepack.v1.BucketR\abucketsB\x0f\n" +
+	"\abuckets\x18\x10 \x03(\v2\x14.framepack.v1.BucketR\abuckets\x12(\n" +
+	"\x05loras\x18\x11 \x03(\v2\x12.framepack.v1.LoraR\x05loras\x12\x18\n" +
+	"\avariant\x18\x12 \x01(\tR\avariantB\x0f\n" +
 	"\r_use_teacacheB\n" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +
 	"\x1b_gpu_memory_preservation_gb\"6\n" +
+	"\x04Lora\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
+	"\bstrength\x18\x02 \x01(\x02R\bstrength\"~\n" +
+	"\vLoraApplied\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
+	"\bstrength\x18\x02 \x01(\x02R\bstrength\x12\x16\n" +
+	"\x06format\x18\x03 \x01(\tR\x06format\x12'\n" +
+	"\x0fweights_changed\x18\x04 \x01(\rR\x0eweightsChanged\"6\n" +
 	"\x06Bucket\x12\x16\n" +
 	"\x06height\x18\x01 \x01(\rR\x06height\x12\x14\n" +
-	"\x05width\x18\x02 \x01(\rR\x05width\"\x98\x03\n" +
+	"\x05width\x18\x02 \x01(\rR\x05width\"\xd8\x03\n" +
 	"\x03Job\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12,\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x16.framepack.v1.JobStateR\x05state\x12)\n" +
@@ -1074,7 +1248,9 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\bprogress\x18\x06 \x01(\v2\x19.framepack.v1.JobProgressR\bprogress\x12\x12\n" +
 	"\x04lane\x18\a \x01(\tR\x04lane\x12/\n" +
 	"\x06result\x18\b \x01(\v2\x17.framepack.v1.JobResultR\x06result\x122\n" +
-	"\afailure\x18\t \x01(\v2\x18.framepack.v1.JobFailureR\afailure\"\xae\x02\n" +
+	"\afailure\x18\t \x01(\v2\x18.framepack.v1.JobFailureR\afailure\x12>\n" +
+	"\rloras_applied\x18\n" +
+	" \x03(\v2\x19.framepack.v1.LoraAppliedR\florasApplied\"\xae\x02\n" +
 	"\vJobProgress\x12)\n" +
 	"\x05stage\x18\x01 \x01(\x0e2\x13.framepack.v1.StageR\x05stage\x12#\n" +
 	"\rsection_index\x18\x02 \x01(\rR\fsectionIndex\x12%\n" +
@@ -1153,45 +1329,49 @@ func file_framepack_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_framepack_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_framepack_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_framepack_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_framepack_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: framepack.v1.JobState
 	(Stage)(0),                    // 1: framepack.v1.Stage
 	(AttemptClass)(0),             // 2: framepack.v1.AttemptClass
 	(ConvTier)(0),                 // 3: framepack.v1.ConvTier
 	(*JobSpec)(nil),               // 4: framepack.v1.JobSpec
-	(*Bucket)(nil),                // 5: framepack.v1.Bucket
-	(*Job)(nil),                   // 6: framepack.v1.Job
-	(*JobProgress)(nil),           // 7: framepack.v1.JobProgress
-	(*JobResult)(nil),             // 8: framepack.v1.JobResult
-	(*JobFailure)(nil),            // 9: framepack.v1.JobFailure
-	(*Attempt)(nil),               // 10: framepack.v1.Attempt
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
+	(*Lora)(nil),                  // 5: framepack.v1.Lora
+	(*LoraApplied)(nil),           // 6: framepack.v1.LoraApplied
+	(*Bucket)(nil),                // 7: framepack.v1.Bucket
+	(*Job)(nil),                   // 8: framepack.v1.Job
+	(*JobProgress)(nil),           // 9: framepack.v1.JobProgress
+	(*JobResult)(nil),             // 10: framepack.v1.JobResult
+	(*JobFailure)(nil),            // 11: framepack.v1.JobFailure
+	(*Attempt)(nil),               // 12: framepack.v1.Attempt
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
 }
 var file_framepack_v1_job_proto_depIdxs = []int32{
-	5,  // 0: framepack.v1.JobSpec.buckets:type_name -> framepack.v1.Bucket
-	0,  // 1: framepack.v1.Job.state:type_name -> framepack.v1.JobState
-	4,  // 2: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
-	11, // 3: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
-	11, // 4: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
-	7,  // 5: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
-	8,  // 6: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
-	9,  // 7: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
-	1,  // 8: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
-	12, // 9: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
-	12, // 10: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
-	1,  // 11: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
-	10, // 12: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
-	1,  // 13: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
-	2,  // 14: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
-	11, // 15: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	12, // 16: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
-	17, // [17:17] is the sub-list for method output_type
-	17, // [17:17] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	7,  // 0: framepack.v1.JobSpec.buckets:type_name -> framepack.v1.Bucket
+	5,  // 1: framepack.v1.JobSpec.loras:type_name -> framepack.v1.Lora
+	0,  // 2: framepack.v1.Job.state:type_name -> framepack.v1.JobState
+	4,  // 3: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
+	13, // 4: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
+	13, // 5: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
+	9,  // 6: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
+	10, // 7: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
+	11, // 8: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
+	6,  // 9: framepack.v1.Job.loras_applied:type_name -> framepack.v1.LoraApplied
+	1,  // 10: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
+	14, // 11: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
+	14, // 12: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
+	1,  // 13: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
+	12, // 14: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
+	1,  // 15: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
+	2,  // 16: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
+	13, // 17: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	14, // 18: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
+	19, // [19:19] is the sub-list for method output_type
+	19, // [19:19] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_job_proto_init() }
@@ -1206,7 +1386,7 @@ func file_framepack_v1_job_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_v1_job_proto_rawDesc), len(file_framepack_v1_job_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

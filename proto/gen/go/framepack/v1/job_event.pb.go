@@ -387,8 +387,12 @@ type StageFinished struct {
 	LoadDuration *durationpb.Duration `protobuf:"bytes,5,opt,name=load_duration,json=loadDuration,proto3" json:"load_duration,omitempty"`
 	// compute_duration is the part spent computing.
 	ComputeDuration *durationpb.Duration `protobuf:"bytes,6,opt,name=compute_duration,json=computeDuration,proto3" json:"compute_duration,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// loras lists the LoRAs merged into the transformer when this stage loaded
+	// it (transformer stages of a job with loras, when the worker was loaded
+	// rather than reused).
+	Loras         []*LoraApplied `protobuf:"bytes,7,rep,name=loras,proto3" json:"loras,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StageFinished) Reset() {
@@ -459,6 +463,13 @@ func (x *StageFinished) GetLoadDuration() *durationpb.Duration {
 func (x *StageFinished) GetComputeDuration() *durationpb.Duration {
 	if x != nil {
 		return x.ComputeDuration
+	}
+	return nil
+}
+
+func (x *StageFinished) GetLoras() []*LoraApplied {
+	if x != nil {
+		return x.Loras
 	}
 	return nil
 }
@@ -1067,14 +1078,15 @@ const file_framepack_v1_job_event_proto_rawDesc = "" +
 	"\x05stage\x18\x01 \x01(\x0e2\x13.framepack.v1.StageR\x05stage\x12#\n" +
 	"\rsection_index\x18\x02 \x01(\rR\fsectionIndex\x12\x18\n" +
 	"\aattempt\x18\x03 \x01(\rR\aattempt\x12\x12\n" +
-	"\x04lane\x18\x04 \x01(\tR\x04lane\"\xb6\x02\n" +
+	"\x04lane\x18\x04 \x01(\tR\x04lane\"\xe7\x02\n" +
 	"\rStageFinished\x12)\n" +
 	"\x05stage\x18\x01 \x01(\x0e2\x13.framepack.v1.StageR\x05stage\x12#\n" +
 	"\rsection_index\x18\x02 \x01(\rR\fsectionIndex\x12\x18\n" +
 	"\aattempt\x18\x03 \x01(\rR\aattempt\x125\n" +
 	"\bduration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12>\n" +
 	"\rload_duration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\floadDuration\x12D\n" +
-	"\x10compute_duration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0fcomputeDuration\"\xd5\x01\n" +
+	"\x10compute_duration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0fcomputeDuration\x12/\n" +
+	"\x05loras\x18\a \x03(\v2\x19.framepack.v1.LoraAppliedR\x05loras\"\xd5\x01\n" +
 	"\fSamplingStep\x12#\n" +
 	"\rsection_index\x18\x01 \x01(\rR\fsectionIndex\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\rR\x04step\x12\x1f\n" +
@@ -1146,10 +1158,11 @@ var file_framepack_v1_job_event_proto_goTypes = []any{
 	(*Job)(nil),                   // 13: framepack.v1.Job
 	(Stage)(0),                    // 14: framepack.v1.Stage
 	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(ConvTier)(0),                 // 16: framepack.v1.ConvTier
-	(*Attempt)(nil),               // 17: framepack.v1.Attempt
-	(*JobResult)(nil),             // 18: framepack.v1.JobResult
-	(*JobFailure)(nil),            // 19: framepack.v1.JobFailure
+	(*LoraApplied)(nil),           // 16: framepack.v1.LoraApplied
+	(ConvTier)(0),                 // 17: framepack.v1.ConvTier
+	(*Attempt)(nil),               // 18: framepack.v1.Attempt
+	(*JobResult)(nil),             // 19: framepack.v1.JobResult
+	(*JobFailure)(nil),            // 20: framepack.v1.JobFailure
 }
 var file_framepack_v1_job_event_proto_depIdxs = []int32{
 	12, // 0: framepack.v1.JobEvent.time:type_name -> google.protobuf.Timestamp
@@ -1170,21 +1183,22 @@ var file_framepack_v1_job_event_proto_depIdxs = []int32{
 	15, // 15: framepack.v1.StageFinished.duration:type_name -> google.protobuf.Duration
 	15, // 16: framepack.v1.StageFinished.load_duration:type_name -> google.protobuf.Duration
 	15, // 17: framepack.v1.StageFinished.compute_duration:type_name -> google.protobuf.Duration
-	15, // 18: framepack.v1.SamplingStep.step_duration:type_name -> google.protobuf.Duration
-	15, // 19: framepack.v1.SamplingStep.eta:type_name -> google.protobuf.Duration
-	14, // 20: framepack.v1.MemoryTelemetry.stage:type_name -> framepack.v1.Stage
-	14, // 21: framepack.v1.FallbackEvent.stage:type_name -> framepack.v1.Stage
-	16, // 22: framepack.v1.FallbackEvent.from_tier:type_name -> framepack.v1.ConvTier
-	16, // 23: framepack.v1.FallbackEvent.to_tier:type_name -> framepack.v1.ConvTier
-	17, // 24: framepack.v1.RetryEvent.attempt:type_name -> framepack.v1.Attempt
-	15, // 25: framepack.v1.RetryEvent.delay:type_name -> google.protobuf.Duration
-	18, // 26: framepack.v1.JobFinished.result:type_name -> framepack.v1.JobResult
-	19, // 27: framepack.v1.JobFailed.failure:type_name -> framepack.v1.JobFailure
-	28, // [28:28] is the sub-list for method output_type
-	28, // [28:28] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	16, // 18: framepack.v1.StageFinished.loras:type_name -> framepack.v1.LoraApplied
+	15, // 19: framepack.v1.SamplingStep.step_duration:type_name -> google.protobuf.Duration
+	15, // 20: framepack.v1.SamplingStep.eta:type_name -> google.protobuf.Duration
+	14, // 21: framepack.v1.MemoryTelemetry.stage:type_name -> framepack.v1.Stage
+	14, // 22: framepack.v1.FallbackEvent.stage:type_name -> framepack.v1.Stage
+	17, // 23: framepack.v1.FallbackEvent.from_tier:type_name -> framepack.v1.ConvTier
+	17, // 24: framepack.v1.FallbackEvent.to_tier:type_name -> framepack.v1.ConvTier
+	18, // 25: framepack.v1.RetryEvent.attempt:type_name -> framepack.v1.Attempt
+	15, // 26: framepack.v1.RetryEvent.delay:type_name -> google.protobuf.Duration
+	19, // 27: framepack.v1.JobFinished.result:type_name -> framepack.v1.JobResult
+	20, // 28: framepack.v1.JobFailed.failure:type_name -> framepack.v1.JobFailure
+	29, // [29:29] is the sub-list for method output_type
+	29, // [29:29] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_job_event_proto_init() }

@@ -62,7 +62,11 @@ type LoadRequest struct {
 	// memory cap allows. Transformer worker only; others ignore it.
 	MaxResidentBlocks uint32 `protobuf:"varint,9,opt,name=max_resident_blocks,json=maxResidentBlocks,proto3" json:"max_resident_blocks,omitempty"`
 	// fault injects failures for tests; unset in production.
-	Fault         *Fault `protobuf:"bytes,10,opt,name=fault,proto3" json:"fault,omitempty"`
+	Fault *Fault `protobuf:"bytes,10,opt,name=fault,proto3" json:"fault,omitempty"`
+	// loras are LoRA files merged into the transformer's weights at load
+	// (W += strength * alpha/rank * up @ down), in order; several stack.
+	// Transformer worker only; the others refuse a non-empty list.
+	Loras         []*LoraSpec `protobuf:"bytes,11,rep,name=loras,proto3" json:"loras,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -167,6 +171,143 @@ func (x *LoadRequest) GetFault() *Fault {
 	return nil
 }
 
+func (x *LoadRequest) GetLoras() []*LoraSpec {
+	if x != nil {
+		return x.Loras
+	}
+	return nil
+}
+
+// LoraSpec names one LoRA file and the strength it is merged with.
+type LoraSpec struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is the LoRA safetensors file (diffusers/PEFT, kohya/musubi-tuner or
+	// original HunyuanVideo names; the format is told from its keys).
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// strength multiplies the LoRA's update (1 is the trained strength).
+	Strength      float64 `protobuf:"fixed64,2,opt,name=strength,proto3" json:"strength,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoraSpec) Reset() {
+	*x = LoraSpec{}
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoraSpec) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoraSpec) ProtoMessage() {}
+
+func (x *LoraSpec) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoraSpec.ProtoReflect.Descriptor instead.
+func (*LoraSpec) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LoraSpec) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *LoraSpec) GetStrength() float64 {
+	if x != nil {
+		return x.Strength
+	}
+	return 0
+}
+
+// LoraApplied reports one LoRA merged into the loaded transformer.
+type LoraApplied struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is the LoRA file as requested.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// strength is the strength it was merged with.
+	Strength float64 `protobuf:"fixed64,2,opt,name=strength,proto3" json:"strength,omitempty"`
+	// format is the naming convention told from its keys: "peft", "musubi"
+	// or "original".
+	Format string `protobuf:"bytes,3,opt,name=format,proto3" json:"format,omitempty"`
+	// weights_changed is the number of the model's weights it changed.
+	WeightsChanged uint32 `protobuf:"varint,4,opt,name=weights_changed,json=weightsChanged,proto3" json:"weights_changed,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *LoraApplied) Reset() {
+	*x = LoraApplied{}
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoraApplied) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoraApplied) ProtoMessage() {}
+
+func (x *LoraApplied) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoraApplied.ProtoReflect.Descriptor instead.
+func (*LoraApplied) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *LoraApplied) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *LoraApplied) GetStrength() float64 {
+	if x != nil {
+		return x.Strength
+	}
+	return 0
+}
+
+func (x *LoraApplied) GetFormat() string {
+	if x != nil {
+		return x.Format
+	}
+	return ""
+}
+
+func (x *LoraApplied) GetWeightsChanged() uint32 {
+	if x != nil {
+		return x.WeightsChanged
+	}
+	return 0
+}
+
 // Fault injects one or more failures into a worker, for tests. Op numbers
 // are the beacon's op sequence numbers (first op is 1); 0 disables that
 // fault.
@@ -204,7 +345,7 @@ type Fault struct {
 
 func (x *Fault) Reset() {
 	*x = Fault{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[1]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -216,7 +357,7 @@ func (x *Fault) String() string {
 func (*Fault) ProtoMessage() {}
 
 func (x *Fault) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[1]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -229,7 +370,7 @@ func (x *Fault) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fault.ProtoReflect.Descriptor instead.
 func (*Fault) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{1}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Fault) GetExitAtOp() uint64 {
@@ -319,7 +460,7 @@ type LoadResponse struct {
 
 func (x *LoadResponse) Reset() {
 	*x = LoadResponse{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[2]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -331,7 +472,7 @@ func (x *LoadResponse) String() string {
 func (*LoadResponse) ProtoMessage() {}
 
 func (x *LoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[2]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -344,7 +485,7 @@ func (x *LoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResponse.ProtoReflect.Descriptor instead.
 func (*LoadResponse) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{2}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *LoadResponse) GetBackend() string {
@@ -440,7 +581,7 @@ type VaeInfo struct {
 
 func (x *VaeInfo) Reset() {
 	*x = VaeInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[3]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -452,7 +593,7 @@ func (x *VaeInfo) String() string {
 func (*VaeInfo) ProtoMessage() {}
 
 func (x *VaeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[3]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -465,7 +606,7 @@ func (x *VaeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VaeInfo.ProtoReflect.Descriptor instead.
 func (*VaeInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{3}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *VaeInfo) GetScalingFactor() float64 {
@@ -539,13 +680,16 @@ type TransformerInfo struct {
 	// has_clean_x_embedder says whether the model takes clean latents (1x,
 	// 2x, 4x context); FramePack's does.
 	HasCleanXEmbedder bool `protobuf:"varint,10,opt,name=has_clean_x_embedder,json=hasCleanXEmbedder,proto3" json:"has_clean_x_embedder,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// loras lists the LoRAs merged at load, in order, with how many weights
+	// each changed.
+	Loras         []*LoraApplied `protobuf:"bytes,11,rep,name=loras,proto3" json:"loras,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TransformerInfo) Reset() {
 	*x = TransformerInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[4]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -557,7 +701,7 @@ func (x *TransformerInfo) String() string {
 func (*TransformerInfo) ProtoMessage() {}
 
 func (x *TransformerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[4]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -570,7 +714,7 @@ func (x *TransformerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransformerInfo.ProtoReflect.Descriptor instead.
 func (*TransformerInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{4}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TransformerInfo) GetInChannels() uint32 {
@@ -643,6 +787,13 @@ func (x *TransformerInfo) GetHasCleanXEmbedder() bool {
 	return false
 }
 
+func (x *TransformerInfo) GetLoras() []*LoraApplied {
+	if x != nil {
+		return x.Loras
+	}
+	return nil
+}
+
 // TextEncoderInfo is what the supervisor needs to know about the loaded text
 // encoders (LLaMA text_encoder and CLIP-L text_encoder_2, with tokenizers).
 type TextEncoderInfo struct {
@@ -668,7 +819,7 @@ type TextEncoderInfo struct {
 
 func (x *TextEncoderInfo) Reset() {
 	*x = TextEncoderInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[5]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -680,7 +831,7 @@ func (x *TextEncoderInfo) String() string {
 func (*TextEncoderInfo) ProtoMessage() {}
 
 func (x *TextEncoderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[5]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -693,7 +844,7 @@ func (x *TextEncoderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TextEncoderInfo.ProtoReflect.Descriptor instead.
 func (*TextEncoderInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{5}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TextEncoderInfo) GetLlamaHiddenSize() uint32 {
@@ -735,7 +886,7 @@ var File_framepack_worker_v1_load_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\n" +
-	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xe1\x03\n" +
+	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\x96\x04\n" +
 	"\vLoadRequest\x12\x1b\n" +
 	"\tmodel_dir\x18\x01 \x01(\tR\bmodelDir\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x18\n" +
@@ -749,10 +900,19 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"beaconPath\x12.\n" +
 	"\x13max_resident_blocks\x18\t \x01(\rR\x11maxResidentBlocks\x120\n" +
 	"\x05fault\x18\n" +
-	" \x01(\v2\x1a.framepack.worker.v1.FaultR\x05fault\x1a6\n" +
+	" \x01(\v2\x1a.framepack.worker.v1.FaultR\x05fault\x123\n" +
+	"\x05loras\x18\v \x03(\v2\x1d.framepack.worker.v1.LoraSpecR\x05loras\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc8\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
+	"\bLoraSpec\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
+	"\bstrength\x18\x02 \x01(\x01R\bstrength\"~\n" +
+	"\vLoraApplied\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
+	"\bstrength\x18\x02 \x01(\x01R\bstrength\x12\x16\n" +
+	"\x06format\x18\x03 \x01(\tR\x06format\x12'\n" +
+	"\x0fweights_changed\x18\x04 \x01(\rR\x0eweightsChanged\"\xc8\x02\n" +
 	"\x05Fault\x12\x1c\n" +
 	"\n" +
 	"exit_at_op\x18\x01 \x01(\x04R\bexitAtOp\x12\x1f\n" +
@@ -782,7 +942,7 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x1atemporal_compression_ratio\x18\x04 \x01(\rR\x18temporalCompressionRatio\x12\x1f\n" +
 	"\vin_channels\x18\x05 \x01(\rR\n" +
 	"inChannels\x12!\n" +
-	"\fout_channels\x18\x06 \x01(\rR\voutChannels\"\x92\x03\n" +
+	"\fout_channels\x18\x06 \x01(\rR\voutChannels\"\xca\x03\n" +
 	"\x0fTransformerInfo\x12\x1f\n" +
 	"\vin_channels\x18\x01 \x01(\rR\n" +
 	"inChannels\x12!\n" +
@@ -798,7 +958,8 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"num_layers\x18\b \x01(\rR\tnumLayers\x12*\n" +
 	"\x11num_single_layers\x18\t \x01(\rR\x0fnumSingleLayers\x12/\n" +
 	"\x14has_clean_x_embedder\x18\n" +
-	" \x01(\bR\x11hasCleanXEmbedder\"\xa1\x02\n" +
+	" \x01(\bR\x11hasCleanXEmbedder\x126\n" +
+	"\x05loras\x18\v \x03(\v2 .framepack.worker.v1.LoraAppliedR\x05loras\"\xa1\x02\n" +
 	"\x0fTextEncoderInfo\x12*\n" +
 	"\x11llama_hidden_size\x18\x01 \x01(\rR\x0fllamaHiddenSize\x12(\n" +
 	"\x10clip_hidden_size\x18\x02 \x01(\rR\x0eclipHiddenSize\x12A\n" +
@@ -819,35 +980,39 @@ func file_framepack_worker_v1_load_proto_rawDescGZIP() []byte {
 	return file_framepack_worker_v1_load_proto_rawDescData
 }
 
-var file_framepack_worker_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_framepack_worker_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_framepack_worker_v1_load_proto_goTypes = []any{
 	(*LoadRequest)(nil),         // 0: framepack.worker.v1.LoadRequest
-	(*Fault)(nil),               // 1: framepack.worker.v1.Fault
-	(*LoadResponse)(nil),        // 2: framepack.worker.v1.LoadResponse
-	(*VaeInfo)(nil),             // 3: framepack.worker.v1.VaeInfo
-	(*TransformerInfo)(nil),     // 4: framepack.worker.v1.TransformerInfo
-	(*TextEncoderInfo)(nil),     // 5: framepack.worker.v1.TextEncoderInfo
-	nil,                         // 6: framepack.worker.v1.LoadRequest.EnvEntry
-	(*ConvPolicy)(nil),          // 7: framepack.worker.v1.ConvPolicy
-	(ConvTier)(0),               // 8: framepack.worker.v1.ConvTier
-	(*Device)(nil),              // 9: framepack.worker.v1.Device
-	(*durationpb.Duration)(nil), // 10: google.protobuf.Duration
+	(*LoraSpec)(nil),            // 1: framepack.worker.v1.LoraSpec
+	(*LoraApplied)(nil),         // 2: framepack.worker.v1.LoraApplied
+	(*Fault)(nil),               // 3: framepack.worker.v1.Fault
+	(*LoadResponse)(nil),        // 4: framepack.worker.v1.LoadResponse
+	(*VaeInfo)(nil),             // 5: framepack.worker.v1.VaeInfo
+	(*TransformerInfo)(nil),     // 6: framepack.worker.v1.TransformerInfo
+	(*TextEncoderInfo)(nil),     // 7: framepack.worker.v1.TextEncoderInfo
+	nil,                         // 8: framepack.worker.v1.LoadRequest.EnvEntry
+	(*ConvPolicy)(nil),          // 9: framepack.worker.v1.ConvPolicy
+	(ConvTier)(0),               // 10: framepack.worker.v1.ConvTier
+	(*Device)(nil),              // 11: framepack.worker.v1.Device
+	(*durationpb.Duration)(nil), // 12: google.protobuf.Duration
 }
 var file_framepack_worker_v1_load_proto_depIdxs = []int32{
-	7,  // 0: framepack.worker.v1.LoadRequest.conv_policy:type_name -> framepack.worker.v1.ConvPolicy
-	6,  // 1: framepack.worker.v1.LoadRequest.env:type_name -> framepack.worker.v1.LoadRequest.EnvEntry
-	1,  // 2: framepack.worker.v1.LoadRequest.fault:type_name -> framepack.worker.v1.Fault
-	8,  // 3: framepack.worker.v1.Fault.hang_conv_tier:type_name -> framepack.worker.v1.ConvTier
-	9,  // 4: framepack.worker.v1.LoadResponse.device:type_name -> framepack.worker.v1.Device
-	10, // 5: framepack.worker.v1.LoadResponse.load_duration:type_name -> google.protobuf.Duration
-	3,  // 6: framepack.worker.v1.LoadResponse.vae:type_name -> framepack.worker.v1.VaeInfo
-	4,  // 7: framepack.worker.v1.LoadResponse.transformer:type_name -> framepack.worker.v1.TransformerInfo
-	5,  // 8: framepack.worker.v1.LoadResponse.text_encoder:type_name -> framepack.worker.v1.TextEncoderInfo
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	9,  // 0: framepack.worker.v1.LoadRequest.conv_policy:type_name -> framepack.worker.v1.ConvPolicy
+	8,  // 1: framepack.worker.v1.LoadRequest.env:type_name -> framepack.worker.v1.LoadRequest.EnvEntry
+	3,  // 2: framepack.worker.v1.LoadRequest.fault:type_name -> framepack.worker.v1.Fault
+	1,  // 3: framepack.worker.v1.LoadRequest.loras:type_name -> framepack.worker.v1.LoraSpec
+	10, // 4: framepack.worker.v1.Fault.hang_conv_tier:type_name -> framepack.worker.v1.ConvTier
+	11, // 5: framepack.worker.v1.LoadResponse.device:type_name -> framepack.worker.v1.Device
+	12, // 6: framepack.worker.v1.LoadResponse.load_duration:type_name -> google.protobuf.Duration
+	5,  // 7: framepack.worker.v1.LoadResponse.vae:type_name -> framepack.worker.v1.VaeInfo
+	6,  // 8: framepack.worker.v1.LoadResponse.transformer:type_name -> framepack.worker.v1.TransformerInfo
+	7,  // 9: framepack.worker.v1.LoadResponse.text_encoder:type_name -> framepack.worker.v1.TextEncoderInfo
+	2,  // 10: framepack.worker.v1.TransformerInfo.loras:type_name -> framepack.worker.v1.LoraApplied
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_load_proto_init() }
@@ -863,7 +1028,7 @@ func file_framepack_worker_v1_load_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_worker_v1_load_proto_rawDesc), len(file_framepack_worker_v1_load_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

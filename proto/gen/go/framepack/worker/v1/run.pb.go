@@ -417,7 +417,11 @@ type TextEncodeRequest struct {
 	// clip_ids, when set, receives the positive prompt's CLIP token ids
 	// [1, clip_max_length], truncated and padded. dtype I64 (default) or I32.
 	// Optional, for checks.
-	ClipIds       *TensorRef `protobuf:"bytes,16,opt,name=clip_ids,json=clipIds,proto3" json:"clip_ids,omitempty"`
+	ClipIds *TensorRef `protobuf:"bytes,16,opt,name=clip_ids,json=clipIds,proto3" json:"clip_ids,omitempty"`
+	// extra_prompts are more positive prompts encoded in the same run (the
+	// other texts of a timed prompt), each with the parameters of prompt into
+	// its own outputs. Optional.
+	ExtraPrompts  []*ExtraPrompt `protobuf:"bytes,17,rep,name=extra_prompts,json=extraPrompts,proto3" json:"extra_prompts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -564,6 +568,87 @@ func (x *TextEncodeRequest) GetClipIds() *TensorRef {
 	return nil
 }
 
+func (x *TextEncodeRequest) GetExtraPrompts() []*ExtraPrompt {
+	if x != nil {
+		return x.ExtraPrompts
+	}
+	return nil
+}
+
+// ExtraPrompt is one more positive prompt of a TextEncodeRequest and where
+// its outputs go (shapes and dtypes as for the positive prompt's).
+type ExtraPrompt struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// prompt is the prompt, UTF-8.
+	Prompt string `protobuf:"bytes,1,opt,name=prompt,proto3" json:"prompt,omitempty"`
+	// llama_vec receives its LLaMA hidden states. REQUIRED.
+	LlamaVec *TensorRef `protobuf:"bytes,2,opt,name=llama_vec,json=llamaVec,proto3" json:"llama_vec,omitempty"`
+	// llama_mask receives its attention mask. REQUIRED.
+	LlamaMask *TensorRef `protobuf:"bytes,3,opt,name=llama_mask,json=llamaMask,proto3" json:"llama_mask,omitempty"`
+	// clip_pooler receives its CLIP-L pooled output. REQUIRED.
+	ClipPooler    *TensorRef `protobuf:"bytes,4,opt,name=clip_pooler,json=clipPooler,proto3" json:"clip_pooler,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtraPrompt) Reset() {
+	*x = ExtraPrompt{}
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtraPrompt) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtraPrompt) ProtoMessage() {}
+
+func (x *ExtraPrompt) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtraPrompt.ProtoReflect.Descriptor instead.
+func (*ExtraPrompt) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ExtraPrompt) GetPrompt() string {
+	if x != nil {
+		return x.Prompt
+	}
+	return ""
+}
+
+func (x *ExtraPrompt) GetLlamaVec() *TensorRef {
+	if x != nil {
+		return x.LlamaVec
+	}
+	return nil
+}
+
+func (x *ExtraPrompt) GetLlamaMask() *TensorRef {
+	if x != nil {
+		return x.LlamaMask
+	}
+	return nil
+}
+
+func (x *ExtraPrompt) GetClipPooler() *TensorRef {
+	if x != nil {
+		return x.ClipPooler
+	}
+	return nil
+}
+
 // VaeTiling sets how the VAE splits its work, with the meanings and defaults
 // of diffusers' AutoencoderKLHunyuanVideo: framewise (temporal) chunking is
 // always on (use_framewise_encoding and use_framewise_decoding, as FramePack
@@ -600,7 +685,7 @@ type VaeTiling struct {
 
 func (x *VaeTiling) Reset() {
 	*x = VaeTiling{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[2]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +697,7 @@ func (x *VaeTiling) String() string {
 func (*VaeTiling) ProtoMessage() {}
 
 func (x *VaeTiling) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[2]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +710,7 @@ func (x *VaeTiling) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VaeTiling.ProtoReflect.Descriptor instead.
 func (*VaeTiling) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{2}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *VaeTiling) GetEnableSpatialTiling() bool {
@@ -710,7 +795,7 @@ type VaeEncodeRequest struct {
 
 func (x *VaeEncodeRequest) Reset() {
 	*x = VaeEncodeRequest{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[3]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +807,7 @@ func (x *VaeEncodeRequest) String() string {
 func (*VaeEncodeRequest) ProtoMessage() {}
 
 func (x *VaeEncodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[3]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +820,7 @@ func (x *VaeEncodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VaeEncodeRequest.ProtoReflect.Descriptor instead.
 func (*VaeEncodeRequest) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{3}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *VaeEncodeRequest) GetPixels() *TensorRef {
@@ -785,7 +870,7 @@ type VaeDecodeRequest struct {
 
 func (x *VaeDecodeRequest) Reset() {
 	*x = VaeDecodeRequest{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[4]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -797,7 +882,7 @@ func (x *VaeDecodeRequest) String() string {
 func (*VaeDecodeRequest) ProtoMessage() {}
 
 func (x *VaeDecodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[4]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -810,7 +895,7 @@ func (x *VaeDecodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VaeDecodeRequest.ProtoReflect.Descriptor instead.
 func (*VaeDecodeRequest) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{4}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *VaeDecodeRequest) GetLatents() *TensorRef {
@@ -847,7 +932,7 @@ type ImageEncodeRequest struct {
 
 func (x *ImageEncodeRequest) Reset() {
 	*x = ImageEncodeRequest{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[5]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -859,7 +944,7 @@ func (x *ImageEncodeRequest) String() string {
 func (*ImageEncodeRequest) ProtoMessage() {}
 
 func (x *ImageEncodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[5]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -872,7 +957,7 @@ func (x *ImageEncodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageEncodeRequest.ProtoReflect.Descriptor instead.
 func (*ImageEncodeRequest) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{5}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ImageEncodeRequest) GetImage() *TensorRef {
@@ -963,7 +1048,7 @@ type TransformerSectionRequest struct {
 
 func (x *TransformerSectionRequest) Reset() {
 	*x = TransformerSectionRequest{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[6]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1060,7 @@ func (x *TransformerSectionRequest) String() string {
 func (*TransformerSectionRequest) ProtoMessage() {}
 
 func (x *TransformerSectionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[6]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1073,7 @@ func (x *TransformerSectionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransformerSectionRequest.ProtoReflect.Descriptor instead.
 func (*TransformerSectionRequest) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{6}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TransformerSectionRequest) GetLlamaVec() *TensorRef {
@@ -1247,7 +1332,7 @@ type TransformerForwardRequest struct {
 
 func (x *TransformerForwardRequest) Reset() {
 	*x = TransformerForwardRequest{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[7]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1259,7 +1344,7 @@ func (x *TransformerForwardRequest) String() string {
 func (*TransformerForwardRequest) ProtoMessage() {}
 
 func (x *TransformerForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[7]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1272,7 +1357,7 @@ func (x *TransformerForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransformerForwardRequest.ProtoReflect.Descriptor instead.
 func (*TransformerForwardRequest) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{7}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TransformerForwardRequest) GetHiddenStates() *TensorRef {
@@ -1402,7 +1487,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1414,7 +1499,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1427,7 +1512,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{8}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RunEvent) GetEvent() isRunEvent_Event {
@@ -1555,7 +1640,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1567,7 +1652,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1580,7 +1665,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{9}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Progress) GetPhase() string {
@@ -1624,7 +1709,7 @@ type StepPreview struct {
 
 func (x *StepPreview) Reset() {
 	*x = StepPreview{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1636,7 +1721,7 @@ func (x *StepPreview) String() string {
 func (*StepPreview) ProtoMessage() {}
 
 func (x *StepPreview) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1649,7 +1734,7 @@ func (x *StepPreview) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepPreview.ProtoReflect.Descriptor instead.
 func (*StepPreview) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{10}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StepPreview) GetStep() uint32 {
@@ -1684,7 +1769,7 @@ type ConvFallback struct {
 
 func (x *ConvFallback) Reset() {
 	*x = ConvFallback{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1696,7 +1781,7 @@ func (x *ConvFallback) String() string {
 func (*ConvFallback) ProtoMessage() {}
 
 func (x *ConvFallback) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1709,7 +1794,7 @@ func (x *ConvFallback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConvFallback.ProtoReflect.Descriptor instead.
 func (*ConvFallback) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{11}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ConvFallback) GetShapeKey() string {
@@ -1755,7 +1840,7 @@ type LogLine struct {
 
 func (x *LogLine) Reset() {
 	*x = LogLine{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +1852,7 @@ func (x *LogLine) String() string {
 func (*LogLine) ProtoMessage() {}
 
 func (x *LogLine) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +1865,7 @@ func (x *LogLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogLine.ProtoReflect.Descriptor instead.
 func (*LogLine) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{12}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LogLine) GetLevel() LogLevel {
@@ -1821,7 +1906,7 @@ type Result struct {
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +1918,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +1931,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{13}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Result) GetOutputs() []*TensorRef {
@@ -1890,7 +1975,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[14]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1902,7 +1987,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[14]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1915,7 +2000,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{14}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Error) GetCode() ErrorCode {
@@ -1963,7 +2048,7 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\fimage_encode\x18\x05 \x01(\v2'.framepack.worker.v1.ImageEncodeRequestH\x00R\vimageEncode\x12a\n" +
 	"\x13transformer_section\x18\x06 \x01(\v2..framepack.worker.v1.TransformerSectionRequestH\x00R\x12transformerSection\x12a\n" +
 	"\x13transformer_forward\x18\a \x01(\v2..framepack.worker.v1.TransformerForwardRequestH\x00R\x12transformerForwardB\a\n" +
-	"\x05stage\"\xc3\x06\n" +
+	"\x05stage\"\x8a\a\n" +
 	"\x11TextEncodeRequest\x12\x16\n" +
 	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12'\n" +
 	"\x0fnegative_prompt\x18\x02 \x01(\tR\x0enegativePrompt\x12\x10\n" +
@@ -1986,7 +2071,15 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\rclip_pooler_n\x18\r \x01(\v2\x1e.framepack.worker.v1.TensorRefR\vclipPoolerN\x12;\n" +
 	"\tllama_ids\x18\x0e \x01(\v2\x1e.framepack.worker.v1.TensorRefR\bllamaIds\x12P\n" +
 	"\x14llama_attention_mask\x18\x0f \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x12llamaAttentionMask\x129\n" +
-	"\bclip_ids\x18\x10 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\aclipIds\"\xcf\x03\n" +
+	"\bclip_ids\x18\x10 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\aclipIds\x12E\n" +
+	"\rextra_prompts\x18\x11 \x03(\v2 .framepack.worker.v1.ExtraPromptR\fextraPrompts\"\xe2\x01\n" +
+	"\vExtraPrompt\x12\x16\n" +
+	"\x06prompt\x18\x01 \x01(\tR\x06prompt\x12;\n" +
+	"\tllama_vec\x18\x02 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\bllamaVec\x12=\n" +
+	"\n" +
+	"llama_mask\x18\x03 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\tllamaMask\x12?\n" +
+	"\vclip_pooler\x18\x04 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\n" +
+	"clipPooler\"\xcf\x03\n" +
 	"\tVaeTiling\x122\n" +
 	"\x15enable_spatial_tiling\x18\x01 \x01(\bR\x13enableSpatialTiling\x124\n" +
 	"\x16enable_temporal_tiling\x18\x02 \x01(\bR\x14enableTemporalTiling\x123\n" +
@@ -2132,100 +2225,105 @@ func file_framepack_worker_v1_run_proto_rawDescGZIP() []byte {
 }
 
 var file_framepack_worker_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_framepack_worker_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_framepack_worker_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_framepack_worker_v1_run_proto_goTypes = []any{
 	(SamplerVariant)(0),               // 0: framepack.worker.v1.SamplerVariant
 	(LogLevel)(0),                     // 1: framepack.worker.v1.LogLevel
 	(ErrorCode)(0),                    // 2: framepack.worker.v1.ErrorCode
 	(*RunRequest)(nil),                // 3: framepack.worker.v1.RunRequest
 	(*TextEncodeRequest)(nil),         // 4: framepack.worker.v1.TextEncodeRequest
-	(*VaeTiling)(nil),                 // 5: framepack.worker.v1.VaeTiling
-	(*VaeEncodeRequest)(nil),          // 6: framepack.worker.v1.VaeEncodeRequest
-	(*VaeDecodeRequest)(nil),          // 7: framepack.worker.v1.VaeDecodeRequest
-	(*ImageEncodeRequest)(nil),        // 8: framepack.worker.v1.ImageEncodeRequest
-	(*TransformerSectionRequest)(nil), // 9: framepack.worker.v1.TransformerSectionRequest
-	(*TransformerForwardRequest)(nil), // 10: framepack.worker.v1.TransformerForwardRequest
-	(*RunEvent)(nil),                  // 11: framepack.worker.v1.RunEvent
-	(*Progress)(nil),                  // 12: framepack.worker.v1.Progress
-	(*StepPreview)(nil),               // 13: framepack.worker.v1.StepPreview
-	(*ConvFallback)(nil),              // 14: framepack.worker.v1.ConvFallback
-	(*LogLine)(nil),                   // 15: framepack.worker.v1.LogLine
-	(*Result)(nil),                    // 16: framepack.worker.v1.Result
-	(*Error)(nil),                     // 17: framepack.worker.v1.Error
-	nil,                               // 18: framepack.worker.v1.LogLine.FieldsEntry
-	(*TensorRef)(nil),                 // 19: framepack.worker.v1.TensorRef
-	(*durationpb.Duration)(nil),       // 20: google.protobuf.Duration
-	(ConvTier)(0),                     // 21: framepack.worker.v1.ConvTier
-	(ConvOutcome)(0),                  // 22: framepack.worker.v1.ConvOutcome
-	(*StatsResponse)(nil),             // 23: framepack.worker.v1.StatsResponse
+	(*ExtraPrompt)(nil),               // 5: framepack.worker.v1.ExtraPrompt
+	(*VaeTiling)(nil),                 // 6: framepack.worker.v1.VaeTiling
+	(*VaeEncodeRequest)(nil),          // 7: framepack.worker.v1.VaeEncodeRequest
+	(*VaeDecodeRequest)(nil),          // 8: framepack.worker.v1.VaeDecodeRequest
+	(*ImageEncodeRequest)(nil),        // 9: framepack.worker.v1.ImageEncodeRequest
+	(*TransformerSectionRequest)(nil), // 10: framepack.worker.v1.TransformerSectionRequest
+	(*TransformerForwardRequest)(nil), // 11: framepack.worker.v1.TransformerForwardRequest
+	(*RunEvent)(nil),                  // 12: framepack.worker.v1.RunEvent
+	(*Progress)(nil),                  // 13: framepack.worker.v1.Progress
+	(*StepPreview)(nil),               // 14: framepack.worker.v1.StepPreview
+	(*ConvFallback)(nil),              // 15: framepack.worker.v1.ConvFallback
+	(*LogLine)(nil),                   // 16: framepack.worker.v1.LogLine
+	(*Result)(nil),                    // 17: framepack.worker.v1.Result
+	(*Error)(nil),                     // 18: framepack.worker.v1.Error
+	nil,                               // 19: framepack.worker.v1.LogLine.FieldsEntry
+	(*TensorRef)(nil),                 // 20: framepack.worker.v1.TensorRef
+	(*durationpb.Duration)(nil),       // 21: google.protobuf.Duration
+	(ConvTier)(0),                     // 22: framepack.worker.v1.ConvTier
+	(ConvOutcome)(0),                  // 23: framepack.worker.v1.ConvOutcome
+	(*StatsResponse)(nil),             // 24: framepack.worker.v1.StatsResponse
 }
 var file_framepack_worker_v1_run_proto_depIdxs = []int32{
 	4,  // 0: framepack.worker.v1.RunRequest.text_encode:type_name -> framepack.worker.v1.TextEncodeRequest
-	6,  // 1: framepack.worker.v1.RunRequest.vae_encode:type_name -> framepack.worker.v1.VaeEncodeRequest
-	7,  // 2: framepack.worker.v1.RunRequest.vae_decode:type_name -> framepack.worker.v1.VaeDecodeRequest
-	8,  // 3: framepack.worker.v1.RunRequest.image_encode:type_name -> framepack.worker.v1.ImageEncodeRequest
-	9,  // 4: framepack.worker.v1.RunRequest.transformer_section:type_name -> framepack.worker.v1.TransformerSectionRequest
-	10, // 5: framepack.worker.v1.RunRequest.transformer_forward:type_name -> framepack.worker.v1.TransformerForwardRequest
-	19, // 6: framepack.worker.v1.TextEncodeRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	19, // 7: framepack.worker.v1.TextEncodeRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	19, // 8: framepack.worker.v1.TextEncodeRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	19, // 9: framepack.worker.v1.TextEncodeRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
-	19, // 10: framepack.worker.v1.TextEncodeRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
-	19, // 11: framepack.worker.v1.TextEncodeRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
-	19, // 12: framepack.worker.v1.TextEncodeRequest.llama_ids:type_name -> framepack.worker.v1.TensorRef
-	19, // 13: framepack.worker.v1.TextEncodeRequest.llama_attention_mask:type_name -> framepack.worker.v1.TensorRef
-	19, // 14: framepack.worker.v1.TextEncodeRequest.clip_ids:type_name -> framepack.worker.v1.TensorRef
-	19, // 15: framepack.worker.v1.VaeEncodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
-	5,  // 16: framepack.worker.v1.VaeEncodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
-	19, // 17: framepack.worker.v1.VaeEncodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
-	19, // 18: framepack.worker.v1.VaeEncodeRequest.logvar:type_name -> framepack.worker.v1.TensorRef
-	19, // 19: framepack.worker.v1.VaeDecodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
-	5,  // 20: framepack.worker.v1.VaeDecodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
-	19, // 21: framepack.worker.v1.VaeDecodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
-	19, // 22: framepack.worker.v1.ImageEncodeRequest.image:type_name -> framepack.worker.v1.TensorRef
-	19, // 23: framepack.worker.v1.ImageEncodeRequest.last_hidden_state:type_name -> framepack.worker.v1.TensorRef
-	19, // 24: framepack.worker.v1.TransformerSectionRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	19, // 25: framepack.worker.v1.TransformerSectionRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	19, // 26: framepack.worker.v1.TransformerSectionRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	19, // 27: framepack.worker.v1.TransformerSectionRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
-	19, // 28: framepack.worker.v1.TransformerSectionRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
-	19, // 29: framepack.worker.v1.TransformerSectionRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
-	19, // 30: framepack.worker.v1.TransformerSectionRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
-	19, // 31: framepack.worker.v1.TransformerSectionRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
-	19, // 32: framepack.worker.v1.TransformerSectionRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
-	19, // 33: framepack.worker.v1.TransformerSectionRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
-	0,  // 34: framepack.worker.v1.TransformerSectionRequest.sampler:type_name -> framepack.worker.v1.SamplerVariant
-	19, // 35: framepack.worker.v1.TransformerSectionRequest.latents:type_name -> framepack.worker.v1.TensorRef
-	19, // 36: framepack.worker.v1.TransformerSectionRequest.step_previews:type_name -> framepack.worker.v1.TensorRef
-	19, // 37: framepack.worker.v1.TransformerForwardRequest.hidden_states:type_name -> framepack.worker.v1.TensorRef
-	19, // 38: framepack.worker.v1.TransformerForwardRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	19, // 39: framepack.worker.v1.TransformerForwardRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	19, // 40: framepack.worker.v1.TransformerForwardRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	19, // 41: framepack.worker.v1.TransformerForwardRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
-	19, // 42: framepack.worker.v1.TransformerForwardRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
-	19, // 43: framepack.worker.v1.TransformerForwardRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
-	19, // 44: framepack.worker.v1.TransformerForwardRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
-	19, // 45: framepack.worker.v1.TransformerForwardRequest.velocity:type_name -> framepack.worker.v1.TensorRef
-	12, // 46: framepack.worker.v1.RunEvent.progress:type_name -> framepack.worker.v1.Progress
-	13, // 47: framepack.worker.v1.RunEvent.step_preview:type_name -> framepack.worker.v1.StepPreview
-	14, // 48: framepack.worker.v1.RunEvent.conv_fallback:type_name -> framepack.worker.v1.ConvFallback
-	15, // 49: framepack.worker.v1.RunEvent.log:type_name -> framepack.worker.v1.LogLine
-	16, // 50: framepack.worker.v1.RunEvent.result:type_name -> framepack.worker.v1.Result
-	17, // 51: framepack.worker.v1.RunEvent.error:type_name -> framepack.worker.v1.Error
-	20, // 52: framepack.worker.v1.Progress.elapsed:type_name -> google.protobuf.Duration
-	19, // 53: framepack.worker.v1.StepPreview.denoised:type_name -> framepack.worker.v1.TensorRef
-	21, // 54: framepack.worker.v1.ConvFallback.tier:type_name -> framepack.worker.v1.ConvTier
-	22, // 55: framepack.worker.v1.ConvFallback.outcome:type_name -> framepack.worker.v1.ConvOutcome
-	1,  // 56: framepack.worker.v1.LogLine.level:type_name -> framepack.worker.v1.LogLevel
-	18, // 57: framepack.worker.v1.LogLine.fields:type_name -> framepack.worker.v1.LogLine.FieldsEntry
-	19, // 58: framepack.worker.v1.Result.outputs:type_name -> framepack.worker.v1.TensorRef
-	23, // 59: framepack.worker.v1.Result.stats:type_name -> framepack.worker.v1.StatsResponse
-	2,  // 60: framepack.worker.v1.Error.code:type_name -> framepack.worker.v1.ErrorCode
-	61, // [61:61] is the sub-list for method output_type
-	61, // [61:61] is the sub-list for method input_type
-	61, // [61:61] is the sub-list for extension type_name
-	61, // [61:61] is the sub-list for extension extendee
-	0,  // [0:61] is the sub-list for field type_name
+	7,  // 1: framepack.worker.v1.RunRequest.vae_encode:type_name -> framepack.worker.v1.VaeEncodeRequest
+	8,  // 2: framepack.worker.v1.RunRequest.vae_decode:type_name -> framepack.worker.v1.VaeDecodeRequest
+	9,  // 3: framepack.worker.v1.RunRequest.image_encode:type_name -> framepack.worker.v1.ImageEncodeRequest
+	10, // 4: framepack.worker.v1.RunRequest.transformer_section:type_name -> framepack.worker.v1.TransformerSectionRequest
+	11, // 5: framepack.worker.v1.RunRequest.transformer_forward:type_name -> framepack.worker.v1.TransformerForwardRequest
+	20, // 6: framepack.worker.v1.TextEncodeRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	20, // 7: framepack.worker.v1.TextEncodeRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	20, // 8: framepack.worker.v1.TextEncodeRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	20, // 9: framepack.worker.v1.TextEncodeRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
+	20, // 10: framepack.worker.v1.TextEncodeRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
+	20, // 11: framepack.worker.v1.TextEncodeRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
+	20, // 12: framepack.worker.v1.TextEncodeRequest.llama_ids:type_name -> framepack.worker.v1.TensorRef
+	20, // 13: framepack.worker.v1.TextEncodeRequest.llama_attention_mask:type_name -> framepack.worker.v1.TensorRef
+	20, // 14: framepack.worker.v1.TextEncodeRequest.clip_ids:type_name -> framepack.worker.v1.TensorRef
+	5,  // 15: framepack.worker.v1.TextEncodeRequest.extra_prompts:type_name -> framepack.worker.v1.ExtraPrompt
+	20, // 16: framepack.worker.v1.ExtraPrompt.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	20, // 17: framepack.worker.v1.ExtraPrompt.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	20, // 18: framepack.worker.v1.ExtraPrompt.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	20, // 19: framepack.worker.v1.VaeEncodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
+	6,  // 20: framepack.worker.v1.VaeEncodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
+	20, // 21: framepack.worker.v1.VaeEncodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	20, // 22: framepack.worker.v1.VaeEncodeRequest.logvar:type_name -> framepack.worker.v1.TensorRef
+	20, // 23: framepack.worker.v1.VaeDecodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	6,  // 24: framepack.worker.v1.VaeDecodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
+	20, // 25: framepack.worker.v1.VaeDecodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
+	20, // 26: framepack.worker.v1.ImageEncodeRequest.image:type_name -> framepack.worker.v1.TensorRef
+	20, // 27: framepack.worker.v1.ImageEncodeRequest.last_hidden_state:type_name -> framepack.worker.v1.TensorRef
+	20, // 28: framepack.worker.v1.TransformerSectionRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	20, // 29: framepack.worker.v1.TransformerSectionRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	20, // 30: framepack.worker.v1.TransformerSectionRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	20, // 31: framepack.worker.v1.TransformerSectionRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
+	20, // 32: framepack.worker.v1.TransformerSectionRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
+	20, // 33: framepack.worker.v1.TransformerSectionRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
+	20, // 34: framepack.worker.v1.TransformerSectionRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
+	20, // 35: framepack.worker.v1.TransformerSectionRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
+	20, // 36: framepack.worker.v1.TransformerSectionRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
+	20, // 37: framepack.worker.v1.TransformerSectionRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
+	0,  // 38: framepack.worker.v1.TransformerSectionRequest.sampler:type_name -> framepack.worker.v1.SamplerVariant
+	20, // 39: framepack.worker.v1.TransformerSectionRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	20, // 40: framepack.worker.v1.TransformerSectionRequest.step_previews:type_name -> framepack.worker.v1.TensorRef
+	20, // 41: framepack.worker.v1.TransformerForwardRequest.hidden_states:type_name -> framepack.worker.v1.TensorRef
+	20, // 42: framepack.worker.v1.TransformerForwardRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	20, // 43: framepack.worker.v1.TransformerForwardRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	20, // 44: framepack.worker.v1.TransformerForwardRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	20, // 45: framepack.worker.v1.TransformerForwardRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
+	20, // 46: framepack.worker.v1.TransformerForwardRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
+	20, // 47: framepack.worker.v1.TransformerForwardRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
+	20, // 48: framepack.worker.v1.TransformerForwardRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
+	20, // 49: framepack.worker.v1.TransformerForwardRequest.velocity:type_name -> framepack.worker.v1.TensorRef
+	13, // 50: framepack.worker.v1.RunEvent.progress:type_name -> framepack.worker.v1.Progress
+	14, // 51: framepack.worker.v1.RunEvent.step_preview:type_name -> framepack.worker.v1.StepPreview
+	15, // 52: framepack.worker.v1.RunEvent.conv_fallback:type_name -> framepack.worker.v1.ConvFallback
+	16, // 53: framepack.worker.v1.RunEvent.log:type_name -> framepack.worker.v1.LogLine
+	17, // 54: framepack.worker.v1.RunEvent.result:type_name -> framepack.worker.v1.Result
+	18, // 55: framepack.worker.v1.RunEvent.error:type_name -> framepack.worker.v1.Error
+	21, // 56: framepack.worker.v1.Progress.elapsed:type_name -> google.protobuf.Duration
+	20, // 57: framepack.worker.v1.StepPreview.denoised:type_name -> framepack.worker.v1.TensorRef
+	22, // 58: framepack.worker.v1.ConvFallback.tier:type_name -> framepack.worker.v1.ConvTier
+	23, // 59: framepack.worker.v1.ConvFallback.outcome:type_name -> framepack.worker.v1.ConvOutcome
+	1,  // 60: framepack.worker.v1.LogLine.level:type_name -> framepack.worker.v1.LogLevel
+	19, // 61: framepack.worker.v1.LogLine.fields:type_name -> framepack.worker.v1.LogLine.FieldsEntry
+	20, // 62: framepack.worker.v1.Result.outputs:type_name -> framepack.worker.v1.TensorRef
+	24, // 63: framepack.worker.v1.Result.stats:type_name -> framepack.worker.v1.StatsResponse
+	2,  // 64: framepack.worker.v1.Error.code:type_name -> framepack.worker.v1.ErrorCode
+	65, // [65:65] is the sub-list for method output_type
+	65, // [65:65] is the sub-list for method input_type
+	65, // [65:65] is the sub-list for extension type_name
+	65, // [65:65] is the sub-list for extension extendee
+	0,  // [0:65] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_run_proto_init() }
@@ -2244,8 +2342,8 @@ func file_framepack_worker_v1_run_proto_init() {
 		(*RunRequest_TransformerSection)(nil),
 		(*RunRequest_TransformerForward)(nil),
 	}
-	file_framepack_worker_v1_run_proto_msgTypes[6].OneofWrappers = []any{}
-	file_framepack_worker_v1_run_proto_msgTypes[8].OneofWrappers = []any{
+	file_framepack_worker_v1_run_proto_msgTypes[7].OneofWrappers = []any{}
+	file_framepack_worker_v1_run_proto_msgTypes[9].OneofWrappers = []any{
 		(*RunEvent_Progress)(nil),
 		(*RunEvent_StepPreview)(nil),
 		(*RunEvent_ConvFallback)(nil),
@@ -2259,7 +2357,7 @@ func file_framepack_worker_v1_run_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_worker_v1_run_proto_rawDesc), len(file_framepack_worker_v1_run_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

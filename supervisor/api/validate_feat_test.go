@@ -1,0 +1,82 @@
+package api
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/framepackd/framepackd/internal/safetensors"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+)
+
+// TestValidateFeatures checks the submit-time rules of timed prompts, LoRAs and the variant:
+// each bad value is one violation on its field that says what is wrong (a malformed timestamp
+// with its position).
+func TestValidateFeatures(t *testing.T) {
+	ok := func([]byte) (int, int, error) { return 1, 1, nil }
+	dir := t.TempDir()
+	lora := filepath.Join(dir, "style.safetensors")
+	if err := safetensors.WriteFile(lora, []safetensors.Tensor{safetensors.FromFloat32("transformer.proj_out.lora_A.weight", []int64{1, 2}, []float32{1, 2})}, safetensors.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	junk := filepath.Join(dir, "junk.safetensors")
+	if err := os.WriteFile(junk, []byte("not a safetensors file"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	noF1 := func(name string) error {
+		if name == "f1" {
+			return errors.New("variant f1 needs the FramePack-F1 transformer")
+		}
+		return nil
+	}
+	tests := []struct {
+		name    string
+		edit    func(s *framepackv1.JobSpec)
+		check   func(string) error
+		field   string
+		message string
+	}{
+		{"timed prompt", func(s *framepackv1.JobSpec) { s.Prompt = "[0s: a cat sits] [2.5s: the cat jumps]" }, nil, "", ""},
+		{"bad timestamp", func(s *framepackv1.JobSpec) { s.Prompt = "[0s: a cat sits] [2,5s: the cat jumps]" }, nil,
+			"spec.prompt", "position 19"},
+		{"text outside", func(s *framepackv1.JobSpec) { s.Prompt = "[0s: a cat sits] and jumps" }, nil, "spec.prompt", "position 18"},
+		{"lora", func(s *framepackv1.JobSpec) { s.Loras = []*framepackv1.Lora{{Path: lora, Strength: 0.8}} }, nil, "", ""},
+		{"lora relative", func(s *framepackv1.JobSpec) { s.Loras = []*framepackv1.Lora{{Path: "style.safetensors"}} }, nil,
+			"spec.loras[0].path", "absolute"},
+		{"lora missing", func(s *framepackv1.JobSpec) {
+			s.Loras = []*framepackv1.Lora{{Path: filepath.Join(dir, "nope.safetensors")}}
+		}, nil,
+			"spec.loras[0].path", "no such file"},
+		{"lora not safetensors", func(s *framepackv1.JobSpec) { s.Loras = []*framepackv1.Lora{{Path: lora}, {Path: junk}} }, nil,
+			"spec.loras[1].path", "not a readable safetensors file"},
+		{"lora strength", func(s *framepackv1.JobSpec) { s.Loras = []*framepackv1.Lora{{Path: lora, Strength: 5}} }, nil,
+			"spec.loras[0].strength", "-4 to 4"},
+		{"too many loras", func(s *framepackv1.JobSpec) {
+			for range MaxLoras + 1 {
+				s.Loras = append(s.Loras, &framepackv1.Lora{Path: lora})
+			}
+		}, nil, "spec.loras", "limit is 16"},
+		{"f1 without the check", func(s *framepackv1.JobSpec) { s.Variant = "f1" }, nil, "spec.variant", "only the i2v variant"},
+		{"f1 without its transformer", func(s *framepackv1.JobSpec) { s.Variant = "f1" }, noF1, "spec.variant", "FramePack-F1 transformer"},
+		{"f1", func(s *framepackv1.JobSpec) { s.Variant = "f1" }, func(string) error { return nil }, "", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 1}
+			tc.edit(spec)
+			v := validateSubmit(&framepackv1.SubmitJobRequest{Image: []byte{1}, Spec: spec}, nil, ok)
+			checkVariant(&v, spec.GetVariant(), tc.check)
+			if tc.field == "" {
+				if len(v) != 0 {
+					t.Fatalf("violations %v", v)
+				}
+				return
+			}
+			if len(v) != 1 || v[0].GetField() != tc.field || !strings.Contains(v[0].GetDescription(), tc.message) {
+				t.Fatalf("violations %v, want one on %s saying %q", v, tc.field, tc.message)
+			}
+		})
+	}
+}
