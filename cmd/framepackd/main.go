@@ -70,6 +70,7 @@ type options struct {
 	logFormat  string
 	shmRoot    string
 	pipeline   *pipelineOptions // the pipeline's flags (pipeline.go)
+	http       *httpOptions     // the HTTP listener's flags (http.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -117,6 +118,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&o.shmRoot, "shm-root", shm.DefaultRoot(), "shared-memory root for tensors passed between processes")
 	o.pipeline = addPipelineFlags(fs)
+	o.http = addHTTPFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
 		fs.PrintDefaults()
@@ -232,6 +234,8 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	}
 	defer guards.close()
 	o.pipeline.watchdog = guards.lookup
+	mets := newMetrics(guards.devices(devs.list), log) // /metrics (http.go)
+	o.pipeline.onStage = mets.stage
 	runJob, closeRunner, err := newRunner(o, devs, lanes, log)
 	if err != nil {
 		return err
@@ -246,10 +250,18 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Devices:  guards.devices(devs.list),
 		Grace:    o.grace,
 		Log:      log,
+		OnEvent:  mets.Observe,
 	})
 	if err != nil {
 		return err
 	}
+	mets.attach(d)
+	stopHTTP, httpErr, err := startHTTP(o, d, httpParts{metrics: mets.Handler()}, log) // REST, /metrics, the page (http.go)
+	if err != nil {
+		d.Kill()
+		return err
+	}
+	defer stopHTTP()
 	log.WithField("lanes", strings.Join(lanes, ",")).Info("framepackd ready")
 	stopNotify := guards.notify(ctx, d) // sd_notify READY, WATCHDOG pings (watchdog.go)
 
@@ -259,9 +271,12 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		log.Info("signal received; stopping (a second signal kills at once)")
 	case runErr = <-d.Err():
 		log.WithError(runErr).Error("serving failed; stopping")
+	case runErr = <-httpErr:
+		log.WithError(runErr).Error("serving http failed; stopping")
 	}
 	stopSignals()
 	stopNotify()
+	stopHTTP()
 	stopCtx, cancel := context.WithTimeout(context.Background(), o.grace+30*time.Second)
 	defer cancel()
 	if err := d.Stop(stopCtx); err != nil && runErr == nil {

@@ -28,6 +28,7 @@ type pipelineOptions struct {
 	keepHistory bool
 	siglip      string
 	watchdog    func(lane string) *watchdog.Watchdog // the lanes' watchdogs, set by run (watchdog.go)
+	onStage     func(pipeline.StageRecord)           // the metrics' stage hook, set by run (http.go)
 }
 
 // addPipelineFlags registers the pipeline's flags on fs.
@@ -104,7 +105,7 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 	log.WithFields(logrus.Fields{"hunyuanvideo": models.HunyuanVideo, "flux_redux": models.FluxRedux, "transformer": models.Transformer}).Info("models found")
 	r, err := pipeline.New(pipeline.Config{
 		Models: models, Shm: root, Log: log, WorkerEnv: env, Watchdog: p.watchdog,
-		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency,
+		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency, OnStage: p.onStage,
 		Lane: func(name string) (*lanes.Lane, error) {
 			if l, ok := byName[name]; ok {
 				return l, nil

@@ -41,6 +41,8 @@ type DaemonConfig struct {
 	Grace time.Duration
 	// Log is the daemon's logger; nil discards.
 	Log logrus.FieldLogger
+	// OnEvent, when set, sees every job event the hub publishes (events.Config.Observe).
+	OnEvent func(*framepackv1.JobEvent)
 }
 
 // Daemon is a running framepackd: the job store, the event hub, the queue and the gRPC
@@ -88,7 +90,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	cleanup = append(cleanup, func() { d.store.Close() })
-	if d.hub, err = events.New(events.Config{Persist: d.store.AppendEvent, Load: d.store.Events, Log: log}); err != nil {
+	if d.hub, err = events.New(events.Config{Persist: d.store.AppendEvent, Load: d.store.Events, Log: log, Observe: cfg.OnEvent}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	cleanup = append(cleanup, d.hub.Close)
