@@ -53,6 +53,7 @@ import (
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/video"
+	"github.com/framepackd/framepackd/supervisor/web"
 	"github.com/sirupsen/logrus"
 )
 
@@ -256,7 +257,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		return err
 	}
 	mets.attach(d)
-	stopHTTP, httpErr, err := startHTTP(o, d, httpParts{metrics: mets.Handler()}, log) // REST, /metrics, the page (http.go)
+	stopHTTP, httpErr, err := startHTTP(o, d, httpParts{metrics: mets.Handler(), page: web.Handler()}, log) // REST, /metrics, the page (http.go)
 	if err != nil {
 		d.Kill()
 		return err
