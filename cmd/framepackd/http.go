@@ -5,8 +5,10 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"flag"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -23,24 +25,52 @@ import (
 	"github.com/framepackd/framepackd/supervisor/pipeline"
 )
 
-// httpOptions are the HTTP listener's flags.
+// httpOptions are the HTTP listener's flags and the TLS and token flags of both TCP listeners.
 type httpOptions struct {
-	addr      string
+	addr      *api.Addr // nil: --http not given
 	certFile  string
 	keyFile   string
 	tokenFile string
 	noPage    bool
 }
 
-// addHTTPFlags registers the HTTP listener's flags on fs.
+// addHTTPFlags registers the HTTP listener's flags and the TCP listeners' security flags on fs.
 func addHTTPFlags(fs *flag.FlagSet) *httpOptions {
 	h := &httpOptions{}
-	fs.StringVar(&h.addr, "http", "", "also serve the REST API, /metrics and the web page on HOST:PORT (e.g. 127.0.0.1:8188) or unix:/path; off when empty. Beyond loopback it needs --http-cert, --http-key and --http-token-file")
-	fs.StringVar(&h.certFile, "http-cert", "", "TLS certificate (PEM) for --http")
-	fs.StringVar(&h.keyFile, "http-key", "", "TLS private key (PEM) for --http")
-	fs.StringVar(&h.tokenFile, "http-token-file", "", "file holding the bearer token --http requires (at least 16 bytes)")
+	fs.Func("http", "also serve the REST API, /metrics and the web page on HOST:PORT (e.g. 127.0.0.1:8188) or unix:/path; off by default. Beyond loopback it needs --tls-cert, --tls-key and --token-file", func(v string) error {
+		a, err := httpapi.ParseAddr(v)
+		if err != nil {
+			return err
+		}
+		h.addr = &a
+		return nil
+	})
+	fs.StringVar(&h.certFile, "tls-cert", "", "TLS certificate (PEM) of the TCP listeners (--http, --listen); required beyond loopback")
+	fs.StringVar(&h.keyFile, "tls-key", "", "TLS private key (PEM) for --tls-cert")
+	fs.StringVar(&h.tokenFile, "token-file", "", "file holding the bearer token the TCP listeners (--http, --listen) require (at least 16 bytes); required beyond loopback")
 	fs.BoolVar(&h.noPage, "http-no-page", false, "serve the API and /metrics on --http, not the web page")
 	return h
+}
+
+// listenGRPC opens the gRPC TCP listener of --listen: TLS when --tls-cert is given, the
+// bearer token check when --token-file is, both required beyond loopback.
+func listenGRPC(a api.Addr, h *httpOptions) ([]net.Listener, []grpc.ServerOption, error) {
+	sec, err := httpapi.SecurityFor(a, h.certFile, h.keyFile, h.tokenFile, "h2")
+	if err != nil {
+		return nil, nil, fmt.Errorf("--listen: %w", err)
+	}
+	l, err := api.Listen(a)
+	if err != nil {
+		return nil, nil, err
+	}
+	if sec.TLS != nil {
+		l = tls.NewListener(l, sec.TLS)
+	}
+	var opts []grpc.ServerOption
+	if sec.Token != "" {
+		opts = httpapi.GRPCTokenAuth(sec.Token)
+	}
+	return []net.Listener{l}, opts, nil
 }
 
 // httpParts are what the HTTP listener serves besides the API.
@@ -54,14 +84,11 @@ type httpParts struct {
 // --http is empty.
 func startHTTP(o *options, d *api.Daemon, parts httpParts, log *logrus.Logger) (stop func(), errs <-chan error, err error) {
 	h := o.http
-	if h.addr == "" {
+	if h.addr == nil {
 		return func() {}, nil, nil
 	}
-	addr, err := httpapi.ParseAddr(h.addr)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: --http: %v", errUsage, err)
-	}
-	sec, err := httpapi.SecurityFor(addr, h.certFile, h.keyFile, h.tokenFile)
+	addr := *h.addr
+	sec, err := httpapi.SecurityFor(addr, h.certFile, h.keyFile, h.tokenFile, "h2", "http/1.1")
 	if err != nil {
 		return nil, nil, fmt.Errorf("--http: %w", err)
 	}

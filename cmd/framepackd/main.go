@@ -55,6 +55,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/video"
 	"github.com/framepackd/framepackd/supervisor/web"
 	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
 )
 
 // options are the command-line flags.
@@ -110,7 +111,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.models, "models", defaultModels(), "directory of the model weights")
 	fs.StringVar(&o.state, "state", api.DefaultStateHome(), "state directory (job store, job files)")
 	fs.StringVar(&o.socket, "socket", api.DefaultSocketPath(), "unix socket to serve on (mode 0600)")
-	fs.StringVar(&o.listen, "listen", "", "also serve on TCP, tcp://HOST:PORT (no TLS: keep it on loopback or a trusted network)")
+	fs.StringVar(&o.listen, "listen", "", "also serve gRPC on TCP, tcp://HOST:PORT; beyond loopback it needs --tls-cert, --tls-key and --token-file")
 	fs.StringVar(&o.backend, "backend", "auto", "compute backend: auto, cpu, cuda or hip")
 	fs.StringVar(&o.workersDir, "workers-dir", "", "directory of the worker binaries (default: next to this executable)")
 	fs.StringVar(&o.lanes, "lanes", "", "comma-separated lanes to run jobs on (default: one per probed device)")
@@ -188,15 +189,16 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		o.workersDir = filepath.Dir(exe)
 	}
 	listen := []api.Addr{{Network: "unix", Address: o.socket}}
+	var tcpGRPC []net.Listener
+	var grpcAuth []grpc.ServerOption
 	if o.listen != "" {
 		a, err := api.ParseAddr(o.listen)
 		if err != nil || a.Network != "tcp" {
 			fmt.Fprintf(stderr, "framepackd: --listen %q: want tcp://HOST:PORT\n", o.listen)
 			return errUsage
 		}
-		listen = append(listen, a)
-		if host, _, _ := net.SplitHostPort(a.Address); !isLoopback(host) {
-			log.WithField("listen", a.String()).Warn("serving without TLS or authentication beyond loopback: anyone who reaches this port can submit and cancel jobs")
+		if tcpGRPC, grpcAuth, err = listenGRPC(a, o.http); err != nil { // TLS and token (http.go)
+			return err
 		}
 	}
 	log.WithFields(logrus.Fields{"state": o.state, "models": o.models, "workers": o.workersDir, "backend": o.backend}).Info("framepackd starting")
@@ -251,7 +253,11 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Devices:  guards.devices(devs.list),
 		Grace:    o.grace,
 		Log:      log,
-		OnEvent:  mets.Observe,
+
+		// metrics from the event hub, the gRPC TCP listener's TLS and token (http.go)
+		OnEvent:       mets.Observe,
+		Listeners:     tcpGRPC,
+		ServerOptions: grpcAuth,
 	})
 	if err != nil {
 		return err
@@ -284,15 +290,6 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		runErr = fmt.Errorf("stop: %w", err)
 	}
 	return runErr
-}
-
-// isLoopback reports whether host names only this machine.
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // cleanStaleShm removes the shared-memory directories of supervisors that are gone.
