@@ -15,10 +15,15 @@ PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 KUBECONFORM_VERSION ?= v0.8.0
 KUSTOMIZE_VERSION ?= v5.8.2
 K8S_VERSION ?= 1.34.3
+# protoc-gen-grpc-gateway and protoc-gen-openapiv2 (REST gateway and OpenAPI document), matching
+# github.com/grpc-ecosystem/grpc-gateway/v2 in go.mod.
+GRPC_GATEWAY_VERSION ?= v2.33.0
 
 APT_PACKAGES := build-essential pkg-config libopenblas-dev ffmpeg
 # Debian 12's minimal HIP toolchain: compile-checks and links the gpu kernels for gfx1030/gfx90a.
 APT_PACKAGES += hipcc libamdhip64-dev rocm-device-libs clang-15 lld-15
+# The headless browser supervisor/web's page test drives (chromedp).
+APT_PACKAGES += chromium
 
 .PHONY: setup build test bench proto lint fuzz demo clean
 
@@ -33,6 +38,8 @@ setup: ## install what a fresh Debian 12 machine lacks
 	$(GO) install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION)
 	$(GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
 	$(GO) mod download k8s.io/kubernetes@v$(K8S_VERSION)
+	$(GO) install github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@$(GRPC_GATEWAY_VERSION) \
+		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2@$(GRPC_GATEWAY_VERSION)
 
 build: ## every binary into bin/
 	@mkdir -p $(BIN)
@@ -50,7 +57,8 @@ proto: ## regenerate Go code from proto/ (stale *.pb.go removed first)
 .PHONY: proto-check
 proto-check: ## fail if proto/gen/go differs from what proto/ generates
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cd $(CURDIR) && buf generate -o "$$tmp" && \
-		diff -r -x '*_test.go' proto/gen/go "$$tmp/proto/gen/go" && echo 'proto/gen/go is current' || \
+		diff -r -x '*_test.go' proto/gen/go "$$tmp/proto/gen/go" && \
+		diff proto/gen/openapiv2/framepack.swagger.json "$$tmp/proto/gen/openapiv2/framepack.swagger.json" && echo 'proto/gen/go is current' || \
 		{ echo 'proto/gen/go is stale: run make proto (tools from make setup)'; exit 1; }
 
 lint: proto-check

@@ -56,7 +56,9 @@ import (
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/video"
+	"github.com/framepackd/framepackd/supervisor/web"
 	"github.com/sirupsen/logrus"
+	"google.golang.org/grpc"
 )
 
 // options are the command-line flags.
@@ -79,6 +81,7 @@ type options struct {
 	minJobGB   float64
 	// allowMismatch keeps lanes whose GPU runtime the host driver cannot serve (runtime.go).
 	allowMismatch bool
+	http       *httpOptions     // the HTTP listener's flags (http.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -117,7 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.models, "models", defaultModels(), "directory of the model weights")
 	fs.StringVar(&o.state, "state", apiaddr.DefaultStateHome(), "state directory (job store, job files)")
 	fs.StringVar(&o.socket, "socket", apiaddr.DefaultSocketPath(), "unix socket to serve on (mode 0600)")
-	fs.StringVar(&o.listen, "listen", "", "also serve on TCP, tcp://HOST:PORT (no TLS: keep it on loopback or a trusted network)")
+	fs.StringVar(&o.listen, "listen", "", "also serve gRPC on TCP, tcp://HOST:PORT; beyond loopback it needs --tls-cert, --tls-key and --token-file")
 	fs.StringVar(&o.backend, "backend", "auto", "compute backend: auto, cpu, cuda or hip")
 	fs.StringVar(&o.workersDir, "workers-dir", "", "directory of the worker binaries (default: next to this executable)")
 	fs.StringVar(&o.lanes, "lanes", "auto", "comma-separated lanes to run jobs on: auto (one per probed GPU, else the cpu), cpu, cpu:N, cuda:N, hip:N, or a GPU's PCI bus id")
@@ -130,6 +133,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.pipeline = addPipelineFlags(fs)
 	o.limits = addLimitFlags(fs)
 	o.pull = addPullFlags(fs)
+	o.http = addHTTPFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
 		fs.PrintDefaults()
@@ -198,15 +202,16 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		o.workersDir = filepath.Dir(exe)
 	}
 	listen := []api.Addr{{Network: "unix", Address: o.socket}}
+	var tcpGRPC []net.Listener
+	var grpcAuth []grpc.ServerOption
 	if o.listen != "" {
 		a, err := apiaddr.ParseAddr(o.listen)
 		if err != nil || a.Network != "tcp" {
 			fmt.Fprintf(stderr, "framepackd: --listen %q: want tcp://HOST:PORT\n", o.listen)
 			return errUsage
 		}
-		listen = append(listen, a)
-		if host, _, _ := net.SplitHostPort(a.Address); !isLoopback(host) {
-			log.WithField("listen", a.String()).Warn("serving without TLS or authentication beyond loopback: anyone who reaches this port can submit and cancel jobs")
+		if tcpGRPC, grpcAuth, err = listenGRPC(a, o.http); err != nil { // TLS and token (http.go)
+			return err
 		}
 	}
 	log.WithFields(logrus.Fields{"state": o.state, "models": o.models, "workers": o.workersDir, "backend": o.backend}).Info("framepackd starting")
@@ -256,6 +261,8 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		guardsHook(guards) // tests hold a lane here (lanes_test.go)
 	}
 	o.pipeline.watchdog = guards.lookup
+	mets := newMetrics(guards.devices(devs.list), log) // /metrics (http.go)
+	o.pipeline.onStage = mets.stage
 	runJob, closeRunner, err := newRunner(o, devs, lanes, log)
 	if err != nil {
 		return err
@@ -278,6 +285,10 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Placement:    newPlacement(guards, devs, lanes, o.minJobGB).jobs(),
 		// JobSpec.variant at submit: f1 needs its transformer (issue 19).
 		CheckVariant: o.pipeline.checkVariant,
+		// metrics from the event hub, the gRPC TCP listener's TLS and token (http.go)
+		OnEvent:       mets.Observe,
+		Listeners:     tcpGRPC,
+		ServerOptions: grpcAuth,
 	})
 	if err != nil {
 		return err
@@ -288,6 +299,13 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 			return err
 		}
 	}
+	mets.attach(d)
+	stopHTTP, httpErr, err := startHTTP(o, d, httpParts{metrics: mets.Handler(), page: web.Handler()}, log) // REST, /metrics, the page (http.go)
+	if err != nil {
+		d.Kill()
+		return err
+	}
+	defer stopHTTP()
 	log.WithField("lanes", strings.Join(lanes, ",")).Info("framepackd ready")
 	stopNotify := guards.notify(ctx, d) // sd_notify READY, WATCHDOG pings (watchdog.go)
 
@@ -297,9 +315,12 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		log.Info("signal received; stopping (a second signal kills at once)")
 	case runErr = <-d.Err():
 		log.WithError(runErr).Error("serving failed; stopping")
+	case runErr = <-httpErr:
+		log.WithError(runErr).Error("serving http failed; stopping")
 	}
 	stopSignals()
 	stopNotify()
+	stopHTTP()
 	stopCtx, cancel := context.WithTimeout(context.Background(), o.grace+30*time.Second)
 	defer cancel()
 	if err := d.Stop(stopCtx); err != nil && runErr == nil {

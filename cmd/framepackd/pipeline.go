@@ -30,6 +30,7 @@ type pipelineOptions struct {
 	// checkVariant checks JobSpec.variant at submit (pipeline.Runner.CheckVariant); set by
 	// newRunner when the models are found, nil otherwise (only i2v accepted).
 	checkVariant func(name string) error
+	onStage     func(pipeline.StageRecord)           // the metrics' stage hook, set by run (http.go)
 }
 
 // addPipelineFlags registers the pipeline's flags on fs.
@@ -97,7 +98,7 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		"transformer_f1": models.TransformerF1}).Info("models found")
 	r, err := pipeline.New(pipeline.Config{
 		Models: models, Shm: root, Log: log, WorkerEnv: env, Watchdog: p.watchdog,
-		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency,
+		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency, OnStage: p.onStage,
 		KeepSectionVideos: o.limits.keepVideos, FreeBytes: api.FreeBytes,
 		Lane: func(name string) (*lanes.Lane, error) {
 			if l, ok := byName[name]; ok {

@@ -27,8 +27,14 @@ const rpcDrainTimeout = 5 * time.Second
 type DaemonConfig struct {
 	// StateDir holds the job store and the job directories; required.
 	StateDir string
-	// Listen are the addresses to serve on (a unix socket, optionally TCP); at least one.
+	// Listen are the addresses to serve on (a unix socket, optionally TCP); at least one, or
+	// Listeners.
 	Listen []Addr
+	// Listeners are listeners already open to serve on too (a TLS-wrapped TCP listener); the
+	// daemon closes them.
+	Listeners []net.Listener
+	// ServerOptions are added to the gRPC server's options (authentication interceptors).
+	ServerOptions []grpc.ServerOption
 	// Lanes are the lanes jobs run on; required.
 	Lanes []string
 	// Run runs one job (the pipeline's Runner.Run); required.
@@ -55,6 +61,8 @@ type DaemonConfig struct {
 	Retention     jobs.Retention
 	// Log is the daemon's logger; nil discards.
 	Log logrus.FieldLogger
+	// OnEvent, when set, sees every job event the hub publishes (events.Config.Observe).
+	OnEvent func(*framepackv1.JobEvent)
 }
 
 // Daemon is a running framepackd: the job store, the event hub, the queue and the gRPC
@@ -77,7 +85,7 @@ type Daemon struct {
 
 // StartDaemon opens the store, takes up unfinished jobs, and starts serving.
 func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
-	if len(cfg.Listen) == 0 {
+	if len(cfg.Listen)+len(cfg.Listeners) == 0 {
 		return nil, fmt.Errorf("start daemon: no address to listen on")
 	}
 	if cfg.Grace <= 0 {
@@ -89,7 +97,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		l.SetOutput(discard{})
 		log = l
 	}
-	d := &Daemon{cfg: cfg, log: log, serveErr: make(chan error, len(cfg.Listen))}
+	d := &Daemon{cfg: cfg, log: log, serveErr: make(chan error, len(cfg.Listen)+len(cfg.Listeners))}
 	var cleanup []func()
 	defer func() {
 		if err != nil {
@@ -102,7 +110,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	cleanup = append(cleanup, func() { d.store.Close() })
-	if d.hub, err = events.New(events.Config{Persist: d.store.AppendEvent, Load: d.store.Events, Log: log}); err != nil {
+	if d.hub, err = events.New(events.Config{Persist: d.store.AppendEvent, Load: d.store.Events, Log: log, Observe: cfg.OnEvent}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	cleanup = append(cleanup, d.hub.Close)
@@ -114,6 +122,11 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	var listeners []net.Listener
+	for _, l := range cfg.Listeners {
+		cleanup = append(cleanup, func() { l.Close() })
+		listeners = append(listeners, l)
+		d.addrs = append(d.addrs, l.Addr())
+	}
 	for _, a := range cfg.Listen {
 		l, err := Listen(a)
 		if err != nil {
@@ -129,7 +142,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 	if err := d.queue.Start(qctx); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
-	d.grpc = d.server.GRPCServer()
+	d.grpc = d.server.GRPCServer(cfg.ServerOptions...)
 	go d.housekeep(qctx)
 	for _, l := range listeners {
 		d.wg.Add(1)

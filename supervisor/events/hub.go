@@ -82,6 +82,9 @@ type Config struct {
 	Log logrus.FieldLogger
 	// WatcherBuffer is the mailbox size of a watcher; 0 means DefaultWatcherBuffer.
 	WatcherBuffer int
+	// Observe, when set, is handed every published event after the watchers (metrics); it
+	// must not block and must not keep or change the event.
+	Observe func(*framepackv1.JobEvent)
 }
 
 // Hub fans events out to watchers and keeps each job's log. It is safe for concurrent use.
@@ -195,6 +198,9 @@ func (h *Hub) Publish(ev *framepackv1.JobEvent) error {
 		}
 	}
 
+	if h.cfg.Observe != nil {
+		defer h.cfg.Observe(ev) // after h.mu is released, still under l.pubMu: in order per job
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch class {

@@ -214,6 +214,8 @@ type Report struct {
 	WeightBytes uint64
 	// Backend is the backend the worker loaded on.
 	Backend string
+	// ConvTiers are the worker's convolution tier counts (Stats after the stage).
+	ConvTiers []workerkit.ConvTierStats
 	// Result is the stage's result.
 	Result *workerkit.Result
 	// Loras lists the LoRAs the worker merged when it loaded (also for a reused worker).
@@ -409,6 +411,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		log.WithError(serr).Warn("worker stats after stage")
 	} else if stats != nil {
 		rep.AllocPeakBytes = stats.AllocatorPeakBytes
+		rep.ConvTiers = stats.ConvTiers
 		peak.observe(stats.HostRSSBytes)
 	}
 	if rss, err := l.cfg.RSS(rep.PID); err == nil {

@@ -193,6 +193,8 @@ type StageRecord struct {
 	RSSPeakBytes   uint64 `json:"rss_peak_bytes,omitempty"`
 	// Err is the failure, empty on success.
 	Err string `json:"error,omitempty"`
+	// ConvTiers are the worker's convolution tier counts (metrics).
+	ConvTiers []workerkit.ConvTierStats `json:"-"`
 }
 
 // Run runs one job; see jobs.Runner for the contract.
@@ -454,7 +456,7 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 	wall := time.Since(t0)
 	rec := StageRecord{Stage: stage, Section: section, Worker: string(st.Model), PID: rep.PID, Reused: rep.Reused, Kept: rep.Kept,
 		Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
-		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes}
+		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes, ConvTiers: rep.ConvTiers}
 	if err != nil {
 		rec.Err = err.Error()
 		j.record(rec)

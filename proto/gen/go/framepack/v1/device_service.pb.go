@@ -7,6 +7,7 @@
 package framepackv1
 
 import (
+	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -108,12 +109,12 @@ var File_framepack_v1_device_service_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_device_service_proto_rawDesc = "" +
 	"\n" +
-	"!framepack/v1/device_service.proto\x12\fframepack.v1\x1a\x19framepack/v1/device.proto\"\x14\n" +
+	"!framepack/v1/device_service.proto\x12\fframepack.v1\x1a\x19framepack/v1/device.proto\x1a\x1cgoogle/api/annotations.proto\"\x14\n" +
 	"\x12ListDevicesRequest\"E\n" +
 	"\x13ListDevicesResponse\x12.\n" +
-	"\adevices\x18\x01 \x03(\v2\x14.framepack.v1.DeviceR\adevices2c\n" +
-	"\rDeviceService\x12R\n" +
-	"\vListDevices\x12 .framepack.v1.ListDevicesRequest\x1a!.framepack.v1.ListDevicesResponseB\xbf\x01\n" +
+	"\adevices\x18\x01 \x03(\v2\x14.framepack.v1.DeviceR\adevices2x\n" +
+	"\rDeviceService\x12g\n" +
+	"\vListDevices\x12 .framepack.v1.ListDevicesRequest\x1a!.framepack.v1.ListDevicesResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\v/v1/devicesB\xbf\x01\n" +
 	"\x10com.framepack.v1B\x12DeviceServiceProtoP\x01ZFgithub.com/framepackd/framepackd/proto/gen/go/framepack/v1;framepackv1\xa2\x02\x03FXX\xaa\x02\fFramepack.V1\xca\x02\fFramepack\\V1\xe2\x02\x18Framepack\\V1\\GPBMetadata\xea\x02\rFramepack::V1b\x06proto3"
 
 var (

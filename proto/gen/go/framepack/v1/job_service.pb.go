@@ -7,6 +7,7 @@
 package framepackv1
 
 import (
+	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -775,7 +776,7 @@ var File_framepack_v1_job_service_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1eframepack/v1/job_service.proto\x12\fframepack.v1\x1a\x16framepack/v1/job.proto\x1a\x1cframepack/v1/job_event.proto\"S\n" +
+	"\x1eframepack/v1/job_service.proto\x12\fframepack.v1\x1a\x16framepack/v1/job.proto\x1a\x1cframepack/v1/job_event.proto\x1a\x1cgoogle/api/annotations.proto\"S\n" +
 	"\x10SubmitJobRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\fR\x05image\x12)\n" +
 	"\x04spec\x18\x02 \x01(\v2\x15.framepack.v1.JobSpecR\x04spec\"8\n" +
@@ -818,16 +819,17 @@ const file_framepack_v1_job_service_proto_rawDesc = "" +
 	"freedBytes*F\n" +
 	"\fArtifactKind\x12\x1d\n" +
 	"\x19ARTIFACT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
-	"\x13ARTIFACT_KIND_VIDEO\x10\x012\xa1\x04\n" +
+	"\x13ARTIFACT_KIND_VIDEO\x10\x012\xc4\x05\n" +
 	"\n" +
-	"JobService\x12L\n" +
-	"\tSubmitJob\x12\x1e.framepack.v1.SubmitJobRequest\x1a\x1f.framepack.v1.SubmitJobResponse\x12C\n" +
-	"\x06GetJob\x12\x1b.framepack.v1.GetJobRequest\x1a\x1c.framepack.v1.GetJobResponse\x12I\n" +
-	"\bListJobs\x12\x1d.framepack.v1.ListJobsRequest\x1a\x1e.framepack.v1.ListJobsResponse\x12L\n" +
-	"\tCancelJob\x12\x1e.framepack.v1.CancelJobRequest\x1a\x1f.framepack.v1.CancelJobResponse\x12C\n" +
-	"\bWatchJob\x12\x1d.framepack.v1.WatchJobRequest\x1a\x16.framepack.v1.JobEvent0\x01\x12T\n" +
-	"\vGetArtifact\x12 .framepack.v1.GetArtifactRequest\x1a!.framepack.v1.GetArtifactResponse0\x01\x12L\n" +
-	"\tDeleteJob\x12\x1e.framepack.v1.DeleteJobRequest\x1a\x1f.framepack.v1.DeleteJobResponseB\xbc\x01\n" +
+	"JobService\x12a\n" +
+	"\tSubmitJob\x12\x1e.framepack.v1.SubmitJobRequest\x1a\x1f.framepack.v1.SubmitJobResponse\"\x13\x82\xd3\xe4\x93\x02\r:\x01*\"\b/v1/jobs\x12^\n" +
+	"\x06GetJob\x12\x1b.framepack.v1.GetJobRequest\x1a\x1c.framepack.v1.GetJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/jobs/{job_id}\x12[\n" +
+	"\bListJobs\x12\x1d.framepack.v1.ListJobsRequest\x1a\x1e.framepack.v1.ListJobsResponse\"\x10\x82\xd3\xe4\x93\x02\n" +
+	"\x12\b/v1/jobs\x12q\n" +
+	"\tCancelJob\x12\x1e.framepack.v1.CancelJobRequest\x1a\x1f.framepack.v1.CancelJobResponse\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/jobs/{job_id}:cancel\x12d\n" +
+	"\bWatchJob\x12\x1d.framepack.v1.WatchJobRequest\x1a\x16.framepack.v1.JobEvent\"\x1f\x82\xd3\xe4\x93\x02\x19\x12\x17/v1/jobs/{job_id}:watch0\x01\x12T\n" +
+	"\vGetArtifact\x12 .framepack.v1.GetArtifactRequest\x1a!.framepack.v1.GetArtifactResponse0\x01\x12g\n" +
+	"\tDeleteJob\x12\x1e.framepack.v1.DeleteJobRequest\x1a\x1f.framepack.v1.DeleteJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13*\x11/v1/jobs/{job_id}B\xbc\x01\n" +
 	"\x10com.framepack.v1B\x0fJobServiceProtoP\x01ZFgithub.com/framepackd/framepackd/proto/gen/go/framepack/v1;framepackv1\xa2\x02\x03FXX\xaa\x02\fFramepack.V1\xca\x02\fFramepack\\V1\xe2\x02\x18Framepack\\V1\\GPBMetadata\xea\x02\rFramepack::V1b\x06proto3"
 
 var (

@@ -1,0 +1,86 @@
+package httpapi
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+)
+
+// maxSection bounds a section number in a URL (a 120 s video at window 1 has 1,080 sections;
+// the pipeline names files with at least three digits).
+const maxSection = 100_000
+
+// finalVideo serves a succeeded job's MP4.
+func (h *handler) finalVideo(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	resp, err := h.jobs.GetJob(r.Context(), &framepackv1.GetJobRequest{JobId: id})
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	job := resp.GetJob()
+	path := job.GetResult().GetVideoPath()
+	if job.GetState() != framepackv1.JobState_JOB_STATE_SUCCEEDED || path == "" {
+		h.writeError(w, r, status.Errorf(codes.FailedPrecondition, "job %s has no final video (it is %s); its sections' videos are at /v1/jobs/%s/sections/N/video",
+			id, strings.TrimPrefix(job.GetState().String(), "JOB_STATE_"), id))
+		return
+	}
+	h.serveVideo(w, r, id, path, fmt.Sprintf("framepack-%s.mp4", id))
+}
+
+// sectionVideo serves the MP4 written after section n of a job (the video so far).
+func (h *handler) sectionVideo(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	n, err := strconv.Atoi(r.PathValue("n"))
+	if err != nil || n < 0 || n >= maxSection {
+		h.writeError(w, r, status.Errorf(codes.InvalidArgument, "section %q: want a number from 0 to %d", r.PathValue("n"), maxSection-1))
+		return
+	}
+	// GetJob first: an unknown job reads as the gRPC API says it.
+	if _, err := h.jobs.GetJob(r.Context(), &framepackv1.GetJobRequest{JobId: id}); err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	path := filepath.Join(h.cfg.JobDir(id), "video", fmt.Sprintf("section-%03d.mp4", n))
+	h.serveVideo(w, r, id, path, fmt.Sprintf("framepack-%s-section-%03d.mp4", id, n))
+}
+
+// serveVideo serves the MP4 at path, which must lie in job id's directory, with range
+// requests, Last-Modified and conditional requests (http.ServeContent).
+func (h *handler) serveVideo(w http.ResponseWriter, r *http.Request, id, path, name string) {
+	dir := filepath.Clean(h.cfg.JobDir(id)) + string(filepath.Separator)
+	clean := filepath.Clean(path)
+	if !strings.HasPrefix(clean, dir) {
+		h.log.WithFields(map[string]any{"job": id, "path": path}).Warn("video path outside the job directory; not served")
+		h.writeError(w, r, status.Errorf(codes.NotFound, "job %s: video not found", id))
+		return
+	}
+	f, err := os.Open(clean)
+	if err != nil {
+		h.writeError(w, r, status.Errorf(codes.NotFound, "job %s: video %s not found (not written yet, or removed)", id, filepath.Base(clean)))
+		return
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil || !st.Mode().IsRegular() {
+		// Without ffmpeg the pipeline keeps PNG frame folders instead of MP4s.
+		h.writeError(w, r, status.Errorf(codes.NotFound, "job %s: %s is not an MP4 file (was ffmpeg missing?)", id, filepath.Base(clean)))
+		return
+	}
+	w.Header().Set("Content-Type", "video/mp4")
+	w.Header().Set("Cache-Control", "no-cache")
+	disp := "inline"
+	if v, _ := strconv.ParseBool(r.URL.Query().Get("download")); v {
+		disp = "attachment"
+	}
+	w.Header().Set("Content-Disposition", fmt.Sprintf("%s; filename=%q", disp, name))
+	http.ServeContent(w, r, name, st.ModTime(), f)
+}

@@ -1,0 +1,126 @@
+package httpapi
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"path/filepath"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+)
+
+// maxSpecBytes bounds the multipart "spec" part (a JobSpec as JSON: two prompts of at most
+// 64 KiB each and a few numbers).
+const maxSpecBytes = 512 << 10
+
+// submit takes POST /v1/jobs: a multipart upload here, anything else (the JSON
+// SubmitJobRequest) through the gateway.
+func (h *handler) submit(w http.ResponseWriter, r *http.Request) {
+	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || mt != "multipart/form-data" {
+		h.gw.ServeHTTP(w, r)
+		return
+	}
+	if params["boundary"] == "" {
+		h.writeError(w, r, status.Error(codes.InvalidArgument, "multipart/form-data without a boundary"))
+		return
+	}
+	req, err := h.readMultipart(r)
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			h.writeErrorStatus(w, r, http.StatusRequestEntityTooLarge, status.Errorf(codes.InvalidArgument, "request body too large: the limit is %d bytes", h.bodyLimit()))
+			return
+		}
+		h.writeError(w, r, err)
+		return
+	}
+	resp, err := h.jobs.SubmitJob(r.Context(), req)
+	if err != nil {
+		h.writeError(w, r, err)
+		return
+	}
+	h.writeProto(w, http.StatusOK, resp)
+}
+
+// readMultipart reads the "image" file part and the "spec" part (a JobSpec as JSON) of a
+// multipart submit. Other parts are an error, so a typo does not pass silently.
+func (h *handler) readMultipart(r *http.Request) (*framepackv1.SubmitJobRequest, error) {
+	mr, err := r.MultipartReader()
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "read multipart body: %v", err)
+	}
+	req := &framepackv1.SubmitJobRequest{}
+	var haveImage, haveSpec bool
+	var filename string
+	for {
+		part, err := mr.NextPart()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, bodyError("read multipart body", err)
+		}
+		switch part.FormName() {
+		case "image":
+			if haveImage {
+				return nil, status.Error(codes.InvalidArgument, `multipart body has two "image" parts`)
+			}
+			haveImage = true
+			filename = filepath.Base(part.FileName())
+			data, err := io.ReadAll(io.LimitReader(part, h.cfg.MaxUploadBytes+1))
+			if err != nil {
+				return nil, bodyError("read image part", err)
+			}
+			if int64(len(data)) > h.cfg.MaxUploadBytes {
+				return nil, status.Errorf(codes.InvalidArgument, "image: more than %d bytes", h.cfg.MaxUploadBytes)
+			}
+			req.Image = data
+		case "spec":
+			if haveSpec {
+				return nil, status.Error(codes.InvalidArgument, `multipart body has two "spec" parts`)
+			}
+			haveSpec = true
+			raw, err := io.ReadAll(io.LimitReader(part, maxSpecBytes+1))
+			if err != nil {
+				return nil, bodyError("read spec part", err)
+			}
+			if len(raw) > maxSpecBytes {
+				return nil, status.Errorf(codes.InvalidArgument, "spec: more than %d bytes", maxSpecBytes)
+			}
+			spec := &framepackv1.JobSpec{}
+			if err := protojson.Unmarshal(raw, spec); err != nil {
+				return nil, status.Errorf(codes.InvalidArgument, "spec: not a JobSpec in JSON: %v", err)
+			}
+			req.Spec = spec
+		default:
+			return nil, status.Errorf(codes.InvalidArgument, "multipart part %q: want \"image\" (the file) and \"spec\" (a JobSpec as JSON)", part.FormName())
+		}
+		_ = part.Close()
+	}
+	if !haveImage {
+		return nil, status.Error(codes.InvalidArgument, `multipart body has no "image" part`)
+	}
+	if !haveSpec {
+		return nil, status.Error(codes.InvalidArgument, `multipart body has no "spec" part (a JobSpec as JSON)`)
+	}
+	if req.Spec.GetImageFilename() == "" && filename != "." && filename != "/" {
+		req.Spec.ImageFilename = filename
+	}
+	return req, nil
+}
+
+// bodyError keeps a body-limit error recognisable and turns the rest into INVALID_ARGUMENT.
+func bodyError(what string, err error) error {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return status.Errorf(codes.InvalidArgument, "%s: %v", what, err)
+}

@@ -1,0 +1,28 @@
+package metrics
+
+import (
+	"fmt"
+
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/jobs"
+)
+
+// CountJobs counts the jobs of a store by state (Config.Jobs), a page of jobs.MaxPageSize at a
+// time.
+func CountJobs(s *jobs.Store) (map[framepackv1.JobState]int, error) {
+	counts := map[framepackv1.JobState]int{}
+	token := ""
+	for {
+		list, next, err := s.List(jobs.ListOptions{PageSize: jobs.MaxPageSize, PageToken: token})
+		if err != nil {
+			return nil, fmt.Errorf("count jobs: %w", err)
+		}
+		for _, j := range list {
+			counts[j.GetState()]++
+		}
+		if next == "" {
+			return counts, nil
+		}
+		token = next
+	}
+}

@@ -1,0 +1,369 @@
+// framepackd's web page: submit a job, watch it live (steps, ETA, latent previews, the video
+// growing section by section), the queue and the devices. Plain JS, no build step; it talks to
+// the REST API of the same origin (supervisor/httpapi).
+'use strict';
+
+const $ = (id) => document.getElementById(id);
+const TERMINAL = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
+
+const state = {
+  selected: '',     // job id in the live view
+  source: null,     // EventSource of the selected job
+  jobs: new Map(),  // id -> Job (as the API returns it)
+  lastVideo: '',    // URL the <video> shows
+  previewURL: '',   // object URL of the preview image
+};
+
+// ---- API ------------------------------------------------------------------------------------
+
+class APIError extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+
+async function api(path, opts = {}) {
+  const resp = await fetch(path, Object.assign({ credentials: 'same-origin' }, opts));
+  const text = await resp.text();
+  let body = null;
+  try { body = text ? JSON.parse(text) : null; } catch (_) { body = null; }
+  if (resp.status === 401) { showAuth(); }
+  if (!resp.ok) {
+    throw new APIError(resp.status, (body && body.message) || `${resp.status} ${resp.statusText}`);
+  }
+  $('conn').textContent = 'connected';
+  return body;
+}
+
+const shortState = (s) => (s || '').replace(/^(JOB_STATE_|LANE_STATE_)/, '');
+const seconds = (d) => (d ? parseFloat(d) : NaN); // protojson Duration: "12.5s"
+
+function fmtDuration(s) {
+  if (!isFinite(s)) return '';
+  s = Math.max(0, Math.round(s));
+  const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = s % 60;
+  return h ? `${h}h ${m}m` : m ? `${m}m ${r}s` : `${r}s`;
+}
+
+function fmtBytes(n) {
+  n = Number(n || 0);
+  const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (n >= 1024 && i < u.length - 1) { n /= 1024; i++; }
+  return `${n.toFixed(i ? 1 : 0)} ${u[i]}`;
+}
+
+function el(tag, props = {}, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(props)) {
+    if (k === 'class') e.className = v;
+    else if (k === 'dataset') Object.assign(e.dataset, v);
+    else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+    else e[k] = v;
+  }
+  for (const c of children) if (c != null) e.append(c);
+  return e;
+}
+
+// ---- auth -----------------------------------------------------------------------------------
+
+function showAuth() { $('auth').hidden = false; $('conn').textContent = 'sign in needed'; }
+
+$('auth-form').addEventListener('submit', async (ev) => {
+  ev.preventDefault();
+  $('auth-error').textContent = '';
+  try {
+    await api('/v1/session', { method: 'POST', headers: { Authorization: 'Bearer ' + $('token').value.trim() } });
+    $('auth').hidden = true;
+    $('token').value = '';
+    refreshJobs(); refreshDevices();
+  } catch (e) { $('auth-error').textContent = e.message; }
+});
+
+// ---- submit ---------------------------------------------------------------------------------
+
+$('image').addEventListener('change', () => {
+  const f = $('image').files[0];
+  const img = $('image-preview');
+  if (img.src) URL.revokeObjectURL(img.src);
+  if (f) { img.src = URL.createObjectURL(f); img.hidden = false; } else { img.hidden = true; }
+});
+
+function num(id) { return Number($(id).value); }
+
+function specFromForm() {
+  const spec = {
+    prompt: $('prompt').value,
+    negativePrompt: $('negative').value,
+    totalSecondLength: num('seconds'),
+    seed: String(Math.trunc(num('seed'))),
+    steps: num('steps'),
+    gs: num('gs'),
+    cfg: num('cfg'),
+    rs: num('rs'),
+    useTeacache: $('teacache').checked,
+    gpuMemoryPreservationGb: num('gpumem'),
+    mp4Crf: num('crf'),
+    resolution: num('resolution'),
+    latentWindowSize: num('window'),
+  };
+  if ($('lane').value) spec.lane = $('lane').value;
+  return spec;
+}
+
+$('job-form').addEventListener('submit', async (ev) => {
+  ev.preventDefault();
+  $('submit-error').textContent = '';
+  const file = $('image').files[0];
+  if (!file) { $('submit-error').textContent = 'choose a start image'; return; }
+  const form = new FormData();
+  form.append('image', file, file.name);
+  form.append('spec', JSON.stringify(specFromForm()));
+  $('submit').disabled = true;
+  try {
+    const resp = await api('/v1/jobs', { method: 'POST', body: form });
+    state.jobs.set(resp.job.id, resp.job);
+    renderJobs();
+    select(resp.job.id);
+  } catch (e) {
+    $('submit-error').textContent = e.message;
+  } finally {
+    $('submit').disabled = false;
+  }
+});
+
+// ---- live view ------------------------------------------------------------------------------
+
+function select(id) {
+  if (state.source) { state.source.close(); state.source = null; }
+  state.selected = id;
+  state.lastVideo = '';
+  $('live-id').textContent = id;
+  $('live-empty').hidden = true;
+  $('live-body').hidden = false;
+  $('failure').textContent = '';
+  $('progress').value = 0;
+  $('progress-text').textContent = '';
+  $('preview').hidden = true;
+  $('preview-caption').textContent = '';
+  const v = $('video');
+  v.hidden = true; v.removeAttribute('src'); v.load();
+  $('download').hidden = true;
+  const job = state.jobs.get(id);
+  if (job) showJob(job);
+  renderJobs();
+  watch(id);
+}
+
+function watch(id) {
+  const es = new EventSource(`/v1/jobs/${encodeURIComponent(id)}/events?previews=true`);
+  state.source = es;
+  const on = (kind, fn) => es.addEventListener(kind, (m) => {
+    if (state.source !== es) return;
+    let ev;
+    try { ev = JSON.parse(m.data); } catch (_) { return; }
+    fn(ev);
+  });
+  on('snapshot', (ev) => { state.jobs.set(id, ev.snapshot); showJob(ev.snapshot); renderJobs(); });
+  on('stageStarted', (ev) => { setState(id, 'JOB_STATE_RUNNING'); stageText(ev.stageStarted); });
+  on('samplingStep', (ev) => stepProgress(id, ev.samplingStep));
+  on('preview', (ev) => showPreview(ev.preview));
+  on('sectionVideo', (ev) => showVideo(`/v1/jobs/${encodeURIComponent(id)}/sections/${ev.sectionVideo.sectionIndex || 0}/video`, false));
+  on('retry', (ev) => { $('progress-text').textContent = `retrying ${stageName(ev.retry.attempt.stage)}: ${ev.retry.attempt.message || ''}`; });
+  on('jobFinished', () => { es.close(); refreshOne(id); });
+  on('jobFailed', (ev) => { es.close(); $('failure').textContent = (ev.jobFailed.failure || {}).message || 'failed'; refreshOne(id); });
+  on('jobCancelled', () => { es.close(); refreshOne(id); });
+  on('error', (ev) => { if (ev && ev.message) $('failure').textContent = ev.message; es.close(); });
+  es.onerror = () => {
+    // The server ended the stream (daemon stopping) or the network dropped: poll the job.
+    if (es.readyState === EventSource.CLOSED && state.source === es) refreshOne(id);
+  };
+}
+
+function stageName(s) { return (s || '').replace(/^STAGE_/, '').toLowerCase().replace(/_/g, ' '); }
+
+function stageText(st) {
+  const job = state.jobs.get(state.selected);
+  const total = job && job.progress ? job.progress.totalSections : 0;
+  const sec = st.sectionIndex || 0;
+  $('progress-text').textContent = `${stageName(st.stage)}` + (total ? ` · section ${sec + 1} of ${total}` : '');
+}
+
+function stepProgress(id, s) {
+  const job = state.jobs.get(id);
+  const totalSections = (job && job.progress && job.progress.totalSections) || 1;
+  const sec = s.sectionIndex || 0;
+  const frac = (sec + (s.step || 0) / (s.totalSteps || 1)) / totalSections;
+  $('progress').value = Math.min(1, frac);
+  const eta = seconds(s.eta);
+  $('progress-text').textContent =
+    `step ${s.step} of ${s.totalSteps} · section ${sec + 1} of ${totalSections}` +
+    (isFinite(eta) ? ` · about ${fmtDuration(eta)} left` : '') +
+    (s.stepDuration ? ` · ${seconds(s.stepDuration).toFixed(2)} s/step` : '');
+  $('progress-text').dataset.step = String(s.step);
+}
+
+function showPreview(p) {
+  const bin = atob(p.png || '');
+  const bytes = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+  const url = URL.createObjectURL(new Blob([bytes], { type: 'image/png' }));
+  const img = $('preview');
+  img.onload = () => { if (state.previewURL && state.previewURL !== url) URL.revokeObjectURL(state.previewURL); state.previewURL = url; };
+  img.src = url;
+  img.hidden = false;
+  $('preview-caption').textContent = `latent preview · section ${(p.sectionIndex || 0) + 1}, step ${p.step}`;
+}
+
+function showVideo(url, final) {
+  if (state.lastVideo === url) return;
+  state.lastVideo = url;
+  const v = $('video');
+  v.dataset.final = final ? 'true' : 'false';
+  v.src = url;
+  v.hidden = false;
+  v.play().catch(() => {});
+  const a = $('download');
+  a.href = url + '?download=true';
+  a.textContent = final ? 'Download MP4' : 'Download the video so far';
+  a.hidden = false;
+}
+
+function setState(id, st) {
+  const job = state.jobs.get(id);
+  if (job && job.state !== st && !TERMINAL.has(shortState(job.state))) { job.state = st; renderJobs(); showJob(job); }
+}
+
+function showJob(job) {
+  if (job.id !== state.selected) return;
+  const st = shortState(job.state);
+  const badge = $('live-state');
+  badge.textContent = st.toLowerCase();
+  badge.className = 'state ' + st;
+  badge.dataset.state = st;
+  if (st === 'SUCCEEDED') {
+    $('progress').value = 1;
+    $('progress-text').textContent = `done · ${job.result && job.result.frameCount} frames in ${fmtDuration(seconds(job.result && job.result.duration))}`;
+    showVideo(`/v1/jobs/${encodeURIComponent(job.id)}/video`, true);
+  } else if (st === 'FAILED') {
+    $('failure').textContent = (job.failure && job.failure.message) || 'failed';
+  } else if (st === 'CANCELLED') {
+    $('progress-text').textContent = 'cancelled';
+  } else if (job.progress && job.progress.latestVideoPath && !state.lastVideo) {
+    showVideo(`/v1/jobs/${encodeURIComponent(job.id)}/sections/${job.progress.sectionIndex || 0}/video`, false);
+  }
+  const s = job.spec || {};
+  const rows = [
+    ['prompt', s.prompt], ['negative prompt', s.negativePrompt], ['seconds', s.totalSecondLength],
+    ['seed', s.seed || '0'], ['steps', s.steps], ['distilled CFG', s.gs], ['CFG', s.cfg], ['CFG rescale', s.rs || 0],
+    ['TeaCache', s.useTeacache === false ? 'off' : 'on'], ['GPU memory kept free', `${s.gpuMemoryPreservationGb} GB`],
+    ['MP4 CRF', s.mp4Crf], ['resolution', s.resolution], ['latent window', s.latentWindowSize],
+    ['image', s.imageFilename], ['lane', job.lane || s.lane || 'any'], ['submitted', job.createTime],
+  ];
+  const dl = $('settings');
+  dl.replaceChildren();
+  for (const [k, v] of rows) {
+    if (v === undefined || v === '') continue;
+    dl.append(el('dt', { textContent: k }), el('dd', { textContent: String(v) }));
+  }
+}
+
+async function refreshOne(id) {
+  try {
+    const r = await api(`/v1/jobs/${encodeURIComponent(id)}`);
+    state.jobs.set(id, r.job);
+    showJob(r.job);
+    renderJobs();
+  } catch (_) { /* shown by the next refresh */ }
+}
+
+// ---- queue ----------------------------------------------------------------------------------
+
+async function refreshJobs() {
+  try {
+    const r = await api('/v1/jobs?page_size=50');
+    const seen = new Set();
+    for (const j of (r && r.jobs) || []) {
+      seen.add(j.id);
+      const old = state.jobs.get(j.id);
+      // The live stream may be ahead of the store's last progress; keep the newer state.
+      if (!old || TERMINAL.has(shortState(j.state)) || shortState(old.state) === 'QUEUED') state.jobs.set(j.id, j);
+      else state.jobs.set(j.id, Object.assign(j, { state: TERMINAL.has(shortState(old.state)) ? old.state : j.state }));
+    }
+    for (const id of [...state.jobs.keys()]) if (!seen.has(id)) state.jobs.delete(id);
+    renderJobs();
+    const sel = state.jobs.get(state.selected);
+    if (sel) showJob(sel);
+  } catch (e) {
+    if (e.status !== 401) $('conn').textContent = 'not connected: ' + e.message;
+  }
+}
+
+function renderJobs() {
+  const tbody = $('jobs');
+  tbody.replaceChildren();
+  const jobs = [...state.jobs.values()].sort((a, b) => (b.createTime || '').localeCompare(a.createTime || ''));
+  for (const j of jobs) {
+    const st = shortState(j.state);
+    const p = j.progress || {};
+    const prog = st === 'SUCCEEDED' ? '100%' : p.fraction ? `${Math.round(p.fraction * 100)}%` : '';
+    const actions = el('td');
+    if (!TERMINAL.has(st)) {
+      actions.append(el('button', { class: 'small secondary cancel', type: 'button', textContent: 'Cancel', dataset: { id: j.id },
+        onclick: (ev) => { ev.stopPropagation(); cancel(j.id); } }));
+    } else if (st === 'SUCCEEDED') {
+      actions.append(el('a', { href: `/v1/jobs/${encodeURIComponent(j.id)}/video?download=true`, textContent: 'Download', onclick: (ev) => ev.stopPropagation() }));
+    }
+    const tr = el('tr', { class: j.id === state.selected ? 'selected' : '', dataset: { id: j.id, state: st }, onclick: () => select(j.id) },
+      el('td', { class: 'mono', textContent: j.id }),
+      el('td', {}, el('span', { class: 'state ' + st, textContent: st.toLowerCase() })),
+      el('td', { textContent: prog }),
+      el('td', { class: 'prompt', textContent: (j.spec && j.spec.prompt) || '', title: (j.spec && j.spec.prompt) || '' }),
+      actions);
+    tbody.append(tr);
+  }
+}
+
+async function cancel(id) {
+  try {
+    const r = await api(`/v1/jobs/${encodeURIComponent(id)}:cancel`, {
+      method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ reason: 'cancelled from the web page' }),
+    });
+    state.jobs.set(id, r.job);
+    renderJobs();
+    showJob(r.job);
+  } catch (e) { alert(e.message); }
+}
+
+// ---- devices --------------------------------------------------------------------------------
+
+async function refreshDevices() {
+  let r;
+  try { r = await api('/v1/devices'); } catch (_) { return; }
+  const box = $('devices');
+  box.replaceChildren();
+  const lanes = $('lane');
+  const chosen = lanes.value;
+  lanes.replaceChildren(el('option', { value: '', textContent: 'any' }));
+  for (const d of (r && r.devices) || []) {
+    const st = shortState(d.laneState);
+    const total = Number(d.totalMemoryBytes || 0), used = Number(d.usedMemoryBytes || 0);
+    const div = el('div', { class: 'device', dataset: { lane: d.lane, state: st } },
+      el('div', {}, el('strong', { textContent: d.lane }), ' ', el('span', { class: 'state ' + st, textContent: st.toLowerCase() }),
+        ' ', el('span', { class: 'muted', textContent: [d.name, d.arch, d.backend].filter(Boolean).join(' · ') })));
+    if (total > 0) {
+      div.append(el('meter', { min: 0, max: total, value: used, high: total * 0.9, title: 'memory in use' }),
+        el('div', { class: 'muted', textContent: `memory ${fmtBytes(used)} of ${fmtBytes(total)}` }));
+    }
+    if (d.laneStateReason) div.append(el('div', { class: st === 'HEALTHY' ? 'muted' : 'error', textContent: d.laneStateReason }));
+    if (d.currentJobId) div.append(el('div', { class: 'muted', textContent: 'running ' + d.currentJobId }));
+    box.append(div);
+    lanes.append(el('option', { value: d.lane, textContent: d.lane }));
+  }
+  lanes.value = chosen;
+}
+
+// ---- start ----------------------------------------------------------------------------------
+
+refreshJobs();
+refreshDevices();
+setInterval(refreshJobs, 3000);
+setInterval(refreshDevices, 15000);
