@@ -137,22 +137,26 @@ func BenchmarkConv3d(b *testing.B) {
 	reportGFLOPS(b, 2.0*64*64*27*8*64*64)
 }
 
-// BenchmarkAttention: one head, 4096 tokens, 64 dims (QKᵀ and PV: 4·L²·D flops).
+// BenchmarkAttention: 4 heads, 4096 tokens, 64 dims (QKᵀ and PV: 4·L²·D flops a head), per
+// tier.
 func BenchmarkAttention(b *testing.B) {
-	const L, D = 4096, 64
+	const H, L, D = 4, 4096, 64
 	rt := benchRuntime(b)
-	q := benchTensor(b, rt, 1, 1, L, D)
-	k := benchTensor(b, rt, 1, 1, L, D)
-	v := benchTensor(b, rt, 1, 1, L, D)
-	b.ResetTimer()
-	for range b.N {
-		y, err := rt.Attention(q, k, v, nil, AttentionParams{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		y.Free()
+	q := benchTensor(b, rt, 1, H, L, D)
+	k := benchTensor(b, rt, 1, H, L, D)
+	v := benchTensor(b, rt, 1, H, L, D)
+	for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked} {
+		b.Run(tier.String(), func(b *testing.B) {
+			for range b.N {
+				y, err := rt.Attention(q, k, v, nil, AttentionParams{Tier: tier})
+				if err != nil {
+					b.Fatal(err)
+				}
+				y.Free()
+			}
+			reportGFLOPS(b, 4.0*H*L*L*D)
+		})
 	}
-	reportGFLOPS(b, 4.0*L*L*D)
 }
 
 // BenchmarkUploadBF16: converting bf16 checkpoint bytes to an f32 tensor on upload (weight

@@ -41,19 +41,14 @@ func toHeads(p *pass, x *runtime.Tensor, heads int) *runtime.Tensor {
 	return p.reshape(x, x.Dim(0), x.Dim(1), heads, -1)
 }
 
-// sdpa is scaled dot-product attention on [1, L, H, D] tensors → [1, L, H·D].
+// sdpa is scaled dot-product attention on [1, L, H, D] tensors → [1, L, H·D], read in that
+// layout through strides (no permute copies).
 func sdpa(p *pass, q, k, v, mask *runtime.Tensor) *runtime.Tensor {
-	qt := p.do(p.rt.Permute(q, 0, 2, 1, 3))
-	kt := p.do(p.rt.Permute(k, 0, 2, 1, 3))
-	vt := p.do(p.rt.Permute(v, 0, 2, 1, 3))
-	o := p.do(p.rt.Attention(qt, kt, vt, mask, runtime.AttentionParams{}))
-	p.drop(qt, kt, vt)
-	ot := p.do(p.rt.Permute(o, 0, 2, 1, 3))
-	p.drop(o)
+	o := p.do(p.rt.Attention(q, k, v, mask, runtime.AttentionParams{Layout: runtime.AttentionBLHD}))
 	if p.err != nil {
 		return nil
 	}
-	return p.reshape(ot, ot.Dim(0), ot.Dim(1), -1)
+	return p.reshape(o, o.Dim(0), o.Dim(1), -1)
 }
 
 // HunyuanVideoAdaNorm is the refiner block's norm_out: SiLU → linear → (gate_msa, gate_mlp).
