@@ -267,3 +267,39 @@ func TestAttentionChain(t *testing.T) {
 		check(t, "host bounce", y, err, []int{1, 2, 9, 8}, want)
 	})
 }
+
+// TestAttentionHalfCompute: with FRAMEPACK_GPU_HALF_COMPUTE a GPU backend rounds f32 q, k, v to
+// bf16 for the matrix units (both tiers); the result stays within bf16 rounding of the f32
+// reference. The cpu backend ignores the variable and stays exact.
+func TestAttentionHalfCompute(t *testing.T) {
+	t.Setenv("FRAMEPACK_GPU_HALF_COMPUTE", "1")
+	rt := newTestRuntime(t, Options{})
+	r := rng(t)
+	const B, L, H, D = 1, 150, 3, 128
+	q, qv := randTensor(t, rt, r, B, L, H, D)
+	k, kv := randTensor(t, rt, r, B, L, H, D)
+	v, vv := randTensor(t, rt, r, B, L, H, D)
+	want := refAttention(permuteBHLD(qv, B, L, H, D), permuteBHLD(kv, B, L, H, D), permuteBHLD(vv, B, L, H, D),
+		B, H, H, L, L, D, D, nil, nil, float64(float32(1/math.Sqrt(D))))
+	want = permuteBHLD(want, B, H, L, D)
+	bound := 1e-2
+	if rt.Backend().IsHost {
+		bound = tol
+	}
+	for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked} {
+		y, err := rt.Attention(q, k, v, nil, AttentionParams{Layout: AttentionBLHD, Tier: tier})
+		if err != nil {
+			t.Fatalf("tier %s: %v", tier, err)
+		}
+		got, err := y.Float32()
+		y.Free()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := relL2(got, want)
+		t.Logf("tier %s: rel L2 %.3g", tier, e)
+		if e > bound || math.IsNaN(e) {
+			t.Fatalf("tier %s: rel L2 %.3g > %g", tier, e, bound)
+		}
+	}
+}

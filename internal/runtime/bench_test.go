@@ -159,6 +159,42 @@ func BenchmarkAttention(b *testing.B) {
 	}
 }
 
+// BenchmarkAttentionDiT: the transformer's joint attention at 544×704, window 9 (18,083 tokens,
+// 24 heads × 128, [B, L, H, D]) in bf16 on a device backend, flash and chunked tiers
+// (4·L²·D·H flops). Skipped on the cpu backend (minutes a call).
+func BenchmarkAttentionDiT(b *testing.B) {
+	const L, H, D = 18083, 24, 128
+	rt := benchRuntime(b)
+	if rt.Backend().IsHost {
+		b.Skip("device backends only")
+	}
+	var ts [3]*Tensor
+	for i := range ts {
+		x := benchTensor(b, rt, 1, L, H, D)
+		h, err := rt.Cast(x, BF16)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(h.Free)
+		ts[i] = h
+	}
+	for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked} {
+		b.Run(tier.String(), func(b *testing.B) {
+			for range b.N {
+				y, err := rt.Attention(ts[0], ts[1], ts[2], nil, AttentionParams{Layout: AttentionBLHD, Tier: tier})
+				if err != nil {
+					b.Fatal(err)
+				}
+				y.Free()
+			}
+			if err := rt.Synchronize(); err != nil {
+				b.Fatal(err)
+			}
+			reportGFLOPS(b, 4.0*L*L*D*H)
+		})
+	}
+}
+
 // BenchmarkUploadBF16: converting bf16 checkpoint bytes to an f32 tensor on upload (weight
 // loading), 32 M elements; the metric is source bytes per second.
 func BenchmarkUploadBF16(b *testing.B) {
