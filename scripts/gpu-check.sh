@@ -15,6 +15,7 @@
 # attention  the attention op tests (flash matrix and FMA kernels, chunked, the cpu round trip;
 #         f32, bf16, f16), then every transformer, textenc and siglip parity case once per
 #         attention tier, each forced alone (FRAMEPACK_ATTENTION_TIER = flash, chunked, cpu)
+# attnbench  the transformer's joint attention alone, ours (flash, chunked) against PyTorch SDPA
 # memory  NVML discovery, and a worker holding 40 GB killed: used memory back within 2 s
 # bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), needs
 #         third_party_ref/ (diffusers + FramePack's diffusers_helper sources, git-ignored)
@@ -142,6 +143,14 @@ for phase in "${phases[@]}"; do
 		done
 		unset FRAMEPACK_ATTENTION_TIER
 		;;
+	attnbench)
+		# the transformer's joint attention alone (18,083 tokens, 24 × 128, bf16): ours per tier
+		# against PyTorch's SDPA on the same GPU
+		gotest "attention benchmark (ours)" internal/runtime runtime.test 300 -test.run '^$' -test.bench AttentionDiT -test.benchtime 5x
+		grep -E "^BenchmarkAttentionDiT" "$LOG" | tail -2 >>"$SUMMARY"
+		run "attention benchmark (pytorch sdpa)" 120 python3 scripts/gpubench/attn_bench.py
+		grep -E "^pytorch sdpa" "$LOG" | tail -1 >>"$SUMMARY"
+		;;
 	memory)
 		gotest "devices: nvml, memory returned after kill" internal/devices devices.test 240 \
 			-test.run 'TestNVMLReal|TestVRAMReturnedAfterKill' -test.v
@@ -158,7 +167,7 @@ for phase in "${phases[@]}"; do
 		FRAMEPACK_GPU_HALF_COMPUTE=${FRAMEPACK_GPU_HALF_COMPUTE:-1} run "bench ours" "${BENCH_OURS_LIMIT:-420}" "$BIN/gpubench" -dir "$B" ${BENCH_STAGES:+-stages $BENCH_STAGES}
 		run "bench pytorch" "${BENCH_TORCH_LIMIT:-420}" python3 scripts/gpubench/torch_bench.py --out "$B" ${BENCH_STAGES:+--stages $BENCH_STAGES}
 		cp "$B"/ours.json "$B"/torch.json "$OUT"/ 2>/dev/null
-		python3 scripts/gpubench/table.py "$B" | tee "$OUT/table.md" >>"$SUMMARY"
+		python3 scripts/gpubench/table.py "$B" "$OUT/bench.json" "${BENCH_COMMIT:-}" | tee "$OUT/table.md" >>"$SUMMARY"
 		;;
 	*)
 		echo "gpu-check: unknown phase $phase" >&2

@@ -3,12 +3,14 @@
  *   flash    (FPK_ATTN_TIER_FLASH, _CPU, _AUTO): per (batch, head, tile of queries) the keys
  *            stream through in tiles with an online softmax (running max and sum, f32), so the
  *            score matrix never exists: each pool thread holds one tile of queries, one tile of
- *            transposed keys, one tile of scores and its output rows, O((BQ + BK)·D) floats.
+ *            transposed keys, one tile of scores and its output rows, O((BQ + BK)·D) floats;
+ *            the tile products run in 4 × 16 register blocks (8-lane vectors, AVX2 clone).
  *   chunked  (FPK_ATTN_TIER_CHUNKED): per (batch, head, chunk) S = q kᵀ (SGEMM), mask, row
  *            softmax, out = S v (SGEMM). Scratch is one chunk of scores.
  * Both read [B, H, L, D] or [B, L, H, D] operands through strides (fpk_attention_layout).
  */
 #include "fpk_cpu.h"
+#include "fpk_cpu_vexp.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -81,31 +83,69 @@ typedef struct {
     int64_t per_thread; /* floats of scratch per thread */
 } flash_job;
 
-/* s[j] = Σ_d qi[d]·kt[d·BK + j] for j < BK: the keys are transposed so the inner loop runs
- * along keys and vectorises (8 lanes on the AVX2 clone). */
+/* S[i][j] = Σ_d Q[i][d]·Kt[d][j] for the BQ × BK tile (Q rows padded with zeros to BQ): blocks
+ * of 4 rows × 16 keys held in eight 8-lane accumulators, one pass over d. */
 __attribute__((target_clones("arch=x86-64-v3", "default")))
-static void flash_scores(float *restrict s, const float *restrict qi, const float *restrict kt, int64_t D) {
-    float acc[FLASH_BK];
-    for (int j = 0; j < FLASH_BK; j++) acc[j] = 0.0f;
-    for (int64_t d = 0; d < D; d++) {
-        const float qd = qi[d];
-        const float *kr = kt + d * FLASH_BK;
-        for (int j = 0; j < FLASH_BK; j++) acc[j] += qd * kr[j];
-    }
-    for (int j = 0; j < FLASH_BK; j++) s[j] = acc[j];
+static void flash_scores(float *restrict S, const float *restrict Q, const float *restrict kt, int64_t D) {
+    for (int i = 0; i < FLASH_BQ; i += 4)
+        for (int j = 0; j < FLASH_BK; j += 16) {
+            fpk_v8f a00 = FPK_V8F(0.0f), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00,
+                    a31 = a00;
+            const float *q0 = Q + i * D, *q1 = q0 + D, *q2 = q1 + D, *q3 = q2 + D;
+            for (int64_t d = 0; d < D; d++) {
+                fpk_v8f k0, k1;
+                memcpy(&k0, kt + d * FLASH_BK + j, sizeof k0);
+                memcpy(&k1, kt + d * FLASH_BK + j + 8, sizeof k1);
+                fpk_v8f b0 = FPK_V8F(q0[d]), b1 = FPK_V8F(q1[d]), b2 = FPK_V8F(q2[d]), b3 = FPK_V8F(q3[d]);
+                a00 += b0 * k0, a01 += b0 * k1;
+                a10 += b1 * k0, a11 += b1 * k1;
+                a20 += b2 * k0, a21 += b2 * k1;
+                a30 += b3 * k0, a31 += b3 * k1;
+            }
+            float *s = S + i * FLASH_BK + j;
+            memcpy(s, &a00, 32), memcpy(s + 8, &a01, 32);
+            memcpy(s + FLASH_BK, &a10, 32), memcpy(s + FLASH_BK + 8, &a11, 32);
+            memcpy(s + 2 * FLASH_BK, &a20, 32), memcpy(s + 2 * FLASH_BK + 8, &a21, 32);
+            memcpy(s + 3 * FLASH_BK, &a30, 32), memcpy(s + 3 * FLASH_BK + 8, &a31, 32);
+        }
 }
 
-/* o[x] = o[x]·alpha + Σ_j p[j]·v[j·vl + x] over n keys. */
+/* O[i][x] += Σ_j P[i][j]·V[j][x] over nk keys (V rows vl apart), rows < nrows (a multiple of
+ * 4): blocks of 4 rows × 16 columns in eight accumulators, a scalar tail for Dv % 16. */
 __attribute__((target_clones("arch=x86-64-v3", "default")))
-static void flash_pv(float *restrict o, float alpha, const float *restrict p, const float *restrict v,
-                     int64_t vl, int64_t n, int64_t Dv) {
-    if (alpha != 1.0f)
-        for (int64_t x = 0; x < Dv; x++) o[x] *= alpha;
-    for (int64_t j = 0; j < n; j++) {
-        const float pj = p[j];
-        if (pj == 0.0f) continue;
-        const float *vr = v + j * vl;
-        for (int64_t x = 0; x < Dv; x++) o[x] += pj * vr[x];
+static void flash_pv(float *restrict O, const float *restrict P, const float *restrict V, int64_t vl, int64_t nk,
+                     int64_t Dv, int nrows) {
+    int64_t xv = Dv / 16 * 16;
+    for (int i = 0; i < nrows; i += 4) {
+        const float *p0 = P + i * FLASH_BK, *p1 = p0 + FLASH_BK, *p2 = p1 + FLASH_BK, *p3 = p2 + FLASH_BK;
+        float *o0 = O + i * Dv, *o1 = o0 + Dv, *o2 = o1 + Dv, *o3 = o2 + Dv;
+        for (int64_t x = 0; x < xv; x += 16) {
+            fpk_v8f a00, a01, a10, a11, a20, a21, a30, a31;
+            memcpy(&a00, o0 + x, 32), memcpy(&a01, o0 + x + 8, 32);
+            memcpy(&a10, o1 + x, 32), memcpy(&a11, o1 + x + 8, 32);
+            memcpy(&a20, o2 + x, 32), memcpy(&a21, o2 + x + 8, 32);
+            memcpy(&a30, o3 + x, 32), memcpy(&a31, o3 + x + 8, 32);
+            for (int64_t j = 0; j < nk; j++) {
+                fpk_v8f v0, v1;
+                memcpy(&v0, V + j * vl + x, 32);
+                memcpy(&v1, V + j * vl + x + 8, 32);
+                fpk_v8f b0 = FPK_V8F(p0[j]), b1 = FPK_V8F(p1[j]), b2 = FPK_V8F(p2[j]), b3 = FPK_V8F(p3[j]);
+                a00 += b0 * v0, a01 += b0 * v1;
+                a10 += b1 * v0, a11 += b1 * v1;
+                a20 += b2 * v0, a21 += b2 * v1;
+                a30 += b3 * v0, a31 += b3 * v1;
+            }
+            memcpy(o0 + x, &a00, 32), memcpy(o0 + x + 8, &a01, 32);
+            memcpy(o1 + x, &a10, 32), memcpy(o1 + x + 8, &a11, 32);
+            memcpy(o2 + x, &a20, 32), memcpy(o2 + x + 8, &a21, 32);
+            memcpy(o3 + x, &a30, 32), memcpy(o3 + x + 8, &a31, 32);
+        }
+        for (int r = 0; r < 4; r++)
+            for (int64_t x = xv; x < Dv; x++) {
+                float acc = O[(i + r) * Dv + x];
+                for (int64_t j = 0; j < nk; j++) acc += P[(i + r) * FLASH_BK + j] * V[j * vl + x];
+                O[(i + r) * Dv + x] = acc;
+            }
     }
 }
 
@@ -113,19 +153,20 @@ static void flash_task(void *arg, int64_t begin, int64_t end, int th) {
     const flash_job *j = arg;
     const int64_t D = j->D, Dv = j->Dv;
     float *kt = j->scratch + (int64_t)th * j->per_thread; /* [D][BK] */
-    float *qt = kt + D * FLASH_BK;                        /* [BQ][D], scaled */
+    float *qt = kt + D * FLASH_BK;                        /* [BQ][D], scaled, zero rows past Lq */
     float *ot = qt + FLASH_BQ * D;                        /* [BQ][Dv] */
-    float *s = ot + FLASH_BQ * Dv;                        /* [BK] */
+    float *s = ot + FLASH_BQ * Dv;                        /* [BQ][BK] */
     float mx[FLASH_BQ], sum[FLASH_BQ];
     for (int64_t it = begin; it < end; it++) {
         int64_t qtile = it % j->nqt, bh = it / j->nqt, h = bh % j->H, b = bh / j->H, hk = h / j->rep;
         int64_t q0 = qtile * FLASH_BQ, nq = j->Lq - q0 < FLASH_BQ ? j->Lq - q0 : FLASH_BQ;
+        int nrows = (int)((nq + 3) / 4 * 4);
         const float *qb = j->q + b * j->qs[0] + h * j->qs[2];
         const float *kb = j->k + b * j->ks[0] + hk * j->ks[2];
         const float *vb = j->v + b * j->vs[0] + hk * j->vs[2];
-        for (int64_t i = 0; i < nq; i++) {
+        for (int64_t i = 0; i < FLASH_BQ; i++) {
             const float *src = qb + (q0 + i) * j->qs[1];
-            for (int64_t d = 0; d < D; d++) qt[i * D + d] = src[d] * j->scale;
+            for (int64_t d = 0; d < D; d++) qt[i * D + d] = i < nq ? src[d] * j->scale : 0.0f;
             for (int64_t x = 0; x < Dv; x++) ot[i * Dv + x] = 0.0f;
             mx[i] = -INFINITY;
             sum[i] = 0.0f;
@@ -140,25 +181,32 @@ static void flash_task(void *arg, int64_t begin, int64_t end, int th) {
                 } else
                     for (int64_t d = 0; d < D; d++) kt[d * FLASH_BK + jj] = 0.0f;
             }
-            for (int64_t i = 0; i < nq; i++) {
-                flash_scores(s, qt + i * D, kt, D);
-                const uint8_t *mr = mb ? mb + (q0 + i) * j->mst[2] + k0 * j->mst[3] : NULL;
+            flash_scores(s, qt, kt, D);
+            for (int64_t i = 0; i < nrows; i++) {
+                float *si = s + i * FLASH_BK;
+                const uint8_t *mr = mb && i < nq ? mb + (q0 + i) * j->mst[2] + k0 * j->mst[3] : NULL;
                 float m = mx[i];
                 for (int64_t jj = 0; jj < nk; jj++) {
-                    if (mr && !mr[jj * j->mst[3]]) s[jj] = -INFINITY;
-                    if (s[jj] > m) m = s[jj];
+                    if (mr && !mr[jj * j->mst[3]]) si[jj] = -INFINITY;
+                    if (si[jj] > m) m = si[jj];
                 }
-                if (m == -INFINITY) continue; /* every key so far masked */
+                float *oi = ot + i * Dv;
+                if (m == -INFINITY) { /* every key so far masked: nothing to add */
+                    for (int64_t jj = 0; jj < nk; jj++) si[jj] = 0.0f;
+                    continue;
+                }
                 float alpha = mx[i] == -INFINITY ? 0.0f : expf(mx[i] - m), add = 0.0f;
                 for (int64_t jj = 0; jj < nk; jj++) {
-                    float e = s[jj] == -INFINITY ? 0.0f : expf(s[jj] - m);
-                    s[jj] = e;
+                    float e = si[jj] == -INFINITY ? 0.0f : expf(si[jj] - m);
+                    si[jj] = e;
                     add += e;
                 }
                 sum[i] = sum[i] * alpha + add;
                 mx[i] = m;
-                flash_pv(ot + i * Dv, alpha, s, vb + k0 * j->vs[1], j->vs[1], nk, Dv);
+                if (alpha != 1.0f)
+                    for (int64_t x = 0; x < Dv; x++) oi[x] *= alpha;
             }
+            flash_pv(ot, s, vb + k0 * j->vs[1], j->vs[1], nk, Dv, nrows);
         }
         for (int64_t i = 0; i < nq; i++) {
             float *dst = j->o + b * j->os[0] + (q0 + i) * j->os[1] + h * j->os[2];
@@ -184,7 +232,7 @@ static fpk_status cpu_flash(fpk_cpu_ctx *c, const fpk_attention_params *p, fpk_t
     int64_t threads = fpk_pool_threads(c->pool);
     if (threads > items) threads = items;
     if (threads < 1) threads = 1;
-    j.per_thread = D * FLASH_BK + FLASH_BQ * D + FLASH_BQ * Dv + FLASH_BK;
+    j.per_thread = D * FLASH_BK + FLASH_BQ * D + FLASH_BQ * Dv + FLASH_BQ * FLASH_BK;
     j.per_thread = (j.per_thread + 15) & ~(int64_t)15; /* 64-byte apart */
     size_t bytes = (size_t)(j.per_thread * fpk_pool_threads(c->pool)) * sizeof(float);
     fpk_status st = fpk_cpu_scratch(q, bytes, (void **)&j.scratch);
