@@ -2,7 +2,7 @@
 # gpu-check.sh — the GPU acceptance run, on a machine with an NVIDIA GPU and nvcc (no Go needed).
 #
 #   scripts/gpu-bundle.sh            # here (with Go): test binaries, workers, gpubench, OpenBLAS → build/gpu
-#   scripts/gpu-check.sh [phase...]  # there: phases build tests tiers memory bench (default: all)
+#   scripts/gpu-check.sh [phase...]  # there: phases build tests tiers attention memory bench (default: all)
 #
 # build   make native-cuda (libfpk-cuda.so for sm_$CUDA_ARCHS, default 90) into build/native
 # tests   the carried test binaries on the cuda backend (FRAMEPACK_BACKEND=cuda): every runtime op
@@ -12,6 +12,10 @@
 #         its UniPC replay), the pipeline fixture through the daemon on a cuda:0 lane, and the
 #         backend-independent rng, prep and tokenize cases
 # tiers   the VAE parity cases once per conv tier, each forced alone (FRAMEPACK_CONV_TIER)
+# attention  the attention op tests (flash matrix and FMA kernels, chunked, the cpu round trip;
+#         f32, bf16, f16), then every transformer, textenc and siglip parity case once per
+#         attention tier, each forced alone (FRAMEPACK_ATTENTION_TIER = flash, chunked, cpu)
+# attnbench  the transformer's joint attention alone, ours (flash, chunked) against PyTorch SDPA
 # memory  NVML discovery, and a worker holding 40 GB killed: used memory back within 2 s
 # bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), needs
 #         third_party_ref/ (diffusers + FramePack's diffusers_helper sources, git-ignored)
@@ -29,7 +33,7 @@ LOG=$OUT/log.txt
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 phases=("$@")
-[ ${#phases[@]} -eq 0 ] && phases=(build tests tiers memory bench)
+[ ${#phases[@]} -eq 0 ] && phases=(build tests tiers attention memory bench)
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
 status=0
@@ -125,6 +129,28 @@ for phase in "${phases[@]}"; do
 				-test.run '^TestParityVAE$' -test.v
 		done
 		;;
+	attention)
+		gotest "attention op tests" internal/runtime runtime.test 300 -test.run 'Attention' -test.v
+		FRAMEPACK_GPU_FLASH_FMA=1 gotest "attention op tests, flash FMA kernel forced" internal/runtime runtime.test 300 \
+			-test.run 'AttentionTiers|AttentionHalf' -test.v
+		chmod +x "$BIN"/*-worker
+		export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
+		for tier in flash chunked cpu; do
+			export FRAMEPACK_ATTENTION_TIER=$tier
+			gotest "parity transformer, attention $tier" workers/transformer/dit dit.test 300 -test.run '^TestParity' -test.v
+			gotest "parity textenc, attention $tier" workers/textenc textenc.test 300 -test.run '^TestParity' -test.v
+			gotest "parity siglip, attention $tier" workers/clipvision/siglip siglip.test 300 -test.run 'Parity' -test.v
+		done
+		unset FRAMEPACK_ATTENTION_TIER
+		;;
+	attnbench)
+		# the transformer's joint attention alone (18,083 tokens, 24 × 128, bf16): ours per tier
+		# against PyTorch's SDPA on the same GPU
+		gotest "attention benchmark (ours)" internal/runtime runtime.test 300 -test.run '^$' -test.bench AttentionDiT -test.benchtime 5x
+		grep -E "^BenchmarkAttentionDiT" "$LOG" | tail -2 >>"$SUMMARY"
+		run "attention benchmark (pytorch sdpa)" 120 python3 scripts/gpubench/attn_bench.py
+		grep -E "^pytorch sdpa" "$LOG" | tail -1 >>"$SUMMARY"
+		;;
 	memory)
 		gotest "devices: nvml, memory returned after kill" internal/devices devices.test 240 \
 			-test.run 'TestNVMLReal|TestVRAMReturnedAfterKill' -test.v
@@ -141,7 +167,7 @@ for phase in "${phases[@]}"; do
 		FRAMEPACK_GPU_HALF_COMPUTE=${FRAMEPACK_GPU_HALF_COMPUTE:-1} run "bench ours" "${BENCH_OURS_LIMIT:-420}" "$BIN/gpubench" -dir "$B" ${BENCH_STAGES:+-stages $BENCH_STAGES}
 		run "bench pytorch" "${BENCH_TORCH_LIMIT:-420}" python3 scripts/gpubench/torch_bench.py --out "$B" ${BENCH_STAGES:+--stages $BENCH_STAGES}
 		cp "$B"/ours.json "$B"/torch.json "$OUT"/ 2>/dev/null
-		python3 scripts/gpubench/table.py "$B" | tee "$OUT/table.md" >>"$SUMMARY"
+		python3 scripts/gpubench/table.py "$B" "$OUT/bench.json" "${BENCH_COMMIT:-}" | tee "$OUT/table.md" >>"$SUMMARY"
 		;;
 	*)
 		echo "gpu-check: unknown phase $phase" >&2

@@ -8,9 +8,8 @@ import (
 
 // Attention is multi-head scaled dot-product attention on token-major tensors: the one place
 // the models call the runtime's attention op (SigLIP, CLIP, Llama, the DiT's blocks and
-// refiner, the VAE's mid block). The runtime's op wants [B, H, L, D]; the head transposes are
-// made here, and only here, so a strided [B, L, H, D] kernel can later replace them without
-// touching a model.
+// refiner, the VAE's mid block). The runtime reads q, k and v as [B, L, H, D] through strides
+// (runtime.AttentionBLHD), so no head transposes are made: [B, L, H·D] is reshaped in place.
 type Attention struct {
 	Heads   int     // query heads
 	KVHeads int     // key/value heads (grouped-query attention); 0 means Heads
@@ -35,34 +34,22 @@ func (a Attention) Forward(p *Pass, q, k, v, mask *runtime.Tensor) *runtime.Tens
 		kvh = a.Heads
 	}
 	qh, kh, vh := a.toHeads(p, q, a.Heads), a.toHeads(p, k, kvh), a.toHeads(p, v, kvh)
-	o := p.Do(p.RT.Attention(qh, kh, vh, mask, runtime.AttentionParams{Scale: a.Scale})) // [B, H, Lq, D]
-	p.Drop(qh, kh, vh)
+	o := p.Do(p.RT.Attention(qh, kh, vh, mask, runtime.AttentionParams{Scale: a.Scale, Layout: runtime.AttentionBLHD})) // [B, Lq, H, D]
 	if !p.OK() {
 		return nil
 	}
-	B, Lq := o.Dim(0), o.Dim(2)
-	if a.Heads > 1 && Lq > 1 {
-		o = p.Then(o, func(o *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Permute(o, 0, 2, 1, 3)) }) // [B, Lq, H, D]
-	}
-	return p.Reshape(o, B, Lq, a.Heads*a.HeadDim)
+	return p.Reshape(o, o.Dim(0), o.Dim(1), a.Heads*a.HeadDim)
 }
 
-// toHeads: x [B, L, h·D] or [B, L, h, D] → a new [B, h, L, D] (a view when h or L is 1).
+// toHeads: x [B, L, h·D] or [B, L, h, D] → a [B, L, h, D] view of x (no copy).
 func (a Attention) toHeads(p *Pass, x *runtime.Tensor, h int) *runtime.Tensor {
 	if !p.OK() {
 		return nil
 	}
-	B, L := x.Dim(0), x.Dim(1)
-	if h == 1 || L == 1 {
-		return p.Do(x.Reshape(B, h, L, a.HeadDim))
-	}
 	if x.Rank() == 4 {
-		return p.Do(p.RT.Permute(x, 0, 2, 1, 3))
+		return x
 	}
-	view := p.Do(x.Reshape(B, L, h, a.HeadDim))
-	out := p.Do(p.RT.Permute(view, 0, 2, 1, 3))
-	p.Drop(view)
-	return out
+	return p.Do(x.Reshape(x.Dim(0), x.Dim(1), h, a.HeadDim))
 }
 
 // EncoderAttention is the attention of the CLIP-family encoder layers (CLIPAttention,

@@ -137,22 +137,62 @@ func BenchmarkConv3d(b *testing.B) {
 	reportGFLOPS(b, 2.0*64*64*27*8*64*64)
 }
 
-// BenchmarkAttention: one head, 4096 tokens, 64 dims (QKᵀ and PV: 4·L²·D flops).
+// BenchmarkAttention: 4 heads, 4096 tokens, 64 dims (QKᵀ and PV: 4·L²·D flops a head), per
+// tier.
 func BenchmarkAttention(b *testing.B) {
-	const L, D = 4096, 64
+	const H, L, D = 4, 4096, 64
 	rt := benchRuntime(b)
-	q := benchTensor(b, rt, 1, 1, L, D)
-	k := benchTensor(b, rt, 1, 1, L, D)
-	v := benchTensor(b, rt, 1, 1, L, D)
-	b.ResetTimer()
-	for range b.N {
-		y, err := rt.Attention(q, k, v, nil, AttentionParams{})
+	q := benchTensor(b, rt, 1, H, L, D)
+	k := benchTensor(b, rt, 1, H, L, D)
+	v := benchTensor(b, rt, 1, H, L, D)
+	for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked} {
+		b.Run(tier.String(), func(b *testing.B) {
+			for range b.N {
+				y, err := rt.Attention(q, k, v, nil, AttentionParams{Tier: tier})
+				if err != nil {
+					b.Fatal(err)
+				}
+				y.Free()
+			}
+			reportGFLOPS(b, 4.0*H*L*L*D)
+		})
+	}
+}
+
+// BenchmarkAttentionDiT: the transformer's joint attention at 544×704, window 9 (18,083 tokens,
+// 24 heads × 128, [B, L, H, D]) in bf16 on a device backend, flash and chunked tiers
+// (4·L²·D·H flops). Skipped on the cpu backend (minutes a call).
+func BenchmarkAttentionDiT(b *testing.B) {
+	const L, H, D = 18083, 24, 128
+	rt := benchRuntime(b)
+	if rt.Backend().IsHost {
+		b.Skip("device backends only")
+	}
+	var ts [3]*Tensor
+	for i := range ts {
+		x := benchTensor(b, rt, 1, L, H, D)
+		h, err := rt.Cast(x, BF16)
 		if err != nil {
 			b.Fatal(err)
 		}
-		y.Free()
+		b.Cleanup(h.Free)
+		ts[i] = h
 	}
-	reportGFLOPS(b, 4.0*L*L*D)
+	for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked} {
+		b.Run(tier.String(), func(b *testing.B) {
+			for range b.N {
+				y, err := rt.Attention(ts[0], ts[1], ts[2], nil, AttentionParams{Layout: AttentionBLHD, Tier: tier})
+				if err != nil {
+					b.Fatal(err)
+				}
+				y.Free()
+			}
+			if err := rt.Synchronize(); err != nil {
+				b.Fatal(err)
+			}
+			reportGFLOPS(b, 4.0*L*L*D*H)
+		})
+	}
 }
 
 // BenchmarkUploadBF16: converting bf16 checkpoint bytes to an f32 tensor on upload (weight

@@ -90,9 +90,9 @@ func TestScratchOOM(t *testing.T) {
 	q, qv := randTensor(t, rt, r, 1, 1, 40, 4)
 	k, kv := randTensor(t, rt, r, 1, 1, 300, 4) // all 40 query rows of scores: 47 KiB
 	wantA := refAttention(qv, kv, kv, 1, 1, 1, 40, 300, 4, 4, nil, nil, float64(float32(0.5)))
-	y, err = rt.Attention(q, k, k, nil, AttentionParams{})
+	y, err = rt.Attention(q, k, k, nil, AttentionParams{Tier: AttentionChunked})
 	check(t, "attention in smaller chunks", y, err, []int{1, 1, 40, 4}, wantA)
-	if _, err := rt.Attention(q, k, k, nil, AttentionParams{QueryChunk: 40}); !errors.Is(err, ErrOutOfMemory) {
+	if _, err := rt.Attention(q, k, k, nil, AttentionParams{QueryChunk: 40, Tier: AttentionChunked}); !errors.Is(err, ErrOutOfMemory) {
 		t.Fatalf("attention with an explicit chunk over the cap: got %v, want out of memory", err)
 	}
 }

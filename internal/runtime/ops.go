@@ -331,31 +331,7 @@ func (rt *Runtime) Softmax(x *Tensor, scale float32) (*Tensor, error) {
 	})
 }
 
-// ---- attention and rope -------------------------------------------------------------------
-
-// AttentionParams are the options of Attention.
-type AttentionParams struct {
-	Scale      float32 // 0 means 1/sqrt(D)
-	QueryChunk int     // queries per chunk; 0 = the backend's default (bounded scratch)
-}
-
-// Attention is scaled dot-product attention. q [B, H, Lq, D]; k [B, Hkv, Lk, D];
-// v [B, Hkv, Lk, Dv] with H a multiple of Hkv (grouped-query); mask nil or U8 broadcastable to
-// [B, H, Lq, Lk] (nonzero = attend; a fully masked query row gives zeros) → [B, H, Lq, Dv].
-func (rt *Runtime) Attention(q, k, v, mask *Tensor, p AttentionParams) (*Tensor, error) {
-	const op = "attention"
-	if err := required(op, q, k, v); err != nil {
-		return nil, err
-	}
-	if q.Rank() != 4 || v.Rank() != 4 {
-		return nil, argError(op, "q %s and v %s must be [B, H, L, D]", q, v)
-	}
-	cp := C.fpk_attention_params{scale: C.float(p.Scale), query_chunk: C.int64_t(p.QueryChunk)}
-	shape := []int{q.Dim(0), q.Dim(1), q.Dim(2), v.Dim(3)}
-	return rt.op(op, q.dtype, shape, []*Tensor{q, k, v, mask}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
-		return C.fpk_op_attention(rt.stream, &cp, in[0], in[1], in[2], in[3], out)
-	})
-}
+// ---- rope ---------------------------------------------------------------------------------
 
 // RoPEMode is the layout of the pairs RoPE rotates.
 type RoPEMode int

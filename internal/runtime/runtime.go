@@ -67,6 +67,9 @@ type Options struct {
 	ConvCache *convcache.Cache
 	// ConvPolicy adjusts the conv fallback chain.
 	ConvPolicy ConvPolicy
+	// AttentionTier forces one attention tier for every Attention (AttentionAuto, the zero
+	// value, runs the chain; FRAMEPACK_ATTENTION_TIER sets it when zero).
+	AttentionTier AttentionTier
 	// ConvFaults inject failures and hangs into chosen conv tiers and shapes (tests).
 	ConvFaults []ConvFault
 	// OpObserver is told of every op's start and end (the worker's beacon).
@@ -91,8 +94,9 @@ type Runtime struct {
 	opts   Options
 	info   BackendInfo
 
-	seq atomic.Uint64
-	cur atomic.Pointer[CurrentOp]
+	seq  atomic.Uint64
+	attn attentionCounters
+	cur  atomic.Pointer[CurrentOp]
 
 	chain *convChain
 
@@ -160,6 +164,18 @@ func New(opts Options) (*Runtime, error) {
 			}
 			opts.ConvPolicy = ConvPolicy{FirstTier: t, Only: true}
 		}
+	}
+	if opts.AttentionTier == AttentionAuto {
+		if v := os.Getenv(EnvAttentionTier); v != "" {
+			t, err := ParseAttentionTier(v)
+			if err != nil {
+				return nil, argError("new runtime", "%s: %v", EnvAttentionTier, err)
+			}
+			opts.AttentionTier = t
+		}
+	}
+	if opts.AttentionTier < 0 || int(opts.AttentionTier) >= NumAttentionTiers {
+		return nil, argError("new runtime", "attention tier %d out of range", int(opts.AttentionTier))
 	}
 	if opts.Backend == "auto" {
 		return newAuto(opts)

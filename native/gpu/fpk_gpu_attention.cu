@@ -1,10 +1,25 @@
 /*
- * fpk_gpu_attention.cu — scaled dot-product attention as chunked batched GEMM + softmax: per
- * batch, per query group of a key head (grouped-query attention) and per chunk of queries,
- * S = scale·Q Kᵀ over every key head at once (one strided batched GEMM, f32 scores), a masked
- * row softmax into P (the values' dtype when they are 16-bit, so the second GEMM runs on the
- * matrix units), then O = P V written in place into the output. Scratch is one chunk of scores:
- * bounded by FRAMEPACK_GPU_ATTENTION_MIB (default 1024 MiB) whatever the sequence length.
+ * fpk_gpu_attention.cu — scaled dot-product attention, two tiers (fpk_attention_tier):
+ *
+ * flash    One fused kernel (FlashAttention-2's scheme): a block owns a tile of queries of one
+ *          head, streams the keys and values through shared memory in tiles, and keeps a running
+ *          max and sum per query row (online softmax), so scores never reach device memory.
+ *          f32 accumulation everywhere. Two kernels:
+ *          - matrix units (CUDA, sm_80 and later): bf16 or f16 q, k, v with head dims up to 128
+ *            (multiples of 8, padded to 16 in shared memory), mma.sync m16n8k16 for S = Q Kᵀ and
+ *            O += P V with P kept in registers, ldmatrix.trans for V. 4 warps × 16 query rows.
+ *          - FMA (every build, HIP included, and every dtype): f32 arithmetic on any dims up to
+ *            256, for the f32 parity runs and where the matrix path does not apply.
+ *          With FRAMEPACK_GPU_HALF_COMPUTE, f32 q, k, v are rounded to bf16 first (PyTorch's bf16
+ *          attention) so the matrix kernel serves.
+ * chunked  Per batch, query group of a key head and chunk of queries, S = scale·Q Kᵀ for every
+ *          key head in one strided batched GEMM (f32 scores), a masked row softmax into P (the
+ *          values' dtype when 16-bit), then O = P V written in place. Scratch is one chunk of
+ *          scores, at most FRAMEPACK_GPU_ATTENTION_MIB (default 1024) MiB at any length.
+ *
+ * Both read q, k, v and write out through element strides (batch, position, head), so the
+ * [B, H, L, D] and [B, L, H, D] layouts need no copies. The vendor and cpu tiers answer
+ * FPK_ERR_UNAVAILABLE here (the core serves the cpu tier by a host round trip).
  */
 #include "fpk_gpu_internal.h"
 
@@ -21,18 +36,437 @@ static int64_t score_budget(void) {
     return (int64_t)mib << 20;
 }
 
-extern "C" fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf,
-                                        const fpk_attention_params *p, const fpk_gt *q, const fpk_gt *k,
-                                        const fpk_gt *v, const fpk_gt *mask, const fpk_gt *out) {
-    cudaStream_t st = fpk_stream(c, s);
-    int64_t B = q->shape[0], H = q->shape[1], Lq = q->shape[2], D = q->shape[3];
-    int64_t Hkv = k->shape[1], Lk = k->shape[2], Dv = v->shape[3];
-    if (out->numel == 0) return FPK_OK;
-    if (Lk == 0) {
-        FPK_CUDA(cudaMemsetAsync(out->data, 0, (size_t)out->numel * fpk_dt_size(out->dtype), st), "attention");
-        return FPK_OK;
+/* Element strides (batch, position, head) of a 4-d operand in the given layout. */
+static void attn_strides(const fpk_gt *t, int layout, int64_t st[3]) {
+    int64_t d1 = t->shape[1], d2 = t->shape[2], d3 = t->shape[3];
+    st[0] = d1 * d2 * d3;
+    if (layout == FPK_ATTN_BLHD) {
+        st[1] = d2 * d3;
+        st[2] = d3;
+    } else {
+        st[1] = d3;
+        st[2] = d2 * d3;
     }
-    float scale = p->scale != 0 ? p->scale : (float)(1.0 / sqrt((double)(D ? D : 1)));
+}
+
+/* Mask strides over [B, H, Lq, Lk] (0 where broadcast). */
+static void mask_strides(const fpk_gt *mask, int64_t B, int64_t H, int64_t Lq, int64_t Lk, int64_t mst[4]) {
+    for (int i = 0; i < 4; i++) mst[i] = 0;
+    if (!mask) return;
+    int64_t full[4] = {B, H, Lq, Lk}, stride = 1;
+    for (int i = 3; i >= 0; i--) {
+        int im = mask->ndim - 4 + i;
+        int64_t dd = im >= 0 ? mask->shape[im] : 1;
+        mst[i] = (im < 0 || (dd == 1 && full[i] != 1)) ? 0 : stride;
+        if (im >= 0) stride *= dd;
+    }
+}
+
+/* ---- flash kernels ------------------------------------------------------------------------ */
+
+struct flash_args {
+    const void *q, *k, *v;
+    void *o;
+    const uint8_t *m;
+    int64_t qs[3], ks[3], vs[3], os[3], ms[4];
+    int Lq, Lk, rep, D, Dv;
+    int qdt, kdt, vdt, odt;
+    float scale_log2; /* scale · log2(e): the kernels use exp2 */
+};
+
+#define FLASH_LOG2E 1.4426950408889634f
+
+/* -- FMA kernel: BQ = 16 query rows a block, 8 threads a row, keys in tiles of bk ------------ */
+
+#define FMA_BQ 16
+#define FMA_MAXV 32 /* output columns a thread holds: Dv <= 8 * FMA_MAXV = 256 */
+
+__global__ void __launch_bounds__(128) k_flash_fma(flash_args a, int bk) {
+    extern __shared__ float sm[];
+    const int D = a.D, Dv = a.Dv, ldk = D + 1;
+    float *Qs = sm;                 /* [BQ][D] */
+    float *Ks = Qs + FMA_BQ * D;    /* [bk][D + 1] */
+    float *Vs = Ks + bk * ldk;      /* [bk][Dv] */
+    const int tid = threadIdx.x, r = tid >> 3, c = tid & 7;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / a.rep;
+    const int q0 = blockIdx.x * FMA_BQ, row = q0 + r;
+    const bool live = row < a.Lq;
+    for (int i = tid; i < FMA_BQ * D; i += blockDim.x) {
+        int rr = i / D, d = i % D;
+        float x = 0.f;
+        if (q0 + rr < a.Lq)
+            x = fpk_ld(a.q, a.qdt, b * a.qs[0] + (int64_t)(q0 + rr) * a.qs[1] + h * a.qs[2] + d);
+        Qs[i] = x * a.scale_log2;
+    }
+    float o[FMA_MAXV];
+#pragma unroll
+    for (int i = 0; i < FMA_MAXV; i++) o[i] = 0.f;
+    float mrow = -INFINITY, lsum = 0.f;
+    const uint8_t *mr = a.m ? a.m + b * a.ms[0] + h * a.ms[1] + (int64_t)(live ? row : 0) * a.ms[2] : nullptr;
+    for (int k0 = 0; k0 < a.Lk; k0 += bk) {
+        __syncthreads();
+        for (int i = tid; i < bk * D; i += blockDim.x) {
+            int j = i / D, d = i % D, key = k0 + j;
+            Ks[j * ldk + d] = key < a.Lk ? fpk_ld(a.k, a.kdt, b * a.ks[0] + (int64_t)key * a.ks[1] + hk * a.ks[2] + d) : 0.f;
+        }
+        for (int i = tid; i < bk * Dv; i += blockDim.x) {
+            int j = i / Dv, d = i % Dv, key = k0 + j;
+            Vs[i] = key < a.Lk ? fpk_ld(a.v, a.vdt, b * a.vs[0] + (int64_t)key * a.vs[1] + hk * a.vs[2] + d) : 0.f;
+        }
+        __syncthreads();
+        /* scores of keys c, c + 8, ... of this tile (at most 4: bk <= 32) */
+        float s[4], mx = -INFINITY;
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            int j = c + 8 * jj, key = k0 + j;
+            float x = -INFINITY;
+            if (j < bk && key < a.Lk && (!mr || mr[(int64_t)key * a.ms[3]])) {
+                x = 0.f;
+                const float *qr = Qs + r * D, *kr = Ks + j * ldk;
+                for (int d = 0; d < D; d++) x += qr[d] * kr[d];
+            }
+            s[jj] = x;
+            mx = fmaxf(mx, x);
+        }
+        mx = fmaxf(mx, FPK_SHFL_XOR(mx, 1, 8));
+        mx = fmaxf(mx, FPK_SHFL_XOR(mx, 2, 8));
+        mx = fmaxf(mx, FPK_SHFL_XOR(mx, 4, 8));
+        float mnew = fmaxf(mrow, mx);
+        float muse = mnew == -INFINITY ? 0.f : mnew;
+        float alpha = exp2f(mrow - muse), add = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            s[jj] = exp2f(s[jj] - muse);
+            add += s[jj];
+        }
+        lsum = lsum * alpha + add; /* this thread's share; summed over the 8 at the end */
+        mrow = mnew;
+#pragma unroll
+        for (int i = 0; i < FMA_MAXV; i++) o[i] *= alpha;
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            for (int cc = 0; cc < 8; cc++) {
+                float pj = FPK_SHFL(s[jj], cc, 8);
+                int j = cc + 8 * jj;
+                if (j >= bk) continue;
+                const float *vr = Vs + j * Dv;
+#pragma unroll
+                for (int i = 0; i < FMA_MAXV; i++) {
+                    int x = c + 8 * i;
+                    if (x < Dv) o[i] += pj * vr[x];
+                }
+            }
+        }
+    }
+    lsum += FPK_SHFL_XOR(lsum, 1, 8);
+    lsum += FPK_SHFL_XOR(lsum, 2, 8);
+    lsum += FPK_SHFL_XOR(lsum, 4, 8);
+    if (!live) return;
+    float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+    int64_t ob = b * a.os[0] + (int64_t)row * a.os[1] + h * a.os[2];
+#pragma unroll
+    for (int i = 0; i < FMA_MAXV; i++) {
+        int x = c + 8 * i;
+        if (x < Dv) fpk_st(a.o, a.odt, ob + x, o[i] * inv);
+    }
+}
+
+/* -- matrix-unit kernel (CUDA sm_80+): 4 warps × 16 query rows, keys in tiles of 64 ---------- */
+
+#if !defined(FPK_HIP)
+#define FPK_FLASH_MMA 1
+#define MMA_BQ 64
+#define MMA_BK 64
+
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, bool bf16) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (bf16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    (void)c, (void)a, (void)b0, (void)b1, (void)bf16;
+    __trap();
+#endif
+}
+
+/* Two floats as a packed pair of 16-bit values, lo in the low half (round to nearest even). */
+__device__ __forceinline__ uint32_t pack2(float lo, float hi, bool bf16) {
+    uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if (bf16)
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    (void)lo, (void)hi, (void)bf16;
+#endif
+    return r;
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#else
+    (void)r, (void)p;
+#endif
+}
+
+/* HDP: the head dim padded to a multiple of 16 (D = Dv <= HDP, D a multiple of 8). */
+template <int HDP>
+__global__ void __launch_bounds__(128) k_flash_mma(flash_args a) {
+    constexpr int LDS = HDP + 8; /* shared row stride in 16-bit elements: conflict-free fragments */
+    __shared__ __align__(16) uint16_t Ks[MMA_BK * LDS];
+    __shared__ __align__(16) uint16_t Vs[MMA_BK * LDS];
+    const bool bf16 = a.qdt == 2;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / a.rep;
+    const int D = a.D;
+    const int r0 = blockIdx.x * MMA_BQ + warp * 16 + g, r1 = r0 + 8;
+    const uint16_t *qp = (const uint16_t *)a.q + b * a.qs[0] + h * a.qs[2];
+    const uint16_t *kp = (const uint16_t *)a.k + b * a.ks[0] + hk * a.ks[2];
+    const uint16_t *vp = (const uint16_t *)a.v + b * a.vs[0] + hk * a.vs[2];
+    /* Q fragments, in registers for the whole key loop */
+    uint32_t qf[HDP / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HDP / 16; kk++) {
+        int c0 = kk * 16 + 2 * t4, c1 = c0 + 8;
+        qf[kk][0] = (r0 < a.Lq && c0 < D) ? *(const uint32_t *)(qp + (int64_t)r0 * a.qs[1] + c0) : 0u;
+        qf[kk][1] = (r1 < a.Lq && c0 < D) ? *(const uint32_t *)(qp + (int64_t)r1 * a.qs[1] + c0) : 0u;
+        qf[kk][2] = (r0 < a.Lq && c1 < D) ? *(const uint32_t *)(qp + (int64_t)r0 * a.qs[1] + c1) : 0u;
+        qf[kk][3] = (r1 < a.Lq && c1 < D) ? *(const uint32_t *)(qp + (int64_t)r1 * a.qs[1] + c1) : 0u;
+    }
+    float o[HDP / 8][4];
+#pragma unroll
+    for (int n = 0; n < HDP / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    const uint8_t *mr0 = nullptr, *mr1 = nullptr;
+    if (a.m) {
+        const uint8_t *mb = a.m + b * a.ms[0] + h * a.ms[1];
+        mr0 = mb + (int64_t)(r0 < a.Lq ? r0 : 0) * a.ms[2];
+        mr1 = mb + (int64_t)(r1 < a.Lq ? r1 : 0) * a.ms[2];
+    }
+    constexpr int CH = HDP / 8; /* 16-byte chunks per row */
+    for (int k0 = 0; k0 < a.Lk; k0 += MMA_BK) {
+        __syncthreads();
+        for (int i = tid; i < MMA_BK * CH; i += 128) {
+            int j = i / CH, col = (i % CH) * 8, key = k0 + j;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (key < a.Lk && col < D) {
+                kv = *(const uint4 *)(kp + (int64_t)key * a.ks[1] + col);
+                vv = *(const uint4 *)(vp + (int64_t)key * a.vs[1] + col);
+            }
+            *(uint4 *)(Ks + j * LDS + col) = kv;
+            *(uint4 *)(Vs + j * LDS + col) = vv;
+        }
+        __syncthreads();
+        float s[MMA_BK / 8][4];
+#pragma unroll
+        for (int n = 0; n < MMA_BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HDP / 16; kk++)
+#pragma unroll
+            for (int n = 0; n < MMA_BK / 8; n++) {
+                const uint16_t *kr = Ks + (n * 8 + g) * LDS + kk * 16 + 2 * t4;
+                mma16816(s[n], qf[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8), bf16);
+            }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < MMA_BK / 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int key = k0 + n * 8 + 2 * t4 + (e & 1);
+                float x = s[n][e] * a.scale_log2;
+                bool ok = key < a.Lk;
+                if (ok && a.m) ok = (e < 2 ? mr0 : mr1)[(int64_t)key * a.ms[3]] != 0;
+                x = ok ? x : -INFINITY;
+                s[n][e] = x;
+                if (e < 2) mx0 = fmaxf(mx0, x);
+                else mx1 = fmaxf(mx1, x);
+            }
+        mx0 = fmaxf(mx0, FPK_SHFL_XOR(mx0, 1, 32));
+        mx0 = fmaxf(mx0, FPK_SHFL_XOR(mx0, 2, 32));
+        mx1 = fmaxf(mx1, FPK_SHFL_XOR(mx1, 1, 32));
+        mx1 = fmaxf(mx1, FPK_SHFL_XOR(mx1, 2, 32));
+        float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);
+        float u0 = n0 == -INFINITY ? 0.f : n0, u1 = n1 == -INFINITY ? 0.f : n1;
+        float al0 = exp2f(m0 - u0), al1 = exp2f(m1 - u1);
+        m0 = n0;
+        m1 = n1;
+        float add0 = 0.f, add1 = 0.f;
+#pragma unroll
+        for (int n = 0; n < MMA_BK / 8; n++) {
+            s[n][0] = exp2f(s[n][0] - u0);
+            s[n][1] = exp2f(s[n][1] - u0);
+            s[n][2] = exp2f(s[n][2] - u1);
+            s[n][3] = exp2f(s[n][3] - u1);
+            add0 += s[n][0] + s[n][1];
+            add1 += s[n][2] + s[n][3];
+        }
+        l0 = l0 * al0 + add0;
+        l1 = l1 * al1 + add1;
+#pragma unroll
+        for (int n = 0; n < HDP / 8; n++) {
+            o[n][0] *= al0;
+            o[n][1] *= al0;
+            o[n][2] *= al1;
+            o[n][3] *= al1;
+        }
+#pragma unroll
+        for (int kk = 0; kk < MMA_BK / 16; kk++) {
+            uint32_t pa[4];
+            pa[0] = pack2(s[2 * kk][0], s[2 * kk][1], bf16);
+            pa[1] = pack2(s[2 * kk][2], s[2 * kk][3], bf16);
+            pa[2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1], bf16);
+            pa[3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3], bf16);
+            const int mi = lane >> 3, key = kk * 16 + (mi & 1) * 8 + (lane & 7);
+#pragma unroll
+            for (int n = 0; n < HDP / 8; n += 2) {
+                uint32_t vb[4];
+                ldmatrix_x4_trans(vb, Vs + key * LDS + (n + (mi >> 1)) * 8);
+                mma16816(o[n], pa, vb[0], vb[1], bf16);
+                mma16816(o[n + 1], pa, vb[2], vb[3], bf16);
+            }
+        }
+    }
+    l0 += FPK_SHFL_XOR(l0, 1, 32);
+    l0 += FPK_SHFL_XOR(l0, 2, 32);
+    l1 += FPK_SHFL_XOR(l1, 1, 32);
+    l1 += FPK_SHFL_XOR(l1, 2, 32);
+    float i0 = l0 > 0.f ? 1.f / l0 : 0.f, i1 = l1 > 0.f ? 1.f / l1 : 0.f;
+    const int64_t ob = b * a.os[0] + h * a.os[2];
+#pragma unroll
+    for (int n = 0; n < HDP / 8; n++) {
+        int col = n * 8 + 2 * t4;
+        if (col >= a.Dv) continue;
+        if (r0 < a.Lq) {
+            int64_t at = ob + (int64_t)r0 * a.os[1] + col;
+            fpk_st(a.o, a.odt, at, o[n][0] * i0);
+            fpk_st(a.o, a.odt, at + 1, o[n][1] * i0);
+        }
+        if (r1 < a.Lq) {
+            int64_t at = ob + (int64_t)r1 * a.os[1] + col;
+            fpk_st(a.o, a.odt, at, o[n][2] * i1);
+            fpk_st(a.o, a.odt, at + 1, o[n][3] * i1);
+        }
+    }
+}
+
+/* Whether this device has mma.sync for bf16/f16 (compute capability 8.0 and later). */
+static int mma_device(fpk_gpu_ctx *c) {
+    static int cc[64];
+    int dev = c->device < 64 ? c->device : 0;
+    if (!cc[dev]) {
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess) major = 0;
+        cc[dev] = major + 1;
+    }
+    return cc[dev] - 1 >= 8;
+}
+/* FRAMEPACK_GPU_FLASH_FMA=1: the FMA kernel even where the matrix kernel applies (tests). */
+static int force_fma(void) {
+    const char *e = getenv("FRAMEPACK_GPU_FLASH_FMA");
+    return e && *e && strcmp(e, "0") != 0;
+}
+
+static int aligned16(const void *p, const int64_t st[3]) {
+    return ((uintptr_t)p & 15) == 0 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0;
+}
+#endif /* !FPK_HIP */
+
+static fpk_status flash(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int layout, float scale,
+                        const fpk_gt *q, const fpk_gt *k, const fpk_gt *v, const fpk_gt *mask, const fpk_gt *out,
+                        int64_t B, int64_t H, int64_t Lq, int64_t D, int64_t Hkv, int64_t Lk, int64_t Dv) {
+    if (Lq > INT32_MAX / 2 || Lk > INT32_MAX / 2 || H > 65535 || B > 65535 || D > 256 || Dv > 8 * FMA_MAXV)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: flash tier takes head dims up to 256 and "
+                                 "up to 65535 heads and batches (D %lld, Dv %lld)", (long long)D, (long long)Dv);
+    flash_args a;
+    memset(&a, 0, sizeof a);
+    a.Lq = (int)Lq;
+    a.Lk = (int)Lk;
+    a.rep = (int)(H / Hkv);
+    a.D = (int)D;
+    a.Dv = (int)Dv;
+    a.scale_log2 = scale * FLASH_LOG2E;
+    a.m = mask ? (const uint8_t *)mask->data : nullptr;
+    mask_strides(mask, B, H, Lq, Lk, a.ms);
+    attn_strides(q, layout, a.qs);
+    attn_strides(k, layout, a.ks);
+    attn_strides(v, layout, a.vs);
+    attn_strides(out, layout, a.os);
+    a.o = out->data;
+    a.odt = out->dtype;
+    fpk_scratch sq(sf), sk(sf), sv(sf);
+    const void *ptr[3] = {q->data, k->data, v->data};
+    int dts[3] = {q->dtype, k->dtype, v->dtype};
+#ifdef FPK_FLASH_MMA
+    const fpk_gt *src[3] = {q, k, v};
+    /* FRAMEPACK_GPU_HALF_COMPUTE: f32 q, k, v meet the matrix units in bf16 (PyTorch's bf16
+     * attention), accumulation staying f32 */
+    if (c->half_compute && dts[0] == FPK_F32 && dts[1] == FPK_F32 && dts[2] == FPK_F32 && !force_fma() &&
+        mma_device(c) && D == Dv && D % 8 == 0 && D <= 128) {
+        fpk_scratch *scr[3] = {&sq, &sk, &sv};
+        for (int i = 0; i < 3; i++) {
+            FPK_TRY(scr[i]->alloc((size_t)src[i]->numel * 2));
+            FPK_TRY(fpk_gpu_convert(st, scr[i]->ptr, FPK_BF16, src[i]->data, FPK_F32, src[i]->numel));
+            ptr[i] = scr[i]->ptr;
+            dts[i] = FPK_BF16;
+        }
+    }
+#endif
+    a.q = ptr[0];
+    a.k = ptr[1];
+    a.v = ptr[2];
+    a.qdt = dts[0];
+    a.kdt = dts[1];
+    a.vdt = dts[2];
+    dim3 grid;
+    grid.y = (unsigned)H;
+    grid.z = (unsigned)B;
+#ifdef FPK_FLASH_MMA
+    bool half = (a.qdt == FPK_BF16 || a.qdt == FPK_F16) && a.kdt == a.qdt && a.vdt == a.qdt;
+    if (half && !force_fma() && mma_device(c) && D == Dv && D % 8 == 0 && D <= 128 && aligned16(a.q, a.qs) &&
+        aligned16(a.k, a.ks) && aligned16(a.v, a.vs)) {
+        grid.x = (unsigned)((Lq + MMA_BQ - 1) / MMA_BQ);
+        int hdp = (int)((D + 15) / 16 * 16);
+        switch (hdp) {
+        case 16: k_flash_mma<16><<<grid, 128, 0, st>>>(a); break;
+        case 32: k_flash_mma<32><<<grid, 128, 0, st>>>(a); break;
+        case 48: k_flash_mma<48><<<grid, 128, 0, st>>>(a); break;
+        case 64: k_flash_mma<64><<<grid, 128, 0, st>>>(a); break;
+        case 80: k_flash_mma<80><<<grid, 128, 0, st>>>(a); break;
+        case 96: k_flash_mma<96><<<grid, 128, 0, st>>>(a); break;
+        case 112: k_flash_mma<112><<<grid, 128, 0, st>>>(a); break;
+        default: k_flash_mma<128><<<grid, 128, 0, st>>>(a); break;
+        }
+        return fpk_gpu_launched("attention (flash, matrix units)");
+    }
+#endif
+    /* FMA kernel: keys per tile so the tiles fit 48 KiB of shared memory */
+    int bk = 32;
+    while (bk > 8 && (size_t)(FMA_BQ * D + bk * (D + 1) + bk * Dv) * 4 > 48 * 1024) bk /= 2;
+    size_t smem = (size_t)(FMA_BQ * D + bk * (D + 1) + bk * Dv) * 4;
+    if (smem > 48 * 1024)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: head dims %lld/%lld too large for the flash tier",
+                                 (long long)D, (long long)Dv);
+    grid.x = (unsigned)((Lq + FMA_BQ - 1) / FMA_BQ);
+    k_flash_fma<<<grid, 128, smem, st>>>(a, bk);
+    return fpk_gpu_launched("attention (flash, fma)");
+}
+
+/* ---- chunked tier --------------------------------------------------------------------------- */
+
+static fpk_status chunked(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_attention_params *p,
+                          float scale, const fpk_gt *q, const fpk_gt *k, const fpk_gt *v, const fpk_gt *mask,
+                          const fpk_gt *out, int64_t B, int64_t H, int64_t Lq, int64_t D, int64_t Hkv, int64_t Lk,
+                          int64_t Dv) {
     int64_t rep = H / Hkv;
     /* FRAMEPACK_GPU_HALF_COMPUTE: f32 q, k, v go through the matrix units in bf16 (as PyTorch's
      * bf16 attention), scores and softmax staying f32 */
@@ -53,6 +487,12 @@ extern "C" fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_s
         k = &kh;
         v = &vh;
     }
+    int64_t qs[3], ks[3], vs[3], os[3], mst[4];
+    attn_strides(q, p->layout, qs);
+    attn_strides(k, p->layout, ks);
+    attn_strides(v, p->layout, vs);
+    attn_strides(out, p->layout, os);
+    mask_strides(mask, B, H, Lq, Lk, mst);
     int pdt = (v->dtype == FPK_F16 || v->dtype == FPK_BF16) ? v->dtype : FPK_F32;
     int64_t row_bytes = Lk * 4 + (pdt != FPK_F32 ? Lk * 2 : 0);
     int64_t chunk = p->query_chunk > 0 ? p->query_chunk : score_budget() / (Hkv * row_bytes);
@@ -66,17 +506,6 @@ extern "C" fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_s
         FPK_TRY(sp.alloc((size_t)(Hkv * chunk * Lk) * 2));
         P = sp.ptr;
     }
-    /* mask strides over [B, H, Lq, Lk] (0 where broadcast) */
-    int64_t mst[4] = {0, 0, 0, 0};
-    if (mask) {
-        int64_t full[4] = {B, H, Lq, Lk}, stride = 1;
-        for (int i = 3; i >= 0; i--) {
-            int im = mask->ndim - 4 + i;
-            int64_t dd = im >= 0 ? mask->shape[im] : 1;
-            mst[i] = (im < 0 || (dd == 1 && full[i] != 1)) ? 0 : stride;
-            if (im >= 0) stride *= dd;
-        }
-    }
     for (int64_t b = 0; b < B; b++)
         for (int64_t r = 0; r < rep; r++)
             for (int64_t q0 = 0; q0 < Lq; q0 += chunk) {
@@ -89,14 +518,14 @@ extern "C" fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_s
                 g.K = D;
                 g.batch = Hkv;
                 g.alpha = scale;
-                g.a = elem(q->data, q->dtype, ((b * H + r) * Lq + q0) * D);
+                g.a = elem(q->data, q->dtype, b * qs[0] + r * qs[2] + q0 * qs[1]);
                 g.adt = q->dtype;
-                g.lda = D;
-                g.stride_a = rep * Lq * D;
-                g.b = elem(k->data, k->dtype, b * Hkv * Lk * D);
+                g.lda = qs[1];
+                g.stride_a = rep * qs[2];
+                g.b = elem(k->data, k->dtype, b * ks[0]);
                 g.bdt = k->dtype;
-                g.ldb = D;
-                g.stride_b = Lk * D;
+                g.ldb = ks[1];
+                g.stride_b = ks[2];
                 g.c = S;
                 g.cdt = FPK_F32;
                 g.ldc = Lk;
@@ -115,15 +544,40 @@ extern "C" fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_s
                 g.adt = pdt;
                 g.lda = Lk;
                 g.stride_a = n * Lk;
-                g.b = elem(v->data, v->dtype, b * Hkv * Lk * Dv);
+                g.b = elem(v->data, v->dtype, b * vs[0]);
                 g.bdt = v->dtype;
-                g.ldb = Dv;
-                g.stride_b = Lk * Dv;
-                g.c = (void *)elem(out->data, out->dtype, ((b * H + r) * Lq + q0) * Dv);
+                g.ldb = vs[1];
+                g.stride_b = vs[2];
+                g.c = (void *)elem(out->data, out->dtype, b * os[0] + r * os[2] + q0 * os[1]);
                 g.cdt = out->dtype;
-                g.ldc = Dv;
-                g.stride_c = rep * Lq * Dv;
+                g.ldc = os[1];
+                g.stride_c = rep * os[2];
                 FPK_TRY(fpk_gpu_gemm_run(c, st, sf, &g));
             }
     return FPK_OK;
+}
+
+extern "C" fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf,
+                                        const fpk_attention_params *p, const fpk_gt *q, const fpk_gt *k,
+                                        const fpk_gt *v, const fpk_gt *mask, const fpk_gt *out) {
+    if (p->tier == FPK_ATTN_TIER_VENDOR)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: no vendor fused attention in this build");
+    if (p->tier == FPK_ATTN_TIER_CPU)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: the cpu tier is the core's host round trip");
+    cudaStream_t st = fpk_stream(c, s);
+    int blhd = p->layout == FPK_ATTN_BLHD;
+    int64_t B = q->shape[0], H = q->shape[blhd ? 2 : 1], Lq = q->shape[blhd ? 1 : 2], D = q->shape[3];
+    int64_t Hkv = k->shape[blhd ? 2 : 1], Lk = k->shape[blhd ? 1 : 2], Dv = v->shape[3];
+    if (out->numel == 0) return FPK_OK;
+    if (Lk == 0) {
+        FPK_CUDA(cudaMemsetAsync(out->data, 0, (size_t)out->numel * fpk_dt_size(out->dtype), st), "attention");
+        return FPK_OK;
+    }
+    float scale = p->scale != 0 ? p->scale : (float)(1.0 / sqrt((double)(D ? D : 1)));
+    if (p->tier == FPK_ATTN_TIER_CHUNKED || D == 0)
+        return chunked(c, st, sf, p, scale, q, k, v, mask, out, B, H, Lq, D, Hkv, Lk, Dv);
+    fpk_status r = flash(c, st, sf, p->layout, scale, q, k, v, mask, out, B, H, Lq, D, Hkv, Lk, Dv);
+    if (r == FPK_ERR_UNAVAILABLE && p->tier == FPK_ATTN_TIER_AUTO)
+        return chunked(c, st, sf, p, scale, q, k, v, mask, out, B, H, Lq, D, Hkv, Lk, Dv);
+    return r;
 }

@@ -52,10 +52,15 @@
 #define cudaStreamSynchronize hipStreamSynchronize
 #define cudaFuncSetAttribute hipFuncSetAttribute
 #define FPK_GPU_NAME "hip"
+/* Lane exchange within segments of `width` lanes (a power of two up to the warp size). */
+#define FPK_SHFL_XOR(v, mask, width) __shfl_xor((v), (mask), (width))
+#define FPK_SHFL(v, src, width) __shfl((v), (src), (width))
 #else
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #define FPK_GPU_NAME "cuda"
+#define FPK_SHFL_XOR(v, mask, width) __shfl_xor_sync(0xffffffffu, (v), (mask), (width))
+#define FPK_SHFL(v, src, width) __shfl_sync(0xffffffffu, (v), (src), (width))
 #endif
 
 #include <stdint.h>

@@ -29,8 +29,9 @@ extern "C" {
 
 /* Version of the backend function table; a backend library built for another version is refused.
  * 2: the rope_mode slot (after rope).
- * 3: one rope slot with a mode (the interleaved-only rope slot is gone). */
-#define FPK_API_VERSION 3
+ * 3: one rope slot with a mode (the interleaved-only rope slot is gone).
+ * 4: fpk_attention_params gained layout and tier. */
+#define FPK_API_VERSION 4
 
 /* Most dimensions a tensor may have. */
 #define FPK_MAX_DIMS 8
@@ -283,13 +284,35 @@ fpk_status fpk_op_binary(fpk_stream_t stream, fpk_binary_op op, fpk_tensor_t a, 
 /* Softmax over the last dim of x * scale (scale 0 means 1). */
 fpk_status fpk_op_softmax(fpk_stream_t stream, float scale, fpk_tensor_t x, fpk_tensor_t out);
 
-/* Scaled dot-product attention. q: [B, H, Lq, D]; k: [B, Hkv, Lk, D]; v: [B, Hkv, Lk, Dv]
- * with H a multiple of Hkv (grouped-query attention); out: [B, H, Lq, Dv].
- * mask: NULL or U8 broadcastable to [B, H, Lq, Lk] (nonzero = attend). A query row whose mask
- * is all zero gives zeros. Computed in chunks of queries so scratch stays bounded. */
+/* Scaled dot-product attention. Layout FPK_ATTN_BHLD: q [B, H, Lq, D], k [B, Hkv, Lk, D],
+ * v [B, Hkv, Lk, Dv], out [B, H, Lq, Dv]; layout FPK_ATTN_BLHD: q [B, Lq, H, D],
+ * k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv], out [B, Lq, H, Dv] (the projections' own layout, read
+ * through strides: no permute copies). H is a multiple of Hkv (grouped-query attention).
+ * mask: NULL or U8 broadcastable to [B, H, Lq, Lk] in either layout (nonzero = attend). A query
+ * row whose mask is all zero gives zeros. Scratch stays bounded at any length: the flash tier
+ * keeps per-thread (cpu) or per-block (gpu) tiles and never forms the score matrix; the chunked
+ * tier forms one chunk of scores at a time. */
+typedef enum fpk_attention_layout {
+    FPK_ATTN_BHLD = 0, /* [B, H, L, D] */
+    FPK_ATTN_BLHD = 1, /* [B, L, H, D] */
+    FPK_ATTN_LAYOUT_COUNT = 2
+} fpk_attention_layout;
+/* Implementations, tried in this order by the runtime's attention chain (internal/runtime).
+ * A backend answers FPK_ERR_UNAVAILABLE for a tier it lacks (or cannot serve for these shapes
+ * and dtypes); the core serves FPK_ATTN_TIER_CPU for every backend (host round trip). */
+typedef enum fpk_attention_tier {
+    FPK_ATTN_TIER_AUTO = 0,    /* the backend's best tier for these operands */
+    FPK_ATTN_TIER_VENDOR = 1,  /* the vendor library's fused attention (none yet: unavailable) */
+    FPK_ATTN_TIER_FLASH = 2,   /* our fused kernel: tiles, online softmax, f32 accumulation */
+    FPK_ATTN_TIER_CHUNKED = 3, /* GEMM, masked softmax, GEMM per chunk of queries */
+    FPK_ATTN_TIER_CPU = 4,     /* the cpu backend's flash attention (host round trip on GPUs) */
+    FPK_ATTN_TIER_COUNT = 5
+} fpk_attention_tier;
 typedef struct fpk_attention_params {
     float scale;         /* 0 means 1/sqrt(D) */
-    int64_t query_chunk; /* queries per chunk; 0 = backend default */
+    int64_t query_chunk; /* chunked tier: queries per chunk; 0 = backend default */
+    int32_t layout;      /* fpk_attention_layout */
+    int32_t tier;        /* fpk_attention_tier */
 } fpk_attention_params;
 fpk_status fpk_op_attention(fpk_stream_t stream, const fpk_attention_params *params,
                             fpk_tensor_t q, fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask,

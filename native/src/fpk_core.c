@@ -1039,38 +1039,91 @@ fpk_status fpk_op_softmax(fpk_stream_t s, float scale, fpk_tensor_t x, fpk_tenso
     return s->backend->iface->softmax(BCTX(s), scale, x, out);
 }
 
+/* Serves the CPU attention tier for a backend whose table does not: download the operands into
+ * the host (cpu) backend as f32, run its flash attention, upload the result. */
+static fpk_status attention_host_bounce(fpk_stream_t s, const fpk_attention_params *p, fpk_tensor_t q,
+                                        fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask,
+                                        fpk_tensor_t out) {
+    fpk_backend_t b = s->backend;
+    pthread_mutex_lock(&b->host_mu);
+    if (!b->host) {
+        fpk_backend_config cfg = {0};
+        cfg.threads = b->config.threads;
+        fpk_status st = fpk_backend_new_cpu(&cfg, &b->host);
+        if (st != FPK_OK) {
+            pthread_mutex_unlock(&b->host_mu);
+            return st;
+        }
+    }
+    fpk_backend_t h = b->host;
+    pthread_mutex_unlock(&b->host_mu);
+    fpk_tensor_t src[4] = {q, k, v, mask}, dst[4] = {NULL, NULL, NULL, NULL}, hout = NULL;
+    fpk_status st = FPK_OK;
+    for (int i = 0; i < 4 && st == FPK_OK; i++) {
+        if (!src[i]) continue;
+        fpk_dtype dt = i == 3 ? FPK_U8 : FPK_F32;
+        st = fpk_tensor_new(h, dt, src[i]->ndim, src[i]->shape, &dst[i]);
+        if (st != FPK_OK) break;
+        st = fpk_tensor_download(s, src[i], dt, fpk_tensor_data(dst[i]), fpk_tensor_nbytes(dst[i]));
+    }
+    if (st == FPK_OK) st = fpk_tensor_new(h, FPK_F32, out->ndim, out->shape, &hout);
+    fpk_attention_params hp = *p;
+    hp.tier = FPK_ATTN_TIER_CPU;
+    if (st == FPK_OK) st = fpk_op_attention(&h->default_stream, &hp, dst[0], dst[1], dst[2], dst[3], hout);
+    if (st == FPK_OK)
+        st = fpk_tensor_upload(s, out, FPK_F32, fpk_tensor_data(hout), fpk_tensor_nbytes(hout));
+    for (int i = 0; i < 4; i++) fpk_tensor_free(dst[i]);
+    fpk_tensor_free(hout);
+    return st;
+}
+
 fpk_status fpk_op_attention(fpk_stream_t s, const fpk_attention_params *p, fpk_tensor_t q,
                             fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask, fpk_tensor_t out) {
     const char *op = "attention";
     fpk_tensor_t ts[] = {q, k, v, mask, out};
     TRY(check_args(op, s, 5, ts, 0x17));
     CHECK(p, "%s: null params", op);
+    CHECK(p->layout >= 0 && p->layout < FPK_ATTN_LAYOUT_COUNT, "%s: unknown layout %d", op, (int)p->layout);
+    CHECK(p->tier >= 0 && p->tier < FPK_ATTN_TIER_COUNT, "%s: unknown tier %d", op, (int)p->tier);
     char s1[160], s2[160], s3[160];
+    int blhd = p->layout == FPK_ATTN_BLHD;
+    const char *lay = blhd ? "[B, L, H, D]" : "[B, H, L, D]";
     CHECK(q->ndim == 4 && k->ndim == 4 && v->ndim == 4 && out->ndim == 4,
-          "%s: q, k, v and out must be [B, H, L, D]", op);
-    int64_t B = q->shape[0], H = q->shape[1], Lq = q->shape[2], D = q->shape[3];
-    int64_t Hkv = k->shape[1], Lk = k->shape[2], Dv = v->shape[3];
+          "%s: q, k, v and out must be %s", op, lay);
+    int hd = blhd ? 2 : 1, ld = blhd ? 1 : 2; /* dims of heads and positions */
+    int64_t B = q->shape[0], H = q->shape[hd], Lq = q->shape[ld], D = q->shape[3];
+    int64_t Hkv = k->shape[hd], Lk = k->shape[ld], Dv = v->shape[3];
     CHECK(k->shape[0] == B && k->shape[3] == D && Hkv > 0 && H % Hkv == 0,
-          "%s: k %s does not fit q %s", op, shape_str(k, s2, sizeof s2), shape_str(q, s1, sizeof s1));
-    CHECK(v->shape[0] == B && v->shape[1] == Hkv && v->shape[2] == Lk, "%s: v %s does not fit k %s",
-          op, shape_str(v, s3, sizeof s3), shape_str(k, s2, sizeof s2));
-    CHECK(out->shape[0] == B && out->shape[1] == H && out->shape[2] == Lq && out->shape[3] == Dv,
+          "%s: k %s does not fit q %s (%s)", op, shape_str(k, s2, sizeof s2), shape_str(q, s1, sizeof s1), lay);
+    CHECK(v->shape[0] == B && v->shape[hd] == Hkv && v->shape[ld] == Lk, "%s: v %s does not fit k %s (%s)",
+          op, shape_str(v, s3, sizeof s3), shape_str(k, s2, sizeof s2), lay);
+    int64_t want[4] = {B, blhd ? Lq : H, blhd ? H : Lq, Dv};
+    CHECK(out->shape[0] == want[0] && out->shape[1] == want[1] && out->shape[2] == want[2] &&
+              out->shape[3] == want[3],
           "%s: out %s, want [%lld, %lld, %lld, %lld]", op, shape_str(out, s3, sizeof s3),
-          (long long)B, (long long)H, (long long)Lq, (long long)Dv);
+          (long long)want[0], (long long)want[1], (long long)want[2], (long long)want[3]);
     if (mask) {
         CHECK(mask->dtype == FPK_U8, "%s: mask must be u8, got %s", op, dtype_name(mask->dtype));
         CHECK(mask->ndim <= 4, "%s: mask has %d dims (at most 4)", op, mask->ndim);
         int64_t full[4] = {B, H, Lq, Lk};
         for (int i = 0; i < mask->ndim; i++) {
-            int64_t d = mask->shape[i], want = full[4 - mask->ndim + i];
-            CHECK(d == 1 || d == want, "%s: mask %s does not broadcast to [%lld, %lld, %lld, %lld]",
+            int64_t d = mask->shape[i], w = full[4 - mask->ndim + i];
+            CHECK(d == 1 || d == w, "%s: mask %s does not broadcast to [%lld, %lld, %lld, %lld]",
                   op, shape_str(mask, s1, sizeof s1), (long long)B, (long long)H, (long long)Lq,
                   (long long)Lk);
         }
     }
     CHECK(p->query_chunk >= 0, "%s: negative query chunk", op);
-    SLOT(s, attention, op);
-    return s->backend->iface->attention(BCTX(s), p, q, k, v, mask, out);
+    fpk_status st = FPK_ERR_UNAVAILABLE;
+    if (s->backend->iface->attention)
+        st = s->backend->iface->attention(BCTX(s), p, q, k, v, mask, out);
+    else
+        fpk_set_error(st, "%s: backend %s has no attention", op, s->backend->iface->name);
+    if (st == FPK_ERR_UNAVAILABLE && p->tier == FPK_ATTN_TIER_CPU) {
+        fpk_clear_error();
+        return attention_host_bounce(s, p, q, k, v, mask, out);
+    }
+    return st;
 }
 
 fpk_status fpk_op_rope(fpk_stream_t s, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,

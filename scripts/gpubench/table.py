@@ -1,5 +1,9 @@
 #!/usr/bin/env python3
-"""Joins torch.json and ours.json (from torch_bench.py and gpubench) into the README's table."""
+"""Joins torch.json and ours.json (from torch_bench.py and gpubench) into the README's table.
+
+Usage: table.py DIR [JSON_OUT COMMIT]: with JSON_OUT, also writes the speed history record
+docs/bench/<date>-<gpu>.json: {gpu, commit, date, rows: [{stage, ours_s, pytorch_s, ratio,
+ours_peak_gib, pytorch_peak_gib}]}."""
 import json
 import os
 import sys
@@ -20,7 +24,7 @@ def gib(b):
     return f"{b / 2**30:.1f} GiB" if b else "–"
 
 
-def main(d):
+def main(d, json_out=None, commit=None):
     def load(name):
         try:
             with open(os.path.join(d, name)) as f:
@@ -31,8 +35,9 @@ def main(d):
     gpu = torch.get("gpu") or ours.get("device", "?")
     print(f"Measured {time.strftime('%Y-%m-%d')} on {gpu}, PyTorch {torch.get('torch', '?')}, random weights, same run.")
     print("Ours: cuda backend, weights bf16, activations f32, matrix products on bf16 operands with f32")
-    print("accumulation (FRAMEPACK_GPU_HALF_COMPUTE=1), attention as chunked GEMM + softmax. PyTorch: FramePack's dtypes")
+    print("accumulation (FRAMEPACK_GPU_HALF_COMPUTE=1), attention the fused flash kernel (bf16 mma.sync). PyTorch: FramePack's dtypes")
     print("(transformer bf16, the rest fp16), SDPA attention. Time is the median of the timed runs after a warm-up.\n")
+    rows = []
     print("| stage | ours | PyTorch | ours / PyTorch | peak ours | peak PyTorch |")
     print("|---|---|---|---|---|---|")
     for k, label in LABELS.items():
@@ -41,7 +46,22 @@ def main(d):
         ts = f"{t['seconds']:.3f} s" if "seconds" in t else ("error: " + t.get("error", "not run"))[:80]
         ratio = f"{o['seconds'] / t['seconds']:.2f}x" if "seconds" in o and "seconds" in t else "–"
         print(f"| {label} | {os_} | {ts} | {ratio} | {gib(o.get('peak_bytes'))} | {gib(t.get('peak_bytes'))} |")
+        if "seconds" in o or "seconds" in t:
+            rows.append({
+                "stage": k,
+                "ours_s": o.get("seconds"),
+                "pytorch_s": t.get("seconds"),
+                "ratio": round(o["seconds"] / t["seconds"], 3) if "seconds" in o and "seconds" in t else None,
+                "ours_peak_gib": round(o["peak_bytes"] / 2**30, 2) if o.get("peak_bytes") else None,
+                "pytorch_peak_gib": round(t["peak_bytes"] / 2**30, 2) if t.get("peak_bytes") else None,
+            })
+    if json_out:
+        rec = {"gpu": gpu, "commit": commit, "date": time.strftime("%Y-%m-%d"), "torch": torch.get("torch"),
+               "rows": rows}
+        with open(json_out, "w") as f:
+            json.dump(rec, f, indent=1)
+            f.write("\n")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *sys.argv[2:4])

@@ -1,0 +1,305 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// permuteBHLD swaps dims 1 and 2 of [d0, d1, d2, d3] values (BHLD ↔ BLHD).
+func permuteBHLD(v []float64, d0, d1, d2, d3 int) []float64 {
+	out := make([]float64, len(v))
+	for a := range d0 {
+		for b := range d1 {
+			for c := range d2 {
+				for d := range d3 {
+					out[((a*d2+c)*d1+b)*d3+d] = v[((a*d1+b)*d2+c)*d3+d]
+				}
+			}
+		}
+	}
+	return out
+}
+
+// attnCase is one awkward attention shape: odd lengths that straddle the flash tiles (32
+// queries, 64 keys), grouped-query heads, the head dims the models use (64 CLIP, 72 SigLIP,
+// 128 Llama and the transformer) and the fixtures' small ones, key-padding masks as FramePack's
+// text lengths make them, full masks and fully masked rows.
+type attnCase struct {
+	name                     string
+	B, H, Hkv, Lq, Lk, D, Dv int
+	maskShape                []int
+	keyValid                 []int // per batch entry: keys at or past this are masked (text lengths)
+	maskAllRow               bool
+	scale                    float32
+}
+
+var attnCases = []attnCase{
+	{name: "d64 odd", B: 1, H: 2, Hkv: 2, Lq: 33, Lk: 65, D: 64, Dv: 64},
+	{name: "d72 siglip", B: 1, H: 2, Hkv: 2, Lq: 37, Lk: 37, D: 72, Dv: 72},
+	{name: "d128 long keys", B: 1, H: 1, Hkv: 1, Lq: 67, Lk: 131, D: 128, Dv: 128},
+	{name: "d128 gqa", B: 1, H: 4, Hkv: 2, Lq: 19, Lk: 70, D: 128, Dv: 128},
+	{name: "d16 fixture", B: 1, H: 2, Hkv: 2, Lq: 163, Lk: 163, D: 16, Dv: 16},
+	{name: "d8 d5", B: 2, H: 3, Hkv: 1, Lq: 7, Lk: 9, D: 8, Dv: 5},
+	{name: "d3", B: 1, H: 1, Hkv: 1, Lq: 1, Lk: 1, D: 3, Dv: 3},
+	{name: "text lengths", B: 2, H: 2, Hkv: 2, Lq: 45, Lk: 77, D: 64, Dv: 64, maskShape: []int{2, 1, 1, 77}, keyValid: []int{13, 77}},
+	{name: "refiner mask 128", B: 1, H: 2, Hkv: 2, Lq: 29, Lk: 29, D: 128, Dv: 128, maskShape: []int{1, 1, 29, 29}, keyValid: []int{11}},
+	{name: "random full mask", B: 1, H: 2, Hkv: 1, Lq: 40, Lk: 70, D: 32, Dv: 32, maskShape: []int{1, 2, 40, 70}},
+	{name: "fully masked row", B: 1, H: 1, Hkv: 1, Lq: 4, Lk: 3, D: 2, Dv: 2, maskShape: []int{4, 3}, maskAllRow: true},
+	{name: "scale", B: 1, H: 1, Hkv: 1, Lq: 5, Lk: 66, D: 24, Dv: 24, scale: 0.3},
+}
+
+// mask builds the case's u8 mask (nil without one).
+func (c attnCase) mask(r *rand.Rand) []uint8 {
+	if c.maskShape == nil {
+		return nil
+	}
+	mv := make([]uint8, numel(c.maskShape))
+	last := c.maskShape[len(c.maskShape)-1]
+	for i := range mv {
+		switch {
+		case c.keyValid != nil:
+			b := 0
+			if c.maskShape[0] > 1 && len(c.maskShape) == 4 {
+				b = i / (numel(c.maskShape) / c.maskShape[0])
+			}
+			if i%last < c.keyValid[b] {
+				mv[i] = 1
+			}
+		case r.IntN(3) > 0:
+			mv[i] = 1
+		}
+	}
+	if c.maskAllRow {
+		for j := range last {
+			mv[j] = 0 // query row 0 sees nothing
+		}
+	}
+	return mv
+}
+
+// TestAttentionTiers: every tier (and the chain) in both layouts against a float64 reference,
+// and the flash tier against the chunked tier directly.
+func TestAttentionTiers(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	r := rng(t)
+	for _, c := range attnCases {
+		for _, layout := range []AttentionLayout{AttentionBHLD, AttentionBLHD} {
+			t.Run(fmt.Sprintf("%s/layout%d", c.name, layout), func(t *testing.T) {
+				qv := f32Round(randVals(r, c.B*c.H*c.Lq*c.D))
+				kv := f32Round(randVals(r, c.B*c.Hkv*c.Lk*c.D))
+				vv := f32Round(randVals(r, c.B*c.Hkv*c.Lk*c.Dv))
+				mv := c.mask(r)
+				scale := float64(c.scale)
+				if scale == 0 {
+					scale = 1 / math.Sqrt(float64(c.D))
+				}
+				want := refAttention(qv, kv, vv, c.B, c.H, c.Hkv, c.Lq, c.Lk, c.D, c.Dv, mv, c.maskShape, float64(float32(scale)))
+				qs, ks, vs, os := []int{c.B, c.H, c.Lq, c.D}, []int{c.B, c.Hkv, c.Lk, c.D}, []int{c.B, c.Hkv, c.Lk, c.Dv}, []int{c.B, c.H, c.Lq, c.Dv}
+				if layout == AttentionBLHD {
+					qv, kv, vv = permuteBHLD(qv, c.B, c.H, c.Lq, c.D), permuteBHLD(kv, c.B, c.Hkv, c.Lk, c.D), permuteBHLD(vv, c.B, c.Hkv, c.Lk, c.Dv)
+					want = permuteBHLD(want, c.B, c.H, c.Lq, c.Dv)
+					qs, ks, vs, os = []int{c.B, c.Lq, c.H, c.D}, []int{c.B, c.Lk, c.Hkv, c.D}, []int{c.B, c.Lk, c.Hkv, c.Dv}, []int{c.B, c.Lq, c.H, c.Dv}
+				}
+				q, k, v := upload(t, rt, qv, qs...), upload(t, rt, kv, ks...), upload(t, rt, vv, vs...)
+				var mask *Tensor
+				if mv != nil {
+					var err error
+					if mask, err = rt.FromUint8(mv, c.maskShape...); err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(mask.Free)
+				}
+				outs := map[AttentionTier][]float32{}
+				for _, tier := range []AttentionTier{AttentionAuto, AttentionFlash, AttentionChunked, AttentionCPU} {
+					y, err := rt.Attention(q, k, v, mask, AttentionParams{Scale: c.scale, Layout: layout, Tier: tier})
+					if err != nil {
+						t.Fatalf("tier %s: %v", tier, err)
+					}
+					got, err := y.Float32()
+					if err != nil {
+						t.Fatal(err)
+					}
+					outs[tier] = got
+					check(t, "tier "+tier.String(), y, nil, os, want)
+				}
+				ch := make([]float64, len(outs[AttentionChunked]))
+				for i, x := range outs[AttentionChunked] {
+					ch[i] = float64(x)
+				}
+				if e := relL2(outs[AttentionFlash], ch); e > tol {
+					t.Fatalf("flash vs chunked: rel L2 %.3g > %g", e, tol)
+				}
+			})
+		}
+	}
+}
+
+// TestAttentionHalf: 16-bit q, k, v (what the GPU backends feed their matrix units) through the
+// flash and chunked tiers against the reference of the rounded values. The cpu backend computes
+// attention in f32 only and answers unsupported, which the test asserts.
+func TestAttentionHalf(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	r := rng(t)
+	for _, dt := range []DType{BF16, F16} {
+		for _, c := range attnCases {
+			if c.D != c.Dv {
+				continue
+			}
+			t.Run(fmt.Sprintf("%s/%s", dt, c.name), func(t *testing.T) {
+				shape := func(h, l, d int) []int { return []int{c.B, l, h, d} }
+				q32 := upload(t, rt, randVals(r, c.B*c.H*c.Lq*c.D), shape(c.H, c.Lq, c.D)...)
+				k32 := upload(t, rt, randVals(r, c.B*c.Hkv*c.Lk*c.D), shape(c.Hkv, c.Lk, c.D)...)
+				v32 := upload(t, rt, randVals(r, c.B*c.Hkv*c.Lk*c.Dv), shape(c.Hkv, c.Lk, c.Dv)...)
+				var ts [3]*Tensor
+				var vals [3][]float64
+				for i, x := range []*Tensor{q32, k32, v32} {
+					h, err := rt.Cast(x, dt)
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(h.Free)
+					ts[i] = h
+					f, err := h.Float32()
+					if err != nil {
+						t.Fatal(err)
+					}
+					vals[i] = make([]float64, len(f))
+					for j, x := range f {
+						vals[i][j] = float64(x)
+					}
+				}
+				mv := c.mask(r)
+				var mask *Tensor
+				if mv != nil {
+					var err error
+					if mask, err = rt.FromUint8(mv, c.maskShape...); err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(mask.Free)
+				}
+				scale := float64(c.scale)
+				if scale == 0 {
+					scale = 1 / math.Sqrt(float64(c.D))
+				}
+				want := refAttention(permuteBHLD(vals[0], c.B, c.Lq, c.H, c.D), permuteBHLD(vals[1], c.B, c.Lk, c.Hkv, c.D),
+					permuteBHLD(vals[2], c.B, c.Lk, c.Hkv, c.Dv), c.B, c.H, c.Hkv, c.Lq, c.Lk, c.D, c.Dv, mv, c.maskShape,
+					float64(float32(scale)))
+				want = permuteBHLD(want, c.B, c.H, c.Lq, c.Dv)
+				for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked} {
+					y, err := rt.Attention(ts[0], ts[1], ts[2], mask, AttentionParams{Scale: c.scale, Layout: AttentionBLHD, Tier: tier})
+					if rt.Backend().IsHost {
+						if !errors.Is(err, ErrUnsupported) {
+							t.Fatalf("cpu backend, %s attention: got %v, want unsupported", dt, err)
+						}
+						if y != nil {
+							y.Free()
+						}
+						continue
+					}
+					if err != nil {
+						t.Fatalf("tier %s: %v", tier, err)
+					}
+					got, err := y.Float32()
+					y.Free()
+					if err != nil {
+						t.Fatal(err)
+					}
+					// 16-bit output and, in the chunked tier, 16-bit probabilities
+					if e := relL2(got, want); e > 1e-2 || math.IsNaN(e) {
+						t.Fatalf("tier %s: rel L2 %.3g > 1e-2", tier, e)
+					}
+					t.Logf("tier %s: rel L2 %.3g", tier, relL2(got, want))
+				}
+			})
+		}
+	}
+}
+
+// TestAttentionChain: the chain skips the tiers a backend lacks and counts who served; a forced
+// tier the backend lacks is an error, not a fall-through; FRAMEPACK_ATTENTION_TIER forces one.
+func TestAttentionChain(t *testing.T) {
+	r := rng(t)
+	run := func(t *testing.T, rt *Runtime, p AttentionParams) (*Tensor, error, []float64) {
+		q, qv := randTensor(t, rt, r, 1, 2, 9, 8)
+		k, kv := randTensor(t, rt, r, 1, 2, 70, 8)
+		want := refAttention(qv, kv, kv, 1, 2, 2, 9, 70, 8, 8, nil, nil, float64(float32(1/math.Sqrt(8))))
+		y, err := rt.Attention(q, k, k, nil, p)
+		return y, err, want
+	}
+	t.Run("chain", func(t *testing.T) {
+		rt := newTestRuntime(t, Options{Backend: "cpu"})
+		y, err, want := run(t, rt, AttentionParams{})
+		check(t, "chain", y, err, []int{1, 2, 9, 8}, want)
+		s := rt.AttentionStats()
+		if s.Unavailable[AttentionVendor] != 1 || s.Served[AttentionFlash] != 1 {
+			t.Fatalf("stats %+v: want vendor unavailable, flash served", s)
+		}
+	})
+	t.Run("forced vendor", func(t *testing.T) {
+		rt := newTestRuntime(t, Options{Backend: "cpu"})
+		y, err, _ := run(t, rt, AttentionParams{Tier: AttentionVendor})
+		if !errors.Is(err, ErrUnavailable) {
+			y.Free()
+			t.Fatalf("forced vendor tier on cpu: got %v, want unavailable", err)
+		}
+	})
+	t.Run("env", func(t *testing.T) {
+		t.Setenv(EnvAttentionTier, "chunked")
+		rt := newTestRuntime(t, Options{Backend: "cpu"})
+		y, err, want := run(t, rt, AttentionParams{})
+		check(t, "env chunked", y, err, []int{1, 2, 9, 8}, want)
+		if s := rt.AttentionStats(); s.Served[AttentionChunked] != 1 || s.Unavailable[AttentionVendor] != 0 {
+			t.Fatalf("stats %+v: want chunked alone", s)
+		}
+		t.Setenv(EnvAttentionTier, "fast")
+		if _, err := New(Options{Backend: "cpu"}); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("bad tier name: got %v", err)
+		}
+	})
+	t.Run("host bounce", func(t *testing.T) {
+		// the cpu backend refuses its own cpu tier, so the core's host round trip serves it,
+		// as on a GPU backend
+		rt := newTestRuntime(t, Options{Backend: "cpu", hostBounce: true})
+		y, err, want := run(t, rt, AttentionParams{Tier: AttentionCPU})
+		check(t, "host bounce", y, err, []int{1, 2, 9, 8}, want)
+	})
+}
+
+// TestAttentionHalfCompute: with FRAMEPACK_GPU_HALF_COMPUTE a GPU backend rounds f32 q, k, v to
+// bf16 for the matrix units (both tiers); the result stays within bf16 rounding of the f32
+// reference. The cpu backend ignores the variable and stays exact.
+func TestAttentionHalfCompute(t *testing.T) {
+	t.Setenv("FRAMEPACK_GPU_HALF_COMPUTE", "1")
+	rt := newTestRuntime(t, Options{})
+	r := rng(t)
+	const B, L, H, D = 1, 150, 3, 128
+	q, qv := randTensor(t, rt, r, B, L, H, D)
+	k, kv := randTensor(t, rt, r, B, L, H, D)
+	v, vv := randTensor(t, rt, r, B, L, H, D)
+	want := refAttention(permuteBHLD(qv, B, L, H, D), permuteBHLD(kv, B, L, H, D), permuteBHLD(vv, B, L, H, D),
+		B, H, H, L, L, D, D, nil, nil, float64(float32(1/math.Sqrt(D))))
+	want = permuteBHLD(want, B, H, L, D)
+	bound := 1e-2
+	if rt.Backend().IsHost {
+		bound = tol
+	}
+	for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked} {
+		y, err := rt.Attention(q, k, v, nil, AttentionParams{Layout: AttentionBLHD, Tier: tier})
+		if err != nil {
+			t.Fatalf("tier %s: %v", tier, err)
+		}
+		got, err := y.Float32()
+		y.Free()
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := relL2(got, want)
+		t.Logf("tier %s: rel L2 %.3g", tier, e)
+		if e > bound || math.IsNaN(e) {
+			t.Fatalf("tier %s: rel L2 %.3g > %g", tier, e, bound)
+		}
+	}
+}
