@@ -1,14 +1,19 @@
 package pipeline_test
 
 import (
+	"encoding/json"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
 
 	"github.com/framepackd/framepackd/internal/parity"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/pipeline"
 )
 
 // TestPipelineLorasAndTimedPrompt runs the pipeline fixture's first case through a daemon with
@@ -76,9 +81,46 @@ func TestPipelineLorasAndTimedPrompt(t *testing.T) {
 		t.Errorf("conditioning llama_vec and llama_vec.1: %d and %d values, equal %v; want two texts' outputs", len(v0), len(v1), slices.Equal(v0, v1))
 	}
 	logIntermediate(t, jc.c, "llama_vec", v0, []int64{1, int64(len(v0)) / int64(jc.c.Intermediate(t, "llama_vec").Shape[2]), jc.c.Intermediate(t, "llama_vec").Shape[2]})
+	checkSettings(t, job, want)
 	px, _ := read(t, jf.sections[total-1], "history_pixels")
 	ref := jc.c.Output(t, "pixels")
 	if e := parity.RelL2(px, ref.F32); e <= jc.c.Tolerance.RelL2 {
 		t.Errorf("pixels within %.3g of the reference without loras and with one prompt: the loras or the prompt changed nothing", e)
+	}
+}
+
+// checkSettings checks the final video's settings: the JSON file beside it and, when ffprobe
+// is installed, the MP4's comment tag hold the same prompts, seed, variant and LoRAs.
+func checkSettings(t *testing.T, job *framepackv1.Job, loras []*framepackv1.LoraApplied) {
+	t.Helper()
+	mp4 := job.GetResult().GetVideoPath()
+	raw, err := os.ReadFile(strings.TrimSuffix(mp4, filepath.Ext(mp4)) + ".json")
+	if err != nil {
+		t.Fatalf("settings beside the video: %v", err)
+	}
+	var s pipeline.Settings
+	if err := json.Unmarshal(raw, &s); err != nil {
+		t.Fatal(err)
+	}
+	spec := job.GetSpec()
+	if s.Job != job.GetId() || s.Prompt != spec.GetPrompt() || len(s.Prompts) != 2 || s.Prompts[1].Start != 0.4 || s.Seed != spec.GetSeed() ||
+		s.Variant != pipeline.VariantI2V || s.Steps != spec.GetSteps() || s.Models["transformer"] == "" || len(s.Loras) != len(loras) {
+		t.Fatalf("settings %s", raw)
+	}
+	for i, l := range loras {
+		if s.Loras[i].Path != l.GetPath() || s.Loras[i].Strength != float64(l.GetStrength()) || s.Loras[i].WeightsChanged != l.GetWeightsChanged() {
+			t.Errorf("settings lora %d %+v, want %v", i, s.Loras[i], l)
+		}
+	}
+	if _, err := exec.LookPath("ffprobe"); err != nil || filepath.Ext(mp4) != ".mp4" {
+		t.Logf("no ffprobe or no mp4 (%s): the MP4 tag is not checked", mp4)
+		return
+	}
+	out, err := exec.Command("ffprobe", "-v", "error", "-show_entries", "format_tags=comment", "-of", "default=nw=1:nk=1", mp4).Output()
+	if err != nil {
+		t.Fatalf("ffprobe: %v", err)
+	}
+	if strings.TrimSpace(string(out)) != strings.TrimSpace(string(raw)) {
+		t.Errorf("mp4 comment %q, want the settings %q", out, raw)
 	}
 }

@@ -230,6 +230,8 @@ type jobRun struct {
 	buckets              []imageproc.Bucket
 	// variant is the job's sampling variant (variant.go); a resumed job keeps its checkpoint's.
 	variant Variant
+	// lorasApplied is what the transformer last reported merging (metadata.go).
+	lorasApplied []workerkit.LoraApplied
 
 	cond *conditioning
 	hist *history

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -97,6 +98,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	if err != nil {
 		return jobs.Result{}, err
 	}
+	if len(rep.Loras) > 0 {
+		j.lorasApplied = rep.Loras
+	}
 	generated, err := readSegmentVol(latSeg, "latents")
 	if err != nil {
 		return jobs.Result{}, j.failure(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, sectionStart, 0, err)
@@ -183,8 +187,16 @@ func (j *jobRun) saveSection(ctx context.Context, h *history) (video.Output, err
 		return video.Output{}, fmt.Errorf("frames: %w", err)
 	}
 	name := filepath.Join(dir.Videos(), fmt.Sprintf("section-%03d.mp4", h.section))
-	out, err := j.r.cfg.Video.Write(ctx, name, video.Clip{Frames: frames.T, Height: frames.H, Width: frames.W, RGB: frames.Pix}, int(j.job.Spec.GetMp4Crf()))
+	settings, err := json.Marshal(j.settings(h.section))
 	if err != nil {
+		return video.Output{}, fmt.Errorf("settings: %w", err)
+	}
+	out, err := j.r.cfg.Video.Write(ctx, name, video.Clip{Frames: frames.T, Height: frames.H, Width: frames.W, RGB: frames.Pix,
+		Metadata: map[string]string{"comment": string(settings)}}, int(j.job.Spec.GetMp4Crf()))
+	if err != nil {
+		return video.Output{}, err
+	}
+	if err := writeSettings(out.Path, settings); err != nil {
 		return video.Output{}, err
 	}
 	if out.Note != "" {
