@@ -15,7 +15,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/imageproc"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
-	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"github.com/framepackd/framepackd/supervisor/video"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -508,7 +508,7 @@ func sectionsOf(j *framepackv1.Job) int {
 	if n := j.GetProgress().GetTotalSections(); n > 0 {
 		return int(n)
 	}
-	return jobs.TotalSections(j.GetSpec())
+	return plan.TotalSections(j.GetSpec())
 }
 
 // copyFile copies src to dst through "dst.partial", renamed when complete.

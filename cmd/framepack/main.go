@@ -46,7 +46,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/internal/apiaddr"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -234,7 +234,7 @@ func defaultAddr() string {
 	if a := os.Getenv("FRAMEPACK_ADDR"); a != "" {
 		return a
 	}
-	return api.DefaultSocketPath()
+	return apiaddr.DefaultSocketPath()
 }
 
 func newFlags(name string, e *env, c *common) *flag.FlagSet {
@@ -266,7 +266,7 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // dial connects to the server (lazily: errors appear on the first call).
 func dial(c *common) (*grpc.ClientConn, error) {
-	a, err := api.ParseAddr(c.addr)
+	a, err := apiaddr.ParseAddr(c.addr)
 	if err != nil {
 		return nil, fail(exitUsage, "--addr: %v", err)
 	}

@@ -50,6 +50,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/framepackd/framepackd/internal/apiaddr"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/video"
@@ -106,8 +107,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("framepackd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.models, "models", defaultModels(), "directory of the model weights")
-	fs.StringVar(&o.state, "state", api.DefaultStateHome(), "state directory (job store, job files)")
-	fs.StringVar(&o.socket, "socket", api.DefaultSocketPath(), "unix socket to serve on (mode 0600)")
+	fs.StringVar(&o.state, "state", apiaddr.DefaultStateHome(), "state directory (job store, job files)")
+	fs.StringVar(&o.socket, "socket", apiaddr.DefaultSocketPath(), "unix socket to serve on (mode 0600)")
 	fs.StringVar(&o.listen, "listen", "", "also serve on TCP, tcp://HOST:PORT (no TLS: keep it on loopback or a trusted network)")
 	fs.StringVar(&o.backend, "backend", "auto", "compute backend: auto, cpu, cuda or hip")
 	fs.StringVar(&o.workersDir, "workers-dir", "", "directory of the worker binaries (default: next to this executable)")
@@ -186,7 +187,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	}
 	listen := []api.Addr{{Network: "unix", Address: o.socket}}
 	if o.listen != "" {
-		a, err := api.ParseAddr(o.listen)
+		a, err := apiaddr.ParseAddr(o.listen)
 		if err != nil || a.Network != "tcp" {
 			fmt.Fprintf(stderr, "framepackd: --listen %q: want tcp://HOST:PORT\n", o.listen)
 			return errUsage

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/framepackd/framepackd/internal/apiaddr"
 	"github.com/framepackd/framepackd/internal/testbin"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
@@ -211,7 +212,7 @@ func TestDaemon(t *testing.T) {
 			tcpAddr = entry.Addr
 		}
 	}
-	a, err := api.ParseAddr("tcp://" + tcpAddr)
+	a, err := apiaddr.ParseAddr("tcp://" + tcpAddr)
 	if err != nil {
 		t.Fatalf("tcp address %q in logs: %v\n%s", tcpAddr, err, logs.String())
 	}

@@ -8,11 +8,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/framepackd/framepackd/internal/apiaddr"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/jobs"
@@ -590,7 +590,7 @@ func TestTCPListener(t *testing.T) {
 	}
 	defer d.Kill()
 	tcp := d.Addrs()[1].String()
-	a, err := api.ParseAddr("tcp://" + tcp)
+	a, err := apiaddr.ParseAddr("tcp://" + tcp)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -602,53 +602,5 @@ func TestTCPListener(t *testing.T) {
 	resp, err := framepackv1.NewJobServiceClient(conn).ListJobs(t.Context(), &framepackv1.ListJobsRequest{})
 	if err != nil || len(resp.GetJobs()) != 0 {
 		t.Fatalf("list over tcp: %v %v", resp, err)
-	}
-}
-
-func TestParseAddr(t *testing.T) {
-	for _, tc := range []struct {
-		in      string
-		want    api.Addr
-		wantErr bool
-	}{
-		{in: "unix:///run/user/1000/framepackd.sock", want: api.Addr{Network: "unix", Address: "/run/user/1000/framepackd.sock"}},
-		{in: "unix:rel/x.sock", want: api.Addr{Network: "unix", Address: "rel/x.sock"}},
-		{in: "/tmp/a.sock", want: api.Addr{Network: "unix", Address: "/tmp/a.sock"}},
-		{in: "x.sock", want: api.Addr{Network: "unix", Address: "x.sock"}},
-		{in: "tcp://127.0.0.1:7070", want: api.Addr{Network: "tcp", Address: "127.0.0.1:7070"}},
-		{in: "tcp://[::1]:7070", want: api.Addr{Network: "tcp", Address: "[::1]:7070"}},
-		{in: "tcp://localhost", wantErr: true},
-		{in: "tcp://h:99999", wantErr: true},
-		{in: "http://x:1", wantErr: true},
-		{in: "localhost:7070", wantErr: true},
-		{in: "unix://", wantErr: true},
-	} {
-		got, err := api.ParseAddr(tc.in)
-		if (err != nil) != tc.wantErr || (!tc.wantErr && got != tc.want) {
-			t.Errorf("ParseAddr(%q) = %v, %v", tc.in, got, err)
-		}
-	}
-}
-
-func TestDefaultSocketPath(t *testing.T) {
-	t.Setenv("XDG_RUNTIME_DIR", "/run/user/4242")
-	if got := api.DefaultSocketPath(); got != "/run/user/4242/framepackd.sock" {
-		t.Fatalf("with XDG_RUNTIME_DIR: %s", got)
-	}
-	t.Setenv("XDG_RUNTIME_DIR", "")
-	home := t.TempDir()
-	t.Setenv("HOME", home)
-	t.Setenv("XDG_STATE_HOME", "")
-	got := api.DefaultSocketPath()
-	run := filepath.Join("/run/user", strconv.Itoa(os.Getuid()), "framepackd.sock")
-	if got != run && got != filepath.Join(home, ".local/state/framepackd/framepackd.sock") {
-		t.Fatalf("without XDG_RUNTIME_DIR: %s", got)
-	}
-	if _, err := os.Stat(filepath.Dir(run)); os.IsNotExist(err) && got == run {
-		t.Fatalf("chose %s, which does not exist", run)
-	}
-	t.Setenv("XDG_STATE_HOME", "/var/lib/x")
-	if got := api.DefaultStateHome(); got != "/var/lib/x/framepackd" {
-		t.Fatalf("state home %s", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/events"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -453,7 +454,7 @@ func (q *Queue) startRun(st *loopState, lane, id string) bool {
 		if j.GetState() != framepackv1.JobState_JOB_STATE_QUEUED {
 			return fmt.Errorf("job is %s, not queued", j.GetState())
 		}
-		total = TotalSections(j.GetSpec())
+		total = plan.TotalSections(j.GetSpec())
 		j.State = framepackv1.JobState_JOB_STATE_RUNNING
 		j.Lane = lane
 		if j.Progress == nil {

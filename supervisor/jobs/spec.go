@@ -1,17 +1,15 @@
 package jobs
 
 import (
-	"math"
-	"strconv"
-
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"google.golang.org/protobuf/proto"
 )
 
 // Defaults of JobSpec fields whose zero value (or absence) means "the documented default";
 // they are FramePack's demo_gradio.py defaults.
 const (
-	DefaultLatentWindowSize        = 9
+	DefaultLatentWindowSize        = plan.DefaultLatentWindowSize
 	DefaultSteps                   = 25
 	DefaultCFG                     = 1.0
 	DefaultGS                      = 10.0
@@ -55,25 +53,4 @@ func WithDefaults(spec *framepackv1.JobSpec) *framepackv1.JobSpec {
 		s.GpuMemoryPreservationGb = proto.Float32(DefaultGPUMemoryPreservationGB)
 	}
 	return s
-}
-
-// TotalSections is FramePack's section count for a spec with defaults filled in:
-// int(max(round(total_second_length·30 / (latent_window_size·4)), 1)), with Python's round
-// (halves to even). The float32 length is read as the shortest decimal that prints it ("4.2",
-// not 4.19999980926…) and computed in float64, so a length typed as a decimal gives the count
-// the reference computes from the same decimal.
-func TotalSections(spec *framepackv1.JobSpec) int {
-	w := spec.GetLatentWindowSize()
-	if w == 0 {
-		w = DefaultLatentWindowSize
-	}
-	seconds, err := strconv.ParseFloat(strconv.FormatFloat(float64(spec.GetTotalSecondLength()), 'g', -1, 32), 64)
-	if err != nil {
-		return 1
-	}
-	n := math.RoundToEven(seconds * 30 / float64(w*4))
-	if n < 1 || math.IsNaN(n) {
-		return 1
-	}
-	return int(n)
 }

@@ -6,7 +6,6 @@ import (
 	"image"
 	"image/color"
 	"image/png"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -260,32 +259,6 @@ func TestStoreEventsAndPartials(t *testing.T) {
 	}
 	if _, err := os.Stat(keep); err != nil {
 		t.Errorf("complete file removed: %v", err)
-	}
-}
-
-func TestTotalSections(t *testing.T) {
-	for _, tc := range []struct {
-		seconds float32
-		window  uint32
-		want    int
-	}{
-		{5, 9, 4},     // 4.17
-		{1, 9, 1},     // 0.83
-		{0.1, 9, 1},   // max(…, 1)
-		{3, 9, 2},     // 2.5 rounds to even
-		{4.2, 9, 4},   // 3.5 rounds to even
-		{120, 9, 100}, // the longest job
-		{120, 1, 900},
-		{2, 33, 0 + 1}, // 0.45
-		{5, 0, 4},      // 0 means 9
-	} {
-		got := jobs.TotalSections(&framepackv1.JobSpec{TotalSecondLength: tc.seconds, LatentWindowSize: tc.window})
-		if got != tc.want {
-			t.Errorf("%g s, window %d: %d sections, want %d", tc.seconds, tc.window, got, tc.want)
-		}
-	}
-	if got := jobs.TotalSections(&framepackv1.JobSpec{TotalSecondLength: float32(math.NaN())}); got != 1 {
-		t.Errorf("NaN: %d", got)
 	}
 }
 

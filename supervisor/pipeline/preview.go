@@ -6,7 +6,7 @@ import (
 	"image"
 	"image/png"
 
-	"github.com/framepackd/framepackd/workers/vae/causalvae"
+	"github.com/framepackd/framepackd/internal/latentpreview"
 )
 
 // previewPNG is demo_gradio.py's sampling preview of the denoised latents in a segment:
@@ -21,17 +21,17 @@ func previewPNG(path, name string) ([]byte, error) {
 }
 
 func previewOf(lat vol) ([]byte, error) {
-	rgb, err := causalvae.DecodeFake(causalvae.Volume{Shape: lat.Shape(), Data: lat.Data})
+	s := lat.Shape()
+	data, err := latentpreview.DecodeFake(s, lat.Data)
 	if err != nil {
 		return nil, fmt.Errorf("preview: %w", err)
 	}
-	s := rgb.Shape // [B, 3, T, h, w]
-	b, t, h, w := s[0], s[2], s[3], s[4]
+	b, t, h, w := s[0], s[2], s[3], s[4] // data: [B, 3, T, h, w]
 	img := image.NewNRGBA(image.Rect(0, 0, t*w, b*h))
 	for bi := range b {
 		for c := range 3 {
 			for ti := range t {
-				plane := rgb.Data[((bi*3+c)*t+ti)*h*w:][:h*w]
+				plane := data[((bi*3+c)*t+ti)*h*w:][:h*w]
 				for y := range h {
 					row := img.Pix[(bi*h+y)*img.Stride:]
 					for x := range w {

@@ -6,6 +6,8 @@ package plan
 
 import (
 	"fmt"
+	"math"
+	"strconv"
 
 	"github.com/framepackd/framepackd/internal/imageproc"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
@@ -105,6 +107,30 @@ func Buckets(spec *framepackv1.JobSpec) ([]imageproc.Bucket, error) {
 		return nil, fmt.Errorf("bucket table: no table for resolution %d", r)
 	}
 	return t, nil
+}
+
+// DefaultLatentWindowSize is latent_window_size when a spec leaves it 0 (demo_gradio.py's 9).
+const DefaultLatentWindowSize = 9
+
+// TotalSections is FramePack's section count for a spec with defaults filled in:
+// int(max(round(total_second_length·30 / (latent_window_size·4)), 1)), with Python's round
+// (halves to even). The float32 length is read as the shortest decimal that prints it ("4.2",
+// not 4.19999980926…) and computed in float64, so a length typed as a decimal gives the count
+// the reference computes from the same decimal.
+func TotalSections(spec *framepackv1.JobSpec) int {
+	w := spec.GetLatentWindowSize()
+	if w == 0 {
+		w = DefaultLatentWindowSize
+	}
+	seconds, err := strconv.ParseFloat(strconv.FormatFloat(float64(spec.GetTotalSecondLength()), 'g', -1, 32), 64)
+	if err != nil {
+		return 1
+	}
+	n := math.RoundToEven(seconds * 30 / float64(w*4))
+	if n < 1 || math.IsNaN(n) {
+		return 1
+	}
+	return int(n)
 }
 
 // Paddings returns the latent padding of every section in generation order:

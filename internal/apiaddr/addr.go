@@ -1,7 +1,9 @@
-package api
+// Package apiaddr is the daemon's address vocabulary that the server and the CLI share: the
+// default socket and state paths, and the unix/tcp addresses flags name. It holds no server
+// code, so the CLI links it without the daemon.
+package apiaddr
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -9,15 +11,14 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 )
 
 // SocketName is the file name of the daemon's unix socket.
 const SocketName = "framepackd.sock"
 
-// maxSocketPath is the longest path a unix socket address can hold (sun_path, 108 bytes with
+// MaxSocketPath is the longest path a unix socket address can hold (sun_path, 108 bytes with
 // its terminating NUL).
-const maxSocketPath = 107
+const MaxSocketPath = 107
 
 // DefaultSocketPath is where the daemon listens and the CLI connects when neither is told
 // otherwise, the first of:
@@ -104,48 +105,4 @@ func (a Addr) Target() string {
 		return "unix://" + abs
 	}
 	return "passthrough:///" + a.Address
-}
-
-// ErrAddrInUse is returned by Listen when another server answers on the socket.
-var ErrAddrInUse = errors.New("api: address in use by a running server")
-
-// Listen listens on a. A unix socket's directory is created (0700) if missing, a stale socket
-// file left by a dead daemon is replaced (a live one is refused with ErrAddrInUse), and the
-// socket is made 0600: only this user may talk to the daemon.
-func Listen(a Addr) (net.Listener, error) {
-	if a.Network == "tcp" {
-		l, err := net.Listen("tcp", a.Address)
-		if err != nil {
-			return nil, fmt.Errorf("listen %s: %w", a, err)
-		}
-		return l, nil
-	}
-	path := a.Address
-	if len(path) > maxSocketPath {
-		return nil, fmt.Errorf("listen %s: socket path is %d bytes, the limit is %d", a, len(path), maxSocketPath)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("listen %s: %w", a, err)
-	}
-	if st, err := os.Lstat(path); err == nil {
-		if st.Mode()&os.ModeSocket == 0 {
-			return nil, fmt.Errorf("listen %s: %s exists and is not a socket", a, path)
-		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			c.Close()
-			return nil, fmt.Errorf("listen %s: %w", a, ErrAddrInUse)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("listen %s: remove stale socket: %w", a, err)
-		}
-	}
-	l, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", a, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		l.Close()
-		return nil, fmt.Errorf("listen %s: %w", a, err)
-	}
-	return l, nil
 }
