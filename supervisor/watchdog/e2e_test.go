@@ -370,8 +370,8 @@ func TestFaultSupervisorKilled(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	// The signal that the worker is inside its hang: its beacon (read as the watchdog reads it,
-	// through the page it inherited) shows the injected conv in flight.
-	waitConvInFlight(t, worker, time.Minute)
+	// through the daemon's page) shows the injected conv in flight.
+	waitConvInFlight(t, proc.Process.Pid, worker, time.Minute)
 	if _, gone := waitGone(worker, 0); gone {
 		t.Fatalf("worker %d ended before the supervisor was killed", worker)
 	}
@@ -456,35 +456,31 @@ func waitJob(t testing.TB, c framepackv1.JobServiceClient, id string) *framepack
 	return ev
 }
 
-// waitConvInFlight waits until worker pid's beacon shows a conv3d in flight (the injected hang).
-func waitConvInFlight(t *testing.T, pid int, d time.Duration) {
+// waitConvInFlight waits until the beacon of worker pid, one of the pages daemon holds, shows
+// a conv3d in flight (the injected hang).
+func waitConvInFlight(t *testing.T, daemon, pid int, d time.Duration) {
 	t.Helper()
-	var page *beacon.Page
 	deadline := time.Now().Add(d)
-	for page == nil {
-		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for {
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", daemon))
 		for _, e := range ents {
-			fd := fmt.Sprintf("/proc/%d/fd/%s", pid, e.Name())
-			if target, _ := os.Readlink(fd); strings.Contains(target, "framepackd-beacon") {
-				if p, err := beacon.OpenPage(fd); err == nil {
-					page = p
-					break
-				}
+			fd := fmt.Sprintf("/proc/%d/fd/%s", daemon, e.Name())
+			if target, _ := os.Readlink(fd); !strings.Contains(target, "framepackd-beacon") {
+				continue
+			}
+			page, err := beacon.OpenPage(fd)
+			if err != nil {
+				continue
+			}
+			s, err := page.Snapshot()
+			page.Close()
+			if err == nil && s.PID == pid && s.InOp && s.Op == "conv3d" {
+				t.Logf("worker %d in %s (shape %s, tier %s)", pid, s.Op, s.ConvKey, s.ConvTier)
+				return
 			}
 		}
-		if page == nil && time.Now().After(deadline) {
-			t.Fatalf("worker %d: no beacon page found", pid)
-		}
-	}
-	defer page.Close()
-	for {
-		s, err := page.Snapshot()
-		if err == nil && s.InOp && s.Op == "conv3d" {
-			t.Logf("worker %d in %s (shape %s, tier %s)", pid, s.Op, s.ConvKey, s.ConvTier)
-			return
-		}
 		if time.Now().After(deadline) {
-			t.Fatalf("worker %d: beacon never showed the conv in flight (last %+v, %v)", pid, s, err)
+			t.Fatalf("worker %d: its beacon never showed the conv in flight", pid)
 		}
 		time.Sleep(5 * time.Millisecond) // the beacon is polled, as the watchdog polls it
 	}

@@ -57,9 +57,11 @@ type LoadRequest struct {
 	// when the worker has an inherited beacon. Empty means the inherited
 	// beacon, or none.
 	BeaconPath string `protobuf:"bytes,8,opt,name=beacon_path,json=beaconPath,proto3" json:"beacon_path,omitempty"`
-	// max_resident_blocks limits how many transformer blocks stay on the
-	// device; the rest stream from pinned host memory. 0 means as many as the
-	// memory cap allows. Transformer worker only; others ignore it.
+	// max_resident_blocks will limit how many transformer blocks stay on the
+	// device, the rest streaming from pinned host memory. Block streaming is
+	// not implemented yet: the transformer worker refuses any value but 0 with
+	// INVALID_ARGUMENT (every block stays resident, and a cap below the
+	// weights' size is refused at Load). Other workers ignore it.
 	MaxResidentBlocks uint32 `protobuf:"varint,9,opt,name=max_resident_blocks,json=maxResidentBlocks,proto3" json:"max_resident_blocks,omitempty"`
 	// fault injects failures for tests; unset in production.
 	Fault *Fault `protobuf:"bytes,10,opt,name=fault,proto3" json:"fault,omitempty"`
