@@ -15,7 +15,7 @@ APT_PACKAGES := build-essential pkg-config libopenblas-dev ffmpeg
 # Debian 12's minimal HIP toolchain: compile-checks and links the gpu kernels for gfx1030/gfx90a.
 APT_PACKAGES += hipcc libamdhip64-dev rocm-device-libs clang-15 lld-15
 
-.PHONY: setup build test bench proto lint fuzz demo clean
+.PHONY: setup build test soak bench proto lint fuzz demo clean
 
 setup: ## install what a fresh Debian 12 machine lacks
 	@if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
@@ -32,6 +32,9 @@ build: ## every binary into bin/
 
 test: native-hip-check ## the whole suite
 	$(GO) test -count=1 -timeout 30m ./...
+
+soak: ## the 50-job fault soak (make test runs 8 jobs of it)
+	$(GO) test -count=1 -timeout 60m -run '^TestFaultSoak$$' ./supervisor/watchdog -soak.jobs 50 -v
 
 bench: ## benchmark tables
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...

@@ -77,7 +77,7 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		// for cpu, which --cpu-device-memory-gb replaces). Each job's worker cap is taken
 		// from it (lanes.Lane.MemoryCap).
 		devs.mu.Lock()
-		devMem := devs.last[name].GetTotalMemoryBytes()
+		devMem, bus := devs.last[name].GetTotalMemoryBytes(), devs.last[name].GetPciBusId()
 		devs.mu.Unlock()
 		if backend == "cpu" && p.cpuMemGB > 0 {
 			devMem = uint64(p.cpuMemGB * (1 << 30))
@@ -86,7 +86,10 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		if budget == 0 {
 			budget = devMem / 10 * 8
 		}
-		l, err := lanes.New(lanes.Config{Name: name, Backend: backend, DeviceIndex: idx, WorkerPath: lanes.BinDir(o.workersDir),
+		if backend == "cpu" {
+			bus = ""
+		}
+		l, err := lanes.New(lanes.Config{Name: name, Backend: backend, DeviceIndex: idx, PCIBusID: bus, WorkerPath: lanes.BinDir(o.workersDir),
 			DeviceMemory: devMem, Residency: p.residency, Budget: budget, Log: logrus.NewEntry(log)})
 		if err != nil {
 			return nil, nil, err

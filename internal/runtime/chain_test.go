@@ -564,3 +564,15 @@ func TestConvFirstRunSynchronised(t *testing.T) {
 		t.Fatalf("%d first-run syncs after a second shape, want 2", n)
 	}
 }
+
+// TestPCIBusIDOption: a bus id that cannot fit the C config is refused; on cpu a valid one is
+// ignored (the GPU backends open the device it names: native/gpu/fpk_gpu_device.cu).
+func TestPCIBusIDOption(t *testing.T) {
+	if _, err := New(Options{Backend: "cpu", PCIBusID: strings.Repeat("0", 40)}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("40-character bus id: %v", err)
+	}
+	rt := newTestRuntime(t, Options{Backend: "cpu", PCIBusID: "0000:65:00.0"})
+	if rt.info.Name != "cpu" {
+		t.Fatalf("backend %q", rt.info.Name)
+	}
+}

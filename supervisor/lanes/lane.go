@@ -84,6 +84,9 @@ type Config struct {
 	Backend string
 	// DeviceIndex is the GPU ordinal within the backend.
 	DeviceIndex uint32
+	// PCIBusID is the GPU's PCI bus id, as the probe reported it; when set the workers open
+	// the device by it (not by DeviceIndex), so they run on the GPU the lane watches.
+	PCIBusID string
 	// WorkerPath returns the binary of a model's worker; required (see BinDir).
 	WorkerPath func(Model) (string, error)
 	// DeviceMemory is the memory of the lane's device that its workers share: a GPU's total
@@ -134,19 +137,6 @@ func BinDir(dir string) func(Model) (string, error) {
 		}
 		return p, nil
 	}
-}
-
-// ExecutableDir is the directory of the running binary, where `make build` puts the workers
-// next to the daemon.
-func ExecutableDir() (string, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return "", fmt.Errorf("find own executable: %w", err)
-	}
-	if exe, err = filepath.EvalSymlinks(exe); err != nil {
-		return "", fmt.Errorf("find own executable: %w", err)
-	}
-	return filepath.Dir(exe), nil
 }
 
 // Stage is one model stage to run on a lane.
@@ -210,10 +200,10 @@ type LoadSettings struct {
 // loadRequest is the LoadRequest of stage st on this lane.
 func (l *Lane) loadRequest(st Stage) *workerkit.LoadRequest {
 	req := &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
-		DeviceIndex: l.cfg.DeviceIndex, MemoryCapBytes: st.MemoryCap, Env: st.Env, Loras: st.Loras}
+		DeviceIndex: l.cfg.DeviceIndex, PCIBusID: l.cfg.PCIBusID, MemoryCapBytes: st.MemoryCap, Env: st.Env, Loras: st.Loras}
 	s := st.Load
 	if s.Backend != "" && s.Backend != req.Backend {
-		req.Backend, req.DeviceIndex = s.Backend, 0
+		req.Backend, req.DeviceIndex, req.PCIBusID = s.Backend, 0, ""
 	}
 	if s.MemoryCap != 0 && (req.MemoryCapBytes == 0 || s.MemoryCap < req.MemoryCapBytes) {
 		req.MemoryCapBytes = s.MemoryCap

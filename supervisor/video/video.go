@@ -30,9 +30,6 @@ import (
 // FPS is the frame rate of every video FramePack writes (demo_gradio.py: fps=30).
 const FPS = 30
 
-// DefaultCRF is FramePack's default H.264 constant rate factor.
-const DefaultCRF = 16
-
 // PartialExt is appended to an output's name while it is being written.
 const PartialExt = ".partial"
 

@@ -18,9 +18,10 @@
 // and backs off (2 s doubling to 5 min).
 //
 // Retry. Job.Run runs a stage's attempts: bad input is never retried; otherwise the Ladder says
-// what the next attempt changes (mark the hung conv shape and tier in the decision cache so the
-// next worker skips it; VAE tiles 256 → 128 → 64 px; fewer resident transformer blocks; a lower
-// memory cap; finally CPU for small stages), within a per-stage and per-job Budget. When it runs
+// what the next attempt changes (a hang: mark the hung conv shape and tier in the decision cache
+// so the next worker skips it; out of memory: a lower memory cap, then VAE tiles
+// 256 → 128 → 64 px, then convolutions one tier further down; finally CPU for small stages),
+// within a per-stage and per-job Budget. When it runs
 // out, the job fails with a GiveUpError that carries every attempt, its class and what was
 // changed; the service stays up.
 //
