@@ -25,7 +25,7 @@ APT_PACKAGES += hipcc libamdhip64-dev rocm-device-libs clang-15 lld-15
 # The headless browser supervisor/web's page test drives (chromedp).
 APT_PACKAGES += chromium
 
-.PHONY: setup build test bench proto lint fuzz demo clean
+.PHONY: setup build test soak bench proto lint fuzz demo clean
 
 setup: ## install what a fresh Debian 12 machine lacks
 	@if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
@@ -47,6 +47,9 @@ build: ## every binary into bin/
 
 test: native-hip-check deploy-check ## the whole suite
 	$(GO) test -count=1 -timeout 30m ./...
+
+soak: ## the 50-job fault soak (make test runs 8 jobs of it)
+	$(GO) test -count=1 -timeout 60m -run '^TestFaultSoak$$' ./supervisor/watchdog -soak.jobs 50 -v
 
 bench: ## benchmark tables
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...

@@ -234,10 +234,15 @@ func flagOf(field string) string {
 		"spec.gpu_memory_preservation_gb": "--gpu-preserve",
 		"spec.lane":                       "--lane",
 		"spec.image_filename":             "--image",
+		"spec.variant":                    "--variant",
+		"spec.loras":                      "--lora",
 		"reason":                          "--reason",
 	}
 	if f, ok := flags[field]; ok {
 		return f + " (" + field + ")"
+	}
+	if strings.HasPrefix(field, "spec.loras[") { // spec.loras[1].path: the second --lora
+		return "--lora (" + field + ")"
 	}
 	return field
 }

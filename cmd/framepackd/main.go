@@ -7,8 +7,9 @@
 //	framepackd [--models DIR] [--state DIR] [--socket PATH] [--listen tcp://HOST:PORT]
 //	           [--backend auto|cpu|cuda|hip] [--workers-dir DIR] [--lanes LANE,…]
 //	           [--grace 30s] [--log-level info] [--log-format text|json] [--shm-root DIR]
-//	           [--residency] [--memory-budget-gb N] [--no-previews] [--keep-section-history]
-//	           [--siglip-processor torchvision|pil] [--pull-missing [--pull-variants i2v,f1]]
+//	           [--residency] [--memory-budget-gb N] [--cpu-device-memory-gb N] [--no-previews]
+//	           [--keep-section-history] [--siglip-processor torchvision|pil]
+//	           [--pull-missing [--pull-variants i2v,f1]]
 //
 // --models is a folder holding the three models in one of these layouts (pipeline.ResolveModels):
 // the tiny test models' (hunyuanvideo/, flux_redux_bfl/, framepack_i2v/, as in
@@ -27,6 +28,10 @@
 // (/dev/shm/framepackd-<uid>/…), probes the devices in a throwaway probe worker to name its
 // lanes (cpu, cuda:N, hip:N), and takes up the jobs it had queued or running (running ones
 // resume after their last finished section).
+//
+// Every worker of a job runs under one memory cap: the lane's device memory (a GPU's total;
+// on a cpu lane the host's RAM, or --cpu-device-memory-gb) less the job's
+// gpu_memory_preservation_gb and a 1 GiB reserve.
 //
 // SIGINT or SIGTERM stops it gracefully: no new job starts, a running job gets the grace
 // period (--grace) to reach a stage boundary and is then cancelled — it stays queued and

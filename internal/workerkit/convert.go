@@ -111,7 +111,7 @@ func toLoadRequest(r *LoadRequest) *pb.LoadRequest {
 	return &pb.LoadRequest{
 		ModelDir: r.ModelDir, Dtype: r.DType, Backend: r.Backend, DeviceIndex: r.DeviceIndex,
 		MemoryCapBytes: r.MemoryCapBytes, ConvPolicy: toConvPolicy(r.ConvPolicy), Env: r.Env,
-		BeaconPath: r.BeaconPath, MaxResidentBlocks: r.MaxResidentBlocks, Fault: toFault(r.Fault),
+		BeaconPath: r.BeaconPath, MaxResidentBlocks: r.MaxResidentBlocks, Fault: toFault(r.Fault), PciBusId: r.PCIBusID,
 		Loras: toLoraSpecs(r.Loras),
 	}
 }
@@ -170,7 +170,7 @@ func fromLoadRequest(r *pb.LoadRequest) *LoadRequest {
 	return &LoadRequest{
 		ModelDir: r.GetModelDir(), DType: r.GetDtype(), Backend: r.GetBackend(), DeviceIndex: r.GetDeviceIndex(),
 		MemoryCapBytes: r.GetMemoryCapBytes(), ConvPolicy: fromConvPolicy(r.GetConvPolicy()), Env: r.GetEnv(),
-		BeaconPath: r.GetBeaconPath(), MaxResidentBlocks: r.GetMaxResidentBlocks(), Fault: fromFault(r.GetFault()),
+		BeaconPath: r.GetBeaconPath(), MaxResidentBlocks: r.GetMaxResidentBlocks(), Fault: fromFault(r.GetFault()), PCIBusID: r.GetPciBusId(),
 		Loras: fromLoraSpecs(r.GetLoras()),
 	}
 }
@@ -366,7 +366,7 @@ func toTiling(t *VAETiling) *pb.VaeTiling {
 		return nil
 	}
 	return &pb.VaeTiling{
-		EnableSpatialTiling: t.EnableSpatialTiling, EnableTemporalTiling: t.EnableTemporalTiling,
+		EnableSpatialTiling: t.EnableSpatialTiling,
 		TileSampleMinHeight: t.TileSampleMinHeight, TileSampleMinWidth: t.TileSampleMinWidth,
 		TileSampleMinNumFrames: t.TileSampleMinNumFrames, TileSampleStrideHeight: t.TileSampleStrideHeight,
 		TileSampleStrideWidth: t.TileSampleStrideWidth, TileSampleStrideNumFrames: t.TileSampleStrideNumFrames,
@@ -378,7 +378,7 @@ func fromTiling(t *pb.VaeTiling) *VAETiling {
 		return nil
 	}
 	return &VAETiling{
-		EnableSpatialTiling: t.GetEnableSpatialTiling(), EnableTemporalTiling: t.GetEnableTemporalTiling(),
+		EnableSpatialTiling: t.GetEnableSpatialTiling(),
 		TileSampleMinHeight: t.GetTileSampleMinHeight(), TileSampleMinWidth: t.GetTileSampleMinWidth(),
 		TileSampleMinNumFrames: t.GetTileSampleMinNumFrames(), TileSampleStrideHeight: t.GetTileSampleStrideHeight(),
 		TileSampleStrideWidth: t.GetTileSampleStrideWidth(), TileSampleStrideNumFrames: t.GetTileSampleStrideNumFrames(),

@@ -107,6 +107,7 @@ type LoadRequest struct {
 	DType             string // weight storage: "fp32" (or empty), "fp16", "bf16", "auto" (the checkpoint's)
 	Backend           string // "cpu", "cuda", "hip", "auto"; empty: auto
 	DeviceIndex       uint32
+	PCIBusID          string // when set, the GPU with this PCI bus id ("0000:65:00.0"), not DeviceIndex
 	MemoryCapBytes    uint64 // 0: no cap
 	ConvPolicy        *ConvPolicy
 	Env               map[string]string
@@ -302,7 +303,6 @@ type ExtraPrompt struct {
 // always on, spatial tiling only when enabled; zero sizes mean the model's defaults.
 type VAETiling struct {
 	EnableSpatialTiling       bool
-	EnableTemporalTiling      bool // Deprecated: ignored; framewise chunking is always on
 	TileSampleMinHeight       uint32
 	TileSampleMinWidth        uint32
 	TileSampleMinNumFrames    uint32

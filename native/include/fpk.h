@@ -98,6 +98,10 @@ typedef struct fpk_backend_config {
     uint64_t memory_cap; /* bytes; 0 = unlimited */
     uint32_t flags;      /* FPK_BACKEND_FLAG_* */
     uint64_t cache_limit;/* most bytes of freed blocks kept for reuse; 0 = min(1 GiB, cap/4) */
+    /* PCI bus id of the GPU to open ("0000:65:00.0"); when set, a GPU backend opens the device
+     * with this bus id and device is ignored, so a lane drives the GPU the driver's tools name
+     * by that id even where the runtime numbers devices differently. "" = by index. */
+    char pci_bus_id[32];
 } fpk_backend_config;
 
 /* Conv tiers, in chain order. A backend reports which it has in fpk_backend_props.conv_tiers. */

@@ -42,7 +42,8 @@ func (w *fakeWorker) Load(_ context.Context, req *workerkit.LoadRequest) (*worke
 	if req.ModelDir == "bad" {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: no model in %s", req.ModelDir)
 	}
-	return &workerkit.LoadResponse{Backend: "cpu", DType: "fp32", WeightBytes: 1000}, nil
+	// The fake reports the cap it was given as its allocation, so tests see the LoadRequest.
+	return &workerkit.LoadResponse{Backend: "cpu", DType: "fp32", WeightBytes: 1000, DeviceAllocatedBytes: req.MemoryCapBytes}, nil
 }
 
 func (w *fakeWorker) Run(ctx context.Context, req *workerkit.RunRequest, emit workerkit.Emit) (*workerkit.Result, error) {

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -99,7 +100,13 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	if err != nil {
 		return jobs.Result{}, err
 	}
+	if l := loadedLoras(rep); len(l) > 0 {
+		j.lorasApplied = l
+	}
 	generated, err := readSegmentVol(latSeg, "latents")
+	if err == nil {
+		err = checkTransformerFacts(rep.Loaded, generated)
+	}
 	if err != nil {
 		return jobs.Result{}, j.failure(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, sectionStart, 0, err)
 	}
@@ -126,17 +133,21 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 		return jobs.Result{}, err
 	}
 	segs = append(segs, sfx+"decode-in", sfx+"decode-out")
-	if _, err := shm.WriteSegment(decIn, []safetensors.Tensor{f32Tensor("latents", divided(toDecode, j.r.scalingFactor))}); err != nil {
+	if _, err := shm.WriteSegment(decIn, []safetensors.Tensor{f32Tensor("latents", divided(toDecode, j.cond.scalingFactor))}); err != nil {
 		return jobs.Result{}, fmt.Errorf("section %d: decode input: %w", i, err)
 	}
-	if _, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_DECODE, i, lanes.Stage{
+	decRep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_DECODE, i, lanes.Stage{
 		Model: lanes.VAE, ModelDir: j.r.cfg.Models.VAE(), KeepWith: j.keepWith(),
 		Request: &workerkit.VAEDecodeRequest{Latents: workerkit.TensorRef{Path: decIn, Name: "latents"}, Tiling: j.vaeTiling(),
 			Pixels: workerkit.TensorRef{Path: decOut, Name: "pixels"}},
-	}); err != nil {
+	})
+	if err != nil {
 		return jobs.Result{}, err
 	}
 	current, err := readSegmentVol(decOut, "pixels")
+	if err == nil && (decRep.Loaded == nil || decRep.Loaded.VAE == nil || float32(decRep.Loaded.VAE.ScalingFactor) != j.cond.scalingFactor) {
+		err = fmt.Errorf("the decoding vae's scaling factor is not the %s the start frame was encoded with", j.cond.scalingFactorStr)
+	}
 	if err != nil {
 		return jobs.Result{}, j.failure(ctx, framepackv1.Stage_STAGE_VAE_DECODE, i, sectionStart, 0, err)
 	}
@@ -200,8 +211,16 @@ func (j *jobRun) saveSection(ctx context.Context, h *history) (_ video.Output, e
 	if err != nil {
 		return video.Output{}, fmt.Errorf("frames: %w", err)
 	}
-	out, err := j.r.cfg.Video.Write(ctx, name, video.Clip{Frames: frames.T, Height: frames.H, Width: frames.W, RGB: frames.Pix}, int(j.job.Spec.GetMp4Crf()))
+	settings, err := json.Marshal(j.settings(h.section))
 	if err != nil {
+		return video.Output{}, fmt.Errorf("settings: %w", err)
+	}
+	out, err := j.r.cfg.Video.Write(ctx, name, video.Clip{Frames: frames.T, Height: frames.H, Width: frames.W, RGB: frames.Pix,
+		Metadata: map[string]string{"comment": string(settings)}}, int(j.job.Spec.GetMp4Crf()))
+	if err != nil {
+		return video.Output{}, err
+	}
+	if err := writeSettings(out.Path, settings); err != nil {
 		return video.Output{}, err
 	}
 	if out.Note != "" {

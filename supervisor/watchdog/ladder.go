@@ -12,8 +12,6 @@ import (
 type Knobs struct {
 	// VAETilePx is the VAE's spatial tile size in pixels (0: untiled, the model's default).
 	VAETilePx uint32
-	// ResidentBlocks caps the transformer blocks kept on the device (0: as many as fit).
-	ResidentBlocks uint32
 	// MemoryCap caps the worker's device allocations (0: the lane's cap).
 	MemoryCap uint64
 	// Backend overrides the lane's backend ("cpu": the last rung for small stages).
@@ -34,9 +32,6 @@ func (k Knobs) String() string {
 	if k.VAETilePx != 0 {
 		add("vae tile %d px", k.VAETilePx)
 	}
-	if k.ResidentBlocks != 0 {
-		add("%d resident blocks", k.ResidentBlocks)
-	}
 	if k.MemoryCap != 0 {
 		add("memory cap %d bytes", k.MemoryCap)
 	}
@@ -50,22 +45,6 @@ func (k Knobs) String() string {
 		return "defaults"
 	}
 	return s
-}
-
-// VAETiling returns the tiling of a VAE request for the knobs: base (nil: the model's
-// defaults) with spatial tiles of VAETilePx and diffusers' 3/4 stride when the knob is set.
-func (k Knobs) VAETiling(base *workerkit.VAETiling) *workerkit.VAETiling {
-	if k.VAETilePx == 0 {
-		return base
-	}
-	t := workerkit.VAETiling{}
-	if base != nil {
-		t = *base
-	}
-	t.EnableSpatialTiling = true
-	t.TileSampleMinHeight, t.TileSampleMinWidth = k.VAETilePx, k.VAETilePx
-	t.TileSampleStrideHeight, t.TileSampleStrideWidth = k.VAETilePx*3/4, k.VAETilePx*3/4
-	return &t
 }
 
 // LastConvTier is the conv chain's last tier (runtime.TierCPU's name). A hang there is never
@@ -91,23 +70,27 @@ type Step struct {
 type Ladder struct {
 	// VAETiles are the VAE tile sizes to step down through after an out-of-memory error.
 	VAETiles []uint32
-	// FirstResidentBlocks is the transformer's resident-block cap after its first
-	// out-of-memory error; each later one halves it, down to 1.
-	FirstResidentBlocks uint32
-	// LaneCap is the lane's memory cap, which CapFactor lowers (0: no cap to lower).
+	// LaneCap is the memory cap CapFactor lowers when a stage names none (StageInfo.MemoryCap);
+	// 0: no cap to lower.
 	LaneCap uint64
 	// CapFactor multiplies the cap at each lowering; CapSteps bounds the lowerings.
 	CapFactor float64
 	CapSteps  int
+	// ConvTierDown allows the conv rungs: every convolution starts one tier further down the
+	// chain (vendor tuned → vendor default → own kernel → cpu), whose workspaces are smaller.
+	ConvTierDown bool
 	// CPUFallback allows the last rung: CPU, for stages marked small.
 	CPUFallback bool
 }
 
-// DefaultLadder is 256 → 128 → 64 px tiles, 30 resident blocks halving, two cap lowerings by
-// 15 %, then CPU for small stages.
+// DefaultLadder is, after an out-of-memory error: two cap lowerings by 15 % (room for what the
+// driver and vendor libraries allocate outside the runtime's allocator), then VAE tiles
+// 256 → 128 → 64 px, then the conv tiers one by one, then CPU for small stages. Resident-block
+// rungs come only with block streaming: until then a transformer that cannot fit is refused at
+// Load, before any retry.
 func DefaultLadder(laneCap uint64) Ladder {
-	return Ladder{VAETiles: []uint32{256, 128, 64}, FirstResidentBlocks: 30, LaneCap: laneCap,
-		CapFactor: 0.85, CapSteps: 2, CPUFallback: true}
+	return Ladder{VAETiles: []uint32{256, 128, 64}, LaneCap: laneCap,
+		CapFactor: 0.85, CapSteps: 2, ConvTierDown: true, CPUFallback: true}
 }
 
 // isVAE reports whether stage runs the VAE.
@@ -122,6 +105,10 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 	next := cur
 	switch class {
 	case ClassOOM:
+		// cap → smaller tiles → conv tier down → cpu (small stages)
+		if s, ok := l.lowerCap(st, cur); ok {
+			return s, true
+		}
 		if isVAE(st.Kind) {
 			for _, px := range l.VAETiles {
 				if cur.VAETilePx == 0 || px < cur.VAETilePx {
@@ -134,18 +121,7 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 				}
 			}
 		}
-		if st.Kind == framepackv1.Stage_STAGE_TRANSFORMER && cur.ResidentBlocks != 1 && cur.Backend != "cpu" {
-			switch {
-			case cur.ResidentBlocks == 0 && l.FirstResidentBlocks > 0:
-				next.ResidentBlocks = l.FirstResidentBlocks
-			case cur.ResidentBlocks > 1:
-				next.ResidentBlocks = cur.ResidentBlocks / 2
-			}
-			if next.ResidentBlocks != cur.ResidentBlocks {
-				return Step{Knobs: next, Change: fmt.Sprintf("resident transformer blocks %s -> %d", blocksName(cur.ResidentBlocks), next.ResidentBlocks)}, true
-			}
-		}
-		if s, ok := l.lowerCap(cur); ok {
+		if s, ok := l.convTierDown(st, cur); ok {
 			return s, true
 		}
 		if s, ok := l.toCPU(st, cur, "out of memory with the smallest footprint"); ok {
@@ -176,23 +152,35 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 	return Step{}, false
 }
 
-func blocksName(n uint32) string {
-	if n == 0 {
-		return "all"
+// convTierDown returns the step that starts every convolution one tier further down, if the
+// ladder allows it and a GPU tier is left above the cpu tier.
+func (l Ladder) convTierDown(st StageInfo, cur Knobs) (Step, bool) {
+	if !l.ConvTierDown || cur.Backend == "cpu" || st.LaneBackend == "cpu" || cur.ConvFirstTier >= workerkit.ConvTierCPU {
+		return Step{}, false
 	}
-	return fmt.Sprint(n)
+	from := cur.ConvFirstTier
+	if from == workerkit.ConvTierUnspecified {
+		from = workerkit.ConvTierVendorTuned
+	}
+	next := cur
+	next.ConvFirstTier = from + 1
+	return Step{Knobs: next, Change: fmt.Sprintf("convolutions from tier %d -> %d", from, next.ConvFirstTier)}, true
 }
 
 // lowerCap returns the step that lowers the memory cap, if the ladder has one left.
-func (l Ladder) lowerCap(cur Knobs) (Step, bool) {
-	if l.LaneCap == 0 || l.CapFactor <= 0 || l.CapFactor >= 1 || cur.Backend == "cpu" {
+func (l Ladder) lowerCap(st StageInfo, cur Knobs) (Step, bool) {
+	base := st.MemoryCap
+	if base == 0 {
+		base = l.LaneCap
+	}
+	if base == 0 || l.CapFactor <= 0 || l.CapFactor >= 1 || cur.Backend == "cpu" {
 		return Step{}, false
 	}
 	capNow := cur.MemoryCap
 	if capNow == 0 {
-		capNow = l.LaneCap
+		capNow = base
 	}
-	floor := float64(l.LaneCap)
+	floor := float64(base)
 	for range l.CapSteps {
 		floor *= l.CapFactor
 	}

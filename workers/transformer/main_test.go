@@ -454,12 +454,19 @@ func TestWorkerBadModel(t *testing.T) {
 		{"patch_size_t 2", badConfig, "patch_size_t 2 is not supported"},
 		{"missing shard", missingShard, "shard diffusion_pytorch_model-00002-of-00002.safetensors"},
 		{"unknown dtype", func(*testing.T) string { return dir }, "dtype \"int8\""},
+		{"max_resident_blocks", func(*testing.T) string { return dir }, "max_resident_blocks 4: block streaming is not implemented"},
+		{"cap below the weights", func(*testing.T) string { return dir }, "weights need"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := workertest.Start(t, "transformer")
 			req := &workerkit.LoadRequest{ModelDir: tc.dir(t), Backend: "cpu"}
-			if strings.HasPrefix(tc.name, "unknown dtype") {
+			switch tc.name {
+			case "unknown dtype":
 				req.DType = "int8"
+			case "max_resident_blocks":
+				req.MaxResidentBlocks = 4
+			case "cap below the weights": // refused from the header, before any weight is read
+				req.MemoryCapBytes = 1 << 10
 			}
 			_, err := p.Load(workertest.Ctx(t), req)
 			if err == nil {

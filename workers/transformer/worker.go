@@ -64,6 +64,9 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(workerkit.InvalidArgumentf("load: %v", err))
 	}
+	if err := checkFits(req, wdt); err != nil { // fit.go
+		return nil, classify(err)
+	}
 	w.dtype = sampler.F32
 	if err := modelrt.ApplyEnv(req.Env); err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
@@ -91,9 +94,6 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		"elapsed": resp.LoadDuration}).Info("model loaded")
 	for _, n := range m.Unexpected {
 		w.log.WithField("tensor", n).Warn("unexpected tensor in checkpoint")
-	}
-	if req.MaxResidentBlocks != 0 {
-		w.log.WithField("max_resident_blocks", req.MaxResidentBlocks).Info("every block stays resident")
 	}
 	return resp, nil
 }

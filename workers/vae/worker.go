@@ -226,9 +226,8 @@ func (w *worker) progress(ctx context.Context, phase string, emit workerkit.Emit
 
 // tilingFrom maps the request's tiling to diffusers' settings. Unset means diffusers' defaults
 // (framewise on, no spatial tiling); zero sizes keep the defaults (256/192 px, 16/12 frames).
-// Framewise chunking is diffusers' default and stays on either way, so enable_temporal_tiling
-// (deprecated in worker.proto) changes nothing; a long enough tile_sample_min_num_frames runs
-// all frames in one piece.
+// Framewise chunking is diffusers' default and always on; a long enough
+// tile_sample_min_num_frames runs all frames in one piece.
 func tilingFrom(t *workerkit.VAETiling) causalvae.Tiling {
 	out := causalvae.DefaultTiling()
 	if t == nil {
