@@ -251,19 +251,23 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	}
 	defer closeRunner()
 
+	ready := newReadiness(inst, o.models, devs, log)
 	d, err := api.StartDaemon(api.DaemonConfig{
 		StateDir: o.state,
 		Listen:   listen,
 		Lanes:    lanes,
 		Run:      runJob,
-		Devices:  guards.devices(devs.list),
+		Devices:  ready.devices(guards.devices(devs.list)),
 		Grace:    o.grace,
 		Log:      log,
 
-		DiskBudget:   int64(o.limits.diskBudget),
-		MinFreeBytes: int64(o.limits.minFree),
-		Retention:    jobs.Retention{MaxAge: o.limits.retentionAge, MaxBytes: int64(o.limits.retentionBytes)},
-		Ready:        o.shm.Check,
+		DiskBudget:           int64(o.limits.diskBudget),
+		MinFreeBytes:         int64(o.limits.minFree),
+		MaxImagePixels:       o.limits.maxPixels,
+		MaxConcurrentDecodes: o.limits.maxDecodes,
+		Retention:            jobs.Retention{MaxAge: o.limits.retentionAge, MaxBytes: int64(o.limits.retentionBytes)},
+		Ready:                ready.ready,
+		Admit:                ready.admit,
 	})
 	if err != nil {
 		return err
