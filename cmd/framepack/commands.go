@@ -60,6 +60,17 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	if len(pos) > 0 {
 		return fail(exitUsage, "generate: unexpected arguments %q", pos)
 	}
+	// The API reads 0 as "the default" for these; on the command line 0 is a mistake, refused
+	// here with the range (the server checks every other out-of-range value the same way).
+	for _, r := range []struct {
+		flag     string
+		v        float64
+		min, max float64
+	}{{"--steps", float64(steps), 1, 100}, {"--window", float64(window), 1, 33}, {"--cfg", cfg, 1, 32}, {"--gs", gs, 1, 32}, {"--resolution", float64(resolution), 16, 2048}} {
+		if r.v == 0 {
+			return fail(exitUsage, "generate: %s must be %g to %g, got 0", r.flag, r.min, r.max)
+		}
+	}
 	if image == "" || prompt == "" || (out == "" && !detach) {
 		return fail(exitUsage, "generate: --image, --prompt and --out are required (--out not with --detach)")
 	}

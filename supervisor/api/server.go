@@ -26,6 +26,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -314,8 +315,8 @@ func checkReason(v *Violations, r string) {
 	}
 }
 
-// WatchJob streams a snapshot, the job's history, then its live events, and ends after the
-// terminal event.
+// WatchJob streams a snapshot, the job's history (each event marked replay, with the time it
+// first happened), then its live events, and ends after the terminal event.
 func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerStreamingServer[framepackv1.JobEvent]) error {
 	id := req.GetJobId()
 	if err := requireID(id); err != nil {
@@ -335,6 +336,10 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 		return err
 	}
 	for _, ev := range history {
+		// Replayed: the stored event, its original time, marked so (a copy: the hub's
+		// history is shared).
+		ev = proto.Clone(ev).(*framepackv1.JobEvent)
+		ev.Replay = true
 		if err := stream.Send(ev); err != nil {
 			return err
 		}

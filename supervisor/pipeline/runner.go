@@ -220,6 +220,9 @@ type jobRun struct {
 	eta  etaModel
 
 	wd *watchdog.Job // the job's retries under the lane's watchdog; nil without one
+	// attempt is the attempt of the stage running now (1, then the watchdog's retries); only
+	// the section loop's goroutine touches it.
+	attempt int
 }
 
 func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepackv1.JobEvent)) (*jobRun, error) {
@@ -350,14 +353,21 @@ func (j *jobRun) resume(cp *jobs.Checkpoint) (res jobs.Result, next int, done bo
 }
 
 // stageEvent is a StageStarted or StageFinished event.
+// Every attempt of a stage starts with its own StageStarted (attempt 1, then each retry the
+// watchdog makes, see runOnLane); StageFinished carries the attempt that succeeded.
 func (j *jobRun) stageStarted(stage framepackv1.Stage, section int) {
+	j.attempt = 1
+	j.stageAttemptStarted(stage, section, 1)
+}
+
+func (j *jobRun) stageAttemptStarted(stage framepackv1.Stage, section, attempt int) {
 	j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageStarted{StageStarted: &framepackv1.StageStarted{
-		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: 1, Lane: j.job.Lane}}})
+		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: uint32(attempt), Lane: j.job.Lane}}})
 }
 
 func (j *jobRun) stageFinished(stage framepackv1.Stage, section int, wall, load, compute time.Duration) {
 	j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageFinished{StageFinished: &framepackv1.StageFinished{
-		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: 1, Duration: durationpb.New(wall),
+		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: uint32(max(j.attempt, 1)), Duration: durationpb.New(wall),
 		LoadDuration: durationpb.New(load), ComputeDuration: durationpb.New(compute)}}})
 }
 
