@@ -50,6 +50,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/framepackd/framepackd/internal/buildinfo"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/jobs"
@@ -121,6 +122,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.shmRoot, "shm-root", shm.DefaultRoot(), "shared-memory root for tensors passed between processes")
 	o.pipeline = addPipelineFlags(fs)
 	o.limits = addLimitFlags(fs)
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
 		fs.PrintDefaults()
@@ -130,6 +132,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *showVersion {
+		fmt.Fprintln(os.Stdout, buildinfo.String("framepackd"))
+		return nil, flag.ErrHelp // exit 0 without starting
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "framepackd: unexpected arguments %q\n", fs.Args())
