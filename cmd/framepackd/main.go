@@ -74,6 +74,7 @@ type options struct {
 	shm        *shm.Instance    // this daemon's own shared-memory folder, opened by run
 	pipeline   *pipelineOptions // the pipeline's flags (pipeline.go)
 	limits     *limitOptions    // disk and input limits (limits.go)
+	ops        *opsOptions      // watchdog deadlines, retries, recovery wait (ops.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -122,6 +123,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.shmRoot, "shm-root", shm.DefaultRoot(), "shared-memory root for tensors passed between processes")
 	o.pipeline = addPipelineFlags(fs)
 	o.limits = addLimitFlags(fs)
+	o.ops = addOpsFlags(fs)
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
@@ -151,6 +153,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	case "text", "json":
 	default:
 		fmt.Fprintf(stderr, "framepackd: --log-format %q: want text or json\n", o.logFormat)
+		return nil, errUsage
+	}
+	if err := o.ops.check(); err != nil {
+		fmt.Fprintln(stderr, "framepackd:", err)
 		return nil, errUsage
 	}
 	if o.grace < 0 {
@@ -218,6 +224,15 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		}
 	}()
 	o.shm = inst
+	tmp, err := openTemp(log) // tempfiles.go
+	if err != nil {
+		return fmt.Errorf("temporary folder: %w", err)
+	}
+	defer func() {
+		if err := tmp.Close(); err != nil {
+			log.WithError(err).Warn("remove temporary folder")
+		}
+	}()
 	if st, err := os.Stat(o.models); err != nil || !st.IsDir() {
 		log.WithField("models", o.models).Warn("models directory not found; jobs will fail until it exists")
 	}

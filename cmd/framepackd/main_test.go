@@ -51,6 +51,7 @@ func (s *syncBuffer) String() string {
 type daemonFixture struct {
 	bin, workers, dir, state, socket, shmRoot string
 	lastHealth                                healthpb.HealthCheckResponse_ServingStatus
+	env                                       []string // extra environment of the daemon
 }
 
 func newFixture(t *testing.T) *daemonFixture {
@@ -83,6 +84,7 @@ func (f *daemonFixture) args(extra ...string) []string {
 func (f *daemonFixture) start(t *testing.T, extra ...string) (*exec.Cmd, *syncBuffer, *grpc.ClientConn) {
 	t.Helper()
 	cmd := exec.Command(f.bin, f.args(extra...)...)
+	cmd.Env = append(os.Environ(), f.env...)
 	logs := &syncBuffer{}
 	cmd.Stderr = logs
 	if err := cmd.Start(); err != nil {

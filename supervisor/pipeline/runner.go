@@ -171,6 +171,9 @@ type StageRecord struct {
 	RSSPeakBytes   uint64 `json:"rss_peak_bytes,omitempty"`
 	// Err is the failure, empty on success.
 	Err string `json:"error,omitempty"`
+	// Cancelled says the stage stopped because the job was cancelled or the daemon is
+	// stopping: not a failure (logged at info).
+	Cancelled bool `json:"cancelled,omitempty"`
 }
 
 // Run runs one job; see jobs.Runner for the contract.
@@ -380,9 +383,12 @@ func (j *jobRun) record(rec StageRecord) {
 			"load": rec.Load.Round(time.Microsecond).String(), "compute": rec.Compute.Round(time.Microsecond).String(),
 			"teardown": rec.Teardown.Round(time.Microsecond).String(), "alloc_peak": rec.AllocPeakBytes, "rss_peak": rec.RSSPeakBytes})
 	}
-	if rec.Err != "" {
+	switch {
+	case rec.Cancelled:
+		f.WithField("reason", rec.Err).Info("stage cancelled")
+	case rec.Err != "":
 		f.WithField("error", rec.Err).Warn("stage failed")
-	} else {
+	default:
 		f.Info("stage done")
 	}
 	if line, err := json.Marshal(rec); err == nil {
@@ -414,7 +420,7 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 		Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
 		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes}
 	if err != nil {
-		rec.Err = err.Error()
+		rec.Err, rec.Cancelled = err.Error(), ctx.Err() != nil
 		j.record(rec)
 		return rep, j.failure(ctx, stage, section, t0, wall, err)
 	}
@@ -431,7 +437,7 @@ func (j *jobRun) hostStage(ctx context.Context, stage framepackv1.Stage, section
 	wall := time.Since(t0)
 	rec := StageRecord{Stage: stage, Section: section, Wall: wall, Compute: wall}
 	if err != nil {
-		rec.Err = err.Error()
+		rec.Err, rec.Cancelled = err.Error(), ctx.Err() != nil
 		j.record(rec)
 		return j.failure(ctx, stage, section, t0, wall, err)
 	}
