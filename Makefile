@@ -11,17 +11,29 @@ BUF_VERSION ?= v1.75.0
 PROTOC_GEN_GO_VERSION ?= v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 
+# What `make demo` and `make test` need on a fresh Debian 12: a C toolchain, OpenBLAS, ffmpeg.
 APT_PACKAGES := build-essential pkg-config libopenblas-dev ffmpeg
-# Debian 12's minimal HIP toolchain: compile-checks and links the gpu kernels for gfx1030/gfx90a.
-APT_PACKAGES += hipcc libamdhip64-dev rocm-device-libs clang-15 lld-15
+# Debian 12's minimal HIP toolchain: compile-checks and links the gpu kernels for gfx1030/gfx90a
+# (`make test` runs native-hip-check with it; `make setup-gpu` installs it).
+APT_GPU_PACKAGES := hipcc libamdhip64-dev rocm-device-libs clang-15 lld-15
 
-.PHONY: setup build test bench proto lint fuzz demo clean
+.PHONY: setup setup-dev setup-gpu build test bench proto lint fuzz demo clean
 
-setup: ## install what a fresh Debian 12 machine lacks
-	@if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
+# apt-install runs apt-get only for packages that are missing (sudo unless root).
+define apt-install
+	@if ! dpkg -s $(1) >/dev/null 2>&1; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(1); \
 	fi
+endef
+
+setup: ## what the CPU demo needs (C toolchain, OpenBLAS, ffmpeg); the generated proto code is committed
+	$(call apt-install,$(APT_PACKAGES))
+
+setup-gpu: ## the HIP toolchain for the gpu kernels (native-hip, native-hip-check)
+	$(call apt-install,$(APT_GPU_PACKAGES))
+
+setup-dev: setup setup-gpu ## everything make test and make lint need: the HIP toolchain, buf and the protoc plugins
 	$(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
@@ -30,7 +42,7 @@ build: ## every binary into bin/
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/... ./workers/...
 
-test: native-hip-check ## the whole suite
+test: native-hip-check ## the whole suite (after make setup-dev)
 	$(GO) test -count=1 -timeout 30m ./...
 
 bench: ## benchmark tables
@@ -43,7 +55,7 @@ proto: ## regenerate Go code from proto/ (stale *.pb.go removed first)
 proto-check: ## fail if proto/gen/go differs from what proto/ generates
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cd $(CURDIR) && buf generate -o "$$tmp" && \
 		diff -r -x '*_test.go' proto/gen/go "$$tmp/proto/gen/go" && echo 'proto/gen/go is current' || \
-		{ echo 'proto/gen/go is stale: run make proto (tools from make setup)'; exit 1; }
+		{ echo 'proto/gen/go is stale: run make proto (tools from make setup-dev)'; exit 1; }
 
 lint: proto-check
 	buf lint
@@ -141,7 +153,7 @@ $(NATIVE_OUT)/hip/%.o: native/gpu/%.cu $(GPU_HDR)
 # CI's check that every kernel compiles for HIP (gfx1030, gfx90a) and that the library links
 # with no undefined symbol; the CUDA vendor shims are compile-checked through hipcc too.
 native-hip-check:
-	@command -v $(HIPCC) >/dev/null || { echo "native-hip-check: $(HIPCC) not found (make setup installs Debian's hipcc)"; exit 1; }
+	@command -v $(HIPCC) >/dev/null || { echo "native-hip-check: $(HIPCC) not found (make setup-gpu installs Debian's hipcc)"; exit 1; }
 	@$(MAKE) --no-print-directory -j2 $(NATIVE_OUT)/libfpk-hip.so $(NATIVE_OUT)/hip/vendor-cuda.o
 	@echo "native-hip-check: libfpk-hip.so links for $(HIP_ARCHS)"
 
