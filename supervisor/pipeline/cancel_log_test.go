@@ -3,6 +3,9 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sirupsen/logrus"
@@ -34,5 +37,23 @@ func TestCancelledStageLoggedAtInfo(t *testing.T) {
 	_ = j.hostStage(t.Context(), framepackv1.Stage_STAGE_PREPARE, -1, func() error { return errors.New("boom") })
 	if e := hook.LastEntry(); e == nil || e.Message != "stage failed" || e.Level != logrus.WarnLevel {
 		t.Fatalf("failure entry %+v", e)
+	}
+}
+
+// TestDiskErrorWords: a write that fails for lack of space (ENOSPC from a file, or ffmpeg's
+// "No space left on device") is reported as ErrDiskFull, in the user's words; other errors are
+// left alone.
+func TestDiskErrorWords(t *testing.T) {
+	for _, err := range []error{
+		fmt.Errorf("save history: write x: %w", syscall.ENOSPC),
+		errors.New("write mp4 v.mp4: ffmpeg: exit status 1: av_interleaved_write_frame(): No space left on device"),
+	} {
+		if got := diskError(err); !errors.Is(got, ErrDiskFull) || !strings.HasPrefix(got.Error(), "disk full: ") {
+			t.Errorf("%v: got %v", err, got)
+		}
+	}
+	other := errors.New("frames: bad shape")
+	if got := diskError(other); got != other {
+		t.Errorf("other error changed: %v", got)
 	}
 }
