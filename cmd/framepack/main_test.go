@@ -359,7 +359,7 @@ func TestCLI(t *testing.T) {
 			code int
 			want string
 		}{
-			{nil, exitUsage, "usage: framepack COMMAND"},
+			{nil, exitUsage, "usage: framepack [--addr ADDR] [--timeout D] COMMAND"},
 			{[]string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
 			{[]string{"generate", "--image", "x.png"}, exitUsage, "required"},
 			{[]string{"generate", "--steps", "many"}, exitUsage, "invalid value"},

@@ -59,8 +59,10 @@ func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		}
 		probe := watchdog.ProbeWorker(workerkit.Config{Name: "probe", Path: filepath.Join(o.workersDir, "probe"), Log: g.log},
 			backend, idx, watchdog.DefaultProbeAllocate)
-		wd, err := watchdog.New(watchdog.Config{Lane: name, LaneBackend: backend, ConvCache: cache,
-			Recovery: &watchdog.Recovery{Memory: mem}, Probe: probe, Log: g.log})
+		cfg := watchdog.Config{Lane: name, LaneBackend: backend, ConvCache: cache,
+			Recovery: &watchdog.Recovery{Memory: mem}, Probe: probe, Log: g.log}
+		o.ops.apply(&cfg) // --hang-deadline-scale, --retries-per-*, --vram-recovery-wait (ops.go)
+		wd, err := watchdog.New(cfg)
 		if err != nil {
 			g.close()
 			return nil, err

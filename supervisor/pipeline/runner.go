@@ -168,6 +168,9 @@ type StageRecord struct {
 	Err string `json:"error,omitempty"`
 	// ConvTiers are the worker's convolution tier counts (metrics).
 	ConvTiers []workerkit.ConvTierStats `json:"-"`
+	// Cancelled says the stage stopped because the job was cancelled or the daemon is
+	// stopping: not a failure (logged at info).
+	Cancelled bool `json:"cancelled,omitempty"`
 }
 
 // Run runs one job; see jobs.Runner for the contract.
@@ -222,6 +225,9 @@ type jobRun struct {
 	eta  etaModel
 
 	wd *watchdog.Job // the job's retries under the lane's watchdog; nil without one
+	// attempt is the attempt of the stage running now (1, then the watchdog's retries); only
+	// the section loop's goroutine touches it.
+	attempt int
 }
 
 func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepackv1.JobEvent)) (*jobRun, error) {
@@ -373,14 +379,21 @@ func (j *jobRun) resume(cp *jobs.Checkpoint) (res jobs.Result, next int, done bo
 }
 
 // stageEvent is a StageStarted or StageFinished event.
+// Every attempt of a stage starts with its own StageStarted (attempt 1, then each retry the
+// watchdog makes, see runOnLane); StageFinished carries the attempt that succeeded.
 func (j *jobRun) stageStarted(stage framepackv1.Stage, section int) {
+	j.attempt = 1
+	j.stageAttemptStarted(stage, section, 1)
+}
+
+func (j *jobRun) stageAttemptStarted(stage framepackv1.Stage, section, attempt int) {
 	j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageStarted{StageStarted: &framepackv1.StageStarted{
-		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: 1, Lane: j.job.Lane}}})
+		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: uint32(attempt), Lane: j.job.Lane}}})
 }
 
 func (j *jobRun) stageFinished(stage framepackv1.Stage, section int, wall, load, compute time.Duration, loras ...workerkit.LoraApplied) {
 	j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageFinished{StageFinished: &framepackv1.StageFinished{
-		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: 1, Duration: durationpb.New(wall),
+		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: uint32(max(j.attempt, 1)), Duration: durationpb.New(wall),
 		LoadDuration: durationpb.New(load), ComputeDuration: durationpb.New(compute), Loras: lorasApplied(loras)}}})
 }
 
@@ -419,9 +432,12 @@ func (j *jobRun) record(rec StageRecord) {
 			"load": rec.Load.Round(time.Microsecond).String(), "compute": rec.Compute.Round(time.Microsecond).String(),
 			"teardown": rec.Teardown.Round(time.Microsecond).String(), "alloc_peak": rec.AllocPeakBytes, "rss_peak": rec.RSSPeakBytes})
 	}
-	if rec.Err != "" {
+	switch {
+	case rec.Cancelled:
+		f.WithField("reason", rec.Err).Info("stage cancelled")
+	case rec.Err != "":
 		f.WithField("error", rec.Err).Warn("stage failed")
-	} else {
+	default:
 		f.Info("stage done")
 	}
 	if line, err := json.Marshal(rec); err == nil {
@@ -454,7 +470,7 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes, ConvTiers: rep.ConvTiers,
 		MemoryCapBytes: rep.MemoryCapBytes}
 	if err != nil {
-		rec.Err = err.Error()
+		rec.Err, rec.Cancelled = err.Error(), ctx.Err() != nil
 		j.record(rec)
 		return rep, j.failure(ctx, stage, section, t0, wall, err)
 	}
@@ -471,7 +487,7 @@ func (j *jobRun) hostStage(ctx context.Context, stage framepackv1.Stage, section
 	wall := time.Since(t0)
 	rec := StageRecord{Stage: stage, Section: section, Wall: wall, Compute: wall}
 	if err != nil {
-		rec.Err = err.Error()
+		rec.Err, rec.Cancelled = err.Error(), ctx.Err() != nil
 		j.record(rec)
 		return j.failure(ctx, stage, section, t0, wall, err)
 	}

@@ -31,6 +31,10 @@ func (j *jobRun) runOnLane(ctx context.Context, stage framepackv1.Stage, section
 	info.Small = stage != framepackv1.Stage_STAGE_TRANSFORMER && info.Size.Units() <= smallStageUnits
 	var rep lanes.Report
 	err := j.wd.Run(ctx, info, func(ctx context.Context, a *watchdog.Attempt) error {
+		j.attempt = a.Number
+		if a.Number > 1 {
+			j.stageAttemptStarted(stage, section, a.Number) // a retry: its own StageStarted
+		}
 		att := st
 		att.Attach = func(p lanes.Proc) func() {
 			if t, ok := p.(watchdog.Target); ok {

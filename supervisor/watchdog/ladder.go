@@ -2,6 +2,7 @@ package watchdog
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
@@ -140,7 +141,7 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 				return s, true
 			}
 		}
-		return Step{Knobs: next, Change: "retry as is (the hang was not in a convolution)"}, true
+		return Step{Knobs: next, Change: "retry as is (" + hangWhere(v) + ")"}, true
 	case ClassCrash, ClassDeviceLost:
 		if attempt >= 2 {
 			if s, ok := l.toCPU(st, cur, class.String()+" again"); ok {
@@ -202,4 +203,19 @@ func (l Ladder) toCPU(st StageInfo, cur Knobs, why string) (Step, bool) {
 	next.Backend = "cpu"
 	next.ConvFirstTier = workerkit.ConvTierUnspecified
 	return Step{Knobs: next, Change: "backend -> cpu (" + why + "; the stage is small)"}, true
+}
+
+// hangWhere says where a hang that no tier change can avoid happened, in the words a user
+// reads in the job's story.
+func hangWhere(v *Verdict) string {
+	if key, tier, ok := v.Conv(); ok {
+		return fmt.Sprintf("the hang was in convolution %q at tier %s, the last tier, which is never skipped", key, tier)
+	}
+	if v != nil && strings.Contains(v.Beacon.Op, "conv") {
+		return fmt.Sprintf("the hang was in op %s, with no convolution tier recorded to skip", v.Beacon.Op)
+	}
+	if v != nil && v.Beacon.Op != "" {
+		return fmt.Sprintf("the hang was in op %s, not in a convolution", v.Beacon.Op)
+	}
+	return "the hang was not in a convolution"
 }
