@@ -2,7 +2,7 @@
 # gpu-check.sh — the GPU acceptance run, on a machine with an NVIDIA GPU and nvcc (no Go needed).
 #
 #   scripts/gpu-bundle.sh            # here (with Go): test binaries, workers, gpubench, OpenBLAS → build/gpu
-#   scripts/gpu-check.sh [phase...]  # there: phases build tests tiers attention memory bench (default: all)
+#   scripts/gpu-check.sh [phase...]  # there: phases build tests tiers attention attnbench memory bench (default: all)
 #
 # build   make native-cuda (libfpk-cuda.so for sm_$CUDA_ARCHS, default 90) into build/native
 # tests   the carried test binaries on the cuda backend (FRAMEPACK_BACKEND=cuda): every runtime op
@@ -33,7 +33,7 @@ LOG=$OUT/log.txt
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 phases=("$@")
-[ ${#phases[@]} -eq 0 ] && phases=(build tests tiers attention memory bench)
+[ ${#phases[@]} -eq 0 ] && phases=(build tests tiers attention attnbench memory bench)
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
 status=0
