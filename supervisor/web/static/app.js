@@ -135,6 +135,7 @@ $('job-form').addEventListener('submit', async (ev) => {
 function select(id) {
   if (state.source) { state.source.close(); state.source = null; }
   state.selected = id;
+  if (location.hash !== '#job=' + id) history.replaceState(null, '', '#job=' + encodeURIComponent(id));
   state.lastVideo = '';
   $('live-id').textContent = id;
   $('live-empty').hidden = true;
@@ -365,5 +366,9 @@ async function refreshDevices() {
 
 refreshJobs();
 refreshDevices();
+{
+  const m = /^#job=([0-9a-z]+)$/.exec(location.hash);
+  if (m) select(m[1]);
+}
 setInterval(refreshJobs, 3000);
 setInterval(refreshDevices, 15000);
