@@ -249,7 +249,9 @@ function showJob(job) {
   } else if (st === 'CANCELLED') {
     $('progress-text').textContent = 'cancelled';
   } else if (job.progress && job.progress.latestVideoPath && !state.lastVideo) {
-    showVideo(`/v1/jobs/${encodeURIComponent(job.id)}/sections/${job.progress.sectionIndex || 0}/video`, false);
+    // The newest section MP4 written (section-NNN.mp4), when the page opens mid-job.
+    const m = /section-(\d+)\.mp4$/.exec(job.progress.latestVideoPath);
+    if (m) showVideo(`/v1/jobs/${encodeURIComponent(job.id)}/sections/${Number(m[1])}/video`, false);
   }
   const s = job.spec || {};
   const rows = [
