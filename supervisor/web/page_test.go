@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -35,7 +36,8 @@ func browser(t *testing.T) string {
 }
 
 func TestPageHeaders(t *testing.T) {
-	d := httpapitest.Start(t, httpapitest.Options{Page: web.Handler()})
+	d := httptest.NewServer(web.Handler())
+	defer d.Close()
 	for _, path := range []string{"/", "/app.js", "/style.css"} {
 		resp, err := http.Get(d.URL + path)
 		if err != nil {
