@@ -61,7 +61,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -326,7 +325,11 @@ func dial(c *common) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fail(exitUsage, "--addr: %v", err)
 	}
-	conn, err := grpc.NewClient(a.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts, err := transportOptions(a) // TLS and token on TCP (tcpauth.go)
+	if err != nil {
+		return nil, fail(exitUsage, "%v", err)
+	}
+	conn, err := grpc.NewClient(a.Target(), opts...)
 	if err != nil {
 		return nil, fail(exitUnreachable, "connect to %s: %v", a, err)
 	}
