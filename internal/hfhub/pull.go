@@ -154,6 +154,19 @@ type Puller struct {
 	FreeSpace func(dir string) (uint64, error)
 	// Backoff is the wait before the n-th retry (default: 1 s, doubling, at most 15 s).
 	Backoff func(n int) time.Duration
+	// StallTimeout abandons a transfer that received nothing for this long (default 60 s);
+	// it is then retried like a dropped connection.
+	StallTimeout time.Duration
+}
+
+// errStalled: a transfer received nothing for StallTimeout.
+var errStalled = errors.New("no data received")
+
+func (p *Puller) stallTimeout() time.Duration {
+	if p.StallTimeout > 0 {
+		return p.StallTimeout
+	}
+	return 60 * time.Second
 }
 
 // Plan resolves each Want to a commit, lists the files it selects and checks which are in the
@@ -325,7 +338,7 @@ func (s *pullState) set(i int, state FileState, done int64, err error) {
 	if s.report == nil {
 		return
 	}
-	it := s.plan.Items[i]
+	it := &s.plan.Items[i] // fields set at planning only: fetch rewrites Location concurrently
 	s.report(Progress{Repo: it.Repo, Path: it.Path, State: state, Err: err, Done: done, Size: it.Size,
 		TotalDone: s.totalDone, Total: s.plan.Total, FilesDone: s.filesDone, Files: len(s.plan.Items)})
 }
@@ -545,11 +558,19 @@ func (p *Puller) fetchOnce(ctx context.Context, st *pullState, i int) (err error
 		}
 	}
 	if have < it.Size {
+		// A transfer that stalls is abandoned after StallTimeout (and retried, resuming).
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		stall := time.AfterFunc(p.stallTimeout(), func() { cancel(errStalled) })
+		defer stall.Stop()
 		body, start, err := p.Client.Open(ctx, it.Repo, it.Path, it.Location, have)
 		if errors.Is(err, errRangeNotSatisfiable) {
 			body, start, err = p.Client.Open(ctx, it.Repo, it.Path, it.Location, 0)
 		}
 		if err != nil {
+			if errors.Is(context.Cause(ctx), errStalled) {
+				return fmt.Errorf("%s: %w: %w for %v", what, ErrTruncated, errStalled, p.stallTimeout())
+			}
 			return err
 		}
 		defer body.Close()
@@ -568,9 +589,15 @@ func (p *Puller) fetchOnce(ctx context.Context, st *pullState, i int) (err error
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		st.set(i, FileDownloading, have, nil)
-		w := &progressWriter{w: io.MultiWriter(f, h), n: have, report: func(n int64) { st.set(i, FileDownloading, n, nil) }}
+		w := &progressWriter{w: io.MultiWriter(f, h), n: have, report: func(n int64) {
+			stall.Reset(p.stallTimeout())
+			st.set(i, FileDownloading, n, nil)
+		}}
 		n, cerr := io.Copy(w, io.LimitReader(body, it.Size-have+1))
 		got := have + n
+		if errors.Is(context.Cause(ctx), errStalled) {
+			cerr = fmt.Errorf("%w for %v", errStalled, p.stallTimeout())
+		}
 		if cerr != nil && isDiskErr(cerr) {
 			return fmt.Errorf("%s: %w", what, diskErr(cerr))
 		}

@@ -566,3 +566,23 @@ func TestPullDiskFull(t *testing.T) {
 		t.Fatalf("blob written after a full disk: %v", err)
 	}
 }
+
+// TestPullStalledTransfer: a transfer that stops sending is abandoned after StallTimeout and
+// resumed in the same pull.
+func TestPullStalledTransfer(t *testing.T) {
+	f := newFixture(t)
+	const stallAt = 1 << 20
+	f.hub.SetFault(hunyuan, vaeWeights, &hubtest.Fault{StallAt: stallAt, Times: 1})
+	p := f.puller("", nil)
+	p.StallTimeout = 300 * time.Millisecond
+	if err := f.pull(t, p, "i2v"); err != nil {
+		t.Fatal(err)
+	}
+	want := f.fixtureFile(t, hunyuan, vaeWeights)
+	if got := rangesFor(f.hub.Requests(), sha256Of(want)); len(got) != 2 || got[1] != "bytes=1048576-" {
+		t.Fatalf("ranges %q, want a resume at the stall", got)
+	}
+	if got, err := os.ReadFile(f.cache.SnapshotPath(hunyuan, f.commits[hunyuan], vaeWeights)); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("file differs after the stall (%v)", err)
+	}
+}
