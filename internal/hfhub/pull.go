@@ -194,7 +194,11 @@ func (p *Puller) Plan(ctx context.Context, wants []Want) (*Plan, error) {
 }
 
 func (p *Puller) planOnline(ctx context.Context, plan *Plan, w Want) error {
-	info, err := p.Client.Info(ctx, w.Repo, w.rev())
+	var info *RepoInfo
+	err := p.again(ctx, func() (err error) {
+		info, err = p.Client.Info(ctx, w.Repo, w.rev())
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -233,7 +237,11 @@ func (p *Puller) planOnline(ctx context.Context, plan *Plan, w Want) error {
 			continue
 		}
 		// Pinned to the commit, so that every file comes from the same one.
-		m, err := p.Client.Head(ctx, w.Repo, info.Commit, s.Path)
+		var m FileMeta
+		err := p.again(ctx, func() (err error) {
+			m, err = p.Client.Head(ctx, w.Repo, info.Commit, s.Path)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -263,6 +271,22 @@ func (p *Puller) planOnline(ctx context.Context, plan *Plan, w Want) error {
 		plan.Items = append(plan.Items, it)
 	}
 	return nil
+}
+
+// again calls fn until it succeeds, fails for good (retryable) or has been retried Retries
+// times, waiting Backoff between calls.
+func (p *Puller) again(ctx context.Context, fn func() error) error {
+	for attempt := 0; ; attempt++ {
+		err := fn()
+		if err == nil || !retryable(err) || attempt >= p.retries() {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(p.backoff(attempt)):
+		}
+	}
 }
 
 // validPath rejects paths that would leave the snapshot folder.

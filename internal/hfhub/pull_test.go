@@ -586,3 +586,21 @@ func TestPullStalledTransfer(t *testing.T) {
 		t.Fatalf("file differs after the stall (%v)", err)
 	}
 }
+
+// TestPullRetriesServerErrors: a 503 is retried; a 404 is not.
+func TestPullRetriesServerErrors(t *testing.T) {
+	f := newFixture(t)
+	f.hub.SetFault(hunyuan, "vae/config.json", &hubtest.Fault{Status: 503, Times: 2})
+	if err := f.pull(t, f.puller("", nil), "i2v"); err != nil {
+		t.Fatalf("pull after two 503s: %v", err)
+	}
+	heads := 0
+	for _, r := range f.hub.Requests() {
+		if r.Method == "HEAD" && strings.HasSuffix(r.Path, "/vae/config.json") {
+			heads++
+		}
+	}
+	if heads != 3 {
+		t.Fatalf("%d HEADs of vae/config.json, want 3 (two refused, one answered)", heads)
+	}
+}

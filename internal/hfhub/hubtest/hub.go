@@ -7,7 +7,8 @@
 // branches or full commit hashes; Range requests are served; refusals carry X-Error-Code and
 // X-Error-Message as the hub's do (401 for anonymous requests to private, gated or missing
 // repositories, 403 for a token without access to a gated one, 404 with RepoNotFound,
-// RevisionNotFound or EntryNotFound). Faults can be injected per file.
+// RevisionNotFound or EntryNotFound; a gated repository's file list is public, its files are
+// not). Faults can be injected per file.
 package hubtest
 
 import (
@@ -249,9 +250,9 @@ func refuse(w http.ResponseWriter, status int, code, msg string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
-// access finds the repository and checks the request's token; it answers the refusal itself
-// and returns nil then. Caller holds mu.
-func (h *Hub) access(w http.ResponseWriter, r *http.Request, id string) *repo {
+// access finds the repository and checks the request's token (gating applies to files only);
+// it answers the refusal itself and returns nil then. Caller holds mu.
+func (h *Hub) access(w http.ResponseWriter, r *http.Request, id string, files bool) *repo {
 	auth := r.Header.Get("Authorization")
 	token, hasToken := strings.CutPrefix(auth, "Bearer ")
 	gatedOK, known := h.tokens[token]
@@ -267,6 +268,8 @@ func (h *Hub) access(w http.ResponseWriter, r *http.Request, id string) *repo {
 	case rp == nil:
 		refuse(w, http.StatusNotFound, "RepoNotFound", "Repository Not Found for url: "+r.URL.String())
 		return nil
+	case rp.gated && !files: // a gated repository's metadata is public; its files are not
+		return rp
 	case rp.gated && auth == "":
 		refuse(w, http.StatusUnauthorized, "GatedRepo", "Access to model "+id+" is restricted. You must have access to it and be authenticated to access it. Please log in.")
 		return nil
@@ -302,7 +305,7 @@ type lfsInfo struct {
 func (h *Hub) info(w http.ResponseWriter, r *http.Request, id, rev string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	rp := h.access(w, r, id)
+	rp := h.access(w, r, id, false)
 	if rp == nil {
 		return
 	}
@@ -351,7 +354,7 @@ func (h *Hub) resolve(w http.ResponseWriter, r *http.Request, id, rev, path stri
 		return
 	}
 	h.mu.Lock()
-	rp := h.access(w, r, id)
+	rp := h.access(w, r, id, true)
 	if rp == nil {
 		h.mu.Unlock()
 		return
