@@ -79,7 +79,8 @@ type Item struct {
 	Size int64
 	// LFS is set for files stored with git-lfs (verified by sha256).
 	LFS bool
-	// Location is where the file is downloaded from (the LFS host for LFS files).
+	// Location is where the file is downloaded from (the LFS host for LFS files); Pull
+	// refreshes it when it retries a file.
 	Location string
 	// Present: the snapshot already links the complete file.
 	Present bool
