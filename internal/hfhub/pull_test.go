@@ -604,3 +604,56 @@ func TestPullRetriesServerErrors(t *testing.T) {
 		t.Fatalf("%d HEADs of vae/config.json, want 3 (two refused, one answered)", heads)
 	}
 }
+
+// TestPullRenamedRepository: a renamed repository's relative redirects are followed; the cache
+// entry keeps the name asked for, as huggingface_hub keeps it.
+func TestPullRenamedRepository(t *testing.T) {
+	f := newFixture(t)
+	f.hub.Rename("lllyasviel/FramePackI2V_HY", "lllyasviel/FramePackI2V_HY_v2")
+	if err := f.pull(t, f.puller("", nil), "i2v"); err != nil {
+		t.Fatal(err)
+	}
+	repo := "lllyasviel/FramePackI2V_HY"
+	if got, err := os.ReadFile(f.cache.SnapshotPath(repo, f.commits[repo], "config.json")); err != nil || !bytes.Equal(got, f.fixtureFile(t, repo, "config.json")) {
+		t.Fatalf("config of the renamed repository: %v", err)
+	}
+	moved := false
+	for _, r := range f.hub.Requests() {
+		moved = moved || strings.Contains(r.Path, "FramePackI2V_HY_v2/resolve/")
+	}
+	if !moved {
+		t.Fatal("the redirect to the new name was not followed")
+	}
+}
+
+// TestCheckSharded: a folder with an index needs every shard it names; links to missing blobs
+// do not count.
+func TestCheckSharded(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("config.json", "{}")
+	write("diffusion_pytorch_model.safetensors.index.json", `{"weight_map": {"a": "diffusion_pytorch_model-00001-of-00002.safetensors", "b": "diffusion_pytorch_model-00002-of-00002.safetensors"}}`)
+	write("diffusion_pytorch_model-00001-of-00002.safetensors", "x")
+	if err := os.Symlink("../../blobs/gone", filepath.Join(dir, "diffusion_pytorch_model-00002-of-00002.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	got := hfhub.FramePackI2V.Check(dir)
+	if len(got) != 1 || got[0] != "diffusion_pytorch_model-00002-of-00002.safetensors" {
+		t.Fatalf("missing %q, want the second shard", got)
+	}
+	if err := os.Remove(filepath.Join(dir, "diffusion_pytorch_model-00002-of-00002.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	write("diffusion_pytorch_model-00002-of-00002.safetensors", "y")
+	if got := hfhub.FramePackI2V.Check(dir); len(got) != 0 {
+		t.Fatalf("complete folder reports %q missing", got)
+	}
+	if got := hfhub.HunyuanVideo.Check(dir); len(got) != 11 {
+		t.Fatalf("HunyuanVideo in a transformer folder: %d missing %q", len(got), got)
+	}
+}
