@@ -657,3 +657,42 @@ func TestCheckSharded(t *testing.T) {
 		t.Fatalf("HunyuanVideo in a transformer folder: %d missing %q", len(got), got)
 	}
 }
+
+// TestPullConcurrent: two pulls into one cache at once (the CLI and a daemon's --pull-missing)
+// take turns per blob through the lock files: each blob is downloaded once, both succeed.
+func TestPullConcurrent(t *testing.T) {
+	f := newFixture(t)
+	wants, _ := hfhub.Wants([]string{"i2v"}, "")
+	var plans [2]*hfhub.Plan
+	var pullers [2]*hfhub.Puller
+	for i := range pullers {
+		pullers[i] = f.puller("", nil)
+		var err error
+		if plans[i], err = pullers[i].Plan(t.Context(), wants); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make(chan error, 2)
+	for i := range pullers {
+		go func() { errs <- pullers[i].Pull(t.Context(), plans[i]) }()
+	}
+	for range pullers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]int{}
+	for _, r := range f.hub.Requests() {
+		if r.Server == "lfs" && r.Method == "GET" {
+			got[r.Path]++
+		}
+	}
+	for p, n := range got {
+		if n != 1 {
+			t.Errorf("%s downloaded %d times", p, n)
+		}
+	}
+	if v := hfhub.VariantComplete(f.cache.Status("")); !v["i2v"] {
+		t.Fatal("i2v incomplete after two concurrent pulls")
+	}
+}
