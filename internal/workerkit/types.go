@@ -21,7 +21,8 @@ import (
 )
 
 // Worker is the protocol every worker serves. Methods take ctx first; the supervisor's calls
-// always carry a deadline.
+// always carry a deadline. A panic in any of them is recovered by the server (workerkit), logged
+// with its stack and answered with a CodeInternal error: the worker needs no recover of its own.
 type Worker interface {
 	// Load opens the backend and loads the model; it is the first call and comes once.
 	Load(ctx context.Context, req *LoadRequest) (*LoadResponse, error)
@@ -29,8 +30,19 @@ type Worker interface {
 	Run(ctx context.Context, req *RunRequest, emit Emit) (*Result, error)
 	// Stats returns the worker's counters; it may be called at any time.
 	Stats(ctx context.Context) (*Stats, error)
-	// Probe lists the devices of a backend without loading a model (probe worker only).
+}
+
+// Prober is the probe worker's call: a worker that implements it serves Probe; the model
+// workers do not, and the server answers their Probe with CodeInvalidArgument.
+type Prober interface {
+	// Probe lists the devices of a backend without loading a model.
 	Probe(ctx context.Context, req *ProbeRequest) (*ProbeResponse, error)
+}
+
+// remote is a worker as the supervisor calls it: every call of the service.
+type remote interface {
+	Worker
+	Prober
 }
 
 // Emit sends one event of a running stage to the supervisor. An error means the stream is gone
