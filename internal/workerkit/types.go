@@ -318,58 +318,58 @@ const (
 	SamplerUniPCBH2    SamplerVariant = 2
 )
 
+// TransformerText is one prompt branch's text conditioning in shared memory.
+type TransformerText struct {
+	LlamaVec   TensorRef // LLaMA hidden_states[-3] cropped and padded [1, L, 4096]
+	LlamaMask  TensorRef // its 0/1 attention mask [1, L]
+	ClipPooler TensorRef // CLIP-L pooled output [1, 768]
+}
+
+// TransformerConditioning is what the packed transformer is conditioned on besides the noisy
+// latents, as tensors in shared memory: the one form both transformer stages take across the
+// worker boundary (the worker reads it into a conditioning.Conditioning). Clean latents are
+// optional, each with its frame indices; empty LatentIndices mean 0..T−1.
+type TransformerConditioning struct {
+	TransformerText                // the (positive) prompt
+	ImageEmbeddings      TensorRef // SigLIP last_hidden_state [1, 729, 1152]
+	CleanLatents         TensorRef // [1, 16, T1, h, w]
+	CleanLatentIndices   []int64   // [T1]
+	CleanLatents2x       TensorRef // [1, 16, T2, h, w]
+	CleanLatent2xIndices []int64   // [T2]
+	CleanLatents4x       TensorRef // [1, 16, T4, h, w]
+	CleanLatent4xIndices []int64   // [T4]
+	LatentIndices        []int64   // frame indices of the noisy latents [T]
+}
+
 // TransformerSectionRequest samples one section's latents with the packed transformer.
 type TransformerSectionRequest struct {
-	LlamaVec             TensorRef
-	LlamaMask            TensorRef
-	ClipPooler           TensorRef
-	ImageEmbeddings      TensorRef
-	LlamaVecN            TensorRef
-	LlamaMaskN           TensorRef
-	ClipPoolerN          TensorRef
-	CleanLatents         TensorRef
-	CleanLatentIndices   []int64
-	CleanLatents2x       TensorRef
-	CleanLatent2xIndices []int64
-	CleanLatents4x       TensorRef
-	CleanLatent4xIndices []int64
-	LatentIndices        []int64
-	Steps                uint32
-	CFG                  float32
-	GS                   float32
-	RS                   float32
-	Shift                *float32 // nil: computed from the sequence length
-	UseTeaCache          bool
-	TeaCacheThreshold    float32
-	Sampler              SamplerVariant
-	GeneratorState       []byte
-	Seed                 int64
-	Width                uint32
-	Height               uint32
-	Frames               uint32
-	Latents              TensorRef
-	StepPreviews         []TensorRef
+	TransformerConditioning
+	Negative          TransformerText // the negative prompt; read only with real CFG (CFG ≠ 1)
+	Steps             uint32
+	CFG               float32
+	GS                float32
+	RS                float32
+	Shift             *float32 // nil: computed from the sequence length
+	UseTeaCache       bool
+	TeaCacheThreshold float32
+	Sampler           SamplerVariant
+	GeneratorState    []byte
+	Seed              int64
+	Width             uint32
+	Height            uint32
+	Frames            uint32
+	Latents           TensorRef
+	StepPreviews      []TensorRef
 }
 
 // TransformerForwardRequest runs one forward of the packed transformer (batch 1) and writes the
-// predicted flow velocity. Clean latents are optional, each with its indices; ImageEmbeddings is
-// needed when the model has an image projection; empty LatentIndices mean 0..T−1.
+// predicted flow velocity. ImageEmbeddings is needed when the model has an image projection.
 type TransformerForwardRequest struct {
-	HiddenStates         TensorRef // noisy latents [1, C, T, h, w]
-	Timestep             float32   // σ·1000
-	Guidance             float32   // gs·1000
-	LlamaVec             TensorRef
-	LlamaMask            TensorRef
-	ClipPooler           TensorRef
-	ImageEmbeddings      TensorRef
-	CleanLatents         TensorRef
-	CleanLatentIndices   []int64
-	CleanLatents2x       TensorRef
-	CleanLatent2xIndices []int64
-	CleanLatents4x       TensorRef
-	CleanLatent4xIndices []int64
-	LatentIndices        []int64
-	Velocity             TensorRef // output, hidden_states' shape
+	HiddenStates TensorRef // noisy latents [1, C, T, h, w]
+	Timestep     float32   // σ·1000
+	Guidance     float32   // gs·1000
+	TransformerConditioning
+	Velocity TensorRef // output, hidden_states' shape
 }
 
 // Progress reports where a stage is.
