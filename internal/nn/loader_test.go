@@ -63,8 +63,7 @@ func TestLoader(t *testing.T) {
 	if _, err := DetectPrefix(ck, "nothing", "", "model."); !errors.Is(err, ErrCheckpoint) || !strings.Contains(err.Error(), `tensor nothing: missing (also looked under "model.")`) {
 		t.Fatalf("no prefix: %v", err)
 	}
-	l := NewLoader(rt, ck, runtime.F32, prefix)
-	l.SetWeightDType(runtime.F16)
+	l := NewLoader(rt, ck, Options{DType: runtime.F32, WeightDType: runtime.F16}, prefix)
 	fc := NewLinear(l, "fc", 2, 3, true)
 	NewLayerNorm(l, "norm", 3, 1e-5)
 	l.Skip("head.")
@@ -101,7 +100,7 @@ func TestLoader(t *testing.T) {
 // one of them, and that nothing stays allocated.
 func TestLoaderCollectsErrors(t *testing.T) {
 	rt := newRuntime(t)
-	l := NewLoader(rt, testCheckpoint(t), runtime.F32, "model.")
+	l := NewLoader(rt, testCheckpoint(t), Options{}, "model.")
 	NewLayerNorm(l, "norm", 3, 1e-5) // fine, uploaded before the first problem
 	l.Tensor("absent", 1)
 	l.Weight("fc.weight", 2, 3)
@@ -134,8 +133,7 @@ func TestLoaderCollectsErrors(t *testing.T) {
 func TestRandomAndShapeLoaders(t *testing.T) {
 	rt := newRuntime(t)
 	values := func(seed uint64) []float32 {
-		l := NewRandomLoader(rt, seed, runtime.F32)
-		l.SetWeightDType(runtime.BF16)
+		l := NewRandomLoader(rt, seed, Options{WeightDType: runtime.BF16})
 		fc := NewLinear(l, "fc", 4, 8, true)
 		n := NewLayerNorm(l, "norm", 8, 1e-5)
 		ts, _, err := l.Finish()

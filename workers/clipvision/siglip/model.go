@@ -78,15 +78,8 @@ type Model struct {
 	report  nn.Report
 }
 
-// LoadOptions are Load's options.
-type LoadOptions struct {
-	// DType is the dtype the weights are stored in on the runtime; 0 means F32 (every backend
-	// computes in F32).
-	DType runtime.DType
-	// WeightDType is the dtype of the Linear and patch-embedding weights (nearly all the bytes):
-	// F16 or BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype; 0 means DType.
-	WeightDType runtime.DType
-}
+// LoadOptions are the dtypes the weights are uploaded in.
+type LoadOptions = nn.Options
 
 // Load reads dir/config.json and the checkpoint in dir and uploads the weights into rt. The
 // pooling head's tensors are not loaded; they and any unknown tensors are listed in Report.
@@ -121,8 +114,7 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 	if err != nil {
 		return nil, err
 	}
-	l := nn.NewLoader(rt, src, opts.DType, prefix)
-	l.SetWeightDType(opts.WeightDType)
+	l := nn.NewLoader(rt, src, opts, prefix)
 	D, P := cfg.HiddenSize, cfg.PatchSize
 	eps := float32(cfg.LayerNormEps)
 	m := &Model{Config: cfg, rt: rt}

@@ -81,15 +81,9 @@ type Model struct {
 	weights []*runtime.Tensor
 }
 
-// Options configure Load.
-type Options struct {
-	// DType is the dtype weights are stored in the runtime as; zero means F32 (every backend
-	// computes in F32).
-	DType runtime.DType
-	// WeightDType is the dtype of the Linear weights and the token embedding: F16 or BF16 keep
-	// them in 16 bits, runtime.AsStored in the checkpoint's dtype; zero means DType.
-	WeightDType runtime.DType
-}
+// Options are the dtypes the weights are uploaded in (WeightDType: the Linear weights and the
+// token embedding).
+type Options = nn.Options
 
 // Load reads dir/config.json and loads the checkpoint in dir.
 func Load(rt *runtime.Runtime, dir string, o Options) (*Model, error) {
@@ -118,8 +112,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 	if err != nil {
 		return nil, fmt.Errorf("clip: %w", err)
 	}
-	ld := nn.NewLoader(rt, src, o.DType, prefix)
-	ld.SetWeightDType(o.WeightDType)
+	ld := nn.NewLoader(rt, src, o, prefix)
 	H := cfg.HiddenSize
 	eps := float32(cfg.LayerNormEps)
 	m := &Model{Config: cfg, rt: rt}

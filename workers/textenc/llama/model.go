@@ -179,11 +179,9 @@ type Model struct {
 type Options struct {
 	// HiddenStateIndex is the hidden_states entry HiddenState computes (FramePack: −3).
 	HiddenStateIndex int
-	// DType is the dtype weights are stored in the runtime as (F32 on the cpu backend).
-	DType runtime.DType
-	// WeightDType is the dtype of the Linear weights (the bulk of the model): F16 or BF16 keep
-	// them in 16 bits, runtime.AsStored in the checkpoint's dtype; zero means F32.
-	WeightDType runtime.DType
+	// Options are the dtypes the weights are uploaded in (WeightDType: the Linear weights, the
+	// bulk of the model; the embedding table stays in the checkpoint).
+	nn.Options
 }
 
 // Load reads dir/config.json and binds the checkpoint in dir (one file or shards) for the
@@ -225,8 +223,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 	if err != nil {
 		return nil, fmt.Errorf("llama: %w", err)
 	}
-	ld := nn.NewLoader(rt, src, o.DType, prefix)
-	ld.SetWeightDType(o.WeightDType)
+	ld := nn.NewLoader(rt, src, o.Options, prefix)
 	m := &Model{Config: cfg, Plan: plan, rt: rt, RotaryEmb: NewRotaryEmbedding(cfg.HeadDim, theta)}
 	H, D, I := cfg.HiddenSize, cfg.HeadDim, cfg.IntermediateSize
 	heads, kvHeads := cfg.NumAttentionHeads, cfg.NumKeyValueHeads

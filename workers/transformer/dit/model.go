@@ -80,13 +80,13 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	if src == nil && !opts.RandomWeights {
 		return nil, fmt.Errorf("new transformer: no weights (a checkpoint or RandomWeights)")
 	}
+	dts := nn.Options{DType: runtime.F32, WeightDType: opts.WeightDType}
 	var l *nn.Loader
 	if src == nil {
-		l = nn.NewRandomLoader(rt, opts.Seed, runtime.F32)
+		l = nn.NewRandomLoader(rt, opts.Seed, dts)
 	} else {
-		l = nn.NewLoader(rt, src, runtime.F32, "")
+		l = nn.NewLoader(rt, src, dts, "")
 	}
-	l.SetWeightDType(opts.WeightDType)
 	dim := cfg.InnerDim()
 	p := cfg.PatchSize
 	m := &Model{Config: cfg, rt: rt, Rope: HunyuanVideoRotaryPosEmbed{AxesDim: cfg.RopeAxesDim, Theta: cfg.RopeTheta}}

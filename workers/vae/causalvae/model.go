@@ -22,15 +22,9 @@ func badInput(format string, args ...any) error {
 // Checkpoint is a set of named tensors with their list of names (*safetensors.Checkpoint).
 type Checkpoint = nn.Source
 
-// Options configure Load.
-type Options struct {
-	// DType is the dtype weights are held in; zero means F32 (every backend computes in f32
-	// whatever the storage).
-	DType runtime.DType
-	// WeightDType is the dtype of the conv and linear weights (nearly all the bytes): F16 or
-	// BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype; zero means DType.
-	WeightDType runtime.DType
-}
+// Options are the dtypes the weights are uploaded in (WeightDType: the conv and linear
+// weights, nearly all the bytes).
+type Options = nn.Options
 
 // LoadInfo says what a load found besides the model.
 type LoadInfo struct {
@@ -88,8 +82,8 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, ck Checkpoint, opts Options) (*Mo
 	if !dt.IsFloat() {
 		return nil, fmt.Errorf("load vae: dtype %s is not a float type", dt)
 	}
-	l := nn.NewLoader(rt, ck, dt, "")
-	l.SetWeightDType(opts.WeightDType)
+	opts.DType = dt
+	l := nn.NewLoader(rt, ck, opts, "")
 	m := &Model{Config: cfg, rt: rt}
 	m.bind(l)
 	ws, rep, err := l.Finish()
