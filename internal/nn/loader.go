@@ -363,14 +363,43 @@ func (l *Loader) Free() {
 	l.bytes = 0
 }
 
-// Finish ends a load: on a problem it frees everything and returns Err; else it returns the
-// uploaded tensors (now owned by the caller) and the report.
-func (l *Loader) Finish() ([]*runtime.Tensor, Report, error) {
+// Weights are the tensors a finished load uploaded; the model that embeds them owns them.
+type Weights struct {
+	tensors []*runtime.Tensor
+	bytes   int64
+	params  int64
+}
+
+// WeightBytes is the size of the weights in the runtime's memory.
+func (w *Weights) WeightBytes() int64 { return w.bytes }
+
+// NumTensors is the number of weight tensors held.
+func (w *Weights) NumTensors() int { return len(w.tensors) }
+
+// NumParams is the number of weight elements.
+func (w *Weights) NumParams() int64 { return w.params }
+
+// Free frees the weights.
+func (w *Weights) Free() {
+	for _, t := range w.tensors {
+		t.Free()
+	}
+	w.tensors = nil
+}
+
+// Finish ends a load: on a problem it frees everything and returns Err; else it hands the
+// uploaded tensors over as Weights, with the report.
+func (l *Loader) Finish() (Weights, Report, error) {
 	if err := l.Err(); err != nil {
 		l.Free()
-		return nil, Report{}, err
+		return Weights{}, Report{}, err
 	}
-	return l.Tensors(), l.Report(), nil
+	w := Weights{tensors: l.Tensors(), bytes: l.bytes}
+	for _, t := range w.tensors {
+		w.params += int64(t.NumElements())
+	}
+	l.loaded = nil
+	return w, l.Report(), nil
 }
 
 // Report says what a load did with the checkpoint's tensors.

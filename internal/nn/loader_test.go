@@ -67,10 +67,11 @@ func TestLoader(t *testing.T) {
 	fc := NewLinear(l, "fc", 2, 3, true)
 	NewLayerNorm(l, "norm", 3, 1e-5)
 	l.Skip("head.")
-	ts, rep, err := l.Finish()
+	ws, rep, err := l.Finish()
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer ws.Free()
 	if fc.Weight.DType() != runtime.F16 || fc.Bias.DType() != runtime.F32 {
 		t.Errorf("dtypes: weight %s, bias %s", fc.Weight.DType(), fc.Bias.DType())
 	}
@@ -78,8 +79,8 @@ func TestLoader(t *testing.T) {
 		!slices.Equal(rep.Unexpected, []string{"model.adapter.weight", "model.ids"}) {
 		t.Fatalf("report %+v", rep)
 	}
-	if len(ts) != 4 {
-		t.Fatalf("%d tensors, want 4", len(ts))
+	if ws.NumParams() != 6+3+3+3 || ws.WeightBytes() != rep.Bytes {
+		t.Fatalf("weights: %d params, %d bytes", ws.NumParams(), ws.WeightBytes())
 	}
 	p := NewPass(t.Context(), rt)
 	defer p.Free()
@@ -90,9 +91,6 @@ func TestLoader(t *testing.T) {
 	}
 	if got, _ := y.Float32(); !slices.Equal(got, []float32{3, 7, 12}) {
 		t.Errorf("linear: %v, want [3 7 12]", got)
-	}
-	for _, x := range ts {
-		x.Free()
 	}
 }
 
@@ -136,15 +134,11 @@ func TestRandomAndShapeLoaders(t *testing.T) {
 		l := NewRandomLoader(rt, seed, Options{WeightDType: runtime.BF16})
 		fc := NewLinear(l, "fc", 4, 8, true)
 		n := NewLayerNorm(l, "norm", 8, 1e-5)
-		ts, _, err := l.Finish()
+		ws, _, err := l.Finish()
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer func() {
-			for _, x := range ts {
-				x.Free()
-			}
-		}()
+		defer ws.Free()
 		if fc.Weight.DType() != runtime.BF16 || !slices.Equal(fc.Weight.Shape(), []int{8, 4}) || fc.Bias.DType() != runtime.F32 {
 			t.Fatalf("random linear: %s %v, bias %s", fc.Weight.DType(), fc.Weight.Shape(), fc.Bias.DType())
 		}

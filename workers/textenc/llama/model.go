@@ -170,9 +170,9 @@ type Model struct {
 	// unexpected.
 	Report nn.Report
 
-	rt      *runtime.Runtime
-	ckpt    *safetensors.Checkpoint
-	weights []*runtime.Tensor
+	nn.Weights // WeightBytes
+	rt         *runtime.Runtime
+	ckpt       *safetensors.Checkpoint
 }
 
 // Options configure Load.
@@ -260,21 +260,15 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 		ld.Skip("norm.weight")
 	}
 	ld.SkipRoot("lm_head.") // LlamaForCausalLM's head, beside "model.": never used by an encoder
-	if m.weights, m.Report, err = ld.Finish(); err != nil {
+	if m.Weights, m.Report, err = ld.Finish(); err != nil {
 		return nil, fmt.Errorf("llama: %w", err)
 	}
 	return m, nil
 }
 
-// WeightBytes returns the size of the weights held in the runtime.
-func (m *Model) WeightBytes() int64 { return m.Report.Bytes }
-
 // Close frees the weights and closes the checkpoint (when Load opened it).
 func (m *Model) Close() error {
-	for _, t := range m.weights {
-		t.Free()
-	}
-	m.weights = nil
+	m.Free()
 	if m.ckpt != nil {
 		err := m.ckpt.Close()
 		m.ckpt = nil

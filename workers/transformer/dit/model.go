@@ -31,8 +31,8 @@ type Model struct {
 	// Unexpected lists checkpoint tensors no module uses (the loader's caller logs them).
 	Unexpected []string
 
-	rt      *runtime.Runtime
-	weights []*runtime.Tensor
+	nn.Weights // WeightBytes (as held: float32, or 16 bits per LoadOptions.WeightDType), NumParams
+	rt         *runtime.Runtime
 }
 
 // LoadOptions adjust Load and New.
@@ -112,35 +112,12 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	if err != nil {
 		return nil, err
 	}
-	m.weights, m.Unexpected = ws, rep.Unexpected
+	m.Weights, m.Unexpected = ws, rep.Unexpected
 	return m, nil
 }
 
 // Runtime returns the runtime holding the weights.
 func (m *Model) Runtime() *runtime.Runtime { return m.rt }
 
-// WeightBytes is the size of the weights as held (float32, or 16 bits per LoadOptions.WeightDType).
-func (m *Model) WeightBytes() int64 {
-	var n int64
-	for _, t := range m.weights {
-		n += int64(t.NumBytes())
-	}
-	return n
-}
-
-// NumParams is the number of weight elements.
-func (m *Model) NumParams() int64 {
-	var n int64
-	for _, t := range m.weights {
-		n += int64(t.NumElements())
-	}
-	return n
-}
-
 // Close frees the weights.
-func (m *Model) Close() {
-	for _, t := range m.weights {
-		t.Free()
-	}
-	m.weights = nil
-}
+func (m *Model) Close() { m.Free() }

@@ -45,8 +45,8 @@ type Model struct {
 	PostQuantConv nn.Conv3d // post_quant_conv [latent, latent, 1, 1, 1]
 	Info          LoadInfo
 
-	rt      *runtime.Runtime
-	weights []*runtime.Tensor
+	nn.Weights
+	rt *runtime.Runtime
 }
 
 // Load reads dir/config.json and the checkpoint in dir (diffusion_pytorch_model.safetensors or
@@ -90,7 +90,7 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, ck Checkpoint, opts Options) (*Mo
 	if err != nil {
 		return nil, err
 	}
-	m.weights = ws
+	m.Weights = ws
 	m.Info.WeightBytes, m.Info.Unexpected = rep.Bytes, rep.Unexpected
 	return m, nil
 }
@@ -108,12 +108,7 @@ func (m *Model) bind(l *nn.Loader) {
 func (m *Model) Runtime() *runtime.Runtime { return m.rt }
 
 // Close frees the weights.
-func (m *Model) Close() {
-	for _, t := range m.weights {
-		t.Free()
-	}
-	m.weights = nil
-}
+func (m *Model) Close() { m.Free() }
 
 // encodeTile runs encoder and quant_conv on one tile: x [B, in, T, H, W] → moments
 // [B, 2·latent, T', H', W'], on the host.
