@@ -139,6 +139,21 @@ func DetectPrefix(src runtime.TensorSource, name string, prefixes ...string) (st
 	return "", &TensorError{Name: prefixes[0] + name, Problem: "missing (also looked under " + strings.Join(quoted, ", ") + ")"}
 }
 
+// OpenDir reads a model folder for a model package's Load: its config.json through loadConfig,
+// then its checkpoint (one file or a sharded index). The caller closes the checkpoint: once the
+// weights are uploaded, or with the model when the model keeps reading it (HostEmbedding).
+func OpenDir[C any](dir string, loadConfig func(dir string) (C, error)) (C, *safetensors.Checkpoint, error) {
+	cfg, err := loadConfig(dir)
+	if err != nil {
+		return cfg, nil, err
+	}
+	ck, err := safetensors.OpenCheckpoint(dir)
+	if err != nil {
+		return cfg, nil, err
+	}
+	return cfg, ck, nil
+}
+
 // Join joins module path parts with dots, skipping empty ones: Join("blocks", 3, "attn") is
 // "blocks.3.attn".
 func Join(parts ...any) string {

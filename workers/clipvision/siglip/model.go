@@ -20,7 +20,6 @@ import (
 
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
-	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
 // Embeddings is SiglipVisionEmbeddings: a patchifying convolution plus learned position
@@ -70,11 +69,7 @@ type LoadOptions = nn.Options
 // Load reads dir/config.json and the checkpoint in dir and uploads the weights into rt. The
 // pooling head's tensors are not loaded; they and any unknown tensors are listed in Report.
 func Load(rt *runtime.Runtime, dir string, opts LoadOptions) (*Model, error) {
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		return nil, fmt.Errorf("load siglip: %w", err)
-	}
-	ck, err := safetensors.OpenCheckpoint(dir)
+	cfg, ck, err := nn.OpenDir(dir, LoadConfig)
 	if err != nil {
 		return nil, fmt.Errorf("load siglip: %w", err)
 	}

@@ -20,7 +20,6 @@ import (
 
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
-	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
 // Embeddings is CLIPTextEmbeddings: token embedding plus learned position embedding.
@@ -73,11 +72,7 @@ type Options = nn.Options
 
 // Load reads dir/config.json and loads the checkpoint in dir.
 func Load(rt *runtime.Runtime, dir string, o Options) (*Model, error) {
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		return nil, err
-	}
-	ckpt, err := safetensors.OpenCheckpoint(dir)
+	cfg, ckpt, err := nn.OpenDir(dir, LoadConfig)
 	if err != nil {
 		return nil, fmt.Errorf("clip: %w", err)
 	}

@@ -188,11 +188,7 @@ type Options struct {
 // hidden-state entry o.HiddenStateIndex: weights of layers past the plan and the final norm
 // (unless needed) are not loaded.
 func Load(rt *runtime.Runtime, dir string, o Options) (*Model, error) {
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		return nil, err
-	}
-	ckpt, err := safetensors.OpenCheckpoint(dir)
+	cfg, ckpt, err := nn.OpenDir(dir, LoadConfig)
 	if err != nil {
 		return nil, fmt.Errorf("llama: %w", err)
 	}
