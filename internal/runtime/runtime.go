@@ -3,7 +3,7 @@
 // that fails with a typed out-of-memory error, and the convolution fallback chain with its
 // shared decision cache (package convcache).
 //
-// One Runtime is one backend instance (the cpu backend now; cuda and hip later) with its own
+// One Runtime is one backend instance (cpu, or cuda/hip from their dlopened libraries) with its own
 // memory accounting; a worker process opens one at Load. Tensors are created by the runtime,
 // moved with Upload/Download, and freed with Free (or a Scope). Every op allocates and returns
 // a new tensor; inputs are never modified.

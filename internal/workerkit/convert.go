@@ -413,7 +413,7 @@ func toRunRequest(r *RunRequest) (*pb.RunRequest, error) {
 		out.Stage = &pb.RunRequest_TransformerSection{TransformerSection: &pb.TransformerSectionRequest{
 			LlamaVec: toTensorRef(s.LlamaVec), LlamaMask: toTensorRef(s.LlamaMask), ClipPooler: toTensorRef(s.ClipPooler),
 			ImageEmbeddings: toTensorRef(s.ImageEmbeddings),
-			LlamaVecN:       toTensorRef(s.LlamaVecN), LlamaMaskN: toTensorRef(s.LlamaMaskN), ClipPoolerN: toTensorRef(s.ClipPoolerN),
+			LlamaVecN:       toTensorRef(s.Negative.LlamaVec), LlamaMaskN: toTensorRef(s.Negative.LlamaMask), ClipPoolerN: toTensorRef(s.Negative.ClipPooler),
 			CleanLatents: toTensorRef(s.CleanLatents), CleanLatentIndices: s.CleanLatentIndices,
 			CleanLatents_2X: toTensorRef(s.CleanLatents2x), CleanLatent_2XIndices: s.CleanLatent2xIndices,
 			CleanLatents_4X: toTensorRef(s.CleanLatents4x), CleanLatent_4XIndices: s.CleanLatent4xIndices,
@@ -466,13 +466,16 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 	case *pb.RunRequest_TransformerSection:
 		t := s.TransformerSection
 		out.Stage = &TransformerSectionRequest{
-			LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler()),
-			ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
-			LlamaVecN:       fromTensorRef(t.GetLlamaVecN()), LlamaMaskN: fromTensorRef(t.GetLlamaMaskN()), ClipPoolerN: fromTensorRef(t.GetClipPoolerN()),
-			CleanLatents: fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
-			CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
-			CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
-			LatentIndices: t.GetLatentIndices(), Steps: t.GetSteps(), CFG: t.GetCfg(), GS: t.GetGs(), RS: t.GetRs(), Shift: t.Shift,
+			TransformerConditioning: TransformerConditioning{
+				TransformerText: TransformerText{LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler())},
+				ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
+				CleanLatents:    fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
+				CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
+				CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
+				LatentIndices: t.GetLatentIndices(),
+			},
+			Negative: TransformerText{LlamaVec: fromTensorRef(t.GetLlamaVecN()), LlamaMask: fromTensorRef(t.GetLlamaMaskN()), ClipPooler: fromTensorRef(t.GetClipPoolerN())},
+			Steps:    t.GetSteps(), CFG: t.GetCfg(), GS: t.GetGs(), RS: t.GetRs(), Shift: t.Shift,
 			UseTeaCache: t.GetUseTeacache(), TeaCacheThreshold: t.GetTeacacheThreshold(), Sampler: SamplerVariant(t.GetSampler()),
 			GeneratorState: t.GetGeneratorState(), Seed: t.GetSeed(), Width: t.GetWidth(), Height: t.GetHeight(), Frames: t.GetFrames(),
 			Latents: fromTensorRef(t.GetLatents()), StepPreviews: fromTensorRefs(t.GetStepPreviews()),
@@ -481,12 +484,15 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 		t := s.TransformerForward
 		out.Stage = &TransformerForwardRequest{
 			HiddenStates: fromTensorRef(t.GetHiddenStates()), Timestep: t.GetTimestep(), Guidance: t.GetGuidance(),
-			LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler()),
-			ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
-			CleanLatents:    fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
-			CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
-			CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
-			LatentIndices: t.GetLatentIndices(), Velocity: fromTensorRef(t.GetVelocity()),
+			TransformerConditioning: TransformerConditioning{
+				TransformerText: TransformerText{LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler())},
+				ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
+				CleanLatents:    fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
+				CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
+				CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
+				LatentIndices: t.GetLatentIndices(),
+			},
+			Velocity: fromTensorRef(t.GetVelocity()),
 		}
 	case nil:
 		return nil, Errorf(CodeInvalidArgument, "run request has no stage")

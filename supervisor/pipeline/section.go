@@ -78,14 +78,16 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	}
 	k := prompts.section[i] // the prompt active at the section's start time
 	req := &workerkit.TransformerSectionRequest{
-		LlamaVec: cref(promptTensor(tLlamaVec, k)), LlamaMask: cref(promptTensor(tLlamaMask, k)), ClipPooler: cref(promptTensor(tClipPooler, k)),
-		LlamaVecN: cref(tLlamaVecN), LlamaMaskN: cref(tLlamaMaskN), ClipPoolerN: cref(tClipPoolerN),
-		ImageEmbeddings: cref(tImageHidden),
-		CleanLatents:    workerkit.TensorRef{Path: cleanSeg, Name: "clean"}, CleanLatentIndices: idx.Clean,
-		CleanLatents2x: workerkit.TensorRef{Path: cleanSeg, Name: "clean_2x"}, CleanLatent2xIndices: idx.Clean2x,
-		CleanLatents4x: workerkit.TensorRef{Path: cleanSeg, Name: "clean_4x"}, CleanLatent4xIndices: idx.Clean4x,
-		LatentIndices: idx.Latent,
-		Steps:         uint32(j.steps), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
+		TransformerConditioning: workerkit.TransformerConditioning{
+			TransformerText: workerkit.TransformerText{LlamaVec: cref(promptTensor(tLlamaVec, k)), LlamaMask: cref(promptTensor(tLlamaMask, k)), ClipPooler: cref(promptTensor(tClipPooler, k))},
+			ImageEmbeddings: cref(tImageHidden),
+			CleanLatents:    workerkit.TensorRef{Path: cleanSeg, Name: "clean"}, CleanLatentIndices: idx.Clean,
+			CleanLatents2x: workerkit.TensorRef{Path: cleanSeg, Name: "clean_2x"}, CleanLatent2xIndices: idx.Clean2x,
+			CleanLatents4x: workerkit.TensorRef{Path: cleanSeg, Name: "clean_4x"}, CleanLatent4xIndices: idx.Clean4x,
+			LatentIndices: idx.Latent,
+		},
+		Negative: workerkit.TransformerText{LlamaVec: cref(tLlamaVecN), LlamaMask: cref(tLlamaMaskN), ClipPooler: cref(tClipPoolerN)},
+		Steps:    uint32(j.steps), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
 		UseTeaCache: spec.GetUseTeacache(), Sampler: workerkit.SamplerUniPCBH1,
 		GeneratorState: hist.generator, Seed: spec.GetSeed(),
 		Width: uint32(j.cond.width), Height: uint32(j.cond.height), Frames: uint32(plan.Frames(j.window)),

@@ -77,7 +77,7 @@ func LoadEncoder(rt *runtime.Runtime, p Paths, wdt runtime.DType) (*Encoder, err
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizers: template: %w", err)
 	}
-	lm, err := llama.Load(rt, p.TextEncoder, llama.Options{HiddenStateIndex: LlamaHiddenStateIndex, DType: runtime.F32, WeightDType: wdt})
+	lm, err := llama.Load(rt, p.TextEncoder, llama.Options{HiddenStateIndex: LlamaHiddenStateIndex, Options: nn.Options{DType: runtime.F32, WeightDType: wdt}})
 	if err != nil {
 		return nil, fmt.Errorf("load text_encoder: %w", err)
 	}

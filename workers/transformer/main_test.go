@@ -110,19 +110,21 @@ func writeCase(t *testing.T, a *shm.Arena, c parity.Case) sectionCase {
 	ref := func(name string) workerkit.TensorRef { return workerkit.TensorRef{Path: cond, Name: name} }
 	o := d.Request.Options
 	req := workerkit.TransformerSectionRequest{
-		LlamaVec: ref("llama_vec"), LlamaMask: ref("llama_mask"), ClipPooler: ref("clip_pooler"),
-		ImageEmbeddings: ref("image_embeddings"),
-		CleanLatents:    ref("clean_latents"), CleanLatentIndices: pos.CleanLatentIndices.Data,
-		CleanLatents2x: ref("clean_latents_2x"), CleanLatent2xIndices: pos.CleanLatent2xIndices.Data,
-		CleanLatents4x: ref("clean_latents_4x"), CleanLatent4xIndices: pos.CleanLatent4xIndices.Data,
-		LatentIndices: pos.LatentIndices.Data,
-		Steps:         uint32(o.Steps), CFG: float32(o.Guidance.CFG), GS: float32(o.Guidance.Distilled),
+		TransformerConditioning: workerkit.TransformerConditioning{
+			TransformerText: workerkit.TransformerText{LlamaVec: ref("llama_vec"), LlamaMask: ref("llama_mask"), ClipPooler: ref("clip_pooler")},
+			ImageEmbeddings: ref("image_embeddings"),
+			CleanLatents:    ref("clean_latents"), CleanLatentIndices: pos.CleanLatentIndices.Data,
+			CleanLatents2x: ref("clean_latents_2x"), CleanLatent2xIndices: pos.CleanLatent2xIndices.Data,
+			CleanLatents4x: ref("clean_latents_4x"), CleanLatent4xIndices: pos.CleanLatent4xIndices.Data,
+			LatentIndices: pos.LatentIndices.Data,
+		},
+		Steps: uint32(o.Steps), CFG: float32(o.Guidance.CFG), GS: float32(o.Guidance.Distilled),
 		RS: float32(o.Guidance.Rescale), UseTeaCache: o.TeaCache, Seed: d.Seed,
 		Width: uint32(w), Height: uint32(h), Frames: uint32(frames),
 		Latents: workerkit.TensorRef{Path: workertest.Segment(t, a, "latents"), Name: "latents"},
 	}
 	if d.Request.Negative != nil {
-		req.LlamaVecN, req.LlamaMaskN, req.ClipPoolerN = ref("llama_vec_n"), ref("llama_mask_n"), ref("clip_pooler_n")
+		req.Negative = workerkit.TransformerText{LlamaVec: ref("llama_vec_n"), LlamaMask: ref("llama_mask_n"), ClipPooler: ref("clip_pooler_n")}
 	}
 	if o.Shift > 0 {
 		s := float32(o.Shift)

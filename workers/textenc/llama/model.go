@@ -170,31 +170,25 @@ type Model struct {
 	// unexpected.
 	Report nn.Report
 
-	rt      *runtime.Runtime
-	ckpt    *safetensors.Checkpoint
-	weights []*runtime.Tensor
+	nn.Weights // WeightBytes
+	rt         *runtime.Runtime
+	ckpt       *safetensors.Checkpoint
 }
 
 // Options configure Load.
 type Options struct {
 	// HiddenStateIndex is the hidden_states entry HiddenState computes (FramePack: −3).
 	HiddenStateIndex int
-	// DType is the dtype weights are stored in the runtime as (F32 on the cpu backend).
-	DType runtime.DType
-	// WeightDType is the dtype of the Linear weights (the bulk of the model): F16 or BF16 keep
-	// them in 16 bits, runtime.AsStored in the checkpoint's dtype; zero means F32.
-	WeightDType runtime.DType
+	// Options are the dtypes the weights are uploaded in (WeightDType: the Linear weights, the
+	// bulk of the model; the embedding table stays in the checkpoint).
+	nn.Options
 }
 
 // Load reads dir/config.json and binds the checkpoint in dir (one file or shards) for the
 // hidden-state entry o.HiddenStateIndex: weights of layers past the plan and the final norm
 // (unless needed) are not loaded.
 func Load(rt *runtime.Runtime, dir string, o Options) (*Model, error) {
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		return nil, err
-	}
-	ckpt, err := safetensors.OpenCheckpoint(dir)
+	cfg, ckpt, err := nn.OpenDir(dir, LoadConfig)
 	if err != nil {
 		return nil, fmt.Errorf("llama: %w", err)
 	}
@@ -225,8 +219,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 	if err != nil {
 		return nil, fmt.Errorf("llama: %w", err)
 	}
-	ld := nn.NewLoader(rt, src, o.DType, prefix)
-	ld.SetWeightDType(o.WeightDType)
+	ld := nn.NewLoader(rt, src, o.Options, prefix)
 	m := &Model{Config: cfg, Plan: plan, rt: rt, RotaryEmb: NewRotaryEmbedding(cfg.HeadDim, theta)}
 	H, D, I := cfg.HiddenSize, cfg.HeadDim, cfg.IntermediateSize
 	heads, kvHeads := cfg.NumAttentionHeads, cfg.NumKeyValueHeads
@@ -263,21 +256,15 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 		ld.Skip("norm.weight")
 	}
 	ld.SkipRoot("lm_head.") // LlamaForCausalLM's head, beside "model.": never used by an encoder
-	if m.weights, m.Report, err = ld.Finish(); err != nil {
+	if m.Weights, m.Report, err = ld.Finish(); err != nil {
 		return nil, fmt.Errorf("llama: %w", err)
 	}
 	return m, nil
 }
 
-// WeightBytes returns the size of the weights held in the runtime.
-func (m *Model) WeightBytes() int64 { return m.Report.Bytes }
-
 // Close frees the weights and closes the checkpoint (when Load opened it).
 func (m *Model) Close() error {
-	for _, t := range m.weights {
-		t.Free()
-	}
-	m.weights = nil
+	m.Free()
 	if m.ckpt != nil {
 		err := m.ckpt.Close()
 		m.ckpt = nil

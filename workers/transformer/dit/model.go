@@ -31,8 +31,8 @@ type Model struct {
 	// Unexpected lists checkpoint tensors no module uses (the loader's caller logs them).
 	Unexpected []string
 
-	rt      *runtime.Runtime
-	weights []*runtime.Tensor
+	nn.Weights // WeightBytes (as held: float32, or 16 bits per LoadOptions.WeightDType), NumParams
+	rt         *runtime.Runtime
 }
 
 // LoadOptions adjust Load and New.
@@ -80,13 +80,13 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	if src == nil && !opts.RandomWeights {
 		return nil, fmt.Errorf("new transformer: no weights (a checkpoint or RandomWeights)")
 	}
+	dts := nn.Options{DType: runtime.F32, WeightDType: opts.WeightDType}
 	var l *nn.Loader
 	if src == nil {
-		l = nn.NewRandomLoader(rt, opts.Seed, runtime.F32)
+		l = nn.NewRandomLoader(rt, opts.Seed, dts)
 	} else {
-		l = nn.NewLoader(rt, src, runtime.F32, "")
+		l = nn.NewLoader(rt, src, dts, "")
 	}
-	l.SetWeightDType(opts.WeightDType)
 	dim := cfg.InnerDim()
 	p := cfg.PatchSize
 	m := &Model{Config: cfg, rt: rt, Rope: HunyuanVideoRotaryPosEmbed{AxesDim: cfg.RopeAxesDim, Theta: cfg.RopeTheta}}
@@ -112,35 +112,12 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	if err != nil {
 		return nil, err
 	}
-	m.weights, m.Unexpected = ws, rep.Unexpected
+	m.Weights, m.Unexpected = ws, rep.Unexpected
 	return m, nil
 }
 
 // Runtime returns the runtime holding the weights.
 func (m *Model) Runtime() *runtime.Runtime { return m.rt }
 
-// WeightBytes is the size of the weights as held (float32, or 16 bits per LoadOptions.WeightDType).
-func (m *Model) WeightBytes() int64 {
-	var n int64
-	for _, t := range m.weights {
-		n += int64(t.NumBytes())
-	}
-	return n
-}
-
-// NumParams is the number of weight elements.
-func (m *Model) NumParams() int64 {
-	var n int64
-	for _, t := range m.weights {
-		n += int64(t.NumElements())
-	}
-	return n
-}
-
 // Close frees the weights.
-func (m *Model) Close() {
-	for _, t := range m.weights {
-		t.Free()
-	}
-	m.weights = nil
-}
+func (m *Model) Close() { m.Free() }
