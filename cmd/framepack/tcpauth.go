@@ -21,12 +21,12 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/internal/apiaddr"
 )
 
 // transportOptions are the dial options for a: plain text on a unix socket, TLS and the token on
 // TCP as the environment says.
-func transportOptions(a api.Addr) ([]grpc.DialOption, error) {
+func transportOptions(a apiaddr.Addr) ([]grpc.DialOption, error) {
 	if a.Network != "tcp" {
 		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, nil
 	}

@@ -52,8 +52,12 @@ func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		devs.mu.Lock()
 		dev := devs.last[name]
 		devs.mu.Unlock()
-		mem, err := laneMemory(name, backend, dev)
-		if err != nil {
+		var mem watchdog.Memory
+		if dev == nil {
+			// No device for this lane in the probe: the lane stays (ListDevices shows it
+			// degraded, readiness refuses jobs pinned to it) but has no memory to watch.
+			g.log.WithField("lane", name).Warn("no device for this lane in the probe: it takes no jobs until one is found")
+		} else if mem, err = laneMemory(name, backend, dev); err != nil {
 			g.close()
 			return nil, err
 		}
@@ -92,7 +96,7 @@ func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger
 //     than the figure. By bus id, the lane reads the GPU its workers run on even on a host
 //     whose GPUs the runtime and the driver number differently.
 //
-// A GPU lane without a bus id is a configuration error, not a reason to guess by index.
+// A GPU device without a bus id is a configuration error, not a reason to guess by index.
 func laneMemory(lane, backend string, dev *framepackv1.Device) (watchdog.Memory, error) {
 	if backend != gpudevices.BackendCUDA && backend != gpudevices.BackendHIP {
 		return nil, nil

@@ -91,7 +91,7 @@ func revision(dir string) string {
 
 // writeSettings writes the settings as JSON beside a video: <video without extension>.json.
 func writeSettings(videoPath string, raw []byte) error {
-	path := strings.TrimSuffix(videoPath, filepath.Ext(videoPath)) + ".json"
+	path := settingsPath(videoPath)
 	if err := os.WriteFile(path+".partial", append(raw, '\n'), 0o644); err != nil {
 		return fmt.Errorf("write settings: %w", err)
 	}
@@ -99,4 +99,9 @@ func writeSettings(videoPath string, raw []byte) error {
 		return fmt.Errorf("write settings: %w", err)
 	}
 	return nil
+}
+
+// settingsPath is the settings file beside a section video: section-NNN.json.
+func settingsPath(videoPath string) string {
+	return strings.TrimSuffix(videoPath, filepath.Ext(videoPath)) + ".json"
 }

@@ -203,6 +203,7 @@ func (j *jobRun) saveSection(ctx context.Context, h *history) (_ video.Output, e
 			// Leave the previous section as the job's last: drop this one's files.
 			_ = os.Remove(histPath)
 			_ = os.Remove(name)
+			_ = os.Remove(settingsPath(name))
 			err = diskError(err)
 		}
 	}()
@@ -240,9 +241,10 @@ func (j *jobRun) saveSection(ctx context.Context, h *history) (_ video.Output, e
 		}
 	}
 	if h.section > 0 && !j.r.cfg.KeepSectionVideos {
-		// The new video holds every frame of the previous one: it is superseded.
-		for _, prev := range []string{filepath.Join(dir.Videos(), fmt.Sprintf("section-%03d.mp4", h.section-1)),
-			video.FramesDir(filepath.Join(dir.Videos(), fmt.Sprintf("section-%03d.mp4", h.section-1)))} {
+		// The new video holds every frame of the previous one: it is superseded, with its
+		// settings file (metadata.go) and any PNG frames.
+		prevVideo := filepath.Join(dir.Videos(), fmt.Sprintf("section-%03d.mp4", h.section-1))
+		for _, prev := range []string{prevVideo, settingsPath(prevVideo), video.FramesDir(prevVideo)} {
 			if err := os.RemoveAll(prev); err != nil {
 				j.log.WithError(err).Warn("remove superseded section video")
 			}
