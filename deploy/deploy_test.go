@@ -7,6 +7,8 @@ package deploy_test
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -398,4 +400,76 @@ func TestCompose(t *testing.T) {
 	if _, ok := c.Volumes["state"]; !ok {
 		t.Error("no state volume")
 	}
+}
+
+// TestManifestArgs holds every framepackd container in the Kubernetes manifests (base,
+// overlays, components) to the daemon's own flag set: a renamed or misspelt flag would make
+// every pod exit at start, which kubeconform cannot see.
+func TestManifestArgs(t *testing.T) {
+	help := daemonFlags(t)
+	checked := 0
+	err := filepath.WalkDir("kubernetes", func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || (!strings.HasSuffix(path, ".yaml") && !strings.HasSuffix(path, ".yml")) {
+			return err
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		dec := yaml.NewDecoder(f)
+		for {
+			var doc any
+			if err := dec.Decode(&doc); err != nil {
+				if errors.Is(err, io.EOF) {
+					return nil
+				}
+				return err
+			}
+			for _, c := range containers(doc) {
+				if name, _ := c["name"].(string); name != "framepackd" {
+					continue
+				}
+				args, _ := c["args"].([]any)
+				for _, a := range args {
+					s, _ := a.(string)
+					flag, _, _ := strings.Cut(strings.TrimLeft(s, "-"), "=")
+					if !strings.HasPrefix(s, "--") || !strings.Contains(help, "\n  -"+flag+" ") {
+						t.Errorf("%s: argument %q is not a framepackd flag", path, s)
+					}
+					checked++
+				}
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked == 0 {
+		t.Fatal("no framepackd container arguments found in deploy/kubernetes")
+	}
+}
+
+// containers returns every map found under a "containers" key anywhere in doc.
+func containers(doc any) []map[string]any {
+	var out []map[string]any
+	switch v := doc.(type) {
+	case map[string]any:
+		for k, x := range v {
+			if list, ok := x.([]any); ok && k == "containers" {
+				for _, c := range list {
+					if m, ok := c.(map[string]any); ok {
+						out = append(out, m)
+					}
+				}
+				continue
+			}
+			out = append(out, containers(x)...)
+		}
+	case []any:
+		for _, x := range v {
+			out = append(out, containers(x)...)
+		}
+	}
+	return out
 }
