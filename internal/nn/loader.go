@@ -66,9 +66,10 @@ type Source interface {
 // dtype; F32 for random weights) or, by default, the loader's dtype.
 type Loader struct {
 	rt     *runtime.Runtime
-	src    Source           // checkpoint mode
-	rng    *rand.Rand       // random mode
-	shapes map[string][]int // shape mode
+	src    Source                   // checkpoint mode
+	rng    *rand.Rand               // random mode
+	shapes map[string][]int         // shape mode
+	sdtype map[string]runtime.DType // shape mode: the dtype each bind asked for
 	dtype  runtime.DType
 	wdtype runtime.DType
 	prefix string
@@ -78,6 +79,10 @@ type Loader struct {
 	loaded  []*runtime.Tensor
 	bytes   int64
 	errs    []error
+
+	host      *HostSource // BeginHost..EndHost: binds go to host memory
+	hostStrip string
+	hostBytes int64
 }
 
 // NewLoader returns a loader that uploads tensors of src into rt as dtype dt (0 means F32).
@@ -104,6 +109,7 @@ func NewRandomLoader(rt *runtime.Runtime, seed uint64, dt runtime.DType) *Loader
 func NewShapeLoader() *Loader {
 	l := NewLoader(nil, nil, runtime.F32, "")
 	l.shapes = map[string][]int{}
+	l.sdtype = map[string]runtime.DType{}
 	return l
 }
 
@@ -223,16 +229,25 @@ func (l *Loader) bind(dt runtime.DType, name string, shape []int) *runtime.Tenso
 	case l.shapes != nil:
 		l.used[full] = true
 		l.shapes[full] = slices.Clone(shape)
+		l.sdtype[full] = dt
 		return nil
 	case l.rng != nil:
 		l.used[full] = true
 		if len(l.errs) > 0 {
 			return nil
 		}
+		if l.host != nil {
+			l.toHost(full, dt, shape)
+			return nil
+		}
 		t, err := l.random(full, shape, dt)
 		return l.keep(full, t, err)
 	}
 	if _, ok := l.check(full, shape); !ok || len(l.errs) > 0 {
+		return nil
+	}
+	if l.host != nil {
+		l.toHost(full, dt, shape)
 		return nil
 	}
 	t, err := l.rt.LoadTensor(l.src, full, dt)
@@ -343,6 +358,10 @@ func (l *Loader) SkipRoot(prefix string) {
 
 // Shapes returns the tensors asked for and their shapes (shape mode; nil otherwise).
 func (l *Loader) Shapes() map[string][]int { return l.shapes }
+
+// ShapeDTypes returns the dtype each tensor of Shapes would be uploaded as (shape mode):
+// F32 for Tensor binds, the weight dtype (runtime.AsStored included) for Weight binds.
+func (l *Loader) ShapeDTypes() map[string]runtime.DType { return l.sdtype }
 
 // Tensors returns every tensor uploaded so far (the caller owns them once loading succeeded).
 func (l *Loader) Tensors() []*runtime.Tensor { return slices.Clone(l.loaded) }
