@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"sync"
 	"time"
@@ -39,7 +40,7 @@ func newWorker(k *workerkit.Kit) *worker {
 
 // classify maps an error to the worker error the supervisor acts on.
 func classify(err error) error {
-	return modelrt.Classify(err, lora.ErrInvalid, dit.ErrInvalidInput, dit.ErrUnsupportedConfig, dit.ErrBadCheckpoint, sampler.ErrBadRequest)
+	return modelrt.Classify(err, dit.ErrMemoryBudget, lora.ErrInvalid, dit.ErrInvalidInput, dit.ErrUnsupportedConfig, dit.ErrBadCheckpoint, sampler.ErrBadRequest)
 }
 
 // Load opens the runtime of req.Backend and loads the transformer from req.ModelDir.
@@ -72,7 +73,12 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	m, applied, err := loadModel(rt, req, dit.LoadOptions{WeightDType: wdt})
+	lopts, err := residencyOptions(req, wdt)
+	if err != nil {
+		rt.Close()
+		return nil, classify(fmt.Errorf("load: %w", err))
+	}
+	m, applied, err := loadModel(rt, req, lopts)
 	if err != nil {
 		rt.Close()
 		return nil, modelrt.ClassifyLoad(fmt.Errorf("load %s: %w", req.ModelDir, err))
@@ -81,6 +87,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	resp := w.base.Loaded(rt, start, m.WeightBytes())
 	resp.Transformer = transformerInfo(m)
 	resp.Loras = applied
+	resp.ResidentBlocks, resp.StreamedBlocks = modelrt.Uint32(m.ResidentBlocks()), modelrt.Uint32(m.StreamedBlocks())
 	for _, a := range applied {
 		w.log.WithFields(logrus.Fields{"lora": a.Path, "strength": a.Strength, "format": a.Format,
 			"weights_changed": a.WeightsChanged}).Info("lora merged")
@@ -88,14 +95,28 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	cfg := m.Config
 	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "weights": wdt.String(), "double_blocks": cfg.NumLayers,
 		"single_blocks": cfg.NumSingleLayers, "heads": cfg.NumAttentionHeads, "head_dim": cfg.AttentionHeadDim,
+		"resident_blocks": m.ResidentBlocks(), "streamed_blocks": m.StreamedBlocks(), "streamed_bytes": m.StreamedBytes(),
+		"memory_cap": req.MemoryCapBytes, "activations_estimate": lopts.ActivationBytes, "max_resident_blocks": req.MaxResidentBlocks,
 		"elapsed": resp.LoadDuration}).Info("model loaded")
 	for _, n := range m.Unexpected {
 		w.log.WithField("tensor", n).Warn("unexpected tensor in checkpoint")
 	}
-	if req.MaxResidentBlocks != 0 {
-		w.log.WithField("max_resident_blocks", req.MaxResidentBlocks).Info("every block stays resident")
-	}
 	return resp, nil
+}
+
+// residencyOptions are the load options that plan block residency for req: the memory cap,
+// the workload's activation estimate (from the model's config) and max_resident_blocks. A
+// cap too small for the model with every block streamed fails here, before anything loads.
+func residencyOptions(req *workerkit.LoadRequest, wdt runtime.DType) (dit.LoadOptions, error) {
+	opts := dit.LoadOptions{WeightDType: wdt, MemoryCap: int64(min(req.MemoryCapBytes, math.MaxInt64)), MaxResidentBlocks: int(req.MaxResidentBlocks)}
+	if w := req.Workload; w != nil {
+		cfg, err := dit.LoadConfig(req.ModelDir)
+		if err != nil {
+			return opts, fmt.Errorf("load transformer: %w", err)
+		}
+		opts.ActivationBytes = cfg.ActivationBytes(dit.Workload{Height: int(w.Height), Width: int(w.Width), LatentWindowSize: int(w.LatentWindowSize)})
+	}
+	return opts, nil
 }
 
 // loadModel loads the transformer of req.ModelDir with req.Loras merged into its weights as

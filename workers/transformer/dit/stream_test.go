@@ -53,11 +53,11 @@ func loadWith(t *testing.T, rt *runtime.Runtime, fx *parity.Fixture, opts LoadOp
 }
 
 // TestStreamingBitIdentical runs every transformer.forward case with blocks streamed (one,
-// three and no blocks resident, f32 and f16 weights) and compares each output bit for bit
+// three and no blocks resident; f32, f16 and as-stored bf16 weights) and compares each output bit for bit
 // with the all-resident model's, and with the reference.
 func TestStreamingBitIdentical(t *testing.T) {
 	fx := parity.Load(t, "transformer")
-	for _, wdt := range []runtime.DType{runtime.F32, runtime.F16} {
+	for _, wdt := range []runtime.DType{runtime.F32, runtime.F16, runtime.AsStored} {
 		rt := newTestRuntime(t)
 		all := loadWith(t, rt, fx, LoadOptions{WeightDType: wdt})
 		if all.StreamedBlocks() != 0 {
@@ -192,7 +192,7 @@ func TestFootprintPlan(t *testing.T) {
 		{name: "no cap, max 2", max: 2, want: 2},
 		{name: "everything fits", memCap: 190, want: 5},
 		{name: "activations push two out", memCap: 190, act: 5, want: 2}, // 3 or 4 resident need the all-resident 190 with their slots
-		{name: "one double block resident", memCap: 160, want: 1}, // its slot is the single blocks' pair
+		{name: "one double block resident", memCap: 160, want: 1},        // its slot is the single blocks' pair
 		{name: "max under what fits", memCap: 1000, max: 1, want: 1},
 		{name: "too small", memCap: 159, wantBudgetErrors: true},
 	} {
