@@ -158,6 +158,9 @@ type Stage struct {
 	// Loras are LoadRequest.Loras: LoRAs the transformer merges at load. A resident worker
 	// serves only stages with the same list.
 	Loras []workerkit.LoraSpec
+	// Workload is LoadRequest.Workload: the job's frame size and window, from which the
+	// transformer estimates its activations and plans how many blocks stay resident.
+	Workload *workerkit.Workload
 	// Request is the stage's work; required.
 	Request workerkit.Stage
 	// KeepWith names the models that alternate with this one on the lane (this one included);
@@ -220,6 +223,9 @@ type Report struct {
 	Result *workerkit.Result
 	// Loras lists the LoRAs the worker merged when it loaded (also for a reused worker).
 	Loras []workerkit.LoraApplied
+	// ResidentBlocks and StreamedBlocks are the transformer blocks the worker kept on the
+	// device and streams from host memory (LoadResponse; zero for other models).
+	ResidentBlocks, StreamedBlocks uint32
 }
 
 // Footprint is the memory a report shows the worker needs: the larger of its allocator peak
@@ -235,6 +241,8 @@ type resident struct {
 	weights uint64
 	backend string
 	loras   []workerkit.LoraApplied
+	// resident and streamed are the transformer's block residency (LoadResponse).
+	resident, streamed uint32
 }
 
 // Lane runs stages one at a time. Its methods are safe for concurrent use; stages queue on
@@ -339,6 +347,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		delete(l.residents, st.Model)
 		proc, rep.Reused = res.proc, true
 		rep.WeightBytes, rep.Backend, rep.Loras = res.weights, res.backend, res.loras
+		rep.ResidentBlocks, rep.StreamedBlocks = res.resident, res.streamed
 		peak.observe(res.rssPeak)
 	} else {
 		path, err := l.cfg.WorkerPath(st.Model)
@@ -381,7 +390,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		lctx, cancel := context.WithTimeout(ctx, l.cfg.LoadTimeout)
 		t0 := time.Now()
 		lreq := &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
-			DeviceIndex: l.cfg.DeviceIndex, MemoryCapBytes: l.cfg.MemoryCap, Env: st.Env, Loras: st.Loras}
+			DeviceIndex: l.cfg.DeviceIndex, MemoryCapBytes: l.cfg.MemoryCap, Env: st.Env, Loras: st.Loras, Workload: st.Workload}
 		if st.PrepareLoad != nil {
 			st.PrepareLoad(lreq) // the watchdog's attempt settings
 		}
@@ -392,6 +401,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 			return rep, fmt.Errorf("run %s: load %s: %w", st.Model, st.ModelDir, stageErr(ctx, err))
 		}
 		rep.WeightBytes, rep.Backend, rep.Loras = resp.WeightBytes, resp.Backend, resp.Loras
+		rep.ResidentBlocks, rep.StreamedBlocks = resp.ResidentBlocks, resp.StreamedBlocks
 	}
 
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.StageTimeout)
@@ -433,7 +443,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		kept = true
 		rep.Kept = true
 		l.residents[st.Model] = &resident{proc: proc, dir: st.ModelDir, env: loadKey(st), rssPeak: rep.RSSPeakBytes,
-			weights: rep.WeightBytes, backend: rep.Backend, loras: rep.Loras}
+			weights: rep.WeightBytes, backend: rep.Backend, loras: rep.Loras, resident: rep.ResidentBlocks, streamed: rep.StreamedBlocks}
 	}
 	log.WithFields(logrus.Fields{"pid": rep.PID, "reused": rep.Reused, "kept": rep.Kept,
 		"spawn_to_ready": rep.SpawnToReady.Round(time.Microsecond).String(), "load": rep.Load.Round(time.Microsecond).String(),

@@ -42,7 +42,11 @@ func (w *fakeWorker) Load(_ context.Context, req *workerkit.LoadRequest) (*worke
 	if req.ModelDir == "bad" {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: no model in %s", req.ModelDir)
 	}
-	return &workerkit.LoadResponse{Backend: "cpu", DType: "fp32", WeightBytes: 1000}, nil
+	resp := &workerkit.LoadResponse{Backend: "cpu", DType: "fp32", WeightBytes: 1000}
+	if req.Workload != nil { // a transformer's residency, made from what the request carried
+		resp.ResidentBlocks, resp.StreamedBlocks = req.MaxResidentBlocks, req.Workload.LatentWindowSize
+	}
+	return resp, nil
 }
 
 func (w *fakeWorker) Run(ctx context.Context, req *workerkit.RunRequest, emit workerkit.Emit) (*workerkit.Result, error) {
@@ -133,6 +137,22 @@ func noChildren(t *testing.T) {
 }
 
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+// TestRunCarriesResidency: the stage's workload and the attempt's max_resident_blocks reach
+// the worker's LoadRequest, and the residency its LoadResponse reports reaches the Report.
+func TestRunCarriesResidency(t *testing.T) {
+	l := newLane(t, nil)
+	st := stage(lanes.TextEnc, "ok")
+	st.Workload = &workerkit.Workload{Height: 544, Width: 704, LatentWindowSize: 9}
+	st.PrepareLoad = func(req *workerkit.LoadRequest) { req.MaxResidentBlocks = 7 }
+	rep, err := l.Run(t.Context(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.ResidentBlocks != 7 || rep.StreamedBlocks != 9 {
+		t.Fatalf("report residency %d resident, %d streamed; want 7 and 9", rep.ResidentBlocks, rep.StreamedBlocks)
+	}
+}
 
 func TestRunKillsWorkerAfterStage(t *testing.T) {
 	l := newLane(t, nil)

@@ -40,6 +40,7 @@ func (j *jobRun) runOnLane(ctx context.Context, stage framepackv1.Stage, section
 		var err error
 		rep, err = j.lane.Run(ctx, att)
 		a.Kept = err == nil && rep.Kept
+		a.ResidentBlocks, a.StreamedBlocks = rep.ResidentBlocks, rep.StreamedBlocks
 		return err
 	})
 	return rep, err

@@ -176,6 +176,25 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 	return Step{}, false
 }
 
+// ranWith returns cur with ResidentBlocks set to the residency a transformer attempt reported
+// (resident and streamed blocks from its LoadResponse; both zero: not reported), so the
+// resident-block rung halves what actually ran rather than a fixed first value: a worker
+// that planned 12 blocks resident under its cap retries with 6, not with 30. An attempt that
+// already streamed every block has no resident rung left (1 ends it; the cap lowering comes
+// next).
+func ranWith(st StageInfo, cur Knobs, resident, streamed uint32) Knobs {
+	if st.Kind != framepackv1.Stage_STAGE_TRANSFORMER || resident+streamed == 0 {
+		return cur
+	}
+	switch {
+	case resident == 0:
+		cur.ResidentBlocks = 1
+	case cur.ResidentBlocks == 0 || resident < cur.ResidentBlocks:
+		cur.ResidentBlocks = resident
+	}
+	return cur
+}
+
 func blocksName(n uint32) string {
 	if n == 0 {
 		return "all"

@@ -338,6 +338,10 @@ type Attempt struct {
 	// Kept is set by the AttemptFunc when the stage succeeded and its worker stays resident
 	// (the recovery check is then skipped).
 	Kept bool
+	// ResidentBlocks and StreamedBlocks are set by the AttemptFunc from the transformer
+	// worker's LoadResponse: the residency the attempt actually ran with, which the ladder's
+	// resident-block rung lowers from after an out-of-memory error.
+	ResidentBlocks, StreamedBlocks uint32
 
 	w     *Watchdog
 	guard *Guard
@@ -508,6 +512,9 @@ func (j *Job) Run(ctx context.Context, st StageInfo, fn AttemptFunc) error {
 		}
 		if j.failed >= w.cfg.Budget.PerJob {
 			return giveUp(fmt.Sprintf("job retry budget exhausted (%d failed attempts)", j.failed))
+		}
+		if class == ClassOOM {
+			knobs = ranWith(st, knobs, a.ResidentBlocks, a.StreamedBlocks)
 		}
 		step, ok := w.cfg.Ladder.Next(st, class, n, knobs, v)
 		if !ok {

@@ -444,6 +444,34 @@ func TestJobRun(t *testing.T) {
 			t.Fatalf("counts %+v", c)
 		}
 	})
+	t.Run("transformer oom halves what ran", func(t *testing.T) {
+		w, _ := mk(t)
+		j := w.Job("jt", nil)
+		tr := StageInfo{Kind: framepackv1.Stage_STAGE_TRANSFORMER, Model: "transformer"}
+		var asked []uint32
+		err := j.Run(t.Context(), tr, func(ctx context.Context, a *Attempt) error {
+			asked = append(asked, a.Knobs.ResidentBlocks)
+			switch a.Number {
+			case 1: // the worker planned 12 of 60 resident under its cap, then ran out
+				a.ResidentBlocks, a.StreamedBlocks = 12, 48
+				return oom
+			case 2: // it honoured max_resident_blocks 6, and ran out again with every block streamed
+				a.ResidentBlocks, a.StreamedBlocks = 0, 60
+				return oom
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		story := j.Story()
+		if fmt.Sprint(asked) != "[0 6 1]" || len(story) != 3 || story[0].GetChange() != "resident transformer blocks 12 -> 6" {
+			t.Fatalf("max resident blocks asked %v, story %v", asked, story)
+		}
+		if strings.Contains(story[1].GetChange(), "resident transformer blocks") {
+			t.Fatalf("with every block streamed the ladder still lowers resident blocks: %v", story[1])
+		}
+	})
 	t.Run("stage budget", func(t *testing.T) {
 		w, _ := mk(t)
 		j := w.Job("j2", nil)
