@@ -195,6 +195,12 @@ func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r ro
 		ni, nt, err := blk.Forward(m.rt, cur, curTxt, temb, r)
 		release(cur, img)
 		release(curTxt, txt)
+		if err == nil {
+			if err = m.double.computed(i); err != nil {
+				ni.Free()
+				nt.Free()
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("transformer_blocks.%d: %w", i, err)
 		}
@@ -230,6 +236,11 @@ func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r ro
 		}
 		nx, err := blk.Forward(m.rt, x, temb, r)
 		x.Free()
+		if err == nil {
+			if err = m.single.computed(i); err != nil {
+				nx.Free()
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("single_transformer_blocks.%d: %w", i, err)
 		}
@@ -251,7 +262,7 @@ func (m *Model) doubleBlock(i int) (HunyuanVideoTransformerBlock, error) {
 	if !m.double.streamed(i) {
 		return m.TransformerBlocks[i], nil
 	}
-	blk, err := m.double.fetch(i)
+	blk, err := m.double.use(i)
 	if err == nil {
 		err = m.double.prefetch(i)
 	}
@@ -263,7 +274,7 @@ func (m *Model) singleBlock(i int) (HunyuanVideoSingleTransformerBlock, error) {
 	if !m.single.streamed(i) {
 		return m.SingleTransformerBlocks[i], nil
 	}
-	blk, err := m.single.fetch(i)
+	blk, err := m.single.use(i)
 	if err == nil {
 		err = m.single.prefetch(i)
 	}

@@ -41,6 +41,7 @@ type Model struct {
 	double                         *blockStack[HunyuanVideoTransformerBlock]
 	single                         *blockStack[HunyuanVideoSingleTransformerBlock]
 	pinned                         [][]byte
+	copyStream                     *runtime.Stream // the streamed blocks' copies (nil: none stream)
 }
 
 // LoadOptions adjust Load and New.
@@ -126,6 +127,13 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 		return nil, err
 	}
 	m.weights, m.Unexpected = ws, rep.Unexpected
+	if m.StreamedBlocks() > 0 {
+		if m.copyStream, err = rt.NewStream(); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("new transformer: copy stream: %w", err)
+		}
+		m.double.copy, m.single.copy = m.copyStream, m.copyStream
+	}
 	for _, st := range []interface{ buffers() [][]byte }{m.double, m.single} {
 		for _, b := range st.buffers() {
 			// Pinning only speeds the copies up; a backend that cannot pin copies from
@@ -254,4 +262,6 @@ func (m *Model) Close() {
 		_ = m.rt.UnpinHost(b) // nothing to do about a failure while closing
 	}
 	m.pinned = nil
+	m.copyStream.Free()
+	m.copyStream = nil
 }

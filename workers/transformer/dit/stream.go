@@ -156,6 +156,11 @@ type blockSlot[T any] struct {
 	blk     T
 	tensors []*runtime.Tensor // in the host copies' order
 	index   int               // the block it holds
+	// ready is recorded on the copy stream after a refill (compute waits for it before it
+	// reads the slot: pending says it has not yet); done on the compute stream after the
+	// block computed (the next refill waits for it).
+	ready, done *runtime.Event
+	pending     bool
 }
 
 // blockStack streams the non-resident blocks of one kind through at most two slots, one
@@ -172,6 +177,8 @@ type blockStack[T any] struct {
 	next     int // the slot the next fill reuses (the one filled longest ago)
 	copied   int64
 	maxSlots int
+	// copy is the stream refills run on (nil: the runtime's own); set by the model.
+	copy *runtime.Stream
 }
 
 func newBlockStack[T any](rt *runtime.Runtime, name string, bind func(l *nn.Loader) T) *blockStack[T] {
@@ -211,7 +218,15 @@ func (s *blockStack[T]) fetch(i int) (T, error) {
 		if err != nil {
 			return zero, fmt.Errorf("%s.%d: make a streaming slot: %w", s.name, i, err)
 		}
-		s.slots = append(s.slots, &blockSlot[T]{blk: blk, tensors: ts, index: i})
+		sl := &blockSlot[T]{blk: blk, tensors: ts, index: i}
+		if sl.ready, err = s.rt.NewEvent(); err == nil {
+			sl.done, err = s.rt.NewEvent()
+		}
+		if err != nil {
+			sl.free()
+			return zero, fmt.Errorf("%s.%d: make a streaming slot: %w", s.name, i, err)
+		}
+		s.slots = append(s.slots, sl)
 		s.next = len(s.slots) % s.maxSlots
 		s.copied += h.NumBytes()
 		return blk, nil
@@ -222,19 +237,61 @@ func (s *blockStack[T]) fetch(i int) (T, error) {
 		return zero, fmt.Errorf("%s.%d: %d host tensors for a slot of %d", s.name, i, len(names), len(sl.tensors))
 	}
 	sl.index = -1
+	// The copy stream waits until compute is done with the slot's last block, copies the
+	// host bytes (already in the slot's dtypes: a plain copy) and marks the slot ready.
+	if err := sl.done.Wait(s.copy); err != nil {
+		return zero, fmt.Errorf("%s.%d: %w", s.name, i, err)
+	}
 	for j, t := range sl.tensors {
 		raw, err := h.Bytes(names[j])
+		if err == nil && h.DType(names[j]) != t.DType() {
+			err = fmt.Errorf("host copy is %s, the slot %s", h.DType(names[j]), t.DType())
+		}
 		if err == nil {
-			err = t.Upload(h.DType(names[j]), raw)
+			err = t.UploadAsync(s.copy, raw)
 		}
 		if err != nil {
 			return zero, fmt.Errorf("%s.%d: copy %s into its slot: %w", s.name, i, names[j], err)
 		}
 	}
-	sl.index = i
+	if err := sl.ready.Record(s.copy); err != nil {
+		return zero, fmt.Errorf("%s.%d: %w", s.name, i, err)
+	}
+	sl.index, sl.pending = i, true
 	s.next = (s.next + 1) % len(s.slots)
 	s.copied += h.NumBytes()
 	return sl.blk, nil
+}
+
+// use returns streamed block i for compute: fetched (a prefetch usually did it) and, when its
+// copy is still in flight, with the compute stream ordered after it.
+func (s *blockStack[T]) use(i int) (T, error) {
+	blk, err := s.fetch(i)
+	if err != nil {
+		return blk, err
+	}
+	for _, sl := range s.slots {
+		if sl.index == i && sl.pending {
+			if err := sl.ready.Wait(nil); err != nil {
+				return blk, fmt.Errorf("%s.%d: %w", s.name, i, err)
+			}
+			sl.pending = false
+		}
+	}
+	return blk, nil
+}
+
+// computed marks block i's compute as queued: its slot may be refilled once the compute
+// stream passes this point.
+func (s *blockStack[T]) computed(i int) error {
+	for _, sl := range s.slots {
+		if sl.index == i {
+			if err := sl.done.Record(nil); err != nil {
+				return fmt.Errorf("%s.%d: %w", s.name, i, err)
+			}
+		}
+	}
+	return nil
 }
 
 // prefetch copies the streamed block after i into the other slot, so it is there when block
@@ -252,14 +309,23 @@ func (s *blockStack[T]) prefetch(i int) error {
 	return nil
 }
 
-// release frees the slots.
+// release frees the slots once no copy into them is in flight.
 func (s *blockStack[T]) release() {
+	if len(s.slots) > 0 && s.copy != nil {
+		_ = s.copy.Synchronize() // a failed device fails the next op anyway
+	}
 	for _, sl := range s.slots {
-		for _, t := range sl.tensors {
-			t.Free()
-		}
+		sl.free()
 	}
 	s.slots, s.next = nil, 0
+}
+
+func (sl *blockSlot[T]) free() {
+	for _, t := range sl.tensors {
+		t.Free()
+	}
+	sl.ready.Free()
+	sl.done.Free()
 }
 
 // hostBytes is the size of the streamed blocks' host copies.
