@@ -120,14 +120,14 @@ func toWorkload(w *Workload) *pb.Workload {
 	if w == nil {
 		return nil
 	}
-	return &pb.Workload{Height: w.Height, Width: w.Width, LatentWindowSize: w.LatentWindowSize}
+	return &pb.Workload{Height: w.Height, Width: w.Width, LatentWindowSize: w.LatentWindowSize, ReserveBytes: w.ReserveBytes}
 }
 
 func fromWorkload(w *pb.Workload) *Workload {
 	if w == nil {
 		return nil
 	}
-	return &Workload{Height: w.GetHeight(), Width: w.GetWidth(), LatentWindowSize: w.GetLatentWindowSize()}
+	return &Workload{Height: w.GetHeight(), Width: w.GetWidth(), LatentWindowSize: w.GetLatentWindowSize(), ReserveBytes: w.GetReserveBytes()}
 }
 
 func toExtraPrompts(ps []ExtraPrompt) []*pb.ExtraPrompt {

@@ -123,6 +123,9 @@ type LoadRequest struct {
 type Workload struct {
 	Height, Width    uint32 // pixels
 	LatentWindowSize uint32 // latent frames per section
+	// ReserveBytes is device memory kept free beside the resident weights
+	// (gpu_memory_preservation_gb); the transformer reserves max(this, its estimate).
+	ReserveBytes uint64
 }
 
 // LoraSpec names one LoRA file merged into the transformer at load (worker.proto LoraSpec).

@@ -94,8 +94,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	steps := &stepTracker{j: j, section: i, last: time.Now()}
 	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, lanes.Stage{
 		Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, KeepWith: j.keepWith(), Loras: jobLoras(spec),
-		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window)},
-		OnEvent:  steps.onEvent,
+		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window),
+			ReserveBytes: uint64(max(float64(spec.GetGpuMemoryPreservationGb()), 0) * (1 << 30))},
+		OnEvent: steps.onEvent,
 	})
 	if err != nil {
 		return jobs.Result{}, err

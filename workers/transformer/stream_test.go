@@ -182,6 +182,17 @@ func TestWorkerStreamingMemoryCap(t *testing.T) {
 		t.Errorf("peak %d, cap %d in stats; want the peak under the cap %d", res.Stats.AllocatorPeakBytes, res.Stats.MemoryCapBytes, memCap)
 	}
 
+	// gpu_memory_preservation_gb is kept free beside the weights (FramePack's rule): a reserve
+	// that leaves room for the streamed minimum only streams every block it can.
+	w := workerkit.Workload{Height: 64, Width: 96, LatentWindowSize: 3}
+	est := cfg.ActivationBytes(dit.Workload{Height: 64, Width: 96, LatentWindowSize: 3})
+	bigCap := fp.Need(fp.Blocks()) + est + (1 << 20)
+	w.ReserveBytes = uint64(bigCap - need)
+	_, resp3 := loadStreaming(t, dir, workerkit.LoadRequest{MemoryCapBytes: uint64(bigCap), Workload: &w})
+	if r, err := fp.Plan(bigCap, max(est, int64(w.ReserveBytes)), 0); err != nil || resp3.ResidentBlocks != uint32(r) || resp3.StreamedBlocks == 0 {
+		t.Fatalf("cap %d, reserve %d: %d resident, %d streamed; want the plan's %d (%v)", bigCap, w.ReserveBytes, resp3.ResidentBlocks, resp3.StreamedBlocks, r, err)
+	}
+
 	q, _ := workertest.Start(t, "transformer")
 	_, err = q.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: workertest.Backend(), MemoryCapBytes: uint64(need - 1)})
 	var we *workerkit.Error

@@ -73,7 +73,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	lopts, err := residencyOptions(req, wdt)
+	lopts, err := residencyOptions(rt, req, wdt)
 	if err != nil {
 		rt.Close()
 		return nil, classify(fmt.Errorf("load: %w", err))
@@ -104,17 +104,28 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	return resp, nil
 }
 
-// residencyOptions are the load options that plan block residency for req: the memory cap,
-// the workload's activation estimate (from the model's config) and max_resident_blocks. A
-// cap too small for the model with every block streamed fails here, before anything loads.
-func residencyOptions(req *workerkit.LoadRequest, wdt runtime.DType) (dit.LoadOptions, error) {
+// residencyOptions are the load options that plan block residency for req: the memory cap
+// (with none, on a GPU, the device's free memory, as FramePack plans against it), the larger
+// of the workload's activation estimate and its reserve (gpu_memory_preservation_gb) kept
+// free beside the weights, and max_resident_blocks. A cap too small for the model with every
+// block streamed fails in Load, before anything loads.
+func residencyOptions(rt *runtime.Runtime, req *workerkit.LoadRequest, wdt runtime.DType) (dit.LoadOptions, error) {
 	opts := dit.LoadOptions{WeightDType: wdt, MemoryCap: int64(min(req.MemoryCapBytes, math.MaxInt64)), MaxResidentBlocks: int(req.MaxResidentBlocks)}
-	if w := req.Workload; w != nil {
-		cfg, err := dit.LoadConfig(req.ModelDir)
-		if err != nil {
-			return opts, fmt.Errorf("load transformer: %w", err)
+	w := req.Workload
+	if w == nil {
+		return opts, nil
+	}
+	cfg, err := dit.LoadConfig(req.ModelDir)
+	if err != nil {
+		return opts, fmt.Errorf("load transformer: %w", err)
+	}
+	est := cfg.ActivationBytes(dit.Workload{Height: int(w.Height), Width: int(w.Width), LatentWindowSize: int(w.LatentWindowSize)})
+	opts.ActivationBytes = max(est, int64(min(w.ReserveBytes, math.MaxInt64)))
+	if opts.MemoryCap == 0 && w.ReserveBytes > 0 {
+		// ErrUnsupported on cpu: no device to run out of, every block stays resident.
+		if free, _, err := rt.DeviceMemory(); err == nil {
+			opts.MemoryCap = int64(min(free, math.MaxInt64))
 		}
-		opts.ActivationBytes = cfg.ActivationBytes(dit.Workload{Height: int(w.Height), Width: int(w.Width), LatentWindowSize: int(w.LatentWindowSize)})
 	}
 	return opts, nil
 }

@@ -62,7 +62,7 @@ func (f Footprint) Plan(memCap, activations int64, maxResident int) (int, error)
 		}
 	}
 	return 0, fmt.Errorf("%w: the cap is %d bytes; streaming every block needs %d (%d of weights outside the blocks, "+
-		"%d for the slots blocks stream through, %d estimated for activations)", ErrMemoryBudget, memCap,
+		"%d for the slots blocks stream through, %d kept free for activations: the larger of their estimate and gpu_memory_preservation_gb)", ErrMemoryBudget, memCap,
 		f.Need(0)+activations, f.Base, f.Need(0)-f.Base, activations)
 }
 

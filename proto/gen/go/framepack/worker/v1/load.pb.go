@@ -200,8 +200,13 @@ type Workload struct {
 	Width uint32 `protobuf:"varint,2,opt,name=width,proto3" json:"width,omitempty"`
 	// latent_window_size is the latent frames sampled per section (9).
 	LatentWindowSize uint32 `protobuf:"varint,3,opt,name=latent_window_size,json=latentWindowSize,proto3" json:"latent_window_size,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// reserve_bytes is device memory kept free beside the resident weights,
+	// as FramePack's gpu_memory_preservation does: the transformer reserves
+	// the larger of this and its activation estimate. With no
+	// memory_cap_bytes a GPU worker plans against the device's free memory.
+	ReserveBytes  uint64 `protobuf:"varint,4,opt,name=reserve_bytes,json=reserveBytes,proto3" json:"reserve_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Workload) Reset() {
@@ -251,6 +256,13 @@ func (x *Workload) GetWidth() uint32 {
 func (x *Workload) GetLatentWindowSize() uint32 {
 	if x != nil {
 		return x.LatentWindowSize
+	}
+	return 0
+}
+
+func (x *Workload) GetReserveBytes() uint64 {
+	if x != nil {
+		return x.ReserveBytes
 	}
 	return 0
 }
@@ -1003,11 +1015,12 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\bworkload\x18\f \x01(\v2\x1d.framepack.worker.v1.WorkloadR\bworkload\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"f\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x01\n" +
 	"\bWorkload\x12\x16\n" +
 	"\x06height\x18\x01 \x01(\rR\x06height\x12\x14\n" +
 	"\x05width\x18\x02 \x01(\rR\x05width\x12,\n" +
-	"\x12latent_window_size\x18\x03 \x01(\rR\x10latentWindowSize\":\n" +
+	"\x12latent_window_size\x18\x03 \x01(\rR\x10latentWindowSize\x12#\n" +
+	"\rreserve_bytes\x18\x04 \x01(\x04R\freserveBytes\":\n" +
 	"\bLoraSpec\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
 	"\bstrength\x18\x02 \x01(\x01R\bstrength\"~\n" +
