@@ -196,7 +196,7 @@ func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r ro
 		release(cur, img)
 		release(curTxt, txt)
 		if err == nil {
-			if err = m.double.computed(i); err != nil {
+			if err = m.double.Computed(i); err != nil {
 				ni.Free()
 				nt.Free()
 			}
@@ -210,7 +210,7 @@ func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r ro
 		}
 	}
 	// The double blocks' slots go before the single blocks' are made.
-	m.double.release()
+	m.double.Release()
 	if len(m.SingleTransformerBlocks) == 0 {
 		release(curTxt, txt)
 		if cur == img {
@@ -237,7 +237,7 @@ func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r ro
 		nx, err := blk.Forward(m.rt, x, temb, r)
 		x.Free()
 		if err == nil {
-			if err = m.single.computed(i); err != nil {
+			if err = m.single.Computed(i); err != nil {
 				nx.Free()
 			}
 		}
@@ -259,24 +259,24 @@ func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r ro
 // block, or the streamed one copied into a slot, with the next streamed block copied into the
 // other slot before block i computes (one block ahead).
 func (m *Model) doubleBlock(i int) (HunyuanVideoTransformerBlock, error) {
-	if !m.double.streamed(i) {
+	if !m.double.Streamed(i) {
 		return m.TransformerBlocks[i], nil
 	}
-	blk, err := m.double.use(i)
+	blk, err := m.double.Use(i)
 	if err == nil {
-		err = m.double.prefetch(i)
+		err = m.double.Prefetch(i)
 	}
 	return blk, err
 }
 
 // singleBlock is doubleBlock for single block i.
 func (m *Model) singleBlock(i int) (HunyuanVideoSingleTransformerBlock, error) {
-	if !m.single.streamed(i) {
+	if !m.single.Streamed(i) {
 		return m.SingleTransformerBlocks[i], nil
 	}
-	blk, err := m.single.use(i)
+	blk, err := m.single.Use(i)
 	if err == nil {
-		err = m.single.prefetch(i)
+		err = m.single.Prefetch(i)
 	}
 	return blk, err
 }

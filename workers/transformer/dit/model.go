@@ -38,8 +38,8 @@ type Model struct {
 	// are kept in host memory (their fields here hold no tensors) and copied into slots one
 	// block ahead of compute.
 	residentDouble, residentSingle int
-	double                         *blockStack[HunyuanVideoTransformerBlock]
-	single                         *blockStack[HunyuanVideoSingleTransformerBlock]
+	double                         *nn.BlockStream[HunyuanVideoTransformerBlock]
+	single                         *nn.BlockStream[HunyuanVideoSingleTransformerBlock]
 	pinned                         [][]byte
 	copyStream                     *runtime.Stream // the streamed blocks' copies (nil: none stream)
 }
@@ -119,8 +119,8 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	l.SetWeightDType(opts.WeightDType)
 	m := &Model{Config: cfg, rt: rt}
 	m.residentDouble, m.residentSingle = fp.split(resident)
-	m.double = newBlockStack(rt, "transformer_blocks", func(l *nn.Loader) HunyuanVideoTransformerBlock { return bindDoubleBlock(l, "", cfg) })
-	m.single = newBlockStack(rt, "single_transformer_blocks", func(l *nn.Loader) HunyuanVideoSingleTransformerBlock { return bindSingleBlock(l, "", cfg) })
+	m.double = nn.NewBlockStream(rt, "transformer_blocks", func(l *nn.Loader) HunyuanVideoTransformerBlock { return bindDoubleBlock(l, "", cfg) })
+	m.single = nn.NewBlockStream(rt, "single_transformer_blocks", func(l *nn.Loader) HunyuanVideoSingleTransformerBlock { return bindSingleBlock(l, "", cfg) })
 	bindAll(l, cfg, m)
 	ws, rep, err := l.Finish()
 	if err != nil {
@@ -132,10 +132,11 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 			m.Close()
 			return nil, fmt.Errorf("new transformer: copy stream: %w", err)
 		}
-		m.double.copy, m.single.copy = m.copyStream, m.copyStream
+		m.double.SetCopyStream(m.copyStream)
+		m.single.SetCopyStream(m.copyStream)
 	}
-	for _, st := range []interface{ buffers() [][]byte }{m.double, m.single} {
-		for _, b := range st.buffers() {
+	for _, st := range []interface{ Buffers() [][]byte }{m.double, m.single} {
+		for _, b := range st.Buffers() {
 			// Pinning only speeds the copies up; a backend that cannot pin copies from
 			// pageable memory.
 			if rt.PinHost(b) == nil {
@@ -188,7 +189,7 @@ func bindAll(l *nn.Loader, cfg Config, m *Model) {
 		h := l.BeginHost(prefix + ".")
 		m.TransformerBlocks = append(m.TransformerBlocks, bindDoubleBlock(l, prefix, cfg))
 		l.EndHost()
-		m.double.add(i, h)
+		m.double.Add(i, h)
 	}
 	for i := range cfg.NumSingleLayers {
 		prefix := "single_transformer_blocks." + strconv.Itoa(i)
@@ -199,7 +200,7 @@ func bindAll(l *nn.Loader, cfg Config, m *Model) {
 		h := l.BeginHost(prefix + ".")
 		m.SingleTransformerBlocks = append(m.SingleTransformerBlocks, bindSingleBlock(l, prefix, cfg))
 		l.EndHost()
-		m.single.add(i, h)
+		m.single.Add(i, h)
 	}
 	m.NormOut = AdaLayerNormContinuous{Linear: nn.NewLinear(l, "norm_out.linear", dim, 2*dim, true)}
 	m.ProjOut = nn.NewLinear(l, "proj_out", dim, cfg.PatchSizeT*p*p*cfg.OutChannelsOrIn(), true)
@@ -215,15 +216,15 @@ func (m *Model) StreamedBlocks() int {
 }
 
 // StreamedBytes is the size of the streamed blocks' host copies.
-func (m *Model) StreamedBytes() int64 { return m.double.hostBytes() + m.single.hostBytes() }
+func (m *Model) StreamedBytes() int64 { return m.double.HostBytes() + m.single.HostBytes() }
 
 // CopiedBytes is how many bytes of streamed blocks have been copied into slots so far.
-func (m *Model) CopiedBytes() int64 { return m.double.copied + m.single.copied }
+func (m *Model) CopiedBytes() int64 { return m.double.CopiedBytes() + m.single.CopiedBytes() }
 
 // releaseSlots frees the streaming slots (the end of a forward).
 func (m *Model) releaseSlots() {
-	m.double.release()
-	m.single.release()
+	m.double.Release()
+	m.single.Release()
 }
 
 // Runtime returns the runtime holding the weights.
@@ -245,8 +246,8 @@ func (m *Model) NumParams() int64 {
 	for _, t := range m.weights {
 		n += int64(t.NumElements())
 	}
-	for _, st := range []interface{ numElements() int64 }{m.double, m.single} {
-		n += st.numElements()
+	for _, st := range []interface{ NumElements() int64 }{m.double, m.single} {
+		n += st.NumElements()
 	}
 	return n
 }
