@@ -168,8 +168,8 @@ type LoadResponse struct {
 	TextEncoder          *TextEncoderInfo // textenc worker only
 	// Loras lists the LoRAs merged into the transformer (TransformerInfo.loras on the wire).
 	Loras []LoraApplied
-	// ResidentBlocks and StreamedBlocks are the transformer blocks kept on the device and
-	// streamed from host memory (transformer worker only).
+	// ResidentBlocks and StreamedBlocks are the transformer blocks (textenc: Llama layers)
+	// kept on the device and streamed from host memory.
 	ResidentBlocks, StreamedBlocks uint32
 }
 

@@ -58,10 +58,10 @@ type LoadRequest struct {
 	// beacon, or none.
 	BeaconPath string `protobuf:"bytes,8,opt,name=beacon_path,json=beaconPath,proto3" json:"beacon_path,omitempty"`
 	// max_resident_blocks limits how many transformer blocks (double blocks
-	// first, then single) stay on the device; the rest stream from (pinned)
-	// host memory, copied one block ahead of compute. 0 means as many as the
-	// memory cap allows after the workload's activations. Transformer worker
-	// only; others ignore it.
+	// first, then single), or the text encoder's Llama layers, stay on the
+	// device; the rest stream from (pinned) host memory, copied one block
+	// ahead of compute. 0 means as many as the memory cap allows after the
+	// activations. Transformer and textenc workers; others ignore it.
 	MaxResidentBlocks uint32 `protobuf:"varint,9,opt,name=max_resident_blocks,json=maxResidentBlocks,proto3" json:"max_resident_blocks,omitempty"`
 	// fault injects failures for tests; unset in production.
 	Fault *Fault `protobuf:"bytes,10,opt,name=fault,proto3" json:"fault,omitempty"`
@@ -543,12 +543,12 @@ type LoadResponse struct {
 	// text_encoder holds the text encoders' constants; set by the textenc
 	// worker only.
 	TextEncoder *TextEncoderInfo `protobuf:"bytes,9,opt,name=text_encoder,json=textEncoder,proto3" json:"text_encoder,omitempty"`
-	// resident_blocks is the number of transformer blocks kept on the device
-	// (computed at Load from the memory cap, the workload's activation
-	// estimate and max_resident_blocks); transformer worker only.
+	// resident_blocks is the number of transformer blocks (textenc: Llama
+	// layers) kept on the device, computed at Load from the memory cap, the
+	// activation estimate and max_resident_blocks.
 	ResidentBlocks uint32 `protobuf:"varint,10,opt,name=resident_blocks,json=residentBlocks,proto3" json:"resident_blocks,omitempty"`
-	// streamed_blocks is the number of transformer blocks kept in host memory
-	// and copied to the device for every forward; transformer worker only.
+	// streamed_blocks is the number of transformer blocks (textenc: Llama
+	// layers) kept in host memory and copied to the device for every forward.
 	StreamedBlocks uint32 `protobuf:"varint,11,opt,name=streamed_blocks,json=streamedBlocks,proto3" json:"streamed_blocks,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
