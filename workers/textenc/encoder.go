@@ -118,6 +118,10 @@ func LoadEncoderWith(rt *runtime.Runtime, p Paths, r Residency) (*Encoder, error
 	lm, err := llama.Load(rt, p.TextEncoder, lo)
 	if err != nil {
 		cm.Close()
+		if r.MemoryCap > 0 {
+			return nil, fmt.Errorf("load text_encoder (the worker's cap is %d bytes; CLIP took %d of it, Llama had the rest): %w",
+				r.MemoryCap, r.MemoryCap-lo.MemoryCap, err)
+		}
 		return nil, fmt.Errorf("load text_encoder: %w", err)
 	}
 	return &Encoder{rt: rt, tok: tok, Llama: lm, CLIP: cm, TemplatePrefix: prefix}, nil

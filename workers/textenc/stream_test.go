@@ -1,7 +1,9 @@
 package main
 
 import (
+	"errors"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/framepackd/framepackd/internal/parity"
@@ -46,4 +48,19 @@ func TestWorkerStreamsLlamaLayers(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestWorkerLlamaCapTooSmall: a cap that holds the loaded encoders but not Llama's activation
+// estimate beside its layer slots fails Load with InvalidArgument naming the cap.
+func TestWorkerLlamaCapTooSmall(t *testing.T) {
+	fx := parity.Load(t, "textenc")
+	dir := snapshotDir(t, fx)
+	_, allResp := loadWorker(t, dir)
+	p, _ := workertest.Start(t, "textenc")
+	_, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: workertest.Backend(), MemoryCapBytes: allResp.DeviceAllocatedBytes})
+	var we *workerkit.Error
+	if !errors.As(err, &we) || we.Code != workerkit.CodeInvalidArgument || !strings.Contains(we.Message, "memory cap too small for the llama") {
+		t.Fatalf("cap %d (the weights, no room for activations): got %v, want InvalidArgument naming the cap", allResp.DeviceAllocatedBytes, err)
+	}
+	t.Log(err)
 }
