@@ -19,25 +19,40 @@ K8S_VERSION ?= 1.34.3
 # github.com/grpc-ecosystem/grpc-gateway/v2 in go.mod.
 GRPC_GATEWAY_VERSION ?= v2.33.0
 
+# What `make demo` and `make test` need on a fresh Debian 12: a C toolchain, OpenBLAS, ffmpeg.
 APT_PACKAGES := build-essential pkg-config libopenblas-dev ffmpeg
-# Debian 12's minimal HIP toolchain: compile-checks and links the gpu kernels for gfx1030/gfx90a.
-APT_PACKAGES += hipcc libamdhip64-dev rocm-device-libs clang-15 lld-15
-# The headless browser supervisor/web's page test drives (chromedp).
-APT_PACKAGES += chromium
+# Debian 12's minimal HIP toolchain: compile-checks and links the gpu kernels for gfx1030/gfx90a
+# (`make test` runs native-hip-check with it; `make setup-gpu` installs it).
+APT_GPU_PACKAGES := hipcc libamdhip64-dev rocm-device-libs clang-15 lld-15
+# The headless browser supervisor/web's page test drives (chromedp); `make setup-dev` installs it.
+APT_TEST_PACKAGES := chromium
 
-.PHONY: setup build test bench proto lint fuzz demo clean
+.PHONY: setup setup-test setup-dev setup-gpu build test soak bench proto lint fuzz demo clean
 
-setup: ## install what a fresh Debian 12 machine lacks
-	@if ! dpkg -s $(APT_PACKAGES) >/dev/null 2>&1; then \
+# apt-install runs apt-get only for packages that are missing (sudo unless root).
+define apt-install
+	@if ! dpkg -s $(1) >/dev/null 2>&1; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(APT_PACKAGES); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $(1); \
 	fi
-	$(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
-	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
-	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+endef
+
+setup: ## what the CPU demo needs (C toolchain, OpenBLAS, ffmpeg); the generated proto code is committed
+	$(call apt-install,$(APT_PACKAGES))
+
+setup-gpu: ## the HIP toolchain for the gpu kernels (native-hip, native-hip-check)
+	$(call apt-install,$(APT_GPU_PACKAGES))
+
+setup-test: setup setup-gpu ## everything make test needs: the HIP toolchain, chromium, kubeconform and kustomize
+	$(call apt-install,$(APT_TEST_PACKAGES))
 	$(GO) install github.com/yannh/kubeconform/cmd/kubeconform@$(KUBECONFORM_VERSION)
 	$(GO) install sigs.k8s.io/kustomize/kustomize/v5@$(KUSTOMIZE_VERSION)
 	$(GO) mod download k8s.io/kubernetes@v$(K8S_VERSION)
+
+setup-dev: setup-test ## also what make proto and make lint need: buf and the protoc plugins
+	$(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
 	$(GO) install github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@$(GRPC_GATEWAY_VERSION) \
 		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2@$(GRPC_GATEWAY_VERSION)
 
@@ -45,8 +60,11 @@ build: ## every binary into bin/
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/... ./workers/...
 
-test: native-hip-check deploy-check ## the whole suite
+test: native-hip-check deploy-check ## the whole suite (after make setup-test)
 	$(GO) test -count=1 -timeout 30m ./...
+
+soak: ## the 50-job fault soak (make test runs 8 jobs of it)
+	$(GO) test -count=1 -timeout 60m -run '^TestFaultSoak$$' ./supervisor/watchdog -soak.jobs 50 -v
 
 bench: ## benchmark tables
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...
@@ -59,7 +77,7 @@ proto-check: ## fail if proto/gen/go differs from what proto/ generates
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cd $(CURDIR) && buf generate -o "$$tmp" && \
 		diff -r -x '*_test.go' proto/gen/go "$$tmp/proto/gen/go" && \
 		diff proto/gen/openapiv2/framepack.swagger.json "$$tmp/proto/gen/openapiv2/framepack.swagger.json" && echo 'proto/gen/go is current' || \
-		{ echo 'proto/gen/go is stale: run make proto (tools from make setup)'; exit 1; }
+		{ echo 'proto/gen/go is stale: run make proto (tools from make setup-dev)'; exit 1; }
 
 lint: proto-check
 	buf lint
@@ -157,7 +175,7 @@ $(NATIVE_OUT)/hip/%.o: native/gpu/%.cu $(GPU_HDR)
 # CI's check that every kernel compiles for HIP (gfx1030, gfx90a) and that the library links
 # with no undefined symbol; the CUDA vendor shims are compile-checked through hipcc too.
 native-hip-check:
-	@command -v $(HIPCC) >/dev/null || { echo "native-hip-check: $(HIPCC) not found (make setup installs Debian's hipcc)"; exit 1; }
+	@command -v $(HIPCC) >/dev/null || { echo "native-hip-check: $(HIPCC) not found (make setup-gpu installs Debian's hipcc)"; exit 1; }
 	@$(MAKE) --no-print-directory -j2 $(NATIVE_OUT)/libfpk-hip.so $(NATIVE_OUT)/hip/vendor-cuda.o
 	@echo "native-hip-check: libfpk-hip.so links for $(HIP_ARCHS)"
 

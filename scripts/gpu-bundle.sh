@@ -25,6 +25,8 @@ done <<'LIST'
 tests runtime internal/runtime
 tests causalvae workers/vae/causalvae
 tests textenc workers/textenc
+tests llama workers/textenc/llama
+tests clip workers/textenc/clip
 tests siglip workers/clipvision/siglip
 tests dit workers/transformer/dit
 tests sampler workers/transformer/sampler

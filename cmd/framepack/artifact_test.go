@@ -97,3 +97,25 @@ func TestGetAndRm(t *testing.T) {
 }
 
 func jobsAll() jobs.ListOptions { return jobs.ListOptions{PageSize: 1000} }
+
+// TestGenerateRejectsOutOfRange: 0 and other out-of-range settings are refused with the
+// allowed range before anything is sent (the API reads 0 as "the default", so --steps 0 used
+// to run 25 steps).
+func TestGenerateRejectsOutOfRange(t *testing.T) {
+	f := setup(t)
+	out := filepath.Join(f.dir, "x.mp4")
+	for _, tc := range []struct{ flag, value, want string }{
+		{"--steps", "0", "--steps must be 1 to 100, got 0"},
+		{"--window", "0", "--window must be 1 to 33, got 0"},
+		{"--cfg", "0", "--cfg must be 1 to 32, got 0"},
+		{"--gs", "0", "--gs must be 1 to 32, got 0"},
+	} {
+		r := f.cli(t, "generate", "--image", f.image, "--prompt", "p", "--out", out, tc.flag, tc.value)
+		if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%s %s: exit %d, stderr %q, want %q", tc.flag, tc.value, r.code, r.stderr, tc.want)
+		}
+	}
+	if list, _, _ := f.d.Store().List(jobsAll()); len(list) != 0 {
+		t.Fatalf("%d jobs submitted", len(list))
+	}
+}

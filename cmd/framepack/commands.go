@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -39,7 +40,9 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		variant                            string
 	)
 	fs.StringVar(&image, "image", "", "start frame: PNG, JPEG or WebP (required)")
-	fs.StringVar(&prompt, "prompt", "", "what should happen (required)")
+	fs.StringVar(&prompt, "prompt", "", "what should happen (this or --prompt-file is required)")
+	var promptFile string
+	fs.StringVar(&promptFile, "prompt-file", "", "read the prompt from this file ('-': standard input)")
 	fs.StringVar(&negative, "negative-prompt", "", "negative prompt (used when --cfg > 1)")
 	fs.StringVar(&out, "out", "", "where to save the MP4 (required unless --detach)")
 	fs.Float64Var(&seconds, "seconds", 5, "video length in seconds, (0, 120]")
@@ -64,6 +67,36 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	}
 	if len(pos) > 0 {
 		return fail(exitUsage, "generate: unexpected arguments %q", pos)
+	}
+	// The API reads 0 as "the default" for these; on the command line 0 is a mistake, refused
+	// here with the range (the server checks every other out-of-range value the same way).
+	for _, r := range []struct {
+		flag     string
+		v        float64
+		min, max float64
+	}{{"--steps", float64(steps), 1, 100}, {"--window", float64(window), 1, 33}, {"--cfg", cfg, 1, 32}, {"--gs", gs, 1, 32}, {"--resolution", float64(resolution), 16, 2048}} {
+		if r.v == 0 {
+			return fail(exitUsage, "generate: %s must be %g to %g, got 0", r.flag, r.min, r.max)
+		}
+	}
+	if promptFile != "" {
+		if prompt != "" {
+			return fail(exitUsage, "generate: give --prompt or --prompt-file, not both")
+		}
+		var raw []byte
+		var err error
+		if promptFile == "-" {
+			raw, err = io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
+		} else {
+			raw, err = os.ReadFile(promptFile)
+		}
+		if err != nil {
+			return fail(exitError, "read --prompt-file: %v", err)
+		}
+		prompt = strings.TrimSpace(string(raw))
+		if prompt == "" {
+			return fail(exitUsage, "generate: --prompt-file %s is empty", promptFile)
+		}
 	}
 	if image == "" || prompt == "" || (out == "" && !detach) {
 		return fail(exitUsage, "generate: --image, --prompt and --out are required (--out not with --detach)")
@@ -125,15 +158,23 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	}
 
 	// Ctrl-C cancels the job; the stream then ends with job_cancelled. A second one leaves.
+	// SIGTERM (a closed session, a service manager) leaves the job running and says how to
+	// come back to it.
 	wctx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
 	sigs, stopSigs := e.signals()
 	defer stopSigs()
+	detached := make(chan struct{})
 	go func() {
 		n := 0
 		for {
 			select {
-			case <-sigs:
+			case sig := <-sigs:
+				if sig == syscall.SIGTERM {
+					close(detached)
+					stopWatch()
+					return
+				}
 				n++
 				if n > 1 {
 					stopWatch()
@@ -155,12 +196,29 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	d := newDisplay(e, quiet)
 	last, err := follow(wctx, client, id, d, "")
 	if err != nil {
+		select {
+		case <-detached:
+			return fail(exitDetached, "detached from job %s; it keeps running on the server. Re-attach with: framepack watch %s%s", id, id, outHint(out))
+		default:
+		}
 		if wctx.Err() != nil && ctx.Err() == nil {
-			return fail(exitCancelled, "left job %s without waiting for it", id)
+			return fail(exitCancelled, "left job %s without waiting for it; re-attach with: framepack watch %s%s", id, id, outHint(out))
+		}
+		if status.Code(err) == codes.Unavailable {
+			_, msg := describe(err)
+			return fail(exitUnreachable, "%s\nthe job may still be running: re-attach with: framepack watch %s%s", msg, id, outHint(out))
 		}
 		return err
 	}
 	return finish(ctx, e, client, last, out)
+}
+
+// outHint is the --out part of a re-attach command.
+func outHint(out string) string {
+	if out == "" {
+		return ""
+	}
+	return " --out " + out
 }
 
 // finish reports a job's terminal event and saves its video to out (when out is set): a copy

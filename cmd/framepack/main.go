@@ -2,7 +2,9 @@
 //
 // Usage:
 //
-//	framepack generate --image IN --prompt "…" --out OUT.mp4 [--seconds 5] [--seed 31337]
+//	framepack [--addr ADDR] [--timeout 30s] COMMAND …   (global flags before or after the command)
+//	framepack --version
+//	framepack generate --image IN (--prompt "…" | --prompt-file F) --out OUT.mp4 [--seconds 5] [--seed 31337]
 //	                   [--steps 25] [--window 9] [--cfg 1] [--gs 10] [--rs 0] [--teacache=true]
 //	                   [--resolution 640] [--crf 16] [--gpu-preserve 6] [--negative-prompt …]
 //	                   [--lane LANE] [--detach] [--quiet]
@@ -39,6 +41,7 @@
 //	8  the job finished but the server had no ffmpeg: the frames are PNG files (copied to
 //	   OUT's name with ".frames" instead of ".mp4")
 //	9  health: the server answers but does not serve (it is stopping)
+//	10 generate got SIGTERM and detached: the job keeps running (framepack watch ID re-attaches)
 package main
 
 import (
@@ -54,10 +57,10 @@ import (
 	"time"
 
 	"github.com/framepackd/framepackd/internal/apiaddr"
+	"github.com/framepackd/framepackd/internal/buildinfo"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -73,6 +76,7 @@ const (
 	exitCancelled   = 7
 	exitPNGFrames   = 8
 	exitUnhealthy   = 9
+	exitDetached    = 10
 )
 
 // exitErr carries an exit status and the message printed for it.
@@ -111,7 +115,8 @@ func main() {
 	os.Exit(run(context.Background(), e, os.Args[1:]))
 }
 
-const usage = `usage: framepack COMMAND [flags]
+const usage = `usage: framepack [--addr ADDR] [--timeout D] COMMAND [flags]
+       framepack --version
 
 commands:
   generate   submit a job, show its progress, save the video
@@ -146,9 +151,36 @@ func run(ctx context.Context, e *env, args []string) int {
 		"models":   cmdModels,
 		"health":   cmdHealth,
 	}
+	// Global flags may come before the command: framepack --addr X jobs.
+	var global []string
+	for len(args) > 0 && strings.HasPrefix(args[0], "-") {
+		a := args[0]
+		if a == "-h" || a == "--help" || a == "-version" || a == "--version" {
+			break
+		}
+		name, _, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if name != "addr" && name != "timeout" {
+			fmt.Fprintf(e.stderr, "framepack: %s before the command: only --addr and --timeout go there\n\n%s", a, usage)
+			return exitUsage
+		}
+		global = append(global, a)
+		args = args[1:]
+		if !hasValue && len(args) > 0 {
+			global = append(global, args[0])
+			args = args[1:]
+		}
+	}
+	if len(args) == 0 {
+		fmt.Fprint(e.stderr, usage)
+		return exitUsage
+	}
 	name := args[0]
 	if name == "-h" || name == "--help" || name == "help" {
 		fmt.Fprint(e.stdout, usage)
+		return exitOK
+	}
+	if name == "--version" || name == "-version" || name == "version" {
+		fmt.Fprintln(e.stdout, buildinfo.String("framepack"))
 		return exitOK
 	}
 	cmd, ok := cmds[name]
@@ -156,7 +188,7 @@ func run(ctx context.Context, e *env, args []string) int {
 		fmt.Fprintf(e.stderr, "framepack: unknown command %q\n\n%s", name, usage)
 		return exitUsage
 	}
-	err := cmd(ctx, e, args[1:])
+	err := cmd(ctx, e, append(global, args[1:]...))
 	if err == nil {
 		return exitOK
 	}
@@ -234,10 +266,15 @@ func flagOf(field string) string {
 		"spec.gpu_memory_preservation_gb": "--gpu-preserve",
 		"spec.lane":                       "--lane",
 		"spec.image_filename":             "--image",
+		"spec.variant":                    "--variant",
+		"spec.loras":                      "--lora",
 		"reason":                          "--reason",
 	}
 	if f, ok := flags[field]; ok {
 		return f + " (" + field + ")"
+	}
+	if strings.HasPrefix(field, "spec.loras[") { // spec.loras[1].path: the second --lora
+		return "--lora (" + field + ")"
 	}
 	return field
 }
@@ -288,7 +325,11 @@ func dial(c *common) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fail(exitUsage, "--addr: %v", err)
 	}
-	conn, err := grpc.NewClient(a.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts, err := transportOptions(a) // TLS and token on TCP (tcpauth.go)
+	if err != nil {
+		return nil, fail(exitUsage, "%v", err)
+	}
+	conn, err := grpc.NewClient(a.Target(), opts...)
 	if err != nil {
 		return nil, fail(exitUnreachable, "connect to %s: %v", a, err)
 	}

@@ -185,6 +185,21 @@ func TestCLI(t *testing.T) {
 		}
 	})
 
+	t.Run("generate with loras, a timed prompt and a variant refused", func(t *testing.T) {
+		lora := filepath.Join(f.dir, "missing-lora.safetensors")
+		r := f.cli(t, "generate", "--image", f.image, "--prompt", "[0s: a cat] [1,5s: jumps]", "--lora", lora+":0.7",
+			"--variant", "f1", "--out", filepath.Join(f.dir, "x.mp4"))
+		if r.code != exitRejected {
+			t.Fatalf("exit %d, stderr %s", r.code, r.stderr)
+		}
+		for _, want := range []string{"--prompt (spec.prompt): timed prompt: position 14", "--lora (spec.loras[0].path)", lora,
+			"--variant (spec.variant): this server runs only the i2v variant"} {
+			if !strings.Contains(r.stderr, want) {
+				t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+			}
+		}
+	})
+
 	t.Run("generate refused", func(t *testing.T) {
 		r := f.cli(t, "generate", "--image", f.image, "--prompt", " ", "--steps", "101", "--gs", "40", "--out", filepath.Join(f.dir, "x.mp4"))
 		if r.code != exitRejected {
@@ -344,7 +359,7 @@ func TestCLI(t *testing.T) {
 			code int
 			want string
 		}{
-			{nil, exitUsage, "usage: framepack COMMAND"},
+			{nil, exitUsage, "usage: framepack [--addr ADDR] [--timeout D] COMMAND"},
 			{[]string{"frobnicate"}, exitUsage, `unknown command "frobnicate"`},
 			{[]string{"generate", "--image", "x.png"}, exitUsage, "required"},
 			{[]string{"generate", "--steps", "many"}, exitUsage, "invalid value"},

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -56,10 +57,15 @@ func cmdModels(ctx context.Context, e *env, args []string) error {
 			if in.Partial > 0 {
 				size += fmt.Sprintf(" (+%s partial)", hfhub.Bytes(in.Partial))
 			}
+			var names []string
 			for name, c := range in.Refs {
 				if c == s.Commit {
-					rev = name
+					names = append(names, name)
 				}
+			}
+			if len(names) > 0 {
+				sort.Strings(names)
+				rev = strings.Join(names, ",")
 			}
 		}
 		state := "complete"

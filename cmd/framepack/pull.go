@@ -259,22 +259,25 @@ func (d *pullDisplay) draw() {
 	d.lines++
 }
 
-// barLine is "label [####----] 1.2 GiB / 3.4 GiB" fitted to width.
+// barLine is "label [####----] 1.2 GiB / 3.4 GiB" fitted to width (labels over 40 characters
+// keep their end).
 func barLine(label string, done, total int64, width int) string {
+	const labelWidth = 40
 	frac := 1.0
 	if total > 0 {
 		frac = min(max(float64(done)/float64(total), 0), 1)
 	}
-	tail := fmt.Sprintf(" %s / %s", hfhub.Bytes(done), hfhub.Bytes(total))
-	barLen := min(30, width-len(tail)-4-min(len(label), 40))
-	if r := []rune(label); len(r) > 40 {
-		label = "…" + string(r[len(r)-39:])
+	if r := []rune(label); len(r) > labelWidth {
+		label = "…" + string(r[len(r)-labelWidth+1:])
 	}
+	label += strings.Repeat(" ", labelWidth-len([]rune(label)))
+	tail := fmt.Sprintf(" %s / %s", hfhub.Bytes(done), hfhub.Bytes(total))
+	barLen := min(30, width-len(tail)-labelWidth-4)
 	if barLen < 5 {
-		return label + tail
+		return strings.TrimRight(label, " ") + tail
 	}
 	fill := int(float64(barLen) * frac)
-	return fmt.Sprintf("%-40s [%s%s]%s", label, strings.Repeat("#", fill), strings.Repeat("-", barLen-fill), tail)
+	return label + " [" + strings.Repeat("#", fill) + strings.Repeat("-", barLen-fill) + "]" + tail
 }
 
 // finish ends the display (the bars are left as they are).

@@ -69,3 +69,20 @@ func TestPullDisplay(t *testing.T) {
 		}
 	})
 }
+
+func TestBarLine(t *testing.T) {
+	long := "hunyuanvideo-community/HunyuanVideo/text_encoder/model-00001-of-00004.safetensors"
+	for _, tc := range []struct {
+		label string
+		width int
+		want  string
+	}{
+		{"a", 100, "a" + strings.Repeat(" ", 39) + " [###############---------------] 1.0 KiB / 2.0 KiB"},
+		{long, 100, "…" + long[len(long)-39:] + " [###############---------------] 1.0 KiB / 2.0 KiB"},
+		{"a", 50, "a 1.0 KiB / 2.0 KiB"},
+	} {
+		if got := barLine(tc.label, 1024, 2048, tc.width); got != tc.want {
+			t.Errorf("barLine(%q, %d) =\n%q\nwant\n%q", tc.label, tc.width, got, tc.want)
+		}
+	}
+}

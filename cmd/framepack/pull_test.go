@@ -84,7 +84,8 @@ func (f *hubFixture) cli(t *testing.T, limit time.Duration, extra []string, args
 }
 
 // TestPullThenGenerate pulls the three repositories from the fake hub with the CLI, lists and
-// verifies them, and has a real daemon (real workers) make a short video from the pulled cache.
+// verifies them, and has a real daemon (real workers) make a short video (one section) from the
+// pulled cache.
 func TestPullThenGenerate(t *testing.T) {
 	f := newHubFixture(t)
 	cache := filepath.Join(f.dir, "cache")
@@ -149,7 +150,7 @@ func TestPullThenGenerate(t *testing.T) {
 		t.Fatal(err)
 	}
 	r = f.cli(t, 5*time.Minute, []string{"FRAMEPACK_ADDR=" + sock}, "generate", "--image", image, "--prompt", "The girl dances gracefully.",
-		"--seconds", "1", "--window", "3", "--steps", "2", "--resolution", "96", "--teacache=false", "--quiet", "--out", out)
+		"--seconds", "0.4", "--window", "3", "--steps", "2", "--resolution", "96", "--teacache=false", "--quiet", "--out", out)
 	if r.code != 0 {
 		t.Fatalf("generate: exit %d\n%s\ndaemon:\n%s", r.code, r.stderr, logs.String())
 	}

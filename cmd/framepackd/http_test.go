@@ -1,11 +1,25 @@
 package main
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/framepackd/framepackd/internal/testbin"
 
 	"github.com/framepackd/framepackd/supervisor/web"
 )
@@ -40,6 +54,74 @@ func TestDaemonHTTP(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), tc.want) || resp.Header.Get("Content-Security-Policy") != tc.csp {
 			t.Errorf("GET %s: %d, CSP %q, body lacks %q:\n%.400s", tc.path, resp.StatusCode, resp.Header.Get("Content-Security-Policy"), tc.want, body)
 		}
+	}
+	stop(t, cmd, logs)
+}
+
+// selfSigned writes a certificate and key for 127.0.0.1 into dir.
+func selfSigned(t *testing.T, dir string) (certFile, keyFile string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "framepackd test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile
+}
+
+// TestDaemonTLSToken serves gRPC on TCP with TLS and a token and reaches it with the CLI:
+// with the CA and the token it lists the devices, without the token it is refused.
+func TestDaemonTLSToken(t *testing.T) {
+	f := newFixture(t)
+	cli := testbin.Build(t, "./cmd/framepack")
+	cert, key := selfSigned(t, f.dir)
+	tokenFile := filepath.Join(f.dir, "token")
+	if err := os.WriteFile(tokenFile, []byte("tls-token-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, logs, _ := f.start(t, "--listen", "tcp://127.0.0.1:0", "--tls-cert", cert, "--tls-key", key, "--token-file", tokenFile)
+	var tcpAddr string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		var entry struct{ Msg, Network, Addr string }
+		if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "listening" && entry.Network == "tcp" {
+			tcpAddr = entry.Addr
+		}
+	}
+	if tcpAddr == "" {
+		t.Fatalf("no tcp listener in the logs:\n%s", logs.String())
+	}
+	run := func(env ...string) (int, string) {
+		c := exec.CommandContext(t.Context(), cli, "devices", "--addr", "tcp://"+tcpAddr)
+		c.Env = append(os.Environ(), env...)
+		out, _ := c.CombinedOutput()
+		return c.ProcessState.ExitCode(), string(out)
+	}
+	if code, out := run("FRAMEPACK_TLS_CA="+cert, "FRAMEPACK_TOKEN_FILE="+tokenFile); code != 0 || !strings.Contains(out, "cpu") {
+		t.Errorf("with CA and token: exit %d\n%s", code, out)
+	}
+	if code, out := run("FRAMEPACK_TLS_CA=" + cert); code == 0 || !strings.Contains(strings.ToLower(out), "token") {
+		t.Errorf("without token: exit %d\n%s", code, out)
+	}
+	if code, _ := run("FRAMEPACK_TOKEN_FILE=" + tokenFile); code == 0 {
+		t.Errorf("plain text to the TLS listener succeeded")
 	}
 	stop(t, cmd, logs)
 }

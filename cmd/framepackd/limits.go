@@ -5,7 +5,9 @@ package main
 
 import (
 	"flag"
+
 	"fmt"
+	"github.com/framepackd/framepackd/supervisor/api"
 	"strconv"
 	"strings"
 	"time"
@@ -19,6 +21,8 @@ type limitOptions struct {
 	minFree        byteSize
 	keepVideos     bool
 	socketGroup    string
+	maxPixels      int64
+	maxDecodes     int
 }
 
 // addLimitFlags registers the limit flags on fs.
@@ -28,6 +32,8 @@ func addLimitFlags(fs *flag.FlagSet) *limitOptions {
 	fs.Var(&l.retentionBytes, "retention-bytes", "delete the oldest finished jobs while all job folders together hold more than this, e.g. 50GiB; 0 keeps them")
 	fs.Var(&l.diskBudget, "disk-budget", "refuse a job at submit when the job folders plus what the unfinished jobs and this one will write would exceed this, e.g. 100GiB; 0: no budget")
 	fs.Var(&l.minFree, "min-free-disk", "refuse a job at submit that would leave less than this free on the state directory's disk; 0 turns the check off")
+	fs.Int64Var(&l.maxPixels, "max-image-pixels", api.MaxImagePixels, "refuse submitted images with more pixels than this (width × height, read from the header before decoding)")
+	fs.IntVar(&l.maxDecodes, "max-concurrent-decodes", api.DefaultMaxConcurrentDecodes, "decode at most this many submitted images at once (each takes about 7 bytes a pixel while it is checked); others wait")
 	fs.StringVar(&l.socketGroup, "socket-group", "", "give the unix socket to this group with mode 0660, so its members can use the daemon (default: 0600, this user only)")
 	fs.BoolVar(&l.keepVideos, "keep-section-videos", false, "keep every section's MP4, not only the newest (each holds all frames of the one before)")
 	return l

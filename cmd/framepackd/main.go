@@ -7,8 +7,9 @@
 //	framepackd [--models DIR] [--state DIR] [--socket PATH] [--listen tcp://HOST:PORT]
 //	           [--backend auto|cpu|cuda|hip] [--workers-dir DIR] [--lanes LANE,…]
 //	           [--grace 30s] [--log-level info] [--log-format text|json] [--shm-root DIR]
-//	           [--residency] [--memory-budget-gb N] [--no-previews] [--keep-section-history]
-//	           [--siglip-processor torchvision|pil] [--pull-missing [--pull-variants i2v,f1]]
+//	           [--residency] [--memory-budget-gb N] [--cpu-device-memory-gb N] [--no-previews]
+//	           [--keep-section-history] [--siglip-processor torchvision|pil]
+//	           [--pull-missing [--pull-variants i2v,f1]]
 //
 // --models is a folder holding the three models in one of these layouts (pipeline.ResolveModels):
 // the tiny test models' (hunyuanvideo/, flux_redux_bfl/, framepack_i2v/, as in
@@ -27,6 +28,10 @@
 // (/dev/shm/framepackd-<uid>/…), probes the devices in a throwaway probe worker to name its
 // lanes (cpu, cuda:N, hip:N), and takes up the jobs it had queued or running (running ones
 // resume after their last finished section).
+//
+// Every worker of a job runs under one memory cap: the lane's device memory (a GPU's total;
+// on a cpu lane the host's RAM, or --cpu-device-memory-gb) less the job's
+// gpu_memory_preservation_gb and a 1 GiB reserve.
 //
 // SIGINT or SIGTERM stops it gracefully: no new job starts, a running job gets the grace
 // period (--grace) to reach a stage boundary and is then cancelled — it stays queued and
@@ -52,6 +57,7 @@ import (
 	"time"
 
 	"github.com/framepackd/framepackd/internal/apiaddr"
+	"github.com/framepackd/framepackd/internal/buildinfo"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/jobs"
@@ -81,7 +87,8 @@ type options struct {
 	minJobGB   float64
 	// allowMismatch keeps lanes whose GPU runtime the host driver cannot serve (runtime.go).
 	allowMismatch bool
-	http       *httpOptions     // the HTTP listener's flags (http.go)
+	http          *httpOptions // the HTTP listener's flags (http.go)
+	ops           *opsOptions  // watchdog deadlines, retries, recovery wait (ops.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -134,6 +141,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.limits = addLimitFlags(fs)
 	o.pull = addPullFlags(fs)
 	o.http = addHTTPFlags(fs)
+	o.ops = addOpsFlags(fs)
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
 		fs.PrintDefaults()
@@ -143,6 +152,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			return nil, err
 		}
 		return nil, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if *showVersion {
+		fmt.Fprintln(os.Stdout, buildinfo.String("framepackd"))
+		return nil, flag.ErrHelp // exit 0 without starting
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "framepackd: unexpected arguments %q\n", fs.Args())
@@ -158,6 +171,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	case "text", "json":
 	default:
 		fmt.Fprintf(stderr, "framepackd: --log-format %q: want text or json\n", o.logFormat)
+		return nil, errUsage
+	}
+	if err := o.ops.check(); err != nil {
+		fmt.Fprintln(stderr, "framepackd:", err)
 		return nil, errUsage
 	}
 	if o.grace < 0 {
@@ -229,6 +246,23 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	if err := pullMissing(ctx, o, log); err != nil {
 		return err
 	}
+	prevTmp, hadTmp := os.LookupEnv("TMPDIR")
+	tmp, err := openTemp(log) // tempfiles.go; points TMPDIR at the daemon's own folder
+	if err != nil {
+		return fmt.Errorf("temporary folder: %w", err)
+	}
+	defer func() {
+		if err := tmp.Close(); err != nil {
+			log.WithError(err).Warn("remove temporary folder")
+		}
+		// TMPDIR named the folder just removed: give it back (run is also called in-process,
+		// by tests, and the process goes on).
+		if hadTmp {
+			_ = os.Setenv("TMPDIR", prevTmp)
+		} else {
+			_ = os.Unsetenv("TMPDIR")
+		}
+	}()
 	if st, err := os.Stat(o.models); err != nil || !st.IsDir() {
 		log.WithField("models", o.models).Warn("models directory not found; jobs will fail until it exists")
 	}
@@ -269,20 +303,24 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	}
 	defer closeRunner()
 
+	ready := newReadiness(inst, o.models, devs, log)
 	d, err := api.StartDaemon(api.DaemonConfig{
 		StateDir: o.state,
 		Listen:   listen,
 		Lanes:    lanes,
 		Run:      runJob,
-		Devices:  guards.devices(devs.list),
+		Devices:  ready.devices(guards.devices(devs.list)),
 		Grace:    o.grace,
 		Log:      log,
 
-		DiskBudget:   int64(o.limits.diskBudget),
-		MinFreeBytes: int64(o.limits.minFree),
-		Retention:    jobs.Retention{MaxAge: o.limits.retentionAge, MaxBytes: int64(o.limits.retentionBytes)},
-		Ready:        o.shm.Check,
-		Placement:    newPlacement(guards, devs, lanes, o.minJobGB).jobs(),
+		DiskBudget:           int64(o.limits.diskBudget),
+		MinFreeBytes:         int64(o.limits.minFree),
+		Retention:            jobs.Retention{MaxAge: o.limits.retentionAge, MaxBytes: int64(o.limits.retentionBytes)},
+		Ready:                ready.ready,
+		Admit:                ready.admit,
+		MaxImagePixels:       o.limits.maxPixels,
+		MaxConcurrentDecodes: o.limits.maxDecodes,
+		Placement:            newPlacement(guards, devs, lanes, o.minJobGB).jobs(),
 		// JobSpec.variant at submit: f1 needs its transformer (issue 19).
 		CheckVariant: o.pipeline.checkVariant,
 		// metrics from the event hub, the gRPC TCP listener's TLS and token (http.go)

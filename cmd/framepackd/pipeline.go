@@ -23,6 +23,7 @@ import (
 type pipelineOptions struct {
 	residency   bool
 	budgetGB    float64
+	cpuMemGB    float64
 	noPreviews  bool
 	keepHistory bool
 	siglip      string
@@ -30,7 +31,7 @@ type pipelineOptions struct {
 	// checkVariant checks JobSpec.variant at submit (pipeline.Runner.CheckVariant); set by
 	// newRunner when the models are found, nil otherwise (only i2v accepted).
 	checkVariant func(name string) error
-	onStage     func(pipeline.StageRecord)           // the metrics' stage hook, set by run (http.go)
+	onStage      func(pipeline.StageRecord) // the metrics' stage hook, set by run (http.go)
 }
 
 // addPipelineFlags registers the pipeline's flags on fs.
@@ -38,6 +39,7 @@ func addPipelineFlags(fs *flag.FlagSet) *pipelineOptions {
 	p := &pipelineOptions{}
 	fs.BoolVar(&p.residency, "residency", false, "keep the transformer and VAE workers alive across sections when their measured footprints fit the memory budget together")
 	fs.Float64Var(&p.budgetGB, "memory-budget-gb", 0, "memory the workers of a lane may hold together, for --residency (0: 80% of the device's memory)")
+	fs.Float64Var(&p.cpuMemGB, "cpu-device-memory-gb", 0, "the device memory of a cpu lane, from which each job's worker memory cap is taken (less the job's gpu_memory_preservation_gb and a 1 GiB reserve); 0: the host's RAM")
 	fs.BoolVar(&p.noPreviews, "no-previews", false, "do not make a preview image per sampling step")
 	fs.BoolVar(&p.keepHistory, "keep-section-history", false, "keep every section's history file, not only the newest")
 	fs.StringVar(&p.siglip, "siglip-processor", "", "SigLIP preprocessing: torchvision (transformers 5, the default) or pil (transformers 4)")
@@ -62,16 +64,24 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		if err != nil {
 			return nil, nil, err
 		}
+		// The lane's device memory: the probed device's total (a GPU's memory; the host's RAM
+		// for cpu, which --cpu-device-memory-gb replaces). Each job's worker cap is taken
+		// from it (lanes.Lane.MemoryCap).
+		devs.mu.Lock()
+		devMem, bus := devs.last[name].GetTotalMemoryBytes(), devs.last[name].GetPciBusId()
+		devs.mu.Unlock()
+		if backend == "cpu" && p.cpuMemGB > 0 {
+			devMem = uint64(p.cpuMemGB * (1 << 30))
+		}
 		budget := uint64(p.budgetGB * (1 << 30))
 		if budget == 0 {
-			devs.mu.Lock()
-			if d := devs.last[name]; d != nil {
-				budget = d.GetTotalMemoryBytes() / 10 * 8
-			}
-			devs.mu.Unlock()
+			budget = devMem / 10 * 8
 		}
-		l, err := lanes.New(lanes.Config{Name: name, Backend: backend, DeviceIndex: idx, WorkerPath: lanes.BinDir(o.workersDir),
-			Residency: p.residency, Budget: budget, Log: logrus.NewEntry(log)})
+		if backend == "cpu" {
+			bus = ""
+		}
+		l, err := lanes.New(lanes.Config{Name: name, Backend: backend, DeviceIndex: idx, PCIBusID: bus, WorkerPath: lanes.BinDir(o.workersDir),
+			DeviceMemory: devMem, Residency: p.residency, Budget: budget, Log: logrus.NewEntry(log)})
 		if err != nil {
 			return nil, nil, err
 		}

@@ -2,8 +2,12 @@ package main
 
 import (
 	"context"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,8 +86,29 @@ func TestTwoDaemonsShareShmRoot(t *testing.T) {
 	b.withWorkers(t)
 	b.shmRoot = base
 
+	// A private temporary directory with what older versions left behind: old leftovers go at
+	// start, a young one (maybe a live process's) stays.
+	tmp, err := os.MkdirTemp("", "fpt") // short: unix socket paths are limited
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(tmp) })
+	old := time.Now().Add(-2 * time.Hour)
+	for _, n := range []string{"plugin-dir123", "fpk_gpu_conv-abc", "fpws456", "plugin-dir-young"} {
+		if err := os.Mkdir(filepath.Join(tmp, n), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if n != "plugin-dir-young" {
+			if err := os.Chtimes(filepath.Join(tmp, n), old, old); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	a.env = []string{"TMPDIR=" + tmp}
+	b.env = a.env
+
 	acmd, alogs, _ := a.start(t, "--lanes", "cpu")
-	_, blogs, bconn := b.start(t, "--lanes", "cpu")
+	bcmd, blogs, bconn := b.start(t, "--lanes", "cpu")
 	entries, err := os.ReadDir(base)
 	if err != nil || len(entries) != 2 {
 		t.Fatalf("want one folder per daemon in %s: %v %v", base, entries, err)
@@ -100,5 +125,19 @@ func TestTwoDaemonsShareShmRoot(t *testing.T) {
 	entries, err = os.ReadDir(base)
 	if err != nil || len(entries) != 1 {
 		t.Fatalf("after one daemon stopped, want only the other's folder in %s: %v %v", base, entries, err)
+	}
+	// Temporary files: the workers' socket folders lived in the daemon's own temporary
+	// folder, which goes with it; nothing else is left.
+	stop(t, bcmd, blogs)
+	var left []string
+	_ = filepath.WalkDir(tmp, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && p != tmp {
+			left = append(left, strings.TrimPrefix(p, tmp+"/"))
+		}
+		return nil
+	})
+	want := []string{"framepackd-" + strconv.Itoa(os.Getuid()), "plugin-dir-young"}
+	if !slices.Equal(left, want) {
+		t.Fatalf("temporary directory after both daemons stopped: %v, want %v", left, want)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strconv"
 
 	"github.com/sirupsen/logrus"
 
@@ -32,9 +31,8 @@ type guards struct {
 	log    *logrus.Entry
 }
 
-// newGuards makes one watchdog per lane: device memory read through internal/devices (NVML by
-// the probed PCI bus id on cuda, amdgpu sysfs on hip; nvidia-smi by index when the probe gave
-// no bus id), none on the CPU (the recovery check then waits for the worker's process group to
+// newGuards makes one watchdog per lane, with the lane's device memory read through
+// laneMemory, none on the CPU (the recovery check then waits for the worker's process group to
 // be gone), and the probe worker to check a device after a crash.
 func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger) (*guards, error) {
 	cache, err := convcache.Open(filepath.Join(o.state, convCacheFile))
@@ -51,26 +49,24 @@ func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger
 			g.close()
 			return nil, err
 		}
-		var mem watchdog.Memory
 		devs.mu.Lock()
 		dev := devs.last[name]
 		devs.mu.Unlock()
-		if bus := dev.GetPciBusId(); bus != "" && (backend == gpudevices.BackendCUDA || backend == gpudevices.BackendHIP) {
-			// NVML by bus id / amdgpu sysfs (internal/devices), read in this process: reading a
-			// figure loads no kernel code onto the device.
-			r, err := gpudevices.NewReader(gpudevices.Device{Backend: backend, PCIBusID: bus}, gpudevices.Options{})
-			if err != nil {
-				g.close()
-				return nil, fmt.Errorf("lane %s: %w", name, err)
-			}
-			mem = namedReader{r, fmt.Sprintf("%s %s", backend, bus)}
-		} else if backend == gpudevices.BackendCUDA {
-			mem = &watchdog.NvidiaSMI{ID: strconv.Itoa(int(idx))} // no bus id: nvidia-smi by index
+		var mem watchdog.Memory
+		if dev == nil {
+			// No device for this lane in the probe: the lane stays (ListDevices shows it
+			// degraded, readiness refuses jobs pinned to it) but has no memory to watch.
+			g.log.WithField("lane", name).Warn("no device for this lane in the probe: it takes no jobs until one is found")
+		} else if mem, err = laneMemory(name, backend, dev); err != nil {
+			g.close()
+			return nil, err
 		}
 		probe := watchdog.ProbeWorker(workerkit.Config{Name: "probe", Path: filepath.Join(o.workersDir, "probe"), Log: g.log},
 			backend, idx, watchdog.DefaultProbeAllocate)
-		wd, err := watchdog.New(watchdog.Config{Lane: name, LaneBackend: backend, ConvCache: cache,
-			Recovery: &watchdog.Recovery{Memory: mem}, Probe: probe, Log: g.log})
+		cfg := watchdog.Config{Lane: name, LaneBackend: backend, ConvCache: cache,
+			Recovery: &watchdog.Recovery{Memory: mem}, Probe: probe, Log: g.log}
+		o.ops.apply(&cfg) // --hang-deadline-scale, --retries-per-*, --vram-recovery-wait (ops.go)
+		wd, err := watchdog.New(cfg)
 		if err != nil {
 			g.close()
 			return nil, err
@@ -84,6 +80,36 @@ func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		f.Debug("lane watchdog ready")
 	}
 	return g, nil
+}
+
+// laneMemory returns the used-memory reader of a GPU lane's device (nil on the CPU).
+//
+// Devices are read through two deliberate paths and no third:
+//   - what devices exist (name, arch, total memory, PCI bus id) comes from the probe worker
+//     (devices.go), in a throwaway process: initialising a vendor runtime may crash, and a crash
+//     there must not take the daemon down (ARCHITECTURE.md §6);
+//   - the used-memory figure the VRAM recovery check polls every 250 ms comes from
+//     internal/devices in this process, by the bus id the probe reported: NVML's
+//     nvmlDeviceGetHandleByPciBusId_v2 on cuda, amdgpu's sysfs files on hip. Reading a figure
+//     creates no context and loads no kernel code onto the device, so it cannot crash the way
+//     vendor initialisation can, and spawning a process four times a second would cost more
+//     than the figure. By bus id, the lane reads the GPU its workers run on even on a host
+//     whose GPUs the runtime and the driver number differently.
+//
+// A GPU device without a bus id is a configuration error, not a reason to guess by index.
+func laneMemory(lane, backend string, dev *framepackv1.Device) (watchdog.Memory, error) {
+	if backend != gpudevices.BackendCUDA && backend != gpudevices.BackendHIP {
+		return nil, nil
+	}
+	bus := dev.GetPciBusId()
+	if bus == "" {
+		return nil, fmt.Errorf("lane %s: the probe reported no PCI bus id for this device, so its memory cannot be watched (is the lane's device present?)", lane)
+	}
+	r, err := gpudevices.NewReader(gpudevices.Device{Backend: backend, PCIBusID: bus}, gpudevices.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("lane %s: %w", lane, err)
+	}
+	return namedReader{r, fmt.Sprintf("%s %s", backend, bus)}, nil
 }
 
 // namedReader gives an internal/devices reader the name the watchdog logs.

@@ -219,6 +219,26 @@ func NewFilePage(path string) (*Page, error) {
 	return newPage(f)
 }
 
+// OpenPage maps an existing beacon page read-only: a worker's inherited page seen from outside
+// (/proc/<pid>/fd/<n>), for tools and tests that watch a worker the way the watchdog does.
+func OpenPage(path string) (*Page, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open beacon: %w", err)
+	}
+	m, err := mapFile(f, unix.PROT_READ)
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if m.load(wMagic) != magic {
+		unix.Munmap(m.mem)
+		f.Close()
+		return nil, fmt.Errorf("open beacon %s: %w", path, ErrNotBeacon)
+	}
+	return &Page{f: f, m: m}, nil
+}
+
 // File returns the page's file, to be passed to the worker (exec.Cmd.ExtraFiles). The Page keeps
 // ownership: the caller must not close it.
 func (p *Page) File() *os.File { return p.f }

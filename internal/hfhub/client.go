@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -103,6 +104,9 @@ type Client struct {
 	HTTP *http.Client
 	// UserAgent names the client in requests.
 	UserAgent string
+
+	once sync.Once
+	hc   *http.Client // built once from HTTP: connections are reused across requests
 }
 
 // NewClient returns a Client for env.
@@ -111,16 +115,19 @@ func NewClient(env Env) *Client {
 }
 
 func (c *Client) httpClient() *http.Client {
-	hc := http.Client{Timeout: 0}
-	if c.HTTP != nil {
-		hc = *c.HTTP
-	} else {
-		t := http.DefaultTransport.(*http.Transport).Clone()
-		t.ResponseHeaderTimeout = 60 * time.Second
-		hc.Transport = t
-	}
-	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
-	return &hc
+	c.once.Do(func() {
+		hc := http.Client{}
+		if c.HTTP != nil {
+			hc = *c.HTTP
+		} else {
+			t := http.DefaultTransport.(*http.Transport).Clone()
+			t.ResponseHeaderTimeout = 60 * time.Second
+			hc.Transport = t
+		}
+		hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+		c.hc = &hc
+	})
+	return c.hc
 }
 
 // repoPath is "org/name" with each part escaped.

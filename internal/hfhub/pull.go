@@ -79,7 +79,8 @@ type Item struct {
 	Size int64
 	// LFS is set for files stored with git-lfs (verified by sha256).
 	LFS bool
-	// Location is where the file is downloaded from (the LFS host for LFS files).
+	// Location is where the file is downloaded from (the LFS host for LFS files); Pull
+	// refreshes it when it retries a file.
 	Location string
 	// Present: the snapshot already links the complete file.
 	Present bool
@@ -154,6 +155,19 @@ type Puller struct {
 	FreeSpace func(dir string) (uint64, error)
 	// Backoff is the wait before the n-th retry (default: 1 s, doubling, at most 15 s).
 	Backoff func(n int) time.Duration
+	// StallTimeout abandons a transfer that received nothing for this long (default 60 s);
+	// it is then retried like a dropped connection.
+	StallTimeout time.Duration
+}
+
+// errStalled: a transfer received nothing for StallTimeout.
+var errStalled = errors.New("no data received")
+
+func (p *Puller) stallTimeout() time.Duration {
+	if p.StallTimeout > 0 {
+		return p.StallTimeout
+	}
+	return 60 * time.Second
 }
 
 // Plan resolves each Want to a commit, lists the files it selects and checks which are in the
@@ -181,7 +195,11 @@ func (p *Puller) Plan(ctx context.Context, wants []Want) (*Plan, error) {
 }
 
 func (p *Puller) planOnline(ctx context.Context, plan *Plan, w Want) error {
-	info, err := p.Client.Info(ctx, w.Repo, w.rev())
+	var info *RepoInfo
+	err := p.again(ctx, func() (err error) {
+		info, err = p.Client.Info(ctx, w.Repo, w.rev())
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -220,7 +238,11 @@ func (p *Puller) planOnline(ctx context.Context, plan *Plan, w Want) error {
 			continue
 		}
 		// Pinned to the commit, so that every file comes from the same one.
-		m, err := p.Client.Head(ctx, w.Repo, info.Commit, s.Path)
+		var m FileMeta
+		err := p.again(ctx, func() (err error) {
+			m, err = p.Client.Head(ctx, w.Repo, info.Commit, s.Path)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -250,6 +272,22 @@ func (p *Puller) planOnline(ctx context.Context, plan *Plan, w Want) error {
 		plan.Items = append(plan.Items, it)
 	}
 	return nil
+}
+
+// again calls fn until it succeeds, fails for good (retryable) or has been retried Retries
+// times, waiting Backoff between calls.
+func (p *Puller) again(ctx context.Context, fn func() error) error {
+	for attempt := 0; ; attempt++ {
+		err := fn()
+		if err == nil || !retryable(err) || attempt >= p.retries() {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(p.backoff(attempt)):
+		}
+	}
 }
 
 // validPath rejects paths that would leave the snapshot folder.
@@ -325,7 +363,7 @@ func (s *pullState) set(i int, state FileState, done int64, err error) {
 	if s.report == nil {
 		return
 	}
-	it := s.plan.Items[i]
+	it := &s.plan.Items[i] // fields set at planning only: fetch rewrites Location concurrently
 	s.report(Progress{Repo: it.Repo, Path: it.Path, State: state, Err: err, Done: done, Size: it.Size,
 		TotalDone: s.totalDone, Total: s.plan.Total, FilesDone: s.filesDone, Files: len(s.plan.Items)})
 }
@@ -545,11 +583,19 @@ func (p *Puller) fetchOnce(ctx context.Context, st *pullState, i int) (err error
 		}
 	}
 	if have < it.Size {
+		// A transfer that stalls is abandoned after StallTimeout (and retried, resuming).
+		ctx, cancel := context.WithCancelCause(ctx)
+		defer cancel(nil)
+		stall := time.AfterFunc(p.stallTimeout(), func() { cancel(errStalled) })
+		defer stall.Stop()
 		body, start, err := p.Client.Open(ctx, it.Repo, it.Path, it.Location, have)
 		if errors.Is(err, errRangeNotSatisfiable) {
 			body, start, err = p.Client.Open(ctx, it.Repo, it.Path, it.Location, 0)
 		}
 		if err != nil {
+			if errors.Is(context.Cause(ctx), errStalled) {
+				return fmt.Errorf("%s: %w: %w for %v", what, ErrTruncated, errStalled, p.stallTimeout())
+			}
 			return err
 		}
 		defer body.Close()
@@ -568,9 +614,15 @@ func (p *Puller) fetchOnce(ctx context.Context, st *pullState, i int) (err error
 			return fmt.Errorf("%s: %w", what, err)
 		}
 		st.set(i, FileDownloading, have, nil)
-		w := &progressWriter{w: io.MultiWriter(f, h), n: have, report: func(n int64) { st.set(i, FileDownloading, n, nil) }}
+		w := &progressWriter{w: io.MultiWriter(f, h), n: have, report: func(n int64) {
+			stall.Reset(p.stallTimeout())
+			st.set(i, FileDownloading, n, nil)
+		}}
 		n, cerr := io.Copy(w, io.LimitReader(body, it.Size-have+1))
 		got := have + n
+		if errors.Is(context.Cause(ctx), errStalled) {
+			cerr = fmt.Errorf("%w for %v", errStalled, p.stallTimeout())
+		}
 		if cerr != nil && isDiskErr(cerr) {
 			return fmt.Errorf("%s: %w", what, diskErr(cerr))
 		}

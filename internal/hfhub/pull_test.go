@@ -566,3 +566,133 @@ func TestPullDiskFull(t *testing.T) {
 		t.Fatalf("blob written after a full disk: %v", err)
 	}
 }
+
+// TestPullStalledTransfer: a transfer that stops sending is abandoned after StallTimeout and
+// resumed in the same pull.
+func TestPullStalledTransfer(t *testing.T) {
+	f := newFixture(t)
+	const stallAt = 1 << 20
+	f.hub.SetFault(hunyuan, vaeWeights, &hubtest.Fault{StallAt: stallAt, Times: 1})
+	p := f.puller("", nil)
+	p.StallTimeout = 300 * time.Millisecond
+	if err := f.pull(t, p, "i2v"); err != nil {
+		t.Fatal(err)
+	}
+	want := f.fixtureFile(t, hunyuan, vaeWeights)
+	if got := rangesFor(f.hub.Requests(), sha256Of(want)); len(got) != 2 || got[1] != "bytes=1048576-" {
+		t.Fatalf("ranges %q, want a resume at the stall", got)
+	}
+	if got, err := os.ReadFile(f.cache.SnapshotPath(hunyuan, f.commits[hunyuan], vaeWeights)); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("file differs after the stall (%v)", err)
+	}
+}
+
+// TestPullRetriesServerErrors: a 503 is retried; a 404 is not.
+func TestPullRetriesServerErrors(t *testing.T) {
+	f := newFixture(t)
+	f.hub.SetFault(hunyuan, "vae/config.json", &hubtest.Fault{Status: 503, Times: 2})
+	if err := f.pull(t, f.puller("", nil), "i2v"); err != nil {
+		t.Fatalf("pull after two 503s: %v", err)
+	}
+	heads := 0
+	for _, r := range f.hub.Requests() {
+		if r.Method == "HEAD" && strings.HasSuffix(r.Path, "/vae/config.json") {
+			heads++
+		}
+	}
+	if heads != 3 {
+		t.Fatalf("%d HEADs of vae/config.json, want 3 (two refused, one answered)", heads)
+	}
+}
+
+// TestPullRenamedRepository: a renamed repository's relative redirects are followed; the cache
+// entry keeps the name asked for, as huggingface_hub keeps it.
+func TestPullRenamedRepository(t *testing.T) {
+	f := newFixture(t)
+	f.hub.Rename("lllyasviel/FramePackI2V_HY", "lllyasviel/FramePackI2V_HY_v2")
+	if err := f.pull(t, f.puller("", nil), "i2v"); err != nil {
+		t.Fatal(err)
+	}
+	repo := "lllyasviel/FramePackI2V_HY"
+	if got, err := os.ReadFile(f.cache.SnapshotPath(repo, f.commits[repo], "config.json")); err != nil || !bytes.Equal(got, f.fixtureFile(t, repo, "config.json")) {
+		t.Fatalf("config of the renamed repository: %v", err)
+	}
+	moved := false
+	for _, r := range f.hub.Requests() {
+		moved = moved || strings.Contains(r.Path, "FramePackI2V_HY_v2/resolve/")
+	}
+	if !moved {
+		t.Fatal("the redirect to the new name was not followed")
+	}
+}
+
+// TestCheckSharded: a folder with an index needs every shard it names; links to missing blobs
+// do not count.
+func TestCheckSharded(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("config.json", "{}")
+	write("diffusion_pytorch_model.safetensors.index.json", `{"weight_map": {"a": "diffusion_pytorch_model-00001-of-00002.safetensors", "b": "diffusion_pytorch_model-00002-of-00002.safetensors"}}`)
+	write("diffusion_pytorch_model-00001-of-00002.safetensors", "x")
+	if err := os.Symlink("../../blobs/gone", filepath.Join(dir, "diffusion_pytorch_model-00002-of-00002.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	got := hfhub.FramePackI2V.Check(dir)
+	if len(got) != 1 || got[0] != "diffusion_pytorch_model-00002-of-00002.safetensors" {
+		t.Fatalf("missing %q, want the second shard", got)
+	}
+	if err := os.Remove(filepath.Join(dir, "diffusion_pytorch_model-00002-of-00002.safetensors")); err != nil {
+		t.Fatal(err)
+	}
+	write("diffusion_pytorch_model-00002-of-00002.safetensors", "y")
+	if got := hfhub.FramePackI2V.Check(dir); len(got) != 0 {
+		t.Fatalf("complete folder reports %q missing", got)
+	}
+	if got := hfhub.HunyuanVideo.Check(dir); len(got) != 11 {
+		t.Fatalf("HunyuanVideo in a transformer folder: %d missing %q", len(got), got)
+	}
+}
+
+// TestPullConcurrent: two pulls into one cache at once (the CLI and a daemon's --pull-missing)
+// take turns per blob through the lock files: each blob is downloaded once, both succeed.
+func TestPullConcurrent(t *testing.T) {
+	f := newFixture(t)
+	wants, _ := hfhub.Wants([]string{"i2v"}, "")
+	var plans [2]*hfhub.Plan
+	var pullers [2]*hfhub.Puller
+	for i := range pullers {
+		pullers[i] = f.puller("", nil)
+		var err error
+		if plans[i], err = pullers[i].Plan(t.Context(), wants); err != nil {
+			t.Fatal(err)
+		}
+	}
+	errs := make(chan error, 2)
+	for i := range pullers {
+		go func() { errs <- pullers[i].Pull(t.Context(), plans[i]) }()
+	}
+	for range pullers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := map[string]int{}
+	for _, r := range f.hub.Requests() {
+		if r.Server == "lfs" && r.Method == "GET" {
+			got[r.Path]++
+		}
+	}
+	for p, n := range got {
+		if n != 1 {
+			t.Errorf("%s downloaded %d times", p, n)
+		}
+	}
+	if v := hfhub.VariantComplete(f.cache.Status("")); !v["i2v"] {
+		t.Fatal("i2v incomplete after two concurrent pulls")
+	}
+}

@@ -64,20 +64,6 @@ func ResizeAndCenterCrop(m *Image, targetWidth, targetHeight int) (*Image, error
 	return out, nil
 }
 
-// Crop returns the region [x0, x1) × [y0, y1) of m; parts outside m are black, as with Pillow's
-// Image.crop.
-func Crop(m *Image, x0, y0, x1, y1 int) (*Image, error) {
-	if x1 <= x0 || y1 <= y0 {
-		return nil, fmt.Errorf("crop: %w: box (%d,%d,%d,%d)", ErrZeroSize, x0, y0, x1, y1)
-	}
-	out := NewImage(x1-x0, y1-y0)
-	sx0, sy0, sx1, sy1 := max(x0, 0), max(y0, 0), min(x1, m.Width), min(y1, m.Height)
-	for y := sy0; y < sy1 && sx1 > sx0; y++ {
-		copy(out.Pix[((y-y0)*out.Width+(sx0-x0))*3:], m.Pix[(y*m.Width+sx0)*3:(y*m.Width+sx1)*3])
-	}
-	return out, nil
-}
-
 // SiglipResize is the resize step of transformers' SiglipImageProcessor: BICUBIC (Pillow) straight
 // to size × size, ignoring the aspect ratio.
 func SiglipResize(m *Image, width, height int) (*Image, error) {

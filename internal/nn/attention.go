@@ -83,3 +83,32 @@ func (a EncoderAttention) Forward(p *Pass, x, mask *runtime.Tensor) *runtime.Ten
 	p.Drop(o)
 	return out
 }
+
+// EncoderLayer is the pre-norm transformer layer of the CLIP-family encoders (CLIPEncoderLayer,
+// SiglipEncoderLayer): attention and MLP, each after a LayerNorm and with a residual.
+type EncoderLayer struct {
+	LayerNorm1 LayerNorm        // layer_norm1 [hidden]
+	SelfAttn   EncoderAttention // self_attn
+	LayerNorm2 LayerNorm        // layer_norm2 [hidden]
+	MLP        MLP              // mlp: fc1 [intermediate, hidden], act, fc2 [hidden, intermediate]
+}
+
+// NewEncoderLayer binds <name>.{layer_norm1, self_attn, layer_norm2, mlp}.
+func NewEncoderLayer(l *Loader, name string, hidden, intermediate, heads int, eps float32, act Activation) EncoderLayer {
+	return EncoderLayer{
+		LayerNorm1: NewLayerNorm(l, Join(name, "layer_norm1"), hidden, eps),
+		SelfAttn:   NewEncoderAttention(l, Join(name, "self_attn"), hidden, heads),
+		LayerNorm2: NewLayerNorm(l, Join(name, "layer_norm2"), hidden, eps),
+		MLP:        NewMLP(l, Join(name, "mlp"), hidden, intermediate, act),
+	}
+}
+
+// Forward: x [B, L, hidden], mask nil or U8 [1, 1, L, L] → [B, L, hidden].
+func (e *EncoderLayer) Forward(p *Pass, x, mask *runtime.Tensor) *runtime.Tensor {
+	h := e.LayerNorm1.Forward(p, x)
+	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return e.SelfAttn.Forward(p, h, mask) })
+	r := p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Add(x, h)) })
+	h = e.LayerNorm2.Forward(p, r)
+	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return e.MLP.Forward(p, h) })
+	return p.Do(p.RT.Add(r, h))
+}

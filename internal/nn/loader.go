@@ -85,39 +85,50 @@ type Loader struct {
 	hostBytes int64
 }
 
-// NewLoader returns a loader that uploads tensors of src into rt as dtype dt (0 means F32).
-// prefix is put in front of every name asked for ("model." for a LlamaForCausalLM checkpoint,
-// "" for LlamaModel).
-func NewLoader(rt *runtime.Runtime, src Source, dt runtime.DType, prefix string) *Loader {
+// Options are the dtypes a model's weights are uploaded in (every model package's load options).
+type Options struct {
+	// DType is the dtype of the tensors Tensor binds (norms, biases, embeddings added to
+	// activations); 0 means F32 (every backend computes in F32).
+	DType runtime.DType
+	// WeightDType is the dtype of the weight matrices Weight binds (Linear, convolution and
+	// embedding tables: nearly all the bytes): F16 or BF16 keep them in 16 bits,
+	// runtime.AsStored in the checkpoint's dtype; 0 means DType.
+	WeightDType runtime.DType
+}
+
+// NewLoader returns a loader that uploads tensors of src into rt as o says. prefix is put in
+// front of every name asked for ("model." for a LlamaForCausalLM checkpoint, "" for LlamaModel).
+func NewLoader(rt *runtime.Runtime, src Source, o Options, prefix string) *Loader {
+	dt, wdt := o.DType, o.WeightDType
 	if dt == 0 {
 		dt = runtime.F32
 	}
-	return &Loader{rt: rt, src: src, dtype: dt, wdtype: dt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{}}
+	if wdt == 0 {
+		wdt = dt
+	}
+	return &Loader{rt: rt, src: src, dtype: dt, wdtype: wdt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{}}
 }
 
 // NewRandomLoader returns a loader that makes every tensor from a generator seeded with seed,
 // as PyTorch's default init would in distribution: uniform ±1/√fan_in for matrices and
 // convolutions, 1 ± 0.1 for 1-D ".weight" tensors (norms), ±0.02 for the rest.
-func NewRandomLoader(rt *runtime.Runtime, seed uint64, dt runtime.DType) *Loader {
-	l := NewLoader(rt, nil, dt, "")
+func NewRandomLoader(rt *runtime.Runtime, seed uint64, o Options) *Loader {
+	l := NewLoader(rt, nil, o, "")
 	l.rng = rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	return l
 }
 
 // NewShapeLoader returns a loader that uploads nothing and only records the name and shape of
 // every tensor asked for (Shapes).
-func NewShapeLoader() *Loader {
-	l := NewLoader(nil, nil, runtime.F32, "")
+func NewShapeLoader() *Loader { return NewShapeLoaderFor(Options{}) }
+
+// NewShapeLoaderFor is NewShapeLoader recording, in ShapeDTypes, the dtypes a loader with
+// options o would upload each tensor as (size estimates of 16-bit weights).
+func NewShapeLoaderFor(o Options) *Loader {
+	l := NewLoader(nil, nil, o, "")
 	l.shapes = map[string][]int{}
 	l.sdtype = map[string]runtime.DType{}
 	return l
-}
-
-// SetWeightDType sets the dtype Weight uploads weight matrices as (0 keeps the loader's dtype).
-func (l *Loader) SetWeightDType(dt runtime.DType) {
-	if dt != 0 {
-		l.wdtype = dt
-	}
 }
 
 // DetectPrefix returns the first of prefixes under which src holds name ("" included if
@@ -136,6 +147,21 @@ func DetectPrefix(src runtime.TensorSource, name string, prefixes ...string) (st
 		quoted[i] = fmt.Sprintf("%q", p)
 	}
 	return "", &TensorError{Name: prefixes[0] + name, Problem: "missing (also looked under " + strings.Join(quoted, ", ") + ")"}
+}
+
+// OpenDir reads a model folder for a model package's Load: its config.json through loadConfig,
+// then its checkpoint (one file or a sharded index). The caller closes the checkpoint: once the
+// weights are uploaded, or with the model when the model keeps reading it (HostEmbedding).
+func OpenDir[C any](dir string, loadConfig func(dir string) (C, error)) (C, *safetensors.Checkpoint, error) {
+	cfg, err := loadConfig(dir)
+	if err != nil {
+		return cfg, nil, err
+	}
+	ck, err := safetensors.OpenCheckpoint(dir)
+	if err != nil {
+		return cfg, nil, err
+	}
+	return cfg, ck, nil
 }
 
 // Join joins module path parts with dots, skipping empty ones: Join("blocks", 3, "attn") is
@@ -375,14 +401,43 @@ func (l *Loader) Free() {
 	l.bytes = 0
 }
 
-// Finish ends a load: on a problem it frees everything and returns Err; else it returns the
-// uploaded tensors (now owned by the caller) and the report.
-func (l *Loader) Finish() ([]*runtime.Tensor, Report, error) {
+// Weights are the tensors a finished load uploaded; the model that embeds them owns them.
+type Weights struct {
+	tensors []*runtime.Tensor
+	bytes   int64
+	params  int64
+}
+
+// WeightBytes is the size of the weights in the runtime's memory.
+func (w *Weights) WeightBytes() int64 { return w.bytes }
+
+// NumTensors is the number of weight tensors held.
+func (w *Weights) NumTensors() int { return len(w.tensors) }
+
+// NumParams is the number of weight elements.
+func (w *Weights) NumParams() int64 { return w.params }
+
+// Free frees the weights.
+func (w *Weights) Free() {
+	for _, t := range w.tensors {
+		t.Free()
+	}
+	w.tensors = nil
+}
+
+// Finish ends a load: on a problem it frees everything and returns Err; else it hands the
+// uploaded tensors over as Weights, with the report.
+func (l *Loader) Finish() (Weights, Report, error) {
 	if err := l.Err(); err != nil {
 		l.Free()
-		return nil, Report{}, err
+		return Weights{}, Report{}, err
 	}
-	return l.Tensors(), l.Report(), nil
+	w := Weights{tensors: l.Tensors(), bytes: l.bytes}
+	for _, t := range w.tensors {
+		w.params += int64(t.NumElements())
+	}
+	l.loaded = nil
+	return w, l.Report(), nil
 }
 
 // Report says what a load did with the checkpoint's tensors.

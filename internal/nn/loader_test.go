@@ -63,15 +63,15 @@ func TestLoader(t *testing.T) {
 	if _, err := DetectPrefix(ck, "nothing", "", "model."); !errors.Is(err, ErrCheckpoint) || !strings.Contains(err.Error(), `tensor nothing: missing (also looked under "model.")`) {
 		t.Fatalf("no prefix: %v", err)
 	}
-	l := NewLoader(rt, ck, runtime.F32, prefix)
-	l.SetWeightDType(runtime.F16)
+	l := NewLoader(rt, ck, Options{DType: runtime.F32, WeightDType: runtime.F16}, prefix)
 	fc := NewLinear(l, "fc", 2, 3, true)
 	NewLayerNorm(l, "norm", 3, 1e-5)
 	l.Skip("head.")
-	ts, rep, err := l.Finish()
+	ws, rep, err := l.Finish()
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer ws.Free()
 	if fc.Weight.DType() != runtime.F16 || fc.Bias.DType() != runtime.F32 {
 		t.Errorf("dtypes: weight %s, bias %s", fc.Weight.DType(), fc.Bias.DType())
 	}
@@ -79,8 +79,8 @@ func TestLoader(t *testing.T) {
 		!slices.Equal(rep.Unexpected, []string{"model.adapter.weight", "model.ids"}) {
 		t.Fatalf("report %+v", rep)
 	}
-	if len(ts) != 4 {
-		t.Fatalf("%d tensors, want 4", len(ts))
+	if ws.NumParams() != 6+3+3+3 || ws.WeightBytes() != rep.Bytes {
+		t.Fatalf("weights: %d params, %d bytes", ws.NumParams(), ws.WeightBytes())
 	}
 	p := NewPass(t.Context(), rt)
 	defer p.Free()
@@ -92,16 +92,13 @@ func TestLoader(t *testing.T) {
 	if got, _ := y.Float32(); !slices.Equal(got, []float32{3, 7, 12}) {
 		t.Errorf("linear: %v, want [3 7 12]", got)
 	}
-	for _, x := range ts {
-		x.Free()
-	}
 }
 
 // TestLoaderCollectsErrors asks for several broken tensors and checks that the error names every
 // one of them, and that nothing stays allocated.
 func TestLoaderCollectsErrors(t *testing.T) {
 	rt := newRuntime(t)
-	l := NewLoader(rt, testCheckpoint(t), runtime.F32, "model.")
+	l := NewLoader(rt, testCheckpoint(t), Options{}, "model.")
 	NewLayerNorm(l, "norm", 3, 1e-5) // fine, uploaded before the first problem
 	l.Tensor("absent", 1)
 	l.Weight("fc.weight", 2, 3)
@@ -134,19 +131,14 @@ func TestLoaderCollectsErrors(t *testing.T) {
 func TestRandomAndShapeLoaders(t *testing.T) {
 	rt := newRuntime(t)
 	values := func(seed uint64) []float32 {
-		l := NewRandomLoader(rt, seed, runtime.F32)
-		l.SetWeightDType(runtime.BF16)
+		l := NewRandomLoader(rt, seed, Options{WeightDType: runtime.BF16})
 		fc := NewLinear(l, "fc", 4, 8, true)
 		n := NewLayerNorm(l, "norm", 8, 1e-5)
-		ts, _, err := l.Finish()
+		ws, _, err := l.Finish()
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer func() {
-			for _, x := range ts {
-				x.Free()
-			}
-		}()
+		defer ws.Free()
 		if fc.Weight.DType() != runtime.BF16 || !slices.Equal(fc.Weight.Shape(), []int{8, 4}) || fc.Bias.DType() != runtime.F32 {
 			t.Fatalf("random linear: %s %v, bias %s", fc.Weight.DType(), fc.Weight.Shape(), fc.Bias.DType())
 		}

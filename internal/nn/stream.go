@@ -77,13 +77,13 @@ func (s *BlockStream[T]) fetch(i int) (T, error) {
 		return zero, fmt.Errorf("%s.%d is not streamed", s.name, i)
 	}
 	if len(s.slots) < s.maxSlots {
-		l := NewLoader(s.rt, h, runtime.AsStored, "") // every tensor as its host copy holds it
+		l := NewLoader(s.rt, h, Options{DType: runtime.AsStored, WeightDType: runtime.AsStored}, "") // every tensor as its host copy holds it
 		blk := s.bind(l)
 		ts, _, err := l.Finish()
 		if err != nil {
 			return zero, fmt.Errorf("%s.%d: make a streaming slot: %w", s.name, i, err)
 		}
-		sl := &streamSlot[T]{blk: blk, tensors: ts, index: i}
+		sl := &streamSlot[T]{blk: blk, tensors: ts.tensors, index: i}
 		if sl.ready, err = s.rt.NewEvent(); err == nil {
 			sl.done, err = s.rt.NewEvent()
 		}

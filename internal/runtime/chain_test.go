@@ -542,3 +542,37 @@ func TestConcurrentOps(t *testing.T) {
 		t.Fatalf("cpu backend, cpu tier did not serve every conv: %+v", s)
 	}
 }
+
+// TestConvFirstRunSynchronised: the first run of a tier for a shape is synchronised (counted
+// in FirstSyncs), later runs of the same shape are not, a new shape is again.
+func TestConvFirstRunSynchronised(t *testing.T) {
+	rt := newTestRuntime(t, Options{Backend: "cpu"})
+	f := newConvFixture(t, rt)
+	f.run(t, rt)
+	f.run(t, rt)
+	if n := rt.ConvStats().Tiers[TierCPU].FirstSyncs; n != 1 {
+		t.Fatalf("%d first-run syncs after two convs of one shape, want 1", n)
+	}
+	g := f
+	g.p = Conv3dParams{Padding: [3]int{0, 1, 1}}
+	y, err := rt.Conv3d(g.x, g.w, g.b, g.p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y.Free()
+	if n := rt.ConvStats().Tiers[TierCPU].FirstSyncs; n != 2 {
+		t.Fatalf("%d first-run syncs after a second shape, want 2", n)
+	}
+}
+
+// TestPCIBusIDOption: a bus id that cannot fit the C config is refused; on cpu a valid one is
+// ignored (the GPU backends open the device it names: native/gpu/fpk_gpu_device.cu).
+func TestPCIBusIDOption(t *testing.T) {
+	if _, err := New(Options{Backend: "cpu", PCIBusID: strings.Repeat("0", 40)}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("40-character bus id: %v", err)
+	}
+	rt := newTestRuntime(t, Options{Backend: "cpu", PCIBusID: "0000:65:00.0"})
+	if rt.info.Name != "cpu" {
+		t.Fatalf("backend %q", rt.info.Name)
+	}
+}

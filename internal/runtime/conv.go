@@ -193,6 +193,7 @@ type TierStats struct {
 	SkippedHung   int64         // convs skipped because the cache records a hang there
 	SkippedFailed int64         // convs skipped because the cache records a failure there
 	SkippedPolicy int64         // convs skipped by ConvPolicy (FirstTier, TierOverrides, Only)
+	FirstSyncs    int64         // first runs of the tier for a shape, synchronised (see attempt)
 	Time          time.Duration // time spent in attempts
 }
 
@@ -234,10 +235,11 @@ type convChain struct {
 	tiers uint32 // bit per tier the backend has
 	cache *convcache.Cache
 
-	// mu protects stats and local.
+	// mu protects stats, local and tried.
 	mu    sync.Mutex
 	st    ConvStats
 	local map[string]convcache.Entry // decisions when there is no cache file
+	tried map[string]bool            // shape key + tier pairs this process has run
 }
 
 func newConvChain(rt *Runtime, tiers uint32) *convChain {
@@ -250,7 +252,21 @@ func newConvChain(rt *Runtime, tiers uint32) *convChain {
 			Decisions: map[string]Tier{},
 		},
 		local: map[string]convcache.Entry{},
+		tried: map[string]bool{},
 	}
+}
+
+// firstRun reports whether this is the process's first run of tier t for shape key, and
+// records the run.
+func (c *convChain) firstRun(key string, t Tier) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := key + "\x00" + t.String()
+	if c.tried[k] {
+		return false
+	}
+	c.tried[k] = true
+	return true
 }
 
 func (c *convChain) stats() ConvStats {
@@ -506,10 +522,25 @@ func (c *convChain) attempt(key string, t Tier, fault ConvFault, faulted bool, c
 	if rt.closed {
 		return fmt.Errorf("conv3d: %w", ErrClosed)
 	}
+	// The first run of a tier for a shape is synchronised: the work queued before it finishes
+	// first, outside its bracket, and the conv itself is waited for inside it. A GPU hang in it
+	// then shows in the beacon as this shape at this tier (not as whichever op came next), so
+	// the watchdog marks the right entry of the decision cache. Later runs stay asynchronous.
+	first := c.firstRun(key, t)
+	if first {
+		if err := call("conv3d synchronize", func() C.fpk_status { return C.fpk_stream_synchronize(rt.stream) }); err != nil {
+			return err
+		}
+	}
 	native := func(tier Tier) error {
-		return call("conv3d", func() C.fpk_status {
+		err := call("conv3d", func() C.fpk_status {
 			return C.fpk_op_conv3d(rt.stream, C.fpk_conv_tier(tier), cp, hs[0], hs[1], hs[2], out.h)
 		})
+		if err != nil || !first {
+			return err
+		}
+		c.count(func(s *ConvStats) { s.Tiers[t].FirstSyncs++ })
+		return call("conv3d", func() C.fpk_status { return C.fpk_stream_synchronize(rt.stream) })
 	}
 	return rt.observe("conv3d", key, t, uint64(out.NumBytes()), func() error {
 		if !faulted {

@@ -3,7 +3,7 @@
 // that fails with a typed out-of-memory error, and the convolution fallback chain with its
 // shared decision cache (package convcache).
 //
-// One Runtime is one backend instance (the cpu backend now; cuda and hip later) with its own
+// One Runtime is one backend instance (cpu, or cuda/hip from their dlopened libraries) with its own
 // memory accounting; a worker process opens one at Load. Tensors are created by the runtime,
 // moved with Upload/Download, and freed with Free (or a Scope). Every op allocates and returns
 // a new tensor; inputs are never modified.
@@ -50,6 +50,9 @@ type Options struct {
 	BackendDir string
 	// Device is the device index on the backend (0 for cpu).
 	Device int
+	// PCIBusID, when set, opens the GPU with this PCI bus id ("0000:65:00.0") instead of
+	// Device; ignored on cpu.
+	PCIBusID string
 	// Threads is the number of threads for the cpu backend's loops and BLAS (0 = every core).
 	Threads int
 	// MemoryCap is the most bytes the runtime may hold at once (tensors and scratch); 0 means
@@ -197,6 +200,12 @@ func New(opts Options) (*Runtime, error) {
 		threads:     C.int(opts.Threads),
 		memory_cap:  C.uint64_t(opts.MemoryCap),
 		cache_limit: C.uint64_t(opts.CacheLimit),
+	}
+	if len(opts.PCIBusID) >= len(cfg.pci_bus_id) || strings.ContainsRune(opts.PCIBusID, 0) {
+		return nil, argError("new runtime", "pci bus id %q", opts.PCIBusID)
+	}
+	for i := range len(opts.PCIBusID) {
+		cfg.pci_bus_id[i] = C.char(opts.PCIBusID[i])
 	}
 	if opts.Poison {
 		cfg.flags |= C.FPK_BACKEND_FLAG_POISON

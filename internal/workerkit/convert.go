@@ -111,7 +111,7 @@ func toLoadRequest(r *LoadRequest) *pb.LoadRequest {
 	return &pb.LoadRequest{
 		ModelDir: r.ModelDir, Dtype: r.DType, Backend: r.Backend, DeviceIndex: r.DeviceIndex,
 		MemoryCapBytes: r.MemoryCapBytes, ConvPolicy: toConvPolicy(r.ConvPolicy), Env: r.Env,
-		BeaconPath: r.BeaconPath, MaxResidentBlocks: r.MaxResidentBlocks, Fault: toFault(r.Fault),
+		BeaconPath: r.BeaconPath, MaxResidentBlocks: r.MaxResidentBlocks, Fault: toFault(r.Fault), PciBusId: r.PCIBusID,
 		Loras: toLoraSpecs(r.Loras), Workload: toWorkload(r.Workload),
 	}
 }
@@ -184,7 +184,7 @@ func fromLoadRequest(r *pb.LoadRequest) *LoadRequest {
 	return &LoadRequest{
 		ModelDir: r.GetModelDir(), DType: r.GetDtype(), Backend: r.GetBackend(), DeviceIndex: r.GetDeviceIndex(),
 		MemoryCapBytes: r.GetMemoryCapBytes(), ConvPolicy: fromConvPolicy(r.GetConvPolicy()), Env: r.GetEnv(),
-		BeaconPath: r.GetBeaconPath(), MaxResidentBlocks: r.GetMaxResidentBlocks(), Fault: fromFault(r.GetFault()),
+		BeaconPath: r.GetBeaconPath(), MaxResidentBlocks: r.GetMaxResidentBlocks(), Fault: fromFault(r.GetFault()), PCIBusID: r.GetPciBusId(),
 		Loras: fromLoraSpecs(r.GetLoras()), Workload: fromWorkload(r.GetWorkload()),
 	}
 }
@@ -382,7 +382,7 @@ func toTiling(t *VAETiling) *pb.VaeTiling {
 		return nil
 	}
 	return &pb.VaeTiling{
-		EnableSpatialTiling: t.EnableSpatialTiling, EnableTemporalTiling: t.EnableTemporalTiling,
+		EnableSpatialTiling: t.EnableSpatialTiling,
 		TileSampleMinHeight: t.TileSampleMinHeight, TileSampleMinWidth: t.TileSampleMinWidth,
 		TileSampleMinNumFrames: t.TileSampleMinNumFrames, TileSampleStrideHeight: t.TileSampleStrideHeight,
 		TileSampleStrideWidth: t.TileSampleStrideWidth, TileSampleStrideNumFrames: t.TileSampleStrideNumFrames,
@@ -394,7 +394,7 @@ func fromTiling(t *pb.VaeTiling) *VAETiling {
 		return nil
 	}
 	return &VAETiling{
-		EnableSpatialTiling: t.GetEnableSpatialTiling(), EnableTemporalTiling: t.GetEnableTemporalTiling(),
+		EnableSpatialTiling: t.GetEnableSpatialTiling(),
 		TileSampleMinHeight: t.GetTileSampleMinHeight(), TileSampleMinWidth: t.GetTileSampleMinWidth(),
 		TileSampleMinNumFrames: t.GetTileSampleMinNumFrames(), TileSampleStrideHeight: t.GetTileSampleStrideHeight(),
 		TileSampleStrideWidth: t.GetTileSampleStrideWidth(), TileSampleStrideNumFrames: t.GetTileSampleStrideNumFrames(),
@@ -429,7 +429,7 @@ func toRunRequest(r *RunRequest) (*pb.RunRequest, error) {
 		out.Stage = &pb.RunRequest_TransformerSection{TransformerSection: &pb.TransformerSectionRequest{
 			LlamaVec: toTensorRef(s.LlamaVec), LlamaMask: toTensorRef(s.LlamaMask), ClipPooler: toTensorRef(s.ClipPooler),
 			ImageEmbeddings: toTensorRef(s.ImageEmbeddings),
-			LlamaVecN:       toTensorRef(s.LlamaVecN), LlamaMaskN: toTensorRef(s.LlamaMaskN), ClipPoolerN: toTensorRef(s.ClipPoolerN),
+			LlamaVecN:       toTensorRef(s.Negative.LlamaVec), LlamaMaskN: toTensorRef(s.Negative.LlamaMask), ClipPoolerN: toTensorRef(s.Negative.ClipPooler),
 			CleanLatents: toTensorRef(s.CleanLatents), CleanLatentIndices: s.CleanLatentIndices,
 			CleanLatents_2X: toTensorRef(s.CleanLatents2x), CleanLatent_2XIndices: s.CleanLatent2xIndices,
 			CleanLatents_4X: toTensorRef(s.CleanLatents4x), CleanLatent_4XIndices: s.CleanLatent4xIndices,
@@ -482,13 +482,16 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 	case *pb.RunRequest_TransformerSection:
 		t := s.TransformerSection
 		out.Stage = &TransformerSectionRequest{
-			LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler()),
-			ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
-			LlamaVecN:       fromTensorRef(t.GetLlamaVecN()), LlamaMaskN: fromTensorRef(t.GetLlamaMaskN()), ClipPoolerN: fromTensorRef(t.GetClipPoolerN()),
-			CleanLatents: fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
-			CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
-			CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
-			LatentIndices: t.GetLatentIndices(), Steps: t.GetSteps(), CFG: t.GetCfg(), GS: t.GetGs(), RS: t.GetRs(), Shift: t.Shift,
+			TransformerConditioning: TransformerConditioning{
+				TransformerText: TransformerText{LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler())},
+				ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
+				CleanLatents:    fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
+				CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
+				CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
+				LatentIndices: t.GetLatentIndices(),
+			},
+			Negative: TransformerText{LlamaVec: fromTensorRef(t.GetLlamaVecN()), LlamaMask: fromTensorRef(t.GetLlamaMaskN()), ClipPooler: fromTensorRef(t.GetClipPoolerN())},
+			Steps:    t.GetSteps(), CFG: t.GetCfg(), GS: t.GetGs(), RS: t.GetRs(), Shift: t.Shift,
 			UseTeaCache: t.GetUseTeacache(), TeaCacheThreshold: t.GetTeacacheThreshold(), Sampler: SamplerVariant(t.GetSampler()),
 			GeneratorState: t.GetGeneratorState(), Seed: t.GetSeed(), Width: t.GetWidth(), Height: t.GetHeight(), Frames: t.GetFrames(),
 			Latents: fromTensorRef(t.GetLatents()), StepPreviews: fromTensorRefs(t.GetStepPreviews()),
@@ -497,12 +500,15 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 		t := s.TransformerForward
 		out.Stage = &TransformerForwardRequest{
 			HiddenStates: fromTensorRef(t.GetHiddenStates()), Timestep: t.GetTimestep(), Guidance: t.GetGuidance(),
-			LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler()),
-			ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
-			CleanLatents:    fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
-			CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
-			CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
-			LatentIndices: t.GetLatentIndices(), Velocity: fromTensorRef(t.GetVelocity()),
+			TransformerConditioning: TransformerConditioning{
+				TransformerText: TransformerText{LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler())},
+				ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
+				CleanLatents:    fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
+				CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
+				CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
+				LatentIndices: t.GetLatentIndices(),
+			},
+			Velocity: fromTensorRef(t.GetVelocity()),
 		}
 	case nil:
 		return nil, Errorf(CodeInvalidArgument, "run request has no stage")

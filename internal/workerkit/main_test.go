@@ -62,8 +62,12 @@ type fakeWorker struct {
 }
 
 func (w *fakeWorker) Load(_ context.Context, req *workerkit.LoadRequest) (*workerkit.LoadResponse, error) {
-	if req.ModelDir == "" {
+	switch req.ModelDir {
+	case "":
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: model_dir is required")
+	case "panic":
+		var m map[string]int
+		m["load"]++ // a bug: assignment to a nil map
 	}
 	return &workerkit.LoadResponse{Backend: "cpu", DType: "fp32", WeightBytes: 1234, Device: &workerkit.Device{Name: "fake"}}, nil
 }
@@ -80,6 +84,8 @@ func (w *fakeWorker) Run(ctx context.Context, req *workerkit.RunRequest, emit wo
 		w.k.Log.Error("fake fatal condition: device on fire")
 		fmt.Fprintln(os.Stderr, "just a chatty line")
 		os.Exit(3)
+	case "panic":
+		panic("fake bug in run")
 	case "hang":
 		w.k.Beacon.BeginOp("conv3d.hang")
 		<-ctx.Done()
@@ -103,8 +109,4 @@ func (w *fakeWorker) Run(ctx context.Context, req *workerkit.RunRequest, emit wo
 
 func (w *fakeWorker) Stats(context.Context) (*workerkit.Stats, error) {
 	return &workerkit.Stats{HostRSSBytes: 1}, nil
-}
-
-func (w *fakeWorker) Probe(context.Context, *workerkit.ProbeRequest) (*workerkit.ProbeResponse, error) {
-	return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "fake worker does not probe")
 }

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"sync"
 
 	"github.com/hashicorp/go-plugin"
+	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -36,17 +38,24 @@ type Plugin struct {
 	Impl Worker
 	// Beacon is the page the server updates with the phase of each call (worker side; may be nil).
 	Beacon *beacon.Writer
+	// Name is the worker's name for errors and Log its logger (worker side; Log may be nil).
+	Name string
+	Log  *logrus.Entry
 }
 
 var (
 	_ plugin.GRPCPlugin      = (*Plugin)(nil)
 	_ pb.WorkerServiceServer = (*grpcServer)(nil)
-	_ Worker                 = (*grpcClient)(nil)
+	_ remote                 = (*grpcClient)(nil)
 )
 
 // GRPCServer registers the worker service.
 func (p *Plugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
-	pb.RegisterWorkerServiceServer(s, &grpcServer{impl: p.Impl, beacon: p.Beacon})
+	log := p.Log
+	if log == nil {
+		log = logrus.NewEntry(logrus.StandardLogger())
+	}
+	pb.RegisterWorkerServiceServer(s, &grpcServer{impl: p.Impl, beacon: p.Beacon, name: p.Name, log: log})
 	return nil
 }
 
@@ -107,10 +116,21 @@ type grpcServer struct {
 	pb.UnimplementedWorkerServiceServer
 	impl   Worker
 	beacon *beacon.Writer
+	name   string
+	log    *logrus.Entry
 
 	mu      sync.Mutex // mu protects loading and loaded
 	loading bool       // a Load was accepted
 	loaded  bool       // it succeeded
+}
+
+// recovered turns a panic of the worker's code into a CodeInternal error, logged with its stack,
+// so a bug answers the call instead of killing the worker mid-call. Deferred by every handler.
+func (s *grpcServer) recovered(call string, err *error) {
+	if r := recover(); r != nil {
+		s.log.WithFields(logrus.Fields{"call": call, "panic": fmt.Sprint(r)}).Error("panic recovered\n" + string(debug.Stack()))
+		*err = Errorf(CodeInternal, "%s: internal error: %v", call, r)
+	}
 }
 
 // phase sets the beacon's phase for the duration of a call.
@@ -136,7 +156,10 @@ func (s *grpcServer) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRes
 		s.beacon = w
 	}
 	defer s.phase(beacon.PhaseLoading)()
-	resp, err := s.impl.Load(ctx, fromLoadRequest(req))
+	resp, err := func() (resp *LoadResponse, err error) {
+		defer s.recovered("load", &err)
+		return s.impl.Load(ctx, fromLoadRequest(req))
+	}()
 	if err != nil {
 		return nil, statusOf(err)
 	}
@@ -166,7 +189,10 @@ func (s *grpcServer) Run(req *pb.RunRequest, stream pb.WorkerService_RunServer) 
 		}
 		return stream.Send(ev)
 	}
-	res, err := s.impl.Run(stream.Context(), r, emit)
+	res, err := func() (res *Result, err error) {
+		defer s.recovered("run", &err)
+		return s.impl.Run(stream.Context(), r, emit)
+	}()
 	if err != nil {
 		return stream.Send(&pb.RunEvent{Event: &pb.RunEvent_Error{Error: toError(asError(err))}})
 	}
@@ -178,7 +204,10 @@ func (s *grpcServer) Run(req *pb.RunRequest, stream pb.WorkerService_RunServer) 
 
 // Stats serves the worker's counters.
 func (s *grpcServer) Stats(ctx context.Context, _ *pb.StatsRequest) (*pb.StatsResponse, error) {
-	st, err := s.impl.Stats(ctx)
+	st, err := func() (st *Stats, err error) {
+		defer s.recovered("stats", &err)
+		return s.impl.Stats(ctx)
+	}()
 	if err != nil {
 		return nil, statusOf(err)
 	}
@@ -190,8 +219,15 @@ func (s *grpcServer) Stats(ctx context.Context, _ *pb.StatsRequest) (*pb.StatsRe
 
 // Probe serves a device probe.
 func (s *grpcServer) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.ProbeResponse, error) {
+	pr, ok := s.impl.(Prober)
+	if !ok {
+		return nil, statusOf(Errorf(CodeInvalidArgument, "probe: the %s worker does not probe devices; the probe worker does", s.name))
+	}
 	defer s.phase(beacon.PhaseProbing)()
-	resp, err := s.impl.Probe(ctx, fromProbeRequest(req))
+	resp, err := func() (resp *ProbeResponse, err error) {
+		defer s.recovered("probe", &err)
+		return pr.Probe(ctx, fromProbeRequest(req))
+	}()
 	if err != nil {
 		return nil, statusOf(err)
 	}

@@ -127,7 +127,7 @@ type Process struct {
 	page   *beacon.Page
 	tail   *stderrTail
 	client *plugin.Client
-	worker Worker
+	worker remote
 
 	// r is set by go-plugin's RunnerFunc during Start; Start's success publishes it, and only
 	// the start-cancellation path reads it earlier, under rmu.
@@ -139,7 +139,7 @@ type Process struct {
 	killed      atomic.Bool
 }
 
-var _ Worker = (*Process)(nil)
+var _ remote = (*Process)(nil)
 
 // Start starts the worker binary, completes the go-plugin handshake and returns the process,
 // ready for calls. ctx bounds the start (as does cfg.StartTimeout); it does not bound the
@@ -190,7 +190,7 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 	})
 
 	type dispensed struct {
-		w   Worker
+		w   remote
 		err error
 	}
 	ch := make(chan dispensed, 1)
@@ -205,7 +205,7 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 			ch <- dispensed{err: err}
 			return
 		}
-		w, ok := raw.(Worker)
+		w, ok := raw.(remote)
 		if !ok {
 			ch <- dispensed{err: fmt.Errorf("plugin gave %T, not a Worker", raw)}
 			return

@@ -356,6 +356,46 @@ func TestRunStreamsEvents(t *testing.T) {
 
 // TestHangIsVisibleAndKillable runs a stage that never returns: the call ends at its deadline,
 // the beacon shows the stuck op, and Kill ends the worker.
+// TestPanicBecomesInternal checks that a panic in a worker's Load or Run answers the call with
+// CodeInternal (logged with its stack) and leaves the worker serving, and that a model worker,
+// which has no Probe, refuses a probe.
+func TestPanicBecomesInternal(t *testing.T) {
+	p, _ := startFake(t)
+	if _, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: "panic"}); workerkit.CodeOf(err) != workerkit.CodeInternal ||
+		!strings.Contains(err.Error(), "assignment to entry in nil map") {
+		t.Fatalf("load that panics: %v", err)
+	}
+	if _, err := p.Stats(callCtx(t)); err != nil {
+		t.Fatalf("stats after a panic: %v", err)
+	}
+
+	p2, hook := startFake(t)
+	if _, err := p2.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: "/models/x"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p2.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.TextEncodeRequest{Prompt: "panic"}}, nil); workerkit.CodeOf(err) != workerkit.CodeInternal ||
+		!strings.Contains(err.Error(), "run: internal error: fake bug in run") {
+		t.Fatalf("run that panics: %v", err)
+	}
+	if _, err := p2.Run(callCtx(t), &workerkit.RunRequest{Stage: &workerkit.TextEncodeRequest{Prompt: "a cat"}}, nil); err != nil {
+		t.Fatalf("run after a panic: %v", err)
+	}
+	if _, err := p2.Probe(callCtx(t), &workerkit.ProbeRequest{Backend: "cpu"}); workerkit.CodeOf(err) != workerkit.CodeInvalidArgument ||
+		!strings.Contains(err.Error(), "the fake worker does not probe devices") {
+		t.Fatalf("probe of a model worker: %v", err)
+	}
+	if st, exited := p2.Exited(); exited {
+		t.Fatalf("worker exited after a panic: %v", st)
+	}
+	logged := false
+	for _, e := range hook.AllEntries() {
+		logged = logged || strings.Contains(e.Message, "panic recovered")
+	}
+	if !logged {
+		t.Error("the panic's stack did not reach the supervisor's log")
+	}
+}
+
 func TestHangIsVisibleAndKillable(t *testing.T) {
 	p, _ := startFake(t)
 	if _, err := p.Load(callCtx(t), &workerkit.LoadRequest{ModelDir: "/m"}); err != nil {

@@ -104,7 +104,7 @@ func Serve(ctx context.Context, name string, log *logrus.Entry, newWorker func(*
 		defer close(done)
 		plugin.Serve(&plugin.ServeConfig{
 			HandshakeConfig: Handshake,
-			Plugins:         map[string]plugin.Plugin{PluginName: &Plugin{Impl: w, Beacon: bw}},
+			Plugins:         map[string]plugin.Plugin{PluginName: &Plugin{Impl: w, Beacon: bw, Name: name, Log: log}},
 			GRPCServer:      plugin.DefaultGRPCServer,
 			Logger:          newHclogBridge(log),
 		})

@@ -21,7 +21,8 @@ import (
 )
 
 // Worker is the protocol every worker serves. Methods take ctx first; the supervisor's calls
-// always carry a deadline.
+// always carry a deadline. A panic in any of them is recovered by the server (workerkit), logged
+// with its stack and answered with a CodeInternal error: the worker needs no recover of its own.
 type Worker interface {
 	// Load opens the backend and loads the model; it is the first call and comes once.
 	Load(ctx context.Context, req *LoadRequest) (*LoadResponse, error)
@@ -29,8 +30,19 @@ type Worker interface {
 	Run(ctx context.Context, req *RunRequest, emit Emit) (*Result, error)
 	// Stats returns the worker's counters; it may be called at any time.
 	Stats(ctx context.Context) (*Stats, error)
-	// Probe lists the devices of a backend without loading a model (probe worker only).
+}
+
+// Prober is the probe worker's call: a worker that implements it serves Probe; the model
+// workers do not, and the server answers their Probe with CodeInvalidArgument.
+type Prober interface {
+	// Probe lists the devices of a backend without loading a model.
 	Probe(ctx context.Context, req *ProbeRequest) (*ProbeResponse, error)
+}
+
+// remote is a worker as the supervisor calls it: every call of the service.
+type remote interface {
+	Worker
+	Prober
 }
 
 // Emit sends one event of a running stage to the supervisor. An error means the stream is gone
@@ -107,6 +119,7 @@ type LoadRequest struct {
 	DType             string // weight storage: "fp32" (or empty), "fp16", "bf16", "auto" (the checkpoint's)
 	Backend           string // "cpu", "cuda", "hip", "auto"; empty: auto
 	DeviceIndex       uint32
+	PCIBusID          string // when set, the GPU with this PCI bus id ("0000:65:00.0"), not DeviceIndex
 	MemoryCapBytes    uint64 // 0: no cap
 	ConvPolicy        *ConvPolicy
 	Env               map[string]string
@@ -317,7 +330,6 @@ type ExtraPrompt struct {
 // always on, spatial tiling only when enabled; zero sizes mean the model's defaults.
 type VAETiling struct {
 	EnableSpatialTiling       bool
-	EnableTemporalTiling      bool // Deprecated: ignored; framewise chunking is always on
 	TileSampleMinHeight       uint32
 	TileSampleMinWidth        uint32
 	TileSampleMinNumFrames    uint32
@@ -360,58 +372,58 @@ const (
 	SamplerUniPCBH2    SamplerVariant = 2
 )
 
+// TransformerText is one prompt branch's text conditioning in shared memory.
+type TransformerText struct {
+	LlamaVec   TensorRef // LLaMA hidden_states[-3] cropped and padded [1, L, 4096]
+	LlamaMask  TensorRef // its 0/1 attention mask [1, L]
+	ClipPooler TensorRef // CLIP-L pooled output [1, 768]
+}
+
+// TransformerConditioning is what the packed transformer is conditioned on besides the noisy
+// latents, as tensors in shared memory: the one form both transformer stages take across the
+// worker boundary (the worker reads it into a conditioning.Conditioning). Clean latents are
+// optional, each with its frame indices; empty LatentIndices mean 0..T−1.
+type TransformerConditioning struct {
+	TransformerText                // the (positive) prompt
+	ImageEmbeddings      TensorRef // SigLIP last_hidden_state [1, 729, 1152]
+	CleanLatents         TensorRef // [1, 16, T1, h, w]
+	CleanLatentIndices   []int64   // [T1]
+	CleanLatents2x       TensorRef // [1, 16, T2, h, w]
+	CleanLatent2xIndices []int64   // [T2]
+	CleanLatents4x       TensorRef // [1, 16, T4, h, w]
+	CleanLatent4xIndices []int64   // [T4]
+	LatentIndices        []int64   // frame indices of the noisy latents [T]
+}
+
 // TransformerSectionRequest samples one section's latents with the packed transformer.
 type TransformerSectionRequest struct {
-	LlamaVec             TensorRef
-	LlamaMask            TensorRef
-	ClipPooler           TensorRef
-	ImageEmbeddings      TensorRef
-	LlamaVecN            TensorRef
-	LlamaMaskN           TensorRef
-	ClipPoolerN          TensorRef
-	CleanLatents         TensorRef
-	CleanLatentIndices   []int64
-	CleanLatents2x       TensorRef
-	CleanLatent2xIndices []int64
-	CleanLatents4x       TensorRef
-	CleanLatent4xIndices []int64
-	LatentIndices        []int64
-	Steps                uint32
-	CFG                  float32
-	GS                   float32
-	RS                   float32
-	Shift                *float32 // nil: computed from the sequence length
-	UseTeaCache          bool
-	TeaCacheThreshold    float32
-	Sampler              SamplerVariant
-	GeneratorState       []byte
-	Seed                 int64
-	Width                uint32
-	Height               uint32
-	Frames               uint32
-	Latents              TensorRef
-	StepPreviews         []TensorRef
+	TransformerConditioning
+	Negative          TransformerText // the negative prompt; read only with real CFG (CFG ≠ 1)
+	Steps             uint32
+	CFG               float32
+	GS                float32
+	RS                float32
+	Shift             *float32 // nil: computed from the sequence length
+	UseTeaCache       bool
+	TeaCacheThreshold float32
+	Sampler           SamplerVariant
+	GeneratorState    []byte
+	Seed              int64
+	Width             uint32
+	Height            uint32
+	Frames            uint32
+	Latents           TensorRef
+	StepPreviews      []TensorRef
 }
 
 // TransformerForwardRequest runs one forward of the packed transformer (batch 1) and writes the
-// predicted flow velocity. Clean latents are optional, each with its indices; ImageEmbeddings is
-// needed when the model has an image projection; empty LatentIndices mean 0..T−1.
+// predicted flow velocity. ImageEmbeddings is needed when the model has an image projection.
 type TransformerForwardRequest struct {
-	HiddenStates         TensorRef // noisy latents [1, C, T, h, w]
-	Timestep             float32   // σ·1000
-	Guidance             float32   // gs·1000
-	LlamaVec             TensorRef
-	LlamaMask            TensorRef
-	ClipPooler           TensorRef
-	ImageEmbeddings      TensorRef
-	CleanLatents         TensorRef
-	CleanLatentIndices   []int64
-	CleanLatents2x       TensorRef
-	CleanLatent2xIndices []int64
-	CleanLatents4x       TensorRef
-	CleanLatent4xIndices []int64
-	LatentIndices        []int64
-	Velocity             TensorRef // output, hidden_states' shape
+	HiddenStates TensorRef // noisy latents [1, C, T, h, w]
+	Timestep     float32   // σ·1000
+	Guidance     float32   // gs·1000
+	TransformerConditioning
+	Velocity TensorRef // output, hidden_states' shape
 }
 
 // Progress reports where a stage is.

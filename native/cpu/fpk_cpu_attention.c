@@ -149,6 +149,48 @@ static void flash_pv(float *restrict O, const float *restrict P, const float *re
     }
 }
 
+/* The online softmax step for one tile of scores S [nrows][BK] (nk keys valid): masks (mask rows
+ * mq + i·mq_q, keys m_k apart; rows past nq unmasked), raises each row's running max mx, turns
+ * the scores into exp(s − max) in place (8-lane exp), adds them to sum and rescales the output
+ * rows O by exp(old max − new max). A row with every key so far masked stays at zero. */
+__attribute__((target_clones("arch=x86-64-v3", "default")))
+static void flash_softmax(float *S, const uint8_t *mq, int64_t mq_q, int64_t m_k, int64_t nq, int nrows, int64_t nk,
+                          float *mx, float *sum, float *O, int64_t Dv) {
+    for (int i = 0; i < nrows; i++) {
+        float *si = S + i * FLASH_BK;
+        const uint8_t *mr = mq && i < nq ? mq + i * mq_q : NULL;
+        for (int64_t jj = nk; jj < FLASH_BK; jj++) si[jj] = -INFINITY;
+        float m = mx[i];
+        for (int64_t jj = 0; jj < nk; jj++) {
+            if (mr && !mr[jj * m_k]) si[jj] = -INFINITY;
+            if (si[jj] > m) m = si[jj];
+        }
+        if (m == -INFINITY) { /* every key so far masked: nothing to add */
+            for (int jj = 0; jj < FLASH_BK; jj++) si[jj] = 0.0f;
+            continue;
+        }
+        float alpha = mx[i] == -INFINITY ? 0.0f : expf(mx[i] - m);
+        const fpk_v8f vm = FPK_V8F(m);
+        fpk_v8f acc = FPK_V8F(0.0f);
+        for (int jj = 0; jj < FLASH_BK; jj += 8) {
+            fpk_v8f v;
+            memcpy(&v, si + jj, sizeof v);
+            v = v - vm;
+            fpk_v8f e = FPK_V8_SELECT(v < FPK_V8F(-87.0f), FPK_V8F(0.0f), FPK_V8_EXP(v));
+            memcpy(si + jj, &e, sizeof e);
+            acc += e;
+        }
+        float add = 0.0f;
+        for (int l = 0; l < 8; l++) add += acc[l];
+        sum[i] = sum[i] * alpha + add;
+        mx[i] = m;
+        if (alpha != 1.0f) {
+            float *oi = O + i * Dv;
+            for (int64_t x = 0; x < Dv; x++) oi[x] *= alpha;
+        }
+    }
+}
+
 static void flash_task(void *arg, int64_t begin, int64_t end, int th) {
     const flash_job *j = arg;
     const int64_t D = j->D, Dv = j->Dv;
@@ -182,30 +224,8 @@ static void flash_task(void *arg, int64_t begin, int64_t end, int th) {
                     for (int64_t d = 0; d < D; d++) kt[d * FLASH_BK + jj] = 0.0f;
             }
             flash_scores(s, qt, kt, D);
-            for (int64_t i = 0; i < nrows; i++) {
-                float *si = s + i * FLASH_BK;
-                const uint8_t *mr = mb && i < nq ? mb + (q0 + i) * j->mst[2] + k0 * j->mst[3] : NULL;
-                float m = mx[i];
-                for (int64_t jj = 0; jj < nk; jj++) {
-                    if (mr && !mr[jj * j->mst[3]]) si[jj] = -INFINITY;
-                    if (si[jj] > m) m = si[jj];
-                }
-                float *oi = ot + i * Dv;
-                if (m == -INFINITY) { /* every key so far masked: nothing to add */
-                    for (int64_t jj = 0; jj < nk; jj++) si[jj] = 0.0f;
-                    continue;
-                }
-                float alpha = mx[i] == -INFINITY ? 0.0f : expf(mx[i] - m), add = 0.0f;
-                for (int64_t jj = 0; jj < nk; jj++) {
-                    float e = si[jj] == -INFINITY ? 0.0f : expf(si[jj] - m);
-                    si[jj] = e;
-                    add += e;
-                }
-                sum[i] = sum[i] * alpha + add;
-                mx[i] = m;
-                if (alpha != 1.0f)
-                    for (int64_t x = 0; x < Dv; x++) oi[x] *= alpha;
-            }
+            const uint8_t *mq = mb ? mb + q0 * j->mst[2] + k0 * j->mst[3] : NULL;
+            flash_softmax(s, mq, j->mst[2], j->mst[3], nq, nrows, nk, mx, sum, ot, Dv);
             flash_pv(ot, s, vb + k0 * j->vs[1], j->vs[1], nk, Dv, nrows);
         }
         for (int64_t i = 0; i < nq; i++) {

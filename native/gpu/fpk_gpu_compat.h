@@ -28,6 +28,7 @@
 #define cudaGetLastError hipGetLastError
 #define cudaPeekAtLastError hipPeekAtLastError
 #define cudaSetDevice hipSetDevice
+#define cudaDeviceGetByPCIBusId hipDeviceGetByPCIBusId
 #define cudaGetDevice hipGetDevice
 #define cudaGetDeviceCount hipGetDeviceCount
 #define cudaDeviceProp hipDeviceProp_t

@@ -81,13 +81,25 @@ extern "C" fpk_status fpk_gpu_create(const fpk_backend_config *config, fpk_gpu_c
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "%s backend: no usable device: %s", FPK_GPU_NAME,
                                  cudaGetErrorString(e));
     }
-    if (config->device < 0 || config->device >= n)
+    int device = config->device;
+    if (config->pci_bus_id[0]) {
+        char bus[sizeof config->pci_bus_id];
+        memcpy(bus, config->pci_bus_id, sizeof bus);
+        bus[sizeof bus - 1] = 0;
+        e = cudaDeviceGetByPCIBusId(&device, bus);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "%s backend: no device with PCI bus id %s: %s", FPK_GPU_NAME,
+                                     bus, cudaGetErrorString(e));
+        }
+    }
+    if (device < 0 || device >= n)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "%s backend: device %d of %d", FPK_GPU_NAME,
-                                 config->device, n);
-    FPK_CUDA(cudaSetDevice(config->device), "set device");
+                                 device, n);
+    FPK_CUDA(cudaSetDevice(device), "set device");
     fpk_gpu_ctx *c = (fpk_gpu_ctx *)calloc(1, sizeof *c);
     if (!c) return fpk_gpu_set_oom(sizeof *c, 0, "host allocation of gpu backend");
-    c->device = config->device;
+    c->device = device;
     c->flags = config->flags;
     cudaDeviceProp prop;
     e = cudaGetDeviceProperties(&prop, c->device);

@@ -30,7 +30,9 @@ extern "C" {
 /* Version of the backend function table; a backend library built for another version is refused.
  * 2: the rope_mode slot (after rope).
  * 3: one rope slot with a mode (the interleaved-only rope slot is gone).
- * 4: fpk_attention_params gained layout and tier. */
+ * 4: fpk_attention_params gained layout and tier.
+ * 5: events (fpk_event_*, fpk_stream_wait_event) and fpk_tensor_upload_async, with their
+ *    optional backend slots after the version-4 ones. */
 #define FPK_API_VERSION 5
 
 /* Most dimensions a tensor may have. */
@@ -99,6 +101,10 @@ typedef struct fpk_backend_config {
     uint64_t memory_cap; /* bytes; 0 = unlimited */
     uint32_t flags;      /* FPK_BACKEND_FLAG_* */
     uint64_t cache_limit;/* most bytes of freed blocks kept for reuse; 0 = min(1 GiB, cap/4) */
+    /* PCI bus id of the GPU to open ("0000:65:00.0"); when set, a GPU backend opens the device
+     * with this bus id and device is ignored, so a lane drives the GPU the driver's tools name
+     * by that id even where the runtime numbers devices differently. "" = by index. */
+    char pci_bus_id[32];
 } fpk_backend_config;
 
 /* Conv tiers, in chain order. A backend reports which it has in fpk_backend_props.conv_tiers. */

@@ -23,6 +23,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/workers/clipvision/siglip"
@@ -203,7 +204,7 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 		if err != nil {
 			return err
 		}
-		m, err := llama.New(rt, cfg, src, llama.Options{HiddenStateIndex: -3, WeightDType: runtime.BF16})
+		m, err := llama.New(rt, cfg, src, llama.Options{HiddenStateIndex: -3, Options: nn.Options{WeightDType: runtime.BF16}})
 		if err != nil {
 			return err
 		}

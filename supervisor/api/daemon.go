@@ -54,11 +54,15 @@ type DaemonConfig struct {
 	// DiskBudget, MinFreeBytes and Ready are the API server's (Config); Retention deletes
 	// old finished jobs (housekeeping.go); ReadyInterval is how often Ready is checked for
 	// the health service (0: DefaultReadyInterval).
-	DiskBudget    int64
-	MinFreeBytes  int64
-	Ready         func() error
-	ReadyInterval time.Duration
-	Retention     jobs.Retention
+	DiskBudget   int64
+	MinFreeBytes int64
+	// MaxImagePixels and MaxConcurrentDecodes bound the submitted images (Config).
+	MaxImagePixels       int64
+	MaxConcurrentDecodes int
+	Ready                func() error
+	Admit                func(spec *framepackv1.JobSpec) error
+	ReadyInterval        time.Duration
+	Retention            jobs.Retention
 	// Log is the daemon's logger; nil discards.
 	Log logrus.FieldLogger
 	// OnEvent, when set, sees every job event the hub publishes (events.Config.Observe).
@@ -81,6 +85,10 @@ type Daemon struct {
 	wg       sync.WaitGroup
 	stopOnce sync.Once
 	stopErr  error
+
+	readyMu      sync.Mutex // readyMu protects readyChecked and notReady (housekeeping.go)
+	readyChecked bool
+	notReady     string // why the daemon is not ready; empty when it is
 }
 
 // StartDaemon opens the store, takes up unfinished jobs, and starts serving.
@@ -118,7 +126,8 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log,
-		DiskBudget: cfg.DiskBudget, MinFreeBytes: cfg.MinFreeBytes, Ready: cfg.Ready}); err != nil {
+		DiskBudget: cfg.DiskBudget, MinFreeBytes: cfg.MinFreeBytes, Ready: cfg.Ready, Admit: cfg.Admit,
+		MaxImagePixels: cfg.MaxImagePixels, MaxConcurrentDecodes: cfg.MaxConcurrentDecodes}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	var listeners []net.Listener
@@ -143,6 +152,14 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	d.grpc = d.server.GRPCServer(cfg.ServerOptions...)
+	if cfg.Ready != nil {
+		// Health says the truth from the first call on.
+		reason := ""
+		if err := cfg.Ready(); err != nil {
+			reason = err.Error()
+		}
+		d.setReady(reason)
+	}
 	go d.housekeep(qctx)
 	for _, l := range listeners {
 		d.wg.Add(1)

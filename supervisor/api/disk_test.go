@@ -189,3 +189,49 @@ func TestShareSocket(t *testing.T) {
 		t.Fatalf("unknown group: %v", err)
 	}
 }
+
+// TestWatchReplayMarked: a watch that starts after events happened gets them again marked
+// replay, with the times they first happened (not the time of sending); the snapshot and live
+// events are not marked.
+func TestWatchReplayMarked(t *testing.T) {
+	td := startWith(t, api.DaemonConfig{Run: func(ctx context.Context, job *jobs.Job, emit func(*framepackv1.JobEvent)) (jobs.Result, error) {
+		emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageStarted{StageStarted: &framepackv1.StageStarted{Stage: framepackv1.Stage_STAGE_TEXT_ENCODE, Attempt: 1}}})
+		emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageFinished{StageFinished: &framepackv1.StageFinished{Stage: framepackv1.Stage_STAGE_TEXT_ENCODE, Attempt: 1}}})
+		return videoRunner(ctx, job, emit)
+	}})
+	j := td.submit(t, &framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 1})
+	live := td.watchAll(t, j.GetId(), false)
+	ended := time.Now()
+	replayed := td.watchAll(t, j.GetId(), false)
+	if replayed[0].GetSnapshot() == nil || replayed[0].GetReplay() {
+		t.Fatalf("first event %v: want an unmarked snapshot", replayed[0])
+	}
+	if len(replayed) < 3 {
+		t.Fatalf("replayed %d events", len(replayed))
+	}
+	for i, ev := range replayed[1:] {
+		if !ev.GetReplay() {
+			t.Errorf("event %d %v not marked replay", i+1, ev)
+		}
+		if ev.GetTime().AsTime().After(ended) {
+			t.Errorf("replayed event %d has time %v, after the job ended (%v): not its original time", i+1, ev.GetTime().AsTime(), ended)
+		}
+	}
+	// The live watch saw the same events unmarked, with the same times.
+	var liveTimes, replayTimes []time.Time
+	for _, ev := range live[1:] {
+		if ev.GetReplay() && ev.GetJobFinished() == nil {
+			// A watch that started before the job ran may replay its first events.
+			continue
+		}
+		liveTimes = append(liveTimes, ev.GetTime().AsTime())
+	}
+	for _, ev := range replayed[len(replayed)-len(liveTimes):] {
+		replayTimes = append(replayTimes, ev.GetTime().AsTime())
+	}
+	for i := range liveTimes {
+		if !liveTimes[i].Equal(replayTimes[i]) {
+			t.Errorf("event %d: live time %v, replayed %v", i, liveTimes[i], replayTimes[i])
+		}
+	}
+}

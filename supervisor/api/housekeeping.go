@@ -25,7 +25,6 @@ func (d *Daemon) housekeep(ctx context.Context) {
 	defer readyTick.Stop()
 	sweepTick := time.NewTicker(retentionInterval)
 	defer sweepTick.Stop()
-	var lastReason string
 	check := func() {
 		if ready == nil {
 			return
@@ -34,19 +33,8 @@ func (d *Daemon) housekeep(ctx context.Context) {
 		if err := ready(); err != nil {
 			reason = err.Error()
 		}
-		if reason == lastReason {
-			return
-		}
-		lastReason = reason
-		if reason != "" {
-			d.log.WithField("reason", reason).Warn("not ready: health is NOT_SERVING and jobs are refused")
-			d.server.SetServing(false)
-		} else {
-			d.log.Info("ready again: health is SERVING")
-			d.server.SetServing(true)
-		}
+		d.setReady(reason)
 	}
-	check()
 	d.sweep()
 	for {
 		select {
@@ -76,3 +64,25 @@ func (d *Daemon) sweep() {
 
 // Sweep applies the retention policy now (tests, and after a job ends).
 func (d *Daemon) Sweep() { d.sweep() }
+
+// setReady sets health from a readiness check: NOT_SERVING with the reason logged, or SERVING
+// again; only changes are logged. The first call (from StartDaemon, before serving) logs a
+// failure only.
+func (d *Daemon) setReady(reason string) {
+	d.readyMu.Lock()
+	defer d.readyMu.Unlock()
+	if d.readyChecked && reason == d.notReady {
+		return
+	}
+	first := !d.readyChecked
+	d.readyChecked, d.notReady = true, reason
+	if reason != "" {
+		d.log.WithField("reason", reason).Warn("not ready: health is NOT_SERVING and jobs are refused")
+		d.server.SetServing(false)
+		return
+	}
+	if !first {
+		d.log.Info("ready again: health is SERVING")
+	}
+	d.server.SetServing(true)
+}

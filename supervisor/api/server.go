@@ -26,6 +26,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 )
 
@@ -48,8 +49,14 @@ type Config struct {
 	// Devices lists the devices, one per lane (current_job_id is filled in from the queue);
 	// nil lists each lane with only its name and backend.
 	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
-	// DecodeImage checks a submitted image; nil means DecodeImage.
+	// DecodeImage checks a submitted image; nil means a full decode that refuses images over
+	// MaxImagePixels from their header.
 	DecodeImage func([]byte) (width, height int, err error)
+	// MaxImagePixels is the largest image accepted, width × height; 0 means MaxImagePixels.
+	MaxImagePixels int64
+	// MaxConcurrentDecodes bounds the images decoded at once; 0 means
+	// DefaultMaxConcurrentDecodes.
+	MaxConcurrentDecodes int
 	// DiskBudget is the most bytes the job directories may hold together; a job that would
 	// not fit is refused at submit with RESOURCE_EXHAUSTED. 0 means no budget.
 	DiskBudget int64
@@ -64,6 +71,9 @@ type Config struct {
 	// CheckVariant says whether jobs of a sampling variant (JobSpec.variant, "" for i2v) can
 	// run (pipeline.Runner.CheckVariant); nil accepts only "" and "i2v".
 	CheckVariant func(name string) error
+	// Admit reports why a job of spec cannot run on this server (an unusable lane or
+	// variant); SubmitJob refuses it with FAILED_PRECONDITION and the reason. Nil admits all.
+	Admit func(spec *framepackv1.JobSpec) error
 	// Log is the server's logger; nil discards.
 	Log logrus.FieldLogger
 	// Now is the clock; nil means time.Now.
@@ -75,9 +85,10 @@ type Server struct {
 	framepackv1.UnimplementedJobServiceServer
 	framepackv1.UnimplementedDeviceServiceServer
 
-	cfg    Config
-	log    logrus.FieldLogger
-	health *health.Server
+	cfg       Config
+	log       logrus.FieldLogger
+	health    *health.Server
+	decodeSem chan struct{} // one token per image being decoded (images.go)
 }
 
 // New returns a server.
@@ -85,8 +96,14 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Store == nil || cfg.Queue == nil || cfg.Hub == nil {
 		return nil, fmt.Errorf("new api server: Store, Queue and Hub are required")
 	}
+	if cfg.MaxImagePixels <= 0 {
+		cfg.MaxImagePixels = MaxImagePixels
+	}
 	if cfg.DecodeImage == nil {
-		cfg.DecodeImage = DecodeImage
+		cfg.DecodeImage = decodeLimited(cfg.MaxImagePixels)
+	}
+	if cfg.MaxConcurrentDecodes <= 0 {
+		cfg.MaxConcurrentDecodes = DefaultMaxConcurrentDecodes
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -100,7 +117,7 @@ func New(cfg Config) (*Server, error) {
 		l.SetOutput(discard{})
 		log = l
 	}
-	return &Server{cfg: cfg, log: log, health: health.NewServer()}, nil
+	return &Server{cfg: cfg, log: log, health: health.NewServer(), decodeSem: make(chan struct{}, cfg.MaxConcurrentDecodes)}, nil
 }
 
 type discard struct{}
@@ -211,15 +228,21 @@ func requireID(id string) error {
 
 // SubmitJob validates the request and queues the job.
 func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
-	v := validateSubmit(req, s.cfg.Queue.Lanes(), s.cfg.DecodeImage)
-	checkVariant(&v, req.GetSpec().GetVariant(), s.cfg.CheckVariant)
-	if err := v.Err("SubmitJobRequest"); err != nil {
-		return nil, err
-	}
+	// Cheap refusals first: a server that cannot run the job does not decode its image.
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(); err != nil {
 			return nil, status.Errorf(codes.Unavailable, "the server cannot run jobs now: %v", err)
 		}
+	}
+	if s.cfg.Admit != nil && req.GetSpec() != nil {
+		if err := s.cfg.Admit(req.GetSpec()); err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "this job cannot run on this server: %v", err)
+		}
+	}
+	v := validateSubmit(req, s.cfg.Queue.Lanes(), s.decoder(ctx))
+	checkVariant(&v, req.GetSpec().GetVariant(), s.cfg.CheckVariant)
+	if err := v.Err("SubmitJobRequest"); err != nil {
+		return nil, err
 	}
 	if err := s.admit(req.GetSpec(), len(req.GetImage())); err != nil {
 		return nil, err
@@ -297,8 +320,8 @@ func checkReason(v *Violations, r string) {
 	}
 }
 
-// WatchJob streams a snapshot, the job's history, then its live events, and ends after the
-// terminal event.
+// WatchJob streams a snapshot, the job's history (each event marked replay, with the time it
+// first happened), then its live events, and ends after the terminal event.
 func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerStreamingServer[framepackv1.JobEvent]) error {
 	id := req.GetJobId()
 	if err := requireID(id); err != nil {
@@ -318,6 +341,10 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 		return err
 	}
 	for _, ev := range history {
+		// Replayed: the stored event, its original time, marked so (a copy: the hub's
+		// history is shared).
+		ev = proto.Clone(ev).(*framepackv1.JobEvent)
+		ev.Replay = true
 		if err := stream.Send(ev); err != nil {
 			return err
 		}

@@ -435,7 +435,12 @@ func (q *Queue) schedule(st *loopState) {
 	if st.drain {
 		return
 	}
-	pl := q.freeLanes(st)
+	var pl *placement
+	if len(st.pending) > 0 { // lanes' health and device memory are read only when a job waits
+		pl = q.freeLanes(st)
+	} else {
+		pl = &placement{q: q, st: st}
+	}
 	for i := 0; i < len(st.pending) && len(pl.free) > 0; i++ {
 		p := st.pending[i]
 		c, ok := pl.pick(p)

@@ -84,10 +84,19 @@ type Config struct {
 	Backend string
 	// DeviceIndex is the GPU ordinal within the backend.
 	DeviceIndex uint32
+	// PCIBusID is the GPU's PCI bus id, as the probe reported it; when set the workers open
+	// the device by it (not by DeviceIndex), so they run on the GPU the lane watches.
+	PCIBusID string
 	// WorkerPath returns the binary of a model's worker; required (see BinDir).
 	WorkerPath func(Model) (string, error)
-	// MemoryCap caps each worker's device allocations; 0 means no cap.
-	MemoryCap uint64
+	// DeviceMemory is the memory of the lane's device that its workers share: a GPU's total
+	// memory; on a cpu lane the host's RAM, or what the operator sets (framepackd
+	// --cpu-device-memory-gb). 0 means unknown: workers run without a cap.
+	DeviceMemory uint64
+	// Reserve is kept back from every cap besides the job's preservation: the driver's, the
+	// vendor libraries' and the worker's own allocations outside the runtime's allocator.
+	// 0 means DefaultReserve.
+	Reserve uint64
 	// Residency lets a worker stay alive across stages when Budget proves it fits (see the
 	// package doc). Off by default.
 	Residency bool
@@ -130,19 +139,6 @@ func BinDir(dir string) func(Model) (string, error) {
 	}
 }
 
-// ExecutableDir is the directory of the running binary, where `make build` puts the workers
-// next to the daemon.
-func ExecutableDir() (string, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return "", fmt.Errorf("find own executable: %w", err)
-	}
-	if exe, err = filepath.EvalSymlinks(exe); err != nil {
-		return "", fmt.Errorf("find own executable: %w", err)
-	}
-	return filepath.Dir(exe), nil
-}
-
 // Stage is one model stage to run on a lane.
 type Stage struct {
 	// Model is the worker to run; required.
@@ -180,10 +176,79 @@ type Stage struct {
 	// reused); the lane calls the detach it returns before it lets the worker go (teardown, or
 	// keeping it resident).
 	Attach func(p Proc) (detach func())
-	// PrepareLoad adjusts the worker's LoadRequest before Load: the attempt's memory cap,
-	// resident blocks, backend, conv policy and test fault.
-	PrepareLoad func(req *workerkit.LoadRequest)
+	// MemoryCap is the job's cap on this lane (Lane.MemoryCap), which the worker's runtime
+	// enforces on every device allocation; 0 means no cap.
+	MemoryCap uint64
+	// Load is this attempt's departures from the lane's load settings, as the watchdog
+	// decided them; the zero value loads with the lane's.
+	Load LoadSettings
 }
+
+// LoadSettings are one attempt's departures from the lane's load settings (zero fields: the
+// lane's). The lane turns them into the worker's LoadRequest.
+type LoadSettings struct {
+	// Backend overrides Config.Backend ("cpu" for the last rung of small stages); the device
+	// index then is 0.
+	Backend string
+	// MemoryCap lowers Stage.MemoryCap; a cap above it is ignored.
+	MemoryCap uint64
+	// MaxResidentBlocks is LoadRequest.MaxResidentBlocks: how many transformer blocks stay on
+	// the device, the rest streaming from host memory (0: as many as the cap allows).
+	MaxResidentBlocks uint32
+	// ConvFirstTier makes every convolution start at this tier.
+	ConvFirstTier workerkit.ConvTier
+	// ConvCachePath is the conv decision cache file.
+	ConvCachePath string
+	// Fault is a test fault (nil in production).
+	Fault *workerkit.Fault
+}
+
+// loadRequest is the LoadRequest of stage st on this lane.
+func (l *Lane) loadRequest(st Stage) *workerkit.LoadRequest {
+	req := &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
+		DeviceIndex: l.cfg.DeviceIndex, PCIBusID: l.cfg.PCIBusID, MemoryCapBytes: st.MemoryCap, Env: st.Env, Loras: st.Loras,
+		Workload: st.Workload}
+	s := st.Load
+	req.MaxResidentBlocks = s.MaxResidentBlocks
+	if s.Backend != "" && s.Backend != req.Backend {
+		req.Backend, req.DeviceIndex, req.PCIBusID = s.Backend, 0, ""
+	}
+	if s.MemoryCap != 0 && (req.MemoryCapBytes == 0 || s.MemoryCap < req.MemoryCapBytes) {
+		req.MemoryCapBytes = s.MemoryCap
+	}
+	if s.ConvCachePath != "" || s.ConvFirstTier != workerkit.ConvTierUnspecified {
+		req.ConvPolicy = &workerkit.ConvPolicy{DecisionCachePath: s.ConvCachePath, ForcedTier: s.ConvFirstTier}
+	}
+	if s.Fault != nil {
+		f := *s.Fault
+		req.Fault = &f
+	}
+	return req
+}
+
+// DefaultReserve is Config.Reserve's default.
+const DefaultReserve = 1 << 30
+
+// ErrNoMemoryLeft is returned by MemoryCap when the preservation and the reserve leave no
+// memory for the workers.
+var ErrNoMemoryLeft = errors.New("no device memory left for the workers")
+
+// MemoryCap returns the cap every worker of a job runs under on this lane: DeviceMemory less
+// the job's preservation (FramePack's gpu_memory_preservation_gb, in bytes) and Reserve. It is
+// 0 (no cap) when the lane's device memory is unknown.
+func (l *Lane) MemoryCap(preserve uint64) (uint64, error) {
+	dev := l.cfg.DeviceMemory
+	if dev == 0 {
+		return 0, nil
+	}
+	if preserve >= dev || dev-preserve <= l.cfg.Reserve {
+		return 0, fmt.Errorf("lane %s: %w: %.1f GiB of device memory less %.1f GiB preserved and a %.1f GiB reserve",
+			l.cfg.Name, ErrNoMemoryLeft, gib(dev), gib(preserve), gib(l.cfg.Reserve))
+	}
+	return dev - preserve - l.cfg.Reserve, nil
+}
+
+func gib(b uint64) float64 { return float64(b) / (1 << 30) }
 
 // Telemetry is one memory sample of a running worker.
 type Telemetry struct {
@@ -211,6 +276,8 @@ type Report struct {
 	SpawnToReady, Load, Compute, Teardown time.Duration
 	// AllocPeakBytes is the worker allocator's peak (Stats after the stage).
 	AllocPeakBytes uint64
+	// MemoryCapBytes is the cap the worker ran under, as its Stats report it (0: none).
+	MemoryCapBytes uint64
 	// RSSPeakBytes is the highest resident set size sampled during load and stage.
 	RSSPeakBytes uint64
 	// WeightBytes is the size of the loaded weights.
@@ -219,12 +286,15 @@ type Report struct {
 	Backend string
 	// ConvTiers are the worker's convolution tier counts (Stats after the stage).
 	ConvTiers []workerkit.ConvTierStats
+	// Loaded is the worker's LoadResponse (a resident worker's, when Reused): the model facts
+	// (VAE scaling factor, latent channels, patch sizes) the supervisor takes from the worker
+	// instead of reading the model's config.json.
+	Loaded *workerkit.LoadResponse
 	// Result is the stage's result.
 	Result *workerkit.Result
-	// Loras lists the LoRAs the worker merged when it loaded (also for a reused worker).
-	Loras []workerkit.LoraApplied
-	// ResidentBlocks and StreamedBlocks are the transformer blocks the worker kept on the
-	// device and streams from host memory (LoadResponse; zero for other models).
+	// ResidentBlocks and StreamedBlocks are the transformer blocks (textenc: Llama layers)
+	// the worker kept on the device and streams from host memory (Loaded's; zero for other
+	// models).
 	ResidentBlocks, StreamedBlocks uint32
 }
 
@@ -240,9 +310,7 @@ type resident struct {
 	rssPeak uint64
 	weights uint64
 	backend string
-	loras   []workerkit.LoraApplied
-	// resident and streamed are the transformer's block residency (LoadResponse).
-	resident, streamed uint32
+	loaded  *workerkit.LoadResponse
 }
 
 // Lane runs stages one at a time. Its methods are safe for concurrent use; stages queue on
@@ -269,6 +337,9 @@ func New(cfg Config) (*Lane, error) {
 	}
 	if cfg.StageTimeout <= 0 {
 		cfg.StageTimeout = DefaultStageTimeout
+	}
+	if cfg.Reserve == 0 {
+		cfg.Reserve = DefaultReserve
 	}
 	if cfg.SampleEvery <= 0 {
 		cfg.SampleEvery = DefaultSampleEvery
@@ -308,6 +379,9 @@ func loadKey(st Stage) string {
 		keys = append(keys, k+"="+v)
 	}
 	slices.Sort(keys)
+	// A retry's load settings (another cap, backend or tier) need a fresh worker.
+	s := st.Load
+	keys = append(keys, fmt.Sprintf("load=%d/%s/%d/%d/%s/%v", st.MemoryCap, s.Backend, s.MemoryCap, s.ConvFirstTier, s.ConvCachePath, s.Fault != nil))
 	for _, l := range st.Loras {
 		keys = append(keys, fmt.Sprintf("lora=%s@%v", l.Path, l.Strength)) // in order: they stack
 	}
@@ -346,8 +420,10 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 	if res != nil {
 		delete(l.residents, st.Model)
 		proc, rep.Reused = res.proc, true
-		rep.WeightBytes, rep.Backend, rep.Loras = res.weights, res.backend, res.loras
-		rep.ResidentBlocks, rep.StreamedBlocks = res.resident, res.streamed
+		rep.WeightBytes, rep.Backend, rep.Loaded = res.weights, res.backend, res.loaded
+		if res.loaded != nil {
+			rep.ResidentBlocks, rep.StreamedBlocks = res.loaded.ResidentBlocks, res.loaded.StreamedBlocks
+		}
 		peak.observe(res.rssPeak)
 	} else {
 		path, err := l.cfg.WorkerPath(st.Model)
@@ -389,18 +465,13 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 	if !rep.Reused {
 		lctx, cancel := context.WithTimeout(ctx, l.cfg.LoadTimeout)
 		t0 := time.Now()
-		lreq := &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
-			DeviceIndex: l.cfg.DeviceIndex, MemoryCapBytes: l.cfg.MemoryCap, Env: st.Env, Loras: st.Loras, Workload: st.Workload}
-		if st.PrepareLoad != nil {
-			st.PrepareLoad(lreq) // the watchdog's attempt settings
-		}
-		resp, err := proc.Load(lctx, lreq)
+		resp, err := proc.Load(lctx, l.loadRequest(st))
 		cancel()
 		rep.Load = time.Since(t0)
 		if err != nil {
 			return rep, fmt.Errorf("run %s: load %s: %w", st.Model, st.ModelDir, stageErr(ctx, err))
 		}
-		rep.WeightBytes, rep.Backend, rep.Loras = resp.WeightBytes, resp.Backend, resp.Loras
+		rep.WeightBytes, rep.Backend, rep.Loaded = resp.WeightBytes, resp.Backend, resp
 		rep.ResidentBlocks, rep.StreamedBlocks = resp.ResidentBlocks, resp.StreamedBlocks
 	}
 
@@ -420,7 +491,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 	if serr != nil {
 		log.WithError(serr).Warn("worker stats after stage")
 	} else if stats != nil {
-		rep.AllocPeakBytes = stats.AllocatorPeakBytes
+		rep.AllocPeakBytes, rep.MemoryCapBytes = stats.AllocatorPeakBytes, stats.MemoryCapBytes
 		rep.ConvTiers = stats.ConvTiers
 		peak.observe(stats.HostRSSBytes)
 	}
@@ -443,7 +514,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		kept = true
 		rep.Kept = true
 		l.residents[st.Model] = &resident{proc: proc, dir: st.ModelDir, env: loadKey(st), rssPeak: rep.RSSPeakBytes,
-			weights: rep.WeightBytes, backend: rep.Backend, loras: rep.Loras, resident: rep.ResidentBlocks, streamed: rep.StreamedBlocks}
+			weights: rep.WeightBytes, backend: rep.Backend, loaded: rep.Loaded}
 	}
 	log.WithFields(logrus.Fields{"pid": rep.PID, "reused": rep.Reused, "kept": rep.Kept,
 		"spawn_to_ready": rep.SpawnToReady.Round(time.Microsecond).String(), "load": rep.Load.Round(time.Microsecond).String(),

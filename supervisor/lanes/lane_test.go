@@ -42,7 +42,8 @@ func (w *fakeWorker) Load(_ context.Context, req *workerkit.LoadRequest) (*worke
 	if req.ModelDir == "bad" {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: no model in %s", req.ModelDir)
 	}
-	resp := &workerkit.LoadResponse{Backend: "cpu", DType: "fp32", WeightBytes: 1000}
+	// The fake reports the cap it was given as its allocation, so tests see the LoadRequest.
+	resp := &workerkit.LoadResponse{Backend: "cpu", DType: "fp32", WeightBytes: 1000, DeviceAllocatedBytes: req.MemoryCapBytes}
 	if req.Workload != nil { // a transformer's residency, made from what the request carried
 		resp.ResidentBlocks, resp.StreamedBlocks = req.MaxResidentBlocks, req.Workload.LatentWindowSize
 	}
@@ -144,13 +145,16 @@ func TestRunCarriesResidency(t *testing.T) {
 	l := newLane(t, nil)
 	st := stage(lanes.TextEnc, "ok")
 	st.Workload = &workerkit.Workload{Height: 544, Width: 704, LatentWindowSize: 9}
-	st.PrepareLoad = func(req *workerkit.LoadRequest) { req.MaxResidentBlocks = 7 }
+	st.Load.MaxResidentBlocks = 7
 	rep, err := l.Run(t.Context(), st)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rep.ResidentBlocks != 7 || rep.StreamedBlocks != 9 {
 		t.Fatalf("report residency %d resident, %d streamed; want 7 and 9", rep.ResidentBlocks, rep.StreamedBlocks)
+	}
+	if rep.Loaded == nil || rep.Loaded.ResidentBlocks != 7 {
+		t.Fatalf("report's LoadResponse %+v; want the worker's, 7 resident blocks", rep.Loaded)
 	}
 }
 

@@ -50,6 +50,8 @@ type daemonOpts struct {
 	KeepHistory bool                   `json:"keep_history"`
 	Residency   bool                   `json:"residency"`
 	NoPreviews  bool                   `json:"no_previews"`
+	// DeviceMemory is the lane's device memory (lanes.Config.DeviceMemory); 0: no worker cap.
+	DeviceMemory uint64 `json:"device_memory"`
 
 	onStage func(pipeline.StageRecord)
 }
@@ -113,7 +115,7 @@ func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
 	}
 	laneName, backend := testLane()
 	lane, err := lanes.New(lanes.Config{Name: laneName, Backend: backend, Log: logrus.NewEntry(log),
-		Residency: o.Residency, Budget: 8 << 30,
+		Residency: o.Residency, Budget: 8 << 30, DeviceMemory: o.DeviceMemory,
 		WorkerPath: func(m lanes.Model) (string, error) {
 			if p, ok := o.Workers[m]; ok {
 				return p, nil

@@ -18,7 +18,7 @@ import (
 // saves their outputs in the conditioning file.
 func (j *jobRun) encode(ctx context.Context) error {
 	spec := j.job.Spec
-	c := &conditioning{scalingFactorStr: j.r.sfString}
+	c := &conditioning{}
 
 	// Text encoder: LLaMA hidden_states[-3][:, 95:], CLIP-L pooled; zero negative at cfg 1.
 	textSeg, err := j.segment("text")
@@ -99,18 +99,22 @@ func (j *jobRun) encode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, lanes.Stage{
+	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, lanes.Stage{
 		Model: lanes.VAE, ModelDir: j.r.cfg.Models.VAE(),
 		Request: &workerkit.VAEEncodeRequest{Pixels: workerkit.TensorRef{Path: pixSeg, Name: "pixels"}, Tiling: j.vaeTiling(),
 			Latents: workerkit.TensorRef{Path: latSeg, Name: "latents"}},
-	}); err != nil {
+	})
+	if err != nil {
 		return err
 	}
 	mean, err := readSegmentVol(latSeg, "latents")
+	if err == nil {
+		c.scalingFactor, c.scalingFactorStr, err = vaeFacts(rep.Loaded, mean, c.height, c.width)
+	}
 	if err != nil {
 		return j.failure(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, j.r.cfg.Now(), 0, err)
 	}
-	c.startLatent = scaled(mean, j.r.scalingFactor)
+	c.startLatent = scaled(mean, c.scalingFactor)
 	j.dropSegments("start-pixels", "start-latent")
 	if j.draining() {
 		return jobs.ErrInterrupted

@@ -1,6 +1,7 @@
 package pipeline_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -165,6 +166,16 @@ func checkOutputsF1(t *testing.T, jc i2vCase, state string, job *framepackv1.Job
 	}
 	if r := job.GetResult(); int(r.GetFrameCount()) != int(pshape[2]) {
 		t.Errorf("result frame count %d, frames %d", r.GetFrameCount(), pshape[2])
+	}
+	// The settings beside the video name the variant and the F1 transformer.
+	mp4 := job.GetResult().GetVideoPath()
+	raw, err := os.ReadFile(strings.TrimSuffix(mp4, filepath.Ext(mp4)) + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st pipeline.Settings
+	if err := json.Unmarshal(raw, &st); err != nil || st.Variant != pipeline.VariantF1 || filepath.Base(st.Models["transformer"]) != "framepack_f1" {
+		t.Errorf("settings %s (%v): want variant f1 with the F1 transformer", raw, err)
 	}
 }
 

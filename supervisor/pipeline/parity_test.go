@@ -260,8 +260,13 @@ func checkEvents(t *testing.T, jc i2vCase, evs []*framepackv1.JobEvent, total in
 			}
 		case *framepackv1.JobEvent_SectionVideo:
 			videos++
-			if _, err := os.Stat(e.SectionVideo.GetPath()); err != nil {
-				t.Errorf("section video: %v", err)
+			// The last section's video is the job's; each earlier one was superseded by the
+			// next (which holds all its frames) and removed.
+			_, err := os.Stat(e.SectionVideo.GetPath())
+			if last := int(e.SectionVideo.GetSectionIndex()) == total-1; last && err != nil {
+				t.Errorf("final section video: %v", err)
+			} else if !last && !os.IsNotExist(err) {
+				t.Errorf("superseded section video %s kept: %v", e.SectionVideo.GetPath(), err)
 			}
 		case *framepackv1.JobEvent_MemoryTelemetry:
 			telemetry++

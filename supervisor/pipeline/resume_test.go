@@ -20,6 +20,7 @@ import (
 	"github.com/framepackd/framepackd/internal/safetensors"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
 )
 
@@ -344,17 +345,23 @@ func TestDrainResumes(t *testing.T) {
 }
 
 // TestJobOptions runs a one-section job with the options the fixture does not use: real CFG
-// with a negative prompt and rescale, TeaCache, no previews, residency; it must finish with
-// the section's frames and leave nothing behind.
+// with a negative prompt and rescale, TeaCache, no previews, residency, and
+// gpu_memory_preservation_gb on a lane of known device memory; it must finish with the
+// section's frames, every worker must have run under the cap the preservation gives (as the
+// workers' Stats report it), and nothing may be left behind. A preservation that leaves no
+// memory fails the job, saying so.
 func TestJobOptions(t *testing.T) {
 	jc := firstCase(t)
 	spec := proto.Clone(jc.spec).(*framepackv1.JobSpec)
 	spec.TotalSecondLength = 0.4 // one section of the window
 	spec.Cfg, spec.Rs, spec.NegativePrompt, spec.UseTeacache = 2, 0.5, "blurry", proto.Bool(true)
+	spec.GpuMemoryPreservationGb = proto.Float32(2.5)
 	jc.spec = spec
 	workers := buildWorkers(t)
 	o := newOpts(t, workers)
 	o.NoPreviews, o.Residency = true, true
+	o.DeviceMemory = 64 << 30
+	wantCap := uint64(64<<30) - uint64(2.5*(1<<30)) - lanes.DefaultReserve
 	d, err := newDaemon(o, testLogger())
 	if err != nil {
 		t.Fatal(err)
@@ -372,6 +379,37 @@ func TestJobOptions(t *testing.T) {
 	// One section that is also the last: the window's frames plus the start frame.
 	if got, want := job.GetResult().GetFrameCount(), uint32(4*(jc.window+1)-3); got != want {
 		t.Errorf("%d frames, want %d", got, want)
+	}
+	workerStages := 0
+	for _, r := range stageRecords(t, o.State, job.GetId()) {
+		if r.Worker == "" {
+			continue
+		}
+		workerStages++
+		if r.MemoryCapBytes != wantCap {
+			t.Errorf("stage %s ran under a cap of %d bytes, want %d (64 GiB − 2.5 GiB preserved − the reserve)", r.Name, r.MemoryCapBytes, wantCap)
+		}
+	}
+	if workerStages < 5 {
+		t.Errorf("%d worker stages recorded", workerStages)
+	}
+
+	// 63.5 GiB preserved of 64 leaves nothing once the reserve is kept back.
+	spec = proto.Clone(spec).(*framepackv1.JobSpec)
+	spec.GpuMemoryPreservationGb = proto.Float32(63.5)
+	ctx, cancel := context.WithTimeout(t.Context(), jobTimeout)
+	defer cancel()
+	c := client(t, o.Socket)
+	resp, err := c.SubmitJob(ctx, &framepackv1.SubmitJobRequest{Image: jc.image, Spec: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := watch(ctx, c, resp.GetJob().GetId(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := last.GetJobFailed(); f == nil || !strings.Contains(f.GetFailure().GetMessage(), "no device memory left") {
+		t.Errorf("a job preserving 63.5 of 64 GiB ended with %v", last)
 	}
 	if err := waitNoWorkers(workers, 5*time.Second); err != nil {
 		t.Error(err)

@@ -28,7 +28,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 
@@ -94,10 +93,8 @@ type Config struct {
 
 // Runner runs FramePack jobs; it implements jobs.Runner.
 type Runner struct {
-	cfg           Config
-	log           logrus.FieldLogger
-	scalingFactor float32
-	sfString      string
+	cfg Config
+	log logrus.FieldLogger
 }
 
 var _ jobs.Runner = (*Runner)(nil)
@@ -120,11 +117,7 @@ func New(cfg Config) (*Runner, error) {
 	if log == nil {
 		log = logrus.StandardLogger()
 	}
-	sf, s, err := readScalingFactor(cfg.Models.VAE())
-	if err != nil {
-		return nil, fmt.Errorf("new pipeline: %w", err)
-	}
-	return &Runner{cfg: cfg, log: log, scalingFactor: sf, sfString: s}, nil
+	return &Runner{cfg: cfg, log: log}, nil
 }
 
 // CheckVariant says whether a job of the named sampling variant can run here: the variant is
@@ -149,28 +142,6 @@ func (r *Runner) transformerDir(variant string) string {
 	return r.cfg.Models.Transformer
 }
 
-// readScalingFactor reads the VAE config's scaling_factor (0.476986 for HunyuanVideo's).
-func readScalingFactor(dir string) (float32, string, error) {
-	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
-	if err != nil {
-		return 0, "", fmt.Errorf("vae config: %w", err)
-	}
-	var c struct {
-		ScalingFactor *json.Number `json:"scaling_factor"`
-	}
-	if err := json.Unmarshal(raw, &c); err != nil {
-		return 0, "", fmt.Errorf("vae config %s: %w", dir, err)
-	}
-	if c.ScalingFactor == nil {
-		return 0.476986, "0.476986", nil // diffusers' default for AutoencoderKLHunyuanVideo
-	}
-	f, err := strconv.ParseFloat(c.ScalingFactor.String(), 32)
-	if err != nil || !(f > 0) {
-		return 0, "", fmt.Errorf("vae config %s: scaling_factor %q", dir, c.ScalingFactor.String())
-	}
-	return float32(f), c.ScalingFactor.String(), nil
-}
-
 // StageRecord is what one stage of a job did and cost.
 type StageRecord struct {
 	Job     string            `json:"job"`
@@ -190,11 +161,16 @@ type StageRecord struct {
 	Teardown     time.Duration `json:"teardown_ns"`
 	// AllocPeakBytes is the worker allocator's peak; RSSPeakBytes the worker's peak RSS.
 	AllocPeakBytes uint64 `json:"alloc_peak_bytes,omitempty"`
+	// MemoryCapBytes is the cap the worker ran under, as its Stats reported it.
+	MemoryCapBytes uint64 `json:"memory_cap_bytes,omitempty"`
 	RSSPeakBytes   uint64 `json:"rss_peak_bytes,omitempty"`
 	// Err is the failure, empty on success.
 	Err string `json:"error,omitempty"`
 	// ConvTiers are the worker's convolution tier counts (metrics).
 	ConvTiers []workerkit.ConvTierStats `json:"-"`
+	// Cancelled says the stage stopped because the job was cancelled or the daemon is
+	// stopping: not a failure (logged at info).
+	Cancelled bool `json:"cancelled,omitempty"`
 }
 
 // Run runs one job; see jobs.Runner for the contract.
@@ -214,7 +190,7 @@ func (r *Runner) Run(ctx context.Context, job *jobs.Job, emit func(*framepackv1.
 	j.arena = arena
 	if r.cfg.Watchdog != nil {
 		if wd := r.cfg.Watchdog(job.Lane); wd != nil {
-			j.wd = wd.Job(job.ID, emit)
+			j.wd = wd.Job(job.ID, func(r watchdog.Retry) { j.emit(retryEvent(job.ID, r)) })
 		}
 	}
 	defer func() {
@@ -239,12 +215,19 @@ type jobRun struct {
 	buckets              []imageproc.Bucket
 	// variant is the job's sampling variant (variant.go); a resumed job keeps its checkpoint's.
 	variant Variant
+	// lorasApplied is what the transformer last reported merging (metadata.go).
+	lorasApplied []workerkit.LoraApplied
+	// memCap is the memory cap of every worker of the job (lanes.Lane.MemoryCap; 0: none).
+	memCap uint64
 
 	cond *conditioning
 	hist *history
 	eta  etaModel
 
 	wd *watchdog.Job // the job's retries under the lane's watchdog; nil without one
+	// attempt is the attempt of the stage running now (1, then the watchdog's retries); only
+	// the section loop's goroutine touches it.
+	attempt int
 }
 
 func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepackv1.JobEvent)) (*jobRun, error) {
@@ -272,9 +255,19 @@ func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepack
 	if err != nil {
 		return nil, err
 	}
+	// Every worker of the job runs under the lane's cap less the job's preservation
+	// (FramePack's "GPU inference preserved memory", in GiB as torch counts it).
+	preserve := float64(jobs.DefaultGPUMemoryPreservationGB)
+	if spec.GpuMemoryPreservationGb != nil {
+		preserve = float64(spec.GetGpuMemoryPreservationGb())
+	}
+	memCap, err := lane.MemoryCap(uint64(preserve * (1 << 30)))
+	if err != nil {
+		return nil, fmt.Errorf("gpu_memory_preservation_gb %g: %w", preserve, err)
+	}
 	j := &jobRun{r: r, job: job, lane: lane, emitf: emit,
 		log:    r.log.WithFields(logrus.Fields{"job": job.ID, "lane": job.Lane}),
-		window: w, steps: steps, total: total, buckets: buckets, variant: variant}
+		window: w, steps: steps, total: total, buckets: buckets, variant: variant, memCap: memCap}
 	j.eta = etaModel{steps: steps, sections: total}
 	return j, nil
 }
@@ -374,8 +367,8 @@ func (j *jobRun) resume(cp *jobs.Checkpoint) (res jobs.Result, next int, done bo
 	if hist.section != cp.Section {
 		return res, 0, false, fmt.Errorf("history file holds section %d, the checkpoint says %d", hist.section, cp.Section)
 	}
-	if hist.latents.H*8 != cond.height || hist.latents.W*8 != cond.width {
-		return res, 0, false, fmt.Errorf("history latents %v do not match the %dx%d frame", hist.latents.Shape(), cond.width, cond.height)
+	if hist.latents.H != cond.startLatent.H || hist.latents.W != cond.startLatent.W {
+		return res, 0, false, fmt.Errorf("history latents %v do not match the start latent %v", hist.latents.Shape(), cond.startLatent.Shape())
 	}
 	if variant.Name() != j.variant.Name() {
 		j.log.WithFields(logrus.Fields{"checkpoint": variant.Name(), "spec": j.variant.Name()}).Warn("resuming with the checkpoint's sampling variant")
@@ -386,15 +379,30 @@ func (j *jobRun) resume(cp *jobs.Checkpoint) (res jobs.Result, next int, done bo
 }
 
 // stageEvent is a StageStarted or StageFinished event.
+// Every attempt of a stage starts with its own StageStarted (attempt 1, then each retry the
+// watchdog makes, see runOnLane); StageFinished carries the attempt that succeeded.
 func (j *jobRun) stageStarted(stage framepackv1.Stage, section int) {
+	j.attempt = 1
+	j.stageAttemptStarted(stage, section, 1)
+}
+
+func (j *jobRun) stageAttemptStarted(stage framepackv1.Stage, section, attempt int) {
 	j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageStarted{StageStarted: &framepackv1.StageStarted{
-		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: 1, Lane: j.job.Lane}}})
+		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: uint32(attempt), Lane: j.job.Lane}}})
 }
 
 func (j *jobRun) stageFinished(stage framepackv1.Stage, section int, wall, load, compute time.Duration, loras ...workerkit.LoraApplied) {
 	j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageFinished{StageFinished: &framepackv1.StageFinished{
-		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: 1, Duration: durationpb.New(wall),
+		Stage: stage, SectionIndex: uint32(max(section, 0)), Attempt: uint32(max(j.attempt, 1)), Duration: durationpb.New(wall),
 		LoadDuration: durationpb.New(load), ComputeDuration: durationpb.New(compute), Loras: lorasApplied(loras)}}})
+}
+
+// loadedLoras is what the worker of a stage reported merging when it loaded (nil: none).
+func loadedLoras(rep lanes.Report) []workerkit.LoraApplied {
+	if rep.Loaded == nil {
+		return nil
+	}
+	return rep.Loaded.Loras
 }
 
 // jobLoras is the spec's LoRAs as the transformer's LoadRequest takes them.
@@ -424,9 +432,12 @@ func (j *jobRun) record(rec StageRecord) {
 			"load": rec.Load.Round(time.Microsecond).String(), "compute": rec.Compute.Round(time.Microsecond).String(),
 			"teardown": rec.Teardown.Round(time.Microsecond).String(), "alloc_peak": rec.AllocPeakBytes, "rss_peak": rec.RSSPeakBytes})
 	}
-	if rec.Err != "" {
+	switch {
+	case rec.Cancelled:
+		f.WithField("reason", rec.Err).Info("stage cancelled")
+	case rec.Err != "":
 		f.WithField("error", rec.Err).Warn("stage failed")
-	} else {
+	default:
 		f.Info("stage done")
 	}
 	if line, err := json.Marshal(rec); err == nil {
@@ -442,7 +453,7 @@ func (j *jobRun) record(rec StageRecord) {
 
 // workerStage runs one model stage on the lane with its events and records.
 func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, section int, st lanes.Stage) (lanes.Report, error) {
-	st.JobID = j.job.ID
+	st.JobID, st.MemoryCap = j.job.ID, j.memCap
 	if st.Env == nil && len(j.r.cfg.WorkerEnv) > 0 {
 		st.Env = j.r.cfg.WorkerEnv
 	}
@@ -456,14 +467,15 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 	wall := time.Since(t0)
 	rec := StageRecord{Stage: stage, Section: section, Worker: string(st.Model), PID: rep.PID, Reused: rep.Reused, Kept: rep.Kept,
 		Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
-		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes, ConvTiers: rep.ConvTiers}
+		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes, ConvTiers: rep.ConvTiers,
+		MemoryCapBytes: rep.MemoryCapBytes}
 	if err != nil {
-		rec.Err = err.Error()
+		rec.Err, rec.Cancelled = err.Error(), ctx.Err() != nil
 		j.record(rec)
 		return rep, j.failure(ctx, stage, section, t0, wall, err)
 	}
 	j.record(rec)
-	j.stageFinished(stage, section, wall, rep.Load, rep.Compute, rep.Loras...)
+	j.stageFinished(stage, section, wall, rep.Load, rep.Compute, loadedLoras(rep)...)
 	return rep, nil
 }
 
@@ -475,7 +487,7 @@ func (j *jobRun) hostStage(ctx context.Context, stage framepackv1.Stage, section
 	wall := time.Since(t0)
 	rec := StageRecord{Stage: stage, Section: section, Wall: wall, Compute: wall}
 	if err != nil {
-		rec.Err = err.Error()
+		rec.Err, rec.Cancelled = err.Error(), ctx.Err() != nil
 		j.record(rec)
 		return j.failure(ctx, stage, section, t0, wall, err)
 	}
@@ -493,7 +505,7 @@ func (j *jobRun) failure(ctx context.Context, stage framepackv1.Stage, section i
 	}
 	var giveUp *watchdog.GiveUpError
 	if errors.As(err, &giveUp) {
-		return giveUp.JobError() // every attempt of the job, from the watchdog
+		return &jobs.FailureError{Failure: giveUp.Failure()} // every attempt of the job, from the watchdog
 	}
 	sec := uint32(max(section, 0))
 	return &jobs.FailureError{Failure: &framepackv1.JobFailure{

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -77,14 +78,16 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	}
 	k := prompts.section[i] // the prompt active at the section's start time
 	req := &workerkit.TransformerSectionRequest{
-		LlamaVec: cref(promptTensor(tLlamaVec, k)), LlamaMask: cref(promptTensor(tLlamaMask, k)), ClipPooler: cref(promptTensor(tClipPooler, k)),
-		LlamaVecN: cref(tLlamaVecN), LlamaMaskN: cref(tLlamaMaskN), ClipPoolerN: cref(tClipPoolerN),
-		ImageEmbeddings: cref(tImageHidden),
-		CleanLatents:    workerkit.TensorRef{Path: cleanSeg, Name: "clean"}, CleanLatentIndices: idx.Clean,
-		CleanLatents2x: workerkit.TensorRef{Path: cleanSeg, Name: "clean_2x"}, CleanLatent2xIndices: idx.Clean2x,
-		CleanLatents4x: workerkit.TensorRef{Path: cleanSeg, Name: "clean_4x"}, CleanLatent4xIndices: idx.Clean4x,
-		LatentIndices: idx.Latent,
-		Steps:         uint32(j.steps), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
+		TransformerConditioning: workerkit.TransformerConditioning{
+			TransformerText: workerkit.TransformerText{LlamaVec: cref(promptTensor(tLlamaVec, k)), LlamaMask: cref(promptTensor(tLlamaMask, k)), ClipPooler: cref(promptTensor(tClipPooler, k))},
+			ImageEmbeddings: cref(tImageHidden),
+			CleanLatents:    workerkit.TensorRef{Path: cleanSeg, Name: "clean"}, CleanLatentIndices: idx.Clean,
+			CleanLatents2x: workerkit.TensorRef{Path: cleanSeg, Name: "clean_2x"}, CleanLatent2xIndices: idx.Clean2x,
+			CleanLatents4x: workerkit.TensorRef{Path: cleanSeg, Name: "clean_4x"}, CleanLatent4xIndices: idx.Clean4x,
+			LatentIndices: idx.Latent,
+		},
+		Negative: workerkit.TransformerText{LlamaVec: cref(tLlamaVecN), LlamaMask: cref(tLlamaMaskN), ClipPooler: cref(tClipPoolerN)},
+		Steps:    uint32(j.steps), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
 		UseTeaCache: spec.GetUseTeacache(), Sampler: workerkit.SamplerUniPCBH1,
 		GeneratorState: hist.generator, Seed: spec.GetSeed(),
 		Width: uint32(j.cond.width), Height: uint32(j.cond.height), Frames: uint32(plan.Frames(j.window)),
@@ -95,13 +98,19 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, lanes.Stage{
 		Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, KeepWith: j.keepWith(), Loras: jobLoras(spec),
 		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window),
-			ReserveBytes: uint64(max(float64(spec.GetGpuMemoryPreservationGb()), 0) * (1 << 30))},
+			ReserveBytes: j.reserveBytes(spec)},
 		OnEvent: steps.onEvent,
 	})
 	if err != nil {
 		return jobs.Result{}, err
 	}
+	if l := loadedLoras(rep); len(l) > 0 {
+		j.lorasApplied = l
+	}
 	generated, err := readSegmentVol(latSeg, "latents")
+	if err == nil {
+		err = checkTransformerFacts(rep.Loaded, generated)
+	}
 	if err != nil {
 		return jobs.Result{}, j.failure(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, sectionStart, 0, err)
 	}
@@ -128,17 +137,21 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 		return jobs.Result{}, err
 	}
 	segs = append(segs, sfx+"decode-in", sfx+"decode-out")
-	if _, err := shm.WriteSegment(decIn, []safetensors.Tensor{f32Tensor("latents", divided(toDecode, j.r.scalingFactor))}); err != nil {
+	if _, err := shm.WriteSegment(decIn, []safetensors.Tensor{f32Tensor("latents", divided(toDecode, j.cond.scalingFactor))}); err != nil {
 		return jobs.Result{}, fmt.Errorf("section %d: decode input: %w", i, err)
 	}
-	if _, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_DECODE, i, lanes.Stage{
+	decRep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_DECODE, i, lanes.Stage{
 		Model: lanes.VAE, ModelDir: j.r.cfg.Models.VAE(), KeepWith: j.keepWith(),
 		Request: &workerkit.VAEDecodeRequest{Latents: workerkit.TensorRef{Path: decIn, Name: "latents"}, Tiling: j.vaeTiling(),
 			Pixels: workerkit.TensorRef{Path: decOut, Name: "pixels"}},
-	}); err != nil {
+	})
+	if err != nil {
 		return jobs.Result{}, err
 	}
 	current, err := readSegmentVol(decOut, "pixels")
+	if err == nil && (decRep.Loaded == nil || decRep.Loaded.VAE == nil || float32(decRep.Loaded.VAE.ScalingFactor) != j.cond.scalingFactor) {
+		err = fmt.Errorf("the decoding vae's scaling factor is not the %s the start frame was encoded with", j.cond.scalingFactorStr)
+	}
 	if err != nil {
 		return jobs.Result{}, j.failure(ctx, framepackv1.Stage_STAGE_VAE_DECODE, i, sectionStart, 0, err)
 	}
@@ -192,6 +205,7 @@ func (j *jobRun) saveSection(ctx context.Context, h *history) (_ video.Output, e
 			// Leave the previous section as the job's last: drop this one's files.
 			_ = os.Remove(histPath)
 			_ = os.Remove(name)
+			_ = os.Remove(settingsPath(name))
 			err = diskError(err)
 		}
 	}()
@@ -202,8 +216,16 @@ func (j *jobRun) saveSection(ctx context.Context, h *history) (_ video.Output, e
 	if err != nil {
 		return video.Output{}, fmt.Errorf("frames: %w", err)
 	}
-	out, err := j.r.cfg.Video.Write(ctx, name, video.Clip{Frames: frames.T, Height: frames.H, Width: frames.W, RGB: frames.Pix}, int(j.job.Spec.GetMp4Crf()))
+	settings, err := json.Marshal(j.settings(h.section))
 	if err != nil {
+		return video.Output{}, fmt.Errorf("settings: %w", err)
+	}
+	out, err := j.r.cfg.Video.Write(ctx, name, video.Clip{Frames: frames.T, Height: frames.H, Width: frames.W, RGB: frames.Pix,
+		Metadata: map[string]string{"comment": string(settings)}}, int(j.job.Spec.GetMp4Crf()))
+	if err != nil {
+		return video.Output{}, err
+	}
+	if err := writeSettings(out.Path, settings); err != nil {
 		return video.Output{}, err
 	}
 	if out.Note != "" {
@@ -221,9 +243,10 @@ func (j *jobRun) saveSection(ctx context.Context, h *history) (_ video.Output, e
 		}
 	}
 	if h.section > 0 && !j.r.cfg.KeepSectionVideos {
-		// The new video holds every frame of the previous one: it is superseded.
-		for _, prev := range []string{filepath.Join(dir.Videos(), fmt.Sprintf("section-%03d.mp4", h.section-1)),
-			video.FramesDir(filepath.Join(dir.Videos(), fmt.Sprintf("section-%03d.mp4", h.section-1)))} {
+		// The new video holds every frame of the previous one: it is superseded, with its
+		// settings file (metadata.go) and any PNG frames.
+		prevVideo := filepath.Join(dir.Videos(), fmt.Sprintf("section-%03d.mp4", h.section-1))
+		for _, prev := range []string{prevVideo, settingsPath(prevVideo), video.FramesDir(prevVideo)} {
 			if err := os.RemoveAll(prev); err != nil {
 				j.log.WithError(err).Warn("remove superseded section video")
 			}
@@ -308,4 +331,15 @@ func (s *stepTracker) onEvent(e workerkit.Event) error {
 		j.workerLog(framepackv1.Stage_STAGE_TRANSFORMER, ev)
 	}
 	return nil
+}
+
+// reserveBytes is Workload.ReserveBytes for the transformer: FramePack's
+// gpu_memory_preservation_gb when the lane gives no cap (the worker then keeps it free beside its
+// resident weights), else 0, since the lane's cap already leaves the preservation out
+// (lanes.Lane.MemoryCap) and reserving it again under the cap would count it twice.
+func (j *jobRun) reserveBytes(spec *framepackv1.JobSpec) uint64 {
+	if j.memCap != 0 {
+		return 0
+	}
+	return uint64(max(float64(spec.GetGpuMemoryPreservationGb()), 0) * (1 << 30))
 }

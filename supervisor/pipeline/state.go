@@ -58,8 +58,11 @@ type conditioning struct {
 	// startLatent is the start frame's latent, posterior mean × scaling_factor.
 	startLatent vol
 	// imageNP is the bucketed start frame, uint8 [H, W, 3].
-	imageNP          []byte
-	height, width    int
+	imageNP       []byte
+	height, width int
+	// scalingFactor is the VAE's scaling_factor as its worker reported it at encode
+	// (LoadResponse.vae); scalingFactorStr prints it in the conditioning file.
+	scalingFactor    float32
 	scalingFactorStr string
 }
 
@@ -117,6 +120,9 @@ func loadConditioning(path string) (*conditioning, error) {
 	}
 	c.imageNP, c.height, c.width = img.Data, int(img.Shape[0]), int(img.Shape[1])
 	c.scalingFactorStr = f.Metadata()["scaling_factor"]
+	if c.scalingFactor, err = parseScalingFactor(c.scalingFactorStr); err != nil {
+		return nil, fmt.Errorf("load conditioning: %w", err)
+	}
 	return c, nil
 }
 

@@ -3,6 +3,8 @@ package pipeline
 import (
 	"context"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/lanes"
@@ -24,10 +26,15 @@ func (j *jobRun) runOnLane(ctx context.Context, stage framepackv1.Stage, section
 	if j.wd == nil {
 		return j.lane.Run(ctx, st)
 	}
-	info := watchdog.StageInfo{Kind: stage, Model: string(st.Model), Section: uint32(max(section, 0)), Size: j.stageSize(stage)}
+	info := watchdog.StageInfo{Kind: stage, Model: string(st.Model), Section: uint32(max(section, 0)), Size: j.stageSize(stage),
+		MemoryCap: st.MemoryCap}
 	info.Small = stage != framepackv1.Stage_STAGE_TRANSFORMER && info.Size.Units() <= smallStageUnits
 	var rep lanes.Report
 	err := j.wd.Run(ctx, info, func(ctx context.Context, a *watchdog.Attempt) error {
+		j.attempt = a.Number
+		if a.Number > 1 {
+			j.stageAttemptStarted(stage, section, a.Number) // a retry: its own StageStarted
+		}
 		att := st
 		att.Attach = func(p lanes.Proc) func() {
 			if t, ok := p.(watchdog.Target); ok {
@@ -35,8 +42,10 @@ func (j *jobRun) runOnLane(ctx context.Context, stage framepackv1.Stage, section
 			}
 			return func() {}
 		}
-		att.PrepareLoad = a.ApplyLoad
-		att.Request = withTiling(st.Request, a.Knobs)
+		d := a.Decision()
+		att.Load = lanes.LoadSettings{Backend: d.Backend, MemoryCap: d.MemoryCap, MaxResidentBlocks: d.MaxResidentBlocks,
+			ConvFirstTier: d.ConvFirstTier, ConvCachePath: d.ConvCachePath, Fault: d.Fault}
+		att.Request = withTiling(st.Request, d.VAETilePx)
 		var err error
 		rep, err = j.lane.Run(ctx, att)
 		a.Kept = err == nil && rep.Kept
@@ -63,17 +72,37 @@ func (j *jobRun) stageSize(stage framepackv1.Stage) watchdog.Size {
 	return watchdog.Size{}
 }
 
-// withTiling returns a VAE request with the attempt's tile size (the request itself otherwise).
-func withTiling(req workerkit.Stage, k watchdog.Knobs) workerkit.Stage {
+// withTiling returns a VAE request with spatial tiles of px pixels and diffusers' 3/4 stride
+// (the request itself when px is 0 or the stage is not the VAE's).
+func withTiling(req workerkit.Stage, px uint32) workerkit.Stage {
+	if px == 0 {
+		return req
+	}
+	tiled := func(base *workerkit.VAETiling) *workerkit.VAETiling {
+		t := workerkit.VAETiling{}
+		if base != nil {
+			t = *base
+		}
+		t.EnableSpatialTiling = true
+		t.TileSampleMinHeight, t.TileSampleMinWidth = px, px
+		t.TileSampleStrideHeight, t.TileSampleStrideWidth = px*3/4, px*3/4
+		return &t
+	}
 	switch r := req.(type) {
 	case *workerkit.VAEEncodeRequest:
 		c := *r
-		c.Tiling = k.VAETiling(r.Tiling)
+		c.Tiling = tiled(r.Tiling)
 		return &c
 	case *workerkit.VAEDecodeRequest:
 		c := *r
-		c.Tiling = k.VAETiling(r.Tiling)
+		c.Tiling = tiled(r.Tiling)
 		return &c
 	}
 	return req
+}
+
+// retryEvent is the job's public Retry event for a watchdog retry.
+func retryEvent(jobID string, r watchdog.Retry) *framepackv1.JobEvent {
+	return &framepackv1.JobEvent{JobId: jobID, Event: &framepackv1.JobEvent_Retry{Retry: &framepackv1.RetryEvent{
+		Attempt: r.Attempt, Delay: durationpb.New(r.Delay)}}}
 }

@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 
@@ -29,9 +30,6 @@ import (
 
 // FPS is the frame rate of every video FramePack writes (demo_gradio.py: fps=30).
 const FPS = 30
-
-// DefaultCRF is FramePack's default H.264 constant rate factor.
-const DefaultCRF = 16
 
 // PartialExt is appended to an output's name while it is being written.
 const PartialExt = ".partial"
@@ -52,6 +50,9 @@ type Clip struct {
 	Height, Width int
 	// RGB holds Frames×Height×Width×3 bytes.
 	RGB []byte
+	// Metadata are tags written into the MP4 (ffmpeg -metadata key=value, e.g. "comment");
+	// keys must be non-empty and free of "=". Ignored for PNG frames.
+	Metadata map[string]string
 }
 
 func (c Clip) frameBytes() int { return c.Height * c.Width * 3 }
@@ -60,6 +61,11 @@ func (c Clip) frameBytes() int { return c.Height * c.Width * 3 }
 func (c Clip) Check() error {
 	if c.Frames <= 0 || c.Height <= 0 || c.Width <= 0 {
 		return fmt.Errorf("%w: %d frames of %dx%d", ErrBadClip, c.Frames, c.Width, c.Height)
+	}
+	for k := range c.Metadata {
+		if k == "" || strings.Contains(k, "=") {
+			return fmt.Errorf("%w: metadata key %q", ErrBadClip, k)
+		}
 	}
 	if c.Height%2 != 0 || c.Width%2 != 0 {
 		return fmt.Errorf("%w: %dx%d is odd; yuv420p needs even width and height", ErrBadClip, c.Width, c.Height)
@@ -183,6 +189,25 @@ func Args(width, height, crf int, out string) []string {
 	}
 }
 
+// withMetadata inserts -metadata key=value pairs (sorted by key) before the output options at
+// the end of args ("-f", "mp4", out).
+func withMetadata(args []string, md map[string]string) []string {
+	if len(md) == 0 || len(args) < 3 {
+		return args
+	}
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	tail := args[len(args)-3:]
+	out := append([]string(nil), args[:len(args)-3]...)
+	for _, k := range keys {
+		out = append(out, "-metadata", k+"="+md[k])
+	}
+	return append(out, tail...)
+}
+
 func writeMP4(ctx context.Context, ffmpeg, path string, clip Clip, crf int) (err error) {
 	partial := path + PartialExt
 	defer func() {
@@ -193,7 +218,7 @@ func writeMP4(ctx context.Context, ffmpeg, path string, clip Clip, crf int) (err
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("write mp4 %s: %w", path, err)
 	}
-	cmd := exec.CommandContext(ctx, ffmpeg, Args(clip.Width, clip.Height, crf, partial)...)
+	cmd := exec.CommandContext(ctx, ffmpeg, withMetadata(Args(clip.Width, clip.Height, crf, partial), clip.Metadata)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &limitedBuffer{buf: &stderr, max: 8 << 10}
 	stdin, err := cmd.StdinPipe()

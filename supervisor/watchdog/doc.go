@@ -11,21 +11,25 @@
 //
 // Act. A Guard attached to the worker SIGKILLs its process group and reaps it on a hang. After
 // every worker exit the Recovery check waits (250 ms polls, up to 5 s) for the process group to
-// be gone and the driver's used-memory figure to come back to the pre-spawn baseline (amdgpu
-// sysfs, nvidia-smi, or the fake ledger of tests); when it does not, the lane is held (Health)
+// be gone and the driver's used-memory figure to come back to the pre-spawn baseline (NVML by
+// PCI bus id or amdgpu sysfs, or the fake ledger of tests); when it does not, the lane is held (Health)
 // and a monitor releases it when the memory returns. After a crash or a lost device,
 // RecoverDevice runs the probe worker with a timeout; while probes fail the lane is degraded
 // and backs off (2 s doubling to 5 min).
 //
 // Retry. Job.Run runs a stage's attempts: bad input is never retried; otherwise the Ladder says
-// what the next attempt changes (mark the hung conv shape and tier in the decision cache so the
-// next worker skips it; VAE tiles 256 → 128 → 64 px; fewer resident transformer blocks; a lower
-// memory cap; finally CPU for small stages), within a per-stage and per-job Budget. When it runs
+// what the next attempt changes (a hang: mark the hung conv shape and tier in the decision cache
+// so the next worker skips it; out of memory: a lower memory cap, then VAE tiles
+// 256 → 128 → 64 px, then convolutions one tier further down; finally CPU for small stages),
+// within a per-stage and per-job Budget. When it runs
 // out, the job fails with a GiveUpError that carries every attempt, its class and what was
 // changed; the service stays up.
 //
-// The stage runner (supervisor/lanes) calls in through two hooks of an Attempt: Attach, as soon
-// as a worker process exists, and ApplyLoad on the worker's LoadRequest. Fault injection for
+// The watchdog returns decisions and edits no worker request: an Attempt's Decision (backend,
+// memory cap, conv tier, VAE tile, decision cache, test fault) is what the pipeline hands the
+// lane, and the lane builds the worker's LoadRequest from it (supervisor/lanes.LoadSettings).
+// The lane calls Attempt.Attach as soon as a worker process exists. Retries are reported as
+// Retry values; the pipeline makes the job's public events of them. Fault injection for
 // tests comes in through Config.FaultPlan only (see package internal/faults for why nothing
 // else can reach it). Notifier speaks sd_notify to systemd (READY, WATCHDOG) from the daemon's
 // main loop.

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/framepackd/framepackd/internal/beacon"
 	"github.com/framepackd/framepackd/internal/convcache"
 	"github.com/framepackd/framepackd/internal/faults"
 	"github.com/framepackd/framepackd/internal/safetensors"
@@ -368,7 +369,9 @@ func TestFaultSupervisorKilled(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	time.Sleep(time.Second) // well inside the stage (and its hang)
+	// The signal that the worker is inside its hang: its beacon (read as the watchdog reads it,
+	// through the daemon's page) shows the injected conv in flight.
+	waitConvInFlight(t, proc.Process.Pid, worker, time.Minute)
 	if _, gone := waitGone(worker, 0); gone {
 		t.Fatalf("worker %d ended before the supervisor was killed", worker)
 	}
@@ -451,4 +454,34 @@ func waitJob(t testing.TB, c framepackv1.JobServiceClient, id string) *framepack
 		t.Fatalf("watch %s: %v", id, err)
 	}
 	return ev
+}
+
+// waitConvInFlight waits until the beacon of worker pid, one of the pages daemon holds, shows
+// a conv3d in flight (the injected hang).
+func waitConvInFlight(t *testing.T, daemon, pid int, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", daemon))
+		for _, e := range ents {
+			fd := fmt.Sprintf("/proc/%d/fd/%s", daemon, e.Name())
+			if target, _ := os.Readlink(fd); !strings.Contains(target, "framepackd-beacon") {
+				continue
+			}
+			page, err := beacon.OpenPage(fd)
+			if err != nil {
+				continue
+			}
+			s, err := page.Snapshot()
+			page.Close()
+			if err == nil && s.PID == pid && s.InOp && s.Op == "conv3d" {
+				t.Logf("worker %d in %s (shape %s, tier %s)", pid, s.Op, s.ConvKey, s.ConvTier)
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker %d: its beacon never showed the conv in flight", pid)
+		}
+		time.Sleep(5 * time.Millisecond) // the beacon is polled, as the watchdog polls it
+	}
 }

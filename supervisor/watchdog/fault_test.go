@@ -319,8 +319,8 @@ func TestFaultProbeBackoff(t *testing.T) {
 	})
 	st, _ := r.decodeStage(t, 6)
 	var rep lanes.Report
-	var evs []*framepackv1.JobEvent
-	j := r.wd.Job("probe", func(e *framepackv1.JobEvent) {
+	var evs []watchdog.Retry
+	j := r.wd.Job("probe", func(e watchdog.Retry) {
 		evs = append(evs, e)
 		if r.wd.Health().Status().State == watchdog.LaneDegraded {
 			degraded = append(degraded, r.wd.Health().Status())
@@ -334,11 +334,11 @@ func TestFaultProbeBackoff(t *testing.T) {
 	}
 	var notes []string
 	for _, e := range evs {
-		if c := e.GetRetry().GetAttempt().GetChange(); strings.Contains(c, "degraded") {
+		if c := e.Attempt.GetChange(); strings.Contains(c, "degraded") {
 			notes = append(notes, c)
 		}
 	}
-	if len(notes) != 2 || evs[len(evs)-1].GetRetry().GetDelay().AsDuration() != 150*time.Millisecond {
+	if len(notes) != 2 || evs[len(evs)-1].Delay != 150*time.Millisecond {
 		t.Fatalf("job events %v", evs)
 	}
 	t.Logf("job event: %s", notes[0])

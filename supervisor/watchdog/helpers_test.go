@@ -138,10 +138,14 @@ func (r *rig) attempt(st lanes.Stage, out *lanes.Report) watchdog.AttemptFunc {
 	return func(ctx context.Context, a *watchdog.Attempt) error {
 		att := st
 		att.Attach = func(p lanes.Proc) func() { return a.Attach(p.(watchdog.Target)) }
-		att.PrepareLoad = a.ApplyLoad
-		if d, ok := st.Request.(*workerkit.VAEDecodeRequest); ok {
-			c := *d
-			c.Tiling = a.Knobs.VAETiling(d.Tiling)
+		d := a.Decision()
+		att.Load = lanes.LoadSettings{Backend: d.Backend, MemoryCap: d.MemoryCap, MaxResidentBlocks: d.MaxResidentBlocks,
+			ConvFirstTier: d.ConvFirstTier, ConvCachePath: d.ConvCachePath, Fault: d.Fault}
+		if r, ok := st.Request.(*workerkit.VAEDecodeRequest); ok && d.VAETilePx != 0 {
+			c := *r
+			t := workerkit.VAETiling{EnableSpatialTiling: true, TileSampleMinHeight: d.VAETilePx, TileSampleMinWidth: d.VAETilePx,
+				TileSampleStrideHeight: d.VAETilePx * 3 / 4, TileSampleStrideWidth: d.VAETilePx * 3 / 4}
+			c.Tiling = &t
 			att.Request = &c
 		}
 		rep, err := r.lane.Run(ctx, att)

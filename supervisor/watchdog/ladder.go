@@ -2,6 +2,7 @@ package watchdog
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
@@ -12,7 +13,8 @@ import (
 type Knobs struct {
 	// VAETilePx is the VAE's spatial tile size in pixels (0: untiled, the model's default).
 	VAETilePx uint32
-	// ResidentBlocks caps the transformer blocks kept on the device (0: as many as fit).
+	// ResidentBlocks caps the transformer blocks kept on the device, the rest streaming from
+	// host memory (0: as many as fit the cap).
 	ResidentBlocks uint32
 	// MemoryCap caps the worker's device allocations (0: the lane's cap).
 	MemoryCap uint64
@@ -52,22 +54,6 @@ func (k Knobs) String() string {
 	return s
 }
 
-// VAETiling returns the tiling of a VAE request for the knobs: base (nil: the model's
-// defaults) with spatial tiles of VAETilePx and diffusers' 3/4 stride when the knob is set.
-func (k Knobs) VAETiling(base *workerkit.VAETiling) *workerkit.VAETiling {
-	if k.VAETilePx == 0 {
-		return base
-	}
-	t := workerkit.VAETiling{}
-	if base != nil {
-		t = *base
-	}
-	t.EnableSpatialTiling = true
-	t.TileSampleMinHeight, t.TileSampleMinWidth = k.VAETilePx, k.VAETilePx
-	t.TileSampleStrideHeight, t.TileSampleStrideWidth = k.VAETilePx*3/4, k.VAETilePx*3/4
-	return &t
-}
-
 // LastConvTier is the conv chain's last tier (runtime.TierCPU's name). A hang there is never
 // marked in the decision cache: with it skipped no tier would be left to serve the shape, so
 // the stage is retried as for any other hang.
@@ -92,22 +78,30 @@ type Ladder struct {
 	// VAETiles are the VAE tile sizes to step down through after an out-of-memory error.
 	VAETiles []uint32
 	// FirstResidentBlocks is the transformer's resident-block cap after its first
-	// out-of-memory error; each later one halves it, down to 1.
+	// out-of-memory error when the attempt reported no residency; each later one halves what
+	// the failed attempt had resident (ranWith), down to 1.
 	FirstResidentBlocks uint32
-	// LaneCap is the lane's memory cap, which CapFactor lowers (0: no cap to lower).
+	// LaneCap is the memory cap CapFactor lowers when a stage names none (StageInfo.MemoryCap);
+	// 0: no cap to lower.
 	LaneCap uint64
 	// CapFactor multiplies the cap at each lowering; CapSteps bounds the lowerings.
 	CapFactor float64
 	CapSteps  int
+	// ConvTierDown allows the conv rungs: every convolution starts one tier further down the
+	// chain (vendor tuned → vendor default → own kernel → cpu), whose workspaces are smaller.
+	ConvTierDown bool
 	// CPUFallback allows the last rung: CPU, for stages marked small.
 	CPUFallback bool
 }
 
-// DefaultLadder is 256 → 128 → 64 px tiles, 30 resident blocks halving, two cap lowerings by
-// 15 %, then CPU for small stages.
+// DefaultLadder is, after an out-of-memory error: for the transformer, its resident blocks
+// halved down to 1 (the rest stream from host memory; fewer resident blocks before a lower
+// cap); then two cap lowerings by 15 % (room for what the driver and vendor libraries allocate
+// outside the runtime's allocator), then VAE tiles 256 → 128 → 64 px, then the conv tiers one
+// by one, then CPU for small stages.
 func DefaultLadder(laneCap uint64) Ladder {
 	return Ladder{VAETiles: []uint32{256, 128, 64}, FirstResidentBlocks: 30, LaneCap: laneCap,
-		CapFactor: 0.85, CapSteps: 2, CPUFallback: true}
+		CapFactor: 0.85, CapSteps: 2, ConvTierDown: true, CPUFallback: true}
 }
 
 // isVAE reports whether stage runs the VAE.
@@ -122,6 +116,13 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 	next := cur
 	switch class {
 	case ClassOOM:
+		// resident blocks (transformer) → cap → smaller tiles → conv tier down → cpu (small stages)
+		if s, ok := l.fewerResidentBlocks(st, cur); ok {
+			return s, true
+		}
+		if s, ok := l.lowerCap(st, cur); ok {
+			return s, true
+		}
 		if isVAE(st.Kind) {
 			for _, px := range l.VAETiles {
 				if cur.VAETilePx == 0 || px < cur.VAETilePx {
@@ -134,18 +135,7 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 				}
 			}
 		}
-		if st.Kind == framepackv1.Stage_STAGE_TRANSFORMER && cur.ResidentBlocks != 1 && cur.Backend != "cpu" {
-			switch {
-			case cur.ResidentBlocks == 0 && l.FirstResidentBlocks > 0:
-				next.ResidentBlocks = l.FirstResidentBlocks
-			case cur.ResidentBlocks > 1:
-				next.ResidentBlocks = cur.ResidentBlocks / 2
-			}
-			if next.ResidentBlocks != cur.ResidentBlocks {
-				return Step{Knobs: next, Change: fmt.Sprintf("resident transformer blocks %s -> %d", blocksName(cur.ResidentBlocks), next.ResidentBlocks)}, true
-			}
-		}
-		if s, ok := l.lowerCap(cur); ok {
+		if s, ok := l.convTierDown(st, cur); ok {
 			return s, true
 		}
 		if s, ok := l.toCPU(st, cur, "out of memory with the smallest footprint"); ok {
@@ -164,7 +154,7 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 				return s, true
 			}
 		}
-		return Step{Knobs: next, Change: "retry as is (the hang was not in a convolution)"}, true
+		return Step{Knobs: next, Change: "retry as is (" + hangWhere(v) + ")"}, true
 	case ClassCrash, ClassDeviceLost:
 		if attempt >= 2 {
 			if s, ok := l.toCPU(st, cur, class.String()+" again"); ok {
@@ -202,16 +192,54 @@ func blocksName(n uint32) string {
 	return fmt.Sprint(n)
 }
 
+// fewerResidentBlocks returns the transformer's step that halves its resident blocks (the
+// first one, with no residency reported, goes to FirstResidentBlocks), down to 1.
+func (l Ladder) fewerResidentBlocks(st StageInfo, cur Knobs) (Step, bool) {
+	if st.Kind != framepackv1.Stage_STAGE_TRANSFORMER || cur.ResidentBlocks == 1 || cur.Backend == "cpu" {
+		return Step{}, false
+	}
+	next := cur
+	switch {
+	case cur.ResidentBlocks == 0 && l.FirstResidentBlocks > 0:
+		next.ResidentBlocks = l.FirstResidentBlocks
+	case cur.ResidentBlocks > 1:
+		next.ResidentBlocks = cur.ResidentBlocks / 2
+	}
+	if next.ResidentBlocks == cur.ResidentBlocks {
+		return Step{}, false
+	}
+	return Step{Knobs: next, Change: fmt.Sprintf("resident transformer blocks %s -> %d", blocksName(cur.ResidentBlocks), next.ResidentBlocks)}, true
+}
+
+// convTierDown returns the step that starts every convolution one tier further down, if the
+// ladder allows it and a GPU tier is left above the cpu tier.
+func (l Ladder) convTierDown(st StageInfo, cur Knobs) (Step, bool) {
+	if !l.ConvTierDown || cur.Backend == "cpu" || st.LaneBackend == "cpu" || cur.ConvFirstTier >= workerkit.ConvTierCPU {
+		return Step{}, false
+	}
+	from := cur.ConvFirstTier
+	if from == workerkit.ConvTierUnspecified {
+		from = workerkit.ConvTierVendorTuned
+	}
+	next := cur
+	next.ConvFirstTier = from + 1
+	return Step{Knobs: next, Change: fmt.Sprintf("convolutions from tier %d -> %d", from, next.ConvFirstTier)}, true
+}
+
 // lowerCap returns the step that lowers the memory cap, if the ladder has one left.
-func (l Ladder) lowerCap(cur Knobs) (Step, bool) {
-	if l.LaneCap == 0 || l.CapFactor <= 0 || l.CapFactor >= 1 || cur.Backend == "cpu" {
+func (l Ladder) lowerCap(st StageInfo, cur Knobs) (Step, bool) {
+	base := st.MemoryCap
+	if base == 0 {
+		base = l.LaneCap
+	}
+	if base == 0 || l.CapFactor <= 0 || l.CapFactor >= 1 || cur.Backend == "cpu" {
 		return Step{}, false
 	}
 	capNow := cur.MemoryCap
 	if capNow == 0 {
-		capNow = l.LaneCap
+		capNow = base
 	}
-	floor := float64(l.LaneCap)
+	floor := float64(base)
 	for range l.CapSteps {
 		floor *= l.CapFactor
 	}
@@ -233,4 +261,19 @@ func (l Ladder) toCPU(st StageInfo, cur Knobs, why string) (Step, bool) {
 	next.Backend = "cpu"
 	next.ConvFirstTier = workerkit.ConvTierUnspecified
 	return Step{Knobs: next, Change: "backend -> cpu (" + why + "; the stage is small)"}, true
+}
+
+// hangWhere says where a hang that no tier change can avoid happened, in the words a user
+// reads in the job's story.
+func hangWhere(v *Verdict) string {
+	if key, tier, ok := v.Conv(); ok {
+		return fmt.Sprintf("the hang was in convolution %q at tier %s, the last tier, which is never skipped", key, tier)
+	}
+	if v != nil && strings.Contains(v.Beacon.Op, "conv") {
+		return fmt.Sprintf("the hang was in op %s, with no convolution tier recorded to skip", v.Beacon.Op)
+	}
+	if v != nil && v.Beacon.Op != "" {
+		return fmt.Sprintf("the hang was in op %s, not in a convolution", v.Beacon.Op)
+	}
+	return "the hang was not in a convolution"
 }

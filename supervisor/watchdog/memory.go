@@ -1,13 +1,10 @@
 package watchdog
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -15,75 +12,15 @@ import (
 	"github.com/framepackd/framepackd/internal/faults"
 )
 
-// Memory reads a device's used memory as its driver reports it.
+// Memory reads a device's used memory as its driver reports it. The daemon's only
+// implementation is an internal/devices reader (NVML by PCI bus id, amdgpu sysfs) in the
+// daemon's own process; tests use FakeVRAM.
 type Memory interface {
 	// Used returns the bytes in use on the device now.
 	Used(ctx context.Context) (uint64, error)
-	// Name says where the figure comes from, for logs ("amdgpu sysfs 0000:03:00.0").
+	// Name says where the figure comes from, for logs ("cuda 0000:65:00.0").
 	Name() string
 }
-
-// AMDGPU reads amdgpu's mem_info_vram_used of one PCI device from sysfs.
-type AMDGPU struct {
-	// Path is the mem_info_vram_used file.
-	Path string
-}
-
-// NewAMDGPU returns the reader for the amdgpu device at PCI address bus ("0000:03:00.0").
-func NewAMDGPU(bus string) *AMDGPU {
-	return &AMDGPU{Path: filepath.Join("/sys/bus/pci/devices", strings.ToLower(bus), "mem_info_vram_used")}
-}
-
-// Used reads the file (bytes, decimal).
-func (a *AMDGPU) Used(context.Context) (uint64, error) {
-	raw, err := os.ReadFile(a.Path)
-	if err != nil {
-		return 0, fmt.Errorf("read vram used: %w", err)
-	}
-	n, err := strconv.ParseUint(strings.TrimSpace(string(raw)), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("read vram used: %s: %w", a.Path, err)
-	}
-	return n, nil
-}
-
-// Name says where the figure comes from.
-func (a *AMDGPU) Name() string { return "amdgpu sysfs " + a.Path }
-
-// NvidiaSMI reads one NVIDIA GPU's used memory with nvidia-smi, in a child process (NVML's
-// figure; the daemon itself loads no driver library).
-type NvidiaSMI struct {
-	// ID selects the GPU: its index, PCI bus id or UUID.
-	ID string
-	// Bin is the nvidia-smi binary; empty means "nvidia-smi" from PATH.
-	Bin string
-}
-
-// Used runs `nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i ID` (MiB).
-func (n *NvidiaSMI) Used(ctx context.Context) (uint64, error) {
-	bin := n.Bin
-	if bin == "" {
-		bin = "nvidia-smi"
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, bin, "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", n.ID)
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return 0, fmt.Errorf("nvidia-smi: %w: %s", err, strings.TrimSpace(stderr.String()))
-	}
-	line, _, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
-	mib, err := strconv.ParseUint(strings.TrimSpace(line), 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("nvidia-smi: parse %q: %w", line, err)
-	}
-	return mib << 20, nil
-}
-
-// Name says where the figure comes from.
-func (n *NvidiaSMI) Name() string { return "nvidia-smi -i " + n.ID }
 
 // FakeVRAM is the used memory of a test device: the fake device-memory ledger that workers
 // write when a test injects Fault.HoldVRAMBytes (package faults).

@@ -20,7 +20,7 @@ import (
 )
 
 var (
-	soakJobs  = flag.Int("soak.jobs", 50, "TestFaultSoak: number of demo jobs (50 is the full run)")
+	soakJobs  = flag.Int("soak.jobs", 8, "TestFaultSoak: number of demo jobs (8 in make test; make soak runs 50)")
 	soakRate  = flag.Float64("soak.rate", 0.3, "TestFaultSoak: share of stage attempts that get a fault")
 	soakSeed  = flag.Uint64("soak.seed", 1, "TestFaultSoak: seed of the fault plan")
 	soakSeeds = flag.Int("soak.variants", 2, "TestFaultSoak: distinct job seeds (one reference run each)")
@@ -141,7 +141,7 @@ func classOf(c framepackv1.AttemptClass) watchdog.Class {
 	return -1
 }
 
-// TestFaultSoak runs -soak.jobs demo jobs (tiny models, 32×32 frames, 3 steps, two sections)
+// TestFaultSoak runs -soak.jobs demo jobs (8 in `make test`, 50 in `make soak`) (tiny models, 32×32 frames, 3 steps, two sections)
 // through the daemon with a random fault in ~30 % of stage attempts: every job must finish
 // with the frames of the same job run without faults, no worker process, shared memory or
 // file descriptor may be left, and the lane must be seen held in ListDevices when a worker

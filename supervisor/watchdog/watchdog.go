@@ -16,7 +16,6 @@ import (
 	"github.com/framepackd/framepackd/internal/convcache"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
-	"github.com/framepackd/framepackd/supervisor/jobs"
 )
 
 // Defaults of Config.
@@ -84,6 +83,9 @@ type StageInfo struct {
 	Small bool
 	// Knobs are the first attempt's settings.
 	Knobs Knobs
+	// MemoryCap is the cap the stage's worker runs under (the lane's cap for the job), which
+	// the ladder lowers; 0 means Ladder.LaneCap.
+	MemoryCap uint64
 	// LaneBackend is filled in by the watchdog from its Config.
 	LaneBackend string
 }
@@ -159,7 +161,7 @@ func New(cfg Config) (*Watchdog, error) {
 	if cfg.Deadlines.Stages == nil && cfg.Deadlines.Default == (Cost{}) {
 		cfg.Deadlines = DefaultDeadlines()
 	}
-	if cfg.Ladder.VAETiles == nil && cfg.Ladder.FirstResidentBlocks == 0 && !cfg.Ladder.CPUFallback {
+	if cfg.Ladder.VAETiles == nil && cfg.Ladder.CapSteps == 0 && !cfg.Ladder.ConvTierDown && !cfg.Ladder.CPUFallback {
 		cfg.Ladder = DefaultLadder(0)
 	}
 	if cfg.Budget.PerStage <= 0 {
@@ -362,58 +364,73 @@ func (a *Attempt) Attach(p Target) (stop func()) {
 // Verdict returns what the watchdog saw during the attempt so far (nil: nothing wrong).
 func (a *Attempt) Verdict() *Verdict { return a.guard.Verdict() }
 
-// ApplyLoad sets the fields of a worker's LoadRequest that the attempt controls: the memory
-// cap, resident blocks and backend from the knobs, the conv policy (decision cache, first
-// tier) and the test fault.
-func (a *Attempt) ApplyLoad(req *workerkit.LoadRequest) {
+// Decision is what the watchdog decided one attempt of a stage runs with. The lane turns it
+// into the worker's LoadRequest (supervisor/lanes.LoadSettings) and the pipeline into the
+// stage's tiling; the watchdog edits no worker request itself. Zero fields mean the lane's and
+// the model's defaults.
+type Decision struct {
+	// Backend overrides the lane's backend ("cpu": the last rung for small stages).
+	Backend string
+	// MemoryCap caps the worker's device allocations below the lane's cap.
+	MemoryCap uint64
+	// ConvFirstTier makes every convolution start at this tier.
+	ConvFirstTier workerkit.ConvTier
+	// ConvCachePath is the conv decision cache the worker reads and the watchdog marks hung
+	// shapes in.
+	ConvCachePath string
+	// VAETilePx is the VAE's spatial tile size in pixels (0: the request's own tiling).
+	VAETilePx uint32
+	// MaxResidentBlocks caps the transformer blocks kept on the device
+	// (LoadRequest.MaxResidentBlocks; 0: as many as fit the cap).
+	MaxResidentBlocks uint32
+	// Fault is the test fault to inject (nil in production).
+	Fault *workerkit.Fault
+}
+
+// Decision returns the attempt's decision.
+func (a *Attempt) Decision() Decision {
 	k := a.Knobs
-	if k.MemoryCap != 0 {
-		req.MemoryCapBytes = k.MemoryCap
-	}
-	if k.ResidentBlocks != 0 {
-		req.MaxResidentBlocks = k.ResidentBlocks
-	}
-	if k.Backend != "" {
-		req.Backend = k.Backend
-	}
-	if a.w.cfg.ConvCache != nil || k.ConvFirstTier != workerkit.ConvTierUnspecified {
-		p := workerkit.ConvPolicy{}
-		if req.ConvPolicy != nil {
-			p = *req.ConvPolicy
-		}
-		if a.w.cfg.ConvCache != nil {
-			p.DecisionCachePath = a.w.cfg.ConvCache.Path()
-		}
-		if k.ConvFirstTier != workerkit.ConvTierUnspecified {
-			p.ForcedTier = k.ConvFirstTier
-		}
-		req.ConvPolicy = &p
+	d := Decision{Backend: k.Backend, MemoryCap: k.MemoryCap, ConvFirstTier: k.ConvFirstTier, VAETilePx: k.VAETilePx,
+		MaxResidentBlocks: k.ResidentBlocks}
+	if a.w.cfg.ConvCache != nil {
+		d.ConvCachePath = a.w.cfg.ConvCache.Path()
 	}
 	if a.Fault != nil {
 		f := *a.Fault
-		req.Fault = &f
+		d.Fault = &f
 	}
+	return d
 }
 
 // AttemptFunc runs one attempt of a stage on the lane: spawn the worker (attaching it with
-// a.Attach as soon as it exists), load it (a.ApplyLoad on the request), run the stage with
-// a.Knobs applied, tear the worker down. It returns the stage's error, nil on success.
+// a.Attach as soon as it exists), load and run it as a.Decision says, tear the worker down.
+// It returns the stage's error, nil on success.
 type AttemptFunc func(ctx context.Context, a *Attempt) error
 
 // Job keeps one job's retry budget and the story of its attempts. A Job serves one job; its
 // stages run one after another.
 type Job struct {
-	w    *Watchdog
-	id   string
-	emit func(*framepackv1.JobEvent)
+	w       *Watchdog
+	id      string
+	onRetry func(Retry)
 
 	failed int
 	story  []*framepackv1.Attempt
 }
 
-// Job returns the retry state of job id; emit (may be nil) receives the job's Retry events.
-func (w *Watchdog) Job(id string, emit func(*framepackv1.JobEvent)) *Job {
-	return &Job{w: w, id: id, emit: emit}
+// Retry is one retry of a stage as the watchdog reports it: the failed attempt (with what the
+// next one changes) and the wait before the next. The pipeline turns it into the job's public
+// Retry event.
+type Retry struct {
+	// Attempt is the failed attempt's record (its Change says what the next one changes).
+	Attempt *framepackv1.Attempt
+	// Delay is the wait before the next attempt (a degraded lane's next probe), 0 for none.
+	Delay time.Duration
+}
+
+// Job returns the retry state of job id; onRetry (may be nil) hears of every retry.
+func (w *Watchdog) Job(id string, onRetry func(Retry)) *Job {
+	return &Job{w: w, id: id, onRetry: onRetry}
 }
 
 // Story returns every attempt of every stage that did not succeed at first try, oldest first.
@@ -426,11 +443,10 @@ func (j *Job) Story() []*framepackv1.Attempt {
 }
 
 func (j *Job) retryEvent(rec *framepackv1.Attempt, delay time.Duration) {
-	if j.emit == nil {
+	if j.onRetry == nil {
 		return
 	}
-	j.emit(&framepackv1.JobEvent{JobId: j.id, Event: &framepackv1.JobEvent_Retry{Retry: &framepackv1.RetryEvent{
-		Attempt: proto.Clone(rec).(*framepackv1.Attempt), Delay: durationpb.New(delay)}}})
+	j.onRetry(Retry{Attempt: proto.Clone(rec).(*framepackv1.Attempt), Delay: delay})
 }
 
 // Run runs stage st through fn until an attempt succeeds, and returns nil; or returns the
@@ -604,6 +620,3 @@ func (e *GiveUpError) Unwrap() error { return e.Err }
 func (e *GiveUpError) Failure() *framepackv1.JobFailure {
 	return &framepackv1.JobFailure{Message: e.Error(), Stage: e.Stage.Kind, SectionIndex: e.Stage.Section, Attempts: e.Attempts}
 }
-
-// JobError returns the failure as the job queue's FailureError, what a Runner returns.
-func (e *GiveUpError) JobError() *jobs.FailureError { return &jobs.FailureError{Failure: e.Failure()} }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -35,7 +36,8 @@ func browser(t *testing.T) string {
 }
 
 func TestPageHeaders(t *testing.T) {
-	d := httpapitest.Start(t, httpapitest.Options{Page: web.Handler()})
+	d := httptest.NewServer(web.Handler())
+	defer d.Close()
 	for _, path := range []string{"/", "/app.js", "/style.css"} {
 		resp, err := http.Get(d.URL + path)
 		if err != nil {
@@ -189,5 +191,57 @@ func TestPageInBrowser(t *testing.T) {
 	defer mu.Unlock()
 	for _, p := range problems {
 		t.Errorf("console: %s", p)
+	}
+}
+
+// TestPageSignIn serves the page with a bearer token required: the page asks for it, signs in
+// (the session cookie) and then lists the devices and the queue.
+func TestPageSignIn(t *testing.T) {
+	exe := browser(t)
+	const token = "page-token-0123456789"
+	d := httpapitest.Start(t, httpapitest.Options{Page: web.Handler(), Token: token})
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU)...)
+	defer cancelA()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	tctx, cancelT := context.WithTimeout(ctx, 60*time.Second)
+	defer cancelT()
+	wait := func(what, expr string) {
+		t.Helper()
+		for {
+			ok, err := chromedp.Run(tctx, chromedp.Evaluate[bool](expr))
+			if err == nil && ok {
+				return
+			}
+			select {
+			case <-tctx.Done():
+				t.Fatalf("%s: %v", what, err)
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+	if _, err := chromedp.Run(tctx, chromedp.Navigate(d.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	wait("sign-in shown", `!document.getElementById('auth').hidden`)
+	if _, err := chromedp.Run(tctx, chromedp.Evaluate[chromedp.Void](`document.getElementById('token').value = 'wrong-wrong-wrong-wrong'`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(tctx, chromedp.Click(chromedp.CSS(`#auth-form button`))); err != nil {
+		t.Fatal(err)
+	}
+	wait("wrong token refused", `document.getElementById('auth-error').textContent.includes('token')`)
+	if _, err := chromedp.Run(tctx, chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById('token').value = %q`, token))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := chromedp.Run(tctx, chromedp.Click(chromedp.CSS(`#auth-form button`))); err != nil {
+		t.Fatal(err)
+	}
+	wait("signed in", `document.getElementById('auth').hidden && document.getElementById('conn').textContent === 'connected'`)
+	wait("devices listed", `document.querySelector('#devices .device[data-lane="cpu"]') !== null`)
+	// The cookie is HttpOnly: the page's script cannot read it.
+	if c, err := chromedp.Run(tctx, chromedp.Evaluate[string](`document.cookie`)); err != nil || strings.Contains(c, token) {
+		t.Errorf("document.cookie %q %v", c, err)
 	}
 }

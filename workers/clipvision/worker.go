@@ -227,8 +227,3 @@ func classify(err error) error {
 func (w *worker) Stats(context.Context) (*workerkit.Stats, error) {
 	return w.base.Stats(), nil
 }
-
-// Probe is refused: device probes are the probe worker's.
-func (w *worker) Probe(context.Context, *workerkit.ProbeRequest) (*workerkit.ProbeResponse, error) {
-	return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "clipvision worker: probe: use the probe worker")
-}

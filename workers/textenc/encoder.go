@@ -104,7 +104,7 @@ func LoadEncoderWith(rt *runtime.Runtime, p Paths, r Residency) (*Encoder, error
 	if err != nil {
 		return nil, fmt.Errorf("load text_encoder_2: %w", err)
 	}
-	lo := llama.Options{HiddenStateIndex: LlamaHiddenStateIndex, DType: runtime.F32, WeightDType: r.WeightDType,
+	lo := llama.Options{HiddenStateIndex: LlamaHiddenStateIndex, Options: nn.Options{DType: runtime.F32, WeightDType: r.WeightDType},
 		MaxResidentLayers: r.MaxResidentLayers}
 	if r.MemoryCap > 0 {
 		cfg, err := llama.LoadConfig(p.TextEncoder)

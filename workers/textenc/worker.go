@@ -326,8 +326,3 @@ func (o *encoded) mask(field string, r workerkit.TensorRef, m []bool, shape []in
 func (w *worker) Stats(ctx context.Context) (*workerkit.Stats, error) {
 	return w.base.Stats(), nil
 }
-
-// Probe is refused: device probing is the probe worker's job.
-func (w *worker) Probe(context.Context, *workerkit.ProbeRequest) (*workerkit.ProbeResponse, error) {
-	return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "probe: the textenc worker does not probe devices")
-}

@@ -13,10 +13,6 @@ import (
 	"github.com/framepackd/framepackd/workers/transformer/dit"
 )
 
-// refSet reports whether an optional input is given: a ref naming neither a file nor a tensor
-// is not.
-func refSet(r workerkit.TensorRef) bool { return r.Path != "" || r.Name != "" }
-
 // forwardPlan is a validated TransformerForwardRequest: the noisy latents, the model's
 // conditioning, and where the velocity goes.
 type forwardPlan struct {
@@ -35,30 +31,12 @@ func (w *worker) planForward(req *workerkit.TransformerForwardRequest) (*forward
 	if err := tensorio.CheckFloatOutput("velocity", req.Velocity); err != nil {
 		return nil, err
 	}
-	if w.model.ImageProjection != nil && !refSet(req.ImageEmbeddings) {
+	if w.model.ImageProjection != nil && req.ImageEmbeddings.Path == "" && req.ImageEmbeddings.Name == "" {
 		return nil, workerkit.InvalidArgumentf("image_embeddings is required: the model has an image projection")
 	}
 	var in inputs
-	optional := func(field string, r workerkit.TensorRef, rank int) conditioning.Tensor {
-		if !refSet(r) {
-			return conditioning.Tensor{}
-		}
-		return in.float(field, r, rank)
-	}
 	x := in.float("hidden_states", req.HiddenStates, 5)
-	cond := conditioning.Conditioning{
-		EncoderHiddenStates:  in.float("llama_vec", req.LlamaVec, 3),
-		EncoderAttentionMask: in.mask("llama_mask", req.LlamaMask),
-		PooledProjections:    in.float("clip_pooler", req.ClipPooler, 2),
-		ImageEmbeddings:      optional("image_embeddings", req.ImageEmbeddings, 3),
-		LatentIndices:        indexTensor(req.LatentIndices),
-		CleanLatents:         optional("clean_latents", req.CleanLatents, 5),
-		CleanLatentIndices:   indexTensor(req.CleanLatentIndices),
-		CleanLatents2x:       optional("clean_latents_2x", req.CleanLatents2x, 5),
-		CleanLatent2xIndices: indexTensor(req.CleanLatent2xIndices),
-		CleanLatents4x:       optional("clean_latents_4x", req.CleanLatents4x, 5),
-		CleanLatent4xIndices: indexTensor(req.CleanLatent4xIndices),
-	}
+	cond := in.conditioning(req.TransformerConditioning)
 	if in.err != nil {
 		return nil, in.err
 	}

@@ -55,3 +55,37 @@ func toInts(s []int64) []int {
 	}
 	return out
 }
+
+// text reads one prompt branch's text conditioning; suffix ("" or "_n") names its fields.
+func (in *inputs) text(c *conditioning.Conditioning, t workerkit.TransformerText, suffix string) {
+	c.EncoderHiddenStates = in.float("llama_vec"+suffix, t.LlamaVec, 3)
+	c.EncoderAttentionMask = in.mask("llama_mask"+suffix, t.LlamaMask)
+	c.PooledProjections = in.float("clip_pooler"+suffix, t.ClipPooler, 2)
+}
+
+// conditioning reads a request's conditioning: the text, the image embeddings and the clean
+// latents (each optional: a ref naming nothing is left out) with their frame indices.
+func (in *inputs) conditioning(r workerkit.TransformerConditioning) conditioning.Conditioning {
+	optional := func(field string, ref workerkit.TensorRef, rank int) conditioning.Tensor {
+		if ref.Path == "" && ref.Name == "" {
+			return conditioning.Tensor{}
+		}
+		return in.float(field, ref, rank)
+	}
+	var c conditioning.Conditioning
+	in.text(&c, r.TransformerText, "")
+	c.ImageEmbeddings = optional("image_embeddings", r.ImageEmbeddings, 3)
+	c.CleanLatents, c.CleanLatentIndices = optional("clean_latents", r.CleanLatents, 5), indexTensor(r.CleanLatentIndices)
+	c.CleanLatents2x, c.CleanLatent2xIndices = optional("clean_latents_2x", r.CleanLatents2x, 5), indexTensor(r.CleanLatent2xIndices)
+	c.CleanLatents4x, c.CleanLatent4xIndices = optional("clean_latents_4x", r.CleanLatents4x, 5), indexTensor(r.CleanLatent4xIndices)
+	c.LatentIndices = indexTensor(r.LatentIndices)
+	return c
+}
+
+// indexTensor is a request's frame index list as a [1, n] tensor (empty stays empty).
+func indexTensor(v []int64) conditioning.IntTensor {
+	if len(v) == 0 {
+		return conditioning.IntTensor{}
+	}
+	return conditioning.IntTensor{Shape: []int{1, len(v)}, Data: v}
+}

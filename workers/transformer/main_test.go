@@ -110,19 +110,21 @@ func writeCase(t *testing.T, a *shm.Arena, c parity.Case) sectionCase {
 	ref := func(name string) workerkit.TensorRef { return workerkit.TensorRef{Path: cond, Name: name} }
 	o := d.Request.Options
 	req := workerkit.TransformerSectionRequest{
-		LlamaVec: ref("llama_vec"), LlamaMask: ref("llama_mask"), ClipPooler: ref("clip_pooler"),
-		ImageEmbeddings: ref("image_embeddings"),
-		CleanLatents:    ref("clean_latents"), CleanLatentIndices: pos.CleanLatentIndices.Data,
-		CleanLatents2x: ref("clean_latents_2x"), CleanLatent2xIndices: pos.CleanLatent2xIndices.Data,
-		CleanLatents4x: ref("clean_latents_4x"), CleanLatent4xIndices: pos.CleanLatent4xIndices.Data,
-		LatentIndices: pos.LatentIndices.Data,
-		Steps:         uint32(o.Steps), CFG: float32(o.Guidance.CFG), GS: float32(o.Guidance.Distilled),
+		TransformerConditioning: workerkit.TransformerConditioning{
+			TransformerText: workerkit.TransformerText{LlamaVec: ref("llama_vec"), LlamaMask: ref("llama_mask"), ClipPooler: ref("clip_pooler")},
+			ImageEmbeddings: ref("image_embeddings"),
+			CleanLatents:    ref("clean_latents"), CleanLatentIndices: pos.CleanLatentIndices.Data,
+			CleanLatents2x: ref("clean_latents_2x"), CleanLatent2xIndices: pos.CleanLatent2xIndices.Data,
+			CleanLatents4x: ref("clean_latents_4x"), CleanLatent4xIndices: pos.CleanLatent4xIndices.Data,
+			LatentIndices: pos.LatentIndices.Data,
+		},
+		Steps: uint32(o.Steps), CFG: float32(o.Guidance.CFG), GS: float32(o.Guidance.Distilled),
 		RS: float32(o.Guidance.Rescale), UseTeaCache: o.TeaCache, Seed: d.Seed,
 		Width: uint32(w), Height: uint32(h), Frames: uint32(frames),
 		Latents: workerkit.TensorRef{Path: workertest.Segment(t, a, "latents"), Name: "latents"},
 	}
 	if d.Request.Negative != nil {
-		req.LlamaVecN, req.LlamaMaskN, req.ClipPoolerN = ref("llama_vec_n"), ref("llama_mask_n"), ref("clip_pooler_n")
+		req.Negative = workerkit.TransformerText{LlamaVec: ref("llama_vec_n"), LlamaMask: ref("llama_mask_n"), ClipPooler: ref("clip_pooler_n")}
 	}
 	if o.Shift > 0 {
 		s := float32(o.Shift)
@@ -394,8 +396,10 @@ func TestWorkerBadInput(t *testing.T) {
 	checkSectionResult(t, c, sc, res, events)
 }
 
-// TestWorkerBadModel checks Load errors: a config the code does not support and a sharded
-// checkpoint with a shard missing, both InvalidArgument naming the thing.
+// TestWorkerBadModel checks Load errors: a config the code does not support, a sharded
+// checkpoint with a shard missing, an unknown dtype and a memory cap too small for even one
+// streamed block (refused by the residency plan before anything loads), all InvalidArgument
+// naming the thing.
 func TestWorkerBadModel(t *testing.T) {
 	fx := parity.Load(t, "transformer")
 	dir, err := fx.ModelPath("transformer")
@@ -454,12 +458,16 @@ func TestWorkerBadModel(t *testing.T) {
 		{"patch_size_t 2", badConfig, "patch_size_t 2 is not supported"},
 		{"missing shard", missingShard, "shard diffusion_pytorch_model-00002-of-00002.safetensors"},
 		{"unknown dtype", func(*testing.T) string { return dir }, "dtype \"int8\""},
+		{"cap below one block", func(*testing.T) string { return dir }, "memory cap too small for the transformer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := workertest.Start(t, "transformer")
 			req := &workerkit.LoadRequest{ModelDir: tc.dir(t), Backend: "cpu"}
-			if strings.HasPrefix(tc.name, "unknown dtype") {
+			switch tc.name {
+			case "unknown dtype":
 				req.DType = "int8"
+			case "cap below one block": // refused by the residency plan, before any weight is read
+				req.MemoryCapBytes = 1 << 10
 			}
 			_, err := p.Load(workertest.Ctx(t), req)
 			if err == nil {

@@ -23,7 +23,7 @@ const maxSteps = 100
 type sectionPlan struct {
 	req       sampler.Request
 	gen       *torchrng.Generator
-	pos, neg  *sampler.Conditioning
+	pos, neg  *conditioning.Conditioning
 	previews  []workerkit.TensorRef
 	latentRef workerkit.TensorRef
 }
@@ -106,25 +106,12 @@ func (w *worker) plan(req *workerkit.TransformerSectionRequest) (*sectionPlan, e
 	}
 
 	var in inputs
-	pos := &sampler.Conditioning{
-		EncoderHiddenStates:  in.float("llama_vec", req.LlamaVec, 3),
-		EncoderAttentionMask: in.mask("llama_mask", req.LlamaMask),
-		PooledProjections:    in.float("clip_pooler", req.ClipPooler, 2),
-		ImageEmbeddings:      in.float("image_embeddings", req.ImageEmbeddings, 3),
-		CleanLatents:         in.float("clean_latents", req.CleanLatents, 5),
-		CleanLatentIndices:   indexTensor(req.CleanLatentIndices),
-		CleanLatents2x:       in.float("clean_latents_2x", req.CleanLatents2x, 5),
-		CleanLatent2xIndices: indexTensor(req.CleanLatent2xIndices),
-		CleanLatents4x:       in.float("clean_latents_4x", req.CleanLatents4x, 5),
-		CleanLatent4xIndices: indexTensor(req.CleanLatent4xIndices),
-		LatentIndices:        indexTensor(req.LatentIndices),
-	}
-	var neg *sampler.Conditioning
+	pos := new(conditioning.Conditioning)
+	*pos = in.conditioning(req.TransformerConditioning)
+	var neg *conditioning.Conditioning
 	if req.CFG != 1 {
 		n := *pos
-		n.EncoderHiddenStates = in.float("llama_vec_n", req.LlamaVecN, 3)
-		n.EncoderAttentionMask = in.mask("llama_mask_n", req.LlamaMaskN)
-		n.PooledProjections = in.float("clip_pooler_n", req.ClipPoolerN, 2)
+		in.text(&n, req.Negative, "_n")
 		neg = &n
 	}
 	if in.err != nil {
@@ -138,14 +125,6 @@ func (w *worker) plan(req *workerkit.TransformerSectionRequest) (*sectionPlan, e
 		previews:  req.StepPreviews,
 		latentRef: req.Latents,
 	}, nil
-}
-
-// indexTensor is a request's frame index list as a [1, n] tensor (empty stays empty).
-func indexTensor(v []int64) conditioning.IntTensor {
-	if len(v) == 0 {
-		return conditioning.IntTensor{}
-	}
-	return conditioning.IntTensor{Shape: []int{1, len(v)}, Data: v}
 }
 
 // section samples one section: prepare both branches, draw the noise, run UniPC with a

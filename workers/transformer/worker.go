@@ -241,8 +241,3 @@ func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit worker
 func (w *worker) Stats(ctx context.Context) (*workerkit.Stats, error) {
 	return w.base.Stats(), nil
 }
-
-// Probe is refused: device probing is the probe worker's job.
-func (w *worker) Probe(context.Context, *workerkit.ProbeRequest) (*workerkit.ProbeResponse, error) {
-	return nil, classify(workerkit.InvalidArgumentf("probe: the transformer worker does not probe devices"))
-}

@@ -41,7 +41,7 @@ func TestLogvarRef(t *testing.T) {
 }
 
 // TestTilingFromDefaults checks the documented meaning of VaeTiling: unset is diffusers'
-// defaults (framewise on, spatial off), enable_temporal_tiling changes nothing, and zero sizes
+// defaults (framewise on, spatial off), a frame count sets the framewise chunk, and zero sizes
 // keep the defaults.
 func TestTilingFromDefaults(t *testing.T) {
 	def := causalvae.DefaultTiling()
@@ -51,10 +51,9 @@ func TestTilingFromDefaults(t *testing.T) {
 	if got := tilingFrom(nil); got != def {
 		t.Errorf("unset: %+v, want %+v", got, def)
 	}
-	on := tilingFrom(&workerkit.VAETiling{EnableTemporalTiling: true, TileSampleMinNumFrames: 32})
-	off := tilingFrom(&workerkit.VAETiling{EnableTemporalTiling: false, TileSampleMinNumFrames: 32})
-	if on != off || !off.FramewiseDecoding || off.TileSampleMinNumFrames != 32 || off.TileSampleStrideNumFrames != def.TileSampleStrideNumFrames {
-		t.Errorf("enable_temporal_tiling changed the plan: on %+v, off %+v", on, off)
+	off := tilingFrom(&workerkit.VAETiling{TileSampleMinNumFrames: 32})
+	if !off.FramewiseDecoding || off.TileSampleMinNumFrames != 32 || off.TileSampleStrideNumFrames != def.TileSampleStrideNumFrames {
+		t.Errorf("a 32-frame chunk: %+v", off)
 	}
 	sp := tilingFrom(&workerkit.VAETiling{EnableSpatialTiling: true})
 	want := def

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -45,15 +44,6 @@ func classify(err error) error {
 	return modelrt.Classify(err, causalvae.ErrBadInput, causalvae.ErrCheckpoint)
 }
 
-// recovered turns a panic into an internal error, so a bug reports instead of killing the
-// worker mid-call.
-func (w *worker) recovered(what string, err *error) {
-	if r := recover(); r != nil {
-		w.log.WithFields(logrus.Fields{"call": what, "panic": fmt.Sprint(r)}).Error("panic\n" + string(debug.Stack()))
-		*err = workerkit.Errorf(workerkit.CodeInternal, "%s: internal error: %v", what, r)
-	}
-}
-
 // ---- Load ----------------------------------------------------------------------------------
 
 // Load opens the backend and loads the VAE from req.ModelDir (config.json and
@@ -61,7 +51,6 @@ func (w *worker) recovered(what string, err *error) {
 func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (resp *workerkit.LoadResponse, err error) {
 	w.runMu.Lock()
 	defer w.runMu.Unlock()
-	defer w.recovered("load", &err)
 	resp, err = w.load(req)
 	if err != nil {
 		err = classify(fmt.Errorf("load: %w", err))
@@ -89,7 +78,7 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	default:
 		return nil, workerkit.InvalidArgumentf("backend %q (cpu, cuda, hip or auto)", req.Backend)
 	}
-	// The cpu backend computes in fp32; dtype says what the conv and linear weights are kept
+	// The runtime computes in fp32 (on every backend); dtype says what the conv and linear weights are kept
 	// in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
 	wdt, err := runtime.ParseWeightDType(req.DType)
 	if err != nil {
@@ -164,7 +153,6 @@ func (w *worker) logLoad(req *workerkit.LoadRequest, m *causalvae.Model, env env
 func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit workerkit.Emit) (res *workerkit.Result, err error) {
 	w.runMu.Lock()
 	defer w.runMu.Unlock()
-	defer w.recovered("run", &err)
 	w.mu.RLock()
 	m := w.model
 	w.mu.RUnlock()
@@ -226,9 +214,8 @@ func (w *worker) progress(ctx context.Context, phase string, emit workerkit.Emit
 
 // tilingFrom maps the request's tiling to diffusers' settings. Unset means diffusers' defaults
 // (framewise on, no spatial tiling); zero sizes keep the defaults (256/192 px, 16/12 frames).
-// Framewise chunking is diffusers' default and stays on either way, so enable_temporal_tiling
-// (deprecated in worker.proto) changes nothing; a long enough tile_sample_min_num_frames runs
-// all frames in one piece.
+// Framewise chunking is diffusers' default and always on; a long enough
+// tile_sample_min_num_frames runs all frames in one piece.
 func tilingFrom(t *workerkit.VAETiling) causalvae.Tiling {
 	out := causalvae.DefaultTiling()
 	if t == nil {
@@ -354,14 +341,9 @@ func (w *worker) decode(ctx context.Context, m *causalvae.Model, req *workerkit.
 	return &workerkit.Result{Outputs: written}, nil
 }
 
-// ---- Stats and Probe ----------------------------------------------------------------------------
+// ---- Stats ----------------------------------------------------------------------------
 
 // Stats reports the runtime's memory, the conv chain's counters, op counts and timings.
 func (w *worker) Stats(context.Context) (*workerkit.Stats, error) {
 	return w.base.Stats(), nil
-}
-
-// Probe is refused: device probing is the probe worker's job.
-func (w *worker) Probe(context.Context, *workerkit.ProbeRequest) (*workerkit.ProbeResponse, error) {
-	return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "probe: the vae worker does not probe devices")
 }

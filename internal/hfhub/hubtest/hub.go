@@ -7,7 +7,8 @@
 // branches or full commit hashes; Range requests are served; refusals carry X-Error-Code and
 // X-Error-Message as the hub's do (401 for anonymous requests to private, gated or missing
 // repositories, 403 for a token without access to a gated one, 404 with RepoNotFound,
-// RevisionNotFound or EntryNotFound). Faults can be injected per file.
+// RevisionNotFound or EntryNotFound; a gated repository's file list is public, its files are
+// not). Faults can be injected per file.
 package hubtest
 
 import (
@@ -42,6 +43,7 @@ type Hub struct {
 	faults   map[string]*Fault
 	requests []Request
 	blobs    map[string][]byte // LFS contents by sha256
+	renamed  map[string]string // old repository id → new
 	stalled  chan string
 }
 
@@ -78,7 +80,7 @@ type Fault struct {
 // New starts a hub; Close stops it.
 func New() *Hub {
 	h := &Hub{repos: map[string]*repo{}, tokens: map[string]bool{}, faults: map[string]*Fault{}, blobs: map[string][]byte{},
-		stalled: make(chan string, 16)}
+		renamed: map[string]string{}, stalled: make(chan string, 16)}
 	h.API = httptest.NewServer(h.logged("api", http.HandlerFunc(h.route)))
 	lfs := http.NewServeMux()
 	lfs.HandleFunc("/lfs/{sha}", h.lfs)
@@ -86,22 +88,54 @@ func New() *Hub {
 	return h
 }
 
-// route dispatches the hub's two URL forms (ServeMux patterns for both would overlap).
+// route dispatches the hub's two URL forms (ServeMux patterns for both would overlap). A
+// renamed repository's URLs redirect, with a relative Location, to the new name.
 func (h *Hub) route(w http.ResponseWriter, r *http.Request) {
 	if rest, ok := strings.CutPrefix(r.URL.Path, "/api/models/"); ok {
 		p := strings.SplitN(rest, "/", 4) // org, name, "revision", rev
 		if len(p) == 4 && p[2] == "revision" && r.Method == http.MethodGet {
+			if h.redirectRenamed(w, r, p[0]+"/"+p[1], "/api/models/", "/"+p[2]+"/"+p[3]) {
+				return
+			}
 			h.info(w, r, p[0]+"/"+p[1], p[3])
 			return
 		}
 	} else {
 		p := strings.SplitN(strings.TrimPrefix(r.URL.Path, "/"), "/", 5) // org, name, "resolve", rev, path
 		if len(p) == 5 && p[2] == "resolve" {
+			if h.redirectRenamed(w, r, p[0]+"/"+p[1], "/", "/resolve/"+p[3]+"/"+p[4]) {
+				return
+			}
 			h.resolve(w, r, p[0]+"/"+p[1], p[3], p[4])
 			return
 		}
 	}
 	refuse(w, http.StatusNotFound, "", "not found")
+}
+
+// redirectRenamed answers a request for a renamed repository with a relative redirect.
+func (h *Hub) redirectRenamed(w http.ResponseWriter, r *http.Request, id, prefix, suffix string) bool {
+	h.mu.Lock()
+	to, ok := h.renamed[id]
+	h.mu.Unlock()
+	if !ok {
+		return false
+	}
+	loc := (&url.URL{Path: prefix + to + suffix, RawQuery: r.URL.RawQuery}).String()
+	w.Header().Set("Location", loc)
+	w.WriteHeader(http.StatusTemporaryRedirect)
+	return true
+}
+
+// Rename moves a repository to a new id; the old id's URLs redirect to it.
+func (h *Hub) Rename(from, to string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r, ok := h.repos[from]; ok {
+		delete(h.repos, from)
+		h.repos[to] = r
+		h.renamed[from] = to
+	}
 }
 
 // Close stops both servers.
@@ -249,9 +283,9 @@ func refuse(w http.ResponseWriter, status int, code, msg string) {
 	_ = json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
-// access finds the repository and checks the request's token; it answers the refusal itself
-// and returns nil then. Caller holds mu.
-func (h *Hub) access(w http.ResponseWriter, r *http.Request, id string) *repo {
+// access finds the repository and checks the request's token (gating applies to files only);
+// it answers the refusal itself and returns nil then. Caller holds mu.
+func (h *Hub) access(w http.ResponseWriter, r *http.Request, id string, files bool) *repo {
 	auth := r.Header.Get("Authorization")
 	token, hasToken := strings.CutPrefix(auth, "Bearer ")
 	gatedOK, known := h.tokens[token]
@@ -267,6 +301,8 @@ func (h *Hub) access(w http.ResponseWriter, r *http.Request, id string) *repo {
 	case rp == nil:
 		refuse(w, http.StatusNotFound, "RepoNotFound", "Repository Not Found for url: "+r.URL.String())
 		return nil
+	case rp.gated && !files: // a gated repository's metadata is public; its files are not
+		return rp
 	case rp.gated && auth == "":
 		refuse(w, http.StatusUnauthorized, "GatedRepo", "Access to model "+id+" is restricted. You must have access to it and be authenticated to access it. Please log in.")
 		return nil
@@ -302,7 +338,7 @@ type lfsInfo struct {
 func (h *Hub) info(w http.ResponseWriter, r *http.Request, id, rev string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	rp := h.access(w, r, id)
+	rp := h.access(w, r, id, false)
 	if rp == nil {
 		return
 	}
@@ -351,7 +387,7 @@ func (h *Hub) resolve(w http.ResponseWriter, r *http.Request, id, rev, path stri
 		return
 	}
 	h.mu.Lock()
-	rp := h.access(w, r, id)
+	rp := h.access(w, r, id, true)
 	if rp == nil {
 		h.mu.Unlock()
 		return

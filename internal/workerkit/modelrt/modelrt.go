@@ -90,7 +90,7 @@ func RuntimeOptions(req *workerkit.LoadRequest) (runtime.Options, error) {
 	if req.DeviceIndex > math.MaxInt32 {
 		return runtime.Options{}, workerkit.InvalidArgumentf("device index %d", req.DeviceIndex)
 	}
-	return runtime.Options{Backend: req.Backend, Device: int(req.DeviceIndex)}, nil
+	return runtime.Options{Backend: req.Backend, Device: int(req.DeviceIndex), PCIBusID: req.PCIBusID}, nil
 }
 
 // ApplyEnv sets LoadRequest.env in the process's environment, before the runtime starts.

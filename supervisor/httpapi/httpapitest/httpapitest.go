@@ -113,6 +113,9 @@ func Start(tb testing.TB, o Options) *Daemon {
 			return resp.GetDevices(), err
 		}})
 	runner, err := pipeline.New(pipeline.Config{Models: models, Shm: shmRoot, Log: log,
+		// Every section's MP4 stays, so tests can fetch section 0 after the job (the daemon's
+		// default keeps only the newest: --keep-section-videos).
+		KeepSectionVideos: true,
 		Lane: func(name string) (*lanes.Lane, error) {
 			if name != "cpu" {
 				return nil, fmt.Errorf("no lane %q", name)

@@ -135,6 +135,7 @@ $('job-form').addEventListener('submit', async (ev) => {
 function select(id) {
   if (state.source) { state.source.close(); state.source = null; }
   state.selected = id;
+  if (location.hash !== '#job=' + id) history.replaceState(null, '', '#job=' + encodeURIComponent(id));
   state.lastVideo = '';
   $('live-id').textContent = id;
   $('live-empty').hidden = true;
@@ -248,7 +249,9 @@ function showJob(job) {
   } else if (st === 'CANCELLED') {
     $('progress-text').textContent = 'cancelled';
   } else if (job.progress && job.progress.latestVideoPath && !state.lastVideo) {
-    showVideo(`/v1/jobs/${encodeURIComponent(job.id)}/sections/${job.progress.sectionIndex || 0}/video`, false);
+    // The newest section MP4 written (section-NNN.mp4), when the page opens mid-job.
+    const m = /section-(\d+)\.mp4$/.exec(job.progress.latestVideoPath);
+    if (m) showVideo(`/v1/jobs/${encodeURIComponent(job.id)}/sections/${Number(m[1])}/video`, false);
   }
   const s = job.spec || {};
   const rows = [
@@ -365,5 +368,9 @@ async function refreshDevices() {
 
 refreshJobs();
 refreshDevices();
+{
+  const m = /^#job=([0-9a-z]+)$/.exec(location.hash);
+  if (m) select(m[1]);
+}
 setInterval(refreshJobs, 3000);
 setInterval(refreshDevices, 15000);

@@ -20,7 +20,6 @@ import (
 
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
-	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
 // Embeddings is SiglipVisionEmbeddings: a patchifying convolution plus learned position
@@ -48,23 +47,9 @@ type Attention = nn.EncoderAttention
 // MLP is SiglipMLP: fc2(act(fc1(x))), shared with the other CLIP-family encoder (nn.MLP).
 type MLP = nn.MLP
 
-// EncoderLayer is SiglipEncoderLayer: pre-norm attention and MLP, each with a residual.
-type EncoderLayer struct {
-	LayerNorm1 nn.LayerNorm // layer_norm1 [hidden]
-	SelfAttn   Attention    // self_attn
-	LayerNorm2 nn.LayerNorm // layer_norm2 [hidden]
-	MLP        MLP          // mlp
-}
-
-// Forward: x [B, N, hidden] → [B, N, hidden].
-func (l *EncoderLayer) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	h := l.LayerNorm1.Forward(p, x)
-	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return l.SelfAttn.Forward(p, h, nil) })
-	r := p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Add(x, h)) })
-	h = l.LayerNorm2.Forward(p, r)
-	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return l.MLP.Forward(p, h) })
-	return p.Do(p.RT.Add(r, h))
-}
+// EncoderLayer is SiglipEncoderLayer: pre-norm attention (no mask) and MLP, each with a
+// residual (layer_norm1, self_attn, layer_norm2, mlp), shared with CLIP (nn.EncoderLayer).
+type EncoderLayer = nn.EncoderLayer
 
 // Model is SiglipVisionModel without its pooling head.
 type Model struct {
@@ -73,29 +58,18 @@ type Model struct {
 	Layers        []EncoderLayer // encoder.layers.{i}
 	PostLayerNorm nn.LayerNorm   // post_layernorm [hidden]
 
-	rt      *runtime.Runtime
-	weights []*runtime.Tensor
-	report  nn.Report
+	nn.Weights // WeightBytes, Free
+	rt         *runtime.Runtime
+	report     nn.Report
 }
 
-// LoadOptions are Load's options.
-type LoadOptions struct {
-	// DType is the dtype the weights are stored in on the runtime; 0 means F32 (every backend
-	// computes in F32).
-	DType runtime.DType
-	// WeightDType is the dtype of the Linear and patch-embedding weights (nearly all the bytes):
-	// F16 or BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype; 0 means DType.
-	WeightDType runtime.DType
-}
+// LoadOptions are the dtypes the weights are uploaded in.
+type LoadOptions = nn.Options
 
 // Load reads dir/config.json and the checkpoint in dir and uploads the weights into rt. The
 // pooling head's tensors are not loaded; they and any unknown tensors are listed in Report.
 func Load(rt *runtime.Runtime, dir string, opts LoadOptions) (*Model, error) {
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		return nil, fmt.Errorf("load siglip: %w", err)
-	}
-	ck, err := safetensors.OpenCheckpoint(dir)
+	cfg, ck, err := nn.OpenDir(dir, LoadConfig)
 	if err != nil {
 		return nil, fmt.Errorf("load siglip: %w", err)
 	}
@@ -121,8 +95,7 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 	if err != nil {
 		return nil, err
 	}
-	l := nn.NewLoader(rt, src, opts.DType, prefix)
-	l.SetWeightDType(opts.WeightDType)
+	l := nn.NewLoader(rt, src, opts, prefix)
 	D, P := cfg.HiddenSize, cfg.PatchSize
 	eps := float32(cfg.LayerNormEps)
 	m := &Model{Config: cfg, rt: rt}
@@ -133,16 +106,11 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 	m.Layers = make([]EncoderLayer, cfg.NumHiddenLayers)
 	for i := range m.Layers {
 		name := nn.Join("encoder.layers", i)
-		m.Layers[i] = EncoderLayer{
-			LayerNorm1: nn.NewLayerNorm(l, nn.Join(name, "layer_norm1"), D, eps),
-			SelfAttn:   nn.NewEncoderAttention(l, nn.Join(name, "self_attn"), D, cfg.NumAttentionHeads),
-			LayerNorm2: nn.NewLayerNorm(l, nn.Join(name, "layer_norm2"), D, eps),
-			MLP:        nn.NewMLP(l, nn.Join(name, "mlp"), D, cfg.IntermediateSize, act),
-		}
+		m.Layers[i] = nn.NewEncoderLayer(l, name, D, cfg.IntermediateSize, cfg.NumAttentionHeads, eps, act)
 	}
 	m.PostLayerNorm = nn.NewLayerNorm(l, "post_layernorm", D, eps)
 	l.Skip("head.")
-	if m.weights, m.report, err = l.Finish(); err != nil {
+	if m.Weights, m.report, err = l.Finish(); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -150,17 +118,6 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 
 // Report says which checkpoint tensors were loaded, skipped (the pooling head) and unexpected.
 func (m *Model) Report() nn.Report { return m.report }
-
-// WeightBytes is the size of the loaded weights in the runtime's memory.
-func (m *Model) WeightBytes() int64 { return m.report.Bytes }
-
-// Free frees the weights.
-func (m *Model) Free() {
-	for _, t := range m.weights {
-		t.Free()
-	}
-	m.weights = nil
-}
 
 // checkPixels checks that pixels is [B, num_channels, H, W] with the model's patch grid.
 func (m *Model) checkPixels(pixels *runtime.Tensor) error {
@@ -201,7 +158,7 @@ func (m *Model) Forward(pixels *runtime.Tensor, hook func(i int) error) (*runtim
 	for i := range m.Layers {
 		call(i)
 		x = p.Then(x, func(x *runtime.Tensor) *runtime.Tensor {
-			return p.Sub(nn.Join("encoder.layers", i), func(q *nn.Pass) *runtime.Tensor { return m.Layers[i].Forward(q, x) })
+			return p.Sub(nn.Join("encoder.layers", i), func(q *nn.Pass) *runtime.Tensor { return m.Layers[i].Forward(q, x, nil) })
 		})
 	}
 	call(len(m.Layers))

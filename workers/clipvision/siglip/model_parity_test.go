@@ -95,7 +95,7 @@ func TestParitySiglip(t *testing.T) {
 	if n == 0 {
 		t.Fatal("no siglip.encode case")
 	}
-	if m := rt.Memory(); m.LiveTensors != uint64(len(enc.Model.weights)) {
-		t.Errorf("%d live tensors after the cases, want the %d weights", m.LiveTensors, len(enc.Model.weights))
+	if m := rt.Memory(); m.LiveTensors != uint64(enc.Model.NumTensors()) {
+		t.Errorf("%d live tensors after the cases, want the %d weights", m.LiveTensors, enc.Model.NumTensors())
 	}
 }

@@ -354,8 +354,8 @@ func TestForwardBadInput(t *testing.T) {
 			}
 		})
 	}
-	if n := rt.Memory().LiveTensors; n != uint64(len(m.weights)) {
-		t.Errorf("%d live tensors, want %d weights", n, len(m.weights))
+	if n := rt.Memory().LiveTensors; n != uint64(m.NumTensors()) {
+		t.Errorf("%d live tensors, want %d weights", n, m.NumTensors())
 	}
 }
 

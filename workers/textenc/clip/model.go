@@ -20,7 +20,6 @@ import (
 
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
-	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
 // Embeddings is CLIPTextEmbeddings: token embedding plus learned position embedding.
@@ -48,23 +47,9 @@ type Attention = nn.EncoderAttention
 // MLP is CLIPMLP: fc2(act(fc1(x))), shared with the other CLIP-family encoder (nn.MLP).
 type MLP = nn.MLP
 
-// EncoderLayer is CLIPEncoderLayer (pre-norm attention and MLP, each with a residual).
-type EncoderLayer struct {
-	LayerNorm1 nn.LayerNorm // layer_norm1 [hidden]
-	SelfAttn   Attention    // self_attn
-	LayerNorm2 nn.LayerNorm // layer_norm2 [hidden]
-	MLP        MLP          // mlp
-}
-
-// Forward: h [1, S, hidden], mask U8 [1, 1, S, S] → [1, S, hidden].
-func (l *EncoderLayer) Forward(p *nn.Pass, h, mask *runtime.Tensor) *runtime.Tensor {
-	x := l.LayerNorm1.Forward(p, h)
-	x = p.Then(x, func(x *runtime.Tensor) *runtime.Tensor { return l.SelfAttn.Forward(p, x, mask) })
-	r := p.Then(x, func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Add(h, x)) })
-	x = l.LayerNorm2.Forward(p, r)
-	x = p.Then(x, func(x *runtime.Tensor) *runtime.Tensor { return l.MLP.Forward(p, x) })
-	return p.Do(p.RT.Add(r, x))
-}
+// EncoderLayer is CLIPEncoderLayer: pre-norm attention and MLP, each with a residual
+// (layer_norm1, self_attn, layer_norm2, mlp), shared with SigLIP (nn.EncoderLayer).
+type EncoderLayer = nn.EncoderLayer
 
 // Model is CLIPTextModel (its CLIPTextTransformer).
 type Model struct {
@@ -77,27 +62,17 @@ type Model struct {
 	// Report says which checkpoint tensors were loaded and which were unexpected.
 	Report nn.Report
 
-	rt      *runtime.Runtime
-	weights []*runtime.Tensor
+	nn.Weights // WeightBytes
+	rt         *runtime.Runtime
 }
 
-// Options configure Load.
-type Options struct {
-	// DType is the dtype weights are stored in the runtime as; zero means F32 (every backend
-	// computes in F32).
-	DType runtime.DType
-	// WeightDType is the dtype of the Linear weights and the token embedding: F16 or BF16 keep
-	// them in 16 bits, runtime.AsStored in the checkpoint's dtype; zero means DType.
-	WeightDType runtime.DType
-}
+// Options are the dtypes the weights are uploaded in (WeightDType: the Linear weights and the
+// token embedding).
+type Options = nn.Options
 
 // Load reads dir/config.json and loads the checkpoint in dir.
 func Load(rt *runtime.Runtime, dir string, o Options) (*Model, error) {
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		return nil, err
-	}
-	ckpt, err := safetensors.OpenCheckpoint(dir)
+	cfg, ckpt, err := nn.OpenDir(dir, LoadConfig)
 	if err != nil {
 		return nil, fmt.Errorf("clip: %w", err)
 	}
@@ -118,8 +93,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 	if err != nil {
 		return nil, fmt.Errorf("clip: %w", err)
 	}
-	ld := nn.NewLoader(rt, src, o.DType, prefix)
-	ld.SetWeightDType(o.WeightDType)
+	ld := nn.NewLoader(rt, src, o, prefix)
 	H := cfg.HiddenSize
 	eps := float32(cfg.LayerNormEps)
 	m := &Model{Config: cfg, rt: rt}
@@ -129,31 +103,21 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 	}
 	for i := range cfg.NumHiddenLayers {
 		name := nn.Join("encoder.layers", i)
-		m.Layers = append(m.Layers, &EncoderLayer{
-			LayerNorm1: nn.NewLayerNorm(ld, nn.Join(name, "layer_norm1"), H, eps),
-			SelfAttn:   nn.NewEncoderAttention(ld, nn.Join(name, "self_attn"), H, cfg.NumAttentionHeads),
-			LayerNorm2: nn.NewLayerNorm(ld, nn.Join(name, "layer_norm2"), H, eps),
-			MLP:        nn.NewMLP(ld, nn.Join(name, "mlp"), H, cfg.IntermediateSize, act),
-		})
+		l := nn.NewEncoderLayer(ld, name, H, cfg.IntermediateSize, cfg.NumAttentionHeads, eps, act)
+		m.Layers = append(m.Layers, &l)
 	}
 	m.FinalLayerNorm = nn.NewLayerNorm(ld, "final_layer_norm", H, eps)
 	// position_ids is a non-persistent buffer in current transformers, saved by older ones.
 	ld.Skip("embeddings.position_ids")
-	if m.weights, m.Report, err = ld.Finish(); err != nil {
+	if m.Weights, m.Report, err = ld.Finish(); err != nil {
 		return nil, fmt.Errorf("clip: %w", err)
 	}
 	return m, nil
 }
 
-// WeightBytes returns the size of the weights held in the runtime.
-func (m *Model) WeightBytes() int64 { return m.Report.Bytes }
-
 // Close frees the weights.
 func (m *Model) Close() error {
-	for _, t := range m.weights {
-		t.Free()
-	}
-	m.weights = nil
+	m.Free()
 	return nil
 }
 

@@ -170,9 +170,9 @@ type Model struct {
 	// unexpected.
 	Report nn.Report
 
-	rt      *runtime.Runtime
-	ckpt    *safetensors.Checkpoint
-	weights []*runtime.Tensor
+	nn.Weights // the resident weights (WeightBytes below adds the streamed layers')
+	rt         *runtime.Runtime
+	ckpt       *safetensors.Checkpoint
 
 	// Layers past the first `resident` stay in host memory (their entries in Layers hold no
 	// tensors) and stream through two slots (nn.BlockStream) on copyStream.
@@ -186,11 +186,9 @@ type Model struct {
 type Options struct {
 	// HiddenStateIndex is the hidden_states entry HiddenState computes (FramePack: −3).
 	HiddenStateIndex int
-	// DType is the dtype weights are stored in the runtime as (F32 on the cpu backend).
-	DType runtime.DType
-	// WeightDType is the dtype of the Linear weights (the bulk of the model): F16 or BF16 keep
-	// them in 16 bits, runtime.AsStored in the checkpoint's dtype; zero means F32.
-	WeightDType runtime.DType
+	// Options are the dtypes the weights are uploaded in (WeightDType: the Linear weights, the
+	// bulk of the model; the embedding table stays in the checkpoint).
+	nn.Options
 	// MemoryCap is the runtime's cap the layer residency is planned for (0: none, every layer
 	// resident unless MaxResidentLayers says otherwise).
 	MemoryCap int64
@@ -211,11 +209,7 @@ var ErrMemoryBudget = errors.New("memory cap too small for the llama text encode
 // hidden-state entry o.HiddenStateIndex: weights of layers past the plan and the final norm
 // (unless needed) are not loaded.
 func Load(rt *runtime.Runtime, dir string, o Options) (*Model, error) {
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		return nil, err
-	}
-	ckpt, err := safetensors.OpenCheckpoint(dir)
+	cfg, ckpt, err := nn.OpenDir(dir, LoadConfig)
 	if err != nil {
 		return nil, fmt.Errorf("llama: %w", err)
 	}
@@ -246,8 +240,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 	if err != nil {
 		return nil, fmt.Errorf("llama: %w", err)
 	}
-	ld := nn.NewLoader(rt, src, o.DType, prefix)
-	ld.SetWeightDType(o.WeightDType)
+	ld := nn.NewLoader(rt, src, o.Options, prefix)
 	m := &Model{Config: cfg, Plan: plan, rt: rt, RotaryEmb: NewRotaryEmbedding(cfg.HeadDim, theta)}
 	H := cfg.HiddenSize
 	m.EmbedTokens = nn.NewHostEmbedding(ld, "embed_tokens.weight", cfg.VocabSize, H)
@@ -277,7 +270,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 		ld.Skip("norm.weight")
 	}
 	ld.SkipRoot("lm_head.") // LlamaForCausalLM's head, beside "model.": never used by an encoder
-	if m.weights, m.Report, err = ld.Finish(); err != nil {
+	if m.Weights, m.Report, err = ld.Finish(); err != nil {
 		return nil, fmt.Errorf("llama: %w", err)
 	}
 	if m.StreamedLayers() > 0 {
@@ -324,21 +317,17 @@ func bindLayer(ld *nn.Loader, name string, cfg Config, act nn.Activation) *Decod
 // and, for weights kept as stored, the checkpoint's dtypes; nothing is loaded).
 func LayerBytes(cfg Config, src nn.Source, prefix string, o Options) int64 {
 	act, _ := nn.ActivationByName(cfg.HiddenAct)
-	l := nn.NewShapeLoader()
-	l.SetWeightDType(o.WeightDType)
+	l := nn.NewShapeLoaderFor(o.Options)
 	bindLayer(l, "layers.0", cfg, act)
 	var n int64
 	dts := l.ShapeDTypes()
 	for name, shape := range l.Shapes() {
 		dt := dts[name]
-		switch {
-		case dt == runtime.AsStored:
+		if dt == runtime.AsStored {
 			dt = runtime.F32
 			if info, ok := src.Info(prefix + name); ok {
 				dt = runtime.StoredDType(info.DType)
 			}
-		case dt == runtime.F32 && o.DType != 0: // the shape loader's own dtype: the model's
-			dt = o.DType
 		}
 		e := int64(dt.Size())
 		for _, d := range shape {
@@ -385,7 +374,7 @@ func planLayers(cfg Config, plan Plan, src nn.Source, prefix string, o Options) 
 
 // WeightBytes returns the size of the weights: in the runtime plus the streamed layers' host
 // copies.
-func (m *Model) WeightBytes() int64 { return m.Report.Bytes + m.stream.HostBytes() }
+func (m *Model) WeightBytes() int64 { return m.Weights.WeightBytes() + m.stream.HostBytes() }
 
 // ResidentLayers is the number of layers kept in the runtime's memory.
 func (m *Model) ResidentLayers() int { return min(m.resident, len(m.Layers)) }
@@ -395,10 +384,19 @@ func (m *Model) StreamedLayers() int { return len(m.Layers) - m.ResidentLayers()
 
 // Close frees the weights and closes the checkpoint (when Load opened it).
 func (m *Model) Close() error {
-	for _, t := range m.weights {
-		t.Free()
+	m.Free()
+	if m.ckpt != nil {
+		err := m.ckpt.Close()
+		m.ckpt = nil
+		return err
 	}
-	m.weights = nil
+	return nil
+}
+
+// Free frees the resident weights, the streaming slots, the pinned host copies and the copy
+// stream.
+func (m *Model) Free() {
+	m.Weights.Free()
 	m.stream.Release()
 	for _, b := range m.pinned {
 		_ = m.rt.UnpinHost(b) // nothing to do about a failure while closing
@@ -406,12 +404,6 @@ func (m *Model) Close() error {
 	m.pinned = nil
 	m.copyStream.Free()
 	m.copyStream = nil
-	if m.ckpt != nil {
-		err := m.ckpt.Close()
-		m.ckpt = nil
-		return err
-	}
-	return nil
 }
 
 // ErrEmptyMask is returned by HiddenState when the mask attends no position.

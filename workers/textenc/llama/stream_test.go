@@ -5,6 +5,7 @@ import (
 	"math"
 	"testing"
 
+	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
@@ -62,12 +63,12 @@ func TestStreamingLayers(t *testing.T) {
 	}
 	for _, wdt := range []runtime.DType{0, runtime.AsStored} {
 		rt := newRuntime(t, nil)
-		want, all := hidden(rt, Options{WeightDType: wdt})
+		want, all := hidden(rt, Options{Options: nn.Options{WeightDType: wdt}})
 		if all.StreamedLayers() != 0 || all.ResidentLayers() < 2 {
 			t.Fatalf("all-resident: %d resident, %d streamed", all.ResidentLayers(), all.StreamedLayers())
 		}
 		for _, max := range []int{1, NoResidentLayers} {
-			got, m := hidden(rt, Options{WeightDType: wdt, MaxResidentLayers: max})
+			got, m := hidden(rt, Options{Options: nn.Options{WeightDType: wdt}, MaxResidentLayers: max})
 			if m.StreamedLayers() == 0 || m.WeightBytes() != all.WeightBytes() {
 				t.Fatalf("max %d: %d streamed, %d weight bytes (all-resident %d)", max, m.StreamedLayers(), m.WeightBytes(), all.WeightBytes())
 			}

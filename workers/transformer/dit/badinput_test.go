@@ -121,8 +121,8 @@ func TestBadInput(t *testing.T) {
 			t.Logf("%s: %v", tc.name, err)
 		})
 	}
-	if live := rt.Memory().LiveTensors; live != uint64(len(m.weights)) {
-		t.Errorf("%d live tensors after refused inputs, want the %d weights", live, len(m.weights))
+	if live := rt.Memory().LiveTensors; live != uint64(m.NumTensors()) {
+		t.Errorf("%d live tensors after refused inputs, want the %d weights", live, m.NumTensors())
 	}
 }
 
@@ -298,7 +298,7 @@ func TestBadCheckpoint(t *testing.T) {
 				if !slices.Equal(m.Unexpected, []string{"some_adapter.weight"}) {
 					t.Errorf("unexpected tensors %v, want [some_adapter.weight]", m.Unexpected)
 				}
-				if got, want := len(m.weights), len(all); got != want {
+				if got, want := m.NumTensors(), len(all); got != want {
 					t.Errorf("bound %d tensors, checkpoint has %d", got, want)
 				}
 				return

@@ -17,5 +17,7 @@
 // section's forwards share is embedded once by Model.Prepare into a Section; Model.Forward then
 // runs one evaluation, with FramePack's TeaCache optionally skipping the blocks.
 //
-// Compute is float32 (the cpu backend); checkpoints in bf16, fp16 or f32 load exactly.
+// Activations are float32 on every backend; the weight matrices stay in LoadOptions.WeightDType
+// (f32, fp16, bf16 or the checkpoint's own), norms and biases in float32. Checkpoints in bf16,
+// fp16 or f32 load exactly.
 package dit

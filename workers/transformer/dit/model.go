@@ -31,8 +31,8 @@ type Model struct {
 	// Unexpected lists checkpoint tensors no module uses (the loader's caller logs them).
 	Unexpected []string
 
-	rt      *runtime.Runtime
-	weights []*runtime.Tensor
+	nn.Weights // the resident weights (WeightBytes and NumParams below add the streamed blocks')
+	rt         *runtime.Runtime
 
 	// Streaming: blocks past the first residentDouble double and residentSingle single blocks
 	// are kept in host memory (their fields here hold no tensors) and copied into slots one
@@ -110,13 +110,13 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	if err != nil {
 		return nil, err
 	}
+	dts := nn.Options{DType: runtime.F32, WeightDType: opts.WeightDType}
 	var l *nn.Loader
 	if src == nil {
-		l = nn.NewRandomLoader(rt, opts.Seed, runtime.F32)
+		l = nn.NewRandomLoader(rt, opts.Seed, dts)
 	} else {
-		l = nn.NewLoader(rt, src, runtime.F32, "")
+		l = nn.NewLoader(rt, src, dts, "")
 	}
-	l.SetWeightDType(opts.WeightDType)
 	m := &Model{Config: cfg, rt: rt}
 	m.residentDouble, m.residentSingle = fp.split(resident)
 	m.double = nn.NewBlockStream(rt, "transformer_blocks", func(l *nn.Loader) HunyuanVideoTransformerBlock { return bindDoubleBlock(l, "", cfg) })
@@ -126,7 +126,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	if err != nil {
 		return nil, err
 	}
-	m.weights, m.Unexpected = ws, rep.Unexpected
+	m.Weights, m.Unexpected = ws, rep.Unexpected
 	if m.StreamedBlocks() > 0 {
 		if m.copyStream, err = rt.NewStream(); err != nil {
 			m.Close()
@@ -232,32 +232,20 @@ func (m *Model) Runtime() *runtime.Runtime { return m.rt }
 
 // WeightBytes is the size of the weights as held (float32, or 16 bits per LoadOptions.WeightDType):
 // in the runtime's memory plus the streamed blocks' host copies.
-func (m *Model) WeightBytes() int64 {
-	n := m.StreamedBytes()
-	for _, t := range m.weights {
-		n += int64(t.NumBytes())
-	}
-	return n
-}
+func (m *Model) WeightBytes() int64 { return m.Weights.WeightBytes() + m.StreamedBytes() }
 
-// NumParams is the number of weight elements.
+// NumParams is the number of weight elements, the streamed blocks' included.
 func (m *Model) NumParams() int64 {
-	var n int64
-	for _, t := range m.weights {
-		n += int64(t.NumElements())
-	}
-	for _, st := range []interface{ NumElements() int64 }{m.double, m.single} {
-		n += st.NumElements()
-	}
-	return n
+	return m.Weights.NumParams() + m.double.NumElements() + m.single.NumElements()
 }
 
 // Close frees the weights.
-func (m *Model) Close() {
-	for _, t := range m.weights {
-		t.Free()
-	}
-	m.weights = nil
+func (m *Model) Close() { m.Free() }
+
+// Free frees the resident weights, the streaming slots, the pinned host copies and the copy
+// stream.
+func (m *Model) Free() {
+	m.Weights.Free()
 	m.releaseSlots()
 	for _, b := range m.pinned {
 		_ = m.rt.UnpinHost(b) // nothing to do about a failure while closing

@@ -73,8 +73,7 @@ func EstimateFootprint(cfg Config, src nn.Source, opts LoadOptions) (Footprint, 
 		return Footprint{}, err
 	}
 	size := func(bind func(l *nn.Loader)) int64 {
-		l := nn.NewShapeLoader()
-		l.SetWeightDType(opts.WeightDType)
+		l := nn.NewShapeLoaderFor(nn.Options{DType: runtime.F32, WeightDType: opts.WeightDType})
 		bind(l)
 		var n int64
 		dts := l.ShapeDTypes()

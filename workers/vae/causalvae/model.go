@@ -22,15 +22,9 @@ func badInput(format string, args ...any) error {
 // Checkpoint is a set of named tensors with their list of names (*safetensors.Checkpoint).
 type Checkpoint = nn.Source
 
-// Options configure Load.
-type Options struct {
-	// DType is the dtype weights are held in; zero means F32 (every backend computes in f32
-	// whatever the storage).
-	DType runtime.DType
-	// WeightDType is the dtype of the conv and linear weights (nearly all the bytes): F16 or
-	// BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype; zero means DType.
-	WeightDType runtime.DType
-}
+// Options are the dtypes the weights are uploaded in (WeightDType: the conv and linear
+// weights, nearly all the bytes).
+type Options = nn.Options
 
 // LoadInfo says what a load found besides the model.
 type LoadInfo struct {
@@ -51,8 +45,8 @@ type Model struct {
 	PostQuantConv nn.Conv3d // post_quant_conv [latent, latent, 1, 1, 1]
 	Info          LoadInfo
 
-	rt      *runtime.Runtime
-	weights []*runtime.Tensor
+	nn.Weights
+	rt *runtime.Runtime
 }
 
 // Load reads dir/config.json and the checkpoint in dir (diffusion_pytorch_model.safetensors or
@@ -88,15 +82,15 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, ck Checkpoint, opts Options) (*Mo
 	if !dt.IsFloat() {
 		return nil, fmt.Errorf("load vae: dtype %s is not a float type", dt)
 	}
-	l := nn.NewLoader(rt, ck, dt, "")
-	l.SetWeightDType(opts.WeightDType)
+	opts.DType = dt
+	l := nn.NewLoader(rt, ck, opts, "")
 	m := &Model{Config: cfg, rt: rt}
 	m.bind(l)
 	ws, rep, err := l.Finish()
 	if err != nil {
 		return nil, err
 	}
-	m.weights = ws
+	m.Weights = ws
 	m.Info.WeightBytes, m.Info.Unexpected = rep.Bytes, rep.Unexpected
 	return m, nil
 }
@@ -114,12 +108,7 @@ func (m *Model) bind(l *nn.Loader) {
 func (m *Model) Runtime() *runtime.Runtime { return m.rt }
 
 // Close frees the weights.
-func (m *Model) Close() {
-	for _, t := range m.weights {
-		t.Free()
-	}
-	m.weights = nil
-}
+func (m *Model) Close() { m.Free() }
 
 // encodeTile runs encoder and quant_conv on one tile: x [B, in, T, H, W] → moments
 // [B, 2·latent, T', H', W'], on the host.

@@ -4,7 +4,8 @@ import (
 	"github.com/framepackd/framepackd/internal/nn"
 )
 
-// ErrCheckpoint is wrapped by every error about a checkpoint's contents: a missing tensor, a
+// ErrCheckpoint ("bad checkpoint", the words of internal/nn) is wrapped by every error about a
+// checkpoint: a header that does not parse, a missing tensor, a
 // wrong shape or dtype, a config that the weights contradict. Retrying cannot help; the
 // worker reports it as a bad argument.
 var ErrCheckpoint = nn.ErrCheckpoint

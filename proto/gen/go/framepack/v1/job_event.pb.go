@@ -24,13 +24,22 @@ const (
 )
 
 // JobEvent is one message of a WatchJob stream. The first event is always a
-// snapshot; the stream ends after job_finished, job_failed or job_cancelled.
+// snapshot; then come the events the job already had when the watch started
+// (replay = true, each with its original time, oldest first), then live ones;
+// the stream ends after job_finished, job_failed or job_cancelled.
 type JobEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// job_id is the job the event belongs to.
 	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
-	// time is when the event happened.
+	// time is when the event happened: for a replayed event, when it first
+	// happened, not when it is sent again; for the snapshot, when the watch
+	// started.
 	Time *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=time,proto3" json:"time,omitempty"`
+	// replay is true for an event that happened before this watch started and
+	// is sent again from the job's stored history (a late watcher, a client
+	// reconnecting after a daemon restart); false for the snapshot and for live
+	// events.
+	Replay bool `protobuf:"varint,15,opt,name=replay,proto3" json:"replay,omitempty"`
 	// event is the payload.
 	//
 	// Types that are valid to be assigned to Event:
@@ -94,6 +103,13 @@ func (x *JobEvent) GetTime() *timestamppb.Timestamp {
 		return x.Time
 	}
 	return nil
+}
+
+func (x *JobEvent) GetReplay() bool {
+	if x != nil {
+		return x.Replay
+	}
+	return false
 }
 
 func (x *JobEvent) GetEvent() isJobEvent_Event {
@@ -1055,10 +1071,11 @@ var File_framepack_v1_job_event_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_event_proto_rawDesc = "" +
 	"\n" +
-	"\x1cframepack/v1/job_event.proto\x12\fframepack.v1\x1a\x16framepack/v1/job.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x06\n" +
+	"\x1cframepack/v1/job_event.proto\x12\fframepack.v1\x1a\x16framepack/v1/job.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x06\n" +
 	"\bJobEvent\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12.\n" +
-	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12/\n" +
+	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
+	"\x06replay\x18\x0f \x01(\bR\x06replay\x12/\n" +
 	"\bsnapshot\x18\x03 \x01(\v2\x11.framepack.v1.JobH\x00R\bsnapshot\x12A\n" +
 	"\rstage_started\x18\x04 \x01(\v2\x1a.framepack.v1.StageStartedH\x00R\fstageStarted\x12D\n" +
 	"\x0estage_finished\x18\x05 \x01(\v2\x1b.framepack.v1.StageFinishedH\x00R\rstageFinished\x12A\n" +

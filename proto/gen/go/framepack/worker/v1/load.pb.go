@@ -65,14 +65,19 @@ type LoadRequest struct {
 	MaxResidentBlocks uint32 `protobuf:"varint,9,opt,name=max_resident_blocks,json=maxResidentBlocks,proto3" json:"max_resident_blocks,omitempty"`
 	// fault injects failures for tests; unset in production.
 	Fault *Fault `protobuf:"bytes,10,opt,name=fault,proto3" json:"fault,omitempty"`
+	// pci_bus_id, when set, names the GPU to open by its PCI bus id
+	// ("0000:65:00.0") instead of device_index, so the worker runs on the GPU
+	// the supervisor watches (NVML, amdgpu sysfs) even where the runtime
+	// numbers devices differently. Ignored on cpu.
+	PciBusId string `protobuf:"bytes,11,opt,name=pci_bus_id,json=pciBusId,proto3" json:"pci_bus_id,omitempty"`
 	// loras are LoRA files merged into the transformer's weights at load
 	// (W += strength * alpha/rank * up @ down), in order; several stack.
 	// Transformer worker only; the others refuse a non-empty list.
-	Loras []*LoraSpec `protobuf:"bytes,11,rep,name=loras,proto3" json:"loras,omitempty"`
+	Loras []*LoraSpec `protobuf:"bytes,12,rep,name=loras,proto3" json:"loras,omitempty"`
 	// workload is the job the model is loaded for; the transformer worker
 	// estimates its activations from it and keeps resident only the blocks
 	// that fit memory_cap_bytes beside them. Unset: no activations reserved.
-	Workload      *Workload `protobuf:"bytes,12,opt,name=workload,proto3" json:"workload,omitempty"`
+	Workload      *Workload `protobuf:"bytes,13,opt,name=workload,proto3" json:"workload,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -175,6 +180,13 @@ func (x *LoadRequest) GetFault() *Fault {
 		return x.Fault
 	}
 	return nil
+}
+
+func (x *LoadRequest) GetPciBusId() string {
+	if x != nil {
+		return x.PciBusId
+	}
+	return ""
 }
 
 func (x *LoadRequest) GetLoras() []*LoraSpec {
@@ -996,7 +1008,7 @@ var File_framepack_worker_v1_load_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\n" +
-	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xd1\x04\n" +
+	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xef\x04\n" +
 	"\vLoadRequest\x12\x1b\n" +
 	"\tmodel_dir\x18\x01 \x01(\tR\bmodelDir\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x18\n" +
@@ -1010,9 +1022,11 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"beaconPath\x12.\n" +
 	"\x13max_resident_blocks\x18\t \x01(\rR\x11maxResidentBlocks\x120\n" +
 	"\x05fault\x18\n" +
-	" \x01(\v2\x1a.framepack.worker.v1.FaultR\x05fault\x123\n" +
-	"\x05loras\x18\v \x03(\v2\x1d.framepack.worker.v1.LoraSpecR\x05loras\x129\n" +
-	"\bworkload\x18\f \x01(\v2\x1d.framepack.worker.v1.WorkloadR\bworkload\x1a6\n" +
+	" \x01(\v2\x1a.framepack.worker.v1.FaultR\x05fault\x12\x1c\n" +
+	"\n" +
+	"pci_bus_id\x18\v \x01(\tR\bpciBusId\x123\n" +
+	"\x05loras\x18\f \x03(\v2\x1d.framepack.worker.v1.LoraSpecR\x05loras\x129\n" +
+	"\bworkload\x18\r \x01(\v2\x1d.framepack.worker.v1.WorkloadR\bworkload\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x01\n" +

@@ -660,13 +660,6 @@ type VaeTiling struct {
 	// enable_spatial_tiling splits height and width into overlapping tiles
 	// (diffusers' use_tiling) when the input is larger than one tile.
 	EnableSpatialTiling bool `protobuf:"varint,1,opt,name=enable_spatial_tiling,json=enableSpatialTiling,proto3" json:"enable_spatial_tiling,omitempty"`
-	// enable_temporal_tiling is ignored. Deprecated: framewise chunking is
-	// always on, as in diffusers and FramePack: encode splits more than
-	// tile_sample_min_num_frames pixel frames into chunks, decode more than
-	// tile_sample_min_num_frames/4 latent frames. To run all frames in one
-	// piece, set tile_sample_min_num_frames to at least the pixel frame count
-	// (encode) or 4 x the latent frame count (decode).
-	EnableTemporalTiling bool `protobuf:"varint,2,opt,name=enable_temporal_tiling,json=enableTemporalTiling,proto3" json:"enable_temporal_tiling,omitempty"`
 	// tile_sample_min_height is the tile height in pixels.
 	TileSampleMinHeight uint32 `protobuf:"varint,3,opt,name=tile_sample_min_height,json=tileSampleMinHeight,proto3" json:"tile_sample_min_height,omitempty"`
 	// tile_sample_min_width is the tile width in pixels.
@@ -716,13 +709,6 @@ func (*VaeTiling) Descriptor() ([]byte, []int) {
 func (x *VaeTiling) GetEnableSpatialTiling() bool {
 	if x != nil {
 		return x.EnableSpatialTiling
-	}
-	return false
-}
-
-func (x *VaeTiling) GetEnableTemporalTiling() bool {
-	if x != nil {
-		return x.EnableTemporalTiling
 	}
 	return false
 }
@@ -2079,16 +2065,15 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\n" +
 	"llama_mask\x18\x03 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\tllamaMask\x12?\n" +
 	"\vclip_pooler\x18\x04 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\n" +
-	"clipPooler\"\xcf\x03\n" +
+	"clipPooler\"\xb7\x03\n" +
 	"\tVaeTiling\x122\n" +
-	"\x15enable_spatial_tiling\x18\x01 \x01(\bR\x13enableSpatialTiling\x124\n" +
-	"\x16enable_temporal_tiling\x18\x02 \x01(\bR\x14enableTemporalTiling\x123\n" +
+	"\x15enable_spatial_tiling\x18\x01 \x01(\bR\x13enableSpatialTiling\x123\n" +
 	"\x16tile_sample_min_height\x18\x03 \x01(\rR\x13tileSampleMinHeight\x121\n" +
 	"\x15tile_sample_min_width\x18\x04 \x01(\rR\x12tileSampleMinWidth\x12:\n" +
 	"\x1atile_sample_min_num_frames\x18\x05 \x01(\rR\x16tileSampleMinNumFrames\x129\n" +
 	"\x19tile_sample_stride_height\x18\x06 \x01(\rR\x16tileSampleStrideHeight\x127\n" +
 	"\x18tile_sample_stride_width\x18\a \x01(\rR\x15tileSampleStrideWidth\x12@\n" +
-	"\x1dtile_sample_stride_num_frames\x18\b \x01(\rR\x19tileSampleStrideNumFrames\"\xf4\x01\n" +
+	"\x1dtile_sample_stride_num_frames\x18\b \x01(\rR\x19tileSampleStrideNumFramesJ\x04\b\x02\x10\x03R\x16enable_temporal_tiling\"\xf4\x01\n" +
 	"\x10VaeEncodeRequest\x126\n" +
 	"\x06pixels\x18\x01 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x06pixels\x126\n" +
 	"\x06tiling\x18\x02 \x01(\v2\x1e.framepack.worker.v1.VaeTilingR\x06tiling\x128\n" +

@@ -1,0 +1,107 @@
+package pipeline
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
+)
+
+// Settings are a job's settings as its videos carry them (the MP4's "comment" tag and a JSON
+// file beside each video): enough to make the video again.
+type Settings struct {
+	Job            string            `json:"job"`
+	Section        int               `json:"section"`
+	Sections       int               `json:"sections"`
+	Variant        string            `json:"variant"`
+	Prompt         string            `json:"prompt"`
+	Prompts        []SettingsPrompt  `json:"prompts,omitempty"` // a timed prompt's entries
+	NegativePrompt string            `json:"negative_prompt,omitempty"`
+	Seed           int64             `json:"seed"`
+	Seconds        float32           `json:"total_second_length"`
+	Window         uint32            `json:"latent_window_size"`
+	Steps          uint32            `json:"steps"`
+	CFG            float32           `json:"cfg"`
+	GS             float32           `json:"gs"`
+	RS             float32           `json:"rs"`
+	TeaCache       bool              `json:"use_teacache"`
+	Resolution     uint32            `json:"resolution"`
+	Width          int               `json:"width"`
+	Height         int               `json:"height"`
+	Loras          []SettingsLora    `json:"loras,omitempty"`
+	Models         map[string]string `json:"models"` // model → revision (hub snapshot) or folder
+}
+
+// SettingsPrompt is one entry of a timed prompt.
+type SettingsPrompt struct {
+	Start  float64 `json:"start_seconds"`
+	Prompt string  `json:"prompt"`
+}
+
+// SettingsLora is one LoRA of a job, with what the transformer reported merging.
+type SettingsLora struct {
+	Path           string  `json:"path"`
+	Strength       float64 `json:"strength"`
+	Format         string  `json:"format,omitempty"`
+	WeightsChanged uint32  `json:"weights_changed,omitempty"`
+}
+
+// settings returns the job's settings after section i.
+func (j *jobRun) settings(i int) Settings {
+	spec := j.job.Spec
+	s := Settings{Job: j.job.ID, Section: i, Sections: j.total, Variant: j.variant.Name(), Prompt: spec.GetPrompt(),
+		NegativePrompt: spec.GetNegativePrompt(), Seed: spec.GetSeed(), Seconds: spec.GetTotalSecondLength(),
+		Window: spec.GetLatentWindowSize(), Steps: spec.GetSteps(), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
+		TeaCache: spec.GetUseTeacache(), Resolution: spec.GetResolution(), Models: map[string]string{}}
+	if j.cond != nil {
+		s.Width, s.Height = j.cond.width, j.cond.height
+	}
+	if plan.IsTimed(spec.GetPrompt()) {
+		if ps, err := plan.ParsePrompts(spec.GetPrompt()); err == nil {
+			for _, p := range ps {
+				s.Prompts = append(s.Prompts, SettingsPrompt{Start: p.Start, Prompt: p.Prompt})
+			}
+		}
+	}
+	for k, l := range jobLoras(spec) {
+		sl := SettingsLora{Path: l.Path, Strength: l.Strength}
+		if k < len(j.lorasApplied) && j.lorasApplied[k].Path == l.Path {
+			sl.Format, sl.WeightsChanged = j.lorasApplied[k].Format, j.lorasApplied[k].WeightsChanged
+		}
+		s.Loras = append(s.Loras, sl)
+	}
+	m := j.r.cfg.Models
+	for name, dir := range map[string]string{"hunyuanvideo": m.HunyuanVideo, "flux_redux": m.FluxRedux, "transformer": j.r.transformerDir(s.Variant)} {
+		s.Models[name] = revision(dir)
+	}
+	return s
+}
+
+// revision is a model folder's revision: the snapshot name of a Hugging Face cache folder
+// (…/snapshots/<revision>), else the folder itself.
+func revision(dir string) string {
+	parent, rev := filepath.Split(filepath.Clean(dir))
+	if filepath.Base(filepath.Clean(parent)) == "snapshots" {
+		return rev
+	}
+	return dir
+}
+
+// writeSettings writes the settings as JSON beside a video: <video without extension>.json.
+func writeSettings(videoPath string, raw []byte) error {
+	path := settingsPath(videoPath)
+	if err := os.WriteFile(path+".partial", append(raw, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write settings: %w", err)
+	}
+	if err := os.Rename(path+".partial", path); err != nil {
+		return fmt.Errorf("write settings: %w", err)
+	}
+	return nil
+}
+
+// settingsPath is the settings file beside a section video: section-NNN.json.
+func settingsPath(videoPath string) string {
+	return strings.TrimSuffix(videoPath, filepath.Ext(videoPath)) + ".json"
+}
