@@ -31,7 +31,7 @@ type pipelineOptions struct {
 	// checkVariant checks JobSpec.variant at submit (pipeline.Runner.CheckVariant); set by
 	// newRunner when the models are found, nil otherwise (only i2v accepted).
 	checkVariant func(name string) error
-	onStage     func(pipeline.StageRecord)           // the metrics' stage hook, set by run (http.go)
+	onStage      func(pipeline.StageRecord) // the metrics' stage hook, set by run (http.go)
 }
 
 // addPipelineFlags registers the pipeline's flags on fs.

@@ -66,9 +66,10 @@ type Source interface {
 // dtype; F32 for random weights) or, by default, the loader's dtype.
 type Loader struct {
 	rt     *runtime.Runtime
-	src    Source           // checkpoint mode
-	rng    *rand.Rand       // random mode
-	shapes map[string][]int // shape mode
+	src    Source                   // checkpoint mode
+	rng    *rand.Rand               // random mode
+	shapes map[string][]int         // shape mode
+	sdtype map[string]runtime.DType // shape mode: the dtype each bind asked for
 	dtype  runtime.DType
 	wdtype runtime.DType
 	prefix string
@@ -78,6 +79,10 @@ type Loader struct {
 	loaded  []*runtime.Tensor
 	bytes   int64
 	errs    []error
+
+	host      *HostSource // BeginHost..EndHost: binds go to host memory
+	hostStrip string
+	hostBytes int64
 }
 
 // Options are the dtypes a model's weights are uploaded in (every model package's load options).
@@ -115,9 +120,14 @@ func NewRandomLoader(rt *runtime.Runtime, seed uint64, o Options) *Loader {
 
 // NewShapeLoader returns a loader that uploads nothing and only records the name and shape of
 // every tensor asked for (Shapes).
-func NewShapeLoader() *Loader {
-	l := NewLoader(nil, nil, Options{}, "")
+func NewShapeLoader() *Loader { return NewShapeLoaderFor(Options{}) }
+
+// NewShapeLoaderFor is NewShapeLoader recording, in ShapeDTypes, the dtypes a loader with
+// options o would upload each tensor as (size estimates of 16-bit weights).
+func NewShapeLoaderFor(o Options) *Loader {
+	l := NewLoader(nil, nil, o, "")
 	l.shapes = map[string][]int{}
+	l.sdtype = map[string]runtime.DType{}
 	return l
 }
 
@@ -245,16 +255,25 @@ func (l *Loader) bind(dt runtime.DType, name string, shape []int) *runtime.Tenso
 	case l.shapes != nil:
 		l.used[full] = true
 		l.shapes[full] = slices.Clone(shape)
+		l.sdtype[full] = dt
 		return nil
 	case l.rng != nil:
 		l.used[full] = true
 		if len(l.errs) > 0 {
 			return nil
 		}
+		if l.host != nil {
+			l.toHost(full, dt, shape)
+			return nil
+		}
 		t, err := l.random(full, shape, dt)
 		return l.keep(full, t, err)
 	}
 	if _, ok := l.check(full, shape); !ok || len(l.errs) > 0 {
+		return nil
+	}
+	if l.host != nil {
+		l.toHost(full, dt, shape)
 		return nil
 	}
 	t, err := l.rt.LoadTensor(l.src, full, dt)
@@ -365,6 +384,10 @@ func (l *Loader) SkipRoot(prefix string) {
 
 // Shapes returns the tensors asked for and their shapes (shape mode; nil otherwise).
 func (l *Loader) Shapes() map[string][]int { return l.shapes }
+
+// ShapeDTypes returns the dtype each tensor of Shapes would be uploaded as (shape mode):
+// F32 for Tensor binds, the weight dtype (runtime.AsStored included) for Weight binds.
+func (l *Loader) ShapeDTypes() map[string]runtime.DType { return l.sdtype }
 
 // Tensors returns every tensor uploaded so far (the caller owns them once loading succeeded).
 func (l *Loader) Tensors() []*runtime.Tensor { return slices.Clone(l.loaded) }

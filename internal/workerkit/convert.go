@@ -112,8 +112,22 @@ func toLoadRequest(r *LoadRequest) *pb.LoadRequest {
 		ModelDir: r.ModelDir, Dtype: r.DType, Backend: r.Backend, DeviceIndex: r.DeviceIndex,
 		MemoryCapBytes: r.MemoryCapBytes, ConvPolicy: toConvPolicy(r.ConvPolicy), Env: r.Env,
 		BeaconPath: r.BeaconPath, MaxResidentBlocks: r.MaxResidentBlocks, Fault: toFault(r.Fault), PciBusId: r.PCIBusID,
-		Loras: toLoraSpecs(r.Loras),
+		Loras: toLoraSpecs(r.Loras), Workload: toWorkload(r.Workload),
 	}
+}
+
+func toWorkload(w *Workload) *pb.Workload {
+	if w == nil {
+		return nil
+	}
+	return &pb.Workload{Height: w.Height, Width: w.Width, LatentWindowSize: w.LatentWindowSize, ReserveBytes: w.ReserveBytes}
+}
+
+func fromWorkload(w *pb.Workload) *Workload {
+	if w == nil {
+		return nil
+	}
+	return &Workload{Height: w.GetHeight(), Width: w.GetWidth(), LatentWindowSize: w.GetLatentWindowSize(), ReserveBytes: w.GetReserveBytes()}
 }
 
 func toExtraPrompts(ps []ExtraPrompt) []*pb.ExtraPrompt {
@@ -171,7 +185,7 @@ func fromLoadRequest(r *pb.LoadRequest) *LoadRequest {
 		ModelDir: r.GetModelDir(), DType: r.GetDtype(), Backend: r.GetBackend(), DeviceIndex: r.GetDeviceIndex(),
 		MemoryCapBytes: r.GetMemoryCapBytes(), ConvPolicy: fromConvPolicy(r.GetConvPolicy()), Env: r.GetEnv(),
 		BeaconPath: r.GetBeaconPath(), MaxResidentBlocks: r.GetMaxResidentBlocks(), Fault: fromFault(r.GetFault()), PCIBusID: r.GetPciBusId(),
-		Loras: fromLoraSpecs(r.GetLoras()),
+		Loras: fromLoraSpecs(r.GetLoras()), Workload: fromWorkload(r.GetWorkload()),
 	}
 }
 
@@ -194,6 +208,7 @@ func toLoadResponse(r *LoadResponse) *pb.LoadResponse {
 		Backend: r.Backend, Dtype: r.DType, WeightBytes: r.WeightBytes,
 		DeviceAllocatedBytes: r.DeviceAllocatedBytes, LoadDuration: toDuration(r.LoadDuration),
 		Vae: toVAEInfo(r.VAE), Transformer: toTransformerInfo(r.Transformer), TextEncoder: toTextEncoderInfo(r.TextEncoder),
+		ResidentBlocks: r.ResidentBlocks, StreamedBlocks: r.StreamedBlocks,
 	}
 	if r.Device != nil {
 		out.Device = toDevice(*r.Device)
@@ -212,6 +227,7 @@ func fromLoadResponse(r *pb.LoadResponse) *LoadResponse {
 		Backend: r.GetBackend(), DType: r.GetDtype(), WeightBytes: r.GetWeightBytes(),
 		DeviceAllocatedBytes: r.GetDeviceAllocatedBytes(), LoadDuration: fromDuration(r.GetLoadDuration()),
 		VAE: fromVAEInfo(r.GetVae()), Transformer: fromTransformerInfo(r.GetTransformer()), TextEncoder: fromTextEncoderInfo(r.GetTextEncoder()),
+		ResidentBlocks: r.GetResidentBlocks(), StreamedBlocks: r.GetStreamedBlocks(),
 	}
 	if r.GetDevice() != nil {
 		d := fromDevice(r.GetDevice())

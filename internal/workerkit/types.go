@@ -127,6 +127,18 @@ type LoadRequest struct {
 	MaxResidentBlocks uint32
 	Fault             *Fault     // tests only
 	Loras             []LoraSpec // transformer only: LoRAs merged at load, in order
+	// Workload is the job the model is loaded for (transformer: the activation estimate that
+	// residency is planned around); nil: none reserved.
+	Workload *Workload
+}
+
+// Workload is the size of the job a worker is loaded for (worker.proto Workload).
+type Workload struct {
+	Height, Width    uint32 // pixels
+	LatentWindowSize uint32 // latent frames per section
+	// ReserveBytes is device memory kept free beside the resident weights
+	// (gpu_memory_preservation_gb); the transformer reserves max(this, its estimate).
+	ReserveBytes uint64
 }
 
 // LoraSpec names one LoRA file merged into the transformer at load (worker.proto LoraSpec).
@@ -169,6 +181,9 @@ type LoadResponse struct {
 	TextEncoder          *TextEncoderInfo // textenc worker only
 	// Loras lists the LoRAs merged into the transformer (TransformerInfo.loras on the wire).
 	Loras []LoraApplied
+	// ResidentBlocks and StreamedBlocks are the transformer blocks (textenc: Llama layers)
+	// kept on the device and streamed from host memory.
+	ResidentBlocks, StreamedBlocks uint32
 }
 
 // VAEInfo holds a loaded VAE's constants, so the supervisor need not read its config.json.

@@ -68,6 +68,15 @@ void fpk_gpu_stream_free(fpk_gpu_ctx *c, void *stream);
 fpk_status fpk_gpu_stream_sync(fpk_gpu_ctx *c, void *stream);
 /* kind: 0 host→device, 1 device→host, 2 device→device. Host copies are complete on return. */
 fpk_status fpk_gpu_copy(fpk_gpu_ctx *c, void *stream, int kind, void *dst, const void *src, size_t n);
+/* Host→device copy queued on the stream without waiting (API version 5): the source must
+ * stay valid until the stream passes it (an event recorded after it). */
+fpk_status fpk_gpu_copy_h2d_async(fpk_gpu_ctx *c, void *stream, void *dst, const void *src, size_t n);
+/* Events (cudaEvent_t / hipEvent_t without timing). */
+fpk_status fpk_gpu_event_new(fpk_gpu_ctx *c, void **out);
+void fpk_gpu_event_free(fpk_gpu_ctx *c, void *event);
+fpk_status fpk_gpu_event_record(fpk_gpu_ctx *c, void *event, void *stream);
+fpk_status fpk_gpu_stream_wait_event(fpk_gpu_ctx *c, void *stream, void *event);
+fpk_status fpk_gpu_event_sync(fpk_gpu_ctx *c, void *event);
 /* Pins (registers) host memory for fast DMA, and undoes it. */
 fpk_status fpk_gpu_host_register(fpk_gpu_ctx *c, void *ptr, size_t n);
 fpk_status fpk_gpu_host_unregister(fpk_gpu_ctx *c, void *ptr);

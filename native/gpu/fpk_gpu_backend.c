@@ -76,6 +76,16 @@ static fpk_status g_d2h(void *ctx, void *s, void *d, const void *src, size_t n) 
 static fpk_status g_d2d(void *ctx, void *s, void *d, const void *src, size_t n) {
     return fpk_gpu_copy(GCTX(ctx), s, 2, d, src, n);
 }
+static fpk_status g_h2d_async(void *ctx, void *s, void *d, const void *src, size_t n) {
+    return fpk_gpu_copy_h2d_async(GCTX(ctx), s, d, src, n);
+}
+static fpk_status g_event_new(void *ctx, void **out) { return fpk_gpu_event_new(GCTX(ctx), out); }
+static void g_event_free(void *ctx, void *e) { fpk_gpu_event_free(GCTX(ctx), e); }
+static fpk_status g_event_record(void *ctx, void *e, void *s) { return fpk_gpu_event_record(GCTX(ctx), e, s); }
+static fpk_status g_stream_wait_event(void *ctx, void *s, void *e) {
+    return fpk_gpu_stream_wait_event(GCTX(ctx), s, e);
+}
+static fpk_status g_event_sync(void *ctx, void *e) { return fpk_gpu_event_sync(GCTX(ctx), e); }
 static fpk_status g_host_register(void *ctx, void *p, size_t n) {
     return fpk_gpu_host_register(GCTX(ctx), p, n);
 }
@@ -281,6 +291,12 @@ static struct fpk_backend_iface gpu_iface = {
     .host_register = g_host_register,
     .host_unregister = g_host_unregister,
     .mem_info = g_mem_info,
+    .event_new = g_event_new,
+    .event_free = g_event_free,
+    .event_record = g_event_record,
+    .stream_wait_event = g_stream_wait_event,
+    .event_synchronize = g_event_sync,
+    .copy_h2d_async = g_h2d_async,
 };
 
 __attribute__((visibility("default"))) fpk_status fpk_backend_create_v1(

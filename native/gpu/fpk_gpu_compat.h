@@ -51,6 +51,13 @@
 #define cudaStreamNonBlocking hipStreamNonBlocking
 #define cudaStreamDestroy hipStreamDestroy
 #define cudaStreamSynchronize hipStreamSynchronize
+#define cudaEvent_t hipEvent_t
+#define cudaEventCreateWithFlags hipEventCreateWithFlags
+#define cudaEventDisableTiming hipEventDisableTiming
+#define cudaEventDestroy hipEventDestroy
+#define cudaEventRecord hipEventRecord
+#define cudaStreamWaitEvent hipStreamWaitEvent
+#define cudaEventSynchronize hipEventSynchronize
 #define cudaFuncSetAttribute hipFuncSetAttribute
 #define FPK_GPU_NAME "hip"
 /* Lane exchange within segments of `width` lanes (a power of two up to the warp size). */

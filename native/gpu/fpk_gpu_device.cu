@@ -230,6 +230,42 @@ extern "C" fpk_status fpk_gpu_stream_sync(fpk_gpu_ctx *c, void *stream) {
     return FPK_OK;
 }
 
+extern "C" fpk_status fpk_gpu_copy_h2d_async(fpk_gpu_ctx *c, void *stream, void *dst, const void *src,
+                                            size_t n) {
+    if (n == 0) return FPK_OK;
+    FPK_CUDA(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, fpk_stream(c, stream)), "async copy to device");
+    return FPK_OK;
+}
+
+extern "C" fpk_status fpk_gpu_event_new(fpk_gpu_ctx *c, void **out) {
+    (void)c;
+    cudaEvent_t e = NULL;
+    FPK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "create event");
+    *out = (void *)e;
+    return FPK_OK;
+}
+
+extern "C" void fpk_gpu_event_free(fpk_gpu_ctx *c, void *event) {
+    (void)c;
+    if (event) (void)cudaEventDestroy((cudaEvent_t)event);
+}
+
+extern "C" fpk_status fpk_gpu_event_record(fpk_gpu_ctx *c, void *event, void *stream) {
+    FPK_CUDA(cudaEventRecord((cudaEvent_t)event, fpk_stream(c, stream)), "record event");
+    return FPK_OK;
+}
+
+extern "C" fpk_status fpk_gpu_stream_wait_event(fpk_gpu_ctx *c, void *stream, void *event) {
+    FPK_CUDA(cudaStreamWaitEvent(fpk_stream(c, stream), (cudaEvent_t)event, 0), "wait for event");
+    return FPK_OK;
+}
+
+extern "C" fpk_status fpk_gpu_event_sync(fpk_gpu_ctx *c, void *event) {
+    (void)c;
+    FPK_CUDA(cudaEventSynchronize((cudaEvent_t)event), "synchronize event");
+    return FPK_OK;
+}
+
 extern "C" fpk_status fpk_gpu_copy(fpk_gpu_ctx *c, void *stream, int kind, void *dst, const void *src,
                                    size_t n) {
     if (n == 0) return FPK_OK;

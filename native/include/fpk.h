@@ -30,14 +30,17 @@ extern "C" {
 /* Version of the backend function table; a backend library built for another version is refused.
  * 2: the rope_mode slot (after rope).
  * 3: one rope slot with a mode (the interleaved-only rope slot is gone).
- * 4: fpk_attention_params gained layout and tier. */
-#define FPK_API_VERSION 4
+ * 4: fpk_attention_params gained layout and tier.
+ * 5: events (fpk_event_*, fpk_stream_wait_event) and fpk_tensor_upload_async, with their
+ *    optional backend slots after the version-4 ones. */
+#define FPK_API_VERSION 5
 
 /* Most dimensions a tensor may have. */
 #define FPK_MAX_DIMS 8
 
 typedef struct fpk_backend *fpk_backend_t;
 typedef struct fpk_stream *fpk_stream_t;
+typedef struct fpk_event *fpk_event_t;
 typedef struct fpk_tensor *fpk_tensor_t;
 
 /* Status codes. */
@@ -176,6 +179,18 @@ fpk_status fpk_stream_free(fpk_stream_t stream);
 /* Waits until every queued operation of the stream has finished. */
 fpk_status fpk_stream_synchronize(fpk_stream_t stream);
 
+/* ---- events (API version 5) ------------------------------------------------------------ */
+/* An event marks a point in a stream's work: fpk_event_record places it after the work queued
+ * so far; fpk_stream_wait_event makes later work of another stream wait for it (the host does
+ * not wait); fpk_event_synchronize makes the host wait. A backend whose streams run
+ * synchronously (cpu) has nothing to order: its events are complete as soon as recorded. Used to
+ * copy a streamed block into one device slot on a copy stream while compute reads the other. */
+fpk_status fpk_event_new(fpk_backend_t backend, fpk_event_t *out);
+fpk_status fpk_event_free(fpk_event_t event);
+fpk_status fpk_event_record(fpk_event_t event, fpk_stream_t stream);
+fpk_status fpk_stream_wait_event(fpk_stream_t stream, fpk_event_t event);
+fpk_status fpk_event_synchronize(fpk_event_t event);
+
 /* ---- tensors --------------------------------------------------------------------------- */
 
 /* Allocates a contiguous tensor (contents undefined, or NaN with FPK_BACKEND_FLAG_POISON). */
@@ -200,6 +215,13 @@ void *fpk_tensor_host_data(fpk_tensor_t tensor);
  * otherwise). The host buffer may be reused when the call returns. */
 fpk_status fpk_tensor_upload(fpk_stream_t stream, fpk_tensor_t dst, fpk_dtype src_dtype,
                              const void *src, size_t nbytes);
+/* Copies nbytes of host data already in the tensor's dtype (no conversion) into the tensor and
+ * returns without waiting for the copy (API version 5): src must stay valid and unchanged until
+ * the stream has passed the copy (record an event after it). From memory pinned with
+ * fpk_backend_host_register a GPU copies by DMA, overlapping other streams' work; on cpu, and on
+ * a backend without the async slot, this is fpk_tensor_upload (complete on return). */
+fpk_status fpk_tensor_upload_async(fpk_stream_t stream, fpk_tensor_t dst, const void *src,
+                                   size_t nbytes);
 /* Copies the tensor to host memory as dst_dtype (nbytes = numel * size(dst_dtype)). Waits for
  * the stream. */
 fpk_status fpk_tensor_download(fpk_stream_t stream, fpk_tensor_t src, fpk_dtype dst_dtype,

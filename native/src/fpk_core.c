@@ -634,6 +634,57 @@ void *fpk_tensor_host_data(fpk_tensor_t t) {
     return t && t->buf->backend->is_host ? fpk_tensor_data(t) : NULL;
 }
 
+/* ---- events ----------------------------------------------------------------------------- */
+
+fpk_status fpk_event_new(fpk_backend_t b, fpk_event_t *out) {
+    if (!b || !out) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "event new: null argument");
+    struct fpk_event *e = calloc(1, sizeof *e);
+    if (!e) return fpk_set_oom(sizeof *e, 0, "host allocation of event");
+    e->backend = b;
+    if (b->iface->event_new) {
+        fpk_status st = b->iface->event_new(b->ctx, &e->ctx);
+        if (st != FPK_OK) {
+            free(e);
+            return st;
+        }
+    }
+    *out = e;
+    return FPK_OK;
+}
+
+fpk_status fpk_event_free(fpk_event_t e) {
+    if (!e) return FPK_OK;
+    fpk_backend_t b = e->backend;
+    if (e->ctx && b->iface->event_free) b->iface->event_free(b->ctx, e->ctx);
+    free(e);
+    return FPK_OK;
+}
+
+fpk_status fpk_event_record(fpk_event_t e, fpk_stream_t s) {
+    if (!e || !s) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "event record: null argument");
+    if (e->backend != s->backend)
+        return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "event record: event and stream on different backends");
+    fpk_backend_t b = e->backend;
+    if (!e->ctx || !b->iface->event_record) return FPK_OK; /* synchronous streams */
+    return b->iface->event_record(b->ctx, e->ctx, s->ctx);
+}
+
+fpk_status fpk_stream_wait_event(fpk_stream_t s, fpk_event_t e) {
+    if (!e || !s) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "stream wait event: null argument");
+    if (e->backend != s->backend)
+        return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "stream wait event: event and stream on different backends");
+    fpk_backend_t b = e->backend;
+    if (!e->ctx || !b->iface->stream_wait_event) return FPK_OK;
+    return b->iface->stream_wait_event(b->ctx, s->ctx, e->ctx);
+}
+
+fpk_status fpk_event_synchronize(fpk_event_t e) {
+    if (!e) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "event synchronize: null event");
+    fpk_backend_t b = e->backend;
+    if (!e->ctx || !b->iface->event_synchronize) return FPK_OK;
+    return b->iface->event_synchronize(b->ctx, e->ctx);
+}
+
 static fpk_status check_stream(fpk_stream_t s, fpk_tensor_t t, const char *what) {
     if (!s) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "%s: null stream", what);
     if (!t) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "%s: null tensor", what);
@@ -687,6 +738,19 @@ fpk_status fpk_tensor_upload(fpk_stream_t s, fpk_tensor_t dst, fpk_dtype sdt, co
     }
     free(stage);
     return st;
+}
+
+fpk_status fpk_tensor_upload_async(fpk_stream_t s, fpk_tensor_t dst, const void *src, size_t nbytes) {
+    fpk_status st = check_stream(s, dst, "tensor upload async");
+    if (st != FPK_OK) return st;
+    size_t want = (size_t)dst->numel * fpk_dtype_size(dst->dtype);
+    if (nbytes != want)
+        return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "tensor upload async: %zu bytes for %lld elements of %s (want %zu)",
+                             nbytes, (long long)dst->numel, dtype_name(dst->dtype), want);
+    if (nbytes && !src) return fpk_set_error(FPK_ERR_INVALID_ARGUMENT, "tensor upload async: null source");
+    fpk_backend_t b = s->backend;
+    if (b->iface->copy_h2d_async) return b->iface->copy_h2d_async(b->ctx, s->ctx, fpk_tensor_data(dst), src, nbytes);
+    return b->iface->copy_h2d(b->ctx, s->ctx, fpk_tensor_data(dst), src, nbytes);
 }
 
 fpk_status fpk_tensor_download(fpk_stream_t s, fpk_tensor_t src, fpk_dtype ddt, void *dst,

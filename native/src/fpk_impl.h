@@ -50,6 +50,11 @@ struct fpk_stream {
     int is_default;
 };
 
+struct fpk_event {
+    fpk_backend_t backend;
+    void *ctx; /* the backend's event (NULL when the backend has no event slots) */
+};
+
 /* Services the core offers a backend library. */
 struct fpk_host_api {
     int api_version;
@@ -146,6 +151,16 @@ struct fpk_backend_iface {
     fpk_status (*host_register)(void *ctx, void *ptr, size_t n);
     fpk_status (*host_unregister)(void *ctx, void *ptr);
     fpk_status (*mem_info)(void *ctx, uint64_t *free_bytes, uint64_t *total_bytes);
+
+    /* Events and async copies (API version 5; optional, NULL on cpu: streams are synchronous,
+     * events complete when recorded, copy_h2d_async falls back to copy_h2d). */
+    fpk_status (*event_new)(void *ctx, void **out);
+    void (*event_free)(void *ctx, void *event);
+    fpk_status (*event_record)(void *ctx, void *event, void *stream);
+    fpk_status (*stream_wait_event)(void *ctx, void *stream, void *event);
+    fpk_status (*event_synchronize)(void *ctx, void *event);
+    /* Host→device copy that returns once queued (the source must stay valid until done). */
+    fpk_status (*copy_h2d_async)(void *ctx, void *stream, void *dst, const void *src, size_t n);
 };
 
 struct fpk_backend {

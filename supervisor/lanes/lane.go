@@ -154,6 +154,9 @@ type Stage struct {
 	// Loras are LoadRequest.Loras: LoRAs the transformer merges at load. A resident worker
 	// serves only stages with the same list.
 	Loras []workerkit.LoraSpec
+	// Workload is LoadRequest.Workload: the job's frame size and window, from which the
+	// transformer estimates its activations and plans how many blocks stay resident.
+	Workload *workerkit.Workload
 	// Request is the stage's work; required.
 	Request workerkit.Stage
 	// KeepWith names the models that alternate with this one on the lane (this one included);
@@ -189,6 +192,9 @@ type LoadSettings struct {
 	Backend string
 	// MemoryCap lowers Stage.MemoryCap; a cap above it is ignored.
 	MemoryCap uint64
+	// MaxResidentBlocks is LoadRequest.MaxResidentBlocks: how many transformer blocks stay on
+	// the device, the rest streaming from host memory (0: as many as the cap allows).
+	MaxResidentBlocks uint32
 	// ConvFirstTier makes every convolution start at this tier.
 	ConvFirstTier workerkit.ConvTier
 	// ConvCachePath is the conv decision cache file.
@@ -200,8 +206,10 @@ type LoadSettings struct {
 // loadRequest is the LoadRequest of stage st on this lane.
 func (l *Lane) loadRequest(st Stage) *workerkit.LoadRequest {
 	req := &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
-		DeviceIndex: l.cfg.DeviceIndex, PCIBusID: l.cfg.PCIBusID, MemoryCapBytes: st.MemoryCap, Env: st.Env, Loras: st.Loras}
+		DeviceIndex: l.cfg.DeviceIndex, PCIBusID: l.cfg.PCIBusID, MemoryCapBytes: st.MemoryCap, Env: st.Env, Loras: st.Loras,
+		Workload: st.Workload}
 	s := st.Load
+	req.MaxResidentBlocks = s.MaxResidentBlocks
 	if s.Backend != "" && s.Backend != req.Backend {
 		req.Backend, req.DeviceIndex, req.PCIBusID = s.Backend, 0, ""
 	}
@@ -284,6 +292,10 @@ type Report struct {
 	Loaded *workerkit.LoadResponse
 	// Result is the stage's result.
 	Result *workerkit.Result
+	// ResidentBlocks and StreamedBlocks are the transformer blocks (textenc: Llama layers)
+	// the worker kept on the device and streams from host memory (Loaded's; zero for other
+	// models).
+	ResidentBlocks, StreamedBlocks uint32
 }
 
 // Footprint is the memory a report shows the worker needs: the larger of its allocator peak
@@ -409,6 +421,9 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		delete(l.residents, st.Model)
 		proc, rep.Reused = res.proc, true
 		rep.WeightBytes, rep.Backend, rep.Loaded = res.weights, res.backend, res.loaded
+		if res.loaded != nil {
+			rep.ResidentBlocks, rep.StreamedBlocks = res.loaded.ResidentBlocks, res.loaded.StreamedBlocks
+		}
 		peak.observe(res.rssPeak)
 	} else {
 		path, err := l.cfg.WorkerPath(st.Model)
@@ -457,6 +472,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 			return rep, fmt.Errorf("run %s: load %s: %w", st.Model, st.ModelDir, stageErr(ctx, err))
 		}
 		rep.WeightBytes, rep.Backend, rep.Loaded = resp.WeightBytes, resp.Backend, resp
+		rep.ResidentBlocks, rep.StreamedBlocks = resp.ResidentBlocks, resp.StreamedBlocks
 	}
 
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.StageTimeout)

@@ -43,7 +43,11 @@ func (w *fakeWorker) Load(_ context.Context, req *workerkit.LoadRequest) (*worke
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: no model in %s", req.ModelDir)
 	}
 	// The fake reports the cap it was given as its allocation, so tests see the LoadRequest.
-	return &workerkit.LoadResponse{Backend: "cpu", DType: "fp32", WeightBytes: 1000, DeviceAllocatedBytes: req.MemoryCapBytes}, nil
+	resp := &workerkit.LoadResponse{Backend: "cpu", DType: "fp32", WeightBytes: 1000, DeviceAllocatedBytes: req.MemoryCapBytes}
+	if req.Workload != nil { // a transformer's residency, made from what the request carried
+		resp.ResidentBlocks, resp.StreamedBlocks = req.MaxResidentBlocks, req.Workload.LatentWindowSize
+	}
+	return resp, nil
 }
 
 func (w *fakeWorker) Run(ctx context.Context, req *workerkit.RunRequest, emit workerkit.Emit) (*workerkit.Result, error) {
@@ -134,6 +138,25 @@ func noChildren(t *testing.T) {
 }
 
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil }
+
+// TestRunCarriesResidency: the stage's workload and the attempt's max_resident_blocks reach
+// the worker's LoadRequest, and the residency its LoadResponse reports reaches the Report.
+func TestRunCarriesResidency(t *testing.T) {
+	l := newLane(t, nil)
+	st := stage(lanes.TextEnc, "ok")
+	st.Workload = &workerkit.Workload{Height: 544, Width: 704, LatentWindowSize: 9}
+	st.Load.MaxResidentBlocks = 7
+	rep, err := l.Run(t.Context(), st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.ResidentBlocks != 7 || rep.StreamedBlocks != 9 {
+		t.Fatalf("report residency %d resident, %d streamed; want 7 and 9", rep.ResidentBlocks, rep.StreamedBlocks)
+	}
+	if rep.Loaded == nil || rep.Loaded.ResidentBlocks != 7 {
+		t.Fatalf("report's LoadResponse %+v; want the worker's, 7 resident blocks", rep.Loaded)
+	}
+}
 
 func TestRunKillsWorkerAfterStage(t *testing.T) {
 	l := newLane(t, nil)

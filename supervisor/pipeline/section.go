@@ -97,6 +97,8 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	steps := &stepTracker{j: j, section: i, last: time.Now()}
 	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, lanes.Stage{
 		Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, KeepWith: j.keepWith(), Loras: jobLoras(spec),
+		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window),
+			ReserveBytes: j.reserveBytes(spec)},
 		OnEvent: steps.onEvent,
 	})
 	if err != nil {
@@ -329,4 +331,15 @@ func (s *stepTracker) onEvent(e workerkit.Event) error {
 		j.workerLog(framepackv1.Stage_STAGE_TRANSFORMER, ev)
 	}
 	return nil
+}
+
+// reserveBytes is Workload.ReserveBytes for the transformer: FramePack's
+// gpu_memory_preservation_gb when the lane gives no cap (the worker then keeps it free beside its
+// resident weights), else 0, since the lane's cap already leaves the preservation out
+// (lanes.Lane.MemoryCap) and reserving it again under the cap would count it twice.
+func (j *jobRun) reserveBytes(spec *framepackv1.JobSpec) uint64 {
+	if j.memCap != 0 {
+		return 0
+	}
+	return uint64(max(float64(spec.GetGpuMemoryPreservationGb()), 0) * (1 << 30))
 }

@@ -43,12 +43,13 @@ func (j *jobRun) runOnLane(ctx context.Context, stage framepackv1.Stage, section
 			return func() {}
 		}
 		d := a.Decision()
-		att.Load = lanes.LoadSettings{Backend: d.Backend, MemoryCap: d.MemoryCap, ConvFirstTier: d.ConvFirstTier,
-			ConvCachePath: d.ConvCachePath, Fault: d.Fault}
+		att.Load = lanes.LoadSettings{Backend: d.Backend, MemoryCap: d.MemoryCap, MaxResidentBlocks: d.MaxResidentBlocks,
+			ConvFirstTier: d.ConvFirstTier, ConvCachePath: d.ConvCachePath, Fault: d.Fault}
 		att.Request = withTiling(st.Request, d.VAETilePx)
 		var err error
 		rep, err = j.lane.Run(ctx, att)
 		a.Kept = err == nil && rep.Kept
+		a.ResidentBlocks, a.StreamedBlocks = rep.ResidentBlocks, rep.StreamedBlocks
 		return err
 	})
 	return rep, err

@@ -139,8 +139,8 @@ func (r *rig) attempt(st lanes.Stage, out *lanes.Report) watchdog.AttemptFunc {
 		att := st
 		att.Attach = func(p lanes.Proc) func() { return a.Attach(p.(watchdog.Target)) }
 		d := a.Decision()
-		att.Load = lanes.LoadSettings{Backend: d.Backend, MemoryCap: d.MemoryCap, ConvFirstTier: d.ConvFirstTier,
-			ConvCachePath: d.ConvCachePath, Fault: d.Fault}
+		att.Load = lanes.LoadSettings{Backend: d.Backend, MemoryCap: d.MemoryCap, MaxResidentBlocks: d.MaxResidentBlocks,
+			ConvFirstTier: d.ConvFirstTier, ConvCachePath: d.ConvCachePath, Fault: d.Fault}
 		if r, ok := st.Request.(*workerkit.VAEDecodeRequest); ok && d.VAETilePx != 0 {
 			c := *r
 			t := workerkit.VAETiling{EnableSpatialTiling: true, TileSampleMinHeight: d.VAETilePx, TileSampleMinWidth: d.VAETilePx,

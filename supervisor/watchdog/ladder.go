@@ -13,6 +13,9 @@ import (
 type Knobs struct {
 	// VAETilePx is the VAE's spatial tile size in pixels (0: untiled, the model's default).
 	VAETilePx uint32
+	// ResidentBlocks caps the transformer blocks kept on the device, the rest streaming from
+	// host memory (0: as many as fit the cap).
+	ResidentBlocks uint32
 	// MemoryCap caps the worker's device allocations (0: the lane's cap).
 	MemoryCap uint64
 	// Backend overrides the lane's backend ("cpu": the last rung for small stages).
@@ -32,6 +35,9 @@ func (k Knobs) String() string {
 	}
 	if k.VAETilePx != 0 {
 		add("vae tile %d px", k.VAETilePx)
+	}
+	if k.ResidentBlocks != 0 {
+		add("%d resident blocks", k.ResidentBlocks)
 	}
 	if k.MemoryCap != 0 {
 		add("memory cap %d bytes", k.MemoryCap)
@@ -71,6 +77,10 @@ type Step struct {
 type Ladder struct {
 	// VAETiles are the VAE tile sizes to step down through after an out-of-memory error.
 	VAETiles []uint32
+	// FirstResidentBlocks is the transformer's resident-block cap after its first
+	// out-of-memory error when the attempt reported no residency; each later one halves what
+	// the failed attempt had resident (ranWith), down to 1.
+	FirstResidentBlocks uint32
 	// LaneCap is the memory cap CapFactor lowers when a stage names none (StageInfo.MemoryCap);
 	// 0: no cap to lower.
 	LaneCap uint64
@@ -84,13 +94,13 @@ type Ladder struct {
 	CPUFallback bool
 }
 
-// DefaultLadder is, after an out-of-memory error: two cap lowerings by 15 % (room for what the
-// driver and vendor libraries allocate outside the runtime's allocator), then VAE tiles
-// 256 → 128 → 64 px, then the conv tiers one by one, then CPU for small stages. Resident-block
-// rungs come only with block streaming: until then a transformer that cannot fit is refused at
-// Load, before any retry.
+// DefaultLadder is, after an out-of-memory error: for the transformer, its resident blocks
+// halved down to 1 (the rest stream from host memory; fewer resident blocks before a lower
+// cap); then two cap lowerings by 15 % (room for what the driver and vendor libraries allocate
+// outside the runtime's allocator), then VAE tiles 256 → 128 → 64 px, then the conv tiers one
+// by one, then CPU for small stages.
 func DefaultLadder(laneCap uint64) Ladder {
-	return Ladder{VAETiles: []uint32{256, 128, 64}, LaneCap: laneCap,
+	return Ladder{VAETiles: []uint32{256, 128, 64}, FirstResidentBlocks: 30, LaneCap: laneCap,
 		CapFactor: 0.85, CapSteps: 2, ConvTierDown: true, CPUFallback: true}
 }
 
@@ -106,7 +116,10 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 	next := cur
 	switch class {
 	case ClassOOM:
-		// cap → smaller tiles → conv tier down → cpu (small stages)
+		// resident blocks (transformer) → cap → smaller tiles → conv tier down → cpu (small stages)
+		if s, ok := l.fewerResidentBlocks(st, cur); ok {
+			return s, true
+		}
 		if s, ok := l.lowerCap(st, cur); ok {
 			return s, true
 		}
@@ -151,6 +164,51 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 		return Step{Knobs: next, Change: "retry as is after the device probe"}, true
 	}
 	return Step{}, false
+}
+
+// ranWith returns cur with ResidentBlocks set to the residency a transformer attempt reported
+// (resident and streamed blocks from its LoadResponse; both zero: not reported), so the
+// resident-block rung halves what actually ran rather than a fixed first value: a worker
+// that planned 12 blocks resident under its cap retries with 6, not with 30. An attempt that
+// already streamed every block has no resident rung left (1 ends it; the cap lowering comes
+// next).
+func ranWith(st StageInfo, cur Knobs, resident, streamed uint32) Knobs {
+	if st.Kind != framepackv1.Stage_STAGE_TRANSFORMER || resident+streamed == 0 {
+		return cur
+	}
+	switch {
+	case resident == 0:
+		cur.ResidentBlocks = 1
+	case cur.ResidentBlocks == 0 || resident < cur.ResidentBlocks:
+		cur.ResidentBlocks = resident
+	}
+	return cur
+}
+
+func blocksName(n uint32) string {
+	if n == 0 {
+		return "all"
+	}
+	return fmt.Sprint(n)
+}
+
+// fewerResidentBlocks returns the transformer's step that halves its resident blocks (the
+// first one, with no residency reported, goes to FirstResidentBlocks), down to 1.
+func (l Ladder) fewerResidentBlocks(st StageInfo, cur Knobs) (Step, bool) {
+	if st.Kind != framepackv1.Stage_STAGE_TRANSFORMER || cur.ResidentBlocks == 1 || cur.Backend == "cpu" {
+		return Step{}, false
+	}
+	next := cur
+	switch {
+	case cur.ResidentBlocks == 0 && l.FirstResidentBlocks > 0:
+		next.ResidentBlocks = l.FirstResidentBlocks
+	case cur.ResidentBlocks > 1:
+		next.ResidentBlocks = cur.ResidentBlocks / 2
+	}
+	if next.ResidentBlocks == cur.ResidentBlocks {
+		return Step{}, false
+	}
+	return Step{Knobs: next, Change: fmt.Sprintf("resident transformer blocks %s -> %d", blocksName(cur.ResidentBlocks), next.ResidentBlocks)}, true
 }
 
 // convTierDown returns the step that starts every convolution one tier further down, if the

@@ -340,6 +340,10 @@ type Attempt struct {
 	// Kept is set by the AttemptFunc when the stage succeeded and its worker stays resident
 	// (the recovery check is then skipped).
 	Kept bool
+	// ResidentBlocks and StreamedBlocks are set by the AttemptFunc from the transformer
+	// worker's LoadResponse: the residency the attempt actually ran with, which the ladder's
+	// resident-block rung lowers from after an out-of-memory error.
+	ResidentBlocks, StreamedBlocks uint32
 
 	w     *Watchdog
 	guard *Guard
@@ -376,6 +380,9 @@ type Decision struct {
 	ConvCachePath string
 	// VAETilePx is the VAE's spatial tile size in pixels (0: the request's own tiling).
 	VAETilePx uint32
+	// MaxResidentBlocks caps the transformer blocks kept on the device
+	// (LoadRequest.MaxResidentBlocks; 0: as many as fit the cap).
+	MaxResidentBlocks uint32
 	// Fault is the test fault to inject (nil in production).
 	Fault *workerkit.Fault
 }
@@ -383,7 +390,8 @@ type Decision struct {
 // Decision returns the attempt's decision.
 func (a *Attempt) Decision() Decision {
 	k := a.Knobs
-	d := Decision{Backend: k.Backend, MemoryCap: k.MemoryCap, ConvFirstTier: k.ConvFirstTier, VAETilePx: k.VAETilePx}
+	d := Decision{Backend: k.Backend, MemoryCap: k.MemoryCap, ConvFirstTier: k.ConvFirstTier, VAETilePx: k.VAETilePx,
+		MaxResidentBlocks: k.ResidentBlocks}
 	if a.w.cfg.ConvCache != nil {
 		d.ConvCachePath = a.w.cfg.ConvCache.Path()
 	}
@@ -520,6 +528,9 @@ func (j *Job) Run(ctx context.Context, st StageInfo, fn AttemptFunc) error {
 		}
 		if j.failed >= w.cfg.Budget.PerJob {
 			return giveUp(fmt.Sprintf("job retry budget exhausted (%d failed attempts)", j.failed))
+		}
+		if class == ClassOOM {
+			knobs = ranWith(st, knobs, a.ResidentBlocks, a.StreamedBlocks)
 		}
 		step, ok := w.cfg.Ladder.Next(st, class, n, knobs, v)
 		if !ok {

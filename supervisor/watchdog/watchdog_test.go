@@ -167,15 +167,35 @@ func TestLadder(t *testing.T) {
 		t.Errorf("vae ladder end: %+v", k)
 	}
 
-	// The transformer: the stage's own cap (the lane's for the job) is lowered, never a
-	// resident-block rung; no cpu rung for a big stage.
+	// The transformer: fewer resident blocks before a lower cap (issue 17), then the stage's
+	// own cap (the lane's for the job) is lowered; no cpu rung for a big stage.
 	tr := StageInfo{Kind: framepackv1.Stage_STAGE_TRANSFORMER, LaneBackend: "cuda", MemoryCap: 10 << 30}
-	s, _ := l.Next(tr, ClassOOM, 1, Knobs{}, nil)
-	if s.Knobs.MemoryCap != uint64(float64(10<<30)*0.85) || s.Knobs.MemoryCap == 0 {
-		t.Errorf("transformer's first rung %+v, want its own cap lowered", s)
+	var tk Knobs
+	var trChanges []string
+	for i := 1; i <= 12; i++ {
+		s, ok := l.Next(tr, ClassOOM, i, tk, nil)
+		if !ok || strings.HasPrefix(s.Change, "retry as is") || strings.HasPrefix(s.Change, "convolutions") {
+			break
+		}
+		trChanges = append(trChanges, s.Change)
+		tk = s.Knobs
+	}
+	trWant := []string{"resident transformer blocks all -> 30", "resident transformer blocks 30 -> 15", "resident transformer blocks 15 -> 7",
+		"resident transformer blocks 7 -> 3", "resident transformer blocks 3 -> 1", "memory cap", "memory cap"}
+	if len(trChanges) != len(trWant) {
+		t.Fatalf("transformer oom ladder %q, want %q", trChanges, trWant)
+	}
+	for i := range trWant {
+		if !strings.HasPrefix(trChanges[i], trWant[i]) {
+			t.Errorf("transformer oom rung %d is %q, want %q", i, trChanges[i], trWant[i])
+		}
+	}
+	s, _ := l.Next(tr, ClassOOM, 1, Knobs{ResidentBlocks: 1}, nil)
+	if s.Knobs.MemoryCap != uint64(float64(10<<30)*0.85) || s.Knobs.ResidentBlocks != 1 {
+		t.Errorf("transformer's rung after one resident block %+v, want its own cap lowered", s)
 	}
 	capFloor := float64(10<<30) * 0.85 * 0.85
-	if s, ok := l.Next(tr, ClassOOM, 9, Knobs{ConvFirstTier: workerkit.ConvTierCPU, MemoryCap: uint64(capFloor)}, nil); !ok || s.Knobs.Backend == "cpu" ||
+	if s, ok := l.Next(tr, ClassOOM, 9, Knobs{ResidentBlocks: 1, ConvFirstTier: workerkit.ConvTierCPU, MemoryCap: uint64(capFloor)}, nil); !ok || s.Knobs.Backend == "cpu" ||
 		!strings.HasPrefix(s.Change, "retry as is") {
 		t.Errorf("a big stage at the bottom of the ladder: %+v", s)
 	}
@@ -451,6 +471,37 @@ func TestJobRun(t *testing.T) {
 		}
 		if c := w.Stats().Classes[ClassOOM]; c.Detected != 2 || c.Retried != 2 || c.Recovered != 2 {
 			t.Fatalf("counts %+v", c)
+		}
+	})
+	t.Run("transformer oom halves what ran", func(t *testing.T) {
+		w, _ := mk(t)
+		j := w.Job("jt", nil)
+		tr := StageInfo{Kind: framepackv1.Stage_STAGE_TRANSFORMER, Model: "transformer"}
+		var asked []uint32
+		err := j.Run(t.Context(), tr, func(ctx context.Context, a *Attempt) error {
+			asked = append(asked, a.Knobs.ResidentBlocks)
+			if d := a.Decision(); d.MaxResidentBlocks != a.Knobs.ResidentBlocks {
+				t.Errorf("attempt %d: decision's max resident blocks %d, knobs %d", a.Number, d.MaxResidentBlocks, a.Knobs.ResidentBlocks)
+			}
+			switch a.Number {
+			case 1: // the worker planned 12 of 60 resident under its cap, then ran out
+				a.ResidentBlocks, a.StreamedBlocks = 12, 48
+				return oom
+			case 2: // it honoured max_resident_blocks 6, and ran out again with every block streamed
+				a.ResidentBlocks, a.StreamedBlocks = 0, 60
+				return oom
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		story := j.Story()
+		if fmt.Sprint(asked) != "[0 6 1]" || len(story) != 3 || story[0].GetChange() != "resident transformer blocks 12 -> 6" {
+			t.Fatalf("max resident blocks asked %v, story %v", asked, story)
+		}
+		if strings.Contains(story[1].GetChange(), "resident transformer blocks") {
+			t.Fatalf("with every block streamed the ladder still lowers resident blocks: %v", story[1])
 		}
 	})
 	t.Run("stage budget", func(t *testing.T) {

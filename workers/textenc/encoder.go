@@ -69,6 +69,29 @@ type Encoder struct {
 // token embedding: nearly all the bytes) are kept as wdt: F32, F16, BF16 or runtime.AsStored
 // (the checkpoints' own dtype); norms, biases and activations are f32.
 func LoadEncoder(rt *runtime.Runtime, p Paths, wdt runtime.DType) (*Encoder, error) {
+	return LoadEncoderWith(rt, p, Residency{WeightDType: wdt})
+}
+
+// Residency is how LoadEncoderWith places the weights: their dtype, and the memory cap and
+// layer limit the Llama layer residency is planned for (layers that do not fit stream from
+// host memory).
+type Residency struct {
+	WeightDType runtime.DType
+	// MemoryCap is the runtime's cap (0: none): CLIP, Llama's resident layers and slots, and
+	// the activations' estimate must fit it.
+	MemoryCap int64
+	// MaxResidentLayers caps the Llama layers kept resident (0: as many as fit;
+	// llama.NoResidentLayers: none).
+	MaxResidentLayers int
+}
+
+// llamaTokens bounds the Llama sequence the activation estimate is made for: FramePack's 256
+// prompt tokens after the 95-token template, rounded up.
+const llamaTokens = 512
+
+// LoadEncoderWith is LoadEncoder with layer streaming: CLIP loads first, then Llama with the
+// rest of the cap, less its activation estimate, planned for its layers.
+func LoadEncoderWith(rt *runtime.Runtime, p Paths, r Residency) (*Encoder, error) {
 	tok, err := tokenizer.LoadPromptTokenizer(p.Tokenizer, p.Tokenizer2)
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizers: %w", err)
@@ -77,14 +100,29 @@ func LoadEncoder(rt *runtime.Runtime, p Paths, wdt runtime.DType) (*Encoder, err
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizers: template: %w", err)
 	}
-	lm, err := llama.Load(rt, p.TextEncoder, llama.Options{HiddenStateIndex: LlamaHiddenStateIndex, Options: nn.Options{DType: runtime.F32, WeightDType: wdt}})
+	cm, err := clip.Load(rt, p.TextEncoder2, clip.Options{DType: runtime.F32, WeightDType: r.WeightDType})
 	if err != nil {
-		return nil, fmt.Errorf("load text_encoder: %w", err)
-	}
-	cm, err := clip.Load(rt, p.TextEncoder2, clip.Options{DType: runtime.F32, WeightDType: wdt})
-	if err != nil {
-		lm.Close()
 		return nil, fmt.Errorf("load text_encoder_2: %w", err)
+	}
+	lo := llama.Options{HiddenStateIndex: LlamaHiddenStateIndex, Options: nn.Options{DType: runtime.F32, WeightDType: r.WeightDType},
+		MaxResidentLayers: r.MaxResidentLayers}
+	if r.MemoryCap > 0 {
+		cfg, err := llama.LoadConfig(p.TextEncoder)
+		if err != nil {
+			cm.Close()
+			return nil, fmt.Errorf("load text_encoder: %w", err)
+		}
+		lo.MemoryCap = r.MemoryCap - int64(rt.Memory().Allocated)
+		lo.ActivationBytes = cfg.ActivationBytes(llamaTokens)
+	}
+	lm, err := llama.Load(rt, p.TextEncoder, lo)
+	if err != nil {
+		cm.Close()
+		if r.MemoryCap > 0 {
+			return nil, fmt.Errorf("load text_encoder (the worker's cap is %d bytes; CLIP took %d of it, Llama had the rest): %w",
+				r.MemoryCap, r.MemoryCap-lo.MemoryCap, err)
+		}
+		return nil, fmt.Errorf("load text_encoder: %w", err)
 	}
 	return &Encoder{rt: rt, tok: tok, Llama: lm, CLIP: cm, TemplatePrefix: prefix}, nil
 }

@@ -74,7 +74,8 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	enc, err := LoadEncoder(rt, SnapshotPaths(req.ModelDir), wdt)
+	res := Residency{WeightDType: wdt, MemoryCap: int64(min(req.MemoryCapBytes, math.MaxInt64)), MaxResidentLayers: int(req.MaxResidentBlocks)}
+	enc, err := LoadEncoderWith(rt, SnapshotPaths(req.ModelDir), res)
 	if err != nil {
 		rt.Close()
 		return nil, modelrt.ClassifyLoad(fmt.Errorf("load %s: %w", req.ModelDir, err))
@@ -84,6 +85,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	w.mu.Unlock()
 	resp := w.base.Loaded(rt, start, enc.WeightBytes())
 	resp.TextEncoder = textEncoderInfo(enc)
+	resp.ResidentBlocks, resp.StreamedBlocks = modelrt.Uint32(enc.Llama.ResidentLayers()), modelrt.Uint32(enc.Llama.StreamedLayers())
 	w.logReport(enc)
 	w.log.WithFields(logrus.Fields{"dtype": req.DType, "weights": wdt.String(), "compute": "fp32"}).Info("weight dtype")
 	return resp, nil

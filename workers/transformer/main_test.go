@@ -396,8 +396,10 @@ func TestWorkerBadInput(t *testing.T) {
 	checkSectionResult(t, c, sc, res, events)
 }
 
-// TestWorkerBadModel checks Load errors: a config the code does not support and a sharded
-// checkpoint with a shard missing, both InvalidArgument naming the thing.
+// TestWorkerBadModel checks Load errors: a config the code does not support, a sharded
+// checkpoint with a shard missing, an unknown dtype and a memory cap too small for even one
+// streamed block (refused by the residency plan before anything loads), all InvalidArgument
+// naming the thing.
 func TestWorkerBadModel(t *testing.T) {
 	fx := parity.Load(t, "transformer")
 	dir, err := fx.ModelPath("transformer")
@@ -456,8 +458,7 @@ func TestWorkerBadModel(t *testing.T) {
 		{"patch_size_t 2", badConfig, "patch_size_t 2 is not supported"},
 		{"missing shard", missingShard, "shard diffusion_pytorch_model-00002-of-00002.safetensors"},
 		{"unknown dtype", func(*testing.T) string { return dir }, "dtype \"int8\""},
-		{"max_resident_blocks", func(*testing.T) string { return dir }, "max_resident_blocks 4: block streaming is not implemented"},
-		{"cap below the weights", func(*testing.T) string { return dir }, "weights need"},
+		{"cap below one block", func(*testing.T) string { return dir }, "memory cap too small for the transformer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := workertest.Start(t, "transformer")
@@ -465,9 +466,7 @@ func TestWorkerBadModel(t *testing.T) {
 			switch tc.name {
 			case "unknown dtype":
 				req.DType = "int8"
-			case "max_resident_blocks":
-				req.MaxResidentBlocks = 4
-			case "cap below the weights": // refused from the header, before any weight is read
+			case "cap below one block": // refused by the residency plan, before any weight is read
 				req.MemoryCapBytes = 1 << 10
 			}
 			_, err := p.Load(workertest.Ctx(t), req)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"path/filepath"
 	"sync"
 	"time"
@@ -39,7 +40,7 @@ func newWorker(k *workerkit.Kit) *worker {
 
 // classify maps an error to the worker error the supervisor acts on.
 func classify(err error) error {
-	return modelrt.Classify(err, lora.ErrInvalid, dit.ErrInvalidInput, dit.ErrUnsupportedConfig, dit.ErrBadCheckpoint, sampler.ErrBadRequest)
+	return modelrt.Classify(err, dit.ErrMemoryBudget, lora.ErrInvalid, dit.ErrInvalidInput, dit.ErrUnsupportedConfig, dit.ErrBadCheckpoint, sampler.ErrBadRequest)
 }
 
 // Load opens the runtime of req.Backend and loads the transformer from req.ModelDir.
@@ -64,9 +65,6 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(workerkit.InvalidArgumentf("load: %v", err))
 	}
-	if err := checkFits(req, wdt); err != nil { // fit.go
-		return nil, classify(err)
-	}
 	w.dtype = sampler.F32
 	if err := modelrt.ApplyEnv(req.Env); err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
@@ -75,7 +73,12 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	m, applied, err := loadModel(rt, req, dit.LoadOptions{WeightDType: wdt})
+	lopts, err := residencyOptions(rt, req, wdt)
+	if err != nil {
+		rt.Close()
+		return nil, classify(fmt.Errorf("load: %w", err))
+	}
+	m, applied, err := loadModel(rt, req, lopts)
 	if err != nil {
 		rt.Close()
 		return nil, modelrt.ClassifyLoad(fmt.Errorf("load %s: %w", req.ModelDir, err))
@@ -84,6 +87,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	resp := w.base.Loaded(rt, start, m.WeightBytes())
 	resp.Transformer = transformerInfo(m)
 	resp.Loras = applied
+	resp.ResidentBlocks, resp.StreamedBlocks = modelrt.Uint32(m.ResidentBlocks()), modelrt.Uint32(m.StreamedBlocks())
 	for _, a := range applied {
 		w.log.WithFields(logrus.Fields{"lora": a.Path, "strength": a.Strength, "format": a.Format,
 			"weights_changed": a.WeightsChanged}).Info("lora merged")
@@ -91,11 +95,39 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	cfg := m.Config
 	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "weights": wdt.String(), "double_blocks": cfg.NumLayers,
 		"single_blocks": cfg.NumSingleLayers, "heads": cfg.NumAttentionHeads, "head_dim": cfg.AttentionHeadDim,
+		"resident_blocks": m.ResidentBlocks(), "streamed_blocks": m.StreamedBlocks(), "streamed_bytes": m.StreamedBytes(),
+		"memory_cap": req.MemoryCapBytes, "activations_estimate": lopts.ActivationBytes, "max_resident_blocks": req.MaxResidentBlocks,
 		"elapsed": resp.LoadDuration}).Info("model loaded")
 	for _, n := range m.Unexpected {
 		w.log.WithField("tensor", n).Warn("unexpected tensor in checkpoint")
 	}
 	return resp, nil
+}
+
+// residencyOptions are the load options that plan block residency for req: the memory cap
+// (with none, on a GPU, the device's free memory, as FramePack plans against it), the larger
+// of the workload's activation estimate and its reserve (gpu_memory_preservation_gb) kept
+// free beside the weights, and max_resident_blocks. A cap too small for the model with every
+// block streamed fails in Load, before anything loads.
+func residencyOptions(rt *runtime.Runtime, req *workerkit.LoadRequest, wdt runtime.DType) (dit.LoadOptions, error) {
+	opts := dit.LoadOptions{WeightDType: wdt, MemoryCap: int64(min(req.MemoryCapBytes, math.MaxInt64)), MaxResidentBlocks: int(req.MaxResidentBlocks)}
+	w := req.Workload
+	if w == nil {
+		return opts, nil
+	}
+	cfg, err := dit.LoadConfig(req.ModelDir)
+	if err != nil {
+		return opts, fmt.Errorf("load transformer: %w", err)
+	}
+	est := cfg.ActivationBytes(dit.Workload{Height: int(w.Height), Width: int(w.Width), LatentWindowSize: int(w.LatentWindowSize)})
+	opts.ActivationBytes = max(est, int64(min(w.ReserveBytes, math.MaxInt64)))
+	if opts.MemoryCap == 0 && w.ReserveBytes > 0 {
+		// ErrUnsupported on cpu: no device to run out of, every block stays resident.
+		if free, _, err := rt.DeviceMemory(); err == nil {
+			opts.MemoryCap = int64(min(free, math.MaxInt64))
+		}
+	}
+	return opts, nil
 }
 
 // loadModel loads the transformer of req.ModelDir with req.Loras merged into its weights as

@@ -130,3 +130,12 @@ func (c Config) Rope() (theta float64, err error) {
 	}
 	return theta, nil
 }
+
+// ActivationBytes estimates the activations one forward over tokens positions holds at its
+// peak (float32): the residual stream, the normed input, q/k/v and the attention output
+// (about 8 hidden-wide rows) and the gate, up and product of the MLP (3 intermediate-wide
+// rows), plus the causal mask and one head's scores.
+func (c Config) ActivationBytes(tokens int) int64 {
+	l := int64(tokens)
+	return 4 * (l*(8*int64(c.HiddenSize)+3*int64(c.IntermediateSize)) + 2*l*l)
+}

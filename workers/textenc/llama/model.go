@@ -170,9 +170,16 @@ type Model struct {
 	// unexpected.
 	Report nn.Report
 
-	nn.Weights // WeightBytes
+	nn.Weights // the resident weights (WeightBytes below adds the streamed layers')
 	rt         *runtime.Runtime
 	ckpt       *safetensors.Checkpoint
+
+	// Layers past the first `resident` stay in host memory (their entries in Layers hold no
+	// tensors) and stream through two slots (nn.BlockStream) on copyStream.
+	resident   int
+	stream     *nn.BlockStream[*DecoderLayer]
+	copyStream *runtime.Stream
+	pinned     [][]byte
 }
 
 // Options configure Load.
@@ -182,7 +189,21 @@ type Options struct {
 	// Options are the dtypes the weights are uploaded in (WeightDType: the Linear weights, the
 	// bulk of the model; the embedding table stays in the checkpoint).
 	nn.Options
+	// MemoryCap is the runtime's cap the layer residency is planned for (0: none, every layer
+	// resident unless MaxResidentLayers says otherwise).
+	MemoryCap int64
+	// ActivationBytes is kept free beside the weights under MemoryCap.
+	ActivationBytes int64
+	// MaxResidentLayers caps the layers kept in the runtime's memory; the rest stream from
+	// host memory. 0: no limit; NoResidentLayers streams every layer.
+	MaxResidentLayers int
 }
+
+// NoResidentLayers, as Options.MaxResidentLayers, streams every layer.
+const NoResidentLayers = -1
+
+// ErrMemoryBudget: the memory cap cannot hold the model with every layer streamed.
+var ErrMemoryBudget = errors.New("memory cap too small for the llama text encoder")
 
 // Load reads dir/config.json and binds the checkpoint in dir (one file or shards) for the
 // hidden-state entry o.HiddenStateIndex: weights of layers past the plan and the final norm
@@ -221,36 +242,29 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 	}
 	ld := nn.NewLoader(rt, src, o.Options, prefix)
 	m := &Model{Config: cfg, Plan: plan, rt: rt, RotaryEmb: NewRotaryEmbedding(cfg.HeadDim, theta)}
-	H, D, I := cfg.HiddenSize, cfg.HeadDim, cfg.IntermediateSize
-	heads, kvHeads := cfg.NumAttentionHeads, cfg.NumKeyValueHeads
-	eps := float32(cfg.RMSNormEps)
+	H := cfg.HiddenSize
 	m.EmbedTokens = nn.NewHostEmbedding(ld, "embed_tokens.weight", cfg.VocabSize, H)
+	bind := func(l *nn.Loader, name string) *DecoderLayer { return bindLayer(l, name, cfg, act) }
+	if m.resident, err = planLayers(cfg, plan, src, prefix, o); err != nil {
+		return nil, err
+	}
+	m.stream = nn.NewBlockStream(rt, "layers", func(l *nn.Loader) *DecoderLayer { return bind(l, "") })
 	for i := range plan.Layers {
 		name := nn.Join("layers", i)
-		at, mlp := nn.Join(name, "self_attn"), nn.Join(name, "mlp")
-		m.Layers = append(m.Layers, &DecoderLayer{
-			InputLayernorm: nn.NewRMSNorm(ld, nn.Join(name, "input_layernorm"), H, eps),
-			SelfAttn: Attention{
-				QProj:     nn.NewLinear(ld, nn.Join(at, "q_proj"), H, heads*D, cfg.AttentionBias),
-				KProj:     nn.NewLinear(ld, nn.Join(at, "k_proj"), H, kvHeads*D, cfg.AttentionBias),
-				VProj:     nn.NewLinear(ld, nn.Join(at, "v_proj"), H, kvHeads*D, cfg.AttentionBias),
-				OProj:     nn.NewLinear(ld, nn.Join(at, "o_proj"), heads*D, H, cfg.AttentionBias),
-				Attention: nn.Attention{Heads: heads, KVHeads: kvHeads, HeadDim: D, Scale: float32(1 / math.Sqrt(float64(D)))},
-			},
-			PostAttentionLayernorm: nn.NewRMSNorm(ld, nn.Join(name, "post_attention_layernorm"), H, eps),
-			MLP: MLP{
-				GateProj: nn.NewLinear(ld, nn.Join(mlp, "gate_proj"), H, I, cfg.MLPBias),
-				UpProj:   nn.NewLinear(ld, nn.Join(mlp, "up_proj"), H, I, cfg.MLPBias),
-				DownProj: nn.NewLinear(ld, nn.Join(mlp, "down_proj"), I, H, cfg.MLPBias),
-				Act:      act,
-			},
-		})
+		if i < m.resident {
+			m.Layers = append(m.Layers, bind(ld, name))
+			continue
+		}
+		h := ld.BeginHost(name + ".")
+		m.Layers = append(m.Layers, bind(ld, name))
+		ld.EndHost()
+		m.stream.Add(i, h)
 	}
 	for i := plan.Layers; i < cfg.NumHiddenLayers; i++ {
 		ld.Skip(nn.Join("layers", i) + ".")
 	}
 	if plan.FinalNorm {
-		norm := nn.NewRMSNorm(ld, "norm", H, eps)
+		norm := nn.NewRMSNorm(ld, "norm", H, float32(cfg.RMSNormEps))
 		m.Norm = &norm
 	} else {
 		ld.Skip("norm.weight")
@@ -259,8 +273,114 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 	if m.Weights, m.Report, err = ld.Finish(); err != nil {
 		return nil, fmt.Errorf("llama: %w", err)
 	}
+	if m.StreamedLayers() > 0 {
+		if m.copyStream, err = rt.NewStream(); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("llama: copy stream: %w", err)
+		}
+		m.stream.SetCopyStream(m.copyStream)
+		for _, b := range m.stream.Buffers() {
+			if rt.PinHost(b) == nil { // pinning only speeds the copies up
+				m.pinned = append(m.pinned, b)
+			}
+		}
+	}
 	return m, nil
 }
+
+// bindLayer binds decoder layer name (layers.N; "" for a streaming slot).
+func bindLayer(ld *nn.Loader, name string, cfg Config, act nn.Activation) *DecoderLayer {
+	H, D, I := cfg.HiddenSize, cfg.HeadDim, cfg.IntermediateSize
+	heads, kvHeads := cfg.NumAttentionHeads, cfg.NumKeyValueHeads
+	eps := float32(cfg.RMSNormEps)
+	at, mlp := nn.Join(name, "self_attn"), nn.Join(name, "mlp")
+	return &DecoderLayer{
+		InputLayernorm: nn.NewRMSNorm(ld, nn.Join(name, "input_layernorm"), H, eps),
+		SelfAttn: Attention{
+			QProj:     nn.NewLinear(ld, nn.Join(at, "q_proj"), H, heads*D, cfg.AttentionBias),
+			KProj:     nn.NewLinear(ld, nn.Join(at, "k_proj"), H, kvHeads*D, cfg.AttentionBias),
+			VProj:     nn.NewLinear(ld, nn.Join(at, "v_proj"), H, kvHeads*D, cfg.AttentionBias),
+			OProj:     nn.NewLinear(ld, nn.Join(at, "o_proj"), heads*D, H, cfg.AttentionBias),
+			Attention: nn.Attention{Heads: heads, KVHeads: kvHeads, HeadDim: D, Scale: float32(1 / math.Sqrt(float64(D)))},
+		},
+		PostAttentionLayernorm: nn.NewRMSNorm(ld, nn.Join(name, "post_attention_layernorm"), H, eps),
+		MLP: MLP{
+			GateProj: nn.NewLinear(ld, nn.Join(mlp, "gate_proj"), H, I, cfg.MLPBias),
+			UpProj:   nn.NewLinear(ld, nn.Join(mlp, "up_proj"), H, I, cfg.MLPBias),
+			DownProj: nn.NewLinear(ld, nn.Join(mlp, "down_proj"), I, H, cfg.MLPBias),
+			Act:      act,
+		},
+	}
+}
+
+// LayerBytes is the size one decoder layer takes in the runtime for o (sized from shapes
+// and, for weights kept as stored, the checkpoint's dtypes; nothing is loaded).
+func LayerBytes(cfg Config, src nn.Source, prefix string, o Options) int64 {
+	act, _ := nn.ActivationByName(cfg.HiddenAct)
+	l := nn.NewShapeLoaderFor(o.Options)
+	bindLayer(l, "layers.0", cfg, act)
+	var n int64
+	dts := l.ShapeDTypes()
+	for name, shape := range l.Shapes() {
+		dt := dts[name]
+		if dt == runtime.AsStored {
+			dt = runtime.F32
+			if info, ok := src.Info(prefix + name); ok {
+				dt = runtime.StoredDType(info.DType)
+			}
+		}
+		e := int64(dt.Size())
+		for _, d := range shape {
+			e *= int64(d)
+		}
+		n += e
+	}
+	return n
+}
+
+// planLayers is how many of plan's layers stay resident under o: the most whose weights, two
+// streaming slots (one when a single layer streams) and o.ActivationBytes fit o.MemoryCap, at
+// most o.MaxResidentLayers.
+func planLayers(cfg Config, plan Plan, src nn.Source, prefix string, o Options) (int, error) {
+	n := plan.Layers
+	limit := n
+	switch {
+	case o.MaxResidentLayers == NoResidentLayers:
+		limit = 0
+	case o.MaxResidentLayers > 0:
+		limit = min(limit, o.MaxResidentLayers)
+	}
+	if o.MemoryCap <= 0 || n == 0 {
+		return limit, nil
+	}
+	layer := LayerBytes(cfg, src, prefix, o)
+	var base int64 // the final norm; the embedding table is host memory
+	if plan.FinalNorm {
+		dt := o.DType
+		if dt == 0 {
+			dt = runtime.F32
+		}
+		base = int64(cfg.HiddenSize * dt.Size())
+	}
+	need := func(r int) int64 { return base + int64(r)*layer + int64(min(2, n-r))*layer + o.ActivationBytes }
+	for r := limit; r >= 0; r-- {
+		if need(r) <= o.MemoryCap {
+			return r, nil
+		}
+	}
+	return 0, fmt.Errorf("llama: %w: the cap is %d bytes; streaming every layer needs %d (%d per layer, two slots, %d kept free for activations)",
+		ErrMemoryBudget, o.MemoryCap, need(0), layer, o.ActivationBytes)
+}
+
+// WeightBytes returns the size of the weights: in the runtime plus the streamed layers' host
+// copies.
+func (m *Model) WeightBytes() int64 { return m.Weights.WeightBytes() + m.stream.HostBytes() }
+
+// ResidentLayers is the number of layers kept in the runtime's memory.
+func (m *Model) ResidentLayers() int { return min(m.resident, len(m.Layers)) }
+
+// StreamedLayers is the number of layers streamed from host memory.
+func (m *Model) StreamedLayers() int { return len(m.Layers) - m.ResidentLayers() }
 
 // Close frees the weights and closes the checkpoint (when Load opened it).
 func (m *Model) Close() error {
@@ -271,6 +391,19 @@ func (m *Model) Close() error {
 		return err
 	}
 	return nil
+}
+
+// Free frees the resident weights, the streaming slots, the pinned host copies and the copy
+// stream.
+func (m *Model) Free() {
+	m.Weights.Free()
+	m.stream.Release()
+	for _, b := range m.pinned {
+		_ = m.rt.UnpinHost(b) // nothing to do about a failure while closing
+	}
+	m.pinned = nil
+	m.copyStream.Free()
+	m.copyStream = nil
 }
 
 // ErrEmptyMask is returned by HiddenState when the mask attends no position.
@@ -304,10 +437,21 @@ func (m *Model) HiddenState(ids []int32, mask []bool) (*runtime.Tensor, error) {
 	if len(m.Layers) > 0 {
 		cos, sin := m.RotaryEmb.Tables(p, n)
 		causal := nn.CausalMask(p, n, mask)
+		defer m.stream.Release()
 		for i, l := range m.Layers {
+			if m.stream.Streamed(i) && p.OK() {
+				var err error
+				if l, err = m.stream.Use(i); err == nil {
+					err = m.stream.Prefetch(i)
+				}
+				p.Fail(err)
+			}
 			h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor {
 				return p.Sub(fmt.Sprintf("layer %d", i), func(q *nn.Pass) *runtime.Tensor { return l.Forward(q, h, cos, sin, causal) })
 			})
+			if p.OK() {
+				p.Fail(m.stream.Computed(i))
+			}
 		}
 	}
 	if m.Norm != nil {

@@ -56,6 +56,7 @@ func (m *Model) forward(ctx context.Context, s *Section, x []float32, timestep, 
 	rt := m.rt
 	p := nn.NewPass(nil, rt)
 	defer p.Free()
+	defer m.releaseSlots()
 
 	// Image stream: [clean | noisy] tokens.
 	xt := p.Do(rt.FromFloat32(x, shape[:]...))
@@ -160,7 +161,12 @@ func (m *Model) teaCacheInput(p *nn.Pass, img, temb *runtime.Tensor) *runtime.Te
 		p.Fail(fmt.Errorf("%w: TeaCache needs at least one double block", ErrUnsupportedConfig))
 		return nil
 	}
-	a := m.TransformerBlocks[0].Norm1.Forward(p, img, temb)
+	blk, err := m.doubleBlock(0)
+	if err != nil {
+		p.Fail(err)
+		return nil
+	}
+	a := blk.Norm1.Forward(p, img, temb)
 	return a.x
 }
 
@@ -174,8 +180,14 @@ func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r ro
 			t.Free()
 		}
 	}
-	for i, blk := range m.TransformerBlocks {
+	for i := range m.TransformerBlocks {
 		if err := ctx.Err(); err != nil {
+			release(cur, img)
+			release(curTxt, txt)
+			return nil, err
+		}
+		blk, err := m.doubleBlock(i)
+		if err != nil {
 			release(cur, img)
 			release(curTxt, txt)
 			return nil, err
@@ -183,6 +195,12 @@ func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r ro
 		ni, nt, err := blk.Forward(m.rt, cur, curTxt, temb, r)
 		release(cur, img)
 		release(curTxt, txt)
+		if err == nil {
+			if err = m.double.Computed(i); err != nil {
+				ni.Free()
+				nt.Free()
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("transformer_blocks.%d: %w", i, err)
 		}
@@ -191,6 +209,8 @@ func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r ro
 			trace("double_block_0_hidden", cur)
 		}
 	}
+	// The double blocks' slots go before the single blocks' are made.
+	m.double.Release()
 	if len(m.SingleTransformerBlocks) == 0 {
 		release(curTxt, txt)
 		if cur == img {
@@ -204,13 +224,23 @@ func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r ro
 	if err != nil {
 		return nil, err
 	}
-	for i, blk := range m.SingleTransformerBlocks {
+	for i := range m.SingleTransformerBlocks {
 		if err := ctx.Err(); err != nil {
+			x.Free()
+			return nil, err
+		}
+		blk, err := m.singleBlock(i)
+		if err != nil {
 			x.Free()
 			return nil, err
 		}
 		nx, err := blk.Forward(m.rt, x, temb, r)
 		x.Free()
+		if err == nil {
+			if err = m.single.Computed(i); err != nil {
+				nx.Free()
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("single_transformer_blocks.%d: %w", i, err)
 		}
@@ -223,6 +253,32 @@ func (m *Model) blocks(ctx context.Context, img, txt, temb *runtime.Tensor, r ro
 	}
 	trace("last_single_block_hidden", out)
 	return out, nil
+}
+
+// doubleBlock returns double block i with its weights in the runtime's memory: the resident
+// block, or the streamed one copied into a slot, with the next streamed block copied into the
+// other slot before block i computes (one block ahead).
+func (m *Model) doubleBlock(i int) (HunyuanVideoTransformerBlock, error) {
+	if !m.double.Streamed(i) {
+		return m.TransformerBlocks[i], nil
+	}
+	blk, err := m.double.Use(i)
+	if err == nil {
+		err = m.double.Prefetch(i)
+	}
+	return blk, err
+}
+
+// singleBlock is doubleBlock for single block i.
+func (m *Model) singleBlock(i int) (HunyuanVideoSingleTransformerBlock, error) {
+	if !m.single.Streamed(i) {
+		return m.SingleTransformerBlocks[i], nil
+	}
+	blk, err := m.single.Use(i)
+	if err == nil {
+		err = m.single.Prefetch(i)
+	}
+	return blk, err
 }
 
 // unpatchify is 'b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)' with pt = 1.

@@ -31,8 +31,17 @@ type Model struct {
 	// Unexpected lists checkpoint tensors no module uses (the loader's caller logs them).
 	Unexpected []string
 
-	nn.Weights // WeightBytes (as held: float32, or 16 bits per LoadOptions.WeightDType), NumParams
+	nn.Weights // the resident weights (WeightBytes and NumParams below add the streamed blocks')
 	rt         *runtime.Runtime
+
+	// Streaming: blocks past the first residentDouble double and residentSingle single blocks
+	// are kept in host memory (their fields here hold no tensors) and copied into slots one
+	// block ahead of compute.
+	residentDouble, residentSingle int
+	double                         *nn.BlockStream[HunyuanVideoTransformerBlock]
+	single                         *nn.BlockStream[HunyuanVideoSingleTransformerBlock]
+	pinned                         [][]byte
+	copyStream                     *runtime.Stream // the streamed blocks' copies (nil: none stream)
 }
 
 // LoadOptions adjust Load and New.
@@ -46,7 +55,20 @@ type LoadOptions struct {
 	// bytes): F16 or BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype
 	// (F32 with RandomWeights); zero means F32. Norms, biases and activations are f32.
 	WeightDType runtime.DType
+	// MemoryCap is the runtime's memory cap the residency plan is made for (0: no cap, every
+	// block resident unless MaxResidentBlocks says otherwise). The runtime enforces its own
+	// cap (runtime.SetMemoryCap); this only sizes the plan.
+	MemoryCap int64
+	// ActivationBytes is the activations' estimated peak (Config.ActivationBytes), reserved
+	// under MemoryCap.
+	ActivationBytes int64
+	// MaxResidentBlocks caps the blocks kept in the runtime's memory (double blocks first,
+	// then single); the rest stream. 0: no limit; NoResidentBlocks streams every block.
+	MaxResidentBlocks int
 }
+
+// NoResidentBlocks, as LoadOptions.MaxResidentBlocks, streams every block.
+const NoResidentBlocks = -1
 
 // Load reads dir/config.json and the checkpoint in dir (diffusion_pytorch_model.safetensors or
 // a sharded index) into rt.
@@ -80,6 +102,14 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	if src == nil && !opts.RandomWeights {
 		return nil, fmt.Errorf("new transformer: no weights (a checkpoint or RandomWeights)")
 	}
+	fp, err := EstimateFootprint(cfg, src, opts)
+	if err != nil {
+		return nil, err
+	}
+	resident, err := planResident(fp, opts)
+	if err != nil {
+		return nil, err
+	}
 	dts := nn.Options{DType: runtime.F32, WeightDType: opts.WeightDType}
 	var l *nn.Loader
 	if src == nil {
@@ -87,9 +117,59 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	} else {
 		l = nn.NewLoader(rt, src, dts, "")
 	}
+	m := &Model{Config: cfg, rt: rt}
+	m.residentDouble, m.residentSingle = fp.split(resident)
+	m.double = nn.NewBlockStream(rt, "transformer_blocks", func(l *nn.Loader) HunyuanVideoTransformerBlock { return bindDoubleBlock(l, "", cfg) })
+	m.single = nn.NewBlockStream(rt, "single_transformer_blocks", func(l *nn.Loader) HunyuanVideoSingleTransformerBlock { return bindSingleBlock(l, "", cfg) })
+	bindAll(l, cfg, m)
+	ws, rep, err := l.Finish()
+	if err != nil {
+		return nil, err
+	}
+	m.Weights, m.Unexpected = ws, rep.Unexpected
+	if m.StreamedBlocks() > 0 {
+		if m.copyStream, err = rt.NewStream(); err != nil {
+			m.Close()
+			return nil, fmt.Errorf("new transformer: copy stream: %w", err)
+		}
+		m.double.SetCopyStream(m.copyStream)
+		m.single.SetCopyStream(m.copyStream)
+	}
+	for _, st := range []interface{ Buffers() [][]byte }{m.double, m.single} {
+		for _, b := range st.Buffers() {
+			// Pinning only speeds the copies up; a backend that cannot pin copies from
+			// pageable memory.
+			if rt.PinHost(b) == nil {
+				m.pinned = append(m.pinned, b)
+			}
+		}
+	}
+	return m, nil
+}
+
+// planResident is how many blocks stay resident for opts (see LoadOptions).
+func planResident(fp Footprint, opts LoadOptions) (int, error) {
+	switch {
+	case opts.MaxResidentBlocks == NoResidentBlocks && opts.MemoryCap <= 0:
+		return 0, nil
+	case opts.MaxResidentBlocks == NoResidentBlocks:
+		if _, err := fp.Plan(opts.MemoryCap, opts.ActivationBytes, 0); err != nil {
+			return 0, err
+		}
+		return 0, nil
+	}
+	return fp.Plan(opts.MemoryCap, opts.ActivationBytes, opts.MaxResidentBlocks)
+}
+
+// bindAll binds every module of cfg into m (nil: a throwaway, for size estimates); blocks past
+// m's resident counts go to host memory and into m's block stacks.
+func bindAll(l *nn.Loader, cfg Config, m *Model) {
+	if m == nil {
+		m = &Model{Config: cfg, residentDouble: cfg.NumLayers, residentSingle: cfg.NumSingleLayers}
+	}
 	dim := cfg.InnerDim()
 	p := cfg.PatchSize
-	m := &Model{Config: cfg, rt: rt, Rope: HunyuanVideoRotaryPosEmbed{AxesDim: cfg.RopeAxesDim, Theta: cfg.RopeTheta}}
+	m.Rope = HunyuanVideoRotaryPosEmbed{AxesDim: cfg.RopeAxesDim, Theta: cfg.RopeTheta}
 	m.XEmbedder = HunyuanVideoPatchEmbed{Proj: bindPatchConv(l, "x_embedder.proj", cfg.InChannels, dim, [3]int{cfg.PatchSizeT, p, p})}
 	m.ContextEmbedder = bindTokenRefiner(l, "context_embedder", cfg)
 	m.TimeTextEmbed = bindTimeGuidanceText(l, "time_text_embed", dim, cfg.PooledProjectionDim)
@@ -101,23 +181,76 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 		m.ImageProjection = &ip
 	}
 	for i := range cfg.NumLayers {
-		m.TransformerBlocks = append(m.TransformerBlocks, bindDoubleBlock(l, "transformer_blocks."+strconv.Itoa(i), cfg))
+		prefix := "transformer_blocks." + strconv.Itoa(i)
+		if i < m.residentDouble {
+			m.TransformerBlocks = append(m.TransformerBlocks, bindDoubleBlock(l, prefix, cfg))
+			continue
+		}
+		h := l.BeginHost(prefix + ".")
+		m.TransformerBlocks = append(m.TransformerBlocks, bindDoubleBlock(l, prefix, cfg))
+		l.EndHost()
+		m.double.Add(i, h)
 	}
 	for i := range cfg.NumSingleLayers {
-		m.SingleTransformerBlocks = append(m.SingleTransformerBlocks, bindSingleBlock(l, "single_transformer_blocks."+strconv.Itoa(i), cfg))
+		prefix := "single_transformer_blocks." + strconv.Itoa(i)
+		if i < m.residentSingle {
+			m.SingleTransformerBlocks = append(m.SingleTransformerBlocks, bindSingleBlock(l, prefix, cfg))
+			continue
+		}
+		h := l.BeginHost(prefix + ".")
+		m.SingleTransformerBlocks = append(m.SingleTransformerBlocks, bindSingleBlock(l, prefix, cfg))
+		l.EndHost()
+		m.single.Add(i, h)
 	}
 	m.NormOut = AdaLayerNormContinuous{Linear: nn.NewLinear(l, "norm_out.linear", dim, 2*dim, true)}
 	m.ProjOut = nn.NewLinear(l, "proj_out", dim, cfg.PatchSizeT*p*p*cfg.OutChannelsOrIn(), true)
-	ws, rep, err := l.Finish()
-	if err != nil {
-		return nil, err
-	}
-	m.Weights, m.Unexpected = ws, rep.Unexpected
-	return m, nil
+}
+
+// ResidentBlocks is the number of blocks kept in the runtime's memory; StreamedBlocks the
+// number copied in from host memory for every forward.
+func (m *Model) ResidentBlocks() int { return m.residentDouble + m.residentSingle }
+
+// StreamedBlocks is the number of blocks streamed from host memory.
+func (m *Model) StreamedBlocks() int {
+	return len(m.TransformerBlocks) + len(m.SingleTransformerBlocks) - m.ResidentBlocks()
+}
+
+// StreamedBytes is the size of the streamed blocks' host copies.
+func (m *Model) StreamedBytes() int64 { return m.double.HostBytes() + m.single.HostBytes() }
+
+// CopiedBytes is how many bytes of streamed blocks have been copied into slots so far.
+func (m *Model) CopiedBytes() int64 { return m.double.CopiedBytes() + m.single.CopiedBytes() }
+
+// releaseSlots frees the streaming slots (the end of a forward).
+func (m *Model) releaseSlots() {
+	m.double.Release()
+	m.single.Release()
 }
 
 // Runtime returns the runtime holding the weights.
 func (m *Model) Runtime() *runtime.Runtime { return m.rt }
 
+// WeightBytes is the size of the weights as held (float32, or 16 bits per LoadOptions.WeightDType):
+// in the runtime's memory plus the streamed blocks' host copies.
+func (m *Model) WeightBytes() int64 { return m.Weights.WeightBytes() + m.StreamedBytes() }
+
+// NumParams is the number of weight elements, the streamed blocks' included.
+func (m *Model) NumParams() int64 {
+	return m.Weights.NumParams() + m.double.NumElements() + m.single.NumElements()
+}
+
 // Close frees the weights.
 func (m *Model) Close() { m.Free() }
+
+// Free frees the resident weights, the streaming slots, the pinned host copies and the copy
+// stream.
+func (m *Model) Free() {
+	m.Weights.Free()
+	m.releaseSlots()
+	for _, b := range m.pinned {
+		_ = m.rt.UnpinHost(b) // nothing to do about a failure while closing
+	}
+	m.pinned = nil
+	m.copyStream.Free()
+	m.copyStream = nil
+}

@@ -57,11 +57,11 @@ type LoadRequest struct {
 	// when the worker has an inherited beacon. Empty means the inherited
 	// beacon, or none.
 	BeaconPath string `protobuf:"bytes,8,opt,name=beacon_path,json=beaconPath,proto3" json:"beacon_path,omitempty"`
-	// max_resident_blocks will limit how many transformer blocks stay on the
-	// device, the rest streaming from pinned host memory. Block streaming is
-	// not implemented yet: the transformer worker refuses any value but 0 with
-	// INVALID_ARGUMENT (every block stays resident, and a cap below the
-	// weights' size is refused at Load). Other workers ignore it.
+	// max_resident_blocks limits how many transformer blocks (double blocks
+	// first, then single), or the text encoder's Llama layers, stay on the
+	// device; the rest stream from (pinned) host memory, copied one block
+	// ahead of compute. 0 means as many as the memory cap allows after the
+	// activations. Transformer and textenc workers; others ignore it.
 	MaxResidentBlocks uint32 `protobuf:"varint,9,opt,name=max_resident_blocks,json=maxResidentBlocks,proto3" json:"max_resident_blocks,omitempty"`
 	// fault injects failures for tests; unset in production.
 	Fault *Fault `protobuf:"bytes,10,opt,name=fault,proto3" json:"fault,omitempty"`
@@ -73,7 +73,11 @@ type LoadRequest struct {
 	// loras are LoRA files merged into the transformer's weights at load
 	// (W += strength * alpha/rank * up @ down), in order; several stack.
 	// Transformer worker only; the others refuse a non-empty list.
-	Loras         []*LoraSpec `protobuf:"bytes,12,rep,name=loras,proto3" json:"loras,omitempty"`
+	Loras []*LoraSpec `protobuf:"bytes,12,rep,name=loras,proto3" json:"loras,omitempty"`
+	// workload is the job the model is loaded for; the transformer worker
+	// estimates its activations from it and keeps resident only the blocks
+	// that fit memory_cap_bytes beside them. Unset: no activations reserved.
+	Workload      *Workload `protobuf:"bytes,13,opt,name=workload,proto3" json:"workload,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -192,6 +196,89 @@ func (x *LoadRequest) GetLoras() []*LoraSpec {
 	return nil
 }
 
+func (x *LoadRequest) GetWorkload() *Workload {
+	if x != nil {
+		return x.Workload
+	}
+	return nil
+}
+
+// Workload is the size of the job a worker is loaded for.
+type Workload struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// height and width are the video's size in pixels.
+	Height uint32 `protobuf:"varint,1,opt,name=height,proto3" json:"height,omitempty"`
+	// width is the video's width in pixels.
+	Width uint32 `protobuf:"varint,2,opt,name=width,proto3" json:"width,omitempty"`
+	// latent_window_size is the latent frames sampled per section (9).
+	LatentWindowSize uint32 `protobuf:"varint,3,opt,name=latent_window_size,json=latentWindowSize,proto3" json:"latent_window_size,omitempty"`
+	// reserve_bytes is device memory kept free beside the resident weights,
+	// as FramePack's gpu_memory_preservation does: the transformer reserves
+	// the larger of this and its activation estimate. With no
+	// memory_cap_bytes a GPU worker plans against the device's free memory.
+	ReserveBytes  uint64 `protobuf:"varint,4,opt,name=reserve_bytes,json=reserveBytes,proto3" json:"reserve_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Workload) Reset() {
+	*x = Workload{}
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Workload) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Workload) ProtoMessage() {}
+
+func (x *Workload) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Workload.ProtoReflect.Descriptor instead.
+func (*Workload) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Workload) GetHeight() uint32 {
+	if x != nil {
+		return x.Height
+	}
+	return 0
+}
+
+func (x *Workload) GetWidth() uint32 {
+	if x != nil {
+		return x.Width
+	}
+	return 0
+}
+
+func (x *Workload) GetLatentWindowSize() uint32 {
+	if x != nil {
+		return x.LatentWindowSize
+	}
+	return 0
+}
+
+func (x *Workload) GetReserveBytes() uint64 {
+	if x != nil {
+		return x.ReserveBytes
+	}
+	return 0
+}
+
 // LoraSpec names one LoRA file and the strength it is merged with.
 type LoraSpec struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -206,7 +293,7 @@ type LoraSpec struct {
 
 func (x *LoraSpec) Reset() {
 	*x = LoraSpec{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[1]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -218,7 +305,7 @@ func (x *LoraSpec) String() string {
 func (*LoraSpec) ProtoMessage() {}
 
 func (x *LoraSpec) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[1]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -231,7 +318,7 @@ func (x *LoraSpec) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoraSpec.ProtoReflect.Descriptor instead.
 func (*LoraSpec) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{1}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *LoraSpec) GetPath() string {
@@ -266,7 +353,7 @@ type LoraApplied struct {
 
 func (x *LoraApplied) Reset() {
 	*x = LoraApplied{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[2]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -278,7 +365,7 @@ func (x *LoraApplied) String() string {
 func (*LoraApplied) ProtoMessage() {}
 
 func (x *LoraApplied) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[2]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -291,7 +378,7 @@ func (x *LoraApplied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoraApplied.ProtoReflect.Descriptor instead.
 func (*LoraApplied) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{2}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *LoraApplied) GetPath() string {
@@ -359,7 +446,7 @@ type Fault struct {
 
 func (x *Fault) Reset() {
 	*x = Fault{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[3]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -371,7 +458,7 @@ func (x *Fault) String() string {
 func (*Fault) ProtoMessage() {}
 
 func (x *Fault) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[3]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -384,7 +471,7 @@ func (x *Fault) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fault.ProtoReflect.Descriptor instead.
 func (*Fault) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{3}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Fault) GetExitAtOp() uint64 {
@@ -467,14 +554,21 @@ type LoadResponse struct {
 	Transformer *TransformerInfo `protobuf:"bytes,8,opt,name=transformer,proto3" json:"transformer,omitempty"`
 	// text_encoder holds the text encoders' constants; set by the textenc
 	// worker only.
-	TextEncoder   *TextEncoderInfo `protobuf:"bytes,9,opt,name=text_encoder,json=textEncoder,proto3" json:"text_encoder,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TextEncoder *TextEncoderInfo `protobuf:"bytes,9,opt,name=text_encoder,json=textEncoder,proto3" json:"text_encoder,omitempty"`
+	// resident_blocks is the number of transformer blocks (textenc: Llama
+	// layers) kept on the device, computed at Load from the memory cap, the
+	// activation estimate and max_resident_blocks.
+	ResidentBlocks uint32 `protobuf:"varint,10,opt,name=resident_blocks,json=residentBlocks,proto3" json:"resident_blocks,omitempty"`
+	// streamed_blocks is the number of transformer blocks (textenc: Llama
+	// layers) kept in host memory and copied to the device for every forward.
+	StreamedBlocks uint32 `protobuf:"varint,11,opt,name=streamed_blocks,json=streamedBlocks,proto3" json:"streamed_blocks,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *LoadResponse) Reset() {
 	*x = LoadResponse{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[4]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -486,7 +580,7 @@ func (x *LoadResponse) String() string {
 func (*LoadResponse) ProtoMessage() {}
 
 func (x *LoadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[4]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -499,7 +593,7 @@ func (x *LoadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadResponse.ProtoReflect.Descriptor instead.
 func (*LoadResponse) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{4}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LoadResponse) GetBackend() string {
@@ -565,6 +659,20 @@ func (x *LoadResponse) GetTextEncoder() *TextEncoderInfo {
 	return nil
 }
 
+func (x *LoadResponse) GetResidentBlocks() uint32 {
+	if x != nil {
+		return x.ResidentBlocks
+	}
+	return 0
+}
+
+func (x *LoadResponse) GetStreamedBlocks() uint32 {
+	if x != nil {
+		return x.StreamedBlocks
+	}
+	return 0
+}
+
 // VaeInfo is what the supervisor needs to know about a loaded VAE
 // (AutoencoderKLHunyuanVideo config.json), so that it never reads the
 // config itself.
@@ -595,7 +703,7 @@ type VaeInfo struct {
 
 func (x *VaeInfo) Reset() {
 	*x = VaeInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[5]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +715,7 @@ func (x *VaeInfo) String() string {
 func (*VaeInfo) ProtoMessage() {}
 
 func (x *VaeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[5]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +728,7 @@ func (x *VaeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VaeInfo.ProtoReflect.Descriptor instead.
 func (*VaeInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{5}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *VaeInfo) GetScalingFactor() float64 {
@@ -703,7 +811,7 @@ type TransformerInfo struct {
 
 func (x *TransformerInfo) Reset() {
 	*x = TransformerInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -715,7 +823,7 @@ func (x *TransformerInfo) String() string {
 func (*TransformerInfo) ProtoMessage() {}
 
 func (x *TransformerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -728,7 +836,7 @@ func (x *TransformerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransformerInfo.ProtoReflect.Descriptor instead.
 func (*TransformerInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{6}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TransformerInfo) GetInChannels() uint32 {
@@ -833,7 +941,7 @@ type TextEncoderInfo struct {
 
 func (x *TextEncoderInfo) Reset() {
 	*x = TextEncoderInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +953,7 @@ func (x *TextEncoderInfo) String() string {
 func (*TextEncoderInfo) ProtoMessage() {}
 
 func (x *TextEncoderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +966,7 @@ func (x *TextEncoderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TextEncoderInfo.ProtoReflect.Descriptor instead.
 func (*TextEncoderInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{7}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TextEncoderInfo) GetLlamaHiddenSize() uint32 {
@@ -900,7 +1008,7 @@ var File_framepack_worker_v1_load_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\n" +
-	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xb4\x04\n" +
+	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xef\x04\n" +
 	"\vLoadRequest\x12\x1b\n" +
 	"\tmodel_dir\x18\x01 \x01(\tR\bmodelDir\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x18\n" +
@@ -917,10 +1025,16 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	" \x01(\v2\x1a.framepack.worker.v1.FaultR\x05fault\x12\x1c\n" +
 	"\n" +
 	"pci_bus_id\x18\v \x01(\tR\bpciBusId\x123\n" +
-	"\x05loras\x18\f \x03(\v2\x1d.framepack.worker.v1.LoraSpecR\x05loras\x1a6\n" +
+	"\x05loras\x18\f \x03(\v2\x1d.framepack.worker.v1.LoraSpecR\x05loras\x129\n" +
+	"\bworkload\x18\r \x01(\v2\x1d.framepack.worker.v1.WorkloadR\bworkload\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\":\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x01\n" +
+	"\bWorkload\x12\x16\n" +
+	"\x06height\x18\x01 \x01(\rR\x06height\x12\x14\n" +
+	"\x05width\x18\x02 \x01(\rR\x05width\x12,\n" +
+	"\x12latent_window_size\x18\x03 \x01(\rR\x10latentWindowSize\x12#\n" +
+	"\rreserve_bytes\x18\x04 \x01(\x04R\freserveBytes\":\n" +
 	"\bLoraSpec\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
 	"\bstrength\x18\x02 \x01(\x01R\bstrength\"~\n" +
@@ -940,7 +1054,7 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x13hang_conv_shape_key\x18\x05 \x01(\tR\x10hangConvShapeKey\x12C\n" +
 	"\x0ehang_conv_tier\x18\x06 \x01(\x0e2\x1d.framepack.worker.v1.ConvTierR\fhangConvTier\x12&\n" +
 	"\x0fhold_vram_bytes\x18\a \x01(\x04R\rholdVramBytes\x12*\n" +
-	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\"\xcd\x03\n" +
+	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\"\x9f\x04\n" +
 	"\fLoadResponse\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x123\n" +
@@ -950,7 +1064,10 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\rload_duration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\floadDuration\x12.\n" +
 	"\x03vae\x18\a \x01(\v2\x1c.framepack.worker.v1.VaeInfoR\x03vae\x12F\n" +
 	"\vtransformer\x18\b \x01(\v2$.framepack.worker.v1.TransformerInfoR\vtransformer\x12G\n" +
-	"\ftext_encoder\x18\t \x01(\v2$.framepack.worker.v1.TextEncoderInfoR\vtextEncoder\"\x97\x02\n" +
+	"\ftext_encoder\x18\t \x01(\v2$.framepack.worker.v1.TextEncoderInfoR\vtextEncoder\x12'\n" +
+	"\x0fresident_blocks\x18\n" +
+	" \x01(\rR\x0eresidentBlocks\x12'\n" +
+	"\x0fstreamed_blocks\x18\v \x01(\rR\x0estreamedBlocks\"\x97\x02\n" +
 	"\aVaeInfo\x12%\n" +
 	"\x0escaling_factor\x18\x01 \x01(\x01R\rscalingFactor\x12'\n" +
 	"\x0flatent_channels\x18\x02 \x01(\rR\x0elatentChannels\x12:\n" +
@@ -996,39 +1113,41 @@ func file_framepack_worker_v1_load_proto_rawDescGZIP() []byte {
 	return file_framepack_worker_v1_load_proto_rawDescData
 }
 
-var file_framepack_worker_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_framepack_worker_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_framepack_worker_v1_load_proto_goTypes = []any{
 	(*LoadRequest)(nil),         // 0: framepack.worker.v1.LoadRequest
-	(*LoraSpec)(nil),            // 1: framepack.worker.v1.LoraSpec
-	(*LoraApplied)(nil),         // 2: framepack.worker.v1.LoraApplied
-	(*Fault)(nil),               // 3: framepack.worker.v1.Fault
-	(*LoadResponse)(nil),        // 4: framepack.worker.v1.LoadResponse
-	(*VaeInfo)(nil),             // 5: framepack.worker.v1.VaeInfo
-	(*TransformerInfo)(nil),     // 6: framepack.worker.v1.TransformerInfo
-	(*TextEncoderInfo)(nil),     // 7: framepack.worker.v1.TextEncoderInfo
-	nil,                         // 8: framepack.worker.v1.LoadRequest.EnvEntry
-	(*ConvPolicy)(nil),          // 9: framepack.worker.v1.ConvPolicy
-	(ConvTier)(0),               // 10: framepack.worker.v1.ConvTier
-	(*Device)(nil),              // 11: framepack.worker.v1.Device
-	(*durationpb.Duration)(nil), // 12: google.protobuf.Duration
+	(*Workload)(nil),            // 1: framepack.worker.v1.Workload
+	(*LoraSpec)(nil),            // 2: framepack.worker.v1.LoraSpec
+	(*LoraApplied)(nil),         // 3: framepack.worker.v1.LoraApplied
+	(*Fault)(nil),               // 4: framepack.worker.v1.Fault
+	(*LoadResponse)(nil),        // 5: framepack.worker.v1.LoadResponse
+	(*VaeInfo)(nil),             // 6: framepack.worker.v1.VaeInfo
+	(*TransformerInfo)(nil),     // 7: framepack.worker.v1.TransformerInfo
+	(*TextEncoderInfo)(nil),     // 8: framepack.worker.v1.TextEncoderInfo
+	nil,                         // 9: framepack.worker.v1.LoadRequest.EnvEntry
+	(*ConvPolicy)(nil),          // 10: framepack.worker.v1.ConvPolicy
+	(ConvTier)(0),               // 11: framepack.worker.v1.ConvTier
+	(*Device)(nil),              // 12: framepack.worker.v1.Device
+	(*durationpb.Duration)(nil), // 13: google.protobuf.Duration
 }
 var file_framepack_worker_v1_load_proto_depIdxs = []int32{
-	9,  // 0: framepack.worker.v1.LoadRequest.conv_policy:type_name -> framepack.worker.v1.ConvPolicy
-	8,  // 1: framepack.worker.v1.LoadRequest.env:type_name -> framepack.worker.v1.LoadRequest.EnvEntry
-	3,  // 2: framepack.worker.v1.LoadRequest.fault:type_name -> framepack.worker.v1.Fault
-	1,  // 3: framepack.worker.v1.LoadRequest.loras:type_name -> framepack.worker.v1.LoraSpec
-	10, // 4: framepack.worker.v1.Fault.hang_conv_tier:type_name -> framepack.worker.v1.ConvTier
-	11, // 5: framepack.worker.v1.LoadResponse.device:type_name -> framepack.worker.v1.Device
-	12, // 6: framepack.worker.v1.LoadResponse.load_duration:type_name -> google.protobuf.Duration
-	5,  // 7: framepack.worker.v1.LoadResponse.vae:type_name -> framepack.worker.v1.VaeInfo
-	6,  // 8: framepack.worker.v1.LoadResponse.transformer:type_name -> framepack.worker.v1.TransformerInfo
-	7,  // 9: framepack.worker.v1.LoadResponse.text_encoder:type_name -> framepack.worker.v1.TextEncoderInfo
-	2,  // 10: framepack.worker.v1.TransformerInfo.loras:type_name -> framepack.worker.v1.LoraApplied
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	10, // 0: framepack.worker.v1.LoadRequest.conv_policy:type_name -> framepack.worker.v1.ConvPolicy
+	9,  // 1: framepack.worker.v1.LoadRequest.env:type_name -> framepack.worker.v1.LoadRequest.EnvEntry
+	4,  // 2: framepack.worker.v1.LoadRequest.fault:type_name -> framepack.worker.v1.Fault
+	2,  // 3: framepack.worker.v1.LoadRequest.loras:type_name -> framepack.worker.v1.LoraSpec
+	1,  // 4: framepack.worker.v1.LoadRequest.workload:type_name -> framepack.worker.v1.Workload
+	11, // 5: framepack.worker.v1.Fault.hang_conv_tier:type_name -> framepack.worker.v1.ConvTier
+	12, // 6: framepack.worker.v1.LoadResponse.device:type_name -> framepack.worker.v1.Device
+	13, // 7: framepack.worker.v1.LoadResponse.load_duration:type_name -> google.protobuf.Duration
+	6,  // 8: framepack.worker.v1.LoadResponse.vae:type_name -> framepack.worker.v1.VaeInfo
+	7,  // 9: framepack.worker.v1.LoadResponse.transformer:type_name -> framepack.worker.v1.TransformerInfo
+	8,  // 10: framepack.worker.v1.LoadResponse.text_encoder:type_name -> framepack.worker.v1.TextEncoderInfo
+	3,  // 11: framepack.worker.v1.TransformerInfo.loras:type_name -> framepack.worker.v1.LoraApplied
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_load_proto_init() }
@@ -1044,7 +1163,7 @@ func file_framepack_worker_v1_load_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_worker_v1_load_proto_rawDesc), len(file_framepack_worker_v1_load_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
