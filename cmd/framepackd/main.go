@@ -246,21 +246,13 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	if err := pullMissing(ctx, o, log); err != nil {
 		return err
 	}
-	prevTmp, hadTmp := os.LookupEnv("TMPDIR")
-	tmp, err := openTemp(log) // tempfiles.go; points TMPDIR at the daemon's own folder
+	tmp, err := openTemp(log) // tempfiles.go; points TMPDIR at the daemon's own folder until Close
 	if err != nil {
 		return fmt.Errorf("temporary folder: %w", err)
 	}
 	defer func() {
 		if err := tmp.Close(); err != nil {
 			log.WithError(err).Warn("remove temporary folder")
-		}
-		// TMPDIR named the folder just removed: give it back (run is also called in-process,
-		// by tests, and the process goes on).
-		if hadTmp {
-			_ = os.Setenv("TMPDIR", prevTmp)
-		} else {
-			_ = os.Unsetenv("TMPDIR")
 		}
 	}()
 	if st, err := os.Stat(o.models); err != nil || !st.IsDir() {

@@ -29,8 +29,9 @@ const legacyTempAge = time.Hour
 // openTemp makes this daemon's private temporary folder under $TMPDIR/framepackd-<uid>
 // (locked like its shared-memory folder, so a starting daemon removes only dead daemons'),
 // sweeps old legacy leftovers, and points TMPDIR at the folder for this process and the
-// workers it starts.
-func openTemp(log logrus.FieldLogger) (*shm.Instance, error) {
+// workers it starts. Its Close removes the folder and gives TMPDIR its old value back.
+func openTemp(log logrus.FieldLogger) (*tempFolder, error) {
+	prev, had := os.LookupEnv("TMPDIR")
 	tmp := os.TempDir()
 	sweepLegacyTemp(tmp, time.Now(), log)
 	inst, removed, err := shm.OpenInstance(filepath.Join(tmp, "framepackd-"+strconv.Itoa(os.Getuid())))
@@ -47,13 +48,32 @@ func openTemp(log logrus.FieldLogger) (*shm.Instance, error) {
 	// and a unix socket path holds at most 107: keep TMPDIR when ours would be too long.
 	if len(inst.Dir()) > 60 {
 		log.WithField("dir", inst.Dir()).Warn("temporary folder path too long for worker sockets; workers use $TMPDIR itself")
-		return inst, nil
+		return &tempFolder{inst, prev, had}, nil
 	}
 	if err := os.Setenv("TMPDIR", inst.Dir()); err != nil {
 		inst.Close()
 		return nil, err
 	}
-	return inst, nil
+	return &tempFolder{inst, prev, had}, nil
+}
+
+// tempFolder is the daemon's private temporary folder and the TMPDIR it replaced.
+type tempFolder struct {
+	*shm.Instance
+	prevTmp string
+	hadTmp  bool
+}
+
+// Close removes the folder and gives TMPDIR back, since it named the folder just removed
+// (run is also called in-process, by tests, and the process goes on).
+func (t *tempFolder) Close() error {
+	err := t.Instance.Close()
+	if t.hadTmp {
+		_ = os.Setenv("TMPDIR", t.prevTmp)
+	} else {
+		_ = os.Unsetenv("TMPDIR")
+	}
+	return err
 }
 
 // sweepLegacyTemp removes this user's legacy leftovers in dir older than legacyTempAge.
