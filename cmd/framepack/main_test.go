@@ -128,7 +128,13 @@ type result struct {
 // cli runs the built binary with args (and --addr) and returns its exit status and output.
 func (f *fixture) cli(t *testing.T, args ...string) result {
 	t.Helper()
-	cmd := f.command(t, args...)
+	return runResult(t, f.command(t, args...), args)
+}
+
+// runResult runs cmd (the binary with args) and returns its exit status and output; only a
+// failure to start it fails the test.
+func runResult(t *testing.T, cmd *exec.Cmd, args []string) result {
+	t.Helper()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -73,14 +72,7 @@ func (f *hubFixture) cli(t *testing.T, limit time.Duration, extra []string, args
 	defer cancel()
 	cmd := exec.CommandContext(ctx, f.bin, args...)
 	cmd.Env = append(f.env(), extra...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	var ee *exec.ExitError
-	if err != nil && !errors.As(err, &ee) {
-		t.Fatalf("run %v: %v", args, err)
-	}
-	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+	return runResult(t, cmd, args)
 }
 
 // TestPullThenGenerate pulls the three repositories from the fake hub with the CLI, lists and
