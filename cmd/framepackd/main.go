@@ -359,15 +359,6 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	return runErr
 }
 
-// isLoopback reports whether host names only this machine.
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
 // openShm makes this daemon's own shared-memory folder under dir, after removing the folders
 // of daemons that are gone (never those of live ones).
 func openShm(dir string, log logrus.FieldLogger) (*shm.Instance, error) {
