@@ -19,13 +19,7 @@ import (
 // "unix:/path" or "unix:///path" for a unix socket.
 func ParseAddr(s string) (api.Addr, error) {
 	switch {
-	case strings.HasPrefix(s, "unix:"):
-		a, err := apiaddr.ParseAddr(s)
-		if err != nil {
-			return api.Addr{}, err
-		}
-		return a, nil
-	case strings.HasPrefix(s, "tcp://"):
+	case strings.HasPrefix(s, "unix:"), strings.HasPrefix(s, "tcp://"):
 		return apiaddr.ParseAddr(s)
 	case strings.Contains(s, "://"):
 		return api.Addr{}, fmt.Errorf("parse address %q: want HOST:PORT, tcp://HOST:PORT or unix:/path", s)
