@@ -31,6 +31,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -98,7 +99,7 @@ func New(cfg Config) (http.Handler, error) {
 	log := cfg.Log
 	if log == nil {
 		l := logrus.New()
-		l.SetOutput(discard{})
+		l.SetOutput(io.Discard)
 		log = l
 	}
 	m := &runtime.JSONPb{MarshalOptions: protojson.MarshalOptions{}, UnmarshalOptions: protojson.UnmarshalOptions{DiscardUnknown: false}}
@@ -138,10 +139,6 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	return h.wrap(mux), nil
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // wrap adds what every request gets: panic recovery, the token check, a body limit, security
 // headers and a log line.
