@@ -114,8 +114,7 @@ func (d *display) draw() {
 		barLen = 40
 	}
 	if barLen >= 5 {
-		fill := int(float32(barLen) * min(max(d.fraction, 0), 1))
-		b.WriteString("  [" + strings.Repeat("#", fill) + strings.Repeat("-", barLen-fill) + "]")
+		b.WriteString("  " + bar(float64(d.fraction), barLen))
 	}
 	b.WriteString(tail)
 	s := []rune(b.String())
@@ -284,4 +283,10 @@ func terminalWidth(f interface{ Fd() uintptr }) int {
 		return 80
 	}
 	return int(ws.Col)
+}
+
+// bar is a progress bar of n cells, frac (clamped to [0, 1]) of them filled: "[####----]".
+func bar(frac float64, n int) string {
+	fill := int(float64(n) * min(max(frac, 0), 1))
+	return "[" + strings.Repeat("#", fill) + strings.Repeat("-", n-fill) + "]"
 }

@@ -276,8 +276,7 @@ func barLine(label string, done, total int64, width int) string {
 	if barLen < 5 {
 		return strings.TrimRight(label, " ") + tail
 	}
-	fill := int(float64(barLen) * frac)
-	return label + " [" + strings.Repeat("#", fill) + strings.Repeat("-", barLen-fill) + "]" + tail
+	return label + " " + bar(frac, barLen) + tail
 }
 
 // finish ends the display (the bars are left as they are).

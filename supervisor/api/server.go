@@ -71,8 +71,10 @@ type Config struct {
 	// CheckVariant says whether jobs of a sampling variant (JobSpec.variant, "" for i2v) can
 	// run (pipeline.Runner.CheckVariant); nil accepts only "" and "i2v".
 	CheckVariant func(name string) error
-	// Admit reports why a job of spec cannot run on this server (an unusable lane or
-	// variant); SubmitJob refuses it with FAILED_PRECONDITION and the reason. Nil admits all.
+	// Admit reports why a job of spec cannot run on this server (its lane has no device, or
+	// the models need an explicit resolution); SubmitJob refuses it with FAILED_PRECONDITION
+	// and the reason, before decoding the image. Nil admits all. The variant is checked by
+	// CheckVariant, as a field of the request (INVALID_ARGUMENT).
 	Admit func(spec *framepackv1.JobSpec) error
 	// Log is the server's logger; nil discards.
 	Log logrus.FieldLogger
