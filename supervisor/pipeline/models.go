@@ -86,7 +86,7 @@ func resolveModel(root string, l modelLayout) (string, error) {
 	org, name, _ := strings.Cut(l.repo, "/")
 	cands := []string{filepath.Join(root, l.short), filepath.Join(root, org, name)}
 	for _, hub := range []string{root, filepath.Join(root, "hub")} {
-		if snap, ok := hubSnapshot(filepath.Join(hub, "models--"+org+"--"+name)); ok {
+		if snap, ok := hubSnapshot(filepath.Join(hub, hfhub.RepoFolder(l.repo))); ok {
 			cands = append(cands, snap)
 		}
 	}
