@@ -247,12 +247,25 @@ func (c Cache) Scan() ([]Installed, error) {
 // Snapshot is the commit the cache uses for repo at rev: refs/<rev> when it names a snapshot
 // that exists, else the only snapshot. ok is false when there is none.
 func (c Cache) Snapshot(repo, rev string) (string, bool) {
-	if commit, ok := c.Ref(repo, rev); ok {
-		if st, err := os.Stat(c.SnapshotDir(repo, commit)); err == nil && st.IsDir() {
-			return commit, true
+	commit, ok := c.Ref(repo, rev)
+	if !ok {
+		commit = ""
+	}
+	return EntrySnapshot(c.RepoDir(repo), commit)
+}
+
+// EntrySnapshot is the snapshot folder name of the cache entry folder entry (models--org--name):
+// name when snapshots/<name> exists, else the only snapshot. ok is false when there is none.
+// name is not checked to be a commit hash (Snapshot checks its refs; readers of caches written by
+// other tools need not); an empty name means none.
+func EntrySnapshot(entry, name string) (string, bool) {
+	snapshots := filepath.Join(entry, "snapshots")
+	if name != "" {
+		if st, err := os.Stat(filepath.Join(snapshots, name)); err == nil && st.IsDir() {
+			return name, true
 		}
 	}
-	snaps, err := os.ReadDir(filepath.Join(c.RepoDir(repo), "snapshots"))
+	snaps, err := os.ReadDir(snapshots)
 	if err != nil {
 		return "", false
 	}

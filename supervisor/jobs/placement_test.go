@@ -107,11 +107,7 @@ func TestPlacementHeldLaneSkipped(t *testing.T) {
 	expectStart(t, g, b, "cuda:1")
 	g.ch(p) <- nil
 	g.ch(b) <- nil
-	for _, id := range []string{p, a, b} {
-		if ev := e.terminal(t, id); ev.GetJobFinished() == nil {
-			t.Fatalf("job %s: %v", id, ev)
-		}
-	}
+	e.finished(t, p, a, b)
 }
 
 // TestPlacementLeastLoadedWithMemory: a job goes to the free lane with the most free memory, a
@@ -162,11 +158,7 @@ func TestPlacementLeastLoadedWithMemory(t *testing.T) {
 	expectStart(t, g, big, "cuda:0")
 	g.ch(a) <- nil
 	g.ch(big) <- nil
-	for _, id := range []string{a, big} {
-		if ev := e.terminal(t, id); ev.GetJobFinished() == nil {
-			t.Fatalf("job %s: %v", id, ev)
-		}
-	}
+	e.finished(t, a, big)
 }
 
 // TestPlacementFIFOWithinLane: the jobs pinned to one lane start in submission order while the
@@ -192,9 +184,5 @@ func TestPlacementFIFOWithinLane(t *testing.T) {
 	}
 	g.ch(pinned[2]) <- nil
 	g.ch(loose[2]) <- nil
-	for _, id := range append(pinned, loose...) {
-		if ev := e.terminal(t, id); ev.GetJobFinished() == nil {
-			t.Fatalf("job %s: %v", id, ev)
-		}
-	}
+	e.finished(t, append(pinned, loose...)...)
 }

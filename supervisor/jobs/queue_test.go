@@ -66,6 +66,16 @@ func (e *env) submit(t *testing.T, s *framepackv1.JobSpec) string {
 	return job.GetId()
 }
 
+// finished waits for each job's terminal event and fails the test unless it is JobFinished.
+func (e *env) finished(t *testing.T, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		if ev := e.terminal(t, id); ev.GetJobFinished() == nil {
+			t.Fatalf("job %s: %v", id, ev)
+		}
+	}
+}
+
 // terminal waits for job id's terminal event and returns it.
 func (e *env) terminal(t *testing.T, id string) *framepackv1.JobEvent {
 	t.Helper()
@@ -231,11 +241,7 @@ func TestQueueLanes(t *testing.T) {
 	}
 	g.ch(p2) <- nil
 	g.ch(free) <- nil
-	for _, id := range []string{p1, p2, free} {
-		if ev := e.terminal(t, id); ev.GetJobFinished() == nil {
-			t.Fatalf("job %s: %v", id, ev)
-		}
-	}
+	e.finished(t, p1, p2, free)
 }
 
 func TestQueueCancel(t *testing.T) {

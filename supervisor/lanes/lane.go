@@ -308,9 +308,7 @@ type resident struct {
 	dir     string
 	env     string // canonical Env + DType, to match the next stage's load
 	rssPeak uint64
-	weights uint64
-	backend string
-	loaded  *workerkit.LoadResponse
+	loaded  *workerkit.LoadResponse // its LoadResponse, which a reusing stage reports
 }
 
 // Lane runs stages one at a time. Its methods are safe for concurrent use; stages queue on
@@ -420,10 +418,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 	if res != nil {
 		delete(l.residents, st.Model)
 		proc, rep.Reused = res.proc, true
-		rep.WeightBytes, rep.Backend, rep.Loaded = res.weights, res.backend, res.loaded
-		if res.loaded != nil {
-			rep.ResidentBlocks, rep.StreamedBlocks = res.loaded.ResidentBlocks, res.loaded.StreamedBlocks
-		}
+		rep.Loaded = res.loaded
 		peak.observe(res.rssPeak)
 	} else {
 		path, err := l.cfg.WorkerPath(st.Model)
@@ -471,9 +466,10 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		if err != nil {
 			return rep, fmt.Errorf("run %s: load %s: %w", st.Model, st.ModelDir, stageErr(ctx, err))
 		}
-		rep.WeightBytes, rep.Backend, rep.Loaded = resp.WeightBytes, resp.Backend, resp
-		rep.ResidentBlocks, rep.StreamedBlocks = resp.ResidentBlocks, resp.StreamedBlocks
+		rep.Loaded = resp
 	}
+	rep.WeightBytes, rep.Backend = rep.Loaded.WeightBytes, rep.Loaded.Backend
+	rep.ResidentBlocks, rep.StreamedBlocks = rep.Loaded.ResidentBlocks, rep.Loaded.StreamedBlocks
 
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.StageTimeout)
 	t0 := time.Now()
@@ -514,7 +510,7 @@ func (l *Lane) Run(ctx context.Context, st Stage) (rep Report, err error) {
 		kept = true
 		rep.Kept = true
 		l.residents[st.Model] = &resident{proc: proc, dir: st.ModelDir, env: loadKey(st), rssPeak: rep.RSSPeakBytes,
-			weights: rep.WeightBytes, backend: rep.Backend, loaded: rep.Loaded}
+			loaded: rep.Loaded}
 	}
 	log.WithFields(logrus.Fields{"pid": rep.PID, "reused": rep.Reused, "kept": rep.Kept,
 		"spawn_to_ready": rep.SpawnToReady.Round(time.Microsecond).String(), "load": rep.Load.Round(time.Microsecond).String(),

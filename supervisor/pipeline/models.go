@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/framepackd/framepackd/internal/hfhub"
 )
 
 // ErrModelsNotFound is returned (wrapped) by ResolveModels when a model folder is missing.
@@ -84,7 +86,7 @@ func resolveModel(root string, l modelLayout) (string, error) {
 	org, name, _ := strings.Cut(l.repo, "/")
 	cands := []string{filepath.Join(root, l.short), filepath.Join(root, org, name)}
 	for _, hub := range []string{root, filepath.Join(root, "hub")} {
-		if snap, ok := hubSnapshot(filepath.Join(hub, "models--"+org+"--"+name)); ok {
+		if snap, ok := hubSnapshot(filepath.Join(hub, hfhub.RepoFolder(l.repo))); ok {
 			cands = append(cands, snap)
 		}
 	}
@@ -103,24 +105,10 @@ func resolveModel(root string, l modelLayout) (string, error) {
 // hubSnapshot returns the snapshot folder of a Hugging Face cache entry: the revision named by
 // refs/main, else the only snapshot.
 func hubSnapshot(entry string) (string, bool) {
-	if ref, err := os.ReadFile(filepath.Join(entry, "refs", "main")); err == nil {
-		dir := filepath.Join(entry, "snapshots", strings.TrimSpace(string(ref)))
-		if st, err := os.Stat(dir); err == nil && st.IsDir() {
-			return dir, true
-		}
-	}
-	snaps, err := os.ReadDir(filepath.Join(entry, "snapshots"))
-	if err != nil {
+	ref, _ := os.ReadFile(filepath.Join(entry, "refs", "main"))
+	name, ok := hfhub.EntrySnapshot(entry, strings.TrimSpace(string(ref)))
+	if !ok {
 		return "", false
 	}
-	var dirs []string
-	for _, s := range snaps {
-		if s.IsDir() {
-			dirs = append(dirs, s.Name())
-		}
-	}
-	if len(dirs) != 1 {
-		return "", false
-	}
-	return filepath.Join(entry, "snapshots", dirs[0]), true
+	return filepath.Join(entry, "snapshots", name), true
 }

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -83,25 +82,7 @@ func TestParityPipelineF1(t *testing.T) {
 		ran++
 		t.Run(c.Name, func(t *testing.T) {
 			jc, sections := loadF1Case(t, c)
-			opts := newOpts(t, workers)
-			var stages stageLog
-			opts.onStage = stages.onStage
-			d, err := newDaemon(opts, testLogger())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.Kill()
-			t0 := time.Now()
-			job, evs := runJob(t, jc, opts.Socket)
-			t.Logf("case %s: job %s took %v", c.Name, job.GetId(), time.Since(t0).Round(time.Millisecond))
-			stages.mu.Lock()
-			for _, l := range stages.leftover {
-				t.Errorf("worker outlived its stage: %s", l)
-			}
-			stages.mu.Unlock()
-			if err := shmEmpty(opts.Shm); err != nil {
-				t.Error(err)
-			}
+			opts, job, evs := runParityJob(t, workers, jc)
 			if job.GetSpec().GetVariant() != pipeline.VariantF1 {
 				t.Errorf("stored spec variant %q", job.GetSpec().GetVariant())
 			}

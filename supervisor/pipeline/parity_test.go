@@ -187,25 +187,7 @@ func TestParityPipeline(t *testing.T) {
 		ran++
 		t.Run(c.Name, func(t *testing.T) {
 			jc := loadCase(t, c)
-			opts := newOpts(t, workers)
-			var stages stageLog
-			opts.onStage = stages.onStage
-			d, err := newDaemon(opts, testLogger())
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer d.Kill()
-			t0 := time.Now()
-			job, evs := runJob(t, jc, opts.Socket)
-			t.Logf("case %s: job %s took %v", c.Name, job.GetId(), time.Since(t0).Round(time.Millisecond))
-			stages.mu.Lock()
-			for _, l := range stages.leftover {
-				t.Errorf("worker outlived its stage: %s", l)
-			}
-			stages.mu.Unlock()
-			if err := shmEmpty(opts.Shm); err != nil {
-				t.Error(err)
-			}
+			opts, job, evs := runParityJob(t, workers, jc)
 
 			total := int(job.GetProgress().GetTotalSections())
 			if got := plan.Paddings(total); !slices.Equal(got, jc.sections) {
@@ -218,6 +200,33 @@ func TestParityPipeline(t *testing.T) {
 	if ran == 0 {
 		t.Fatalf("fixture %s has no %s case", fx.Name, opI2V)
 	}
+}
+
+// runParityJob runs a case's job through a daemon of its own with the given workers, then
+// checks that no worker outlived its stage and shared memory is empty; it returns the daemon's
+// options, the finished job and its events; the daemon is killed when the test ends.
+func runParityJob(t *testing.T, workers map[lanes.Model]string, jc i2vCase) (daemonOpts, *framepackv1.Job, []*framepackv1.JobEvent) {
+	t.Helper()
+	opts := newOpts(t, workers)
+	var stages stageLog
+	opts.onStage = stages.onStage
+	d, err := newDaemon(opts, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Kill) // after the caller's checks, as a deferred Kill in the subtest was
+	t0 := time.Now()
+	job, evs := runJob(t, jc, opts.Socket)
+	t.Logf("case %s: job %s took %v", jc.c.Name, job.GetId(), time.Since(t0).Round(time.Millisecond))
+	stages.mu.Lock()
+	for _, l := range stages.leftover {
+		t.Errorf("worker outlived its stage: %s", l)
+	}
+	stages.mu.Unlock()
+	if err := shmEmpty(opts.Shm); err != nil {
+		t.Error(err)
+	}
+	return opts, job, evs
 }
 
 // checkEvents checks the job's event stream: every stage started and finished with timings,

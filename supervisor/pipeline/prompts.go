@@ -7,18 +7,6 @@ import (
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 )
 
-// sectionTimer is what a variant says about where a section lies in the video: its position in
-// time (0 is the first section after the start frame), whatever order sections are generated
-// in. Timed prompts pick each section's prompt by it.
-type sectionTimer interface {
-	TimeIndex(s Section) int
-}
-
-var (
-	_ sectionTimer = i2v{}
-	_ sectionTimer = f1{}
-)
-
 // TimeIndex: i2v generates sections backwards in time, so the first generated is the last in
 // the video.
 func (i2v) TimeIndex(s Section) int { return s.Total - 1 - s.Index }
@@ -42,13 +30,9 @@ func newJobPrompts(spec *framepackv1.JobSpec, v Variant, total, window int) (*jo
 		return nil, fmt.Errorf("%w: prompt: %w", errBadInput, err)
 	}
 	texts, index := plan.DistinctPrompts(ps)
-	timer, ok := v.(sectionTimer)
-	if !ok {
-		return nil, fmt.Errorf("variant %s does not say where its sections lie in time", v.Name())
-	}
 	jp := &jobPrompts{texts: texts}
 	for i := range total {
-		k := timer.TimeIndex(Section{Index: i, Total: total, Window: window})
+		k := v.TimeIndex(Section{Index: i, Total: total, Window: window})
 		jp.section = append(jp.section, index[plan.PromptAt(ps, plan.SectionStart(k, window))])
 	}
 	return jp, nil

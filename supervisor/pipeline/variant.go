@@ -40,6 +40,10 @@ type Variant interface {
 	DecodeRange(s Section, latents vol, generated int, first bool) vol
 	// Blend joins section s's decoded pixels current with the history pixels.
 	Blend(s Section, current, history vol) (vol, error)
+	// TimeIndex is section s's position in time in the video (0 is the first section after
+	// the start frame), whatever order sections are generated in. Timed prompts pick each
+	// section's prompt by it.
+	TimeIndex(s Section) int
 }
 
 // Section says which section of a job the loop is at.

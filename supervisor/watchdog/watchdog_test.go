@@ -154,14 +154,7 @@ func TestLadder(t *testing.T) {
 	// cap → smaller tiles → conv tier down → cpu, in that order.
 	want := []string{"memory cap", "memory cap", "vae tile untiled -> 256 px", "vae tile 256 px -> 128 px", "vae tile 128 px -> 64 px",
 		"convolutions from tier 1 -> 2", "convolutions from tier 2 -> 3", "convolutions from tier 3 -> 4", "backend -> cpu"}
-	if len(changes) != len(want) {
-		t.Fatalf("vae oom ladder %q, want %q", changes, want)
-	}
-	for i := range want {
-		if !strings.HasPrefix(changes[i], want[i]) {
-			t.Errorf("vae oom rung %d is %q, want %q", i, changes[i], want[i])
-		}
-	}
+	checkRungs(t, "vae", changes, want)
 	first := uint64(float64(20<<30) * 0.85)
 	if k.VAETilePx != 64 || k.Backend != "cpu" || k.MemoryCap != uint64(float64(first)*0.85) {
 		t.Errorf("vae ladder end: %+v", k)
@@ -182,14 +175,7 @@ func TestLadder(t *testing.T) {
 	}
 	trWant := []string{"resident transformer blocks all -> 30", "resident transformer blocks 30 -> 15", "resident transformer blocks 15 -> 7",
 		"resident transformer blocks 7 -> 3", "resident transformer blocks 3 -> 1", "memory cap", "memory cap"}
-	if len(trChanges) != len(trWant) {
-		t.Fatalf("transformer oom ladder %q, want %q", trChanges, trWant)
-	}
-	for i := range trWant {
-		if !strings.HasPrefix(trChanges[i], trWant[i]) {
-			t.Errorf("transformer oom rung %d is %q, want %q", i, trChanges[i], trWant[i])
-		}
-	}
+	checkRungs(t, "transformer", trChanges, trWant)
 	s, _ := l.Next(tr, ClassOOM, 1, Knobs{ResidentBlocks: 1}, nil)
 	if s.Knobs.MemoryCap != uint64(float64(10<<30)*0.85) || s.Knobs.ResidentBlocks != 1 {
 		t.Errorf("transformer's rung after one resident block %+v, want its own cap lowered", s)
@@ -579,4 +565,18 @@ func TestJobRun(t *testing.T) {
 			t.Fatalf("stats %+v", s)
 		}
 	})
+}
+
+// checkRungs checks a stage's oom ladder: as many rungs as want, each change starting with its
+// want.
+func checkRungs(t *testing.T, stage string, changes, want []string) {
+	t.Helper()
+	if len(changes) != len(want) {
+		t.Fatalf("%s oom ladder %q, want %q", stage, changes, want)
+	}
+	for i := range want {
+		if !strings.HasPrefix(changes[i], want[i]) {
+			t.Errorf("%s oom rung %d is %q, want %q", stage, i, changes[i], want[i])
+		}
+	}
 }
