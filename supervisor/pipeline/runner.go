@@ -219,6 +219,8 @@ type jobRun struct {
 	lorasApplied []workerkit.LoraApplied
 	// memCap is the memory cap of every worker of the job (lanes.Lane.MemoryCap; 0: none).
 	memCap uint64
+	// preserve is the job's gpu_memory_preservation_gb in bytes, the default filled in.
+	preserve uint64
 
 	cond *conditioning
 	hist *history
@@ -267,7 +269,8 @@ func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepack
 	}
 	j := &jobRun{r: r, job: job, lane: lane, emitf: emit,
 		log:    r.log.WithFields(logrus.Fields{"job": job.ID, "lane": job.Lane}),
-		window: w, steps: steps, total: total, buckets: buckets, variant: variant, memCap: memCap}
+		window: w, steps: steps, total: total, buckets: buckets, variant: variant, memCap: memCap,
+		preserve: uint64(max(preserve, 0) * (1 << 30))}
 	j.eta = etaModel{steps: steps, sections: total}
 	return j, nil
 }

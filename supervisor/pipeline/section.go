@@ -98,7 +98,7 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, lanes.Stage{
 		Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, KeepWith: j.keepWith(), Loras: jobLoras(spec),
 		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window),
-			ReserveBytes: j.reserveBytes(spec)},
+			ReserveBytes: j.reserveBytes()},
 		OnEvent: steps.onEvent,
 	})
 	if err != nil {
@@ -337,9 +337,9 @@ func (s *stepTracker) onEvent(e workerkit.Event) error {
 // gpu_memory_preservation_gb when the lane gives no cap (the worker then keeps it free beside its
 // resident weights), else 0, since the lane's cap already leaves the preservation out
 // (lanes.Lane.MemoryCap) and reserving it again under the cap would count it twice.
-func (j *jobRun) reserveBytes(spec *framepackv1.JobSpec) uint64 {
+func (j *jobRun) reserveBytes() uint64 {
 	if j.memCap != 0 {
 		return 0
 	}
-	return uint64(max(float64(spec.GetGpuMemoryPreservationGb()), 0) * (1 << 30))
+	return j.preserve
 }
