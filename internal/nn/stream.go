@@ -222,3 +222,48 @@ func (s *BlockStream[T]) NumElements() int64 {
 	}
 	return n
 }
+
+// CopyStream is what the BlockStreams of one model share for their refills: one copy stream
+// and their host copies pinned. Free it after the BlockStreams' Release.
+type CopyStream struct {
+	rt     *runtime.Runtime
+	st     *runtime.Stream
+	pinned [][]byte
+}
+
+// NewCopyStream makes the copy stream the refills of ss run on and pins their host copies
+// (pinning only speeds the copies up: a backend that cannot pin copies from pageable memory).
+func NewCopyStream(rt *runtime.Runtime, ss ...interface {
+	SetCopyStream(*runtime.Stream)
+	Buffers() [][]byte
+}) (*CopyStream, error) {
+	st, err := rt.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	c := &CopyStream{rt: rt, st: st}
+	for _, s := range ss {
+		s.SetCopyStream(st)
+	}
+	for _, s := range ss {
+		for _, b := range s.Buffers() {
+			if rt.PinHost(b) == nil {
+				c.pinned = append(c.pinned, b)
+			}
+		}
+	}
+	return c, nil
+}
+
+// Free unpins the host copies and frees the copy stream (nil: nothing to free).
+func (c *CopyStream) Free() {
+	if c == nil {
+		return
+	}
+	for _, b := range c.pinned {
+		_ = c.rt.UnpinHost(b) // nothing to do about a failure while closing
+	}
+	c.pinned = nil
+	c.st.Free()
+	c.st = nil
+}

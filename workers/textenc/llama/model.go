@@ -175,11 +175,10 @@ type Model struct {
 	ckpt       *safetensors.Checkpoint
 
 	// Layers past the first `resident` stay in host memory (their entries in Layers hold no
-	// tensors) and stream through two slots (nn.BlockStream) on copyStream.
-	resident   int
-	stream     *nn.BlockStream[*DecoderLayer]
-	copyStream *runtime.Stream
-	pinned     [][]byte
+	// tensors) and stream through two slots (nn.BlockStream) on copies.
+	resident int
+	stream   *nn.BlockStream[*DecoderLayer]
+	copies   *nn.CopyStream
 }
 
 // Options configure Load.
@@ -274,15 +273,9 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 		return nil, fmt.Errorf("llama: %w", err)
 	}
 	if m.StreamedLayers() > 0 {
-		if m.copyStream, err = rt.NewStream(); err != nil {
+		if m.copies, err = nn.NewCopyStream(rt, m.stream); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("llama: copy stream: %w", err)
-		}
-		m.stream.SetCopyStream(m.copyStream)
-		for _, b := range m.stream.Buffers() {
-			if rt.PinHost(b) == nil { // pinning only speeds the copies up
-				m.pinned = append(m.pinned, b)
-			}
 		}
 	}
 	return m, nil
@@ -398,12 +391,8 @@ func (m *Model) Close() error {
 func (m *Model) Free() {
 	m.Weights.Free()
 	m.stream.Release()
-	for _, b := range m.pinned {
-		_ = m.rt.UnpinHost(b) // nothing to do about a failure while closing
-	}
-	m.pinned = nil
-	m.copyStream.Free()
-	m.copyStream = nil
+	m.copies.Free()
+	m.copies = nil
 }
 
 // ErrEmptyMask is returned by HiddenState when the mask attends no position.

@@ -40,8 +40,7 @@ type Model struct {
 	residentDouble, residentSingle int
 	double                         *nn.BlockStream[HunyuanVideoTransformerBlock]
 	single                         *nn.BlockStream[HunyuanVideoSingleTransformerBlock]
-	pinned                         [][]byte
-	copyStream                     *runtime.Stream // the streamed blocks' copies (nil: none stream)
+	copies                         *nn.CopyStream // the streamed blocks' copies (nil: none stream)
 }
 
 // LoadOptions adjust Load and New.
@@ -128,20 +127,9 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	}
 	m.Weights, m.Unexpected = ws, rep.Unexpected
 	if m.StreamedBlocks() > 0 {
-		if m.copyStream, err = rt.NewStream(); err != nil {
+		if m.copies, err = nn.NewCopyStream(rt, m.double, m.single); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("new transformer: copy stream: %w", err)
-		}
-		m.double.SetCopyStream(m.copyStream)
-		m.single.SetCopyStream(m.copyStream)
-	}
-	for _, st := range []interface{ Buffers() [][]byte }{m.double, m.single} {
-		for _, b := range st.Buffers() {
-			// Pinning only speeds the copies up; a backend that cannot pin copies from
-			// pageable memory.
-			if rt.PinHost(b) == nil {
-				m.pinned = append(m.pinned, b)
-			}
 		}
 	}
 	return m, nil
@@ -247,10 +235,6 @@ func (m *Model) Close() { m.Free() }
 func (m *Model) Free() {
 	m.Weights.Free()
 	m.releaseSlots()
-	for _, b := range m.pinned {
-		_ = m.rt.UnpinHost(b) // nothing to do about a failure while closing
-	}
-	m.pinned = nil
-	m.copyStream.Free()
-	m.copyStream = nil
+	m.copies.Free()
+	m.copies = nil
 }
