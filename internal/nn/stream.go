@@ -44,6 +44,24 @@ func NewBlockStream[T any](rt *runtime.Runtime, name string, bind func(l *Loader
 	return &BlockStream[T]{rt: rt, name: name, bind: bind, host: map[int]*HostSource{}}
 }
 
+// BindBlocks binds the n blocks name.0 … name.(n-1) with bind: the first resident into the
+// runtime, the rest into host copies added to s (which only they touch: nil when none stream).
+func BindBlocks[T any](l *Loader, s *BlockStream[T], name string, n, resident int, bind func(l *Loader, name string) T) []T {
+	var out []T
+	for i := range n {
+		prefix := Join(name, i)
+		if i < resident {
+			out = append(out, bind(l, prefix))
+			continue
+		}
+		h := l.BeginHost(prefix + ".")
+		out = append(out, bind(l, prefix))
+		l.EndHost()
+		s.Add(i, h)
+	}
+	return out
+}
+
 // SetCopyStream makes refills run on st (nil: the runtime's own stream).
 func (s *BlockStream[T]) SetCopyStream(st *runtime.Stream) { s.copy = st }
 

@@ -248,17 +248,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 		return nil, err
 	}
 	m.stream = nn.NewBlockStream(rt, "layers", func(l *nn.Loader) *DecoderLayer { return bind(l, "") })
-	for i := range plan.Layers {
-		name := nn.Join("layers", i)
-		if i < m.resident {
-			m.Layers = append(m.Layers, bind(ld, name))
-			continue
-		}
-		h := ld.BeginHost(name + ".")
-		m.Layers = append(m.Layers, bind(ld, name))
-		ld.EndHost()
-		m.stream.Add(i, h)
-	}
+	m.Layers = nn.BindBlocks(ld, m.stream, "layers", plan.Layers, m.resident, bind)
 	for i := plan.Layers; i < cfg.NumHiddenLayers; i++ {
 		ld.Skip(nn.Join("layers", i) + ".")
 	}

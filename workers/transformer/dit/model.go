@@ -3,7 +3,6 @@ package dit
 import (
 	"fmt"
 	"path/filepath"
-	"strconv"
 
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
@@ -168,28 +167,12 @@ func bindAll(l *nn.Loader, cfg Config, m *Model) {
 		ip := bindClipVisionProjection(l, "image_projection", cfg.ImageProjDim, dim)
 		m.ImageProjection = &ip
 	}
-	for i := range cfg.NumLayers {
-		prefix := "transformer_blocks." + strconv.Itoa(i)
-		if i < m.residentDouble {
-			m.TransformerBlocks = append(m.TransformerBlocks, bindDoubleBlock(l, prefix, cfg))
-			continue
-		}
-		h := l.BeginHost(prefix + ".")
-		m.TransformerBlocks = append(m.TransformerBlocks, bindDoubleBlock(l, prefix, cfg))
-		l.EndHost()
-		m.double.Add(i, h)
-	}
-	for i := range cfg.NumSingleLayers {
-		prefix := "single_transformer_blocks." + strconv.Itoa(i)
-		if i < m.residentSingle {
-			m.SingleTransformerBlocks = append(m.SingleTransformerBlocks, bindSingleBlock(l, prefix, cfg))
-			continue
-		}
-		h := l.BeginHost(prefix + ".")
-		m.SingleTransformerBlocks = append(m.SingleTransformerBlocks, bindSingleBlock(l, prefix, cfg))
-		l.EndHost()
-		m.single.Add(i, h)
-	}
+	m.TransformerBlocks = nn.BindBlocks(l, m.double, "transformer_blocks", cfg.NumLayers, m.residentDouble,
+		func(l *nn.Loader, name string) HunyuanVideoTransformerBlock { return bindDoubleBlock(l, name, cfg) })
+	m.SingleTransformerBlocks = nn.BindBlocks(l, m.single, "single_transformer_blocks", cfg.NumSingleLayers, m.residentSingle,
+		func(l *nn.Loader, name string) HunyuanVideoSingleTransformerBlock {
+			return bindSingleBlock(l, name, cfg)
+		})
 	m.NormOut = AdaLayerNormContinuous{Linear: nn.NewLinear(l, "norm_out.linear", dim, 2*dim, true)}
 	m.ProjOut = nn.NewLinear(l, "proj_out", dim, cfg.PatchSizeT*p*p*cfg.OutChannelsOrIn(), true)
 }
