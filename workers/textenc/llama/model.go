@@ -302,23 +302,7 @@ func LayerBytes(cfg Config, src nn.Source, prefix string, o Options) int64 {
 	act, _ := nn.ActivationByName(cfg.HiddenAct)
 	l := nn.NewShapeLoaderFor(o.Options)
 	bindLayer(l, "layers.0", cfg, act)
-	var n int64
-	dts := l.ShapeDTypes()
-	for name, shape := range l.Shapes() {
-		dt := dts[name]
-		if dt == runtime.AsStored {
-			dt = runtime.F32
-			if info, ok := src.Info(prefix + name); ok {
-				dt = runtime.StoredDType(info.DType)
-			}
-		}
-		e := int64(dt.Size())
-		for _, d := range shape {
-			e *= int64(d)
-		}
-		n += e
-	}
-	return n
+	return l.ShapeBytes(src, prefix)
 }
 
 // planLayers is how many of plan's layers stay resident under o: the most whose weights, two
