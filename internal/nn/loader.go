@@ -389,6 +389,30 @@ func (l *Loader) Shapes() map[string][]int { return l.shapes }
 // F32 for Tensor binds, the weight dtype (runtime.AsStored included) for Weight binds.
 func (l *Loader) ShapeDTypes() map[string]runtime.DType { return l.sdtype }
 
+// ShapeBytes is the size the tensors of Shapes would take in the runtime (shape mode): each
+// in its ShapeDTypes dtype, one kept as stored in src's dtype for prefix+name (F32 when src is
+// nil or lacks it).
+func (l *Loader) ShapeBytes(src Source, prefix string) int64 {
+	var n int64
+	for name, shape := range l.shapes {
+		dt := l.sdtype[name]
+		if dt == runtime.AsStored {
+			dt = runtime.F32
+			if src != nil {
+				if info, ok := src.Info(prefix + name); ok {
+					dt = runtime.StoredDType(info.DType)
+				}
+			}
+		}
+		e := int64(dt.Size())
+		for _, d := range shape {
+			e *= int64(d)
+		}
+		n += e
+	}
+	return n
+}
+
 // Tensors returns every tensor uploaded so far (the caller owns them once loading succeeded).
 func (l *Loader) Tensors() []*runtime.Tensor { return slices.Clone(l.loaded) }
 

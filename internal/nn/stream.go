@@ -44,6 +44,24 @@ func NewBlockStream[T any](rt *runtime.Runtime, name string, bind func(l *Loader
 	return &BlockStream[T]{rt: rt, name: name, bind: bind, host: map[int]*HostSource{}}
 }
 
+// BindBlocks binds the n blocks name.0 … name.(n-1) with bind: the first resident into the
+// runtime, the rest into host copies added to s (which only they touch: nil when none stream).
+func BindBlocks[T any](l *Loader, s *BlockStream[T], name string, n, resident int, bind func(l *Loader, name string) T) []T {
+	var out []T
+	for i := range n {
+		prefix := Join(name, i)
+		if i < resident {
+			out = append(out, bind(l, prefix))
+			continue
+		}
+		h := l.BeginHost(prefix + ".")
+		out = append(out, bind(l, prefix))
+		l.EndHost()
+		s.Add(i, h)
+	}
+	return out
+}
+
 // SetCopyStream makes refills run on st (nil: the runtime's own stream).
 func (s *BlockStream[T]) SetCopyStream(st *runtime.Stream) { s.copy = st }
 
@@ -221,4 +239,49 @@ func (s *BlockStream[T]) NumElements() int64 {
 		}
 	}
 	return n
+}
+
+// CopyStream is what the BlockStreams of one model share for their refills: one copy stream
+// and their host copies pinned. Free it after the BlockStreams' Release.
+type CopyStream struct {
+	rt     *runtime.Runtime
+	st     *runtime.Stream
+	pinned [][]byte
+}
+
+// NewCopyStream makes the copy stream the refills of ss run on and pins their host copies
+// (pinning only speeds the copies up: a backend that cannot pin copies from pageable memory).
+func NewCopyStream(rt *runtime.Runtime, ss ...interface {
+	SetCopyStream(*runtime.Stream)
+	Buffers() [][]byte
+}) (*CopyStream, error) {
+	st, err := rt.NewStream()
+	if err != nil {
+		return nil, err
+	}
+	c := &CopyStream{rt: rt, st: st}
+	for _, s := range ss {
+		s.SetCopyStream(st)
+	}
+	for _, s := range ss {
+		for _, b := range s.Buffers() {
+			if rt.PinHost(b) == nil {
+				c.pinned = append(c.pinned, b)
+			}
+		}
+	}
+	return c, nil
+}
+
+// Free unpins the host copies and frees the copy stream (nil: nothing to free).
+func (c *CopyStream) Free() {
+	if c == nil {
+		return
+	}
+	for _, b := range c.pinned {
+		_ = c.rt.UnpinHost(b) // nothing to do about a failure while closing
+	}
+	c.pinned = nil
+	c.st.Free()
+	c.st = nil
 }

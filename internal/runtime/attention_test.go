@@ -104,14 +104,7 @@ func TestAttentionTiers(t *testing.T) {
 					qs, ks, vs, os = []int{c.B, c.Lq, c.H, c.D}, []int{c.B, c.Lk, c.Hkv, c.D}, []int{c.B, c.Lk, c.Hkv, c.Dv}, []int{c.B, c.Lq, c.H, c.Dv}
 				}
 				q, k, v := upload(t, rt, qv, qs...), upload(t, rt, kv, ks...), upload(t, rt, vv, vs...)
-				var mask *Tensor
-				if mv != nil {
-					var err error
-					if mask, err = rt.FromUint8(mv, c.maskShape...); err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(mask.Free)
-				}
+				mask := uploadMask(t, rt, mv, c.maskShape...)
 				outs := map[AttentionTier][]float32{}
 				for _, tier := range []AttentionTier{AttentionAuto, AttentionFlash, AttentionChunked, AttentionCPU} {
 					y, err := rt.Attention(q, k, v, mask, AttentionParams{Scale: c.scale, Layout: layout, Tier: tier})
@@ -172,14 +165,7 @@ func TestAttentionHalf(t *testing.T) {
 					}
 				}
 				mv := c.mask(r)
-				var mask *Tensor
-				if mv != nil {
-					var err error
-					if mask, err = rt.FromUint8(mv, c.maskShape...); err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(mask.Free)
-				}
+				mask := uploadMask(t, rt, mv, c.maskShape...)
 				scale := float64(c.scale)
 				if scale == 0 {
 					scale = 1 / math.Sqrt(float64(c.D))

@@ -66,6 +66,20 @@ func upload(t *testing.T, rt *Runtime, v []float64, shape ...int) *Tensor {
 	return x
 }
 
+// uploadMask uploads an attention mask (nil for no mask).
+func uploadMask(t *testing.T, rt *Runtime, mv []uint8, shape ...int) *Tensor {
+	t.Helper()
+	if mv == nil {
+		return nil
+	}
+	mask, err := rt.FromUint8(mv, shape...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mask.Free)
+	return mask
+}
+
 // randTensor returns a random f32 tensor and its values (as float64 of the f32 values).
 func randTensor(t *testing.T, rt *Runtime, r *rand.Rand, shape ...int) (*Tensor, []float64) {
 	t.Helper()

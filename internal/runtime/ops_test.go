@@ -677,12 +677,7 @@ func TestAttention(t *testing.T) {
 						mv[j] = 0 // query row 0 sees nothing
 					}
 				}
-				var err error
-				mask, err = rt.FromUint8(mv, c.maskShape...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(mask.Free)
+				mask = uploadMask(t, rt, mv, c.maskShape...)
 			}
 			scale := float64(c.scale)
 			if scale == 0 {

@@ -969,11 +969,8 @@ static fpk_status check_conv(const char *op, fpk_stream_t s, const fpk_conv3d_pa
     return FPK_OK;
 }
 
-/* Serves the CPU tier for a backend whose table does not: download the operands into a host
- * (cpu) backend, convolve there, upload the result. */
-static fpk_status conv3d_host_bounce(fpk_stream_t s, const fpk_conv3d_params *p, fpk_tensor_t x,
-                                     fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out) {
-    fpk_backend_t b = s->backend;
+/* The host (cpu) backend b's host bounces run on, made on first use with b's thread count. */
+static fpk_status host_backend(fpk_backend_t b, fpk_backend_t *out) {
     pthread_mutex_lock(&b->host_mu);
     if (!b->host) {
         fpk_backend_config cfg = {0};
@@ -984,8 +981,17 @@ static fpk_status conv3d_host_bounce(fpk_stream_t s, const fpk_conv3d_params *p,
             return st;
         }
     }
-    fpk_backend_t h = b->host;
+    *out = b->host;
     pthread_mutex_unlock(&b->host_mu);
+    return FPK_OK;
+}
+
+/* Serves the CPU tier for a backend whose table does not: download the operands into a host
+ * (cpu) backend, convolve there, upload the result. */
+static fpk_status conv3d_host_bounce(fpk_stream_t s, const fpk_conv3d_params *p, fpk_tensor_t x,
+                                     fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out) {
+    fpk_backend_t h;
+    TRY(host_backend(s->backend, &h));
     fpk_stream_t hs = &h->default_stream;
     fpk_tensor_t src[3] = {x, w, bias}, dst[3] = {NULL, NULL, NULL}, hout = NULL;
     fpk_status st = FPK_OK;
@@ -1108,19 +1114,8 @@ fpk_status fpk_op_softmax(fpk_stream_t s, float scale, fpk_tensor_t x, fpk_tenso
 static fpk_status attention_host_bounce(fpk_stream_t s, const fpk_attention_params *p, fpk_tensor_t q,
                                         fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask,
                                         fpk_tensor_t out) {
-    fpk_backend_t b = s->backend;
-    pthread_mutex_lock(&b->host_mu);
-    if (!b->host) {
-        fpk_backend_config cfg = {0};
-        cfg.threads = b->config.threads;
-        fpk_status st = fpk_backend_new_cpu(&cfg, &b->host);
-        if (st != FPK_OK) {
-            pthread_mutex_unlock(&b->host_mu);
-            return st;
-        }
-    }
-    fpk_backend_t h = b->host;
-    pthread_mutex_unlock(&b->host_mu);
+    fpk_backend_t h;
+    TRY(host_backend(s->backend, &h));
     fpk_tensor_t src[4] = {q, k, v, mask}, dst[4] = {NULL, NULL, NULL, NULL}, hout = NULL;
     fpk_status st = FPK_OK;
     for (int i = 0; i < 4 && st == FPK_OK; i++) {

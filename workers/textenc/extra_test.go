@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/framepackd/framepackd/internal/parity"
-	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/shm/shmtest"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/workertest"
@@ -58,27 +57,12 @@ func TestParityTextencExtraPrompts(t *testing.T) {
 	}
 	vec, vecShape := workertest.ReadF32(t, res.Outputs[0])
 	pooler, poolerShape := workertest.ReadF32(t, res.Outputs[2])
-	checkEncodeOutputs(t, cases[0], "prompt ", vec, vecShape, maskInts(t, res.Outputs[1]), pooler, poolerShape)
+	checkEncodeOutputs(t, cases[0], "prompt ", vec, vecShape, workertest.ReadI64(t, res.Outputs[1]), pooler, poolerShape)
 	for i, c := range cases[1:] {
 		outs := res.Outputs[6+3*i : 9+3*i]
 		vec, vecShape := workertest.ReadF32(t, outs[0])
-		mask := maskInts(t, outs[1])
+		mask := workertest.ReadI64(t, outs[1])
 		pooler, poolerShape := workertest.ReadF32(t, outs[2])
 		checkEncodeOutputs(t, c, fmt.Sprintf("extra prompt %d ", i), vec, vecShape, mask, pooler, poolerShape)
 	}
-}
-
-// maskInts reads a mask output as integers.
-func maskInts(t *testing.T, r workerkit.TensorRef) []int64 {
-	t.Helper()
-	m, err := shm.Open(r.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	v, _, err := m.Int64(r.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
 }

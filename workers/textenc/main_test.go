@@ -150,27 +150,15 @@ func readOutputs(t *testing.T, req *workerkit.TextEncodeRequest, res *workerkit.
 		}
 		return v, shape
 	}
-	ints := func(r workerkit.TensorRef) []int64 {
-		m, err := shm.Open(r.Path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
-		v, _, err := m.Int64(r.Name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
 	o.LlamaVec, o.LlamaVecShape = floats(res.Outputs[0])
-	o.LlamaMask = ints(res.Outputs[1])
+	o.LlamaMask = workertest.ReadI64(t, res.Outputs[1])
 	o.ClipPooler, o.ClipPoolerShape = floats(res.Outputs[2])
 	o.LlamaVecN, _ = floats(res.Outputs[3])
-	o.LlamaMaskN = ints(res.Outputs[4])
+	o.LlamaMaskN = workertest.ReadI64(t, res.Outputs[4])
 	o.ClipPoolerN, _ = floats(res.Outputs[5])
 	for i, dst := range tokens {
 		r := res.Outputs[6+i]
-		*dst = ints(r)
+		*dst = workertest.ReadI64(t, r)
 		if int64(len(*dst)) != shapeSize(r.Shape) {
 			t.Errorf("%s: %d values, result says shape %v", r.Name, len(*dst), r.Shape)
 		}

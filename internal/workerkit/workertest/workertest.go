@@ -142,6 +142,21 @@ func ReadF32(tb testing.TB, r workerkit.TensorRef) ([]float32, []int64) {
 	return v, shape
 }
 
+// ReadI64 maps a written tensor and returns its values as int64.
+func ReadI64(tb testing.TB, r workerkit.TensorRef) []int64 {
+	tb.Helper()
+	m, err := shm.Open(r.Path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer m.Close()
+	v, _, err := m.Int64(r.Name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return v
+}
+
 // Processes returns the pids of the live processes (zombies excluded) that run one of the
 // binaries at paths: workers a test expects gone.
 func Processes[K comparable](paths map[K]string) []int {

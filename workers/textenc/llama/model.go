@@ -175,11 +175,10 @@ type Model struct {
 	ckpt       *safetensors.Checkpoint
 
 	// Layers past the first `resident` stay in host memory (their entries in Layers hold no
-	// tensors) and stream through two slots (nn.BlockStream) on copyStream.
-	resident   int
-	stream     *nn.BlockStream[*DecoderLayer]
-	copyStream *runtime.Stream
-	pinned     [][]byte
+	// tensors) and stream through two slots (nn.BlockStream) on copies.
+	resident int
+	stream   *nn.BlockStream[*DecoderLayer]
+	copies   *nn.CopyStream
 }
 
 // Options configure Load.
@@ -249,17 +248,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 		return nil, err
 	}
 	m.stream = nn.NewBlockStream(rt, "layers", func(l *nn.Loader) *DecoderLayer { return bind(l, "") })
-	for i := range plan.Layers {
-		name := nn.Join("layers", i)
-		if i < m.resident {
-			m.Layers = append(m.Layers, bind(ld, name))
-			continue
-		}
-		h := ld.BeginHost(name + ".")
-		m.Layers = append(m.Layers, bind(ld, name))
-		ld.EndHost()
-		m.stream.Add(i, h)
-	}
+	m.Layers = nn.BindBlocks(ld, m.stream, "layers", plan.Layers, m.resident, bind)
 	for i := plan.Layers; i < cfg.NumHiddenLayers; i++ {
 		ld.Skip(nn.Join("layers", i) + ".")
 	}
@@ -274,15 +263,9 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 		return nil, fmt.Errorf("llama: %w", err)
 	}
 	if m.StreamedLayers() > 0 {
-		if m.copyStream, err = rt.NewStream(); err != nil {
+		if m.copies, err = nn.NewCopyStream(rt, m.stream); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("llama: copy stream: %w", err)
-		}
-		m.stream.SetCopyStream(m.copyStream)
-		for _, b := range m.stream.Buffers() {
-			if rt.PinHost(b) == nil { // pinning only speeds the copies up
-				m.pinned = append(m.pinned, b)
-			}
 		}
 	}
 	return m, nil
@@ -319,23 +302,7 @@ func LayerBytes(cfg Config, src nn.Source, prefix string, o Options) int64 {
 	act, _ := nn.ActivationByName(cfg.HiddenAct)
 	l := nn.NewShapeLoaderFor(o.Options)
 	bindLayer(l, "layers.0", cfg, act)
-	var n int64
-	dts := l.ShapeDTypes()
-	for name, shape := range l.Shapes() {
-		dt := dts[name]
-		if dt == runtime.AsStored {
-			dt = runtime.F32
-			if info, ok := src.Info(prefix + name); ok {
-				dt = runtime.StoredDType(info.DType)
-			}
-		}
-		e := int64(dt.Size())
-		for _, d := range shape {
-			e *= int64(d)
-		}
-		n += e
-	}
-	return n
+	return l.ShapeBytes(src, prefix)
 }
 
 // planLayers is how many of plan's layers stay resident under o: the most whose weights, two
@@ -398,12 +365,8 @@ func (m *Model) Close() error {
 func (m *Model) Free() {
 	m.Weights.Free()
 	m.stream.Release()
-	for _, b := range m.pinned {
-		_ = m.rt.UnpinHost(b) // nothing to do about a failure while closing
-	}
-	m.pinned = nil
-	m.copyStream.Free()
-	m.copyStream = nil
+	m.copies.Free()
+	m.copies = nil
 }
 
 // ErrEmptyMask is returned by HiddenState when the mask attends no position.

@@ -3,7 +3,6 @@ package dit
 import (
 	"fmt"
 	"path/filepath"
-	"strconv"
 
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
@@ -40,8 +39,7 @@ type Model struct {
 	residentDouble, residentSingle int
 	double                         *nn.BlockStream[HunyuanVideoTransformerBlock]
 	single                         *nn.BlockStream[HunyuanVideoSingleTransformerBlock]
-	pinned                         [][]byte
-	copyStream                     *runtime.Stream // the streamed blocks' copies (nil: none stream)
+	copies                         *nn.CopyStream // the streamed blocks' copies (nil: none stream)
 }
 
 // LoadOptions adjust Load and New.
@@ -128,20 +126,9 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	}
 	m.Weights, m.Unexpected = ws, rep.Unexpected
 	if m.StreamedBlocks() > 0 {
-		if m.copyStream, err = rt.NewStream(); err != nil {
+		if m.copies, err = nn.NewCopyStream(rt, m.double, m.single); err != nil {
 			m.Close()
 			return nil, fmt.Errorf("new transformer: copy stream: %w", err)
-		}
-		m.double.SetCopyStream(m.copyStream)
-		m.single.SetCopyStream(m.copyStream)
-	}
-	for _, st := range []interface{ Buffers() [][]byte }{m.double, m.single} {
-		for _, b := range st.Buffers() {
-			// Pinning only speeds the copies up; a backend that cannot pin copies from
-			// pageable memory.
-			if rt.PinHost(b) == nil {
-				m.pinned = append(m.pinned, b)
-			}
 		}
 	}
 	return m, nil
@@ -180,28 +167,12 @@ func bindAll(l *nn.Loader, cfg Config, m *Model) {
 		ip := bindClipVisionProjection(l, "image_projection", cfg.ImageProjDim, dim)
 		m.ImageProjection = &ip
 	}
-	for i := range cfg.NumLayers {
-		prefix := "transformer_blocks." + strconv.Itoa(i)
-		if i < m.residentDouble {
-			m.TransformerBlocks = append(m.TransformerBlocks, bindDoubleBlock(l, prefix, cfg))
-			continue
-		}
-		h := l.BeginHost(prefix + ".")
-		m.TransformerBlocks = append(m.TransformerBlocks, bindDoubleBlock(l, prefix, cfg))
-		l.EndHost()
-		m.double.Add(i, h)
-	}
-	for i := range cfg.NumSingleLayers {
-		prefix := "single_transformer_blocks." + strconv.Itoa(i)
-		if i < m.residentSingle {
-			m.SingleTransformerBlocks = append(m.SingleTransformerBlocks, bindSingleBlock(l, prefix, cfg))
-			continue
-		}
-		h := l.BeginHost(prefix + ".")
-		m.SingleTransformerBlocks = append(m.SingleTransformerBlocks, bindSingleBlock(l, prefix, cfg))
-		l.EndHost()
-		m.single.Add(i, h)
-	}
+	m.TransformerBlocks = nn.BindBlocks(l, m.double, "transformer_blocks", cfg.NumLayers, m.residentDouble,
+		func(l *nn.Loader, name string) HunyuanVideoTransformerBlock { return bindDoubleBlock(l, name, cfg) })
+	m.SingleTransformerBlocks = nn.BindBlocks(l, m.single, "single_transformer_blocks", cfg.NumSingleLayers, m.residentSingle,
+		func(l *nn.Loader, name string) HunyuanVideoSingleTransformerBlock {
+			return bindSingleBlock(l, name, cfg)
+		})
 	m.NormOut = AdaLayerNormContinuous{Linear: nn.NewLinear(l, "norm_out.linear", dim, 2*dim, true)}
 	m.ProjOut = nn.NewLinear(l, "proj_out", dim, cfg.PatchSizeT*p*p*cfg.OutChannelsOrIn(), true)
 }
@@ -247,10 +218,6 @@ func (m *Model) Close() { m.Free() }
 func (m *Model) Free() {
 	m.Weights.Free()
 	m.releaseSlots()
-	for _, b := range m.pinned {
-		_ = m.rt.UnpinHost(b) // nothing to do about a failure while closing
-	}
-	m.pinned = nil
-	m.copyStream.Free()
-	m.copyStream = nil
+	m.copies.Free()
+	m.copies = nil
 }

@@ -75,25 +75,7 @@ func EstimateFootprint(cfg Config, src nn.Source, opts LoadOptions) (Footprint, 
 	size := func(bind func(l *nn.Loader)) int64 {
 		l := nn.NewShapeLoaderFor(nn.Options{DType: runtime.F32, WeightDType: opts.WeightDType})
 		bind(l)
-		var n int64
-		dts := l.ShapeDTypes()
-		for name, shape := range l.Shapes() {
-			dt := dts[name]
-			if dt == runtime.AsStored {
-				dt = runtime.F32
-				if src != nil {
-					if info, ok := src.Info(name); ok {
-						dt = runtime.StoredDType(info.DType)
-					}
-				}
-			}
-			e := int64(1)
-			for _, d := range shape {
-				e *= int64(d)
-			}
-			n += e * int64(dt.Size())
-		}
-		return n
+		return l.ShapeBytes(src, "")
 	}
 	f := Footprint{NumDouble: cfg.NumLayers, NumSingle: cfg.NumSingleLayers}
 	// Block 0 of each kind stands for all of them: same shapes, and a sharded checkpoint keeps

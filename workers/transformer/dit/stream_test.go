@@ -26,6 +26,24 @@ func forwardOut(t *testing.T, m *Model, c parity.Case) []float32 {
 	return out
 }
 
+// fixtureFootprint is the fixture's transformer directory and the footprint of its config.
+func fixtureFootprint(t *testing.T, fx *parity.Fixture) (string, Footprint) {
+	t.Helper()
+	dir, err := fx.ModelPath("transformer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fp, err := EstimateFootprint(cfg, nil, LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, fp
+}
+
 func sameBits(t *testing.T, what string, got, want []float32) {
 	t.Helper()
 	if len(got) != len(want) {
@@ -115,18 +133,7 @@ func TestStreamingUnderCap(t *testing.T) {
 	peakAll := int64(rtAll.Memory().Peak)
 	act := peakAll - weights
 
-	dir, err := fx.ModelPath("transformer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fp, err := EstimateFootprint(cfg, nil, LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, fp := fixtureFootprint(t, fx)
 	if fp.Need(fp.Blocks()) != weights {
 		t.Errorf("footprint of all blocks resident %d bytes; the runtime holds %d after load", fp.Need(fp.Blocks()), weights)
 	}
@@ -156,21 +163,10 @@ func TestStreamingUnderCap(t *testing.T) {
 // ErrMemoryBudget before anything is uploaded.
 func TestStreamingCapTooSmall(t *testing.T) {
 	fx := parity.Load(t, "transformer")
-	dir, err := fx.ModelPath("transformer")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := LoadConfig(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fp, err := EstimateFootprint(cfg, nil, LoadOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, fp := fixtureFootprint(t, fx)
 	rt := newTestRuntime(t)
 	memCap := fp.Need(0) - 1
-	_, err = Load(rt, dir, LoadOptions{MemoryCap: memCap})
+	_, err := Load(rt, dir, LoadOptions{MemoryCap: memCap})
 	if !errors.Is(err, ErrMemoryBudget) {
 		t.Fatalf("cap %d (streaming needs %d): got %v, want ErrMemoryBudget", memCap, fp.Need(0), err)
 	}
