@@ -30,7 +30,10 @@ type AttentionTier int
 const (
 	// AttentionAuto runs the chain (or the tier Options.AttentionTier forces).
 	AttentionAuto AttentionTier = C.FPK_ATTN_TIER_AUTO
-	// AttentionVendor is the vendor library's fused attention (no backend has one yet).
+	// AttentionVendor is the vendor library's fused attention: cuDNN 9's SDPA graph on the cuda
+	// backend (bf16/f16 q, k, v — f32 only under FRAMEPACK_GPU_HALF_COMPUTE, rounded to bf16 —
+	// head dims cuDNN takes, no mask or a key-padding mask); unavailable where cuDNN 9 is
+	// missing, for what it declines, on the hip backend (MIOpen has none) and on the cpu backend.
 	AttentionVendor AttentionTier = C.FPK_ATTN_TIER_VENDOR
 	// AttentionFlash is our fused kernel: tiles of queries against streamed keys and values,
 	// online softmax, f32 accumulation, no score matrix.

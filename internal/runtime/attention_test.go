@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 )
 
@@ -130,9 +131,33 @@ func TestAttentionTiers(t *testing.T) {
 	}
 }
 
+// vendorServes: whether cuDNN's fused attention is expected to take this case — the head dims
+// and masks of FramePack's models (64 CLIP, 72 SigLIP, 128 Llama and the transformer; no mask
+// or text-length key padding).
+func (c attnCase) vendorServes() bool {
+	return c.D == c.Dv && c.D >= 64 && c.D%8 == 0 && (c.maskShape == nil || (c.keyValid != nil && !c.maskAllRow))
+}
+
+// envVendorAttention set to 1 (scripts/gpu-check.sh on NVIDIA machines with cuDNN 9) makes the
+// vendor tier's declines of the models' shapes test failures instead of logged skips.
+const envVendorAttention = "FRAMEPACK_TEST_VENDOR_ATTENTION"
+
+func vendorAttentionRequired() bool { return os.Getenv(envVendorAttention) == "1" }
+
+func toF64(v []float32) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
+}
+
 // TestAttentionHalf: 16-bit q, k, v (what the GPU backends feed their matrix units) through the
-// flash and chunked tiers against the reference of the rounded values. The cpu backend computes
-// attention in f32 only and answers unsupported, which the test asserts.
+// flash, chunked and vendor tiers against the reference of the rounded values, and each against
+// flash. The cpu backend computes attention in f32 only and answers unsupported (the vendor tier
+// unavailable), which the test asserts. The vendor tier may decline a case (cuDNN missing, or a
+// shape or mask it does not take); with FRAMEPACK_TEST_VENDOR_ATTENTION=1 it must serve the
+// models' shapes.
 func TestAttentionHalf(t *testing.T) {
 	rt := newTestRuntime(t, Options{})
 	r := rng(t)
@@ -174,8 +199,17 @@ func TestAttentionHalf(t *testing.T) {
 					permuteBHLD(vals[2], c.B, c.Lk, c.Hkv, c.Dv), c.B, c.H, c.Hkv, c.Lq, c.Lk, c.D, c.Dv, mv, c.maskShape,
 					float64(float32(scale)))
 				want = permuteBHLD(want, c.B, c.H, c.Lq, c.Dv)
-				for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked} {
+				var flash []float32
+				for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked, AttentionVendor} {
 					y, err := rt.Attention(ts[0], ts[1], ts[2], mask, AttentionParams{Scale: c.scale, Layout: AttentionBLHD, Tier: tier})
+					if tier == AttentionVendor && errors.Is(err, ErrUnavailable) {
+						// cuDNN missing, or a shape or mask it declines (the chain falls to flash)
+						if vendorAttentionRequired() && c.vendorServes() {
+							t.Fatalf("vendor tier declined a shape FramePack's models use: %v", err)
+						}
+						t.Logf("tier vendor: %v", err)
+						continue
+					}
 					if rt.Backend().IsHost {
 						if !errors.Is(err, ErrUnsupported) {
 							t.Fatalf("cpu backend, %s attention: got %v, want unsupported", dt, err)
@@ -198,6 +232,11 @@ func TestAttentionHalf(t *testing.T) {
 						t.Fatalf("tier %s: rel L2 %.3g > 1e-2", tier, e)
 					}
 					t.Logf("tier %s: rel L2 %.3g", tier, relL2(got, want))
+					if tier == AttentionFlash {
+						flash = got
+					} else if flash != nil {
+						t.Logf("tier %s vs flash: rel L2 %.3g", tier, relL2(got, toF64(flash)))
+					}
 				}
 			})
 		}
@@ -255,7 +294,7 @@ func TestAttentionChain(t *testing.T) {
 }
 
 // TestAttentionHalfCompute: with FRAMEPACK_GPU_HALF_COMPUTE a GPU backend rounds f32 q, k, v to
-// bf16 for the matrix units (both tiers); the result stays within bf16 rounding of the f32
+// bf16 for the matrix units (flash, chunked and, where cuDNN 9 is loaded, vendor); the result stays within bf16 rounding of the f32
 // reference. The cpu backend ignores the variable and stays exact.
 func TestAttentionHalfCompute(t *testing.T) {
 	t.Setenv("FRAMEPACK_GPU_HALF_COMPUTE", "1")
@@ -272,8 +311,15 @@ func TestAttentionHalfCompute(t *testing.T) {
 	if rt.Backend().IsHost {
 		bound = tol
 	}
-	for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked} {
+	for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked, AttentionVendor} {
 		y, err := rt.Attention(q, k, v, nil, AttentionParams{Layout: AttentionBLHD, Tier: tier})
+		if tier == AttentionVendor && errors.Is(err, ErrUnavailable) {
+			if vendorAttentionRequired() && !rt.Backend().IsHost {
+				t.Fatalf("vendor tier declined f32 q, k, v under FRAMEPACK_GPU_HALF_COMPUTE: %v", err)
+			}
+			t.Logf("tier vendor: %v", err)
+			continue
+		}
 		if err != nil {
 			t.Fatalf("tier %s: %v", tier, err)
 		}
@@ -287,5 +333,93 @@ func TestAttentionHalfCompute(t *testing.T) {
 		if e > bound || math.IsNaN(e) {
 			t.Fatalf("tier %s: rel L2 %.3g > %g", tier, e, bound)
 		}
+	}
+}
+
+// TestAttentionVendorChain: on a device backend with cuDNN 9, the chain's first tier serves a
+// bf16 attention at a length past every tile (1,531 queries and keys, 2 heads × 128) within bf16
+// rounding of the float64 reference and of the flash tier, and a mask it does not take (random,
+// not key padding) falls through to flash, counted as unavailable — never an error. Skipped on
+// the cpu backend, and where the vendor tier is unavailable unless FRAMEPACK_TEST_VENDOR_ATTENTION=1.
+func TestAttentionVendorChain(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	if rt.Backend().IsHost {
+		t.Skip("no vendor attention on the cpu backend")
+	}
+	r := rng(t)
+	const B, L, H, D = 1, 1531, 2, 128
+	var ts [3]*Tensor
+	var vals [3][]float64
+	for i := range ts {
+		x, _ := randTensor(t, rt, r, B, L, H, D)
+		h, err := rt.Cast(x, BF16)
+		x.Free()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h.Free)
+		ts[i] = h
+		f, err := h.Float32()
+		if err != nil {
+			t.Fatal(err)
+		}
+		vals[i] = permuteBHLD(toF64(f), B, L, H, D)
+	}
+	run := func(mask *Tensor, tier AttentionTier) ([]float32, error) {
+		y, err := rt.Attention(ts[0], ts[1], ts[2], mask, AttentionParams{Layout: AttentionBLHD, Tier: tier})
+		if err != nil {
+			return nil, err
+		}
+		defer y.Free()
+		return y.Float32()
+	}
+	got, err := run(nil, AttentionAuto)
+	if err != nil {
+		t.Fatalf("chain: %v", err)
+	}
+	if s := rt.AttentionStats(); s.Served[AttentionVendor] != 1 {
+		if vendorAttentionRequired() {
+			t.Fatalf("stats %+v: want the vendor tier to serve", s)
+		}
+		_, err := run(nil, AttentionVendor)
+		t.Skipf("vendor tier unavailable: %v", err)
+	}
+	scale := float64(float32(1 / math.Sqrt(D)))
+	want := permuteBHLD(refAttention(vals[0], vals[1], vals[2], B, H, H, L, L, D, D, nil, nil, scale), B, H, L, D)
+	flash, err := run(nil, AttentionFlash)
+	if err != nil {
+		t.Fatalf("flash: %v", err)
+	}
+	eRef, eFlash, eFlashRef := relL2(got, want), relL2(got, toF64(flash)), relL2(flash, want)
+	t.Logf("vendor vs float64 rel L2 %.3g, vs flash %.3g (flash vs float64 %.3g)", eRef, eFlash, eFlashRef)
+	if eRef > 1e-2 || eFlash > 1e-2 || math.IsNaN(eRef) || math.IsNaN(eFlash) {
+		t.Fatalf("vendor: rel L2 %.3g vs float64, %.3g vs flash (> 1e-2)", eRef, eFlash)
+	}
+
+	// a random mask is no key padding: vendor unavailable, flash serves
+	mshape := []int{1, 1, L, L}
+	mv := make([]uint8, L*L)
+	for i := range mv {
+		if r.IntN(3) > 0 {
+			mv[i] = 1
+		}
+	}
+	mask := uploadMask(t, rt, mv, mshape...)
+	before := rt.AttentionStats()
+	got, err = run(mask, AttentionAuto)
+	if err != nil {
+		t.Fatalf("chain, random mask: %v", err)
+	}
+	after := rt.AttentionStats()
+	if after.Unavailable[AttentionVendor] != before.Unavailable[AttentionVendor]+1 ||
+		after.Served[AttentionFlash] != before.Served[AttentionFlash]+1 {
+		t.Fatalf("random mask: stats %+v → %+v, want vendor unavailable and flash served", before, after)
+	}
+	want = permuteBHLD(refAttention(vals[0], vals[1], vals[2], B, H, H, L, L, D, D, mv, mshape, scale), B, H, L, D)
+	if e := relL2(got, want); e > 1e-2 || math.IsNaN(e) {
+		t.Fatalf("random mask through the chain: rel L2 %.3g > 1e-2", e)
+	}
+	if _, err := run(mask, AttentionVendor); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("forced vendor with a random mask: got %v, want unavailable", err)
 	}
 }

@@ -1,5 +1,12 @@
 /*
- * fpk_gpu_attention.cu — scaled dot-product attention, two tiers (fpk_attention_tier):
+ * fpk_gpu_attention.cu — scaled dot-product attention, three tiers (fpk_attention_tier):
+ *
+ * vendor   cuDNN 9's fused SDPA (fpk_gpu_vendor_sdpa.cu; CUDA only — on HIP it is unavailable):
+ *          bf16/f16 q, k, v (f32 ones rounded to bf16 under FRAMEPACK_GPU_HALF_COMPUTE, the result
+ *          converted to out's dtype), head dims multiples of 8 that cuDNN takes, 16-byte aligned
+ *          rows; a mask only when it is key padding (per batch entry, every row attends to the
+ *          same first n >= 1 keys: checked by a small kernel and one stream sync), handed to cuDNN
+ *          as sequence lengths. What it declines answers FPK_ERR_UNAVAILABLE (flash serves next).
  *
  * flash    One fused kernel (FlashAttention-2's scheme): a block owns a tile of queries of one
  *          head, streams the keys and values through shared memory in tiles, and keeps a running
@@ -18,8 +25,9 @@
  *          scores, at most FRAMEPACK_GPU_ATTENTION_MIB (default 1024) MiB at any length.
  *
  * Both read q, k, v and write out through element strides (batch, position, head), so the
- * [B, H, L, D] and [B, L, H, D] layouts need no copies. The vendor and cpu tiers answer
- * FPK_ERR_UNAVAILABLE here (the core serves the cpu tier by a host round trip).
+ * [B, H, L, D] and [B, L, H, D] layouts need no copies. The cpu tier answers FPK_ERR_UNAVAILABLE
+ * here (the core serves it by a host round trip); FPK_ATTN_TIER_AUTO tries vendor, flash, then
+ * chunked.
  */
 #include "fpk_gpu_internal.h"
 
@@ -566,6 +574,144 @@ static fpk_status flash(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_f
     return fpk_gpu_launched("attention (flash, fma)");
 }
 
+/* ---- vendor tier (cuDNN's fused SDPA, fpk_gpu_vendor_sdpa.cu) ------------------------------ */
+
+#ifdef FPK_VENDOR_CUDA
+/* One block per mask row (b, h, q) of the broadcast mask: the row's count of nonzero keys and
+ * whether they are exactly the first `count` keys. lens: [0, B) the least count per batch entry,
+ * [B, 2B) the largest, [2B, 3B) filled with Lq (seq_len_q), [3B] set when a row is no prefix. */
+__global__ void k_mask_lengths(const uint8_t *m, int64_t ms0, int64_t ms1, int64_t ms2, int64_t ms3, int hm, int qm,
+                               int Lk, int B, int Lq, int *lens) {
+    const int row = blockIdx.x, q = row % qm, h = (row / qm) % hm, b = row / (qm * hm);
+    const uint8_t *r = m + b * ms0 + h * ms1 + (int64_t)q * ms2;
+    int count = 0, first_zero = Lk;
+    for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
+        if (r[(int64_t)j * ms3]) count++;
+        else first_zero = min(first_zero, j);
+    }
+    __shared__ int sc[128], sz[128];
+    sc[threadIdx.x] = count;
+    sz[threadIdx.x] = first_zero;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w) {
+            sc[threadIdx.x] += sc[threadIdx.x + w];
+            sz[threadIdx.x] = min(sz[threadIdx.x], sz[threadIdx.x + w]);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
+    count = sc[0];
+    if (count != sz[0]) atomicOr(&lens[3 * B], 1);
+    if (row == 0)
+        for (int bb = 0; bb < B; bb++) lens[2 * B + bb] = Lq;
+    /* a mask broadcast over the batch (ms0 0) gives every batch entry the same length */
+    for (int bb = ms0 ? b : 0; bb < (ms0 ? b + 1 : B); bb++) {
+        atomicMin(&lens[bb], count);
+        atomicMax(&lens[B + bb], count);
+    }
+}
+
+/* The vendor tier: q, k, v of one 16-bit dtype (f32 ones rounded to bf16 where
+ * FRAMEPACK_GPU_HALF_COMPUTE asks for bf16 matrix work, as the flash tier does), 16-byte aligned
+ * rows; a mask only when it is a key-padding mask (each batch entry's rows attend to the same
+ * first n >= 1 keys: FramePack's text lengths), which cuDNN takes as sequence lengths. Anything
+ * else is FPK_ERR_UNAVAILABLE, and the chain goes on to flash. */
+static fpk_status vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int layout, float scale,
+                         const fpk_gt *q, const fpk_gt *k, const fpk_gt *v, const fpk_gt *mask, const fpk_gt *out,
+                         int64_t B, int64_t H, int64_t Lq, int64_t D, int64_t Hkv, int64_t Lk, int64_t Dv) {
+    if (!fpk_vendor_has_sdpa(c))
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier needs cuDNN 9 (%s)",
+                                 fpk_vendor_has_dnn(c) ? "the loaded cuDNN is older or lacks the graph API" : "not loaded");
+    int dt = q->dtype;
+    bool half = (dt == FPK_BF16 || dt == FPK_F16) && k->dtype == dt && v->dtype == dt;
+    bool to_bf16 = dt == FPK_F32 && k->dtype == dt && v->dtype == dt && c->half_compute;
+    if (!half && !to_bf16)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier takes bf16 or f16 q, k, v (f32 only "
+                                 "with FRAMEPACK_GPU_HALF_COMPUTE), got dtypes %d/%d/%d", q->dtype, k->dtype, v->dtype);
+    if (Lq > INT32_MAX || Lk > INT32_MAX || B > INT32_MAX || D % 8 || Dv % 8)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier takes head dims that are multiples of 8 "
+                                 "(D %lld, Dv %lld)", (long long)D, (long long)Dv);
+    if (mask && (mask->dtype != FPK_U8 || Lk > INT32_MAX))
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier takes u8 masks");
+    fpk_sdpa_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.B = B, sd.H = H, sd.Hkv = Hkv, sd.Lq = Lq, sd.Lk = Lk, sd.D = D, sd.Dv = Dv;
+    sd.scale = scale;
+    sd.dt = to_bf16 ? FPK_BF16 : dt;
+    attn_strides(q, layout, sd.qs);
+    attn_strides(k, layout, sd.ks);
+    attn_strides(v, layout, sd.vs);
+    attn_strides(out, layout, sd.os);
+    /* 16-byte rows: pointers, and every stride a multiple of 8 elements */
+    int64_t all[12] = {sd.qs[0], sd.qs[1], sd.qs[2], sd.ks[0], sd.ks[1], sd.ks[2],
+                       sd.vs[0], sd.vs[1], sd.vs[2], sd.os[0], sd.os[1], sd.os[2]};
+    const void *ptr[4] = {q->data, k->data, v->data, out->data};
+    bool aligned = true;
+    for (int i = 0; i < 12; i++) aligned &= all[i] % 8 == 0;
+    for (int i = 0; i < 4; i++) aligned &= ((uintptr_t)ptr[i] & 15) == 0;
+    if (!aligned) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier needs 16-byte aligned rows");
+    fpk_scratch sm(sf);
+    if (mask) {
+        int64_t mst[4];
+        mask_strides(mask, B, H, Lq, Lk, mst);
+        int hm = mst[1] ? (int)H : 1, qm = mst[2] ? (int)Lq : 1, bm = mst[0] ? (int)B : 1;
+        if ((int64_t)bm * hm * qm > INT32_MAX)
+            return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier: mask too large to check");
+        FPK_TRY(sm.alloc((size_t)(3 * B + 1) * sizeof(int)));
+        int *lens = (int *)sm.ptr;
+        /* least counts start at 0x7f7f7f7f, largest at -1, the flag at 0 */
+        FPK_CUDA(cudaMemsetAsync(lens, 0x7f, (size_t)B * sizeof(int), st), "attention: mask lengths");
+        FPK_CUDA(cudaMemsetAsync(lens + B, 0xff, (size_t)B * sizeof(int), st), "attention: mask lengths");
+        FPK_CUDA(cudaMemsetAsync(lens + 2 * B, 0, (size_t)(B + 1) * sizeof(int), st), "attention: mask lengths");
+        k_mask_lengths<<<bm * hm * qm, 128, 0, st>>>((const uint8_t *)mask->data, mst[0], mst[1], mst[2], mst[3], hm,
+                                                     qm, (int)Lk, (int)B, (int)Lq, lens);
+        FPK_TRY(fpk_gpu_launched("attention: mask lengths"));
+        int *host = (int *)malloc((size_t)(3 * B + 1) * sizeof(int));
+        if (!host) return fpk_gpu_set_oom((3 * B + 1) * sizeof(int), 0, "host mask lengths");
+        cudaError_t e = cudaMemcpyAsync(host, lens, (size_t)(3 * B + 1) * sizeof(int), cudaMemcpyDeviceToHost, st);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+        if (e != cudaSuccess) {
+            free(host);
+            return fpk_gpu_error(e, "attention: mask lengths");
+        }
+        bool padding = host[3 * B] == 0;
+        for (int64_t b = 0; b < B && padding; b++) padding = host[b] == host[B + b] && host[b] >= 1;
+        free(host);
+        if (!padding)
+            return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier takes key-padding masks only "
+                                     "(the same first n >= 1 keys for every row of a batch entry)");
+        sd.seq_kv = lens + B;
+        sd.seq_q = lens + 2 * B;
+    }
+    fpk_scratch sq(sf), sk(sf), sv(sf), so(sf);
+    const fpk_gt *src[3] = {q, k, v};
+    const void **dst[3] = {&sd.q, &sd.k, &sd.v};
+    fpk_scratch *scr[3] = {&sq, &sk, &sv};
+    for (int i = 0; i < 3; i++) {
+        *dst[i] = src[i]->data;
+        if (!to_bf16) continue;
+        FPK_TRY(scr[i]->alloc((size_t)src[i]->numel * 2));
+        FPK_TRY(fpk_gpu_convert(st, scr[i]->ptr, FPK_BF16, src[i]->data, FPK_F32, src[i]->numel));
+        *dst[i] = scr[i]->ptr;
+    }
+    sd.o = out->data;
+    if (out->dtype != sd.dt) { /* written in the compute dtype with out's strides, then converted */
+        FPK_TRY(so.alloc((size_t)out->numel * 2));
+        sd.o = so.ptr;
+    }
+    FPK_TRY(fpk_vendor_sdpa(c, st, sf, &sd));
+    if (sd.o != out->data) FPK_TRY(fpk_gpu_convert(st, out->data, out->dtype, sd.o, sd.dt, out->numel));
+    return FPK_OK;
+}
+#else
+static fpk_status vendor(fpk_gpu_ctx *, cudaStream_t, const fpk_gpu_scratch_fn *, int, float, const fpk_gt *,
+                         const fpk_gt *, const fpk_gt *, const fpk_gt *, const fpk_gt *, int64_t, int64_t, int64_t,
+                         int64_t, int64_t, int64_t, int64_t) {
+    return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: no vendor fused attention on ROCm");
+}
+#endif
+
 /* ---- chunked tier --------------------------------------------------------------------------- */
 
 static fpk_status chunked(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_attention_params *p,
@@ -665,8 +811,6 @@ static fpk_status chunked(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch
 extern "C" fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf,
                                         const fpk_attention_params *p, const fpk_gt *q, const fpk_gt *k,
                                         const fpk_gt *v, const fpk_gt *mask, const fpk_gt *out) {
-    if (p->tier == FPK_ATTN_TIER_VENDOR)
-        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: no vendor fused attention in this build");
     if (p->tier == FPK_ATTN_TIER_CPU)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: the cpu tier is the core's host round trip");
     cudaStream_t st = fpk_stream(c, s);
@@ -679,6 +823,11 @@ extern "C" fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_s
         return FPK_OK;
     }
     float scale = p->scale != 0 ? p->scale : (float)(1.0 / sqrt((double)(D ? D : 1)));
+    if (p->tier == FPK_ATTN_TIER_VENDOR || p->tier == FPK_ATTN_TIER_AUTO) {
+        fpk_status r = D ? vendor(c, st, sf, p->layout, scale, q, k, v, mask, out, B, H, Lq, D, Hkv, Lk, Dv)
+                         : fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier: head dim 0");
+        if (r != FPK_ERR_UNAVAILABLE || p->tier == FPK_ATTN_TIER_VENDOR) return r;
+    }
     if (p->tier == FPK_ATTN_TIER_CHUNKED || D == 0)
         return chunked(c, st, sf, p, scale, q, k, v, mask, out, B, H, Lq, D, Hkv, Lk, Dv);
     fpk_status r = flash(c, st, sf, p->layout, scale, q, k, v, mask, out, B, H, Lq, D, Hkv, Lk, Dv);

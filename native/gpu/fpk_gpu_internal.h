@@ -55,6 +55,12 @@ typedef struct fpk_vendor_dnn {
     char library[256];
     void *fn[32];
     struct fpk_conv_algo *algos; /* tuned / default choices per shape, this process */
+    /* cuDNN 9's backend graph API (fpk_gpu_vendor_sdpa.cu): entry points, cudnnGetVersion, and
+     * whether the vendor attention tier can run (graph != 0) */
+    void *gfn[8];
+    size_t version;
+    int graph;
+    struct fpk_sdpa_plan *plans; /* SDPA execution plans (and refusals) per shape, this process */
 } fpk_vendor_dnn;
 
 struct fpk_gpu_ctx {
@@ -177,5 +183,29 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
                            const int *ydims, void *y, const fpk_conv3d_params *p);
 /* Whether the vendor DNN library loaded. */
 int fpk_vendor_has_dnn(fpk_gpu_ctx *c);
+
+/* One fused attention for the vendor tier (fpk_gpu_vendor_sdpa.cu): q [B, Lq, H, D],
+ * k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv], o [B, Lq, H, Dv] through element strides (batch,
+ * position, head; the head dim contiguous), all of dtype dt (FPK_BF16 or FPK_F16), f32
+ * accumulation. seq_q and seq_kv: NULL, or device int32 [B] lengths of a padding mask (keys at or
+ * past seq_kv[b] are masked; every length >= 1). */
+typedef struct fpk_sdpa_desc {
+    int64_t B, H, Hkv, Lq, Lk, D, Dv;
+    int dt;
+    const void *q, *k, *v;
+    void *o;
+    int64_t qs[3], ks[3], vs[3], os[3];
+    float scale;
+    const int32_t *seq_q, *seq_kv;
+} fpk_sdpa_desc;
+/* Resolves the graph API from the DNN library fpk_vendor_open loaded (called by it). */
+void fpk_vendor_sdpa_open(fpk_gpu_ctx *c);
+/* Frees the cached plans (called by fpk_vendor_close before the library closes). */
+void fpk_vendor_sdpa_close(fpk_gpu_ctx *c);
+/* Whether the vendor attention tier can run: cuDNN 9 with its graph API (never on ROCm). */
+int fpk_vendor_has_sdpa(fpk_gpu_ctx *c);
+/* Runs sd through cuDNN's fused SDPA: FPK_ERR_UNAVAILABLE when cuDNN is missing, too old or
+ * refuses this graph (the reason in the last error), a backend error when execution fails. */
+fpk_status fpk_vendor_sdpa(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_sdpa_desc *sd);
 
 #endif /* FPK_GPU_INTERNAL_H */

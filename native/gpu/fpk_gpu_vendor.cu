@@ -1,6 +1,7 @@
 /*
  * fpk_gpu_vendor.cu — vendor libraries, dlopened with our own prototypes (no vendor header is
- * needed to build): cuBLAS + cuDNN 9 (legacy conv API) on CUDA, rocBLAS + MIOpen on ROCm.
+ * needed to build): cuBLAS + cuDNN 9 (legacy conv API; its graph API for fused attention in
+ * fpk_gpu_vendor_sdpa.cu) on CUDA, rocBLAS + MIOpen on ROCm.
  *
  * Search: sonames newest first, in one root — FRAMEPACK_CUDA_ROOT / CUDA_HOME / CUDA_PATH or
  * /usr/local/cuda (lib64, lib, targets/x86_64-linux/lib), FRAMEPACK_ROCM_ROOT / ROCM_PATH or
@@ -540,12 +541,14 @@ void fpk_vendor_open(fpk_gpu_ctx *c) {
     if (!env_on("FRAMEPACK_GPU_NO_DNN")) {
         fpk_vendor_dnn *d = &c->dnn;
         vendor_lib_open(dnn_names, dnn_syms, dir, &d->dl, d->fn, &d->handle, d->library, sizeof d->library);
+        fpk_vendor_sdpa_open(c);
     }
 }
 
 void fpk_vendor_close(fpk_gpu_ctx *c) {
     if (c->blas.handle) ((vendor_destroy_t)c->blas.fn[1])(c->blas.handle);
     if (c->blas.dl) dlclose(c->blas.dl);
+    fpk_vendor_sdpa_close(c);
     if (c->dnn.handle) ((vendor_destroy_t)c->dnn.fn[1])(c->dnn.handle);
     algos_free(&c->dnn);
     if (c->dnn.dl) dlclose(c->dnn.dl);

@@ -328,7 +328,8 @@ typedef enum fpk_attention_layout {
  * and dtypes); the core serves FPK_ATTN_TIER_CPU for every backend (host round trip). */
 typedef enum fpk_attention_tier {
     FPK_ATTN_TIER_AUTO = 0,    /* the backend's best tier for these operands */
-    FPK_ATTN_TIER_VENDOR = 1,  /* the vendor library's fused attention (none yet: unavailable) */
+    FPK_ATTN_TIER_VENDOR = 1,  /* the vendor library's fused attention: cuDNN 9's SDPA graph on
+                                  CUDA (16-bit q, k, v; no mask or key padding); none on HIP */
     FPK_ATTN_TIER_FLASH = 2,   /* our fused kernel: tiles, online softmax, f32 accumulation */
     FPK_ATTN_TIER_CHUNKED = 3, /* GEMM, masked softmax, GEMM per chunk of queries */
     FPK_ATTN_TIER_CPU = 4,     /* the cpu backend's flash attention (host round trip on GPUs) */
