@@ -176,10 +176,14 @@ $(NATIVE_OUT)/hip/%.o: native/gpu/%.cu $(GPU_HDR)
 # with no undefined symbol; the CUDA vendor shims are compile-checked through hipcc too.
 native-hip-check:
 	@command -v $(HIPCC) >/dev/null || { echo "native-hip-check: $(HIPCC) not found (make setup-gpu installs Debian's hipcc)"; exit 1; }
-	@$(MAKE) --no-print-directory -j2 $(NATIVE_OUT)/libfpk-hip.so $(NATIVE_OUT)/hip/vendor-cuda.o
+	@$(MAKE) --no-print-directory -j2 $(NATIVE_OUT)/libfpk-hip.so $(NATIVE_OUT)/hip/vendor-cuda.o $(NATIVE_OUT)/hip/vendor-sdpa-cuda.o
 	@echo "native-hip-check: libfpk-hip.so links for $(HIP_ARCHS)"
 
 $(NATIVE_OUT)/hip/vendor-cuda.o: native/gpu/fpk_gpu_vendor.cu $(GPU_HDR)
+	@mkdir -p $(NATIVE_OUT)/hip
+	$(HIPCC) -x hip -std=c++17 $(GPU_CFLAGS) -DFPK_HIP -DFPK_VENDOR_CUDA -Wall -Werror --offload-arch=gfx1030 -c $< -o $@
+
+$(NATIVE_OUT)/hip/vendor-sdpa-cuda.o: native/gpu/fpk_gpu_vendor_sdpa.cu $(GPU_HDR)
 	@mkdir -p $(NATIVE_OUT)/hip
 	$(HIPCC) -x hip -std=c++17 $(GPU_CFLAGS) -DFPK_HIP -DFPK_VENDOR_CUDA -Wall -Werror --offload-arch=gfx1030 -c $< -o $@
 

@@ -12,10 +12,12 @@
 #         its UniPC replay), the pipeline fixture through the daemon on a cuda:0 lane, and the
 #         backend-independent rng, prep and tokenize cases
 # tiers   the VAE parity cases once per conv tier, each forced alone (FRAMEPACK_CONV_TIER)
-# attention  the attention op tests (flash matrix and FMA kernels, chunked, the cpu round trip;
-#         f32, bf16, f16), then every transformer, llama, clip and siglip parity case once per
-#         attention tier, each forced alone (FRAMEPACK_ATTENTION_TIER = flash, chunked, cpu)
-# attnbench  the transformer's joint attention alone, ours (flash, chunked) against PyTorch SDPA
+# attention  the attention op tests (cuDNN's fused SDPA where cuDNN 9 is found, flash matrix and
+#         FMA kernels, chunked, the cpu round trip; f32, bf16, f16), then every transformer,
+#         llama, clip and siglip parity case once per attention tier, each forced alone
+#         (FRAMEPACK_ATTENTION_TIER = flash, chunked, cpu)
+# attnbench  the transformer's joint attention alone, ours (vendor, flash, chunked) against
+#         PyTorch SDPA
 # memory  NVML discovery, and a worker holding 40 GB killed: used memory back within 2 s
 # bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), needs
 #         third_party_ref/ (diffusers + FramePack's diffusers_helper sources, git-ignored)
@@ -56,7 +58,12 @@ if NV=$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/n
 	for d in $(find "$NV" -name 'libcudnn.so.9' -o -name 'libcublas.so.1[23]' 2>/dev/null | xargs -r -n1 dirname | sort -u); do
 		LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
 	done
+	# cuDNN's fused attention compiles its kernels at run time: NVRTC from the wheels too
+	for d in $(find "$NV" -name 'libnvrtc.so*' 2>/dev/null | xargs -r -n1 dirname | sort -u); do
+		LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"
+	done
 fi
+CUDNN_DIR=$(find "${NV:-/nonexistent}" /usr/local/cuda/lib64 -name 'libcudnn.so.9' 2>/dev/null | head -1)
 export FRAMEPACK_NATIVE_DIR=$ROOT/build/native
 export FRAMEPACK_FIXTURES=$ROOT/testdata/parity
 export FRAMEPACK_BACKEND=${FRAMEPACK_BACKEND:-cuda}
@@ -130,9 +137,15 @@ for phase in "${phases[@]}"; do
 		done
 		;;
 	attention)
+		# where cuDNN 9 was found, the vendor tier (cuDNN's fused SDPA) must serve the models'
+		# shapes in the op tests rather than decline them
+		[ -n "$CUDNN_DIR" ] && export FRAMEPACK_TEST_VENDOR_ATTENTION=1
 		gotest "attention op tests" internal/runtime runtime.test 300 -test.run 'Attention' -test.v
+		unset FRAMEPACK_TEST_VENDOR_ATTENTION
 		FRAMEPACK_GPU_FLASH_FMA=1 gotest "attention op tests, flash FMA kernel forced" internal/runtime runtime.test 300 \
 			-test.run 'AttentionTiers|AttentionHalf' -test.v
+		# (vendor is not forced here: it takes 16-bit q, k, v only and the parity runs are f32;
+		# the chain's own runs serve 16-bit attention through it)
 		for tier in flash chunked cpu; do
 			export FRAMEPACK_ATTENTION_TIER=$tier
 			[ -e "$BIN/dit.test" ] && gotest "parity transformer, attention $tier" workers/transformer/dit dit.test 300 -test.run '^TestParity' -test.v
@@ -147,7 +160,7 @@ for phase in "${phases[@]}"; do
 		# the transformer's joint attention alone (18,083 tokens, 24 × 128, bf16): ours per tier
 		# against PyTorch's SDPA on the same GPU
 		gotest "attention benchmark (ours)" internal/runtime runtime.test 300 -test.run '^$' -test.bench AttentionDiT -test.benchtime 5x
-		grep -E "^BenchmarkAttentionDiT" "$LOG" | tail -2 >>"$SUMMARY"
+		grep -E "^BenchmarkAttentionDiT|AttentionDiT/vendor" "$LOG" | tail -3 >>"$SUMMARY"
 		run "attention benchmark (pytorch sdpa)" 120 python3 scripts/gpubench/attn_bench.py
 		grep -E "^pytorch sdpa" "$LOG" | tail -1 >>"$SUMMARY"
 		;;

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"testing"
+	"time"
 )
 
 // permuteBHLD swaps dims 1 and 2 of [d0, d1, d2, d3] values (BHLD ↔ BLHD).
@@ -373,16 +374,28 @@ func TestAttentionVendorChain(t *testing.T) {
 		defer y.Free()
 		return y.Float32()
 	}
+	t0 := time.Now()
 	got, err := run(nil, AttentionAuto)
 	if err != nil {
 		t.Fatalf("chain: %v", err)
 	}
+	first := time.Since(t0)
 	if s := rt.AttentionStats(); s.Served[AttentionVendor] != 1 {
 		if vendorAttentionRequired() {
 			t.Fatalf("stats %+v: want the vendor tier to serve", s)
 		}
 		_, err := run(nil, AttentionVendor)
 		t.Skipf("vendor tier unavailable: %v", err)
+	}
+	t0 = time.Now()
+	again, err := run(nil, AttentionAuto)
+	if err != nil {
+		t.Fatalf("chain, second call: %v", err)
+	}
+	// the first call builds the plan (cuDNN may compile its kernel); the second reuses it
+	t.Logf("vendor: first call %v (plan built), second %v (cached), both with the read-back", first, time.Since(t0))
+	if e := relL2(again, toF64(got)); e != 0 {
+		t.Fatalf("vendor: two calls on the same inputs differ (rel L2 %.3g)", e)
 	}
 	scale := float64(float32(1 / math.Sqrt(D)))
 	want := permuteBHLD(refAttention(vals[0], vals[1], vals[2], B, H, H, L, L, D, D, nil, nil, scale), B, H, L, D)
