@@ -47,6 +47,7 @@ var attnCases = []attnCase{
 	{name: "d8 d5", B: 2, H: 3, Hkv: 1, Lq: 7, Lk: 9, D: 8, Dv: 5},
 	{name: "d3", B: 1, H: 1, Hkv: 1, Lq: 1, Lk: 1, D: 3, Dv: 3},
 	{name: "text lengths", B: 2, H: 2, Hkv: 2, Lq: 45, Lk: 77, D: 64, Dv: 64, maskShape: []int{2, 1, 1, 77}, keyValid: []int{13, 77}},
+	{name: "key padding 128", B: 2, H: 2, Hkv: 2, Lq: 29, Lk: 29, D: 128, Dv: 128, maskShape: []int{1, 1, 1, 29}, keyValid: []int{11}},
 	{name: "refiner mask 128", B: 1, H: 2, Hkv: 2, Lq: 29, Lk: 29, D: 128, Dv: 128, maskShape: []int{1, 1, 29, 29}, keyValid: []int{11}},
 	{name: "random full mask", B: 1, H: 2, Hkv: 1, Lq: 40, Lk: 70, D: 32, Dv: 32, maskShape: []int{1, 2, 40, 70}},
 	{name: "fully masked row", B: 1, H: 1, Hkv: 1, Lq: 4, Lk: 3, D: 2, Dv: 2, maskShape: []int{4, 3}, maskAllRow: true},
@@ -134,9 +135,10 @@ func TestAttentionTiers(t *testing.T) {
 
 // vendorServes: whether cuDNN's fused attention is expected to take this case — the head dims
 // and masks of FramePack's models (64 CLIP, 72 SigLIP, 128 Llama and the transformer; no mask
-// or text-length key padding).
+// or text-length key padding [B, 1, 1, Lk]; masks along queries, such as causal ones, go to flash).
 func (c attnCase) vendorServes() bool {
-	return c.D == c.Dv && c.D >= 64 && c.D%8 == 0 && (c.maskShape == nil || (c.keyValid != nil && !c.maskAllRow))
+	padding := c.keyValid != nil && !c.maskAllRow && len(c.maskShape) == 4 && c.maskShape[1] == 1 && c.maskShape[2] == 1
+	return c.D == c.Dv && c.D >= 64 && c.D%8 == 0 && (c.maskShape == nil || padding)
 }
 
 // envVendorAttention set to 1 (scripts/gpu-check.sh on NVIDIA machines with cuDNN 9) makes the
@@ -339,8 +341,8 @@ func TestAttentionHalfCompute(t *testing.T) {
 
 // TestAttentionVendorChain: on a device backend with cuDNN 9, the chain's first tier serves a
 // bf16 attention at a length past every tile (1,531 queries and keys, 2 heads × 128) within bf16
-// rounding of the float64 reference and of the flash tier, and a mask it does not take (random,
-// not key padding) falls through to flash, counted as unavailable — never an error. Skipped on
+// rounding of the float64 reference and of the flash tier, and a mask it does not take (random
+// keys: no key padding) falls through to flash, counted as unavailable — never an error. Skipped on
 // the cpu backend, and where the vendor tier is unavailable unless FRAMEPACK_TEST_VENDOR_ATTENTION=1.
 func TestAttentionVendorChain(t *testing.T) {
 	rt := newTestRuntime(t, Options{})
@@ -409,14 +411,16 @@ func TestAttentionVendorChain(t *testing.T) {
 		t.Fatalf("vendor: rel L2 %.3g vs float64, %.3g vs flash (> 1e-2)", eRef, eFlash)
 	}
 
-	// a random mask is no key padding: vendor unavailable, flash serves
-	mshape := []int{1, 1, L, L}
-	mv := make([]uint8, L*L)
+	// a random mask over keys is no key padding (the device check says so): vendor unavailable,
+	// flash serves
+	mshape := []int{1, 1, 1, L}
+	mv := make([]uint8, L)
 	for i := range mv {
 		if r.IntN(3) > 0 {
 			mv[i] = 1
 		}
 	}
+	mv[0], mv[1] = 0, 1 // never a prefix
 	mask := uploadMask(t, rt, mv, mshape...)
 	before := rt.AttentionStats()
 	got, err = run(mask, AttentionAuto)
@@ -434,5 +438,26 @@ func TestAttentionVendorChain(t *testing.T) {
 	}
 	if _, err := run(mask, AttentionVendor); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("forced vendor with a random mask: got %v, want unavailable", err)
+	}
+
+	// key padding (the first 1,000 keys): the vendor tier serves it through sequence lengths
+	pv := make([]uint8, L)
+	for i := range 1000 {
+		pv[i] = 1
+	}
+	pmask := uploadMask(t, rt, pv, mshape...)
+	before = rt.AttentionStats()
+	got, err = run(pmask, AttentionAuto)
+	if err != nil {
+		t.Fatalf("chain, key padding: %v", err)
+	}
+	if after := rt.AttentionStats(); after.Served[AttentionVendor] != before.Served[AttentionVendor]+1 {
+		t.Fatalf("key padding: stats %+v → %+v, want the vendor tier to serve", before, after)
+	}
+	want = permuteBHLD(refAttention(vals[0], vals[1], vals[2], B, H, H, L, L, D, D, pv, mshape, scale), B, H, L, D)
+	e := relL2(got, want)
+	t.Logf("vendor, key padding 1000 of %d: rel L2 %.3g vs float64", L, e)
+	if e > 1e-2 || math.IsNaN(e) {
+		t.Fatalf("key padding through the vendor tier: rel L2 %.3g > 1e-2", e)
 	}
 }

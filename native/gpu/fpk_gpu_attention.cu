@@ -4,9 +4,10 @@
  * vendor   cuDNN 9's fused SDPA (fpk_gpu_vendor_sdpa.cu; CUDA only — on HIP it is unavailable):
  *          bf16/f16 q, k, v (f32 ones rounded to bf16 under FRAMEPACK_GPU_HALF_COMPUTE, the result
  *          converted to out's dtype), head dims multiples of 8 that cuDNN takes, 16-byte aligned
- *          rows; a mask only when it is key padding (per batch entry, every row attends to the
- *          same first n >= 1 keys: checked by a small kernel and one stream sync), handed to cuDNN
- *          as sequence lengths. What it declines answers FPK_ERR_UNAVAILABLE (flash serves next).
+ *          rows; a mask only when it is key padding: broadcast over heads and queries
+ *          ([B, 1, 1, Lk]; other shapes are declined at once), each batch entry attending to its
+ *          first n >= 1 keys (checked by a small kernel and one stream sync), handed to cuDNN as
+ *          sequence lengths. What it declines answers FPK_ERR_UNAVAILABLE (flash serves next).
  *
  * flash    One fused kernel (FlashAttention-2's scheme): a block owns a tile of queries of one
  *          head, streams the keys and values through shared memory in tiles, and keeps a running
@@ -614,9 +615,9 @@ __global__ void k_mask_lengths(const uint8_t *m, int64_t ms0, int64_t ms1, int64
 
 /* The vendor tier: q, k, v of one 16-bit dtype (f32 ones rounded to bf16 where
  * FRAMEPACK_GPU_HALF_COMPUTE asks for bf16 matrix work, as the flash tier does), 16-byte aligned
- * rows; a mask only when it is a key-padding mask (each batch entry's rows attend to the same
- * first n >= 1 keys: FramePack's text lengths), which cuDNN takes as sequence lengths. Anything
- * else is FPK_ERR_UNAVAILABLE, and the chain goes on to flash. */
+ * rows; a mask only when it is a key-padding mask broadcast over heads and queries (each batch
+ * entry attends to its first n >= 1 keys: FramePack's text lengths), which cuDNN takes as
+ * sequence lengths. Anything else is FPK_ERR_UNAVAILABLE, and the chain goes on to flash. */
 static fpk_status vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int layout, float scale,
                          const fpk_gt *q, const fpk_gt *k, const fpk_gt *v, const fpk_gt *mask, const fpk_gt *out,
                          int64_t B, int64_t H, int64_t Lq, int64_t D, int64_t Hkv, int64_t Lk, int64_t Dv) {
@@ -655,6 +656,11 @@ static fpk_status vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_
     if (mask) {
         int64_t mst[4];
         mask_strides(mask, B, H, Lq, Lk, mst);
+        /* a mask that varies along heads or queries (Llama's and CLIP's causal masks, the
+         * refiner's [1, 1, L, L]) is declined from its shape alone: no device check, no sync */
+        if (mst[1] || mst[2])
+            return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier takes key-padding masks "
+                                     "broadcast over heads and queries ([B, 1, 1, Lk]) only");
         int hm = mst[1] ? (int)H : 1, qm = mst[2] ? (int)Lq : 1, bm = mst[0] ? (int)B : 1;
         if ((int64_t)bm * hm * qm > INT32_MAX)
             return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier: mask too large to check");
