@@ -461,3 +461,41 @@ func TestAttentionVendorChain(t *testing.T) {
 		t.Fatalf("key padding through the vendor tier: rel L2 %.3g > 1e-2", e)
 	}
 }
+
+// TestAttentionVendorWithoutDNN: with the DNN library off (FRAMEPACK_GPU_NO_DNN=1, as where cuDNN
+// is missing) the vendor tier is unavailable on a device backend: the chain counts it and flash
+// serves; forcing it is an unavailable error. Skipped on the cpu backend.
+func TestAttentionVendorWithoutDNN(t *testing.T) {
+	t.Setenv("FRAMEPACK_GPU_NO_DNN", "1")
+	rt := newTestRuntime(t, Options{})
+	if rt.Backend().IsHost {
+		t.Skip("no vendor attention on the cpu backend")
+	}
+	r := rng(t)
+	var ts [3]*Tensor
+	for i := range ts {
+		x, _ := randTensor(t, rt, r, 1, 70, 2, 64)
+		h, err := rt.Cast(x, BF16)
+		x.Free()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(h.Free)
+		ts[i] = h
+	}
+	y, err := rt.Attention(ts[0], ts[1], ts[2], nil, AttentionParams{Layout: AttentionBLHD})
+	if err != nil {
+		t.Fatalf("chain without cuDNN: %v", err)
+	}
+	y.Free()
+	if s := rt.AttentionStats(); s.Unavailable[AttentionVendor] != 1 || s.Served[AttentionFlash] != 1 {
+		t.Fatalf("stats %+v: want vendor unavailable, flash served", s)
+	}
+	y, err = rt.Attention(ts[0], ts[1], ts[2], nil, AttentionParams{Layout: AttentionBLHD, Tier: AttentionVendor})
+	if !errors.Is(err, ErrUnavailable) {
+		if y != nil {
+			y.Free()
+		}
+		t.Fatalf("forced vendor tier without cuDNN: got %v, want unavailable", err)
+	}
+}
