@@ -89,6 +89,57 @@ func TestParityPipelineStudio(t *testing.T) {
 	}
 }
 
+// TestStudioFixtureMatters is the negative control of TestParityPipelineStudio: a job that
+// gets one feature wrong must miss the reference by far more than the case's tolerance, so
+// the fixture does pin the feature down. The first end-frame case runs with end_strength 1
+// instead of its own; the first timed case runs with its first prompt for every section.
+func TestStudioFixtureMatters(t *testing.T) {
+	fx := parity.LoadReference(t, "pipeline_studio")
+	workers := buildWorkers(t)
+	pick := func(ok func(parity.Case, i2vCase) bool) (parity.Case, i2vCase) {
+		for _, c := range fx.Cases {
+			if c.Op != opStudio {
+				continue
+			}
+			if jc := loadStudioCase(t, c); ok(c, jc) {
+				return c, jc
+			}
+		}
+		t.Fatal("no such case")
+		return parity.Case{}, i2vCase{}
+	}
+	for _, tc := range []struct {
+		name  string
+		pick  func(parity.Case, i2vCase) bool
+		wrong func(t *testing.T, c parity.Case, jc i2vCase)
+	}{
+		{"end strength", func(_ parity.Case, jc i2vCase) bool {
+			return len(jc.spec.GetEndImage()) > 0 && jc.spec.GetEndStrength() != 1
+		}, func(_ *testing.T, _ parity.Case, jc i2vCase) { jc.spec.EndStrength = proto.Float32(1) }},
+		{"section prompts", func(_ parity.Case, jc i2vCase) bool {
+			return len(jc.spec.GetEndImage()) == 0 && plan.IsTimed(jc.spec.GetPrompt())
+		}, func(t *testing.T, c parity.Case, jc i2vCase) {
+			var texts []string
+			c.Param(t, "prompt_texts", &texts)
+			jc.spec.Prompt = texts[0]
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, jc := pick(tc.pick)
+			tc.wrong(t, c, jc)
+			opts, job, _ := runParityJob(t, workers, jc)
+			jf := openJobFiles(t, opts.State, job.GetId(), int(job.GetProgress().GetTotalSections()))
+			lat, shape := read(t, jf.sections[0], "history_latents")
+			v, _ := framesT(lat, shape, 0, jc.window)
+			e := parity.RelL2(v, c.Intermediate(t, "section0_latents").F32)
+			t.Logf("case %s with the %s wrong: section0_latents rel_l2=%.3g (tolerance %.3g)", c.Name, tc.name, e, c.Tolerance.RelL2)
+			if e < 5*c.Tolerance.RelL2 {
+				t.Errorf("case %s: a wrong %s moves section 0 by only %.3g: the fixture does not test it", c.Name, tc.name, e)
+			}
+		})
+	}
+}
+
 // checkOutputsStudio compares a finished job's files with a pipeline_studio case.
 func checkOutputsStudio(t *testing.T, jc i2vCase, state, id string, total int) {
 	t.Helper()

@@ -389,9 +389,11 @@ def generate(m, mode_note, check_results):
         note = ("FramePack's demo_gradio.py worker loop with FramePack-Studio's changes; section_prompts gives the index "
                 "in prompt_texts each section (generation order) sampled with; start_latent and end_latent are VAE "
                 "posterior means x scaling_factor; end_latent is before end_strength; end_image_hidden is SigLIP of "
-                "end_np, which Studio's I2V end-frame loop does not use; frames_u8 is what goes into the mp4")
+                "end_np, which Studio's I2V end-frame loop does not use; frames_u8 is what goes into the mp4"
+                "; the tolerance is 2e-4, not the pipeline fixture's 2e-3: the tiny random transformer barely reacts to "
+                "its clean latents (end_strength 1 instead of 0.7 moves section 0 by 1.9e-3 rel_l2), so 2e-3 would not pin the end frame down")
         cases.append({"name": n, "op": "pipeline.studio_i2v", "inputs": inputs, "outputs": outputs, "params": params,
-                      "tolerance": {"rel_l2": 2e-3}, "intermediates": mids, "note": note})
+                      "tolerance": {"rel_l2": 2e-4}, "intermediates": mids, "note": note})
         print(f"generated {n}: {info['total']} sections, paddings {info['sections']}, prompts {info['section_prompts']}, "
               f"bucket {info['bucket']}, {time.time() - t0:.1f}s", flush=True)
 
