@@ -66,6 +66,7 @@ fi
 CUDNN_DIR=$(find "${NV:-/nonexistent}" /usr/local/cuda/lib64 -name 'libcudnn.so.9' 2>/dev/null | head -1)
 export FRAMEPACK_NATIVE_DIR=$ROOT/build/native
 export FRAMEPACK_FIXTURES=$ROOT/testdata/parity
+export FRAMEPACK_REFERENCE_FIXTURES=$ROOT/testdata/reference
 export FRAMEPACK_BACKEND=${FRAMEPACK_BACKEND:-cuda}
 
 run() { # name timeout cmd... : runs in the current dir, logs, records pass/fail
@@ -128,7 +129,7 @@ for phase in "${phases[@]}"; do
 		gotest "parity sampler (sigmas, UniPC replay)" workers/transformer/sampler sampler.test 120 -test.run '^TestParity' -test.v
 		gotest "parity rng" internal/torchrng torchrng.test 120 -test.run '^TestParity' -test.v
 		gotest "parity prep" internal/imageproc imageproc.test 120 -test.run '^TestParity' -test.v
-		gotest "parity pipeline (daemon, $FRAMEPACK_BACKEND lane)" supervisor/pipeline pipeline.test 300 -test.run '^TestParityPipeline$' -test.v
+		gotest "parity pipeline (daemon, $FRAMEPACK_BACKEND lane)" supervisor/pipeline pipeline.test 300 -test.run '^TestParityPipeline(Studio)?$' -test.v
 		;;
 	tiers)
 		for tier in vendor_tuned vendor_default own_kernel cpu; do

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -37,7 +38,8 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		steps, window, resolution, crf     uint
 		teacache, detach, quiet            bool
 		loras                              loraFlags
-		variant                            string
+		variant, endImage                  string
+		endStrength                        float64
 	)
 	fs.StringVar(&image, "image", "", "start frame: PNG, JPEG or WebP (required)")
 	fs.StringVar(&prompt, "prompt", "", "what should happen (this or --prompt-file is required)")
@@ -61,12 +63,19 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	fs.BoolVar(&quiet, "quiet", false, "no progress output")
 	fs.Var(&loras, "lora", "LoRA file merged into the transformer, PATH or PATH:STRENGTH (strength -4–4, default 1); repeat to stack")
 	fs.StringVar(&variant, "variant", "i2v", "sampling loop: i2v (FramePack, backwards in time) or f1 (FramePack-F1, forwards)")
+	fs.StringVar(&endImage, "end-image", "", "end frame the video should reach: PNG, JPEG or WebP (FramePack-Studio's end frame; i2v only)")
+	fs.Float64Var(&endStrength, "end-strength", 1, "how strongly the end frame pulls, 0–1 (with --end-image)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
 	}
 	if len(pos) > 0 {
 		return fail(exitUsage, "generate: unexpected arguments %q", pos)
+	}
+	strengthSet := false
+	fs.Visit(func(f *flag.Flag) { strengthSet = strengthSet || f.Name == "end-strength" })
+	if strengthSet && endImage == "" {
+		return fail(exitUsage, "generate: --end-strength needs --end-image")
 	}
 	// The API reads 0 as "the default" for these; on the command line 0 is a mistake, refused
 	// here with the range (the server checks every other out-of-range value the same way).
@@ -135,6 +144,16 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	if imageproc.Sniff(img) == "" {
 		// Say it here, with the file name; the server would say "image: not a usable image".
 		return fail(exitRejected, "%s is not a PNG, JPEG or WebP image", image)
+	}
+	if endImage != "" {
+		end, err := os.ReadFile(endImage)
+		if err != nil {
+			return fail(exitError, "read end image: %v", err)
+		}
+		if imageproc.Sniff(end) == "" {
+			return fail(exitRejected, "%s is not a PNG, JPEG or WebP image", endImage)
+		}
+		spec.EndImage, spec.EndStrength = end, proto.Float32(float32(endStrength))
 	}
 	conn, err := dial(&c)
 	if err != nil {

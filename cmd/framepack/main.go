@@ -268,6 +268,8 @@ func flagOf(field string) string {
 		"spec.image_filename":             "--image",
 		"spec.variant":                    "--variant",
 		"spec.loras":                      "--lora",
+		"spec.end_image":                  "--end-image",
+		"spec.end_strength":               "--end-strength",
 		"reason":                          "--reason",
 	}
 	if f, ok := flags[field]; ok {

@@ -206,6 +206,28 @@ func TestCLI(t *testing.T) {
 		}
 	})
 
+	t.Run("generate with an end frame refused", func(t *testing.T) {
+		bad := filepath.Join(f.dir, "end-notimage.png")
+		if err := os.WriteFile(bad, []byte("hello"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if r := f.cli(t, "generate", "--image", f.image, "--prompt", "p", "--end-image", bad, "--out", filepath.Join(f.dir, "x.mp4")); r.code != exitRejected || !strings.Contains(r.stderr, bad+" is not a PNG, JPEG or WebP") {
+			t.Fatalf("end image not an image: exit %d, %s", r.code, r.stderr)
+		}
+		if r := f.cli(t, "generate", "--image", f.image, "--prompt", "p", "--end-strength", "0.5", "--out", filepath.Join(f.dir, "x.mp4")); r.code != exitUsage || !strings.Contains(r.stderr, "--end-strength needs --end-image") {
+			t.Fatalf("strength without image: exit %d, %s", r.code, r.stderr)
+		}
+		r := f.cli(t, "generate", "--image", f.image, "--prompt", "p", "--end-image", f.image, "--end-strength", "1.5", "--variant", "f1", "--out", filepath.Join(f.dir, "x.mp4"))
+		if r.code != exitRejected {
+			t.Fatalf("exit %d, stderr %s", r.code, r.stderr)
+		}
+		for _, want := range []string{"--end-strength (spec.end_strength): must be a number from 0 to 1", "--end-image (spec.end_image): the f1 variant has no end frame"} {
+			if !strings.Contains(r.stderr, want) {
+				t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+			}
+		}
+	})
+
 	t.Run("generate refused", func(t *testing.T) {
 		r := f.cli(t, "generate", "--image", f.image, "--prompt", " ", "--steps", "101", "--gs", "40", "--out", filepath.Join(f.dir, "x.mp4"))
 		if r.code != exitRejected {

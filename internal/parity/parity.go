@@ -69,6 +69,40 @@ func Root() (string, error) {
 	return filepath.Join(m, "testdata", "parity"), nil
 }
 
+// EnvReferenceRoot names the environment variable that points at the project's own reference
+// fixtures (testdata/reference: cases made with the reference code by generator scripts kept
+// beside them, for what testdata/parity does not cover). They use the models of Root().
+const EnvReferenceRoot = "FRAMEPACK_REFERENCE_FIXTURES"
+
+// ReferenceRoot returns the project's own fixture set: $FRAMEPACK_REFERENCE_FIXTURES, or
+// testdata/reference of the module.
+func ReferenceRoot() (string, error) {
+	if r := os.Getenv(EnvReferenceRoot); r != "" {
+		return filepath.Abs(r)
+	}
+	m, err := ModuleRoot()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(m, "testdata", "reference"), nil
+}
+
+// LoadReference opens fixture name of the project's own set (ReferenceRoot) for a test and
+// closes it when the test ends.
+func LoadReference(t testing.TB, name string) *Fixture {
+	t.Helper()
+	root, err := ReferenceRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fx, err := Open(root, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fx.Close() })
+	return fx
+}
+
 // Tolerance is a case's accepted error.
 type Tolerance struct {
 	RelL2 float64 `json:"rel_l2"`

@@ -246,7 +246,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	if err := v.Err("SubmitJobRequest"); err != nil {
 		return nil, err
 	}
-	if err := s.admit(req.GetSpec(), len(req.GetImage())); err != nil {
+	if err := s.admit(req.GetSpec(), len(req.GetImage())+len(req.GetSpec().GetEndImage())); err != nil {
 		return nil, err
 	}
 	job, err := s.cfg.Queue.Submit(ctx, jobs.WithDefaults(req.GetSpec()), req.GetImage())

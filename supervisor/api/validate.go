@@ -31,9 +31,9 @@ const (
 	MaxFilenameBytes = 255
 	// MaxReasonBytes is the longest cancellation reason.
 	MaxReasonBytes = 1 << 10
-	// MaxRecvMsgBytes is the largest request the server accepts: the largest image and room
-	// for the spec.
-	MaxRecvMsgBytes = MaxImageBytes + 1<<20
+	// MaxRecvMsgBytes is the largest request the server accepts: the largest start image, the
+	// largest end image (JobSpec.end_image) and room for the rest of the spec.
+	MaxRecvMsgBytes = 2*MaxImageBytes + 1<<20
 )
 
 // Violations collects the field violations of one request.
@@ -152,10 +152,41 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 		}
 	}
 	checkLoras(&v, s.GetLoras())
+	checkEndFrame(&v, s, decode)
 	if l := s.GetLane(); l != "" && !slices.Contains(lanes, l) {
 		v.Add("spec.lane", "no lane %q on this server (lanes: %s)", l, strings.Join(lanes, ", "))
 	}
 	return v
+}
+
+// checkEndFrame checks JobSpec.end_image and end_strength: an image the pipeline can decode,
+// a strength from 0 to 1 (FramePack-Studio's range) only with an image, and the i2v variant
+// (FramePack-F1 has no end frame in the reference apps).
+func checkEndFrame(v *Violations, s *framepackv1.JobSpec, decode func([]byte) (int, int, error)) {
+	img := s.GetEndImage()
+	switch {
+	case len(img) == 0:
+		if s.GetEndImageSha256() != "" {
+			v.Add("spec.end_image_sha256", "is set by the server; send the end image itself in spec.end_image (a spec read back from a job holds only its hash)")
+		}
+	case len(img) > MaxImageBytes:
+		v.Add("spec.end_image", "%d bytes, the limit is %d (64 MiB)", len(img), MaxImageBytes)
+	default:
+		if _, _, err := decode(img); err != nil {
+			v.Add("spec.end_image", "not a usable image (PNG, JPEG or WebP): %v", err)
+		}
+		if vr := s.GetVariant(); vr != "" && vr != "i2v" {
+			v.Add("spec.end_image", "the %s variant has no end frame (FramePack-Studio's end frame belongs to the i2v loop): drop the end image or use variant i2v", vr)
+		}
+	}
+	if s.EndStrength != nil {
+		switch st := s.GetEndStrength(); {
+		case len(img) == 0:
+			v.Add("spec.end_strength", "set without spec.end_image: give the end image too, or leave the strength unset")
+		case badFloat(st) || st < 0 || st > 1:
+			v.Add("spec.end_strength", "must be a number from 0 to 1 (unset means 1), got %g", st)
+		}
+	}
 }
 
 // MaxLoras bounds JobSpec.loras.

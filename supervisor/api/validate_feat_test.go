@@ -1,7 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"errors"
+	"image"
+	"image/png"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -9,6 +13,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/safetensors"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestValidateFeatures checks the submit-time rules of timed prompts, LoRAs and the variant:
@@ -68,6 +73,53 @@ func TestValidateFeatures(t *testing.T) {
 			tc.edit(spec)
 			v := validateSubmit(&framepackv1.SubmitJobRequest{Image: []byte{1}, Spec: spec}, nil, ok)
 			checkVariant(&v, spec.GetVariant(), tc.check)
+			if tc.field == "" {
+				if len(v) != 0 {
+					t.Fatalf("violations %v", v)
+				}
+				return
+			}
+			if len(v) != 1 || v[0].GetField() != tc.field || !strings.Contains(v[0].GetDescription(), tc.message) {
+				t.Fatalf("violations %v, want one on %s saying %q", v, tc.field, tc.message)
+			}
+		})
+	}
+}
+
+// TestValidateEndFrame checks JobSpec.end_image and end_strength at submit with the real image
+// decoder: each bad value is one violation on its field that says what to do.
+func TestValidateEndFrame(t *testing.T) {
+	var buf bytes.Buffer
+	if err := png.Encode(&buf, image.NewNRGBA(image.Rect(0, 0, 8, 6))); err != nil {
+		t.Fatal(err)
+	}
+	img := buf.Bytes()
+	tests := []struct {
+		name    string
+		edit    func(s *framepackv1.JobSpec)
+		field   string
+		message string
+	}{
+		{"end image", func(s *framepackv1.JobSpec) { s.EndImage = img }, "", ""},
+		{"end image and strength", func(s *framepackv1.JobSpec) { s.EndImage, s.EndStrength = img, proto.Float32(0.5) }, "", ""},
+		{"strength 0", func(s *framepackv1.JobSpec) { s.EndImage, s.EndStrength = img, proto.Float32(0) }, "", ""},
+		{"undecodable", func(s *framepackv1.JobSpec) { s.EndImage = []byte("GIF89a not an image we read") }, "spec.end_image", "not a usable image"},
+		{"truncated png", func(s *framepackv1.JobSpec) { s.EndImage = img[:len(img)/2] }, "spec.end_image", "not a usable image"},
+		{"too large", func(s *framepackv1.JobSpec) { s.EndImage = make([]byte, MaxImageBytes+1) }, "spec.end_image", "limit is"},
+		{"strength above 1", func(s *framepackv1.JobSpec) { s.EndImage, s.EndStrength = img, proto.Float32(1.5) }, "spec.end_strength", "0 to 1"},
+		{"strength negative", func(s *framepackv1.JobSpec) { s.EndImage, s.EndStrength = img, proto.Float32(-0.1) }, "spec.end_strength", "0 to 1"},
+		{"strength NaN", func(s *framepackv1.JobSpec) {
+			s.EndImage, s.EndStrength = img, proto.Float32(float32(math.NaN()))
+		}, "spec.end_strength", "0 to 1"},
+		{"strength without image", func(s *framepackv1.JobSpec) { s.EndStrength = proto.Float32(0.5) }, "spec.end_strength", "without spec.end_image"},
+		{"hash without image", func(s *framepackv1.JobSpec) { s.EndImageSha256 = "ab12" }, "spec.end_image_sha256", "send the end image"},
+		{"f1", func(s *framepackv1.JobSpec) { s.EndImage, s.Variant = img, "f1" }, "spec.end_image", "f1 variant has no end frame"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 1}
+			tc.edit(spec)
+			v := validateSubmit(&framepackv1.SubmitJobRequest{Image: img, Spec: spec}, nil, DecodeImage)
 			if tc.field == "" {
 				if len(v) != 0 {
 					t.Fatalf("violations %v", v)

@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -24,6 +26,7 @@ import (
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/framepackd/framepackd/internal/workerkit/workertest"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
@@ -32,8 +35,9 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 
-// multipartBody is a multipart submit: the image part and the spec part.
-func multipartBody(t *testing.T, image []byte, filename string, spec *framepackv1.JobSpec) (io.Reader, string) {
+// multipartBody is a multipart submit: the image part and the spec part, and an end_image
+// part when end is given.
+func multipartBody(t *testing.T, image []byte, filename string, spec *framepackv1.JobSpec, end ...[]byte) (io.Reader, string) {
 	t.Helper()
 	var b bytes.Buffer
 	mw := multipart.NewWriter(&b)
@@ -42,6 +46,13 @@ func multipartBody(t *testing.T, image []byte, filename string, spec *framepackv
 		t.Fatal(err)
 	}
 	fw.Write(image)
+	for _, e := range end {
+		fw, err := mw.CreateFormFile("end_image", "end.png")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fw.Write(e)
+	}
 	raw, err := protojson.Marshal(spec)
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +114,7 @@ func jobOf(t *testing.T, raw []byte) *framepackv1.Job {
 }
 
 // TestRESTEndToEnd drives a real daemon (real workers, tiny models) through the REST API only:
-// a multipart submit, the NDJSON event stream to the end, the finished MP4 (ffprobe) with a
+// a multipart submit (with an end frame part), the NDJSON event stream to the end, the finished MP4 (ffprobe) with a
 // range request, a section video, the SSE and grpc-gateway streams of the finished job, list
 // and get, a cancelled second job, bad requests that get a 4xx with the gRPC API's message,
 // and /metrics parsed after it all.
@@ -120,8 +131,9 @@ func TestRESTEndToEnd(t *testing.T) {
 	const steps = 3
 	spec := httpapitest.TinySpec(1, steps)
 
-	// Submit (multipart) and a second job, JSON with the image in base64, queued behind it.
-	body, ct := multipartBody(t, image, "start.png", spec)
+	// Submit (multipart, with the image as its own end frame in an "end_image" part) and a
+	// second job, JSON with the image in base64, queued behind it.
+	body, ct := multipartBody(t, image, "start.png", spec, image)
 	code, _, raw := do(t, "POST", d.URL+"/v1/jobs", ct, body)
 	if code != http.StatusOK {
 		t.Fatalf("multipart submit: %d %s", code, raw)
@@ -130,7 +142,10 @@ func TestRESTEndToEnd(t *testing.T) {
 	if job.GetState() != framepackv1.JobState_JOB_STATE_QUEUED || job.GetSpec().GetImageFilename() != "start.png" {
 		t.Fatalf("submitted job: %v", job)
 	}
+	// The second job has an end frame, in base64 like the image: the stored spec keeps only
+	// its hash.
 	req := &framepackv1.SubmitJobRequest{Image: image, Spec: httpapitest.TinySpec(1, steps)}
+	req.Spec.EndImage, req.Spec.EndStrength = image, proto.Float32(0.5)
 	jraw, _ := protojson.Marshal(req)
 	if !bytes.Contains(jraw, []byte(base64.StdEncoding.EncodeToString(image[:30]))) {
 		t.Fatal("protojson does not carry the image as base64")
@@ -140,6 +155,13 @@ func TestRESTEndToEnd(t *testing.T) {
 		t.Fatalf("json submit: %d %s", code, raw)
 	}
 	second := jobOf(t, raw)
+	sum := sha256.Sum256(image)
+	if sp := second.GetSpec(); len(sp.GetEndImage()) != 0 || sp.GetEndImageSha256() != hex.EncodeToString(sum[:]) || sp.GetEndStrength() != 0.5 {
+		t.Fatalf("json submit with an end frame: stored spec has %d end image bytes, sha256 %q, strength %g", len(sp.GetEndImage()), sp.GetEndImageSha256(), sp.GetEndStrength())
+	}
+	if sp := job.GetSpec(); len(sp.GetEndImage()) != 0 || sp.GetEndImageSha256() != hex.EncodeToString(sum[:]) || sp.GetEndStrength() != 1 {
+		t.Fatalf("multipart submit with an end_image part: stored spec %v", sp)
+	}
 
 	// Cancel the second job while it waits.
 	code, _, raw = do(t, "POST", d.URL+"/v1/jobs/"+second.GetId()+":cancel", "application/json", strings.NewReader(`{"reason":"test"}`))
@@ -283,6 +305,7 @@ func badRequests(t *testing.T, d *httpapitest.Daemon, image []byte, cancelledID 
 	specJSON, _ := protojson.Marshal(badSpec)
 	imgJSON, _ := json.Marshal(image)
 	notImage, ctNotImage := multipartBody(t, []byte("not an image"), "x.png", httpapitest.TinySpec(1, 1))
+	endNotImage, ctEndNotImage := multipartBody(t, image, "x.png", httpapitest.TinySpec(1, 1), []byte("not an image"))
 
 	tests := []struct {
 		name, method, path, contentType string
@@ -303,6 +326,7 @@ func badRequests(t *testing.T, d *httpapitest.Daemon, image []byte, cancelledID 
 		{name: "json syntax", method: "POST", path: "/v1/jobs", contentType: "application/json", body: strings.NewReader(`{"spec":`), status: 400},
 		{name: "unknown json field", method: "POST", path: "/v1/jobs", contentType: "application/json", body: strings.NewReader(`{"imagez":"AA=="}`), status: 400},
 		{name: "not an image", method: "POST", path: "/v1/jobs", contentType: ctNotImage, body: notImage, status: 400, contains: "image"},
+		{name: "end image not an image", method: "POST", path: "/v1/jobs", contentType: ctEndNotImage, body: endNotImage, status: 400, contains: "spec.end_image: not a usable image"},
 		{name: "multipart without image", method: "POST", path: "/v1/jobs", contentType: "multipart/form-data; boundary=xx",
 			body: strings.NewReader("--xx\r\nContent-Disposition: form-data; name=\"spec\"\r\n\r\n{}\r\n--xx--\r\n"), status: 400, contains: `no "image" part`},
 		{name: "multipart unknown part", method: "POST", path: "/v1/jobs", contentType: "multipart/form-data; boundary=xx",

@@ -8,8 +8,9 @@
 // the HTTP status grpc-gateway maps the code to):
 //
 //	POST /v1/jobs                          submit: JSON SubmitJobRequest (image base64), or
-//	                                       multipart/form-data with an "image" file part and a
-//	                                       "spec" part holding the JobSpec as JSON
+//	                                       multipart/form-data with an "image" file part, a
+//	                                       "spec" part holding the JobSpec as JSON and an
+//	                                       optional "end_image" file part
 //	GET  /v1/jobs                          list (page_size, page_token, states)
 //	GET  /v1/jobs/{id}                     get
 //	POST /v1/jobs/{id}:cancel              cancel ({"reason": "..."} optional)
@@ -177,8 +178,9 @@ func (h *handler) wrap(next http.Handler) http.Handler {
 	})
 }
 
-// bodyLimit is the largest request body: a base64 image of MaxUploadBytes and the rest.
-func (h *handler) bodyLimit() int64 { return (h.cfg.MaxUploadBytes+2)/3*4 + formOverhead }
+// bodyLimit is the largest request body: two base64 images of MaxUploadBytes (the start
+// frame and the end frame) and the rest.
+func (h *handler) bodyLimit() int64 { return 2*((h.cfg.MaxUploadBytes+2)/3*4) + formOverhead }
 
 // needsToken reports whether r must carry the token: the API and metrics do, the page's
 // static files (no data in them) and the session call (it checks the token itself) do not.

@@ -49,8 +49,8 @@ func (h *handler) submit(w http.ResponseWriter, r *http.Request) {
 	h.writeProto(w, http.StatusOK, resp)
 }
 
-// readMultipart reads the "image" file part and the "spec" part (a JobSpec as JSON) of a
-// multipart submit. Other parts are an error, so a typo does not pass silently.
+// readMultipart reads the "image" file part, the "spec" part (a JobSpec as JSON) and the
+// optional "end_image" file part (JobSpec.end_image) of a multipart submit. Other parts are an error, so a typo does not pass silently.
 func (h *handler) readMultipart(r *http.Request) (*framepackv1.SubmitJobRequest, error) {
 	mr, err := r.MultipartReader()
 	if err != nil {
@@ -59,6 +59,7 @@ func (h *handler) readMultipart(r *http.Request) (*framepackv1.SubmitJobRequest,
 	req := &framepackv1.SubmitJobRequest{}
 	var haveImage, haveSpec bool
 	var filename string
+	var endImage []byte
 	for {
 		part, err := mr.NextPart()
 		if errors.Is(err, io.EOF) {
@@ -82,6 +83,22 @@ func (h *handler) readMultipart(r *http.Request) (*framepackv1.SubmitJobRequest,
 				return nil, status.Errorf(codes.InvalidArgument, "image: more than %d bytes", h.cfg.MaxUploadBytes)
 			}
 			req.Image = data
+		case "end_image":
+			// The end frame as a file part, like the image (or base64 in the spec's end_image).
+			if len(endImage) > 0 {
+				return nil, status.Error(codes.InvalidArgument, `multipart body has two "end_image" parts`)
+			}
+			data, err := io.ReadAll(io.LimitReader(part, h.cfg.MaxUploadBytes+1))
+			if err != nil {
+				return nil, bodyError("read end_image part", err)
+			}
+			if int64(len(data)) > h.cfg.MaxUploadBytes {
+				return nil, status.Errorf(codes.InvalidArgument, "end_image: more than %d bytes", h.cfg.MaxUploadBytes)
+			}
+			if len(data) == 0 {
+				return nil, status.Error(codes.InvalidArgument, `multipart "end_image" part is empty`)
+			}
+			endImage = data
 		case "spec":
 			if haveSpec {
 				return nil, status.Error(codes.InvalidArgument, `multipart body has two "spec" parts`)
@@ -100,7 +117,7 @@ func (h *handler) readMultipart(r *http.Request) (*framepackv1.SubmitJobRequest,
 			}
 			req.Spec = spec
 		default:
-			return nil, status.Errorf(codes.InvalidArgument, "multipart part %q: want \"image\" (the file) and \"spec\" (a JobSpec as JSON)", part.FormName())
+			return nil, status.Errorf(codes.InvalidArgument, "multipart part %q: want \"image\" (the file), \"spec\" (a JobSpec as JSON) and optionally \"end_image\" (the end frame)", part.FormName())
 		}
 		_ = part.Close()
 	}
@@ -109,6 +126,12 @@ func (h *handler) readMultipart(r *http.Request) (*framepackv1.SubmitJobRequest,
 	}
 	if !haveSpec {
 		return nil, status.Error(codes.InvalidArgument, `multipart body has no "spec" part (a JobSpec as JSON)`)
+	}
+	if len(endImage) > 0 {
+		if len(req.Spec.GetEndImage()) > 0 {
+			return nil, status.Error(codes.InvalidArgument, `the end frame is given twice: as the "end_image" part and in the spec's end_image`)
+		}
+		req.Spec.EndImage = endImage
 	}
 	if req.Spec.GetImageFilename() == "" && filename != "." && filename != "/" {
 		req.Spec.ImageFilename = filename

@@ -511,6 +511,11 @@ func (q *Queue) startRun(st *loopState, lane, id string) bool {
 		log.WithError(err).Error("start job")
 		return false
 	}
+	end, err := q.cfg.Store.EndImagePath(id)
+	if err != nil {
+		log.WithError(err).Error("start job")
+		return false
+	}
 	ctx, cancel := context.WithCancelCause(st.runCtx)
 	r := &run{lane: lane, cancel: cancel, ctx: ctx, first: first, total: total}
 	r.job = &Job{
@@ -519,6 +524,7 @@ func (q *Queue) startRun(st *loopState, lane, id string) bool {
 		Lane:           lane,
 		Dir:            q.cfg.Store.JobDir(id),
 		InputPath:      input,
+		EndImagePath:   end,
 		TotalSections:  total,
 		Resume:         cp,
 		Draining:       q.draining,

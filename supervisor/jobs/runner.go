@@ -57,6 +57,8 @@ type Job struct {
 	Dir Dir
 	// InputPath is the submitted image, as it was uploaded (PNG, JPEG or WebP).
 	InputPath string
+	// EndImagePath is the submitted end image (JobSpec.end_image), "" when the job has none.
+	EndImagePath string
 	// TotalSections is FramePack's section count for the spec.
 	TotalSections int
 	// Resume is the last finished section when the job ran before (a restart, a graceful

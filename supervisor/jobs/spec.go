@@ -18,6 +18,7 @@ const (
 	DefaultGPUMemoryPreservationGB = 6.0
 	DefaultUseTeaCache             = true
 	DefaultLoraStrength            = 1.0
+	DefaultEndStrength             = 1.0
 )
 
 // WithDefaults returns a copy of spec with every default filled in, as the Job stores it.
@@ -51,6 +52,9 @@ func WithDefaults(spec *framepackv1.JobSpec) *framepackv1.JobSpec {
 	}
 	if s.GpuMemoryPreservationGb == nil {
 		s.GpuMemoryPreservationGb = proto.Float32(DefaultGPUMemoryPreservationGB)
+	}
+	if len(s.EndImage) > 0 && s.EndStrength == nil {
+		s.EndStrength = proto.Float32(DefaultEndStrength)
 	}
 	return s
 }

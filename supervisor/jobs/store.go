@@ -2,7 +2,9 @@ package jobs
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -50,8 +52,10 @@ var (
 
 // meta is what the store keeps about a job besides the public Job message.
 type meta struct {
-	Seq        uint64      `json:"seq"`
-	Input      string      `json:"input"`
+	Seq   uint64 `json:"seq"`
+	Input string `json:"input"`
+	// End is the end image's file name in the job directory; empty without one.
+	End        string      `json:"end,omitempty"`
 	FirstStart time.Time   `json:"first_start,omitzero"`
 	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
 }
@@ -243,6 +247,18 @@ func (s *Store) Create(spec *framepackv1.JobSpec, image []byte) (*framepackv1.Jo
 	if err := writeFileAtomic(filepath.Join(dir.Path(), input), image); err != nil {
 		return fail(err)
 	}
+	// The end image is kept beside the input, not in the stored spec: the spec names it by
+	// its SHA-256.
+	var end string
+	if e := spec.GetEndImage(); len(e) > 0 {
+		end = "end" + imageExt(e)
+		if err := writeFileAtomic(filepath.Join(dir.Path(), end), e); err != nil {
+			return fail(err)
+		}
+		sum := sha256.Sum256(e)
+		spec = proto.Clone(spec).(*framepackv1.JobSpec)
+		spec.EndImage, spec.EndImageSha256 = nil, hex.EncodeToString(sum[:])
+	}
 	specJSON, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(spec)
 	if err != nil {
 		return fail(err)
@@ -275,7 +291,7 @@ func (s *Store) Create(spec *framepackv1.JobSpec, image []byte) (*framepackv1.Jo
 		if err := tx.Bucket(bucketOrder).Put(seqKey(seq), []byte(id)); err != nil {
 			return err
 		}
-		if err := putMeta(tx, id, &meta{Seq: seq, Input: input}); err != nil {
+		if err := putMeta(tx, id, &meta{Seq: seq, Input: input, End: end}); err != nil {
 			return err
 		}
 		return putJob(tx, job)
@@ -375,6 +391,23 @@ func (s *Store) InputPath(id string) (string, error) {
 		return "", fmt.Errorf("input of job: %w", err)
 	}
 	return filepath.Join(s.JobDir(id).Path(), m.Input), nil
+}
+
+// EndImagePath returns the path of job id's end image, "" when the job has none.
+func (s *Store) EndImagePath(id string) (string, error) {
+	var m *meta
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		m, err = getMeta(tx, id)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("end image of job: %w", err)
+	}
+	if m.End == "" {
+		return "", nil
+	}
+	return filepath.Join(s.JobDir(id).Path(), m.End), nil
 }
 
 // Update changes job id in one transaction: fn edits the job, which is stored with a new

@@ -82,12 +82,31 @@ func (j *jobRun) encode(ctx context.Context) error {
 		c.imageNP, c.height, c.width = np.Pix, np.Height, np.Width
 		pixels = imageproc.ImageToVideo(np)
 		j.log.WithFields(map[string]any{"input": fmt.Sprintf("%dx%d", img.Width, img.Height), "bucket": fmt.Sprintf("%dx%d", b.Width, b.Height)}).Info("start frame prepared")
+		if j.job.EndImagePath == "" {
+			return nil
+		}
+		// FramePack-Studio's end frame (original_with_endframe_pipeline.py preprocess_inputs):
+		// resized and cropped to the start frame's bucket, then VAE-encoded with it.
+		end, _, err := imageproc.DecodeFile(j.job.EndImagePath, imageproc.Options{MaxPixels: MaxInputPixels})
+		if err != nil {
+			return fmt.Errorf("%w: end image: %w", errBadInput, err)
+		}
+		endNP, err := imageproc.ResizeAndCenterCrop(end, b.Width, b.Height)
+		if err != nil {
+			return fmt.Errorf("%w: resize end image: %w", errBadInput, err)
+		}
+		c.endNP, c.endStrength = endNP.Pix, jobEndStrength(spec)
+		if pixels, err = concatB(pixels, imageproc.ImageToVideo(endNP)); err != nil {
+			return err
+		}
+		j.log.WithFields(map[string]any{"end": fmt.Sprintf("%dx%d", end.Width, end.Height), "strength": c.endStrength}).Info("end frame prepared")
 		return nil
 	}); err != nil {
 		return err
 	}
 
-	// VAE encode of the start frame: the posterior mean × scaling_factor.
+	// VAE encode of the start frame (and the end frame, as a second sample of the same run):
+	// the posterior mean × scaling_factor.
 	pixSeg, err := j.segment("start-pixels")
 	if err != nil {
 		return err
@@ -108,13 +127,20 @@ func (j *jobRun) encode(ctx context.Context) error {
 		return err
 	}
 	mean, err := readSegmentVol(latSeg, "latents")
+	if err == nil && mean.B != pixels.B {
+		err = fmt.Errorf("the vae encoded %d images, it was given %d", mean.B, pixels.B)
+	}
 	if err == nil {
 		c.scalingFactor, c.scalingFactorStr, err = vaeFacts(rep.Loaded, mean, c.height, c.width)
 	}
 	if err != nil {
 		return j.failure(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, j.r.cfg.Now(), 0, err)
 	}
-	c.startLatent = scaled(mean, c.scalingFactor)
+	c.startLatent = scaled(sampleB(mean, 0), c.scalingFactor)
+	if c.endNP != nil {
+		end := scaled(sampleB(mean, 1), c.scalingFactor)
+		c.endLatent = &end
+	}
 	j.dropSegments("start-pixels", "start-latent")
 	if j.draining() {
 		return jobs.ErrInterrupted
@@ -156,6 +182,14 @@ func (j *jobRun) encode(ctx context.Context) error {
 		return jobs.ErrInterrupted
 	}
 	return nil
+}
+
+// jobEndStrength is JobSpec.end_strength, unset meaning 1.
+func jobEndStrength(spec *framepackv1.JobSpec) float32 {
+	if spec.EndStrength == nil {
+		return 1
+	}
+	return spec.GetEndStrength()
 }
 
 // readSegment maps a complete segment for fn.

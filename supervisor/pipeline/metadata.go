@@ -31,6 +31,7 @@ type Settings struct {
 	Width          int               `json:"width"`
 	Height         int               `json:"height"`
 	Loras          []SettingsLora    `json:"loras,omitempty"`
+	EndFrame       *SettingsEndFrame `json:"end_frame,omitempty"`
 	Models         map[string]string `json:"models"` // model → revision (hub snapshot) or folder
 }
 
@@ -38,6 +39,14 @@ type Settings struct {
 type SettingsPrompt struct {
 	Start  float64 `json:"start_seconds"`
 	Prompt string  `json:"prompt"`
+}
+
+// SettingsEndFrame is a job's end frame (JobSpec.end_image): which image, where the server
+// keeps it, and its strength.
+type SettingsEndFrame struct {
+	SHA256   string  `json:"sha256"`
+	Image    string  `json:"image"`
+	Strength float32 `json:"strength"`
 }
 
 // SettingsLora is one LoRA of a job, with what the transformer reported merging.
@@ -64,6 +73,9 @@ func (j *jobRun) settings(i int) Settings {
 				s.Prompts = append(s.Prompts, SettingsPrompt{Start: p.Start, Prompt: p.Prompt})
 			}
 		}
+	}
+	if j.job.EndImagePath != "" {
+		s.EndFrame = &SettingsEndFrame{SHA256: spec.GetEndImageSha256(), Image: j.job.EndImagePath, Strength: jobEndStrength(spec)}
 	}
 	for k, l := range jobLoras(spec) {
 		sl := SettingsLora{Path: l.Path, Strength: l.Strength}

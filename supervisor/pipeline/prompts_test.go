@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/framepackd/framepackd/internal/parity"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 )
 
@@ -40,5 +41,29 @@ func TestJobPrompts(t *testing.T) {
 	}
 	if promptTensor(tLlamaVec, 0) != "llama_vec" || promptTensor(tLlamaVec, 2) != "llama_vec.2" {
 		t.Errorf("tensor names %s %s", promptTensor(tLlamaVec, 0), promptTensor(tLlamaVec, 2))
+	}
+}
+
+// TestJobPromptsStudioReference checks the section → prompt mapping against the
+// pipeline_studio reference fixture (testdata/reference): for every case, the distinct texts
+// in order and the text each section (generation order) sampled with.
+func TestJobPromptsStudioReference(t *testing.T) {
+	fx := parity.LoadReference(t, "pipeline_studio")
+	for _, c := range fx.Cases {
+		var prompt string
+		var texts []string
+		var sections []int
+		var window int
+		c.InputValue(t, "prompt", &prompt)
+		if !c.Param(t, "prompt_texts", &texts) || !c.Param(t, "section_prompts", &sections) || !c.Param(t, "latent_window_size", &window) {
+			t.Fatalf("case %s: no prompt_texts, section_prompts or latent_window_size", c.Name)
+		}
+		jp, err := newJobPrompts(&framepackv1.JobSpec{Prompt: prompt}, i2v{}, len(sections), window)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(jp.texts, texts) || !slices.Equal(jp.section, sections) {
+			t.Errorf("case %s: texts %q sections %v, the reference %q %v", c.Name, jp.texts, jp.section, texts, sections)
+		}
 	}
 }

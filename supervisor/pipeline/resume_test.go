@@ -109,6 +109,21 @@ func TestResumeF1AfterSupervisorKill(t *testing.T) {
 	resumeAfterKill(t, jc)
 }
 
+// TestResumeEndFrameAfterSupervisorKill is TestResumeAfterSupervisorKill for a job with an
+// end frame (the pipeline_studio reference's first end-frame case): the end latent sits in the
+// history the checkpoint keeps and in the conditioning file, so the sections after the restart
+// (whose 2x/4x context holds it) end with the same frames, byte for byte.
+func TestResumeEndFrameAfterSupervisorKill(t *testing.T) {
+	fx := parity.LoadReference(t, "pipeline_studio")
+	for _, c := range fx.Cases {
+		if c.Op == opStudio && c.HasInput("end_image_hwc_u8") {
+			resumeAfterKill(t, loadStudioCase(t, c))
+			return
+		}
+	}
+	t.Fatalf("fixture %s has no end-frame case", fx.Name)
+}
+
 // resumeAfterKill runs jc uninterrupted, then again in a daemon process killed after the first
 // section video, and checks the resumed job (see TestResumeAfterSupervisorKill).
 func resumeAfterKill(t *testing.T, jc i2vCase) {
@@ -176,6 +191,16 @@ func resumeAfterKill(t *testing.T, jc i2vCase) {
 		t.Fatalf("resumed job's pixels differ from the uninterrupted run's: max diff %g, %d values", d, n)
 	}
 	t.Logf("case %s: resumed after section 0; final pixels identical to the uninterrupted run (%d values)", jc.c.Name, len(got))
+	if len(jc.spec.GetEndImage()) > 0 {
+		cond, err := safetensors.Open(filepath.Join(o.State, "jobs", id, "history", pipeline.ConditioningFile))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := cond.Info("end_latent"); !ok {
+			t.Error("the resumed job's conditioning file has no end_latent")
+		}
+		cond.Close()
+	}
 
 	// The encoders ran once; the restarted supervisor began with section 1.
 	recs := stageRecords(t, o.State, id)

@@ -320,7 +320,10 @@ func (j *jobRun) run(ctx context.Context) (jobs.Result, error) {
 		}
 	}
 	if j.hist == nil {
-		latents, generated := j.variant.InitialHistory(j.cond.startLatent)
+		latents, generated, err := j.variant.InitialHistory(j.cond.startLatent, j.cond.endFrame())
+		if err != nil {
+			return jobs.Result{}, j.failure(ctx, framepackv1.Stage_STAGE_TRANSFORMER, 0, j.r.cfg.Now(), 0, fmt.Errorf("history: %w", err))
+		}
 		j.hist = &history{section: -1, latents: latents, totalGenerated: generated}
 	}
 	condSeg, err := j.arena.NewSegment("cond")

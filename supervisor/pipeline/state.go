@@ -36,6 +36,8 @@ const (
 	tImageHidden = "image_embeddings"
 	tStartLatent = "start_latent"
 	tImageNP     = "image_np"
+	tEndLatent   = "end_latent"
+	tEndNP       = "end_np"
 )
 
 // Tensor names of a section file.
@@ -60,10 +62,26 @@ type conditioning struct {
 	// imageNP is the bucketed start frame, uint8 [H, W, 3].
 	imageNP       []byte
 	height, width int
+	// endLatent is the end frame's latent (posterior mean × scaling_factor, before
+	// endStrength), nil when the job has no end frame; endNP is the end frame resized and
+	// cropped to the start frame's bucket, uint8 [H, W, 3].
+	endLatent   *vol
+	endNP       []byte
+	endStrength float32
 	// scalingFactor is the VAE's scaling_factor as its worker reported it at encode
 	// (LoadResponse.vae); scalingFactorStr prints it in the conditioning file.
 	scalingFactor    float32
 	scalingFactorStr string
+}
+
+// endFrame is the end frame's latent as the history takes it (× its strength), nil without
+// one.
+func (c *conditioning) endFrame() *vol {
+	if c.endLatent == nil {
+		return nil
+	}
+	e := scaled(*c.endLatent, c.endStrength)
+	return &e
 }
 
 // transformerTensors are the conditioning tensors the transformer reads.
@@ -77,6 +95,11 @@ func (c *conditioning) save(path string) error {
 	ts = append(ts, f32Tensor(tStartLatent, c.startLatent),
 		safetensors.FromUint8(tImageNP, []int64{int64(c.height), int64(c.width), 3}, c.imageNP))
 	meta := map[string]string{"height": strconv.Itoa(c.height), "width": strconv.Itoa(c.width), "scaling_factor": c.scalingFactorStr}
+	if c.endLatent != nil {
+		ts = append(ts, f32Tensor(tEndLatent, *c.endLatent),
+			safetensors.FromUint8(tEndNP, []int64{int64(c.height), int64(c.width), 3}, c.endNP))
+		meta["end_strength"] = strconv.FormatFloat(float64(c.endStrength), 'g', -1, 32)
+	}
 	if err := safetensors.WriteFile(path, ts, safetensors.WriteOptions{Metadata: meta}); err != nil {
 		return fmt.Errorf("save conditioning: %w", err)
 	}
@@ -122,6 +145,21 @@ func loadConditioning(path string) (*conditioning, error) {
 	c.scalingFactorStr = f.Metadata()["scaling_factor"]
 	if c.scalingFactor, err = parseScalingFactor(c.scalingFactorStr); err != nil {
 		return nil, fmt.Errorf("load conditioning: %w", err)
+	}
+	if _, ok := f.Info(tEndLatent); ok {
+		end, err := readVol(f, tEndLatent)
+		if err != nil {
+			return nil, fmt.Errorf("load conditioning: %w", err)
+		}
+		st, err := strconv.ParseFloat(f.Metadata()["end_strength"], 32)
+		if err != nil || st < 0 || st > 1 {
+			return nil, fmt.Errorf("load conditioning: end_strength %q: want 0 to 1", f.Metadata()["end_strength"])
+		}
+		np, err := readRaw(f, tEndNP)
+		if err != nil {
+			return nil, fmt.Errorf("load conditioning: %w", err)
+		}
+		c.endLatent, c.endStrength, c.endNP = &end, float32(st), np.Data
 	}
 	return c, nil
 }

@@ -56,6 +56,31 @@ func concatT(parts ...vol) (vol, error) {
 	return out, nil
 }
 
+// sampleB returns batch sample b of v (a copy) with B = 1.
+func sampleB(v vol, b int) vol {
+	n := v.C * v.T * v.H * v.W
+	out := zeros(1, v.C, v.T, v.H, v.W)
+	copy(out.Data, v.Data[b*n:(b+1)*n])
+	return out
+}
+
+// concatB stacks volumes of one shape along B (torch.cat(dim=0)).
+func concatB(parts ...vol) (vol, error) {
+	if len(parts) == 0 {
+		return vol{}, fmt.Errorf("concat: no tensors")
+	}
+	p0 := parts[0]
+	out := vol{C: p0.C, T: p0.T, H: p0.H, W: p0.W}
+	for _, p := range parts {
+		if p.C != p0.C || p.T != p0.T || p.H != p0.H || p.W != p0.W {
+			return vol{}, fmt.Errorf("concat: shapes %v and %v differ outside B", p0.Shape(), p.Shape())
+		}
+		out.B += p.B
+		out.Data = append(out.Data, p.Data...)
+	}
+	return out, nil
+}
+
 // scaled returns v × f, computed in float32 (the reference's float32 history tensors).
 func scaled(v vol, f float32) vol {
 	out := vol{B: v.B, C: v.C, T: v.T, H: v.H, W: v.W, Data: make([]float32, len(v.Data))}

@@ -26,8 +26,10 @@ type Variant interface {
 	// Name is the variant's name as checkpoints record it (VariantI2V, …).
 	Name() string
 	// InitialHistory returns the history latents before the first section (start is the
-	// start latent) and how many of them already count as generated frames.
-	InitialHistory(start vol) (latents vol, generated int)
+	// start latent; end, when the job has an end frame, is the end frame's latent already
+	// scaled by its strength) and how many of them already count as generated frames. A
+	// variant without an end frame fails when end is given.
+	InitialHistory(start vol, end *vol) (latents vol, generated int, err error)
 	// Context returns section s's frame indices and clean latents 1x/2x/4x, taken from the
 	// history latents hist and the start latent.
 	Context(s Section, start, hist vol) (SectionContext, error)
@@ -112,8 +114,23 @@ type i2v struct{}
 
 func (i2v) Name() string { return VariantI2V }
 
-func (i2v) InitialHistory(start vol) (vol, int) {
-	return zeros(start.B, start.C, plan.CleanFrames, start.H, start.W), 0
+func (i2v) InitialHistory(start vol, end *vol) (vol, int, error) {
+	hist := zeros(start.B, start.C, plan.CleanFrames, start.H, start.W)
+	if end == nil {
+		return hist, 0, nil
+	}
+	// FramePack-Studio (modules/pipelines/worker.py, i_section_loop == 0):
+	// history_latents[:, :, 0:1] = end_frame_latent × end_frame_strength, so the first
+	// generated section (the last in time) has it as clean_latents_post and the later ones
+	// find it behind the generated frames in their 2x/4x context.
+	if end.B != start.B || end.C != start.C || end.T != 1 || end.H != start.H || end.W != start.W {
+		return vol{}, 0, fmt.Errorf("end frame latent %v does not match the start latent %v", end.Shape(), start.Shape())
+	}
+	frame := start.H * start.W
+	for bc := range start.B * start.C {
+		copy(hist.Data[bc*hist.T*frame:bc*hist.T*frame+frame], end.Data[bc*frame:(bc+1)*frame])
+	}
+	return hist, 0, nil
 }
 
 func (i2v) Context(s Section, start, hist vol) (SectionContext, error) {

@@ -24,7 +24,12 @@ type f1 struct{}
 
 func (f1) Name() string { return VariantF1 }
 
-func (f1) InitialHistory(start vol) (vol, int) {
+func (f1) InitialHistory(start vol, end *vol) (vol, int, error) {
+	if end != nil {
+		// FramePack-Studio has no F1 end frame (its worker's "F1 with Endframe" branch has no
+		// model type that reaches it), nor has demo_gradio_f1.py.
+		return vol{}, 0, fmt.Errorf("%w: the f1 variant has no end frame (use variant i2v)", errBadInput)
+	}
 	// torch.cat([zeros(1, 16, 16+2+1, h, w), start_latent], dim=2)
 	hist := zeros(start.B, start.C, plan.CleanFrames+start.T, start.H, start.W)
 	frames := start.T * start.H * start.W
@@ -32,7 +37,7 @@ func (f1) InitialHistory(start vol) (vol, int) {
 		dst := hist.Data[(bc*hist.T+plan.CleanFrames)*start.H*start.W:]
 		copy(dst[:frames], start.Data[bc*frames:(bc+1)*frames])
 	}
-	return hist, start.T
+	return hist, start.T, nil
 }
 
 // f1Indices is arange(0, 1+16+2+1+w) split [1, 16, 2, 1, w]; the 1x indices are the start's

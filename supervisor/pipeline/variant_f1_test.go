@@ -15,7 +15,10 @@ func TestF1Variant(t *testing.T) {
 		t.Fatalf("variantByName(f1) = %v, %v", v, err)
 	}
 	start := fill(1, 100)
-	hist, gen := v.InitialHistory(start)
+	hist, gen, err := v.InitialHistory(start, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// zeros(16+2+1) then the start latent, which counts as generated.
 	if hist.T != 20 || gen != 1 || hist.Data[19] != 100 || slices.ContainsFunc(hist.Data[:19], func(x float32) bool { return x != 0 }) {
 		t.Fatalf("initial history T=%d generated=%d data=%v", hist.T, gen, hist.Data)

@@ -32,7 +32,10 @@ func TestVariantByName(t *testing.T) {
 func TestI2VVariant(t *testing.T) {
 	v := i2v{}
 	start := fill(1, 100)
-	hist, gen := v.InitialHistory(start)
+	hist, gen, err := v.InitialHistory(start, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if hist.T != 19 || gen != 0 || slices.ContainsFunc(hist.Data, func(x float32) bool { return x != 0 }) {
 		t.Fatalf("initial history T=%d generated=%d, want 19 zero frames, 0 generated", hist.T, gen)
 	}
@@ -64,5 +67,45 @@ func TestI2VVariant(t *testing.T) {
 	}
 	if d := v.DecodeRange(s1, hist, 5, false); d.T != 5 || d.Data[0] != 100 {
 		t.Fatalf("last decode %d frames, want 2w+1 = 5 from the front", d.T)
+	}
+}
+
+// TestI2VEndFrame checks FramePack-Studio's end frame in the i2v history: the scaled end
+// latent is history frame 0, so the first section's clean latents are [start, end]; after the
+// first section it sits behind the generated window, in the 2x context; f1 refuses it.
+func TestI2VEndFrame(t *testing.T) {
+	v := i2v{}
+	start, end := fill(1, 100), fill(1, 7)
+	hist, gen, err := v.InitialHistory(start, &end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hist.T != 19 || gen != 0 || hist.Data[0] != 7 || slices.ContainsFunc(hist.Data[1:], func(x float32) bool { return x != 0 }) {
+		t.Fatalf("initial history %v (generated %d), want the end latent then 18 zero frames", hist.Data, gen)
+	}
+	s0 := Section{Index: 0, Total: 2, Window: 2}
+	sc, err := v.Context(s0, start, hist)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(sc.Clean.Data, []float32{100, 7}) {
+		t.Fatalf("section 0 clean latents %v, want [start, end] (clean_latents_post is the end frame)", sc.Clean.Data)
+	}
+	hist, _, err = v.Append(s0, start, hist, fill(2, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err = v.Context(Section{Index: 1, Total: 2, Window: 2}, start, hist)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(sc.Clean.Data, []float32{100, 1}) || !slices.Equal(sc.Clean2x.Data, []float32{2, 7}) {
+		t.Fatalf("section 1 clean %v, 2x %v; want [start, newest] and [second newest, end]", sc.Clean.Data, sc.Clean2x.Data)
+	}
+	if _, _, err := v.InitialHistory(start, &vol{B: 1, C: 1, T: 2, H: 1, W: 1, Data: []float32{1, 2}}); err == nil {
+		t.Fatal("an end latent of 2 frames was taken")
+	}
+	if _, _, err := (f1{}).InitialHistory(start, &end); err == nil || !strings.Contains(err.Error(), "no end frame") {
+		t.Fatalf("f1 with an end frame: %v, want a clear error", err)
 	}
 }

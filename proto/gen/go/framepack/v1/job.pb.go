@@ -353,9 +353,23 @@ type JobSpec struct {
 	// sections generated backwards in time; also empty) or "f1" (FramePack-F1,
 	// forward in time, with the F1 transformer). A job that names "f1" on a
 	// server without the F1 transformer fails at submit.
-	Variant       string `protobuf:"bytes,18,opt,name=variant,proto3" json:"variant,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Variant string `protobuf:"bytes,18,opt,name=variant,proto3" json:"variant,omitempty"`
+	// end_image is the last frame the video should reach, PNG, JPEG or WebP
+	// bytes, at most 64 MiB (FramePack-Studio's end frame): resized and cropped
+	// to the start image's bucket and VAE-encoded; its latent, scaled by
+	// end_strength, is the clean latent after the first generated section (the
+	// last in time). Only the i2v variant takes one. The server keeps the image
+	// beside the start image and stores the spec without these bytes
+	// (end_image_sha256 says which image it was).
+	EndImage []byte `protobuf:"bytes,19,opt,name=end_image,json=endImage,proto3" json:"end_image,omitempty"`
+	// end_strength scales the end frame's latent, 0 to 1; unset means 1. Only
+	// with end_image.
+	EndStrength *float32 `protobuf:"fixed32,20,opt,name=end_strength,json=endStrength,proto3,oneof" json:"end_strength,omitempty"`
+	// end_image_sha256 is the hex SHA-256 of the job's end image, set by the
+	// server. OUTPUT ONLY: a spec sent with it and no end_image is refused.
+	EndImageSha256 string `protobuf:"bytes,21,opt,name=end_image_sha256,json=endImageSha256,proto3" json:"end_image_sha256,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -510,6 +524,27 @@ func (x *JobSpec) GetLoras() []*Lora {
 func (x *JobSpec) GetVariant() string {
 	if x != nil {
 		return x.Variant
+	}
+	return ""
+}
+
+func (x *JobSpec) GetEndImage() []byte {
+	if x != nil {
+		return x.EndImage
+	}
+	return nil
+}
+
+func (x *JobSpec) GetEndStrength() float32 {
+	if x != nil && x.EndStrength != nil {
+		return *x.EndStrength
+	}
+	return 0
+}
+
+func (x *JobSpec) GetEndImageSha256() string {
+	if x != nil {
+		return x.EndImageSha256
 	}
 	return ""
 }
@@ -1199,7 +1234,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x05\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x06\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -1221,11 +1256,15 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\x04lane\x18\x0f \x01(\tR\x04lane\x12.\n" +
 	"\abuckets\x18\x10 \x03(\v2\x14.framepack.v1.BucketR\abuckets\x12(\n" +
 	"\x05loras\x18\x11 \x03(\v2\x12.framepack.v1.LoraR\x05loras\x12\x18\n" +
-	"\avariant\x18\x12 \x01(\tR\avariantB\x0f\n" +
+	"\avariant\x18\x12 \x01(\tR\avariant\x12\x1b\n" +
+	"\tend_image\x18\x13 \x01(\fR\bendImage\x12&\n" +
+	"\fend_strength\x18\x14 \x01(\x02H\x03R\vendStrength\x88\x01\x01\x12(\n" +
+	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256B\x0f\n" +
 	"\r_use_teacacheB\n" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +
-	"\x1b_gpu_memory_preservation_gb\"6\n" +
+	"\x1b_gpu_memory_preservation_gbB\x0f\n" +
+	"\r_end_strength\"6\n" +
 	"\x04Lora\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
 	"\bstrength\x18\x02 \x01(\x02R\bstrength\"~\n" +
