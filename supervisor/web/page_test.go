@@ -60,7 +60,7 @@ func TestPageHeaders(t *testing.T) {
 
 // TestPageInBrowser drives the page in headless chromium against a real daemon (real workers,
 // tiny models): it uploads the demo image, sets the tiny job's settings, submits, sees step
-// progress and a latent preview image, the video of the first section and then the finished
+// progress and a latent preview image (the demo image is its end frame too, at strength 0.5), the video of the first section and then the finished
 // MP4 loaded in the <video> (readyState >= 2, the expected duration), then submits a second
 // job and cancels it from the queue. Any console error (a CSP violation included) fails it.
 func TestPageInBrowser(t *testing.T) {
@@ -134,6 +134,7 @@ func TestPageInBrowser(t *testing.T) {
 	fill := `(() => {
 		const set = (id, v) => { document.getElementById(id).value = v; };
 		set('seconds', '1'); set('steps', '2'); set('resolution', '96'); set('window', '3'); set('seed', '7');
+		set('end-strength', '0.5');
 		document.getElementById('teacache').checked = false;
 	})()`
 
@@ -142,6 +143,9 @@ func TestPageInBrowser(t *testing.T) {
 	poll("queue loaded", `document.getElementById('conn').textContent === 'connected'`, 10*time.Second)
 	step("upload the image", chromedp.SetUploadFiles(chromedp.CSS("#image"), []string{img}), 10*time.Second)
 	poll("image preview", `(() => { const i = document.getElementById('image-preview'); return !i.hidden && i.complete && i.naturalWidth > 0; })()`, 10*time.Second)
+	// The same picture as the end frame, at half strength (FramePack-Studio's end frame).
+	step("upload the end image", chromedp.SetUploadFiles(chromedp.CSS("#end-image"), []string{img}), 10*time.Second)
+	poll("end image preview", `(() => { const i = document.getElementById('end-image-preview'); return !i.hidden && i.complete && i.naturalWidth > 0; })()`, 10*time.Second)
 	step("fill the form", chromedp.Evaluate[chromedp.Void](fill), 5*time.Second)
 	step("submit", chromedp.Click(chromedp.CSS("#submit")), 5*time.Second)
 	poll("step progress", `document.getElementById('progress-text').dataset.step !== undefined`, 90*time.Second)
@@ -157,7 +161,8 @@ func TestPageInBrowser(t *testing.T) {
 		t.Fatalf("job %q from the page: %v", id, err)
 	}
 	if job.GetJob().GetState() != framepackv1.JobState_JOB_STATE_SUCCEEDED || job.GetJob().GetSpec().GetSteps() != 2 ||
-		job.GetJob().GetSpec().GetResolution() != 96 || job.GetJob().GetSpec().GetUseTeacache() || job.GetJob().GetSpec().GetSeed() != 7 {
+		job.GetJob().GetSpec().GetResolution() != 96 || job.GetJob().GetSpec().GetUseTeacache() || job.GetJob().GetSpec().GetSeed() != 7 ||
+		job.GetJob().GetSpec().GetEndStrength() != 0.5 || len(job.GetJob().GetSpec().GetEndImageSha256()) != 64 {
 		t.Fatalf("the page's job: %v", job.GetJob())
 	}
 	dur, err := chromedp.Run(ctx, chromedp.Evaluate[float64](`document.getElementById('video').duration`))

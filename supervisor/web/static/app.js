@@ -80,12 +80,32 @@ $('auth-form').addEventListener('submit', async (ev) => {
 
 // ---- submit ---------------------------------------------------------------------------------
 
-$('image').addEventListener('change', () => {
-  const f = $('image').files[0];
-  const img = $('image-preview');
-  if (img.src) URL.revokeObjectURL(img.src);
-  if (f) { img.src = URL.createObjectURL(f); img.hidden = false; } else { img.hidden = true; }
-});
+function previewFile(inputId, imgId) {
+  $(inputId).addEventListener('change', () => {
+    const f = $(inputId).files[0];
+    const img = $(imgId);
+    if (img.src) URL.revokeObjectURL(img.src);
+    if (f) { img.src = URL.createObjectURL(f); img.hidden = false; } else { img.hidden = true; }
+  });
+}
+previewFile('image', 'image-preview');
+previewFile('end-image', 'end-image-preview');
+
+// parseLoras reads "path strength" lines (strength 1 when left out); a bad strength throws
+// with the line number, so nothing is submitted with a typo in it.
+function parseLoras(text) {
+  const loras = [];
+  text.split('\n').forEach((line, i) => {
+    const t = line.trim();
+    if (!t) return;
+    const m = t.match(/^(.*\S)\s+(-?[0-9.]+)$/);
+    const path = m ? m[1] : t;
+    const strength = m ? Number(m[2]) : 1;
+    if (!Number.isFinite(strength)) throw new Error(`LoRAs line ${i + 1}: strength ${m[2]} is not a number`);
+    loras.push({ path, strength });
+  });
+  return loras;
+}
 
 function num(id) { return Number($(id).value); }
 
@@ -106,6 +126,10 @@ function specFromForm() {
     latentWindowSize: num('window'),
   };
   if ($('lane').value) spec.lane = $('lane').value;
+  if ($('variant').value && $('variant').value !== 'i2v') spec.variant = $('variant').value;
+  const loras = parseLoras($('loras').value);
+  if (loras.length) spec.loras = loras;
+  if ($('end-image').files[0]) spec.endStrength = num('end-strength');
   return spec;
 }
 
@@ -114,9 +138,13 @@ $('job-form').addEventListener('submit', async (ev) => {
   $('submit-error').textContent = '';
   const file = $('image').files[0];
   if (!file) { $('submit-error').textContent = 'choose a start image'; return; }
+  let spec;
+  try { spec = specFromForm(); } catch (e) { $('submit-error').textContent = e.message; return; }
   const form = new FormData();
   form.append('image', file, file.name);
-  form.append('spec', JSON.stringify(specFromForm()));
+  const end = $('end-image').files[0];
+  if (end) form.append('end_image', end, end.name);
+  form.append('spec', JSON.stringify(spec));
   $('submit').disabled = true;
   try {
     const resp = await api('/v1/jobs', { method: 'POST', body: form });
