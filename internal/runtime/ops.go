@@ -76,15 +76,16 @@ type GemmParams struct {
 }
 
 // MatMul computes alpha·op(a)·op(b). a: [batch..., M, K]; b: [batch..., K, N] with the same
-// batch dims, or [K, N] shared by every batch; → [batch..., M, N] in F32. On the cpu backend b
-// may be F16 or BF16 (weights kept in 16 bits): it is widened to f32 a panel at a time into
-// bounded scratch, with the results of an f32 copy of b.
+// batch dims, or [K, N] shared by every batch; → [batch..., M, N] in a's dtype (the activation
+// dtype: f32, or a 16-bit one with f32 accumulation). b may be F16 or BF16 (weights kept in 16
+// bits); on the cpu backend it is widened to f32 a panel at a time into bounded scratch, with
+// the results of an f32 copy of b.
 func (rt *Runtime) MatMul(a, b *Tensor, p GemmParams) (*Tensor, error) {
 	return rt.gemm("matmul", a, b, nil, p)
 }
 
 // Linear is a PyTorch linear layer: x [..., in] · wᵀ + bias with w [out, in], bias [out] or
-// nil → [..., out]. w may be F16 or BF16 (see MatMul); x and bias are F32.
+// nil → [..., out] in x's dtype. w may be F16 or BF16 (see MatMul).
 func (rt *Runtime) Linear(x, w, bias *Tensor) (*Tensor, error) {
 	const op = "linear"
 	if err := required(op, x, w); err != nil {
@@ -132,7 +133,7 @@ func (rt *Runtime) gemm(op string, a, b, bias *Tensor, p GemmParams) (*Tensor, e
 	if p.TransB {
 		cp.trans_b = 1
 	}
-	return rt.op(op, F32, shape, []*Tensor{a, b, bias}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
+	return rt.op(op, a.dtype, shape, []*Tensor{a, b, bias}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
 		return C.fpk_op_gemm(rt.stream, &cp, in[0], in[1], in[2], out)
 	})
 }
