@@ -10,8 +10,7 @@
  *            O += P V with P kept in registers, ldmatrix.trans for V. 4 warps × 16 query rows.
  *          - FMA (every build, HIP included, and every dtype): f32 arithmetic on any dims up to
  *            256, for the f32 parity runs and where the matrix path does not apply.
- *          With FRAMEPACK_GPU_HALF_COMPUTE, f32 q, k, v are rounded to bf16 first (PyTorch's bf16
- *          attention) so the matrix kernel serves.
+ *          16-bit q, k, v come from the activation dtype chosen at Load.
  * chunked  Per batch, query group of a key head and chunk of queries, S = scale·Q Kᵀ for every
  *          key head in one strided batched GEMM (f32 scores), a masked row softmax into P (the
  *          values' dtype when 16-bit), then O = P V written in place. Scratch is one chunk of
@@ -504,30 +503,12 @@ static fpk_status flash(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_f
     attn_strides(out, layout, a.os);
     a.o = out->data;
     a.odt = out->dtype;
-    fpk_scratch sq(sf), sk(sf), sv(sf);
-    const void *ptr[3] = {q->data, k->data, v->data};
-    int dts[3] = {q->dtype, k->dtype, v->dtype};
-#ifdef FPK_FLASH_MMA
-    const fpk_gt *src[3] = {q, k, v};
-    /* FRAMEPACK_GPU_HALF_COMPUTE: f32 q, k, v meet the matrix units in bf16 (PyTorch's bf16
-     * attention), accumulation staying f32 */
-    if (c->half_compute && dts[0] == FPK_F32 && dts[1] == FPK_F32 && dts[2] == FPK_F32 && !force_fma() &&
-        mma_device(c) && D == Dv && D % 8 == 0 && D <= 128) {
-        fpk_scratch *scr[3] = {&sq, &sk, &sv};
-        for (int i = 0; i < 3; i++) {
-            FPK_TRY(scr[i]->alloc((size_t)src[i]->numel * 2));
-            FPK_TRY(fpk_gpu_convert(st, scr[i]->ptr, FPK_BF16, src[i]->data, FPK_F32, src[i]->numel));
-            ptr[i] = scr[i]->ptr;
-            dts[i] = FPK_BF16;
-        }
-    }
-#endif
-    a.q = ptr[0];
-    a.k = ptr[1];
-    a.v = ptr[2];
-    a.qdt = dts[0];
-    a.kdt = dts[1];
-    a.vdt = dts[2];
+    a.q = q->data;
+    a.k = k->data;
+    a.v = v->data;
+    a.qdt = q->dtype;
+    a.kdt = k->dtype;
+    a.vdt = v->dtype;
     dim3 grid;
     grid.y = (unsigned)H;
     grid.z = (unsigned)B;
@@ -573,25 +554,6 @@ static fpk_status chunked(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch
                           const fpk_gt *out, int64_t B, int64_t H, int64_t Lq, int64_t D, int64_t Hkv, int64_t Lk,
                           int64_t Dv) {
     int64_t rep = H / Hkv;
-    /* FRAMEPACK_GPU_HALF_COMPUTE: f32 q, k, v go through the matrix units in bf16 (as PyTorch's
-     * bf16 attention), scores and softmax staying f32 */
-    fpk_gt qh, kh, vh;
-    fpk_scratch sq(sf), sk(sf), sv(sf);
-    if (c->half_compute && q->dtype == FPK_F32 && k->dtype == FPK_F32 && v->dtype == FPK_F32) {
-        const fpk_gt *src[3] = {q, k, v};
-        fpk_gt *dst[3] = {&qh, &kh, &vh};
-        fpk_scratch *scr[3] = {&sq, &sk, &sv};
-        for (int i = 0; i < 3; i++) {
-            *dst[i] = *src[i];
-            FPK_TRY(scr[i]->alloc((size_t)src[i]->numel * 2));
-            FPK_TRY(fpk_gpu_convert(st, scr[i]->ptr, FPK_BF16, src[i]->data, FPK_F32, src[i]->numel));
-            dst[i]->data = scr[i]->ptr;
-            dst[i]->dtype = FPK_BF16;
-        }
-        q = &qh;
-        k = &kh;
-        v = &vh;
-    }
     int64_t qs[3], ks[3], vs[3], os[3], mst[4];
     attn_strides(q, p->layout, qs);
     attn_strides(k, p->layout, ks);
