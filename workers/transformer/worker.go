@@ -58,14 +58,6 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	// The runtime computes in fp32 (on every backend), so fm_wrapper (which rounds the model's
-	// inputs to its dtype) has nothing to round; dtype says what the weight matrices are kept in
-	// ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
-	wdt, err := runtime.ParseWeightDType(req.DType)
-	if err != nil {
-		return nil, classify(workerkit.InvalidArgumentf("load: %v", err))
-	}
-	w.dtype = sampler.F32
 	if err := modelrt.ApplyEnv(req.Env); err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
@@ -73,7 +65,26 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
+	// Activations in bf16 on a GPU (FramePack's transformer dtype), fp32 on the cpu, unless the
+	// request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight matrices
+	// are kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype). fm_wrapper rounds the
+	// model's inputs (x, timestep, guidance) to the activation dtype, as the reference does to
+	// its model dtype; in fp32 there is nothing to round. The sampler's state stays float32.
+	act, wdt, err := w.base.Activation(req, rt, runtime.BF16)
+	if err != nil {
+		rt.Close()
+		return nil, classify(fmt.Errorf("load: %w", err))
+	}
+	switch act {
+	case runtime.BF16:
+		w.dtype = sampler.BF16
+	case runtime.F16:
+		w.dtype = sampler.F16
+	default:
+		w.dtype = sampler.F32
+	}
 	lopts, err := residencyOptions(rt, req, wdt)
+	lopts.ActivationDType = act
 	if err != nil {
 		rt.Close()
 		return nil, classify(fmt.Errorf("load: %w", err))
@@ -93,7 +104,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 			"weights_changed": a.WeightsChanged}).Info("lora merged")
 	}
 	cfg := m.Config
-	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "weights": wdt.String(), "double_blocks": cfg.NumLayers,
+	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "weights": wdt.String(), "activations": act.String(), "double_blocks": cfg.NumLayers,
 		"single_blocks": cfg.NumSingleLayers, "heads": cfg.NumAttentionHeads, "head_dim": cfg.AttentionHeadDim,
 		"resident_blocks": m.ResidentBlocks(), "streamed_blocks": m.StreamedBlocks(), "streamed_bytes": m.StreamedBytes(),
 		"memory_cap": req.MemoryCapBytes, "activations_estimate": lopts.ActivationBytes, "max_resident_blocks": req.MaxResidentBlocks,

@@ -5,7 +5,6 @@ import (
 	"fmt"
 
 	"github.com/framepackd/framepackd/internal/nn"
-	"github.com/framepackd/framepackd/internal/runtime"
 )
 
 // ErrMemoryBudget: the memory cap cannot hold the model even with every block streamed (the
@@ -73,7 +72,7 @@ func EstimateFootprint(cfg Config, src nn.Source, opts LoadOptions) (Footprint, 
 		return Footprint{}, err
 	}
 	size := func(bind func(l *nn.Loader)) int64 {
-		l := nn.NewShapeLoaderFor(nn.Options{DType: runtime.F32, WeightDType: opts.WeightDType})
+		l := nn.NewShapeLoaderFor(nn.Options{DType: opts.activation(), WeightDType: opts.WeightDType})
 		bind(l)
 		return l.ShapeBytes(src, "")
 	}
