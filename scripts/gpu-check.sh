@@ -162,9 +162,9 @@ for phase in "${phases[@]}"; do
 		mkdir -p "$B"
 		export PYTHONUNBUFFERED=1
 		run "bench manifests" 300 python3 scripts/gpubench/torch_bench.py --out "$B" --manifests-only
-		# ours as FramePack computes: 16-bit matrix products (weights bf16, activations rounded
-		# to bf16 at the matrix units), f32 accumulation and f32 elsewhere
-		FRAMEPACK_GPU_HALF_COMPUTE=${FRAMEPACK_GPU_HALF_COMPUTE:-1} run "bench ours" "${BENCH_OURS_LIMIT:-420}" "$BIN/gpubench" -dir "$B" ${BENCH_STAGES:+-stages $BENCH_STAGES}
+		# ours as FramePack computes: weights and activations in each model's dtype (transformer
+		# bf16, the rest fp16), f32 accumulation
+		run "bench ours" "${BENCH_OURS_LIMIT:-420}" "$BIN/gpubench" -dir "$B" ${BENCH_STAGES:+-stages $BENCH_STAGES}
 		run "bench pytorch" "${BENCH_TORCH_LIMIT:-420}" python3 scripts/gpubench/torch_bench.py --out "$B" ${BENCH_STAGES:+--stages $BENCH_STAGES}
 		cp "$B"/ours.json "$B"/torch.json "$OUT"/ 2>/dev/null
 		python3 scripts/gpubench/table.py "$B" "$OUT/bench.json" "${BENCH_COMMIT:-}" | tee "$OUT/table.md" >>"$SUMMARY"
