@@ -52,11 +52,10 @@ func ParseWeightDType(s string) (DType, error) {
 }
 
 // ParseActivationDType maps an activation dtype name to the dtype: "fp32"/"f32" F32,
-// "bf16" BF16, "fp16"/"f16" F16; "" gives 0 (the caller's default).
+// "bf16" BF16, "fp16"/"f16" F16. (F32 is DType's zero value: a caller with a default checks for
+// an empty name itself.)
 func ParseActivationDType(s string) (DType, error) {
 	switch s {
-	case "":
-		return 0, nil
 	case "fp32", "f32", "float32":
 		return F32, nil
 	case "bf16", "bfloat16":

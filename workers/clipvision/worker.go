@@ -83,6 +83,9 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
+	if err := modelrt.CheckDTypes(req); err != nil {
+		return nil, classify(fmt.Errorf("load: %w", err))
+	}
 	backend, err := siglip.ParseBackend(os.Getenv(EnvProcessorBackend))
 	if err != nil {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: %v", err)

@@ -125,12 +125,14 @@ func checkEncodeOutputs(t *testing.T, c parity.Case, label string, vec []float32
 func TestParityTextenc(t *testing.T) {
 	fx := parity.Load(t, "textenc")
 	dir := snapshotDir(t, fx)
-	p, _ := loadWorker(t, dir)
+	p, resp := loadWorker(t, dir)
+	half := workertest.HalfActivations(t, resp)
 	a := shmtest.Arena(t, "job")
 	enc := loadEncoder(t, dir)
 	var encodeCases []parity.Case
 	checked := 0
 	for _, c := range fx.Cases {
+		c = c.ForActivations(half)
 		switch c.Op {
 		case "tokenize":
 			checkTokenizeCase(t, enc, p, a, c)

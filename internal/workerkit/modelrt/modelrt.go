@@ -95,6 +95,20 @@ func RuntimeOptions(req *workerkit.LoadRequest) (runtime.Options, error) {
 	return runtime.Options{Backend: req.Backend, Device: int(req.DeviceIndex), PCIBusID: req.PCIBusID}, nil
 }
 
+// CheckDTypes checks req's dtype names (LoadRequest.dtype and activation_dtype) before
+// anything is opened, so a bad name fails fast as an invalid argument.
+func CheckDTypes(req *workerkit.LoadRequest) error {
+	if _, err := runtime.ParseWeightDType(req.DType); err != nil {
+		return workerkit.InvalidArgumentf("%v", err)
+	}
+	if req.ActivationDType != "" {
+		if _, err := runtime.ParseActivationDType(req.ActivationDType); err != nil {
+			return workerkit.InvalidArgumentf("activation_dtype: %v", err)
+		}
+	}
+	return nil
+}
+
 // ActivationEnv names the environment variable that forces every model's activation dtype
 // ("fp32"/"f32", "bf16", "fp16"/"f16") where LoadRequest.activation_dtype is empty: the f32
 // parity runs on a GPU set it to f32.
@@ -106,19 +120,30 @@ const ActivationEnv = "FRAMEPACK_ACTIVATION_DTYPE"
 // empty following the activation dtype (FramePack casts each model whole). It records the
 // activation dtype for Loaded. Bad names are invalid arguments.
 func (b *Base) Activation(req *workerkit.LoadRequest, rt *runtime.Runtime, gpuDefault runtime.DType) (act, weights runtime.DType, err error) {
+	act, weights, err = chooseDTypes(req, os.Getenv(ActivationEnv), rt.Backend().IsHost, gpuDefault)
+	if err != nil {
+		return 0, 0, err
+	}
+	b.act.Store(int32(act))
+	return act, weights, nil
+}
+
+// chooseDTypes is Activation's rule, with the environment's value env and whether the backend
+// is the host's.
+func chooseDTypes(req *workerkit.LoadRequest, env string, host bool, gpuDefault runtime.DType) (act, weights runtime.DType, err error) {
 	name, from := req.ActivationDType, "activation_dtype"
 	if name == "" {
-		name, from = os.Getenv(ActivationEnv), ActivationEnv
+		name, from = env, ActivationEnv
 	}
-	act, err = runtime.ParseActivationDType(name)
-	if err != nil {
-		return 0, 0, workerkit.InvalidArgumentf("%s: %v", from, err)
-	}
-	if act == 0 {
-		act = gpuDefault
-		if rt.Backend().IsHost || act == 0 {
-			act = runtime.F32
+	switch {
+	case name != "":
+		if act, err = runtime.ParseActivationDType(name); err != nil {
+			return 0, 0, workerkit.InvalidArgumentf("%s: %v", from, err)
 		}
+	case host:
+		act = runtime.F32
+	default:
+		act = gpuDefault // F32 (the zero value) when the model has none
 	}
 	weights = act
 	if req.DType != "" {
@@ -126,7 +151,6 @@ func (b *Base) Activation(req *workerkit.LoadRequest, rt *runtime.Runtime, gpuDe
 			return 0, 0, workerkit.InvalidArgumentf("dtype: %v", err)
 		}
 	}
-	b.act.Store(int32(act))
 	return act, weights, nil
 }
 
