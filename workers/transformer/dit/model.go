@@ -55,7 +55,7 @@ type LoadOptions struct {
 	// (F32 with RandomWeights); zero means F32.
 	WeightDType runtime.DType
 	// ActivationDType is the dtype activations, norms and biases are in (FramePack: BF16 on a
-	// GPU); zero means F32. The inputs are rounded to it at the model's entry, the velocity
+	// GPU); the zero value is F32. The inputs are rounded to it at the model's entry, the velocity
 	// comes back as float32; rope tables stay f32 (the reference rotates in float32).
 	ActivationDType runtime.DType
 	// MemoryCap is the runtime's memory cap the residency plan is made for (0: no cap, every
@@ -68,14 +68,6 @@ type LoadOptions struct {
 	// MaxResidentBlocks caps the blocks kept in the runtime's memory (double blocks first,
 	// then single); the rest stream. 0: no limit; NoResidentBlocks streams every block.
 	MaxResidentBlocks int
-}
-
-// activation is the activation dtype, F32 when unset.
-func (o LoadOptions) activation() runtime.DType {
-	if o.ActivationDType == 0 {
-		return runtime.F32
-	}
-	return o.ActivationDType
 }
 
 // NoResidentBlocks, as LoadOptions.MaxResidentBlocks, streams every block.
@@ -121,14 +113,14 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	if err != nil {
 		return nil, err
 	}
-	dts := nn.Options{DType: opts.activation(), WeightDType: opts.WeightDType}
+	dts := nn.Options{DType: opts.ActivationDType, WeightDType: opts.WeightDType}
 	var l *nn.Loader
 	if src == nil {
 		l = nn.NewRandomLoader(rt, opts.Seed, dts)
 	} else {
 		l = nn.NewLoader(rt, src, dts, "")
 	}
-	m := &Model{Config: cfg, rt: rt, act: opts.activation()}
+	m := &Model{Config: cfg, rt: rt, act: opts.ActivationDType}
 	m.residentDouble, m.residentSingle = fp.split(resident)
 	m.double = nn.NewBlockStream(rt, "transformer_blocks", func(l *nn.Loader) HunyuanVideoTransformerBlock { return bindDoubleBlock(l, "", cfg) })
 	m.single = nn.NewBlockStream(rt, "single_transformer_blocks", func(l *nn.Loader) HunyuanVideoSingleTransformerBlock { return bindSingleBlock(l, "", cfg) })
