@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -54,6 +55,8 @@ func TestHalfActivations(t *testing.T) {
 				{"conv3d", func(x, _, bias, _, _, conv, _ *Tensor) (*Tensor, error) {
 					return rt.Conv3d(x, conv, bias, Conv3dParams{Padding: [3]int{1, 1, 1}})
 				}, []int{1, 4, 3, 5, 6}},
+				{"modulate", func(x, _, bias, norm, _, _, _ *Tensor) (*Tensor, error) { return rt.Modulate(x, norm, norm) }, []int{2, 5, 40}},
+				{"gate residual", func(x, _, _, norm, _, _, _ *Tensor) (*Tensor, error) { return rt.GateResidual(x, norm, x) }, []int{2, 5, 40}},
 				{"attention", func(x, _, _, _, _, _, _ *Tensor) (*Tensor, error) {
 					return rt.Attention(x, x, x, nil, AttentionParams{Layout: AttentionBLHD})
 				}, []int{1, 9, 2, 16}},
@@ -149,4 +152,75 @@ func f16Round(v float32) float32 {
 	e := max(exp-1, -14)    // subnormals share the smallest exponent
 	ulp := math.Ldexp(1, e-10)
 	return float32(math.RoundToEven(x/ulp) * ulp)
+}
+
+// TestFusedTernary: Modulate and GateResidual equal the unfused ops they replace in f32 (bit for
+// bit on the cpu: the same f32 steps in the same order), broadcast scale, shift and gate over
+// the leading dims, and refuse operands that do not broadcast to x.
+func TestFusedTernary(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	r := rng(t)
+	x, _ := randTensor(t, rt, r, 2, 7, 48)
+	y, _ := randTensor(t, rt, r, 2, 7, 48)
+	scale, _ := randTensor(t, rt, r, 1, 48)
+	shift, _ := randTensor(t, rt, r, 2, 1, 48)
+	unfusedModulate := func() (*Tensor, error) {
+		s1, err := rt.Affine(scale, 1, 1)
+		if err != nil {
+			return nil, err
+		}
+		defer s1.Free()
+		h, err := rt.Mul(x, s1)
+		if err != nil {
+			return nil, err
+		}
+		defer h.Free()
+		return rt.Add(h, shift)
+	}
+	unfusedGate := func() (*Tensor, error) {
+		g, err := rt.Mul(y, scale)
+		if err != nil {
+			return nil, err
+		}
+		defer g.Free()
+		return rt.Add(x, g)
+	}
+	for _, c := range []struct {
+		name           string
+		fused, unfused func() (*Tensor, error)
+	}{
+		{"modulate", func() (*Tensor, error) { return rt.Modulate(x, scale, shift) }, unfusedModulate},
+		{"gate residual", func() (*Tensor, error) { return rt.GateResidual(x, scale, y) }, unfusedGate},
+	} {
+		got, err := c.fused()
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		want, err := c.unfused()
+		if err != nil {
+			got.Free()
+			t.Fatal(err)
+		}
+		if !equalInts(got.Shape(), x.Shape()) || got.DType() != F32 {
+			t.Errorf("%s: %s, want x's shape and dtype", c.name, got)
+		}
+		if identical := sameAsF32(t, c.name, got, want); !identical && rt.Backend().IsHost {
+			t.Errorf("%s: not bit-identical to the unfused ops on the cpu", c.name)
+		}
+		got.Free()
+		want.Free()
+	}
+	bad, _ := randTensor(t, rt, r, 3, 48)
+	if z, err := rt.Modulate(x, bad, shift); !errors.Is(err, ErrInvalidArgument) {
+		if err == nil {
+			z.Free()
+		}
+		t.Errorf("modulate with scale [3, 48] over x [2, 7, 48]: %v, want invalid argument", err)
+	}
+	if z, err := rt.GateResidual(x, scale, scale); !errors.Is(err, ErrInvalidArgument) {
+		if err == nil {
+			z.Free()
+		}
+		t.Errorf("gate residual with y [1, 48] over x [2, 7, 48]: %v, want invalid argument", err)
+	}
 }

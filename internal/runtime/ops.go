@@ -321,6 +321,37 @@ func (rt *Runtime) Mul(a, b *Tensor) (*Tensor, error) { return rt.Binary(OpMul, 
 // Div is a / b with broadcasting.
 func (rt *Runtime) Div(a, b *Tensor) (*Tensor, error) { return rt.Binary(OpDiv, a, b) }
 
+// ternary runs a fused three-operand op whose output has x's shape and dtype; the other two
+// operands broadcast to it.
+func (rt *Runtime) ternary(op string, top C.fpk_ternary_op, x, b, c *Tensor) (*Tensor, error) {
+	if err := required(op, x, b, c); err != nil {
+		return nil, err
+	}
+	for _, t := range []*Tensor{b, c} {
+		if s, ok := BroadcastShape(x.shape, t.shape); !ok || !slices.Equal(s, x.shape) {
+			return nil, argError(op, "%s does not broadcast to x %s", t, x)
+		}
+	}
+	return rt.op(op, x.dtype, x.shape, []*Tensor{x, b, c}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
+		return C.fpk_op_ternary(rt.stream, top, in[0], in[1], in[2], out)
+	})
+}
+
+// Modulate is the AdaLN modulation x·(1 + scale) + shift in one pass (scale and shift
+// broadcast to x, e.g. [1, dim] over [1, L, dim]), in x's dtype with one rounding.
+func (rt *Runtime) Modulate(x, scale, shift *Tensor) (*Tensor, error) {
+	return rt.ternary("modulate", C.FPK_TERNARY_MODULATE, x, scale, shift)
+}
+
+// GateResidual is the gated residual x + y·gate in one pass (y has x's shape, gate broadcasts
+// to it), in x's dtype with one rounding.
+func (rt *Runtime) GateResidual(x, gate, y *Tensor) (*Tensor, error) {
+	if y != nil && x != nil && !slices.Equal(x.shape, y.shape) {
+		return nil, argError("gate residual", "y %s and x %s differ in shape", y, x)
+	}
+	return rt.ternary("gate residual", C.FPK_TERNARY_GATE_RESIDUAL, x, gate, y)
+}
+
 // Softmax is the softmax of x·scale over the last dim (scale 0 means 1).
 func (rt *Runtime) Softmax(x *Tensor, scale float32) (*Tensor, error) {
 	const op = "softmax"

@@ -579,6 +579,67 @@ static fpk_status cpu_binary(void *ctx, void *stream, fpk_binary_op op, fpk_tens
     return FPK_OK;
 }
 
+/* ---- fused three-operand ops ---------------------------------------------------------------- */
+
+typedef struct {
+    const float *a, *b, *c;
+    float *y;
+    int op;
+    int ndim;
+    int64_t shape[FPK_MAX_DIMS], sa[FPK_MAX_DIMS], sb[FPK_MAX_DIMS], sc[FPK_MAX_DIMS];
+} ternary_job;
+
+static void ternary_task(void *arg, int64_t rb, int64_t re, int th) {
+    (void)th;
+    ternary_job *j = arg;
+    int nd = j->ndim;
+    int64_t inner = j->shape[nd - 1], ia = j->sa[nd - 1], ib = j->sb[nd - 1], ic = j->sc[nd - 1];
+    for (int64_t r = rb; r < re; r++) {
+        int64_t oa = 0, ob = 0, oc = 0, rem = r;
+        for (int d = nd - 2; d >= 0; d--) {
+            int64_t k = rem % j->shape[d];
+            rem /= j->shape[d];
+            oa += k * j->sa[d];
+            ob += k * j->sb[d];
+            oc += k * j->sc[d];
+        }
+        const float *a = j->a + oa, *b = j->b + ob, *c = j->c + oc;
+        float *y = j->y + r * inner;
+        /* the unfused ops' f32 steps in their order (no contraction to fma on this target) */
+        if (j->op == FPK_TERNARY_MODULATE)
+            for (int64_t i = 0; i < inner; i++) y[i] = a[i * ia] * (1.0f + b[i * ib]) + c[i * ic];
+        else
+            for (int64_t i = 0; i < inner; i++) y[i] = a[i * ia] + c[i * ic] * b[i * ib];
+    }
+}
+
+static fpk_status cpu_ternary(void *ctx, void *stream, fpk_ternary_op op, fpk_tensor_t a, fpk_tensor_t b,
+                              fpk_tensor_t c, fpk_tensor_t out) {
+    (void)stream;
+    fpk_tensor_t *io[] = {&a, &b, &c, &out};
+    FPK_CPU_WIDE(ctx, io, 3, cpu_ternary(ctx, stream, op, a, b, c, out));
+    REQ("ternary", a);
+    REQ("ternary", b);
+    REQ("ternary", c);
+    REQ("ternary", out);
+    if (out->numel == 0) return FPK_OK;
+    int nd = out->ndim;
+    ternary_job j = {.a = CF(a), .b = CF(b), .c = CF(c), .y = F(out), .op = (int)op, .ndim = nd > 0 ? nd : 1};
+    if (nd == 0) {
+        j.shape[0] = 1;
+    } else {
+        memcpy(j.shape, out->shape, sizeof(int64_t) * (size_t)nd);
+        bcast_strides(a, nd, out->shape, j.sa);
+        bcast_strides(b, nd, out->shape, j.sb);
+        bcast_strides(c, nd, out->shape, j.sc);
+    }
+    int64_t inner = j.shape[j.ndim - 1];
+    int64_t rows = out->numel / inner;
+    int64_t grain = inner >= (1 << 14) ? 1 : (1 << 14) / inner;
+    fpk_pool_run(CTX(ctx)->pool, rows, grain, ternary_task, &j);
+    return FPK_OK;
+}
+
 /* ---- softmax and norms ---------------------------------------------------------------------- */
 
 typedef struct {
@@ -1212,6 +1273,7 @@ static const struct fpk_backend_iface cpu_iface = {
     .reduce = cpu_reduce,
     .copy = cpu_copy,
     .embedding = cpu_embedding,
+    .ternary = cpu_ternary,
 };
 
 static int online_cpus(void) {
