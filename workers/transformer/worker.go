@@ -83,8 +83,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	default:
 		w.dtype = sampler.F32
 	}
-	lopts, err := residencyOptions(rt, req, wdt)
-	lopts.ActivationDType = act
+	lopts, err := residencyOptions(rt, req, wdt, act)
 	if err != nil {
 		rt.Close()
 		return nil, classify(fmt.Errorf("load: %w", err))
@@ -120,8 +119,8 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 // of the workload's activation estimate and its reserve (gpu_memory_preservation_gb) kept
 // free beside the weights, and max_resident_blocks. A cap too small for the model with every
 // block streamed fails in Load, before anything loads.
-func residencyOptions(rt *runtime.Runtime, req *workerkit.LoadRequest, wdt runtime.DType) (dit.LoadOptions, error) {
-	opts := dit.LoadOptions{WeightDType: wdt, MemoryCap: int64(min(req.MemoryCapBytes, math.MaxInt64)), MaxResidentBlocks: int(req.MaxResidentBlocks)}
+func residencyOptions(rt *runtime.Runtime, req *workerkit.LoadRequest, wdt, act runtime.DType) (dit.LoadOptions, error) {
+	opts := dit.LoadOptions{WeightDType: wdt, ActivationDType: act, MemoryCap: int64(min(req.MemoryCapBytes, math.MaxInt64)), MaxResidentBlocks: int(req.MaxResidentBlocks)}
 	w := req.Workload
 	if w == nil {
 		return opts, nil
@@ -130,7 +129,7 @@ func residencyOptions(rt *runtime.Runtime, req *workerkit.LoadRequest, wdt runti
 	if err != nil {
 		return opts, fmt.Errorf("load transformer: %w", err)
 	}
-	est := cfg.ActivationBytes(dit.Workload{Height: int(w.Height), Width: int(w.Width), LatentWindowSize: int(w.LatentWindowSize)})
+	est := cfg.ActivationBytes(dit.Workload{Height: int(w.Height), Width: int(w.Width), LatentWindowSize: int(w.LatentWindowSize), ActivationDType: act})
 	opts.ActivationBytes = max(est, int64(min(w.ReserveBytes, math.MaxInt64)))
 	if opts.MemoryCap == 0 && w.ReserveBytes > 0 {
 		// ErrUnsupported on cpu: no device to run out of, every block stays resident.
