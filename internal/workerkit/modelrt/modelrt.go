@@ -124,6 +124,11 @@ func (b *Base) Activation(req *workerkit.LoadRequest, rt *runtime.Runtime, gpuDe
 	if err != nil {
 		return 0, 0, err
 	}
+	if act != runtime.F32 && weights != act && weights != runtime.AsStored {
+		// a GPU then widens both operands of every product to f32: right, but off the matrix units
+		b.Log.WithFields(logrus.Fields{"activations": act.String(), "weights": weights.String()}).
+			Warn("weights and activations differ in dtype: products run in f32")
+	}
 	b.act.Store(int32(act))
 	return act, weights, nil
 }
