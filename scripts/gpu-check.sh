@@ -6,11 +6,14 @@
 #
 # build   make native-cuda (libfpk-cuda.so for sm_$CUDA_ARCHS, default 90) into build/native
 # tests   the carried test binaries on the cuda backend (FRAMEPACK_BACKEND=cuda): every runtime op
-#         test, then every parity case of every fixture: vae, textenc, siglip and transformer in
-#         process and through their worker processes (Load on workertest.Backend(), the cuda
-#         backend here), the sampler's sample_hunyuan cases through the transformer worker (and
-#         its UniPC replay), the pipeline fixture through the daemon on a cuda:0 lane, and the
-#         backend-independent rng, prep and tokenize cases
+#         test, then every parity case of every fixture twice: in f32 activations
+#         (FRAMEPACK_ACTIVATION_DTYPE=f32; each case's tolerance) — vae, textenc, siglip and
+#         transformer in process and through their worker processes (Load on
+#         workertest.Backend(), the cuda backend here), the sampler's sample_hunyuan cases through
+#         the transformer worker (and its UniPC replay), the pipeline fixture through the daemon
+#         on a cuda:0 lane, the backend-independent rng, prep and tokenize cases — and in each
+#         model's default 16-bit activations (transformer bf16, the rest fp16; rel_l2 <= 2e-2),
+#         in process (TestParity*Half) and through the workers
 # tiers   the VAE parity cases once per conv tier, each forced alone (FRAMEPACK_CONV_TIER)
 # attention  the attention op tests (cuDNN's fused SDPA where cuDNN 9 is found, flash matrix and
 #         FMA kernels, chunked, the cpu round trip; f32, bf16, f16), then every transformer,
@@ -112,29 +115,46 @@ for phase in "${phases[@]}"; do
 	tests)
 		gotest "runtime ops on $FRAMEPACK_BACKEND" internal/runtime runtime.test 300 -test.v
 		grep -E "^(--- FAIL|FAIL|ok|PASS)" "$LOG" | tail -5 >>"$SUMMARY"
-		gotest "parity vae" workers/vae/causalvae causalvae.test 300 -test.run '^TestParity' -test.v
 		# worker tests build their workers through internal/testbin, and this machine has no go:
 		# scripts/fakego/go answers it with the carried <model>-worker binaries
-		chmod +x "$BIN"/*-worker
+		chmod +x "$BIN"/*-worker 2>/dev/null
 		export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
-		gotest "parity vae worker" workers/vae vae.test 300 -test.run '^TestParity' -test.v
-		gotest "parity textenc" workers/textenc textenc.test 300 -test.run '^TestParity' -test.v
+		# pass 1, f32 activations everywhere (FRAMEPACK_ACTIVATION_DTYPE=f32: every case at its own
+		# tolerance); the in-process TestParity*Half tests still run their model's 16-bit dtype
+		export FRAMEPACK_ACTIVATION_DTYPE=f32
+		gotest "parity vae (f32)" workers/vae/causalvae causalvae.test 300 -test.run '^TestParity' -test.v
+		gotest "parity vae worker (f32)" workers/vae vae.test 300 -test.run '^TestParity' -test.v
+		gotest "parity textenc (f32)" workers/textenc textenc.test 300 -test.run '^TestParity' -test.v
 		gotest "parity textenc tokenize" internal/tokenizer tokenizer.test 120 -test.run '^TestParity' -test.v
-		gotest "parity siglip" workers/clipvision/siglip siglip.test 300 -test.run 'Parity' -test.v
-		gotest "parity siglip worker" workers/clipvision clipvision.test 300 -test.run 'Parity' -test.v
-		gotest "parity transformer" workers/transformer/dit dit.test 300 -test.run '^TestParity' -test.v
+		gotest "parity siglip (f32)" workers/clipvision/siglip siglip.test 300 -test.run 'Parity' -test.v
+		gotest "parity siglip worker (f32)" workers/clipvision clipvision.test 300 -test.run 'Parity' -test.v
+		gotest "parity transformer (f32)" workers/transformer/dit dit.test 300 -test.run '^TestParity' -test.v
 		# sample_hunyuan (TestWorkerParitySampler) and transformer.forward (TestParityTransformerWorker*)
 		# through the transformer worker
-		gotest "parity sampler and transformer worker" workers/transformer transformer.test 300 -test.run 'Parity' -test.v
+		gotest "parity sampler and transformer worker (f32)" workers/transformer transformer.test 300 -test.run 'Parity' -test.v
 		gotest "parity sampler (sigmas, UniPC replay)" workers/transformer/sampler sampler.test 120 -test.run '^TestParity' -test.v
 		gotest "parity rng" internal/torchrng torchrng.test 120 -test.run '^TestParity' -test.v
 		gotest "parity prep" internal/imageproc imageproc.test 120 -test.run '^TestParity' -test.v
-		gotest "parity pipeline (daemon, $FRAMEPACK_BACKEND lane)" supervisor/pipeline pipeline.test 300 -test.run '^TestParityPipeline(Studio)?$' -test.v
+		gotest "parity pipeline (daemon, $FRAMEPACK_BACKEND lane, f32)" supervisor/pipeline pipeline.test 300 -test.run '^TestParityPipeline(Studio)?$' -test.v
+		# pass 2, each model's default 16-bit activations on the GPU (transformer bf16, the rest
+		# fp16; every case within 2e-2): in process, and through the workers (their checks follow
+		# the dtype Load reports)
+		unset FRAMEPACK_ACTIVATION_DTYPE
+		gotest "parity vae (fp16)" workers/vae/causalvae causalvae.test 300 -test.run '^TestParityVAEHalf$' -test.v
+		gotest "parity vae worker (default: fp16)" workers/vae vae.test 300 -test.run '^TestParityVAE$' -test.v
+		[ -e "$BIN/llama.test" ] && gotest "parity llama (fp16)" workers/textenc/llama llama.test 300 -test.run 'Half$' -test.v
+		[ -e "$BIN/clip.test" ] && gotest "parity clip text (fp16)" workers/textenc/clip clip.test 300 -test.run 'Half$' -test.v
+		gotest "parity textenc worker (default: fp16)" workers/textenc textenc.test 300 -test.run '^TestParityTextenc$' -test.v
+		gotest "parity siglip (fp16)" workers/clipvision/siglip siglip.test 300 -test.run '^TestParitySiglipHalf$' -test.v
+		gotest "parity siglip worker (default: fp16)" workers/clipvision clipvision.test 300 -test.run '^TestParitySiglip$' -test.v
+		gotest "parity transformer (bf16)" workers/transformer/dit dit.test 300 -test.run '^TestParityTransformerHalf$' -test.v
+		gotest "parity transformer worker (default: bf16)" workers/transformer transformer.test 300 -test.run '^TestParityTransformerWorker$' -test.v
 		;;
 	tiers)
+		# TestParityVAE is f32; TestParityVAEHalf the 16-bit default (fp16)
 		for tier in vendor_tuned vendor_default own_kernel cpu; do
 			FRAMEPACK_CONV_TIER=$tier gotest "parity vae, conv tier $tier forced" workers/vae/causalvae causalvae.test 300 \
-				-test.run '^TestParityVAE$' -test.v
+				-test.run '^TestParityVAE(Half)?$' -test.v
 		done
 		;;
 	attention)
@@ -176,9 +196,9 @@ for phase in "${phases[@]}"; do
 		mkdir -p "$B"
 		export PYTHONUNBUFFERED=1
 		run "bench manifests" 300 python3 scripts/gpubench/torch_bench.py --out "$B" --manifests-only
-		# ours as FramePack computes: 16-bit matrix products (weights bf16, activations rounded
-		# to bf16 at the matrix units), f32 accumulation and f32 elsewhere
-		FRAMEPACK_GPU_HALF_COMPUTE=${FRAMEPACK_GPU_HALF_COMPUTE:-1} run "bench ours" "${BENCH_OURS_LIMIT:-420}" "$BIN/gpubench" -dir "$B" ${BENCH_STAGES:+-stages $BENCH_STAGES}
+		# ours as FramePack computes: weights and activations in each model's dtype (transformer
+		# bf16, the rest fp16), f32 accumulation
+		run "bench ours" "${BENCH_OURS_LIMIT:-420}" "$BIN/gpubench" -dir "$B" ${BENCH_STAGES:+-stages $BENCH_STAGES}
 		run "bench pytorch" "${BENCH_TORCH_LIMIT:-420}" python3 scripts/gpubench/torch_bench.py --out "$B" ${BENCH_STAGES:+--stages $BENCH_STAGES}
 		cp "$B"/ours.json "$B"/torch.json "$OUT"/ 2>/dev/null
 		python3 scripts/gpubench/table.py "$B" "$OUT/bench.json" "${BENCH_COMMIT:-}" | tee "$OUT/table.md" >>"$SUMMARY"

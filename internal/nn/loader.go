@@ -87,8 +87,9 @@ type Loader struct {
 
 // Options are the dtypes a model's weights are uploaded in (every model package's load options).
 type Options struct {
-	// DType is the dtype of the tensors Tensor binds (norms, biases, embeddings added to
-	// activations); 0 means F32 (every backend computes in F32).
+	// DType is the model's activation dtype and the dtype of the tensors Tensor binds (norms,
+	// biases, embeddings added to activations), as a model cast whole to it holds them; 0
+	// means F32.
 	DType runtime.DType
 	// WeightDType is the dtype of the weight matrices Weight binds (Linear, convolution and
 	// embedding tables: nearly all the bytes): F16 or BF16 keep them in 16 bits,

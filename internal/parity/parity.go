@@ -108,6 +108,31 @@ type Tolerance struct {
 	RelL2 float64 `json:"rel_l2"`
 }
 
+// HalfRelL2 is the relative L2 error every case is held to when the model runs with 16-bit
+// activations (bf16 or fp16, f32 accumulation): the bf16 tolerance of the speed issues. A
+// fixture's own tolerances are for f32 activations.
+const HalfRelL2 = 2e-2
+
+// ForActivations returns c with the tolerance of a run whose activations are 16-bit (half)
+// or f32: the case's own, loosened to HalfRelL2 for a half run.
+func (c Case) ForActivations(half bool) Case {
+	if half {
+		c.Tolerance.RelL2 = max(c.Tolerance.RelL2, HalfRelL2)
+	}
+	return c
+}
+
+// HalfActivations returns the 16-bit activation dtype a half parity run uses: the one
+// $FRAMEPACK_ACTIVATION_DTYPE names ("bf16"/"bfloat16", "fp16"/"f16"/"float16"), else def (the
+// dtype FramePack runs the model in).
+func HalfActivations(def string) string {
+	switch v := os.Getenv("FRAMEPACK_ACTIVATION_DTYPE"); v {
+	case "bf16", "bfloat16", "fp16", "f16", "float16":
+		return v
+	}
+	return def
+}
+
 // Case is one reference computation.
 type Case struct {
 	Name          string                     `json:"name"`

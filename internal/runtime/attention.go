@@ -31,7 +31,7 @@ const (
 	// AttentionAuto runs the chain (or the tier Options.AttentionTier forces).
 	AttentionAuto AttentionTier = C.FPK_ATTN_TIER_AUTO
 	// AttentionVendor is the vendor library's fused attention: cuDNN 9's SDPA graph on the cuda
-	// backend (bf16/f16 q, k, v — f32 only under FRAMEPACK_GPU_HALF_COMPUTE, rounded to bf16 —
+	// backend (bf16/f16 q, k, v — the 16-bit activations GPU models load with; f32 is declined —
 	// head dims cuDNN takes, no mask or a key-padding mask); unavailable where cuDNN 9 is
 	// missing, for what it declines, on the hip backend (MIOpen has none) and on the cpu backend.
 	AttentionVendor AttentionTier = C.FPK_ATTN_TIER_VENDOR

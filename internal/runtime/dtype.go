@@ -11,10 +11,13 @@ import (
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
-// DType is a tensor element type. F16 and BF16 are storage types: the cpu backend computes in
-// F32, and Cast or a converting upload moves between them exactly (round to nearest even
-// where a value does not fit). Weights may stay in F16/BF16: MatMul/Linear (b), Conv3d (w) and
-// EmbeddingAs (table) widen them to f32 as they go.
+// DType is a tensor element type. Activations may be F32, F16 or BF16 (the activation dtype a
+// model is loaded with): every op's output takes its (first) activation input's dtype and
+// accumulates in f32. The cpu backend computes 16-bit activations on f32 stand-ins and rounds
+// the result once; GPU backends run 16-bit operands on their matrix units. Cast or a
+// converting upload moves between dtypes exactly (round to nearest even where a value does not
+// fit). Weights may stay in F16/BF16: MatMul/Linear (b), Conv3d (w) and EmbeddingAs (table)
+// widen them as they go where they meet another dtype.
 type DType int
 
 // Element types.
@@ -46,6 +49,35 @@ func ParseWeightDType(s string) (DType, error) {
 		return AsStored, nil
 	}
 	return 0, fmt.Errorf("dtype %q: want fp32, fp16, bf16 or auto", s)
+}
+
+// ParseActivationDType maps an activation dtype name to the dtype: "fp32"/"f32" F32,
+// "bf16" BF16, "fp16"/"f16" F16. (F32 is DType's zero value: a caller with a default checks for
+// an empty name itself.)
+func ParseActivationDType(s string) (DType, error) {
+	switch s {
+	case "fp32", "f32", "float32":
+		return F32, nil
+	case "bf16", "bfloat16":
+		return BF16, nil
+	case "fp16", "f16", "float16":
+		return F16, nil
+	}
+	return 0, fmt.Errorf("activation dtype %q: want fp32, bf16 or fp16", s)
+}
+
+// ProtoName is the dtype's name in the worker protocol ("fp32", "bf16", "fp16"; others as
+// String).
+func (d DType) ProtoName() string {
+	switch d {
+	case F32:
+		return "fp32"
+	case F16:
+		return "fp16"
+	case BF16:
+		return "bf16"
+	}
+	return d.String()
 }
 
 // String returns the dtype's short name ("f32").

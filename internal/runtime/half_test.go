@@ -162,27 +162,48 @@ func TestLinearHalfWeights(t *testing.T) {
 	}
 }
 
-// TestHalfOperandsRefusedOnCPU: on the cpu backend only the weight may be 16-bit: activations
-// and bias stay f32 (GPU backends take f16/bf16 storage in every operand).
-func TestHalfOperandsRefusedOnCPU(t *testing.T) {
+// TestHalfOperandsOnCPU: on the cpu backend a 16-bit bias meets f32 activations exactly (the
+// output stays f32, the activations' dtype), and 16-bit activations times an f32 matrix give a
+// 16-bit output: the f32 product rounded once.
+func TestHalfOperandsOnCPU(t *testing.T) {
 	rt := newTestRuntime(t, Options{Backend: "cpu"})
 	r := rng(t)
 	for _, dt := range []DType{F16, BF16} {
-		x, _ := randTensor(t, rt, r, 2, 3, 17)
-		wh, _, _ := halfTensor(t, rt, r, dt, 11, 17)
-		b, _ := randTensor(t, rt, r, 11)
-		bh, _, _ := halfTensor(t, rt, r, dt, 11)
-		if y, err := rt.Linear(x, wh, bh); !errors.Is(err, ErrUnsupported) {
-			if err == nil {
-				y.Free()
+		x, xv := randTensor(t, rt, r, 2, 3, 17)
+		wh, _, wv := halfTensor(t, rt, r, dt, 11, 17)
+		bh, _, bv := halfTensor(t, rt, r, dt, 11)
+		want := make([]float64, 2*3*11)
+		for i := range 6 {
+			for o := range 11 {
+				want[i*11+o] = bv[o]
+				for k := range 17 {
+					want[i*11+o] += xv[i*17+k] * wv[o*17+k]
+				}
 			}
-			t.Fatalf("%s bias: got %v, want ErrUnsupported", dt, err)
 		}
-		xh, _, _ := halfTensor(t, rt, r, dt, 3, 11)
-		if y, err := rt.MatMul(xh, b, GemmParams{}); err == nil {
-			y.Free()
-			t.Fatalf("%s a operand: no error", dt)
+		y, err := rt.Linear(x, wh, bh)
+		if err == nil && y.DType() != F32 {
+			t.Errorf("%s bias: output %s, want f32 (the activations')", dt, y.DType())
 		}
+		check(t, dt.String()+" bias", y, err, []int{2, 3, 11}, want)
+
+		xh, x32, _ := halfTensor(t, rt, r, dt, 3, 11)
+		b, _ := randTensor(t, rt, r, 11, 5)
+		got, err := rt.MatMul(xh, b, GemmParams{})
+		if err != nil {
+			t.Fatalf("%s a operand: %v", dt, err)
+		}
+		ref, err := rt.MatMul(x32, b, GemmParams{})
+		if err != nil {
+			got.Free()
+			t.Fatal(err)
+		}
+		if got.DType() != dt {
+			t.Errorf("%s a operand: output %s", dt, got.DType())
+		}
+		compareRounded(t, dt.String()+" a operand", got, ref, dt, true)
+		got.Free()
+		ref.Free()
 	}
 }
 

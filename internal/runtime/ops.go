@@ -76,15 +76,16 @@ type GemmParams struct {
 }
 
 // MatMul computes alpha·op(a)·op(b). a: [batch..., M, K]; b: [batch..., K, N] with the same
-// batch dims, or [K, N] shared by every batch; → [batch..., M, N] in F32. On the cpu backend b
-// may be F16 or BF16 (weights kept in 16 bits): it is widened to f32 a panel at a time into
-// bounded scratch, with the results of an f32 copy of b.
+// batch dims, or [K, N] shared by every batch; → [batch..., M, N] in a's dtype (the activation
+// dtype: f32, or a 16-bit one with f32 accumulation). b may be F16 or BF16 (weights kept in 16
+// bits); on the cpu backend it is widened to f32 a panel at a time into bounded scratch, with
+// the results of an f32 copy of b.
 func (rt *Runtime) MatMul(a, b *Tensor, p GemmParams) (*Tensor, error) {
 	return rt.gemm("matmul", a, b, nil, p)
 }
 
 // Linear is a PyTorch linear layer: x [..., in] · wᵀ + bias with w [out, in], bias [out] or
-// nil → [..., out]. w may be F16 or BF16 (see MatMul); x and bias are F32.
+// nil → [..., out] in x's dtype. w may be F16 or BF16 (see MatMul).
 func (rt *Runtime) Linear(x, w, bias *Tensor) (*Tensor, error) {
 	const op = "linear"
 	if err := required(op, x, w); err != nil {
@@ -132,7 +133,7 @@ func (rt *Runtime) gemm(op string, a, b, bias *Tensor, p GemmParams) (*Tensor, e
 	if p.TransB {
 		cp.trans_b = 1
 	}
-	return rt.op(op, F32, shape, []*Tensor{a, b, bias}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
+	return rt.op(op, a.dtype, shape, []*Tensor{a, b, bias}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
 		return C.fpk_op_gemm(rt.stream, &cp, in[0], in[1], in[2], out)
 	})
 }
@@ -319,6 +320,37 @@ func (rt *Runtime) Mul(a, b *Tensor) (*Tensor, error) { return rt.Binary(OpMul, 
 
 // Div is a / b with broadcasting.
 func (rt *Runtime) Div(a, b *Tensor) (*Tensor, error) { return rt.Binary(OpDiv, a, b) }
+
+// ternary runs a fused three-operand op whose output has x's shape and dtype; the other two
+// operands broadcast to it.
+func (rt *Runtime) ternary(op string, top C.fpk_ternary_op, x, b, c *Tensor) (*Tensor, error) {
+	if err := required(op, x, b, c); err != nil {
+		return nil, err
+	}
+	for _, t := range []*Tensor{b, c} {
+		if s, ok := BroadcastShape(x.shape, t.shape); !ok || !slices.Equal(s, x.shape) {
+			return nil, argError(op, "%s does not broadcast to x %s", t, x)
+		}
+	}
+	return rt.op(op, x.dtype, x.shape, []*Tensor{x, b, c}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
+		return C.fpk_op_ternary(rt.stream, top, in[0], in[1], in[2], out)
+	})
+}
+
+// Modulate is the AdaLN modulation x·(1 + scale) + shift in one pass (scale and shift
+// broadcast to x, e.g. [1, dim] over [1, L, dim]), in x's dtype with one rounding.
+func (rt *Runtime) Modulate(x, scale, shift *Tensor) (*Tensor, error) {
+	return rt.ternary("modulate", C.FPK_TERNARY_MODULATE, x, scale, shift)
+}
+
+// GateResidual is the gated residual x + y·gate in one pass (y has x's shape, gate broadcasts
+// to it), in x's dtype with one rounding.
+func (rt *Runtime) GateResidual(x, gate, y *Tensor) (*Tensor, error) {
+	if y != nil && x != nil && !slices.Equal(x.shape, y.shape) {
+		return nil, argError("gate residual", "y %s and x %s differ in shape", y, x)
+	}
+	return rt.ternary("gate residual", C.FPK_TERNARY_GATE_RESIDUAL, x, gate, y)
+}
 
 // Softmax is the softmax of x·scale over the last dim (scale 0 means 1).
 func (rt *Runtime) Softmax(x *Tensor, scale float32) (*Tensor, error) {

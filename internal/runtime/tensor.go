@@ -181,6 +181,15 @@ func (rt *Runtime) FromFloat32(data []float32, shape ...int) (*Tensor, error) {
 	return rt.fromHost("from float32", F32, F32, unsafe.Pointer(unsafe.SliceData(data)), len(data), shape)
 }
 
+// FromFloat32As creates a tensor of float dtype dt holding data rounded to it (a model's input
+// in its activation dtype; F32 is FromFloat32).
+func (rt *Runtime) FromFloat32As(dt DType, data []float32, shape ...int) (*Tensor, error) {
+	if !dt.IsFloat() {
+		return nil, argError("from float32", "dtype %s is not a float dtype", dt)
+	}
+	return rt.fromHost("from float32", dt, F32, unsafe.Pointer(unsafe.SliceData(data)), len(data), shape)
+}
+
 // FromInt32 creates an i32 tensor (token ids) holding data.
 func (rt *Runtime) FromInt32(data []int32, shape ...int) (*Tensor, error) {
 	return rt.fromHost("from int32", I32, I32, unsafe.Pointer(unsafe.SliceData(data)), len(data), shape)

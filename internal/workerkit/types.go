@@ -116,7 +116,7 @@ type ConvTierStats struct {
 // LoadRequest asks a worker to open its backend and load its model.
 type LoadRequest struct {
 	ModelDir          string
-	DType             string // weight storage: "fp32" (or empty), "fp16", "bf16", "auto" (the checkpoint's)
+	DType             string // weight storage: "fp32", "fp16", "bf16", "auto" (the checkpoint's); empty: the activation dtype
 	Backend           string // "cpu", "cuda", "hip", "auto"; empty: auto
 	DeviceIndex       uint32
 	PCIBusID          string // when set, the GPU with this PCI bus id ("0000:65:00.0"), not DeviceIndex
@@ -130,6 +130,10 @@ type LoadRequest struct {
 	// Workload is the job the model is loaded for (transformer: the activation estimate that
 	// residency is planned around); nil: none reserved.
 	Workload *Workload
+	// ActivationDType is the dtype activations are computed in: "fp32", "bf16", "fp16"; empty:
+	// $FRAMEPACK_ACTIVATION_DTYPE, else the model's default for the backend
+	// (modelrt.Base.Activation).
+	ActivationDType string
 }
 
 // Workload is the size of the job a worker is loaded for (worker.proto Workload).

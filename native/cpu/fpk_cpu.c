@@ -143,6 +143,52 @@ static void cpu_host_convert(void *ctx, void *dst, fpk_dtype ddt, const void *sr
     fpk_pool_run(CTX(ctx)->pool, (int64_t)n, 1 << 15, copy_task, &j);
 }
 
+int fpk_cpu_widen_begin(fpk_cpu_ctx *c, fpk_cpu_wide *wd, fpk_tensor_t **io, int n, int nin) {
+    int any = 0;
+    for (int i = 0; i < n; i++) any |= *io[i] && fpk_cpu_is_half(*io[i]);
+    if (!any) return 0;
+    memset(wd, 0, sizeof *wd);
+    for (int i = 0; i < n && wd->status == FPK_OK; i++) {
+        fpk_tensor_t t = *io[i];
+        if (!t || !fpk_cpu_is_half(t)) continue;
+        if (wd->n == FPK_CPU_WIDE_MAX) {
+            wd->status = fpk_set_error(FPK_ERR_INTERNAL, "cpu: more than %d 16-bit operands", FPK_CPU_WIDE_MAX);
+            break;
+        }
+        int k = wd->n;
+        size_t nbytes = (size_t)t->numel * 4;
+        void *data = NULL;
+        wd->status = fpk_cpu_scratch(t, nbytes ? nbytes : 4, &data);
+        if (wd->status != FPK_OK) break;
+        wd->n++;
+        wd->slot[k] = io[i];
+        wd->orig[k] = t;
+        wd->is_out[k] = i >= nin;
+        wd->buf[k].backend = t->buf->backend;
+        wd->buf[k].data = data;
+        wd->buf[k].nbytes = nbytes ? nbytes : 4;
+        atomic_init(&wd->buf[k].refs, 1);
+        wd->t[k] = *t;
+        wd->t[k].buf = &wd->buf[k];
+        wd->t[k].offset = 0;
+        wd->t[k].dtype = FPK_F32;
+        if (!wd->is_out[k]) cpu_host_convert(c, data, FPK_F32, fpk_tensor_data(t), t->dtype, (size_t)t->numel);
+        *io[i] = &wd->t[k];
+    }
+    return 1;
+}
+
+fpk_status fpk_cpu_widen_end(fpk_cpu_ctx *c, fpk_cpu_wide *wd, fpk_status st) {
+    for (int k = 0; k < wd->n; k++) {
+        fpk_tensor_t t = wd->orig[k];
+        if (st == FPK_OK && wd->is_out[k])
+            cpu_host_convert(c, fpk_tensor_data(t), t->dtype, wd->buf[k].data, FPK_F32, (size_t)t->numel);
+        fpk_cpu_scratch_free(t, wd->buf[k].data, wd->buf[k].nbytes);
+        *wd->slot[k] = t;
+    }
+    return st;
+}
+
 static fpk_status cpu_copy(void *ctx, void *stream, fpk_tensor_t src, fpk_tensor_t dst) {
     (void)stream;
     conv_job j = {.dst = fpk_tensor_data(dst), .src = fpk_tensor_data(src), .ddt = dst->dtype,
@@ -183,6 +229,8 @@ void fpk_cpu_add_channel_bias(fpk_cpu_ctx *c, float *y, const float *bias, int64
 static fpk_status cpu_gemm(void *ctx, void *stream, const fpk_gemm_params *p, fpk_tensor_t a,
                            fpk_tensor_t b, fpk_tensor_t bias, fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&a, &bias, &out};
+    FPK_CPU_WIDE(ctx, io, 2, cpu_gemm(ctx, stream, p, a, b, bias, out));
     const char *op = "gemm";
     REQ(op, a);
     if (!fpk_cpu_is_half(b)) REQ(op, b); /* f16/bf16 b: a weight widened panel by panel */
@@ -404,6 +452,8 @@ static void unary_task(void *arg, int64_t b, int64_t e, int th) {
 
 static fpk_status cpu_unary(void *ctx, void *stream, fpk_unary_op op, fpk_tensor_t x, fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&x, &out};
+    FPK_CPU_WIDE(ctx, io, 1, cpu_unary(ctx, stream, op, x, out));
     REQ("unary", x);
     REQ("unary", out);
     unary_job j = {.x = CF(x), .y = F(out), .op = (int)op};
@@ -414,6 +464,8 @@ static fpk_status cpu_unary(void *ctx, void *stream, fpk_unary_op op, fpk_tensor
 static fpk_status cpu_affine(void *ctx, void *stream, float scale, float shift, fpk_tensor_t x,
                              fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&x, &out};
+    FPK_CPU_WIDE(ctx, io, 1, cpu_affine(ctx, stream, scale, shift, x, out));
     REQ("affine", x);
     REQ("affine", out);
     unary_job j = {.x = CF(x), .y = F(out), .op = -1, .a = scale, .b = shift};
@@ -487,6 +539,8 @@ static void binary_task(void *arg, int64_t rb, int64_t re, int th) {
 static fpk_status cpu_binary(void *ctx, void *stream, fpk_binary_op op, fpk_tensor_t a,
                              fpk_tensor_t b, fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&a, &b, &out};
+    FPK_CPU_WIDE(ctx, io, 2, cpu_binary(ctx, stream, op, a, b, out));
     REQ("binary", a);
     REQ("binary", b);
     REQ("binary", out);
@@ -525,6 +579,67 @@ static fpk_status cpu_binary(void *ctx, void *stream, fpk_binary_op op, fpk_tens
     return FPK_OK;
 }
 
+/* ---- fused three-operand ops ---------------------------------------------------------------- */
+
+typedef struct {
+    const float *a, *b, *c;
+    float *y;
+    int op;
+    int ndim;
+    int64_t shape[FPK_MAX_DIMS], sa[FPK_MAX_DIMS], sb[FPK_MAX_DIMS], sc[FPK_MAX_DIMS];
+} ternary_job;
+
+static void ternary_task(void *arg, int64_t rb, int64_t re, int th) {
+    (void)th;
+    ternary_job *j = arg;
+    int nd = j->ndim;
+    int64_t inner = j->shape[nd - 1], ia = j->sa[nd - 1], ib = j->sb[nd - 1], ic = j->sc[nd - 1];
+    for (int64_t r = rb; r < re; r++) {
+        int64_t oa = 0, ob = 0, oc = 0, rem = r;
+        for (int d = nd - 2; d >= 0; d--) {
+            int64_t k = rem % j->shape[d];
+            rem /= j->shape[d];
+            oa += k * j->sa[d];
+            ob += k * j->sb[d];
+            oc += k * j->sc[d];
+        }
+        const float *a = j->a + oa, *b = j->b + ob, *c = j->c + oc;
+        float *y = j->y + r * inner;
+        /* the unfused ops' f32 steps in their order (no contraction to fma on this target) */
+        if (j->op == FPK_TERNARY_MODULATE)
+            for (int64_t i = 0; i < inner; i++) y[i] = a[i * ia] * (1.0f + b[i * ib]) + c[i * ic];
+        else
+            for (int64_t i = 0; i < inner; i++) y[i] = a[i * ia] + c[i * ic] * b[i * ib];
+    }
+}
+
+static fpk_status cpu_ternary(void *ctx, void *stream, fpk_ternary_op op, fpk_tensor_t a, fpk_tensor_t b,
+                              fpk_tensor_t c, fpk_tensor_t out) {
+    (void)stream;
+    fpk_tensor_t *io[] = {&a, &b, &c, &out};
+    FPK_CPU_WIDE(ctx, io, 3, cpu_ternary(ctx, stream, op, a, b, c, out));
+    REQ("ternary", a);
+    REQ("ternary", b);
+    REQ("ternary", c);
+    REQ("ternary", out);
+    if (out->numel == 0) return FPK_OK;
+    int nd = out->ndim;
+    ternary_job j = {.a = CF(a), .b = CF(b), .c = CF(c), .y = F(out), .op = (int)op, .ndim = nd > 0 ? nd : 1};
+    if (nd == 0) {
+        j.shape[0] = 1;
+    } else {
+        memcpy(j.shape, out->shape, sizeof(int64_t) * (size_t)nd);
+        bcast_strides(a, nd, out->shape, j.sa);
+        bcast_strides(b, nd, out->shape, j.sb);
+        bcast_strides(c, nd, out->shape, j.sc);
+    }
+    int64_t inner = j.shape[j.ndim - 1];
+    int64_t rows = out->numel / inner;
+    int64_t grain = inner >= (1 << 14) ? 1 : (1 << 14) / inner;
+    fpk_pool_run(CTX(ctx)->pool, rows, grain, ternary_task, &j);
+    return FPK_OK;
+}
+
 /* ---- softmax and norms ---------------------------------------------------------------------- */
 
 typedef struct {
@@ -557,6 +672,8 @@ void fpk_cpu_softmax_rows(fpk_cpu_ctx *c, float *x, int64_t rows, int64_t n, flo
 
 static fpk_status cpu_softmax(void *ctx, void *stream, float scale, fpk_tensor_t x, fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&x, &out};
+    FPK_CPU_WIDE(ctx, io, 1, cpu_softmax(ctx, stream, scale, x, out));
     REQ("softmax", x);
     REQ("softmax", out);
     int64_t n = x->shape[x->ndim - 1];
@@ -614,6 +731,8 @@ static void layer_norm_task(void *arg, int64_t rb, int64_t re, int th) {
 static fpk_status cpu_layer_norm(void *ctx, void *stream, float eps, fpk_tensor_t x, fpk_tensor_t w,
                                  fpk_tensor_t b, fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&x, &w, &b, &out};
+    FPK_CPU_WIDE(ctx, io, 3, cpu_layer_norm(ctx, stream, eps, x, w, b, out));
     const char *op = "layer norm";
     REQ(op, x);
     REQ(op, w);
@@ -629,6 +748,8 @@ static fpk_status cpu_layer_norm(void *ctx, void *stream, float eps, fpk_tensor_
 static fpk_status cpu_rms_norm(void *ctx, void *stream, float eps, fpk_tensor_t x, fpk_tensor_t w,
                                fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&x, &w, &out};
+    FPK_CPU_WIDE(ctx, io, 2, cpu_rms_norm(ctx, stream, eps, x, w, out));
     const char *op = "rms norm";
     REQ(op, x);
     REQ(op, w);
@@ -674,6 +795,8 @@ static void group_norm_task(void *arg, int64_t gb, int64_t ge, int th) {
 static fpk_status cpu_group_norm(void *ctx, void *stream, int64_t groups, float eps, fpk_tensor_t x,
                                  fpk_tensor_t w, fpk_tensor_t b, fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&x, &w, &b, &out};
+    FPK_CPU_WIDE(ctx, io, 3, cpu_group_norm(ctx, stream, groups, eps, x, w, b, out));
     const char *op = "group norm";
     REQ(op, x);
     REQ(op, w);
@@ -732,6 +855,8 @@ static void rope_task(void *arg, int64_t rb, int64_t re, int th) {
 static fpk_status cpu_rope(void *ctx, void *stream, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
                            fpk_tensor_t sin, fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&x, &cos, &sin, &out};
+    FPK_CPU_WIDE(ctx, io, 3, cpu_rope(ctx, stream, mode, x, cos, sin, out));
     const char *op = "rope";
     REQ(op, x);
     REQ(op, cos);
@@ -1022,6 +1147,8 @@ static void avg_pool_task(void *arg, int64_t rb, int64_t re, int th) {
 static fpk_status cpu_avg_pool3d(void *ctx, void *stream, const int64_t *kernel, const int64_t *stride,
                                  fpk_tensor_t x, fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&x, &out};
+    FPK_CPU_WIDE(ctx, io, 1, cpu_avg_pool3d(ctx, stream, kernel, stride, x, out));
     const char *op = "avg pool3d";
     REQ(op, x);
     REQ(op, out);
@@ -1069,6 +1196,8 @@ static void reduce_task(void *arg, int64_t rb, int64_t re, int th) {
 static fpk_status cpu_reduce(void *ctx, void *stream, fpk_reduce_op op, int dim, fpk_tensor_t x,
                              fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&x, &out};
+    FPK_CPU_WIDE(ctx, io, 1, cpu_reduce(ctx, stream, op, dim, x, out));
     REQ("reduce", x);
     REQ("reduce", out);
     if (out->numel == 0) return FPK_OK;
@@ -1144,6 +1273,7 @@ static const struct fpk_backend_iface cpu_iface = {
     .reduce = cpu_reduce,
     .copy = cpu_copy,
     .embedding = cpu_embedding,
+    .ternary = cpu_ternary,
 };
 
 static int online_cpus(void) {

@@ -15,6 +15,40 @@ typedef struct fpk_cpu_ctx {
 /* Fails with FPK_ERR_UNSUPPORTED unless t is NULL or F32 (the cpu backend computes in f32). */
 fpk_status fpk_cpu_require_f32(const char *op, fpk_tensor_t t, const char *name);
 
+/* ---- 16-bit activations (fpk_cpu.c) ----
+ * The cpu backend computes in f32. An op given F16/BF16 activations (inputs or output) runs on
+ * f32 stand-ins: each 16-bit input is widened exactly into scratch charged to the allocator,
+ * the output is computed into f32 scratch and rounded to its dtype (nearest even) at the end,
+ * so a 16-bit op equals the f32 op on the same values followed by one rounding. Weight operands
+ * the op widens itself (gemm's b, conv3d's w) are not listed. */
+#define FPK_CPU_WIDE_MAX 6
+typedef struct fpk_cpu_wide {
+    int n;
+    fpk_status status;      /* of the widening itself */
+    fpk_tensor_t *slot[FPK_CPU_WIDE_MAX]; /* the caller's tensor variables, repointed */
+    fpk_tensor_t orig[FPK_CPU_WIDE_MAX];
+    int is_out[FPK_CPU_WIDE_MAX];
+    struct fpk_buffer buf[FPK_CPU_WIDE_MAX];
+    struct fpk_tensor t[FPK_CPU_WIDE_MAX];
+} fpk_cpu_wide;
+/* If any non-NULL tensor of io (the first nin inputs, the rest outputs) is F16 or BF16, points
+ * each such variable at an f32 stand-in (inputs widened) and returns 1 (wd->status says whether
+ * that worked); returns 0, changing nothing, when every one is f32 or not a float. */
+int fpk_cpu_widen_begin(fpk_cpu_ctx *c, fpk_cpu_wide *wd, fpk_tensor_t **io, int n, int nin);
+/* Rounds the stand-in outputs into the real ones when st is FPK_OK, frees the scratch and
+ * restores the caller's variables; returns st. */
+fpk_status fpk_cpu_widen_end(fpk_cpu_ctx *c, fpk_cpu_wide *wd, fpk_status st);
+/* Runs call on f32 stand-ins when a tensor of io is 16-bit, and returns its status. */
+#define FPK_CPU_WIDE(ctx, io, nin, call)                                                        \
+    do {                                                                                        \
+        fpk_cpu_wide wd_;                                                                       \
+        if (fpk_cpu_widen_begin((fpk_cpu_ctx *)(ctx), &wd_, io, (int)(sizeof io / sizeof *io), nin)) { \
+            fpk_status wst_ = wd_.status;                                                       \
+            if (wst_ == FPK_OK) wst_ = (call);                                                  \
+            return fpk_cpu_widen_end((fpk_cpu_ctx *)(ctx), &wd_, wst_);                         \
+        }                                                                                       \
+    } while (0)
+
 /* Scratch memory counted against the backend's cap. */
 fpk_status fpk_cpu_scratch(fpk_tensor_t any, size_t nbytes, void **out);
 void fpk_cpu_scratch_free(fpk_tensor_t any, void *ptr, size_t nbytes);

@@ -325,6 +325,8 @@ fpk_status fpk_cpu_attention(void *ctx, void *stream, const fpk_attention_params
                              fpk_tensor_t q, fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask,
                              fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&q, &k, &v, &out};
+    FPK_CPU_WIDE(ctx, io, 3, fpk_cpu_attention(ctx, stream, p, q, k, v, mask, out));
     fpk_cpu_ctx *c = ctx;
     const char *op = "attention";
     fpk_status st;

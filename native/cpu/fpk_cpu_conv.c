@@ -91,6 +91,8 @@ static const float *weight_get(weight_rows *wr, int64_t g, int64_t r0, int64_t n
 fpk_status fpk_cpu_conv3d(void *ctx, void *stream, fpk_conv_tier tier, const fpk_conv3d_params *p,
                           fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out) {
     (void)stream;
+    fpk_tensor_t *io[] = {&x, &bias, &out};
+    FPK_CPU_WIDE(ctx, io, 2, fpk_cpu_conv3d(ctx, stream, tier, p, x, w, bias, out));
     (void)tier;
     fpk_cpu_ctx *c = ctx;
     const char *op = "conv3d";

@@ -105,6 +105,9 @@ fpk_status fpk_gpu_unary(fpk_gpu_ctx *c, void *s, int op, float scale, float shi
 fpk_status fpk_gpu_binary(fpk_gpu_ctx *c, void *s, int op, const fpk_gt *a, const fpk_gt *b,
                           const fpk_gt *out);
 fpk_status fpk_gpu_softmax(fpk_gpu_ctx *c, void *s, float scale, const fpk_gt *x, const fpk_gt *out);
+/* op: fpk_ternary_op; a, b, c broadcast to out. */
+fpk_status fpk_gpu_ternary(fpk_gpu_ctx *c, void *s, int op, const fpk_gt *a, const fpk_gt *b,
+                           const fpk_gt *cc, const fpk_gt *out);
 fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf,
                              const fpk_attention_params *p, const fpk_gt *q, const fpk_gt *k,
                              const fpk_gt *v, const fpk_gt *mask, const fpk_gt *out);

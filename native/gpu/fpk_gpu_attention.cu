@@ -2,7 +2,7 @@
  * fpk_gpu_attention.cu — scaled dot-product attention, three tiers (fpk_attention_tier):
  *
  * vendor   cuDNN 9's fused SDPA (fpk_gpu_vendor_sdpa.cu; CUDA only — on HIP it is unavailable):
- *          bf16/f16 q, k, v (f32 ones rounded to bf16 under FRAMEPACK_GPU_HALF_COMPUTE, the result
+ *          bf16/f16 q, k, v (f32 ones are declined: the f32 parity runs go to flash; the result
  *          converted to out's dtype), head dims multiples of 8 that cuDNN takes, 16-byte aligned
  *          rows; a mask only when it is key padding: broadcast over heads and queries
  *          ([B, 1, 1, Lk]; other shapes are declined at once), each batch entry attending to its
@@ -18,8 +18,7 @@
  *            O += P V with P kept in registers, ldmatrix.trans for V. 4 warps × 16 query rows.
  *          - FMA (every build, HIP included, and every dtype): f32 arithmetic on any dims up to
  *            256, for the f32 parity runs and where the matrix path does not apply.
- *          With FRAMEPACK_GPU_HALF_COMPUTE, f32 q, k, v are rounded to bf16 first (PyTorch's bf16
- *          attention) so the matrix kernel serves.
+ *          16-bit q, k, v come from the activation dtype chosen at Load.
  * chunked  Per batch, query group of a key head and chunk of queries, S = scale·Q Kᵀ for every
  *          key head in one strided batched GEMM (f32 scores), a masked row softmax into P (the
  *          values' dtype when 16-bit), then O = P V written in place. Scratch is one chunk of
@@ -513,30 +512,12 @@ static fpk_status flash(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_f
     attn_strides(out, layout, a.os);
     a.o = out->data;
     a.odt = out->dtype;
-    fpk_scratch sq(sf), sk(sf), sv(sf);
-    const void *ptr[3] = {q->data, k->data, v->data};
-    int dts[3] = {q->dtype, k->dtype, v->dtype};
-#ifdef FPK_FLASH_MMA
-    const fpk_gt *src[3] = {q, k, v};
-    /* FRAMEPACK_GPU_HALF_COMPUTE: f32 q, k, v meet the matrix units in bf16 (PyTorch's bf16
-     * attention), accumulation staying f32 */
-    if (c->half_compute && dts[0] == FPK_F32 && dts[1] == FPK_F32 && dts[2] == FPK_F32 && !force_fma() &&
-        mma_device(c) && D == Dv && D % 8 == 0 && D <= 128) {
-        fpk_scratch *scr[3] = {&sq, &sk, &sv};
-        for (int i = 0; i < 3; i++) {
-            FPK_TRY(scr[i]->alloc((size_t)src[i]->numel * 2));
-            FPK_TRY(fpk_gpu_convert(st, scr[i]->ptr, FPK_BF16, src[i]->data, FPK_F32, src[i]->numel));
-            ptr[i] = scr[i]->ptr;
-            dts[i] = FPK_BF16;
-        }
-    }
-#endif
-    a.q = ptr[0];
-    a.k = ptr[1];
-    a.v = ptr[2];
-    a.qdt = dts[0];
-    a.kdt = dts[1];
-    a.vdt = dts[2];
+    a.q = q->data;
+    a.k = k->data;
+    a.v = v->data;
+    a.qdt = q->dtype;
+    a.kdt = k->dtype;
+    a.vdt = v->dtype;
     dim3 grid;
     grid.y = (unsigned)H;
     grid.z = (unsigned)B;
@@ -613,8 +594,8 @@ __global__ void k_mask_lengths(const uint8_t *m, int64_t ms0, int64_t ms1, int64
     }
 }
 
-/* The vendor tier: q, k, v of one 16-bit dtype (f32 ones rounded to bf16 where
- * FRAMEPACK_GPU_HALF_COMPUTE asks for bf16 matrix work, as the flash tier does), 16-byte aligned
+/* The vendor tier: q, k, v of one 16-bit dtype (the activation dtype a GPU model loads with;
+ * f32 ones are declined, so the f32 parity runs stay f32 on flash), 16-byte aligned
  * rows; a mask only when it is a key-padding mask broadcast over heads and queries (each batch
  * entry attends to its first n >= 1 keys: FramePack's text lengths), which cuDNN takes as
  * sequence lengths. Anything else is FPK_ERR_UNAVAILABLE, and the chain goes on to flash. */
@@ -626,10 +607,9 @@ static fpk_status vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_
                                  fpk_vendor_has_dnn(c) ? "the loaded cuDNN is older or lacks the graph API" : "not loaded");
     int dt = q->dtype;
     bool half = (dt == FPK_BF16 || dt == FPK_F16) && k->dtype == dt && v->dtype == dt;
-    bool to_bf16 = dt == FPK_F32 && k->dtype == dt && v->dtype == dt && c->half_compute;
-    if (!half && !to_bf16)
-        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier takes bf16 or f16 q, k, v (f32 only "
-                                 "with FRAMEPACK_GPU_HALF_COMPUTE), got dtypes %d/%d/%d", q->dtype, k->dtype, v->dtype);
+    if (!half)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier takes bf16 or f16 q, k, v of one "
+                                 "dtype, got dtypes %d/%d/%d", q->dtype, k->dtype, v->dtype);
     if (Lq > INT32_MAX || Lk > INT32_MAX || B > INT32_MAX || D % 8 || Dv % 8)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier takes head dims that are multiples of 8 "
                                  "(D %lld, Dv %lld)", (long long)D, (long long)Dv);
@@ -639,7 +619,7 @@ static fpk_status vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_
     memset(&sd, 0, sizeof sd);
     sd.B = B, sd.H = H, sd.Hkv = Hkv, sd.Lq = Lq, sd.Lk = Lk, sd.D = D, sd.Dv = Dv;
     sd.scale = scale;
-    sd.dt = to_bf16 ? FPK_BF16 : dt;
+    sd.dt = dt;
     attn_strides(q, layout, sd.qs);
     attn_strides(k, layout, sd.ks);
     attn_strides(v, layout, sd.vs);
@@ -690,17 +670,8 @@ static fpk_status vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_
         sd.seq_kv = lens + B;
         sd.seq_q = lens + 2 * B;
     }
-    fpk_scratch sq(sf), sk(sf), sv(sf), so(sf);
-    const fpk_gt *src[3] = {q, k, v};
-    const void **dst[3] = {&sd.q, &sd.k, &sd.v};
-    fpk_scratch *scr[3] = {&sq, &sk, &sv};
-    for (int i = 0; i < 3; i++) {
-        *dst[i] = src[i]->data;
-        if (!to_bf16) continue;
-        FPK_TRY(scr[i]->alloc((size_t)src[i]->numel * 2));
-        FPK_TRY(fpk_gpu_convert(st, scr[i]->ptr, FPK_BF16, src[i]->data, FPK_F32, src[i]->numel));
-        *dst[i] = scr[i]->ptr;
-    }
+    fpk_scratch so(sf);
+    sd.q = q->data, sd.k = k->data, sd.v = v->data;
     sd.o = out->data;
     if (out->dtype != sd.dt) { /* written in the compute dtype with out's strides, then converted */
         FPK_TRY(so.alloc((size_t)out->numel * 2));
@@ -725,25 +696,6 @@ static fpk_status chunked(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch
                           const fpk_gt *out, int64_t B, int64_t H, int64_t Lq, int64_t D, int64_t Hkv, int64_t Lk,
                           int64_t Dv) {
     int64_t rep = H / Hkv;
-    /* FRAMEPACK_GPU_HALF_COMPUTE: f32 q, k, v go through the matrix units in bf16 (as PyTorch's
-     * bf16 attention), scores and softmax staying f32 */
-    fpk_gt qh, kh, vh;
-    fpk_scratch sq(sf), sk(sf), sv(sf);
-    if (c->half_compute && q->dtype == FPK_F32 && k->dtype == FPK_F32 && v->dtype == FPK_F32) {
-        const fpk_gt *src[3] = {q, k, v};
-        fpk_gt *dst[3] = {&qh, &kh, &vh};
-        fpk_scratch *scr[3] = {&sq, &sk, &sv};
-        for (int i = 0; i < 3; i++) {
-            *dst[i] = *src[i];
-            FPK_TRY(scr[i]->alloc((size_t)src[i]->numel * 2));
-            FPK_TRY(fpk_gpu_convert(st, scr[i]->ptr, FPK_BF16, src[i]->data, FPK_F32, src[i]->numel));
-            dst[i]->data = scr[i]->ptr;
-            dst[i]->dtype = FPK_BF16;
-        }
-        q = &qh;
-        k = &kh;
-        v = &vh;
-    }
     int64_t qs[3], ks[3], vs[3], os[3], mst[4];
     attn_strides(q, p->layout, qs);
     attn_strides(k, p->layout, ks);

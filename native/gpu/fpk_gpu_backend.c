@@ -164,6 +164,15 @@ static fpk_status g_binary(void *ctx, void *s, fpk_binary_op op, fpk_tensor_t a,
     return LOCKED(fpk_gpu_binary, s, (int)op, ad, bd, od);
 }
 
+static fpk_status g_ternary(void *ctx, void *s, fpk_ternary_op op, fpk_tensor_t a, fpk_tensor_t b,
+                            fpk_tensor_t c, fpk_tensor_t out) {
+    GT(ad, a);
+    GT(bd, b);
+    GT(cd, c);
+    GT(od, out);
+    return LOCKED(fpk_gpu_ternary, s, (int)op, ad, bd, cd, od);
+}
+
 static fpk_status g_softmax(void *ctx, void *s, float scale, fpk_tensor_t x, fpk_tensor_t out) {
     GT(xd, x);
     GT(od, out);
@@ -297,6 +306,7 @@ static struct fpk_backend_iface gpu_iface = {
     .stream_wait_event = g_stream_wait_event,
     .event_synchronize = g_event_sync,
     .copy_h2d_async = g_h2d_async,
+    .ternary = g_ternary,
 };
 
 __attribute__((visibility("default"))) fpk_status fpk_backend_create_v1(

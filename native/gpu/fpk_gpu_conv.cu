@@ -138,8 +138,6 @@ static fpk_status conv_own(cudaStream_t st, const conv_desc *d) {
     return fpk_gpu_launched("conv3d (own kernel)");
 }
 
-static int is_half(int dt) { return dt == FPK_F16 || dt == FPK_BF16; }
-
 /* One vendor conv on contiguous tensors of one dtype (dims must fit 32 bits). */
 static fpk_status vendor_once(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
                               const int64_t *xs, const void *x, const int64_t *ws, const void *w, const int64_t *ys,
@@ -160,13 +158,9 @@ static fpk_status conv_vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
                               const fpk_gt *out) {
     if (!fpk_vendor_has_dnn(c))
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: no vendor DNN library loaded");
-    /* one compute dtype: f32 when they differ (the 16-bit weight widened exactly, as the f32
-     * path), or with FRAMEPACK_GPU_HALF_COMPUTE the 16-bit one (cuDNN's matrix units) */
+    /* one compute dtype: the operands' when they agree (16-bit activations and weights: cuDNN's
+     * matrix units, float accumulation), else f32 (the 16-bit one widened exactly) */
     int dt = x->dtype == w->dtype ? x->dtype : FPK_F32;
-    if (c->half_compute && x->dtype != w->dtype)
-        dt = is_half(x->dtype) && !is_half(w->dtype) ? x->dtype
-             : is_half(w->dtype) && !is_half(x->dtype) ? w->dtype
-                                                       : FPK_F32;
     size_t es = fpk_dt_size(dt);
     fpk_scratch sx(sf), sw(sf), sy(sf);
     const void *xp = x->data, *wp = w->data;

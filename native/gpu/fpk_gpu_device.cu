@@ -122,8 +122,6 @@ extern "C" fpk_status fpk_gpu_create(const fpk_backend_config *config, fpk_gpu_c
     }
     const char *nb = getenv("FRAMEPACK_GPU_NO_BLAS");
     c->no_blas = nb && *nb && strcmp(nb, "0") != 0;
-    const char *hc = getenv("FRAMEPACK_GPU_HALF_COMPUTE");
-    c->half_compute = hc && *hc && strcmp(hc, "0") != 0;
     pthread_mutex_init(&c->mu, NULL);
     c->small = new (std::nothrow) fpk_small_cache();
     fpk_vendor_open(c);

@@ -1,9 +1,10 @@
 /*
  * fpk_gpu_gemm.cu — GEMM: the vendor BLAS (cuBLAS / rocBLAS, f32 accumulation, no TF32) when it
  * loaded, our own tiled kernel otherwise (any float dtypes, f32 accumulation). Operands of
- * different float types are brought to one type first: f32 (the 16-bit weight widened exactly,
- * the f32 path's result, as the cpu backend does), or with FRAMEPACK_GPU_HALF_COMPUTE=1 the
- * 16-bit type when the other is f32 (PyTorch's bf16 layer on bf16 weights: matrix units).
+ * different float types are brought to f32 first (the 16-bit one widened exactly, the f32
+ * path's result, as the cpu backend does). The activation dtype is chosen at Load: 16-bit
+ * activations meet 16-bit weights of the same type and go straight to the matrix units, the
+ * output in that type, accumulation f32 (CUBLAS_COMPUTE_32F).
  */
 #include "fpk_gpu_internal.h"
 
@@ -89,8 +90,6 @@ fpk_status fpk_gpu_gemm_own(cudaStream_t st, const fpk_gemm_desc *d) {
     return fpk_gpu_launched("gemm (own kernel)");
 }
 
-static int is_half(int dt) { return dt == FPK_F16 || dt == FPK_BF16; }
-
 /* Converts n elements of *p (dtype *dt) to dtype to in scratch s; updates p and dt. */
 static fpk_status to_dtype(cudaStream_t st, fpk_scratch &s, const void **p, int *dt, int to, int64_t n) {
     FPK_TRY(s.alloc((size_t)n * fpk_dt_size(to)));
@@ -116,7 +115,6 @@ fpk_status fpk_gpu_gemm_run(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
     /* one operand type for the vendor BLAS */
     if (d.adt != d.bdt && !c->no_blas && c->blas.handle) {
         int to = FPK_F32; /* widen the 16-bit operand: exactly the f32 path's product */
-        if (c->half_compute) to = is_half(d.adt) && !is_half(d.bdt) ? d.adt : is_half(d.bdt) && !is_half(d.adt) ? d.bdt : FPK_F32;
         fpk_status cs = FPK_OK;
         if (d.adt != to) cs = to_dtype(st, sa, &d.a, &d.adt, to, span(d.trans_a ? d.K : d.M, d.lda, d.stride_a, d.batch));
         if (cs == FPK_OK && d.bdt != to)

@@ -72,10 +72,6 @@ struct fpk_gpu_ctx {
     uint64_t total_memory;
     int multiprocessors;
     int no_blas;      /* FRAMEPACK_GPU_NO_BLAS: own GEMM even where the vendor BLAS loaded */
-    /* FRAMEPACK_GPU_HALF_COMPUTE: an f32 operand meeting a 16-bit one (activations × weights) is
-     * rounded to the 16-bit type so the matrix units run (PyTorch's bf16 semantics). Off by
-     * default: the 16-bit operand is widened exactly to f32, the f32 path's result. */
-    int half_compute;
     pthread_mutex_t mu; /* op submission, see fpk_gpu_lock */
     struct fpk_small_cache *small; /* freed blocks under 1 MiB (fpk_gpu_device.cu) */
     fpk_vendor_blas blas;

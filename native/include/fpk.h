@@ -33,7 +33,7 @@ extern "C" {
  * 4: fpk_attention_params gained layout and tier.
  * 5: events (fpk_event_*, fpk_stream_wait_event) and fpk_tensor_upload_async, with their
  *    optional backend slots after the version-4 ones. */
-#define FPK_API_VERSION 5
+#define FPK_API_VERSION 6
 
 /* Most dimensions a tensor may have. */
 #define FPK_MAX_DIMS 8
@@ -306,6 +306,18 @@ typedef enum fpk_binary_op {
 } fpk_binary_op;
 fpk_status fpk_op_binary(fpk_stream_t stream, fpk_binary_op op, fpk_tensor_t a, fpk_tensor_t b,
                          fpk_tensor_t out);
+
+/* Fused elementwise functions of three tensors (API version 6), one pass instead of two or
+ * three: the transformer's AdaLN modulation and gated residuals. a, b and c broadcast (NumPy
+ * rules) to out's shape, which must be their broadcast shape; f32 arithmetic in the order
+ * written, one rounding to out's dtype. */
+typedef enum fpk_ternary_op {
+    FPK_TERNARY_MODULATE = 0,      /* out = a·(1 + b) + c   (x, scale, shift) */
+    FPK_TERNARY_GATE_RESIDUAL = 1, /* out = a + c·b         (x, gate, y) */
+    FPK_TERNARY_COUNT = 2
+} fpk_ternary_op;
+fpk_status fpk_op_ternary(fpk_stream_t stream, fpk_ternary_op op, fpk_tensor_t a, fpk_tensor_t b,
+                          fpk_tensor_t c, fpk_tensor_t out);
 
 /* Softmax over the last dim of x * scale (scale 0 means 1). */
 fpk_status fpk_op_softmax(fpk_stream_t stream, float scale, fpk_tensor_t x, fpk_tensor_t out);

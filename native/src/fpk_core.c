@@ -1099,6 +1099,29 @@ fpk_status fpk_op_binary(fpk_stream_t s, fpk_binary_op bop, fpk_tensor_t a, fpk_
     return s->backend->iface->binary(BCTX(s), bop, a, b, out);
 }
 
+fpk_status fpk_op_ternary(fpk_stream_t s, fpk_ternary_op top, fpk_tensor_t a, fpk_tensor_t b, fpk_tensor_t c,
+                          fpk_tensor_t out) {
+    const char *op = "ternary";
+    fpk_tensor_t ts[] = {a, b, c, out};
+    TRY(check_args(op, s, 4, ts, 0xf));
+    CHECK(top >= 0 && top < FPK_TERNARY_COUNT, "%s: unknown op %d", op, (int)top);
+    TRY(check_float(op, a, "a"));
+    TRY(check_float(op, b, "b"));
+    TRY(check_float(op, c, "c"));
+    TRY(check_float(op, out, "out"));
+    /* out is the broadcast shape of all three */
+    struct fpk_tensor ab = {0}, abc = {0};
+    char s1[160], s2[160], s3[160];
+    CHECK(broadcast_shape(a, b, &ab.ndim, ab.shape), "%s: shapes %s and %s do not broadcast", op,
+          shape_str(a, s1, sizeof s1), shape_str(b, s2, sizeof s2));
+    CHECK(broadcast_shape(&ab, c, &abc.ndim, abc.shape), "%s: shapes %s, %s and %s do not broadcast", op,
+          shape_str(a, s1, sizeof s1), shape_str(b, s2, sizeof s2), shape_str(c, s3, sizeof s3));
+    CHECK(same_shape(&abc, out), "%s: out %s is not the broadcast shape of a %s, b %s and c", op,
+          shape_str(out, s3, sizeof s3), shape_str(a, s1, sizeof s1), shape_str(b, s2, sizeof s2));
+    SLOT(s, ternary, op);
+    return s->backend->iface->ternary(BCTX(s), top, a, b, c, out);
+}
+
 fpk_status fpk_op_softmax(fpk_stream_t s, float scale, fpk_tensor_t x, fpk_tensor_t out) {
     const char *op = "softmax";
     fpk_tensor_t ts[] = {x, out};

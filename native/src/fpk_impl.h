@@ -161,6 +161,10 @@ struct fpk_backend_iface {
     fpk_status (*event_synchronize)(void *ctx, void *event);
     /* Host→device copy that returns once queued (the source must stay valid until done). */
     fpk_status (*copy_h2d_async)(void *ctx, void *stream, void *dst, const void *src, size_t n);
+
+    /* Fused three-operand elementwise ops (API version 6; optional). */
+    fpk_status (*ternary)(void *ctx, void *stream, fpk_ternary_op op, fpk_tensor_t a, fpk_tensor_t b,
+                          fpk_tensor_t c, fpk_tensor_t out);
 };
 
 struct fpk_backend {

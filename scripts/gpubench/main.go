@@ -83,7 +83,11 @@ func run() error {
 		if st == "" {
 			continue
 		}
-		res := &result{DType: "bf16 weights, f32 activations"}
+		act, err := stageActivation(st)
+		if err != nil {
+			return err
+		}
+		res := &result{DType: act.String() + " weights and activations, f32 accumulation"}
 		start := time.Now()
 		if err := runStage(*dir, *backend, st, pool, res, &rep); err != nil {
 			res.Error = err.Error()
@@ -125,7 +129,24 @@ func timed(rt *runtime.Runtime, res *result, warm, reps int, fn func() error) er
 	return nil
 }
 
+// stageActivation is the activation (and weight) dtype FramePack runs a stage's model in:
+// bf16 for the transformer, fp16 for the VAE, text encoders and SigLIP; $FRAMEPACK_ACTIVATION_DTYPE
+// overrides it for every stage.
+func stageActivation(stage string) (runtime.DType, error) {
+	if v := os.Getenv("FRAMEPACK_ACTIVATION_DTYPE"); v != "" {
+		return runtime.ParseActivationDType(v)
+	}
+	if strings.HasPrefix(stage, "transformer") {
+		return runtime.BF16, nil
+	}
+	return runtime.F16, nil
+}
+
 func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) error {
+	act, err := stageActivation(stage)
+	if err != nil {
+		return err
+	}
 	rt, err := runtime.New(runtime.Options{Backend: backend})
 	if err != nil {
 		return err
@@ -145,7 +166,7 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 		if err != nil {
 			return err
 		}
-		m, err := dit.New(rt, cfg, src, dit.LoadOptions{WeightDType: runtime.BF16})
+		m, err := dit.New(rt, cfg, src, dit.LoadOptions{WeightDType: act, ActivationDType: act})
 		if err != nil {
 			return err
 		}
@@ -172,7 +193,7 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 		if err != nil {
 			return err
 		}
-		m, err := causalvae.LoadFrom(rt, cfg, src, causalvae.Options{WeightDType: runtime.BF16})
+		m, err := causalvae.LoadFrom(rt, cfg, src, causalvae.Options{DType: act, WeightDType: act})
 		if err != nil {
 			return err
 		}
@@ -204,7 +225,7 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 		if err != nil {
 			return err
 		}
-		m, err := llama.New(rt, cfg, src, llama.Options{HiddenStateIndex: -3, Options: nn.Options{WeightDType: runtime.BF16}})
+		m, err := llama.New(rt, cfg, src, llama.Options{HiddenStateIndex: -3, Options: nn.Options{DType: act, WeightDType: act}})
 		if err != nil {
 			return err
 		}
@@ -231,7 +252,7 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 		if err != nil {
 			return err
 		}
-		m, err := clip.New(rt, cfg, src, clip.Options{WeightDType: runtime.BF16})
+		m, err := clip.New(rt, cfg, src, clip.Options{DType: act, WeightDType: act})
 		if err != nil {
 			return err
 		}
@@ -256,7 +277,7 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 		if err != nil {
 			return err
 		}
-		m, err := siglip.LoadFrom(rt, cfg, src, siglip.LoadOptions{DType: runtime.BF16})
+		m, err := siglip.LoadFrom(rt, cfg, src, siglip.LoadOptions{DType: act, WeightDType: act})
 		if err != nil {
 			return err
 		}

@@ -34,8 +34,8 @@ def main(d, json_out=None, commit=None):
     torch, ours = load("torch.json"), load("ours.json")
     gpu = torch.get("gpu") or ours.get("device", "?")
     print(f"Measured {time.strftime('%Y-%m-%d')} on {gpu}, PyTorch {torch.get('torch', '?')}, random weights, same run.")
-    print("Ours: cuda backend, weights bf16, activations f32, matrix products on bf16 operands with f32")
-    print("accumulation (FRAMEPACK_GPU_HALF_COMPUTE=1), attention the fused flash kernel (bf16 mma.sync). PyTorch: FramePack's dtypes")
+    print("Ours: cuda backend, weights and activations in FramePack's dtypes (transformer bf16, the rest fp16), f32")
+    print("accumulation, attention the fused flash kernel (mma.sync). PyTorch: FramePack's dtypes")
     print("(transformer bf16, the rest fp16), SDPA attention. Time is the median of the timed runs after a warm-up.\n")
     rows = []
     print("| stage | ours | PyTorch | ours / PyTorch | peak ours | peak PyTorch |")

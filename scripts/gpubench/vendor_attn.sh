@@ -62,7 +62,7 @@ timeout 90 python3 "$C/scripts/gpubench/attn_bench.py" >"$OUT/sdpa.log" 2>&1
 echo "pytorch rc $?"
 head -c 3000 /tmp/cudnn.log 2>/dev/null
 # FORWARD=1: the whole transformer forward at full size (random weights; gpubench's transformer
-# stage, FRAMEPACK_GPU_HALF_COMPUTE=1 as gpu-check's bench phase) with the chain (vendor first),
+# stage, in the default 16-bit activations as gpu-check's bench phase) with the chain (vendor first),
 # PyTorch's forward, then ours with FRAMEPACK_ATTENTION_TIER=flash, each while time is left
 # (needs gpubench.xz in the carried folder and build/ref/third_party_ref.tar.xz).
 if [ "${FORWARD:-0}" = 1 ]; then
@@ -71,7 +71,7 @@ if [ "${FORWARD:-0}" = 1 ]; then
 	mkdir -p "$FB"
 	[ -d third_party_ref ] || tar -xJf build/ref/third_party_ref.tar.xz
 	xz -dc "$C/gpubench.xz" >"$B/gpubench" && chmod +x "$B/gpubench"
-	export PYTHONUNBUFFERED=1 FRAMEPACK_GPU_HALF_COMPUTE=1
+	export PYTHONUNBUFFERED=1
 	t0=$SECONDS
 	timeout 60 python3 scripts/gpubench/torch_bench.py --out "$FB" --manifests-only >"$OUT/forward.log" 2>&1
 	echo "manifests rc $? ($((SECONDS - t0)) s)"

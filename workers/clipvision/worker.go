@@ -83,11 +83,8 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	// The runtime computes in fp32 (on every backend); dtype says what the weight matrices are
-	// kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
-	wdt, err := runtime.ParseWeightDType(req.DType)
-	if err != nil {
-		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: %v", err)
+	if err := modelrt.CheckDTypes(req); err != nil {
+		return nil, classify(fmt.Errorf("load: %w", err))
 	}
 	backend, err := siglip.ParseBackend(os.Getenv(EnvProcessorBackend))
 	if err != nil {
@@ -101,7 +98,15 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	enc, err := siglip.LoadEncoder(rt, encDir, feDir, backend, siglip.LoadOptions{WeightDType: wdt})
+	// Activations in fp16 on a GPU (FramePack's image encoder dtype), fp32 on the cpu, unless
+	// the request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight
+	// matrices are kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
+	act, wdt, err := w.base.Activation(req, rt, runtime.F16)
+	if err != nil {
+		rt.Close()
+		return nil, classify(fmt.Errorf("load: %w", err))
+	}
+	enc, err := siglip.LoadEncoder(rt, encDir, feDir, backend, siglip.LoadOptions{DType: act, WeightDType: wdt})
 	if err != nil {
 		rt.Close()
 		return nil, classify(fmt.Errorf("load: %w", err))

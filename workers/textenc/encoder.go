@@ -67,7 +67,8 @@ type Encoder struct {
 
 // LoadEncoder loads tokenizers and models into rt. The weight matrices (Linear weights, CLIP's
 // token embedding: nearly all the bytes) are kept as wdt: F32, F16, BF16 or runtime.AsStored
-// (the checkpoints' own dtype); norms, biases and activations are f32.
+// (the checkpoints' own dtype); norms, biases and activations are f32 (LoadEncoderWith chooses
+// another activation dtype).
 func LoadEncoder(rt *runtime.Runtime, p Paths, wdt runtime.DType) (*Encoder, error) {
 	return LoadEncoderWith(rt, p, Residency{WeightDType: wdt})
 }
@@ -76,7 +77,10 @@ func LoadEncoder(rt *runtime.Runtime, p Paths, wdt runtime.DType) (*Encoder, err
 // layer limit the Llama layer residency is planned for (layers that do not fit stream from
 // host memory).
 type Residency struct {
-	WeightDType runtime.DType
+	// ActivationDType is both models' activation dtype (0: F32; FramePack runs its text
+	// encoders in fp16); outputs come back as float32 whatever it is.
+	ActivationDType runtime.DType
+	WeightDType     runtime.DType
 	// MemoryCap is the runtime's cap (0: none): CLIP, Llama's resident layers and slots, and
 	// the activations' estimate must fit it.
 	MemoryCap int64
@@ -100,11 +104,11 @@ func LoadEncoderWith(rt *runtime.Runtime, p Paths, r Residency) (*Encoder, error
 	if err != nil {
 		return nil, fmt.Errorf("load tokenizers: template: %w", err)
 	}
-	cm, err := clip.Load(rt, p.TextEncoder2, clip.Options{DType: runtime.F32, WeightDType: r.WeightDType})
+	cm, err := clip.Load(rt, p.TextEncoder2, clip.Options{DType: r.ActivationDType, WeightDType: r.WeightDType})
 	if err != nil {
 		return nil, fmt.Errorf("load text_encoder_2: %w", err)
 	}
-	lo := llama.Options{HiddenStateIndex: LlamaHiddenStateIndex, Options: nn.Options{DType: runtime.F32, WeightDType: r.WeightDType},
+	lo := llama.Options{HiddenStateIndex: LlamaHiddenStateIndex, Options: nn.Options{DType: r.ActivationDType, WeightDType: r.WeightDType},
 		MaxResidentLayers: r.MaxResidentLayers}
 	if r.MemoryCap > 0 {
 		cfg, err := llama.LoadConfig(p.TextEncoder)

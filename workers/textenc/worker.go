@@ -61,12 +61,6 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	// The runtime computes in fp32 (on every backend); dtype says what the weight matrices are
-	// kept in ("fp16"/"bf16", or "auto": the checkpoints' own dtype).
-	wdt, err := runtime.ParseWeightDType(req.DType)
-	if err != nil {
-		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: %v", err)
-	}
 	if err := modelrt.ApplyEnv(req.Env); err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
@@ -74,7 +68,15 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	res := Residency{WeightDType: wdt, MemoryCap: int64(min(req.MemoryCapBytes, math.MaxInt64)), MaxResidentLayers: int(req.MaxResidentBlocks)}
+	// Activations in fp16 on a GPU (FramePack's text encoder dtype), fp32 on the cpu, unless the
+	// request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight matrices
+	// are kept in ("fp16"/"bf16", or "auto": the checkpoints' own dtype).
+	act, wdt, err := w.base.Activation(req, rt, runtime.F16)
+	if err != nil {
+		rt.Close()
+		return nil, classify(fmt.Errorf("load: %w", err))
+	}
+	res := Residency{ActivationDType: act, WeightDType: wdt, MemoryCap: int64(min(req.MemoryCapBytes, math.MaxInt64)), MaxResidentLayers: int(req.MaxResidentBlocks)}
 	enc, err := LoadEncoderWith(rt, SnapshotPaths(req.ModelDir), res)
 	if err != nil {
 		rt.Close()
@@ -87,7 +89,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	resp.TextEncoder = textEncoderInfo(enc)
 	resp.ResidentBlocks, resp.StreamedBlocks = modelrt.Uint32(enc.Llama.ResidentLayers()), modelrt.Uint32(enc.Llama.StreamedLayers())
 	w.logReport(enc)
-	w.log.WithFields(logrus.Fields{"dtype": req.DType, "weights": wdt.String(), "compute": "fp32"}).Info("weight dtype")
+	w.log.WithFields(logrus.Fields{"dtype": req.DType, "weights": wdt.String(), "activations": act.String()}).Info("dtypes")
 	return resp, nil
 }
 

@@ -102,9 +102,10 @@ func TestParityTransformerWorker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := loadWorker(t, dir)
+	p, half := loadWorkerHalf(t, dir)
 	ran := 0
 	for _, c := range fx.Cases {
+		c = c.ForActivations(half)
 		t.Run(c.Name, func(t *testing.T) {
 			switch c.Op {
 			case opForward:

@@ -28,13 +28,20 @@ func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 // loadWorker starts a worker and loads the transformer folder dir into it, on
 // workertest.Backend().
 func loadWorker(t *testing.T, dir string) *workerkit.Process {
+	p, _ := loadWorkerHalf(t, dir)
+	return p
+}
+
+// loadWorkerHalf is loadWorker that also says whether the worker's activations are 16-bit.
+func loadWorkerHalf(t *testing.T, dir string) (*workerkit.Process, bool) {
 	t.Helper()
 	p, _ := workertest.Start(t, "transformer")
 	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: workertest.Backend()})
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
-	if resp.Backend != workertest.Backend() || resp.DType != "fp32" || resp.WeightBytes == 0 {
+	half := workertest.HalfActivations(t, resp)
+	if resp.Backend != workertest.Backend() || resp.WeightBytes == 0 {
 		t.Fatalf("load response %+v", resp)
 	}
 	// The model's constants, as config.json states them, so the supervisor need not read it.
@@ -52,7 +59,7 @@ func loadWorker(t *testing.T, dir string) *workerkit.Process {
 	if resp.Transformer == nil || *resp.Transformer != want || want.InChannels == 0 || resp.VAE != nil || resp.TextEncoder != nil {
 		t.Fatalf("load response model info %+v, want %+v", resp.Transformer, want)
 	}
-	return p
+	return p, half
 }
 
 func i64(s []int) []int64 {

@@ -58,14 +58,6 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	// The runtime computes in fp32 (on every backend), so fm_wrapper (which rounds the model's
-	// inputs to its dtype) has nothing to round; dtype says what the weight matrices are kept in
-	// ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
-	wdt, err := runtime.ParseWeightDType(req.DType)
-	if err != nil {
-		return nil, classify(workerkit.InvalidArgumentf("load: %v", err))
-	}
-	w.dtype = sampler.F32
 	if err := modelrt.ApplyEnv(req.Env); err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
@@ -73,7 +65,25 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	lopts, err := residencyOptions(rt, req, wdt)
+	// Activations in bf16 on a GPU (FramePack's transformer dtype), fp32 on the cpu, unless the
+	// request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight matrices
+	// are kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype). fm_wrapper rounds the
+	// model's inputs (x, timestep, guidance) to the activation dtype, as the reference does to
+	// its model dtype; in fp32 there is nothing to round. The sampler's state stays float32.
+	act, wdt, err := w.base.Activation(req, rt, runtime.BF16)
+	if err != nil {
+		rt.Close()
+		return nil, classify(fmt.Errorf("load: %w", err))
+	}
+	switch act {
+	case runtime.BF16:
+		w.dtype = sampler.BF16
+	case runtime.F16:
+		w.dtype = sampler.F16
+	default:
+		w.dtype = sampler.F32
+	}
+	lopts, err := residencyOptions(rt, req, wdt, act)
 	if err != nil {
 		rt.Close()
 		return nil, classify(fmt.Errorf("load: %w", err))
@@ -93,7 +103,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 			"weights_changed": a.WeightsChanged}).Info("lora merged")
 	}
 	cfg := m.Config
-	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "weights": wdt.String(), "double_blocks": cfg.NumLayers,
+	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "weights": wdt.String(), "activations": act.String(), "double_blocks": cfg.NumLayers,
 		"single_blocks": cfg.NumSingleLayers, "heads": cfg.NumAttentionHeads, "head_dim": cfg.AttentionHeadDim,
 		"resident_blocks": m.ResidentBlocks(), "streamed_blocks": m.StreamedBlocks(), "streamed_bytes": m.StreamedBytes(),
 		"memory_cap": req.MemoryCapBytes, "activations_estimate": lopts.ActivationBytes, "max_resident_blocks": req.MaxResidentBlocks,
@@ -109,8 +119,8 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 // of the workload's activation estimate and its reserve (gpu_memory_preservation_gb) kept
 // free beside the weights, and max_resident_blocks. A cap too small for the model with every
 // block streamed fails in Load, before anything loads.
-func residencyOptions(rt *runtime.Runtime, req *workerkit.LoadRequest, wdt runtime.DType) (dit.LoadOptions, error) {
-	opts := dit.LoadOptions{WeightDType: wdt, MemoryCap: int64(min(req.MemoryCapBytes, math.MaxInt64)), MaxResidentBlocks: int(req.MaxResidentBlocks)}
+func residencyOptions(rt *runtime.Runtime, req *workerkit.LoadRequest, wdt, act runtime.DType) (dit.LoadOptions, error) {
+	opts := dit.LoadOptions{WeightDType: wdt, ActivationDType: act, MemoryCap: int64(min(req.MemoryCapBytes, math.MaxInt64)), MaxResidentBlocks: int(req.MaxResidentBlocks)}
 	w := req.Workload
 	if w == nil {
 		return opts, nil
@@ -119,7 +129,7 @@ func residencyOptions(rt *runtime.Runtime, req *workerkit.LoadRequest, wdt runti
 	if err != nil {
 		return opts, fmt.Errorf("load transformer: %w", err)
 	}
-	est := cfg.ActivationBytes(dit.Workload{Height: int(w.Height), Width: int(w.Width), LatentWindowSize: int(w.LatentWindowSize)})
+	est := cfg.ActivationBytes(dit.Workload{Height: int(w.Height), Width: int(w.Width), LatentWindowSize: int(w.LatentWindowSize), ActivationDType: act})
 	opts.ActivationBytes = max(est, int64(min(w.ReserveBytes, math.MaxInt64)))
 	if opts.MemoryCap == 0 && w.ReserveBytes > 0 {
 		// ErrUnsupported on cpu: no device to run out of, every block stays resident.

@@ -78,12 +78,6 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	default:
 		return nil, workerkit.InvalidArgumentf("backend %q (cpu, cuda, hip or auto)", req.Backend)
 	}
-	// The runtime computes in fp32 (on every backend); dtype says what the conv and linear weights are kept
-	// in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
-	wdt, err := runtime.ParseWeightDType(req.DType)
-	if err != nil {
-		return nil, workerkit.InvalidArgumentf("%v", err)
-	}
 	env, err := planEnv(backend, req.Env)
 	if err != nil {
 		return nil, workerkit.InvalidArgumentf("%w", err)
@@ -95,7 +89,15 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	if err != nil {
 		return nil, err
 	}
-	model, err := causalvae.Load(rt, req.ModelDir, causalvae.Options{DType: runtime.F32, WeightDType: wdt})
+	// Activations in fp16 on a GPU (FramePack's vae dtype), fp32 on the cpu, unless the request
+	// or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the conv and linear weights
+	// are kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
+	act, wdt, err := w.base.Activation(req, rt, runtime.F16)
+	if err != nil {
+		rt.Close()
+		return nil, err
+	}
+	model, err := causalvae.Load(rt, req.ModelDir, causalvae.Options{DType: act, WeightDType: wdt})
 	if err != nil {
 		rt.Close()
 		return nil, err

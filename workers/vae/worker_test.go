@@ -24,7 +24,8 @@ import (
 func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 
 // loadVAE loads dir into p on workertest.Backend(), with memCap.
-func loadVAE(t *testing.T, p *workerkit.Process, dir string, memCap uint64) {
+// It reports whether the worker's activations are 16-bit.
+func loadVAE(t *testing.T, p *workerkit.Process, dir string, memCap uint64) bool {
 	t.Helper()
 	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: workertest.Backend(), MemoryCapBytes: memCap,
 		Env: map[string]string{"MIOPEN_FIND_MODE": "FAST", "MIOPEN_FIND_ENFORCE": "3", "MIOPEN_USER_DB_PATH": t.TempDir()}})
@@ -48,6 +49,7 @@ func loadVAE(t *testing.T, p *workerkit.Process, dir string, memCap uint64) {
 	if resp.Transformer != nil || resp.TextEncoder != nil {
 		t.Fatalf("vae worker reports other models' info: %+v", resp)
 	}
+	return workertest.HalfActivations(t, resp)
 }
 
 // requestTiling maps a fixture case's params to the stage request, as the supervisor would ask
@@ -90,10 +92,11 @@ func TestParityVAE(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, hook := workertest.Start(t, "vae")
-	loadVAE(t, p, dir, 0)
+	half := loadVAE(t, p, dir, 0)
 	a := shmtest.Arena(t, "parity")
 	ran := 0 // model cases run
 	for i, c := range fx.Cases {
+		c = c.ForActivations(half)
 		t.Run(c.Name, func(t *testing.T) {
 			switch c.Op {
 			case "vae.encode":

@@ -57,6 +57,8 @@ type Base struct {
 	rt           atomic.Pointer[runtime.Runtime]
 	loadNanos    atomic.Int64
 	computeNanos atomic.Int64
+	// act is the activation dtype Activation chose (0 before; Loaded reports it).
+	act atomic.Int32
 
 	// mu protects ops, convEvents and lastFailed (written by the op observer).
 	mu         sync.Mutex
@@ -91,6 +93,70 @@ func RuntimeOptions(req *workerkit.LoadRequest) (runtime.Options, error) {
 		return runtime.Options{}, workerkit.InvalidArgumentf("device index %d", req.DeviceIndex)
 	}
 	return runtime.Options{Backend: req.Backend, Device: int(req.DeviceIndex), PCIBusID: req.PCIBusID}, nil
+}
+
+// CheckDTypes checks req's dtype names (LoadRequest.dtype and activation_dtype) before
+// anything is opened, so a bad name fails fast as an invalid argument.
+func CheckDTypes(req *workerkit.LoadRequest) error {
+	if _, err := runtime.ParseWeightDType(req.DType); err != nil {
+		return workerkit.InvalidArgumentf("%v", err)
+	}
+	if req.ActivationDType != "" {
+		if _, err := runtime.ParseActivationDType(req.ActivationDType); err != nil {
+			return workerkit.InvalidArgumentf("activation_dtype: %v", err)
+		}
+	}
+	return nil
+}
+
+// ActivationEnv names the environment variable that forces every model's activation dtype
+// ("fp32"/"f32", "bf16", "fp16"/"f16") where LoadRequest.activation_dtype is empty: the f32
+// parity runs on a GPU set it to f32.
+const ActivationEnv = "FRAMEPACK_ACTIVATION_DTYPE"
+
+// Activation returns the activation dtype and the weight-matrix dtype a model is loaded with
+// on rt: req.ActivationDType, else $FRAMEPACK_ACTIVATION_DTYPE, else F32 on a host backend and
+// gpuDefault (the dtype FramePack runs that model in) on a GPU; the weights as req.DType says,
+// empty following the activation dtype (FramePack casts each model whole). It records the
+// activation dtype for Loaded. Bad names are invalid arguments.
+func (b *Base) Activation(req *workerkit.LoadRequest, rt *runtime.Runtime, gpuDefault runtime.DType) (act, weights runtime.DType, err error) {
+	act, weights, err = chooseDTypes(req, os.Getenv(ActivationEnv), rt.Backend().IsHost, gpuDefault)
+	if err != nil {
+		return 0, 0, err
+	}
+	if act != runtime.F32 && weights != act && weights != runtime.AsStored {
+		// a GPU then widens both operands of every product to f32: right, but off the matrix units
+		b.Log.WithFields(logrus.Fields{"activations": act.String(), "weights": weights.String()}).
+			Warn("weights and activations differ in dtype: products run in f32")
+	}
+	b.act.Store(int32(act))
+	return act, weights, nil
+}
+
+// chooseDTypes is Activation's rule, with the environment's value env and whether the backend
+// is the host's.
+func chooseDTypes(req *workerkit.LoadRequest, env string, host bool, gpuDefault runtime.DType) (act, weights runtime.DType, err error) {
+	name, from := req.ActivationDType, "activation_dtype"
+	if name == "" {
+		name, from = env, ActivationEnv
+	}
+	switch {
+	case name != "":
+		if act, err = runtime.ParseActivationDType(name); err != nil {
+			return 0, 0, workerkit.InvalidArgumentf("%s: %v", from, err)
+		}
+	case host:
+		act = runtime.F32
+	default:
+		act = gpuDefault // F32 (the zero value) when the model has none
+	}
+	weights = act
+	if req.DType != "" {
+		if weights, err = runtime.ParseWeightDType(req.DType); err != nil {
+			return 0, 0, workerkit.InvalidArgumentf("dtype: %v", err)
+		}
+	}
+	return act, weights, nil
 }
 
 // ApplyEnv sets LoadRequest.env in the process's environment, before the runtime starts.
@@ -179,7 +245,8 @@ func (b *Base) convOptions(req *workerkit.LoadRequest, opts *runtime.Options) er
 
 // Loaded records rt as the worker's loaded runtime (for Stats) and the load time since start,
 // puts the allocator's bytes on the beacon, and returns the LoadResponse's common fields: the
-// backend, fp32 compute, the device, weightBytes and the allocator's bytes.
+// backend, the activation dtype (Activation's, fp32 when it was not called), the device,
+// weightBytes and the allocator's bytes.
 func (b *Base) Loaded(rt *runtime.Runtime, start time.Time, weightBytes int64) *workerkit.LoadResponse {
 	d := time.Since(start)
 	b.loadNanos.Store(int64(d))
@@ -187,8 +254,12 @@ func (b *Base) Loaded(rt *runtime.Runtime, start time.Time, weightBytes int64) *
 	mem := rt.Memory()
 	b.Beacon.SetBytes(int64(mem.Allocated))
 	info := rt.Backend()
+	act := runtime.DType(b.act.Load())
+	if act == 0 {
+		act = runtime.F32
+	}
 	return &workerkit.LoadResponse{
-		Backend: info.Name, DType: "fp32",
+		Backend: info.Name, DType: act.ProtoName(),
 		Device:               Device(info),
 		WeightBytes:          uint64(max(weightBytes, 0)),
 		DeviceAllocatedBytes: mem.Allocated,

@@ -224,3 +224,61 @@ func TestRuntimeOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestChooseDTypes: the activation dtype comes from the request, else the environment, else the
+// model's GPU default on a GPU and f32 on the cpu; the weights follow it unless the request's
+// dtype names them; bad names are invalid arguments naming their source.
+func TestChooseDTypes(t *testing.T) {
+	tests := []struct {
+		name         string
+		req          workerkit.LoadRequest
+		env          string
+		host         bool
+		act, weights runtime.DType
+		err          string
+	}{
+		{name: "cpu default", host: true, act: runtime.F32, weights: runtime.F32},
+		{name: "gpu default", act: runtime.BF16, weights: runtime.BF16},
+		{name: "gpu default, weights as stored", req: workerkit.LoadRequest{DType: "auto"}, act: runtime.BF16, weights: runtime.AsStored},
+		{name: "env forces f32 on a gpu", env: "f32", act: runtime.F32, weights: runtime.F32},
+		{name: "env forces fp16 on the cpu", env: "fp16", host: true, act: runtime.F16, weights: runtime.F16},
+		{name: "request beats env", req: workerkit.LoadRequest{ActivationDType: "fp32"}, env: "bf16", act: runtime.F32, weights: runtime.F32},
+		{name: "request weights differ", req: workerkit.LoadRequest{ActivationDType: "bf16", DType: "fp32"}, host: true, act: runtime.BF16, weights: runtime.F32},
+		{name: "bad request name", req: workerkit.LoadRequest{ActivationDType: "int8"}, err: "activation_dtype"},
+		{name: "bad env name", env: "half", err: ActivationEnv},
+		{name: "bad weight name", req: workerkit.LoadRequest{DType: "int8"}, err: "dtype"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			act, w, err := chooseDTypes(&tc.req, tc.env, tc.host, runtime.BF16)
+			if tc.err != "" {
+				if !errors.Is(err, workerkit.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want an invalid argument naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil || act != tc.act || w != tc.weights {
+				t.Fatalf("got %s, %s, %v; want %s, %s", act, w, err, tc.act, tc.weights)
+			}
+		})
+	}
+}
+
+// TestLoadedReportsActivation: LoadResponse.dtype is the activation dtype Activation chose.
+func TestLoadedReportsActivation(t *testing.T) {
+	b, _ := newBase(t, false)
+	rt, err := runtime.New(runtime.Options{Backend: "cpu"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	if got := b.Loaded(rt, time.Now(), 0).DType; got != "fp32" {
+		t.Fatalf("before Activation: %q, want fp32", got)
+	}
+	if _, _, err := b.Activation(&workerkit.LoadRequest{ActivationDType: "bf16"}, rt, runtime.F16); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Loaded(rt, time.Now(), 0).DType; got != "bf16" {
+		t.Fatalf("after Activation bf16: %q", got)
+	}
+}

@@ -53,6 +53,22 @@ func Backend() string {
 	return "cpu"
 }
 
+// HalfActivations checks the activation dtype a Load reported ("fp32", "bf16" or "fp16"; fp32
+// on the cpu backend unless $FRAMEPACK_ACTIVATION_DTYPE names another) and reports whether it
+// is 16-bit: parity checks then hold the case to parity.HalfRelL2 (Case.ForActivations).
+func HalfActivations(tb testing.TB, resp *workerkit.LoadResponse) bool {
+	tb.Helper()
+	switch resp.DType {
+	case "fp32", "bf16", "fp16":
+	default:
+		tb.Fatalf("load reported activation dtype %q, want fp32, bf16 or fp16", resp.DType)
+	}
+	if Backend() == "cpu" && os.Getenv("FRAMEPACK_ACTIVATION_DTYPE") == "" && resp.DType != "fp32" {
+		tb.Fatalf("load on the cpu reported activations %s, want the cpu's default fp32", resp.DType)
+	}
+	return resp.DType != "fp32"
+}
+
 // Ctx returns the context of one worker call: CallTimeout, and no longer than the test.
 func Ctx(tb testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(tb.Context(), CallTimeout)

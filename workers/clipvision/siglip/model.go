@@ -60,10 +60,12 @@ type Model struct {
 
 	nn.Weights // WeightBytes, Free
 	rt         *runtime.Runtime
+	act        runtime.DType // activation dtype
 	report     nn.Report
 }
 
-// LoadOptions are the dtypes the weights are uploaded in.
+// LoadOptions are the activation dtype (DType; 0 is F32: the pixels are cast to it at the
+// model's entry, Forward's result is in it) and the dtype the weights are uploaded in.
 type LoadOptions = nn.Options
 
 // Load reads dir/config.json and the checkpoint in dir and uploads the weights into rt. The
@@ -98,7 +100,7 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, src Source, opts LoadOptions) (*M
 	l := nn.NewLoader(rt, src, opts, prefix)
 	D, P := cfg.HiddenSize, cfg.PatchSize
 	eps := float32(cfg.LayerNormEps)
-	m := &Model{Config: cfg, rt: rt}
+	m := &Model{Config: cfg, rt: rt, act: l.DType()}
 	m.Embeddings = Embeddings{
 		PatchEmbedding:    nn.NewConv2d(l, "embeddings.patch_embedding", cfg.NumChannels, D, P, [2]int{P, P}),
 		PositionEmbedding: l.Tensor("embeddings.position_embedding.weight", cfg.NumPatches(), D),
@@ -140,7 +142,7 @@ func (m *Model) checkPixels(pixels *runtime.Tensor) error {
 }
 
 // Forward computes last_hidden_state: pixels [B, C, H, W] (f32, H/patch = W/patch = grid) →
-// [B, grid², hidden], after post_layernorm. hook, if not nil, is called before each encoder
+// [B, grid², hidden] in the activation dtype, after post_layernorm. hook, if not nil, is called before each encoder
 // layer (i from 0) and before the post layer norm (i = NumHiddenLayers), for progress reports;
 // an error from it stops the pass.
 func (m *Model) Forward(pixels *runtime.Tensor, hook func(i int) error) (*runtime.Tensor, error) {
@@ -153,6 +155,9 @@ func (m *Model) Forward(pixels *runtime.Tensor, hook func(i int) error) (*runtim
 		if hook != nil && p.OK() {
 			p.Fail(hook(i))
 		}
+	}
+	if m.act != runtime.F32 { // the model's entry: pixels in the activation dtype
+		pixels = p.Do(m.rt.Cast(pixels, m.act))
 	}
 	x := p.Sub("embeddings", func(q *nn.Pass) *runtime.Tensor { return m.Embeddings.Forward(q, pixels) })
 	for i := range m.Layers {

@@ -43,7 +43,19 @@ func toInt64s(s []int) []int64 {
 // TestParitySiglip runs every siglip.encode case in process: the model on the fixture's pixel
 // values (the case's tolerance) and the whole encoder from the uint8 image (1e-3), with the
 // model and processor configs of the fixture set.
-func TestParitySiglip(t *testing.T) {
+func TestParitySiglip(t *testing.T) { paritySiglip(t, runtime.F32) }
+
+// TestParitySiglipHalf is TestParitySiglip with fp16 activations (FramePack's image encoder
+// dtype, or the 16-bit one $FRAMEPACK_ACTIVATION_DTYPE names): within parity.HalfRelL2.
+func TestParitySiglipHalf(t *testing.T) {
+	act, err := runtime.ParseActivationDType(parity.HalfActivations("fp16"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	paritySiglip(t, act)
+}
+
+func paritySiglip(t *testing.T, act runtime.DType) {
 	fx := parity.Load(t, "siglip")
 	rt := newRuntime(t)
 	encDir, err := fx.ModelPath("image_encoder")
@@ -54,7 +66,7 @@ func TestParitySiglip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	enc, err := LoadEncoder(rt, encDir, feDir, BackendTorchvision, LoadOptions{})
+	enc, err := LoadEncoder(rt, encDir, feDir, BackendTorchvision, LoadOptions{DType: act})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,6 +80,11 @@ func TestParitySiglip(t *testing.T) {
 	for _, c := range fx.Cases {
 		if c.Op != "siglip.encode" {
 			continue
+		}
+		c = c.ForActivations(act != runtime.F32)
+		endTol := endToEndTolerance
+		if act != runtime.F32 {
+			endTol = max(endTol, parity.HalfRelL2)
 		}
 		n++
 		t.Run(c.Name, func(t *testing.T) {
@@ -89,7 +106,7 @@ func TestParitySiglip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c.CheckTol(t, "last_hidden_state (end to end from uint8)", got, toInt64s(shape), want, endToEndTolerance)
+			c.CheckTol(t, "last_hidden_state (end to end from uint8)", got, toInt64s(shape), want, endTol)
 		})
 	}
 	if n == 0 {

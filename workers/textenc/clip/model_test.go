@@ -28,13 +28,18 @@ func newRuntime(t *testing.T) *runtime.Runtime {
 }
 
 func loadFixtureModel(t *testing.T, rt *runtime.Runtime) (*parity.Fixture, *Model) {
+	return loadFixtureModelAs(t, rt, 0)
+}
+
+// loadFixtureModelAs loads with activations in act (0: f32).
+func loadFixtureModelAs(t *testing.T, rt *runtime.Runtime, act runtime.DType) (*parity.Fixture, *Model) {
 	t.Helper()
 	fx := parity.Load(t, "textenc")
 	dir, err := fx.ModelPath("text_encoder_2")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := Load(rt, dir, Options{})
+	m, err := Load(rt, dir, Options{DType: act})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,14 +60,28 @@ func ids32(a parity.Array) []int32 {
 
 // TestParityTextencCLIPModel runs CLIPTextModel in process on the fixture's reference ids and
 // checks pooler_output.
-func TestParityTextencCLIPModel(t *testing.T) {
+func TestParityTextencCLIPModel(t *testing.T) { parityCLIP(t, runtime.F32) }
+
+// TestParityTextencCLIPModelHalf is TestParityTextencCLIPModel with fp16 activations
+// (FramePack's text encoder dtype, or the 16-bit one $FRAMEPACK_ACTIVATION_DTYPE names):
+// within parity.HalfRelL2.
+func TestParityTextencCLIPModelHalf(t *testing.T) {
+	act, err := runtime.ParseActivationDType(parity.HalfActivations("fp16"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parityCLIP(t, act)
+}
+
+func parityCLIP(t *testing.T, act runtime.DType) {
 	rt := newRuntime(t)
-	fx, m := loadFixtureModel(t, rt)
+	fx, m := loadFixtureModelAs(t, rt, act)
 	checked := 0
 	for _, c := range fx.Cases {
 		if c.Op != "textenc.encode_prompt_conds" {
 			continue
 		}
+		c = c.ForActivations(act != runtime.F32)
 		p, err := m.Pooled(ids32(c.Input(t, "clip_ids")))
 		if err != nil {
 			t.Fatalf("case %s: %v", c.Name, err)

@@ -70,10 +70,11 @@ func NewRotaryEmbedding(headDim int, theta float64) RotaryEmbedding {
 	return RotaryEmbedding{InvFreq: inv}
 }
 
-// Tables returns cos and sin [n, 1, head_dim] for positions 0 … n−1 (broadcast over the heads)
-// as transformers lays them out (cat(freqs, freqs)): columns i and i + head_dim/2 both hold
-// frequency i, for runtime.RoPEHalves (rotate_half).
-func (r RotaryEmbedding) Tables(p *nn.Pass, n int) (cos, sin *runtime.Tensor) {
+// Tables returns cos and sin [n, 1, head_dim] in dtype dt (the activations', as transformers
+// casts them) for positions 0 … n−1 (broadcast over the heads) as transformers lays them out
+// (cat(freqs, freqs)): columns i and i + head_dim/2 both hold frequency i, for
+// runtime.RoPEHalves (rotate_half).
+func (r RotaryEmbedding) Tables(p *nn.Pass, n int, dt runtime.DType) (cos, sin *runtime.Tensor) {
 	d := 2 * len(r.InvFreq)
 	h := d / 2
 	c := make([]float32, n*d)
@@ -86,7 +87,7 @@ func (r RotaryEmbedding) Tables(p *nn.Pass, n int) (cos, sin *runtime.Tensor) {
 			s[pos*d+i], s[pos*d+i+h] = sv, sv
 		}
 	}
-	return p.Do(p.RT.FromFloat32(c, n, 1, d)), p.Do(p.RT.FromFloat32(s, n, 1, d))
+	return p.Do(p.RT.FromFloat32As(dt, c, n, 1, d)), p.Do(p.RT.FromFloat32As(dt, s, n, 1, d))
 }
 
 // Attention is LlamaAttention: grouped-query attention with rotary embeddings on q and k
@@ -179,14 +180,16 @@ type Model struct {
 	resident int
 	stream   *nn.BlockStream[*DecoderLayer]
 	copies   *nn.CopyStream
+	act      runtime.DType // activation dtype
 }
 
 // Options configure Load.
 type Options struct {
 	// HiddenStateIndex is the hidden_states entry HiddenState computes (FramePack: −3).
 	HiddenStateIndex int
-	// Options are the dtypes the weights are uploaded in (WeightDType: the Linear weights, the
-	// bulk of the model; the embedding table stays in the checkpoint).
+	// Options are the activation dtype (DType; 0 is F32: the embedded rows are uploaded in it,
+	// HiddenState's result is in it) and the dtype the weights are uploaded in (WeightDType: the
+	// Linear weights, the bulk of the model; the embedding table stays in the checkpoint).
 	nn.Options
 	// MemoryCap is the runtime's cap the layer residency is planned for (0: none, every layer
 	// resident unless MaxResidentLayers says otherwise).
@@ -240,7 +243,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 		return nil, fmt.Errorf("llama: %w", err)
 	}
 	ld := nn.NewLoader(rt, src, o.Options, prefix)
-	m := &Model{Config: cfg, Plan: plan, rt: rt, RotaryEmb: NewRotaryEmbedding(cfg.HeadDim, theta)}
+	m := &Model{Config: cfg, Plan: plan, rt: rt, act: ld.DType(), RotaryEmb: NewRotaryEmbedding(cfg.HeadDim, theta)}
 	H := cfg.HiddenSize
 	m.EmbedTokens = nn.NewHostEmbedding(ld, "embed_tokens.weight", cfg.VocabSize, H)
 	bind := func(l *nn.Loader, name string) *DecoderLayer { return bindLayer(l, name, cfg, act) }
@@ -398,7 +401,7 @@ func (m *Model) HiddenState(ids []int32, mask []bool) (*runtime.Tensor, error) {
 	defer p.Free()
 	h := m.EmbedTokens.Forward(p, ids) // [1, n, hidden]
 	if len(m.Layers) > 0 {
-		cos, sin := m.RotaryEmb.Tables(p, n)
+		cos, sin := m.RotaryEmb.Tables(p, n, m.act)
 		causal := nn.CausalMask(p, n, mask)
 		defer m.stream.Release()
 		for i, l := range m.Layers {

@@ -57,8 +57,13 @@ func newRuntime(t *testing.T, obs runtime.OpObserver) *runtime.Runtime {
 }
 
 func loadModel(t *testing.T, rt *runtime.Runtime, dir string, index int) *Model {
+	return loadModelAs(t, rt, dir, index, 0)
+}
+
+// loadModelAs loads with activations in act (0: f32).
+func loadModelAs(t *testing.T, rt *runtime.Runtime, dir string, index int, act runtime.DType) *Model {
 	t.Helper()
-	m, err := Load(rt, dir, Options{HiddenStateIndex: index})
+	m, err := Load(rt, dir, Options{HiddenStateIndex: index, Options: nn.Options{DType: act}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +99,20 @@ func download(t *testing.T, x *runtime.Tensor) ([]float32, []int64) {
 // TestParityTextencLlamaModel runs the Llama model in process on the fixture's reference ids and
 // checks hidden_states[hidden_state_index][:, crop_start:n_attended] against llama_vec, and
 // every intermediate hidden state it has (each with its own load plan).
-func TestParityTextencLlamaModel(t *testing.T) {
+func TestParityTextencLlamaModel(t *testing.T) { parityLlama(t, runtime.F32) }
+
+// TestParityTextencLlamaModelHalf is TestParityTextencLlamaModel with fp16 activations
+// (FramePack's text encoder dtype, or the 16-bit one $FRAMEPACK_ACTIVATION_DTYPE names):
+// within parity.HalfRelL2.
+func TestParityTextencLlamaModelHalf(t *testing.T) {
+	act, err := runtime.ParseActivationDType(parity.HalfActivations("fp16"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parityLlama(t, act)
+}
+
+func parityLlama(t *testing.T, act runtime.DType) {
 	fx := parity.Load(t, "textenc")
 	dir, err := fx.ModelPath("text_encoder")
 	if err != nil {
@@ -104,7 +122,7 @@ func TestParityTextencLlamaModel(t *testing.T) {
 	models := map[int]*Model{}
 	model := func(index int) *Model {
 		if models[index] == nil {
-			models[index] = loadModel(t, rt, dir, index)
+			models[index] = loadModelAs(t, rt, dir, index, act)
 		}
 		return models[index]
 	}
@@ -113,6 +131,7 @@ func TestParityTextencLlamaModel(t *testing.T) {
 		if c.Op != "textenc.encode_prompt_conds" {
 			continue
 		}
+		c = c.ForActivations(act != runtime.F32)
 		var index, cropStart int
 		if !c.Param(t, "hidden_state_index", &index) || !c.Param(t, "crop_start", &cropStart) {
 			t.Fatalf("case %s: params hidden_state_index and crop_start are required", c.Name)

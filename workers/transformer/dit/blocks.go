@@ -115,19 +115,15 @@ func (blk HunyuanVideoTransformerBlock) Forward(rt *runtime.Runtime, img, txt, t
 
 	// residual + gate·attn, then residual + gate·ff(modulated LayerNorm).
 	stream := func(x, attn *runtime.Tensor, m adaZeroOut, ff FeedForward) *runtime.Tensor {
-		g := p.Do(p.RT.Mul(attn, m.gateMSA))
+		h := p.Do(p.RT.GateResidual(x, m.gateMSA, attn))
 		p.Drop(attn)
-		h := p.Do(p.RT.Add(x, g))
-		p.Drop(g)
 		n := layerNorm.Forward(p, h)
 		mn := modulate(p, n, m.scaleMLP, m.shiftMLP)
 		p.Drop(n)
 		f := ff.Forward(p, mn)
 		p.Drop(mn)
-		gf := p.Do(p.RT.Mul(f, m.gateMLP))
-		p.Drop(f)
-		out := p.Do(p.RT.Add(h, gf))
-		p.Drop(h, gf)
+		out := p.Do(p.RT.GateResidual(h, m.gateMLP, f))
+		p.Drop(h, f)
 		return out
 	}
 	imgOut := stream(img, ia, a, blk.FF)
@@ -199,9 +195,8 @@ func (blk HunyuanVideoSingleTransformerBlock) Forward(rt *runtime.Runtime, x, te
 	p.Drop(attn, mlp)
 	o := blk.ProjOut.Forward(p, cat)
 	p.Drop(cat)
-	g := p.Do(p.RT.Mul(o, gate))
+	out := p.Do(p.RT.GateResidual(x, gate, o))
 	p.Drop(o)
-	out := p.Do(p.RT.Add(g, x))
 	if !p.OK() {
 		return nil, p.Err()
 	}

@@ -49,9 +49,14 @@ func (e TimestepEmbedding) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tenso
 	return e.Linear2.Forward(p, a)
 }
 
-// embedTimestep is TimestepEmbedding(Timesteps(t)).
-func (e TimestepEmbedding) embedTimestep(p *nn.Pass, t float32) *runtime.Tensor {
-	proj := p.Do(p.RT.FromFloat32(timestepProj(t), 1, timestepChannels))
+// embedTimestep is TimestepEmbedding(Timesteps(t)), the projection cast to like's dtype (the
+// activations'), as diffusers casts it to the pooled projection's.
+func (e TimestepEmbedding) embedTimestep(p *nn.Pass, t float32, like *runtime.Tensor) *runtime.Tensor {
+	dt := runtime.F32
+	if like != nil {
+		dt = like.DType()
+	}
+	proj := p.Do(p.RT.FromFloat32As(dt, timestepProj(t), 1, timestepChannels))
 	return e.Forward(p, proj)
 }
 
@@ -94,8 +99,8 @@ func bindTimeGuidanceText(l *nn.Loader, prefix string, dim, pooledDim int) Combi
 
 // Forward: timestep, guidance scalars, pooled [1, pooled_projection_dim] → temb [1, dim].
 func (e CombinedTimestepGuidanceTextProjEmbeddings) Forward(p *nn.Pass, timestep, guidance float32, pooled *runtime.Tensor) *runtime.Tensor {
-	te := e.TimestepEmbedder.embedTimestep(p, timestep)
-	ge := e.GuidanceEmbedder.embedTimestep(p, guidance)
+	te := e.TimestepEmbedder.embedTimestep(p, timestep, pooled)
+	ge := e.GuidanceEmbedder.embedTimestep(p, guidance, pooled)
 	tg := p.Do(p.RT.Add(te, ge))
 	pe := e.TextEmbedder.Forward(p, pooled)
 	return p.Do(p.RT.Add(tg, pe))
@@ -117,7 +122,7 @@ func bindTimeText(l *nn.Loader, prefix string, dim, pooledDim int) CombinedTimes
 
 // Forward: timestep, pooled [1, text_embed_dim] → [1, dim].
 func (e CombinedTimestepTextProjEmbeddings) Forward(p *nn.Pass, timestep float32, pooled *runtime.Tensor) *runtime.Tensor {
-	te := e.TimestepEmbedder.embedTimestep(p, timestep)
+	te := e.TimestepEmbedder.embedTimestep(p, timestep, pooled)
 	pe := e.TextEmbedder.Forward(p, pooled)
 	return p.Do(p.RT.Add(te, pe))
 }

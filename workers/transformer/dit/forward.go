@@ -59,7 +59,7 @@ func (m *Model) forward(ctx context.Context, s *Section, x []float32, timestep, 
 	defer m.releaseSlots()
 
 	// Image stream: [clean | noisy] tokens.
-	xt := p.Do(rt.FromFloat32(x, shape[:]...))
+	xt := p.Do(rt.FromFloat32As(m.act, x, shape[:]...))
 	noisy := m.XEmbedder.Proj.Forward(p, xt)
 	p.Drop(xt)
 	if !p.OK() {

@@ -38,13 +38,10 @@ func (f FeedForward) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 	return out
 }
 
-// modulate is x·(1 + scale) + shift with scale and shift [1, dim] broadcast over the tokens.
+// modulate is x·(1 + scale) + shift with scale and shift [1, dim] broadcast over the tokens,
+// in one fused pass.
 func modulate(p *nn.Pass, x, scale, shift *runtime.Tensor) *runtime.Tensor {
-	s1 := p.Do(p.RT.Affine(scale, 1, 1))
-	h := p.Do(p.RT.Mul(x, s1))
-	out := p.Do(p.RT.Add(h, shift))
-	p.Drop(h)
-	return out
+	return p.Do(p.RT.Modulate(x, scale, shift))
 }
 
 // AdaLayerNormZero is the double block's norm1 / norm1_context: SiLU → linear → 6 chunks

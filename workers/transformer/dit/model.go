@@ -32,6 +32,7 @@ type Model struct {
 
 	nn.Weights // the resident weights (WeightBytes and NumParams below add the streamed blocks')
 	rt         *runtime.Runtime
+	act        runtime.DType // activation dtype (LoadOptions.ActivationDType)
 
 	// Streaming: blocks past the first residentDouble double and residentSingle single blocks
 	// are kept in host memory (their fields here hold no tensors) and copied into slots one
@@ -51,8 +52,12 @@ type LoadOptions struct {
 	Seed uint64
 	// WeightDType is the dtype of the nn.Linear and patch-embedding weights (nearly all the
 	// bytes): F16 or BF16 keep them in 16 bits, runtime.AsStored in the checkpoint's dtype
-	// (F32 with RandomWeights); zero means F32. Norms, biases and activations are f32.
+	// (F32 with RandomWeights); zero means F32.
 	WeightDType runtime.DType
+	// ActivationDType is the dtype activations, norms and biases are in (FramePack: BF16 on a
+	// GPU); the zero value is F32. The inputs are rounded to it at the model's entry, the velocity
+	// comes back as float32; rope tables stay f32 (the reference rotates in float32).
+	ActivationDType runtime.DType
 	// MemoryCap is the runtime's memory cap the residency plan is made for (0: no cap, every
 	// block resident unless MaxResidentBlocks says otherwise). The runtime enforces its own
 	// cap (runtime.SetMemoryCap); this only sizes the plan.
@@ -108,14 +113,14 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	if err != nil {
 		return nil, err
 	}
-	dts := nn.Options{DType: runtime.F32, WeightDType: opts.WeightDType}
+	dts := nn.Options{DType: opts.ActivationDType, WeightDType: opts.WeightDType}
 	var l *nn.Loader
 	if src == nil {
 		l = nn.NewRandomLoader(rt, opts.Seed, dts)
 	} else {
 		l = nn.NewLoader(rt, src, dts, "")
 	}
-	m := &Model{Config: cfg, rt: rt}
+	m := &Model{Config: cfg, rt: rt, act: opts.ActivationDType}
 	m.residentDouble, m.residentSingle = fp.split(resident)
 	m.double = nn.NewBlockStream(rt, "transformer_blocks", func(l *nn.Loader) HunyuanVideoTransformerBlock { return bindDoubleBlock(l, "", cfg) })
 	m.single = nn.NewBlockStream(rt, "single_transformer_blocks", func(l *nn.Loader) HunyuanVideoSingleTransformerBlock { return bindSingleBlock(l, "", cfg) })

@@ -29,12 +29,17 @@ func newTestRuntime(t testing.TB) *runtime.Runtime {
 
 // loadFixtureModel loads the fixture's "transformer" model into rt.
 func loadFixtureModel(t testing.TB, rt *runtime.Runtime, fx *parity.Fixture) *Model {
+	return loadFixtureModelAs(t, rt, fx, 0)
+}
+
+// loadFixtureModelAs loads the fixture's transformer with activations in act (0: f32).
+func loadFixtureModelAs(t testing.TB, rt *runtime.Runtime, fx *parity.Fixture, act runtime.DType) *Model {
 	t.Helper()
 	dir, err := fx.ModelPath("transformer")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := Load(rt, dir, LoadOptions{})
+	m, err := Load(rt, dir, LoadOptions{ActivationDType: act})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,14 +137,28 @@ func decodeForward(t testing.TB, c parity.Case) forwardCase {
 // TestParityTransformer checks every case of the transformer fixture by op against the
 // reference's float64 forward; the intermediates the fixture has are logged to show where a
 // mismatch starts.
-func TestParityTransformer(t *testing.T) {
+func TestParityTransformer(t *testing.T) { parityTransformer(t, runtime.F32) }
+
+// TestParityTransformerHalf is TestParityTransformer with bf16 activations (FramePack's
+// transformer dtype, or the 16-bit one $FRAMEPACK_ACTIVATION_DTYPE names): within
+// parity.HalfRelL2.
+func TestParityTransformerHalf(t *testing.T) {
+	act, err := runtime.ParseActivationDType(parity.HalfActivations("bf16"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	parityTransformer(t, act)
+}
+
+func parityTransformer(t *testing.T, act runtime.DType) {
 	fx := parity.Load(t, "transformer")
 	if len(fx.Cases) == 0 {
 		t.Fatal("transformer fixture has no cases")
 	}
 	rt := newTestRuntime(t)
-	m := loadFixtureModel(t, rt, fx)
+	m := loadFixtureModelAs(t, rt, fx, act)
 	for _, c := range fx.Cases {
+		c = c.ForActivations(act != runtime.F32)
 		t.Run(c.Name, func(t *testing.T) {
 			switch c.Op {
 			case OpForward:

@@ -60,11 +60,9 @@ func (blk HunyuanVideoIndividualTokenRefinerBlock) Forward(p *nn.Pass, x, temb, 
 	attn := blk.Attn.Forward(p, n1, mask)
 	st := p.Do(p.RT.SiLU(temb))
 	gates := p.Chunk(blk.NormOut.Linear.Forward(p, st), 2)
-	ga := p.Do(p.RT.Mul(attn, gates[0]))
-	h := p.Do(p.RT.Add(x, ga))
+	h := p.Do(p.RT.GateResidual(x, gates[0], attn))
 	ff := blk.FF.Forward(p, blk.Norm2.Forward(p, h))
-	gf := p.Do(p.RT.Mul(ff, gates[1]))
-	return p.Do(p.RT.Add(h, gf))
+	return p.Do(p.RT.GateResidual(h, gates[1], ff))
 }
 
 // HunyuanVideoTokenRefiner is context_embedder: the text states' own small transformer,

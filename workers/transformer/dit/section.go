@@ -226,7 +226,7 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 		if cleanIdx[i] == nil {
 			continue
 		}
-		x := p.Do(m.rt.FromFloat32(cl.x.Data, cl.x.Shape...))
+		x := p.Do(m.rt.FromFloat32As(m.act, cl.x.Data, cl.x.Shape...))
 		var conv PatchConv
 		var pool [3]int
 		switch i {
@@ -266,7 +266,7 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 		s.textMask = own(p.Do(m.rt.FromUint8(mask, 1, 1, L, L)))
 	}
 	s.textKeep = real
-	s.text = own(p.Do(m.rt.FromFloat32(textData, 1, textLen, td)))
+	s.text = own(p.Do(m.rt.FromFloat32As(m.act, textData, 1, textLen, td)))
 	mean := make([]float64, td)
 	for i, v := range c.EncoderAttentionMask.Data {
 		if v == 1 {
@@ -279,11 +279,11 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	for j := range mean {
 		mean32[j] = float32(mean[j] / float64(real))
 	}
-	s.meanText = own(p.Do(m.rt.FromFloat32(mean32, 1, td)))
-	s.pooled = own(p.Do(m.rt.FromFloat32(c.PooledProjections.Data, 1, cfg.PooledProjectionDim)))
+	s.meanText = own(p.Do(m.rt.FromFloat32As(m.act, mean32, 1, td)))
+	s.pooled = own(p.Do(m.rt.FromFloat32As(m.act, c.PooledProjections.Data, 1, cfg.PooledProjectionDim)))
 	encLen := s.textKeep
 	if m.ImageProjection != nil {
-		x := p.Do(m.rt.FromFloat32(img.Data, img.Shape...))
+		x := p.Do(m.rt.FromFloat32As(m.act, img.Data, img.Shape...))
 		s.image = own(m.ImageProjection.Forward(p, x))
 		encLen += img.Shape[1]
 	}

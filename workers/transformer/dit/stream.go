@@ -73,7 +73,7 @@ func EstimateFootprint(cfg Config, src nn.Source, opts LoadOptions) (Footprint, 
 		return Footprint{}, err
 	}
 	size := func(bind func(l *nn.Loader)) int64 {
-		l := nn.NewShapeLoaderFor(nn.Options{DType: runtime.F32, WeightDType: opts.WeightDType})
+		l := nn.NewShapeLoaderFor(nn.Options{DType: opts.ActivationDType, WeightDType: opts.WeightDType})
 		bind(l)
 		return l.ShapeBytes(src, "")
 	}
@@ -97,6 +97,8 @@ type Workload struct {
 	Height, Width int
 	// LatentWindowSize is the number of latent frames sampled per section (FramePack's 9).
 	LatentWindowSize int
+	// ActivationDType is the activation dtype the forward runs in (the zero value is F32).
+	ActivationDType runtime.DType
 }
 
 // vaeScale is the VAE's spatial compression: pixels per latent along height and width.
@@ -115,19 +117,20 @@ func (c Config) Tokens(w Workload) int {
 
 func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
-// activationFactor is how many [L, dim] float32 tensors a block holds at once at its peak:
+// activationFactor is how many [L, dim] activation tensors a block holds at once at its peak:
 // a single block keeps x, the modulated input, q/k/v, the attention output and the 4·dim MLP
 // activation (twice while GELU runs) and then their 5·dim concatenation; 16 covers that with
 // room for the outer stream and the attention's chunked scores.
 const activationFactor = 16
 
-// ActivationBytes estimates the activations one forward holds at its peak for w (float32
-// compute): activationFactor [L, dim] tensors plus the rope tables. It is an estimate: the
+// ActivationBytes estimates the activations one forward holds at its peak for w:
+// activationFactor [L, dim] tensors in w.ActivationDType plus the f32 rope tables. It is an estimate: the
 // OOM ladder's resident-block rungs catch an underestimate.
 func (c Config) ActivationBytes(w Workload) int64 {
 	if w.Height <= 0 || w.Width <= 0 || w.LatentWindowSize <= 0 {
 		return 0
 	}
 	l := int64(c.Tokens(w))
-	return 4 * l * (activationFactor*int64(c.InnerDim()) + 2*int64(c.AttentionHeadDim))
+	es := int64(w.ActivationDType.Size())
+	return l * (es*activationFactor*int64(c.InnerDim()) + 4*2*int64(c.AttentionHeadDim))
 }

@@ -206,3 +206,17 @@ func TestFootprintPlan(t *testing.T) {
 		})
 	}
 }
+
+// TestActivationBytesByDType: the activation estimate counts the [L, dim] tensors in the
+// activation dtype (bf16 half of f32's) and the rope tables in f32 in both.
+func TestActivationBytesByDType(t *testing.T) {
+	cfg := Config{NumAttentionHeads: 24, AttentionHeadDim: 128, PatchSize: 2}
+	w := Workload{Height: 544, Width: 704, LatentWindowSize: 9}
+	f32 := cfg.ActivationBytes(w)
+	w.ActivationDType = runtime.BF16
+	bf16 := cfg.ActivationBytes(w)
+	rope := int64(cfg.Tokens(w)) * 4 * 2 * 128
+	if f32 <= 0 || bf16-rope != (f32-rope)/2 {
+		t.Fatalf("estimate f32 %d, bf16 %d (rope tables %d): want the non-rope part halved", f32, bf16, rope)
+	}
+}

@@ -22,8 +22,9 @@ func badInput(format string, args ...any) error {
 // Checkpoint is a set of named tensors with their list of names (*safetensors.Checkpoint).
 type Checkpoint = nn.Source
 
-// Options are the dtypes the weights are uploaded in (WeightDType: the conv and linear
-// weights, nearly all the bytes).
+// Options are the activation dtype (DType: F32, or F16/BF16 with f32 accumulation; inputs are
+// rounded to it on upload, outputs come back as float32) and the dtype the weights are uploaded
+// in (WeightDType: the conv and linear weights, nearly all the bytes).
 type Options = nn.Options
 
 // LoadInfo says what a load found besides the model.
@@ -46,7 +47,8 @@ type Model struct {
 	Info          LoadInfo
 
 	nn.Weights
-	rt *runtime.Runtime
+	rt  *runtime.Runtime
+	act runtime.DType // activation dtype
 }
 
 // Load reads dir/config.json and the checkpoint in dir (diffusion_pytorch_model.safetensors or
@@ -84,7 +86,7 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, ck Checkpoint, opts Options) (*Mo
 	}
 	opts.DType = dt
 	l := nn.NewLoader(rt, ck, opts, "")
-	m := &Model{Config: cfg, rt: rt}
+	m := &Model{Config: cfg, rt: rt, act: dt}
 	m.bind(l)
 	ws, rep, err := l.Finish()
 	if err != nil {
@@ -115,7 +117,7 @@ func (m *Model) Close() { m.Free() }
 func (m *Model) encodeTile(ctx context.Context, x Volume) (Volume, error) {
 	p := nn.NewPass(ctx, m.rt)
 	defer p.Free()
-	h := m.Encoder.Forward(p, p.Do(m.rt.FromFloat32(x.Data, x.ShapeInt()...)))
+	h := m.Encoder.Forward(p, p.Do(m.rt.FromFloat32As(m.act, x.Data, x.ShapeInt()...)))
 	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return m.QuantConv.Forward(p, h) })
 	if err := p.Err(); err != nil {
 		return Volume{}, fmt.Errorf("encode tile %v: %w", x.Shape, err)
@@ -128,7 +130,7 @@ func (m *Model) encodeTile(ctx context.Context, x Volume) (Volume, error) {
 func (m *Model) decodeTile(ctx context.Context, z Volume) (Volume, error) {
 	p := nn.NewPass(ctx, m.rt)
 	defer p.Free()
-	h := m.PostQuantConv.Forward(p, p.Do(m.rt.FromFloat32(z.Data, z.ShapeInt()...)))
+	h := m.PostQuantConv.Forward(p, p.Do(m.rt.FromFloat32As(m.act, z.Data, z.ShapeInt()...)))
 	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return m.Decoder.Forward(p, h) })
 	if err := p.Err(); err != nil {
 		return Volume{}, fmt.Errorf("decode tile %v: %w", z.Shape, err)

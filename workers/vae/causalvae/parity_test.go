@@ -72,12 +72,17 @@ func newRuntime(t testing.TB) *runtime.Runtime {
 }
 
 func loadFixtureModel(t testing.TB, fx *parity.Fixture, rt *runtime.Runtime) *Model {
+	return loadFixtureModelAs(t, fx, rt, 0)
+}
+
+// loadFixtureModelAs loads the fixture's vae with activations in act (0: f32).
+func loadFixtureModelAs(t testing.TB, fx *parity.Fixture, rt *runtime.Runtime, act runtime.DType) *Model {
 	t.Helper()
 	dir, err := fx.ModelPath("vae")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := Load(rt, dir, Options{})
+	m, err := Load(rt, dir, Options{DType: act})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,18 +92,35 @@ func loadFixtureModel(t testing.TB, fx *parity.Fixture, rt *runtime.Runtime) *Mo
 
 // TestParityVAE runs every case of the vae fixture in process (the worker's test runs them
 // through the worker binary and shared memory); a fixture without a model case fails it.
-func TestParityVAE(t *testing.T) {
+func TestParityVAE(t *testing.T) { parityVAE(t, runtime.F32) }
+
+// TestParityVAEHalf runs every case with fp16 activations (FramePack's vae dtype, or the
+// 16-bit one $FRAMEPACK_ACTIVATION_DTYPE names; f32 accumulation, on the cpu through f32
+// stand-ins): within parity.HalfRelL2 of the reference.
+func TestParityVAEHalf(t *testing.T) { parityVAE(t, halfDType(t, "fp16")) }
+
+// halfDType is the activation dtype of a half parity run (parity.HalfActivations).
+func halfDType(t testing.TB, def string) runtime.DType {
+	dt, err := runtime.ParseActivationDType(parity.HalfActivations(def))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dt
+}
+
+func parityVAE(t *testing.T, act runtime.DType) {
 	fx := parity.Load(t, "vae")
 	rt := newRuntime(t)
 	var m *Model
 	for _, c := range fx.Cases {
 		if c.Op == "vae.encode" || c.Op == "vae.decode" {
-			m = loadFixtureModel(t, fx, rt)
+			m = loadFixtureModelAs(t, fx, rt, act)
 			break
 		}
 	}
 	ran := 0 // model cases run
 	for _, c := range fx.Cases {
+		c = c.ForActivations(act != runtime.F32)
 		t.Run(c.Name, func(t *testing.T) {
 			switch c.Op {
 			case "vae.encode":

@@ -31,9 +31,8 @@ type LoadRequest struct {
 	// weights (sharded checkpoints allowed). REQUIRED.
 	ModelDir string `protobuf:"bytes,1,opt,name=model_dir,json=modelDir,proto3" json:"model_dir,omitempty"`
 	// dtype selects the dtype the weight matrices (linear and conv weights,
-	// embedding tables) are stored in: "fp32" (also empty), "fp16", "bf16", or
-	// "auto" (the checkpoint's own dtype). On cpu, activations are fp32
-	// whatever it says; LoadResponse.dtype reports the compute dtype.
+	// embedding tables) are stored in: "fp32", "fp16", "bf16", or "auto" (the
+	// checkpoint's own dtype). Empty means the activation dtype.
 	Dtype string `protobuf:"bytes,2,opt,name=dtype,proto3" json:"dtype,omitempty"`
 	// backend is "cpu", "cuda", "hip" or "auto" (first GPU backend that
 	// initialises, else cpu). Empty means "auto".
@@ -77,9 +76,16 @@ type LoadRequest struct {
 	// workload is the job the model is loaded for; the transformer worker
 	// estimates its activations from it and keeps resident only the blocks
 	// that fit memory_cap_bytes beside them. Unset: no activations reserved.
-	Workload      *Workload `protobuf:"bytes,13,opt,name=workload,proto3" json:"workload,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Workload *Workload `protobuf:"bytes,13,opt,name=workload,proto3" json:"workload,omitempty"`
+	// activation_dtype is the dtype the model's activations are computed in:
+	// "fp32", "bf16" or "fp16" (accumulation is fp32 in every case). Empty
+	// means $FRAMEPACK_ACTIVATION_DTYPE in the worker's environment, else the
+	// model's default: fp32 on the cpu backend; on a GPU the dtype FramePack
+	// runs the model in (transformer bf16; VAE, text encoders and SigLIP
+	// fp16). LoadResponse.dtype reports the one in use.
+	ActivationDtype string `protobuf:"bytes,14,opt,name=activation_dtype,json=activationDtype,proto3" json:"activation_dtype,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *LoadRequest) Reset() {
@@ -201,6 +207,13 @@ func (x *LoadRequest) GetWorkload() *Workload {
 		return x.Workload
 	}
 	return nil
+}
+
+func (x *LoadRequest) GetActivationDtype() string {
+	if x != nil {
+		return x.ActivationDtype
+	}
+	return ""
 }
 
 // Workload is the size of the job a worker is loaded for.
@@ -535,7 +548,7 @@ type LoadResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// backend is the backend in use ("cpu", "cuda" or "hip"), never "auto".
 	Backend string `protobuf:"bytes,1,opt,name=backend,proto3" json:"backend,omitempty"`
-	// dtype is the compute dtype in use.
+	// dtype is the activation dtype in use ("fp32", "bf16" or "fp16").
 	Dtype string `protobuf:"bytes,2,opt,name=dtype,proto3" json:"dtype,omitempty"`
 	// device is the device the model was loaded on.
 	Device *Device `protobuf:"bytes,3,opt,name=device,proto3" json:"device,omitempty"`
@@ -1008,7 +1021,7 @@ var File_framepack_worker_v1_load_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\n" +
-	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xef\x04\n" +
+	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\x9a\x05\n" +
 	"\vLoadRequest\x12\x1b\n" +
 	"\tmodel_dir\x18\x01 \x01(\tR\bmodelDir\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x18\n" +
@@ -1026,7 +1039,8 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\n" +
 	"pci_bus_id\x18\v \x01(\tR\bpciBusId\x123\n" +
 	"\x05loras\x18\f \x03(\v2\x1d.framepack.worker.v1.LoraSpecR\x05loras\x129\n" +
-	"\bworkload\x18\r \x01(\v2\x1d.framepack.worker.v1.WorkloadR\bworkload\x1a6\n" +
+	"\bworkload\x18\r \x01(\v2\x1d.framepack.worker.v1.WorkloadR\bworkload\x12)\n" +
+	"\x10activation_dtype\x18\x0e \x01(\tR\x0factivationDtype\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x01\n" +
