@@ -554,11 +554,13 @@ func fromEvent(e *pb.RunEvent) (Event, error) {
 }
 
 func toResult(r *Result) *pb.Result {
-	return &pb.Result{Outputs: toTensorRefs(r.Outputs), Stats: toStats(r.Stats), GeneratorState: r.GeneratorState}
+	return &pb.Result{Outputs: toTensorRefs(r.Outputs), Stats: toStats(r.Stats), GeneratorState: r.GeneratorState,
+		VaeTiling: toTilingUsed(r.VAETiling)}
 }
 
 func fromResult(r *pb.Result) *Result {
-	return &Result{Outputs: fromTensorRefs(r.GetOutputs()), Stats: fromStats(r.GetStats()), GeneratorState: r.GetGeneratorState()}
+	return &Result{Outputs: fromTensorRefs(r.GetOutputs()), Stats: fromStats(r.GetStats()), GeneratorState: r.GetGeneratorState(),
+		VAETiling: fromTilingUsed(r.GetVaeTiling())}
 }
 
 func toError(e *Error) *pb.Error {
@@ -567,4 +569,23 @@ func toError(e *Error) *pb.Error {
 
 func fromError(e *pb.Error) *Error {
 	return &Error{Code: ErrorCode(e.GetCode()), Message: e.GetMessage(), RequestedBytes: e.GetRequestedBytes(), AvailableBytes: e.GetAvailableBytes()}
+}
+
+func toTilingUsed(t *VAETilingUsed) *pb.VaeTilingUsed {
+	if t == nil {
+		return nil
+	}
+	return &pb.VaeTilingUsed{Tiling: toTiling(&t.Tiling), Chosen: t.Chosen, PeakEstimateBytes: t.PeakEstimateBytes,
+		BudgetBytes: t.BudgetBytes, Runs: t.Runs}
+}
+
+func fromTilingUsed(t *pb.VaeTilingUsed) *VAETilingUsed {
+	if t == nil {
+		return nil
+	}
+	out := &VAETilingUsed{Chosen: t.GetChosen(), PeakEstimateBytes: t.GetPeakEstimateBytes(), BudgetBytes: t.GetBudgetBytes(), Runs: t.GetRuns()}
+	if tl := fromTiling(t.GetTiling()); tl != nil {
+		out.Tiling = *tl
+	}
+	return out
 }

@@ -46,7 +46,8 @@ type Model struct {
 	Info          LoadInfo
 
 	nn.Weights
-	rt *runtime.Runtime
+	rt  *runtime.Runtime
+	act runtime.DType // the dtype of the tensors bound by Tensor (norms, biases) and of the activations
 }
 
 // Load reads dir/config.json and the checkpoint in dir (diffusion_pytorch_model.safetensors or
@@ -84,7 +85,7 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, ck Checkpoint, opts Options) (*Mo
 	}
 	opts.DType = dt
 	l := nn.NewLoader(rt, ck, opts, "")
-	m := &Model{Config: cfg, rt: rt}
+	m := &Model{Config: cfg, rt: rt, act: dt}
 	m.bind(l)
 	ws, rep, err := l.Finish()
 	if err != nil {
@@ -106,6 +107,16 @@ func (m *Model) bind(l *nn.Loader) {
 
 // Runtime returns the runtime holding the weights.
 func (m *Model) Runtime() *runtime.Runtime { return m.rt }
+
+// Footprint returns what the memory estimate needs to know of how m runs: its activation and
+// conv weight element sizes, with the backend's scratch s.
+func (m *Model) Footprint(s Scratch) FootprintOptions {
+	o := FootprintOptions{ActivationBytes: m.act.Size(), WeightBytes: m.act.Size(), Scratch: s}
+	if w := m.Decoder.ConvOut.Conv.Weight; w != nil {
+		o.WeightBytes = w.DType().Size()
+	}
+	return o
+}
 
 // Close frees the weights.
 func (m *Model) Close() { m.Free() }
