@@ -28,9 +28,11 @@ func bindDownBlock(l *nn.Loader, prefix string, p blockPlan, groups int) *DownBl
 	return d
 }
 
-// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W'].
+// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W']. x (the pass's) is freed after the
+// first resnet, which is its last reader.
 func (d *DownBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 	h := d.Resnets[0].Forward(p, x)
+	p.Drop(x)
 	for _, r := range d.Resnets[1:] {
 		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Forward(p, x) })
 	}
@@ -64,9 +66,11 @@ func bindUpBlock(l *nn.Loader, prefix string, p blockPlan, groups int) *UpBlock 
 	return u
 }
 
-// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W'].
+// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W']. x (the pass's) is freed after the
+// first resnet, which is its last reader.
 func (u *UpBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 	h := u.Resnets[0].Forward(p, x)
+	p.Drop(x)
 	for _, r := range u.Resnets[1:] {
 		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Forward(p, x) })
 	}

@@ -84,8 +84,8 @@ func charged(n int64) int64 {
 }
 
 // memSim follows the bytes a forward holds, op by op, as the model code allocates and frees
-// them (nn.Pass: Then frees a step's input after the step; a block's input lives until the
-// block returns).
+// them (nn.Pass: Then frees a step's input after the step; a block frees its input after its
+// first resnet). TestFootprintEstimate keeps it in step with the model code.
 type memSim struct {
 	o          FootprintOptions
 	live, peak int64
@@ -212,9 +212,10 @@ func (s *memSim) attention(x [5]int) [5]int {
 	return x
 }
 
-// mid is MidBlock.Forward (x stays live).
+// mid is MidBlock.Forward (x is freed after the first resnet).
 func (s *memSim) mid(x [5]int, attention bool) [5]int {
 	h := s.resnet(x, x[1])
+	s.free(x)
 	if attention {
 		a := s.attention(h)
 		s.free(h)
@@ -225,9 +226,10 @@ func (s *memSim) mid(x [5]int, attention bool) [5]int {
 	return h2
 }
 
-// chain runs the block's resnets from x (x stays live), freeing each step's input.
+// resnets runs the block's resnets from x, freeing each step's input (x after the first).
 func (s *memSim) resnets(x [5]int, b blockPlan) [5]int {
 	h := s.resnet(x, b.out)
+	s.free(x)
 	for range b.layers - 1 {
 		h2 := s.resnet(h, b.out)
 		s.free(h)
@@ -236,7 +238,7 @@ func (s *memSim) resnets(x [5]int, b blockPlan) [5]int {
 	return h
 }
 
-// upBlock is UpBlock.Forward (x stays live).
+// upBlock is UpBlock.Forward (x is freed after the first resnet).
 func (s *memSim) upBlock(x [5]int, b blockPlan) [5]int {
 	h := s.resnets(x, b)
 	if !b.resampled() {
@@ -247,20 +249,16 @@ func (s *memSim) upBlock(x [5]int, b blockPlan) [5]int {
 	up[3] *= b.stride[1]
 	up[4] *= b.stride[2]
 	s.alloc(up)
-	if b.stride[0] > 1 {
-		sl := up
-		sl[2] = up[2] - (b.stride[0] - 1)
-		s.alloc(sl)
-		s.free(up)
-		up = sl
-	}
-	out := s.conv(up, b.out, 3, unit)
+	// the conv reads up's first sT−1 frames as part of its causal padding (UpsampleCausal3D)
+	sl := up
+	sl[2] = up[2] - (b.stride[0] - 1)
+	out := s.conv(sl, b.out, 3, unit)
 	s.free(up)
 	s.free(h)
 	return out
 }
 
-// downBlock is DownBlock.Forward (x stays live).
+// downBlock is DownBlock.Forward (x is freed after the first resnet).
 func (s *memSim) downBlock(x [5]int, b blockPlan) [5]int {
 	h := s.resnets(x, b)
 	if !b.resampled() {
@@ -287,13 +285,9 @@ func (c Config) decodeTilePeak(z [5]int, o FootprintOptions) int64 {
 	last := c.BlockOutChannels[len(c.BlockOutChannels)-1]
 	x := s.conv(h, last, 3, unit) // conv_in
 	s.free(h)
-	y := s.mid(x, c.MidBlockAddAttention)
-	s.free(x)
-	x = y
+	x = s.mid(x, c.MidBlockAddAttention)
 	for _, b := range c.upPlan() {
-		y := s.upBlock(x, b)
-		s.free(x)
-		x = y
+		x = s.upBlock(x, b)
 	}
 	a := s.normAct(x)
 	s.free(x)
@@ -310,12 +304,9 @@ func (c Config) encodeTilePeak(in [5]int, o FootprintOptions) int64 {
 	s.alloc(in) // upload (held until the tile ends)
 	x := s.conv(in, c.BlockOutChannels[0], 3, unit)
 	for _, b := range c.downPlan() {
-		y := s.downBlock(x, b)
-		s.free(x)
-		x = y
+		x = s.downBlock(x, b)
 	}
 	y := s.mid(x, c.MidBlockAddAttention)
-	s.free(x)
 	a := s.normAct(y)
 	s.free(y)
 	out := s.conv(a, 2*c.LatentChannels, 3, unit)

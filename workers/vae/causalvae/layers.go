@@ -25,8 +25,15 @@ func bindCausalConv3d(l *nn.Loader, prefix string, cin, cout, k int, stride [3]i
 
 // Forward: x [B, Cin, T, H, W] → [B, Cout, (T−1)/sT+1, (H−1)/sH+1, (W−1)/sW+1] for k = 3.
 func (c *CausalConv3d) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	return c.forward(p, x, 0)
+}
+
+// forward is Forward on x with its first `extra` frames taken as part of the causal padding
+// (copies of frame `extra`, which x's replicate padding would have made): kT−1−extra frames
+// are padded before instead of kT−1. extra must not exceed kT−1.
+func (c *CausalConv3d) forward(p *nn.Pass, x *runtime.Tensor, extra int) *runtime.Tensor {
 	k := c.Conv.Kernel
-	pad := runtime.Pad3d{Before: [3]int{k[0] - 1, k[1] / 2, k[2] / 2}, After: [3]int{0, k[1] / 2, k[2] / 2}}
+	pad := runtime.Pad3d{Before: [3]int{k[0] - 1 - extra, k[1] / 2, k[2] / 2}, After: [3]int{0, k[1] / 2, k[2] / 2}}
 	if pad.Before == [3]int{} && pad.After == [3]int{} {
 		return c.Conv.Forward(p, x)
 	}
@@ -174,9 +181,11 @@ func bindMidBlock(l *nn.Loader, prefix string, c, groups int, attention bool) *M
 	return m
 }
 
-// Forward: x [B, C, T, H, W] → same.
+// Forward: x [B, C, T, H, W] → same. x (the pass's) is freed after the first resnet, which is
+// its last reader.
 func (m *MidBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 	h := m.Resnets[0].Forward(p, x)
+	p.Drop(x)
 	for i, attn := range m.Attentions {
 		if attn != nil {
 			h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return attn.Forward(p, x) })
@@ -206,10 +215,14 @@ type UpsampleCausal3D struct {
 // Forward: x [B, C, T, H, W] → [B, C, 1 + sT·(T−1), sH·H, sW·W].
 func (u *UpsampleCausal3D) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 	up := p.Do(p.RT.UpsampleNearest3d(x, u.Factor))
-	if st := u.Factor[0]; st > 1 && p.OK() {
-		// Repeating every frame sT times and dropping the first sT−1 copies leaves frame 0
-		// once and every other frame sT times: cat(first_frame, interpolate(other_frames)).
-		up = p.Then(up, func(up *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Slice(up, 2, st-1, up.Dim(2))) })
+	// Repeating every frame sT times and dropping the first sT−1 copies leaves frame 0 once and
+	// every other frame sT times: cat(first_frame, interpolate(other_frames)). The dropped
+	// copies of frame 0 are what the conv's causal padding would put back (replicates of frame
+	// 0), so they stay and serve as part of it: no sliced copy.
+	extra := u.Factor[0] - 1
+	if extra > u.Conv.Conv.Kernel[0]-1 {
+		up = p.Then(up, func(up *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Slice(up, 2, extra, up.Dim(2))) })
+		extra = 0
 	}
-	return p.Then(up, func(x *runtime.Tensor) *runtime.Tensor { return u.Conv.Forward(p, x) })
+	return p.Then(up, func(x *runtime.Tensor) *runtime.Tensor { return u.Conv.forward(p, x, extra) })
 }
