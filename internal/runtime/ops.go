@@ -151,6 +151,18 @@ func (rt *Runtime) GroupNorm(x, weight, bias *Tensor, groups int, eps float32) (
 	})
 }
 
+// GroupNormSiLU is SiLU(GroupNorm(x, …)) in one pass (fpk_op_group_norm_act): statistics in
+// f32 or wider, the output in x's dtype, rounded once, without the normalised intermediate.
+func (rt *Runtime) GroupNormSiLU(x, weight, bias *Tensor, groups int, eps float32) (*Tensor, error) {
+	const op = "group norm silu"
+	if err := required(op, x); err != nil {
+		return nil, err
+	}
+	return rt.op(op, x.dtype, x.shape, []*Tensor{x, weight, bias}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
+		return C.fpk_op_group_norm_act(rt.stream, C.int64_t(groups), C.float(eps), C.FPK_NORM_ACT_SILU, in[0], in[1], in[2], out)
+	})
+}
+
 // LayerNorm normalises the last dim; weight and bias [D] or nil (elementwise_affine=False).
 func (rt *Runtime) LayerNorm(x, weight, bias *Tensor, eps float32) (*Tensor, error) {
 	const op = "layer norm"

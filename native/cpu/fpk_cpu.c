@@ -271,6 +271,8 @@ static void sigmoid_family(float *y, const float *x, int64_t n, float a, float b
     }
 }
 
+void fpk_cpu_silu_row(float *y, const float *x, int64_t n) { sigmoid_family(y, x, n, 1.0f, 0.0f, 1); }
+
 /* Runs the 8-lane statement expression F (a macro of one fpk_v8f) over n floats of x into y;
  * the last partial vector goes through a zero-padded copy, so every element gets the same
  * arithmetic. */
@@ -1127,6 +1129,7 @@ static const struct fpk_backend_iface cpu_iface = {
     .gemm = cpu_gemm,
     .conv3d = cpu_conv3d_entry,
     .group_norm = cpu_group_norm,
+    .group_norm_act = fpk_cpu_group_norm_act,
     .layer_norm = cpu_layer_norm,
     .rms_norm = cpu_rms_norm,
     .unary = cpu_unary,

@@ -127,6 +127,16 @@ static fpk_status g_group_norm(void *ctx, void *s, int64_t groups, float eps, fp
     return LOCKED(fpk_gpu_group_norm, s, &sf, groups, eps, xd, wd, bd, od);
 }
 
+static fpk_status g_group_norm_act(void *ctx, void *s, int64_t groups, float eps, fpk_norm_act act,
+                                   fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t b, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(wd, w);
+    GT(bd, b);
+    GT(od, out);
+    fpk_gpu_scratch_fn sf = scratch_of(out);
+    return LOCKED(fpk_gpu_group_norm_act, s, &sf, groups, eps, (int)act, xd, wd, bd, od);
+}
+
 static fpk_status g_layer_norm(void *ctx, void *s, float eps, fpk_tensor_t x, fpk_tensor_t w,
                                fpk_tensor_t b, fpk_tensor_t out) {
     GT(xd, x);
@@ -271,6 +281,7 @@ static struct fpk_backend_iface gpu_iface = {
     .gemm = g_gemm,
     .conv3d = g_conv3d,
     .group_norm = g_group_norm,
+    .group_norm_act = g_group_norm_act,
     .layer_norm = g_layer_norm,
     .rms_norm = g_rms_norm,
     .unary = g_unary,

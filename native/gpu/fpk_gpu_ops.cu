@@ -402,8 +402,11 @@ __global__ void k_gn_final(const void *x, int xdt, int64_t cnt, const double *pa
     stats[g * 2 + 1] = (float)(1.0 / sqrt(var + (double)eps));
 }
 
+/* The normalisation, then act (fpk_norm_act: SiLU fused for fpk_op_group_norm_act), stored once
+ * in y's dtype. */
 __global__ void k_gn_apply(const void *x, int xdt, const void *w, int wdt, const void *b, int bdt, void *y,
-                           int ydt, int64_t total, int64_t C, int64_t inner, int64_t cpg, const float *stats) {
+                           int ydt, int64_t total, int64_t C, int64_t inner, int64_t cpg, const float *stats,
+                           int act) {
     GRID_LOOP(i, total) {
         int64_t ch = i / inner;       /* n*C + c */
         int64_t c = ch % C;
@@ -411,13 +414,21 @@ __global__ void k_gn_apply(const void *x, int xdt, const void *w, int wdt, const
         float m = stats[g * 2], inv = stats[g * 2 + 1];
         float sc = inv * (w ? fpk_ld(w, wdt, c) : 1.0f);
         float sh = b ? fpk_ld(b, bdt, c) : 0.0f;
-        fpk_st(y, ydt, i, (fpk_ld(x, xdt, i) - m) * sc + sh);
+        float v = (fpk_ld(x, xdt, i) - m) * sc + sh;
+        if (act == FPK_NORM_ACT_SILU) v *= sigmoid_fam(v, 1.0f, 0.0f);
+        fpk_st(y, ydt, i, v);
     }
 }
 
 extern "C" fpk_status fpk_gpu_group_norm(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf, int64_t groups,
                                          float eps, const fpk_gt *x, const fpk_gt *w, const fpk_gt *b,
                                          const fpk_gt *out) {
+    return fpk_gpu_group_norm_act(c, s, sf, groups, eps, FPK_NORM_ACT_NONE, x, w, b, out);
+}
+
+extern "C" fpk_status fpk_gpu_group_norm_act(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf, int64_t groups,
+                                             float eps, int act, const fpk_gt *x, const fpk_gt *w, const fpk_gt *b,
+                                             const fpk_gt *out) {
     if (x->numel == 0) return FPK_OK;
     cudaStream_t st = fpk_stream(c, s);
     int64_t N = x->shape[0], C = x->shape[1], inner = x->numel / (N * C), cpg = C / groups;
@@ -434,8 +445,8 @@ extern "C" fpk_status fpk_gpu_group_norm(fpk_gpu_ctx *c, void *s, const fpk_gpu_
     k_gn_final<<<(unsigned)((G + 127) / 128), 128, 0, st>>>(x->data, x->dtype, cnt, part, chunks, G, eps, stats);
     k_gn_apply<<<fpk_blocks(x->numel), FPK_BLOCK, 0, st>>>(x->data, x->dtype, w ? w->data : nullptr,
                                                           w ? w->dtype : 0, b ? b->data : nullptr, b ? b->dtype : 0,
-                                                          out->data, out->dtype, x->numel, C, inner, cpg, stats);
-    return fpk_gpu_launched("group norm");
+                                                          out->data, out->dtype, x->numel, C, inner, cpg, stats, act);
+    return fpk_gpu_launched(act == FPK_NORM_ACT_NONE ? "group norm" : "group norm act");
 }
 
 /* ---- rope ----------------------------------------------------------------------------------- */

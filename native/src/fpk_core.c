@@ -1044,6 +1044,29 @@ fpk_status fpk_op_group_norm(fpk_stream_t s, int64_t groups, float eps, fpk_tens
     return s->backend->iface->group_norm(BCTX(s), groups, eps, x, weight, bias, out);
 }
 
+fpk_status fpk_op_group_norm_act(fpk_stream_t s, int64_t groups, float eps, fpk_norm_act act,
+                                 fpk_tensor_t x, fpk_tensor_t weight, fpk_tensor_t bias, fpk_tensor_t out) {
+    const char *op = "group norm act";
+    fpk_tensor_t ts[] = {x, weight, bias, out};
+    TRY(check_args(op, s, 4, ts, 0x9));
+    CHECK(act == FPK_NORM_ACT_NONE || act == FPK_NORM_ACT_SILU, "%s: unknown activation %d", op, (int)act);
+    TRY(check_float(op, x, "x"));
+    TRY(check_float(op, out, "out"));
+    CHECK(x->ndim >= 2, "%s: x needs at least 2 dims [N, C, ...]", op);
+    CHECK(groups > 0 && x->shape[1] % groups == 0, "%s: %lld groups do not divide %lld channels", op,
+          (long long)groups, (long long)x->shape[1]);
+    TRY(check_same_shape(op, x, "x", out, "out"));
+    TRY(check_vec(op, weight, "weight", x->shape[1]));
+    TRY(check_vec(op, bias, "bias", x->shape[1]));
+    if (s->backend->iface->group_norm_act)
+        return s->backend->iface->group_norm_act(BCTX(s), groups, eps, act, x, weight, bias, out);
+    SLOT(s, group_norm, op);
+    TRY(s->backend->iface->group_norm(BCTX(s), groups, eps, x, weight, bias, out));
+    if (act == FPK_NORM_ACT_NONE) return FPK_OK;
+    SLOT(s, unary, op);
+    return s->backend->iface->unary(BCTX(s), FPK_UNARY_SILU, out, out);
+}
+
 fpk_status fpk_op_layer_norm(fpk_stream_t s, float eps, fpk_tensor_t x, fpk_tensor_t weight,
                              fpk_tensor_t bias, fpk_tensor_t out) {
     const char *op = "layer norm";

@@ -161,6 +161,11 @@ struct fpk_backend_iface {
     fpk_status (*event_synchronize)(void *ctx, void *event);
     /* Host→device copy that returns once queued (the source must stay valid until done). */
     fpk_status (*copy_h2d_async)(void *ctx, void *stream, void *dst, const void *src, size_t n);
+
+    /* Group norm and an activation in one pass (API version 6; optional: the core runs
+     * group_norm then unary in place). */
+    fpk_status (*group_norm_act)(void *ctx, void *stream, int64_t groups, float eps, fpk_norm_act act,
+                                 fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t b, fpk_tensor_t out);
 };
 
 struct fpk_backend {

@@ -111,8 +111,8 @@ func (e *Encoder) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.Forward(p, x) })
 	}
 	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return e.MidBlock.Forward(p, x) })
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return e.ConvNormOut.Forward(p, x) })
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.SiLU(x)) }) // conv_act
+	// conv_norm_out and conv_act (SiLU) in one op
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return e.ConvNormOut.ForwardSiLU(p, x) })
 	return p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return e.ConvOut.Forward(p, x) })
 }
 
@@ -147,7 +147,7 @@ func (d *Decoder) Forward(p *nn.Pass, z *runtime.Tensor) *runtime.Tensor {
 	for _, u := range d.UpBlocks {
 		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return u.Forward(p, x) })
 	}
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.ConvNormOut.Forward(p, x) })
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.SiLU(x)) }) // conv_act
+	// conv_norm_out and conv_act (SiLU) in one op
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.ConvNormOut.ForwardSiLU(p, x) })
 	return p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.ConvOut.Forward(p, x) })
 }

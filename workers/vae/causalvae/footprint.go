@@ -142,14 +142,10 @@ func (s *memSim) conv(x [5]int, cout int, k int, stride [3]int) [5]int {
 // resnet is ResnetBlock.Forward: x stays live (the residual); returns the output (allocated).
 func (s *memSim) resnet(x [5]int, cout int) [5]int {
 	n1 := x
-	s.alloc(n1) // norm1
-	s.alloc(n1) // silu
-	s.free(n1)
+	s.alloc(n1) // norm1 + silu (one op)
 	h := s.conv(n1, cout, 3, unit)
 	s.free(n1)
-	s.alloc(h) // norm2
-	s.free(h)
-	s.alloc(h) // silu
+	s.alloc(h) // norm2 + silu
 	s.free(h)
 	h2 := s.conv(h, cout, 3, unit)
 	s.free(h)
@@ -269,11 +265,9 @@ func (s *memSim) downBlock(x [5]int, b blockPlan) [5]int {
 	return out
 }
 
-// normAct is conv_norm_out then SiLU on x (x stays live); returns the activation (allocated).
+// normAct is conv_norm_out and SiLU (one op) on x (x stays live); returns the activation.
 func (s *memSim) normAct(x [5]int) [5]int {
 	s.alloc(x)
-	s.alloc(x)
-	s.free(x)
 	return x
 }
 

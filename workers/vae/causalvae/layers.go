@@ -73,12 +73,9 @@ func (r *ResnetBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 	if !p.Check() {
 		return nil
 	}
-	silu := func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.SiLU(x)) }
-	h := r.Norm1.Forward(p, x)
-	h = p.Then(h, silu)
+	h := r.Norm1.ForwardSiLU(p, x) // norm1 and nonlinearity in one op
 	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Conv1.Forward(p, x) })
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Norm2.Forward(p, x) })
-	h = p.Then(h, silu)
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Norm2.ForwardSiLU(p, x) })
 	// dropout is the identity at inference
 	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Conv2.Forward(p, x) })
 	residual := x
