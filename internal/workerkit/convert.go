@@ -5,6 +5,7 @@ package workerkit
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -356,6 +357,10 @@ func toStats(s *Stats) *pb.StatsResponse {
 	if s.LoadTime != 0 || s.ComputeTime != 0 {
 		out.Timings = &pb.StageTimings{Load: toDuration(s.LoadTime), Compute: toDuration(s.ComputeTime)}
 	}
+	for _, c := range s.ConvShapes {
+		out.ConvShapes = append(out.ConvShapes, &pb.ConvShapeStats{ShapeKey: c.ShapeKey, Tier: pb.ConvTier(c.Tier),
+			Calls: c.Calls, FirstNs: uint64(max(c.First, 0)), TimeNs: uint64(max(c.Time, 0))})
+	}
 	return out
 }
 
@@ -367,6 +372,10 @@ func fromStats(s *pb.StatsResponse) *Stats {
 		AllocatorCurrentBytes: s.GetAllocatorCurrentBytes(), AllocatorPeakBytes: s.GetAllocatorPeakBytes(),
 		MemoryCapBytes: s.GetMemoryCapBytes(), HostRSSBytes: s.GetHostRssBytes(), OpCounts: s.GetOpCounts(),
 		LoadTime: fromDuration(s.GetTimings().GetLoad()), ComputeTime: fromDuration(s.GetTimings().GetCompute()),
+	}
+	for _, c := range s.GetConvShapes() {
+		out.ConvShapes = append(out.ConvShapes, ConvShapeStats{ShapeKey: c.GetShapeKey(), Tier: ConvTier(c.GetTier()),
+			Calls: c.GetCalls(), First: time.Duration(min(c.GetFirstNs(), math.MaxInt64)), Time: time.Duration(min(c.GetTimeNs(), math.MaxInt64))})
 	}
 	for _, c := range s.GetConvTiers() {
 		out.ConvTiers = append(out.ConvTiers, ConvTierStats{

@@ -276,6 +276,16 @@ type Stats struct {
 	LoadTime              time.Duration
 	ComputeTime           time.Duration
 	OpCounts              map[string]uint64
+	ConvShapes            []ConvShapeStats // per conv shape served, by shape key
+}
+
+// ConvShapeStats is what the conv chain did for one shape (worker.proto ConvShapeStats).
+type ConvShapeStats struct {
+	ShapeKey string
+	Tier     ConvTier      // the tier that last served it
+	Calls    uint64        // convolutions served
+	First    time.Duration // the serving tier's first run, synchronised (vendor_tuned: with Find)
+	Time     time.Duration // time in the serving tier over all calls
 }
 
 // RunRequest asks a loaded worker to run one stage.

@@ -172,6 +172,20 @@ func TestParityVAE(t *testing.T) {
 	if len(st.ConvTiers) == 0 || st.ConvTiers[0].Successes == 0 || st.AllocatorPeakBytes == 0 || st.OpCounts["conv3d"] == 0 {
 		t.Fatalf("stats: %+v", st)
 	}
+	// per conv shape: the serving tier, its calls and its synchronised first run
+	var shapeCalls uint64
+	for _, sh := range st.ConvShapes {
+		if sh.ShapeKey == "" || sh.Calls == 0 || sh.First <= 0 || sh.First > sh.Time {
+			t.Fatalf("conv shape stats %+v", sh)
+		}
+		if workertest.Backend() == "cpu" && sh.Tier != workerkit.ConvTierCPU {
+			t.Fatalf("shape %s served by %v on cpu", sh.ShapeKey, sh.Tier)
+		}
+		shapeCalls += sh.Calls
+	}
+	if len(st.ConvShapes) < 2 || shapeCalls != st.ConvTiers[0].Successes {
+		t.Fatalf("%d conv shapes with %d calls, the tier served %d", len(st.ConvShapes), shapeCalls, st.ConvTiers[0].Successes)
+	}
 	// the cpu backend's one conv tier is cpu; a GPU backend's first tier is its vendor library's
 	if workertest.Backend() == "cpu" && st.ConvTiers[0].Tier != workerkit.ConvTierCPU {
 		t.Fatalf("stats on cpu, convs not served by the cpu tier: %+v", st)
