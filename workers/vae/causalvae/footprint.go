@@ -407,9 +407,11 @@ func (c TilingChoice) String() string {
 // budget: a retry at the same cap cannot help.
 var ErrMemoryBudget = errors.New("vae memory budget too small")
 
-// autoTilePx are the spatial tile sizes an automatic tiling steps down through, in pixels
-// (stride 3/4 of the tile, as diffusers' 256/192 default and the watchdog's ladder).
-var autoTilePx = []int{256, 128, 64, 32, 16}
+// autoTilePx are the spatial tile sizes an automatic tiling considers, in pixels, with a
+// stride of 3/4 of the tile as diffusers' 256/192 default and the watchdog's ladder. Each is a
+// multiple of 32 px, so the stride is whole latents (diffusers mixes pixel and latent strides:
+// with 16/12 px tiles the 12 px crops of 8 px steps would stretch the picture).
+var autoTilePx = []int{512, 384, 256, 192, 128, 96, 64, 32}
 
 // Estimate returns the footprint and work of running an input of shape in with tiling t.
 func (m *Model) Estimate(in [5]int, t Tiling, encode bool, o FootprintOptions) (TilingChoice, error) {
@@ -424,10 +426,10 @@ func (m *Model) Estimate(in [5]int, t Tiling, encode bool, o FootprintOptions) (
 	return ch, nil
 }
 
-// Candidates lists the tilings an automatic choice considers for an input of shape in,
-// cheapest work first: diffusers' framewise chunking (always on, as FramePack runs it) alone,
-// then with spatial tiles of 256, 128, 64, 32 and 16 px (stride 3/4 of the tile), keeping
-// only those that tile this input and differ from the ones before.
+// Candidates lists the tilings an automatic choice considers for an input of shape in:
+// diffusers' framewise chunking (always on, as FramePack runs it) alone, then with spatial
+// tiles of autoTilePx (largest first), keeping only those that tile this input and need less
+// memory than the ones before.
 func (m *Model) Candidates(in [5]int, encode bool, o FootprintOptions) ([]TilingChoice, error) {
 	base := DefaultTiling()
 	first, err := m.Estimate(in, base, encode, o)
@@ -455,18 +457,25 @@ func (m *Model) Candidates(in [5]int, encode bool, o FootprintOptions) ([]Tiling
 	return out, nil
 }
 
-// ChooseTiling picks the tiling with the least work whose estimated peak fits budget bytes
-// (what the cap leaves beside the weights). With no fitting tiling it fails (errors.Is
+// ChooseTiling picks the tiling with the least work (then the fewest runs) whose estimated
+// peak fits budget bytes (what the cap leaves beside the weights). With no fitting tiling it fails (errors.Is
 // ErrMemoryBudget) naming the smallest tile's need, before any work starts.
 func (m *Model) ChooseTiling(in [5]int, encode bool, budget int64, o FootprintOptions) (TilingChoice, error) {
 	cands, err := m.Candidates(in, encode, o)
 	if err != nil {
 		return TilingChoice{}, err
 	}
-	for _, c := range cands {
-		if c.PeakBytes <= budget {
-			return c, nil
+	best := -1
+	for i, c := range cands {
+		if c.PeakBytes > budget {
+			continue
 		}
+		if b := best; b < 0 || c.Work < cands[b].Work || (c.Work == cands[b].Work && c.Runs < cands[b].Runs) {
+			best = i
+		}
+	}
+	if best >= 0 {
+		return cands[best], nil
 	}
 	small := cands[len(cands)-1]
 	return TilingChoice{}, fmt.Errorf("%w: the smallest tiling (%s) needs about %.1f MiB for one tile and the memory cap leaves %.1f MiB beside the weights; raise the cap (less gpu_memory_preservation_gb) or use a smaller input",

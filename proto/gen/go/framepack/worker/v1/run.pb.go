@@ -1953,8 +1953,8 @@ func (x *Result) GetVaeTiling() *VaeTilingUsed {
 // VaeTilingUsed is the tiling a VAE stage ran with. With the request's
 // tiling unset the worker chooses it: diffusers' framewise chunking, alone
 // when its estimated peak fits what the memory cap leaves beside the weights,
-// else with the largest spatial tiles (256, 128, 64, 32 or 16 px, stride 3/4
-// of the tile) that fit; a cap too small for the smallest tile fails the
+// else with the spatial tiles (512 down to 32 px, stride 3/4 of the tile)
+// that fit with the least work; a cap too small for 32 px tiles fails the
 // stage with ERROR_CODE_INVALID_ARGUMENT before any work.
 type VaeTilingUsed struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
