@@ -110,3 +110,70 @@ func TestGroupNormSiLU(t *testing.T) {
 		t.Error("4 groups of 6 channels accepted")
 	}
 }
+
+// TestUpsamplePad checks the fused op against UpsampleNearest3d then replicate Pad3d, bit for
+// bit, on several ranks, scales, pads and dtypes (the VAE's causal upsampler uses it).
+func TestUpsamplePad(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	r := rng(t)
+	for _, c := range []struct {
+		name  string
+		shape []int
+		scale [3]int
+		pad   Pad3d
+	}{
+		{"vae up", []int{1, 3, 3, 5, 7}, [3]int{2, 2, 2}, Pad3d{Before: [3]int{1, 1, 1}, After: [3]int{0, 1, 1}}},
+		{"spatial only", []int{2, 2, 1, 4, 3}, [3]int{1, 2, 2}, Pad3d{Before: [3]int{2, 1, 1}, After: [3]int{0, 1, 1}}},
+		{"odd scales, wide pads", []int{1, 1, 2, 3, 2}, [3]int{3, 1, 2}, Pad3d{Before: [3]int{4, 2, 5}, After: [3]int{3, 0, 4}}},
+		{"rank 3", []int{2, 3, 5}, [3]int{2, 1, 3}, Pad3d{Before: [3]int{0, 1, 2}, After: [3]int{1, 1, 0}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			x := upload(t, rt, randVals(r, numel(c.shape)), c.shape...)
+			for _, dt := range []DType{F32, F16, BF16} {
+				in := x
+				if dt != F32 {
+					var err error
+					if in, err = rt.Cast(x, dt); err != nil {
+						t.Fatal(err)
+					}
+					defer in.Free()
+				}
+				up, err := rt.UpsampleNearest3d(in, c.scale)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, err := rt.Pad3d(up, PadReplicate, c.pad)
+				up.Free()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := rt.UpsamplePad(in, c.scale, c.pad)
+				if err != nil {
+					t.Fatalf("%s: %v", dt, err)
+				}
+				if !equalInts(got.Shape(), want.Shape()) || got.DType() != dt {
+					t.Fatalf("%s: %s %v, want %v", dt, got.DType(), got.Shape(), want.Shape())
+				}
+				g, err := got.Float32()
+				if err != nil {
+					t.Fatal(err)
+				}
+				w, err := want.Float32()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got.Free()
+				want.Free()
+				for i := range w {
+					if g[i] != w[i] {
+						t.Fatalf("%s: element %d is %g, want %g", dt, i, g[i], w[i])
+					}
+				}
+			}
+		})
+	}
+	x := upload(t, rt, randVals(r, 6), 1, 2, 3)
+	if _, err := rt.UpsamplePad(x, [3]int{0, 1, 1}, Pad3d{}); err == nil {
+		t.Error("scale 0 accepted")
+	}
+}

@@ -238,6 +238,14 @@ static fpk_status g_upsample(void *ctx, void *s, const int64_t *scale, fpk_tenso
     return LOCKED(fpk_gpu_upsample, s, scale, xd, od);
 }
 
+static fpk_status g_upsample_pad(void *ctx, void *s, const int64_t *scale, const int64_t *before,
+                                 const int64_t *after, fpk_tensor_t x, fpk_tensor_t out) {
+    (void)after;
+    GT(xd, x);
+    GT(od, out);
+    return LOCKED(fpk_gpu_upsample_pad, s, scale, before, xd, od);
+}
+
 static fpk_status g_avg_pool(void *ctx, void *s, const int64_t *kernel, const int64_t *stride,
                              fpk_tensor_t x, fpk_tensor_t out) {
     GT(xd, x);
@@ -295,6 +303,7 @@ static struct fpk_backend_iface gpu_iface = {
     .permute = g_permute,
     .pad = g_pad,
     .upsample_nearest3d = g_upsample,
+    .upsample_pad = g_upsample_pad,
     .avg_pool3d = g_avg_pool,
     .reduce = g_reduce,
     .copy = g_copy,

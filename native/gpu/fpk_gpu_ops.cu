@@ -688,6 +688,46 @@ extern "C" fpk_status fpk_gpu_upsample(fpk_gpu_ctx *c, void *s, const int64_t *s
     return pad_like(fpk_stream(c, s), x, out, per, 0, 1, "upsample nearest3d");
 }
 
+/* Upsample then replicate pad: out coordinate o → clamp(o − before, 0, n·scale − 1) / scale per
+ * dim. d.shape: out dims; d.st: x dims; d.st2: scale; before: pads before. */
+template <int ES> __global__ void k_upsample_pad(const void *src, void *dst, int64_t n, fpk_dims d, fpk_dims before) {
+    typedef typename elem_t<ES>::T T;
+    GRID_LOOP(i, n) {
+        int64_t rem = i, off = 0, mul = 1;
+        for (int k = d.nd - 1; k >= 0; k--) {
+            int64_t cc = rem % d.shape[k] - before.shape[k], up = d.st[k] * d.st2[k];
+            rem /= d.shape[k];
+            cc = cc < 0 ? 0 : cc >= up ? up - 1 : cc;
+            off += (cc / d.st2[k]) * mul;
+            mul *= d.st[k];
+        }
+        ((T *)dst)[i] = ((const T *)src)[off];
+    }
+}
+
+extern "C" fpk_status fpk_gpu_upsample_pad(fpk_gpu_ctx *c, void *s, const int64_t *scale, const int64_t *before,
+                                           const fpk_gt *x, const fpk_gt *out) {
+    if (out->numel == 0) return FPK_OK;
+    cudaStream_t st = fpk_stream(c, s);
+    fpk_dims d, b;
+    memset(&d, 0, sizeof d);
+    memset(&b, 0, sizeof b);
+    d.nd = b.nd = x->ndim;
+    for (int k = 0; k < x->ndim; k++) {
+        int i = k - (x->ndim - 3);
+        d.shape[k] = out->shape[k];
+        d.st[k] = x->shape[k];
+        d.st2[k] = i >= 0 ? scale[i] : 1;
+        b.shape[k] = i >= 0 ? before[i] : 0;
+    }
+    switch (fpk_dt_size(x->dtype)) {
+    case 1: k_upsample_pad<1><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, b); break;
+    case 2: k_upsample_pad<2><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, b); break;
+    default: k_upsample_pad<4><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, b); break;
+    }
+    return fpk_gpu_launched("upsample pad");
+}
+
 __global__ void k_avg_pool(const void *x, int xdt, void *y, int ydt, int64_t n, int64_t T, int64_t H, int64_t W,
                            int64_t oT, int64_t oH, int64_t oW, int64_t k0, int64_t k1, int64_t k2, int64_t s0,
                            int64_t s1, int64_t s2) {

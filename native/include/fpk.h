@@ -33,8 +33,9 @@ extern "C" {
  * 4: fpk_attention_params gained layout and tier.
  * 5: events (fpk_event_*, fpk_stream_wait_event) and fpk_tensor_upload_async, with their
  *    optional backend slots after the version-4 ones.
- * 6: fpk_op_group_norm_act (group norm and an activation in one pass), its optional backend
- *    slot after the version-5 ones. */
+ * 6: fpk_op_group_norm_act (group norm and an activation in one pass) and
+ *    fpk_op_upsample_pad (nearest upsampling and replicate padding in one pass), their optional
+ *    backend slots after the version-5 ones. */
 #define FPK_API_VERSION 6
 
 /* Most dimensions a tensor may have. */
@@ -394,6 +395,12 @@ typedef enum fpk_pad_mode {
 fpk_status fpk_op_pad(fpk_stream_t stream, fpk_pad_mode mode, const int64_t *before,
                       const int64_t *after, fpk_tensor_t x, fpk_tensor_t out);
 
+/* Replicate padding of the nearest upsampling of x, in one pass (API version 6): out =
+ * pad(upsample_nearest3d(x, scale), before, after) over the last three dims (T, H, W), without
+ * the upsampled intermediate (the VAE's upsampler before its causal conv). A backend without
+ * the slot answers FPK_ERR_UNSUPPORTED (the caller runs the two ops). */
+fpk_status fpk_op_upsample_pad(fpk_stream_t stream, const int64_t *scale, const int64_t *before,
+                               const int64_t *after, fpk_tensor_t x, fpk_tensor_t out);
 /* Nearest upsampling by integer factors of the last three dims: x [..., T, H, W] →
  * [..., T*sT, H*sH, W*sW]. */
 fpk_status fpk_op_upsample_nearest3d(fpk_stream_t stream, const int64_t *scale, fpk_tensor_t x,

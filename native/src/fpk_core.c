@@ -1324,6 +1324,28 @@ fpk_status fpk_op_upsample_nearest3d(fpk_stream_t s, const int64_t *scale, fpk_t
     return s->backend->iface->upsample_nearest3d(BCTX(s), scale, x, out);
 }
 
+fpk_status fpk_op_upsample_pad(fpk_stream_t s, const int64_t *scale, const int64_t *before,
+                               const int64_t *after, fpk_tensor_t x, fpk_tensor_t out) {
+    const char *op = "upsample pad";
+    fpk_tensor_t ts[] = {x, out};
+    TRY(check_args(op, s, 2, ts, 0x3));
+    CHECK(scale && before && after, "%s: null scale or pads", op);
+    CHECK(x->ndim >= 3 && x->ndim == out->ndim && x->dtype == out->dtype,
+          "%s: x needs at least 3 dims and out its rank and dtype", op);
+    for (int d = 0; d < x->ndim; d++) {
+        int i = d - (x->ndim - 3);
+        int64_t f = i >= 0 ? scale[i] : 1, b = i >= 0 ? before[i] : 0, a = i >= 0 ? after[i] : 0;
+        CHECK(f >= 1 && b >= 0 && a >= 0, "%s: scale %lld, pads %lld and %lld in dim %d", op, (long long)f,
+              (long long)b, (long long)a, d);
+        CHECK(out->shape[d] == x->shape[d] * f + b + a, "%s: out dim %d is %lld, want %lld", op, d,
+              (long long)out->shape[d], (long long)(x->shape[d] * f + b + a));
+        CHECK(x->shape[d] > 0 || out->shape[d] == 0, "%s: replicate padding of an empty dim %d", op, d);
+    }
+    SLOT(s, upsample_pad, op);
+    if (out->numel == 0) return FPK_OK;
+    return s->backend->iface->upsample_pad(BCTX(s), scale, before, after, x, out);
+}
+
 fpk_status fpk_op_avg_pool3d(fpk_stream_t s, const int64_t *kernel, const int64_t *stride,
                              fpk_tensor_t x, fpk_tensor_t out) {
     const char *op = "avg pool3d";

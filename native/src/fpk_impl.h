@@ -166,6 +166,9 @@ struct fpk_backend_iface {
      * group_norm then unary in place). */
     fpk_status (*group_norm_act)(void *ctx, void *stream, int64_t groups, float eps, fpk_norm_act act,
                                  fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t b, fpk_tensor_t out);
+    /* Replicate padding of a nearest upsampling over the last 3 dims (API version 6; optional). */
+    fpk_status (*upsample_pad)(void *ctx, void *stream, const int64_t *scale, const int64_t *before,
+                               const int64_t *after, fpk_tensor_t x, fpk_tensor_t out);
 };
 
 struct fpk_backend {

@@ -28,11 +28,10 @@ func bindDownBlock(l *nn.Loader, prefix string, p blockPlan, groups int) *DownBl
 	return d
 }
 
-// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W']. x (the pass's) is freed after the
-// first resnet, which is its last reader.
+// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W']. x (the pass's) is freed by the
+// first resnet as soon as it has read it.
 func (d *DownBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	h := d.Resnets[0].Forward(p, x)
-	p.Drop(x)
+	h := d.Resnets[0].Consume(p, x)
 	for _, r := range d.Resnets[1:] {
 		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Forward(p, x) })
 	}
@@ -66,11 +65,10 @@ func bindUpBlock(l *nn.Loader, prefix string, p blockPlan, groups int) *UpBlock 
 	return u
 }
 
-// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W']. x (the pass's) is freed after the
-// first resnet, which is its last reader.
+// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W']. x (the pass's) is freed by the
+// first resnet as soon as it has read it.
 func (u *UpBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	h := u.Resnets[0].Forward(p, x)
-	p.Drop(x)
+	h := u.Resnets[0].Consume(p, x)
 	for _, r := range u.Resnets[1:] {
 		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Forward(p, x) })
 	}

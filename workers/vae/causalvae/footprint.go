@@ -84,11 +84,12 @@ func charged(n int64) int64 {
 }
 
 // memSim follows the bytes a forward holds, op by op, as the model code allocates and frees
-// them (nn.Pass: Then frees a step's input after the step; a block frees its input after its
-// first resnet). TestFootprintEstimate keeps it in step with the model code.
+// them (nn.Pass: Then frees a step's input after the step; a block's first resnet frees the
+// block's input once read). TestFootprintEstimate keeps it in step with the model code.
 type memSim struct {
 	o          FootprintOptions
 	live, peak int64
+	at, peakAt string // the step being walked, and the one that held the peak
 }
 
 func (s *memSim) bytes(sh [5]int) int64 {
@@ -97,14 +98,20 @@ func (s *memSim) bytes(sh [5]int) int64 {
 
 func (s *memSim) alloc(sh [5]int) {
 	s.live += s.bytes(sh)
-	s.peak = max(s.peak, s.live)
+	s.mark(s.live)
+}
+
+func (s *memSim) mark(n int64) {
+	if n > s.peak {
+		s.peak, s.peakAt = n, s.at
+	}
 }
 
 func (s *memSim) free(sh [5]int) { s.live -= s.bytes(sh) }
 
 // transient accounts n bytes held only during one op.
 func (s *memSim) transient(n int64) {
-	s.peak = max(s.peak, s.live+n)
+	s.mark(s.live + n)
 }
 
 func withC(sh [5]int, c int) [5]int {
@@ -139,30 +146,39 @@ func (s *memSim) conv(x [5]int, cout int, k int, stride [3]int) [5]int {
 	return out
 }
 
-// resnet is ResnetBlock.Forward: x stays live (the residual); returns the output (allocated).
+// resnet is ResnetBlock.Consume: x is freed once read (after norm1 with a shortcut, which
+// runs first; at the end without one, x being the residual); returns the output (allocated).
 func (s *memSim) resnet(x [5]int, cout int) [5]int {
+	s.at = fmt.Sprintf("resnet %d→%d at %v", x[1], cout, x[2:])
+	shortcut := x[1] != cout
+	var sc [5]int
+	if shortcut {
+		sc = s.conv(x, cout, 1, unit)
+	}
 	n1 := x
 	s.alloc(n1) // norm1 + silu (one op)
+	if shortcut {
+		s.free(x)
+	}
 	h := s.conv(n1, cout, 3, unit)
 	s.free(n1)
 	s.alloc(h) // norm2 + silu
 	s.free(h)
 	h2 := s.conv(h, cout, 3, unit)
 	s.free(h)
-	var sc [5]int
-	if x[1] != cout {
-		sc = s.conv(x, cout, 1, unit)
-	}
 	s.alloc(h2) // + residual
 	s.free(h2)
-	if x[1] != cout {
+	if shortcut {
 		s.free(sc)
+	} else {
+		s.free(x)
 	}
 	return h2
 }
 
 // attention is Attention.Forward on x [B, C, T, H, W] (x stays live).
 func (s *memSim) attention(x [5]int) [5]int {
+	s.at = fmt.Sprintf("attention at %v", x[2:])
 	B, C, T, HW := x[0], x[1], x[2], x[3]*x[4]
 	tok := func(l int) [5]int { return [5]int{B, 1, 1, l, C} }
 	L := T * HW
@@ -208,53 +224,51 @@ func (s *memSim) attention(x [5]int) [5]int {
 	return x
 }
 
-// mid is MidBlock.Forward (x is freed after the first resnet).
+// mid is MidBlock.Forward (x is consumed by the first resnet).
 func (s *memSim) mid(x [5]int, attention bool) [5]int {
 	h := s.resnet(x, x[1])
-	s.free(x)
 	if attention {
 		a := s.attention(h)
 		s.free(h)
 		h = a
 	}
 	h2 := s.resnet(h, x[1])
-	s.free(h)
 	return h2
 }
 
-// resnets runs the block's resnets from x, freeing each step's input (x after the first).
+// resnets runs the block's resnets from x, each consuming its input.
 func (s *memSim) resnets(x [5]int, b blockPlan) [5]int {
 	h := s.resnet(x, b.out)
-	s.free(x)
 	for range b.layers - 1 {
-		h2 := s.resnet(h, b.out)
-		s.free(h)
-		h = h2
+		h = s.resnet(h, b.out)
 	}
 	return h
 }
 
-// upBlock is UpBlock.Forward (x is freed after the first resnet).
+// upBlock is UpBlock.Forward (x is consumed by the first resnet).
 func (s *memSim) upBlock(x [5]int, b blockPlan) [5]int {
 	h := s.resnets(x, b)
 	if !b.resampled() {
 		return h
 	}
-	up := h
-	up[2] *= b.stride[0]
-	up[3] *= b.stride[1]
-	up[4] *= b.stride[2]
-	s.alloc(up)
-	// the conv reads up's first sT−1 frames as part of its causal padding (UpsampleCausal3D)
-	sl := up
-	sl[2] = up[2] - (b.stride[0] - 1)
-	out := s.conv(sl, b.out, 3, unit)
-	s.free(up)
+	// upsampling and causal padding in one op (UpsampleCausal3D), then the conv
+	s.at = fmt.Sprintf("upsampler %d at %v", h[1], h[2:])
+	out := h
+	out[1] = b.out
+	out[2] = 1 + b.stride[0]*(h[2]-1)
+	out[3] *= b.stride[1]
+	out[4] *= b.stride[2]
+	padded := h
+	padded[2], padded[3], padded[4] = out[2]+2, out[3]+2, out[4]+2
+	s.alloc(padded)
+	s.alloc(out)
+	s.transient(s.o.Scratch.Conv([3]int{3, 3, 3}, h[1], b.out, out, s.o.ActivationBytes, s.o.WeightBytes))
+	s.free(padded)
 	s.free(h)
 	return out
 }
 
-// downBlock is DownBlock.Forward (x is freed after the first resnet).
+// downBlock is DownBlock.Forward (x is consumed by the first resnet).
 func (s *memSim) downBlock(x [5]int, b blockPlan) [5]int {
 	h := s.resnets(x, b)
 	if !b.resampled() {
@@ -267,13 +281,14 @@ func (s *memSim) downBlock(x [5]int, b blockPlan) [5]int {
 
 // normAct is conv_norm_out and SiLU (one op) on x (x stays live); returns the activation.
 func (s *memSim) normAct(x [5]int) [5]int {
+	s.at = fmt.Sprintf("norm_out and conv_out at %v", x[2:])
 	s.alloc(x)
 	return x
 }
 
-// decodeTilePeak is the bytes decodeTile holds at most for latents of shape z.
-func (c Config) decodeTilePeak(z [5]int, o FootprintOptions) int64 {
-	s := &memSim{o: o}
+// decodeSim walks decodeTile for latents of shape z.
+func (c Config) decodeSim(z [5]int, o FootprintOptions) *memSim {
+	s := &memSim{o: o, at: "post_quant_conv and conv_in"}
 	s.alloc(z)                                // upload (held until the tile ends)
 	h := s.conv(z, c.LatentChannels, 1, unit) // post_quant_conv
 	last := c.BlockOutChannels[len(c.BlockOutChannels)-1]
@@ -289,12 +304,12 @@ func (c Config) decodeTilePeak(z [5]int, o FootprintOptions) int64 {
 	s.free(a)
 	// the output is downloaded while held
 	_ = out
-	return s.peak
+	return s
 }
 
-// encodeTilePeak is the bytes encodeTile holds at most for pixels of shape x.
-func (c Config) encodeTilePeak(in [5]int, o FootprintOptions) int64 {
-	s := &memSim{o: o}
+// encodeSim walks encodeTile for pixels of shape in.
+func (c Config) encodeSim(in [5]int, o FootprintOptions) *memSim {
+	s := &memSim{o: o, at: "conv_in"}
 	s.alloc(in) // upload (held until the tile ends)
 	x := s.conv(in, c.BlockOutChannels[0], 3, unit)
 	for _, b := range c.downPlan() {
@@ -308,15 +323,16 @@ func (c Config) encodeTilePeak(in [5]int, o FootprintOptions) int64 {
 	q := s.conv(out, 2*c.LatentChannels, 1, unit) // quant_conv
 	s.free(out)
 	_ = q
-	return s.peak
+	return s
 }
 
 // smallScratch covers the ops' small scratch the walk does not follow (group norm statistics,
 // attention bookkeeping: tens of KiB on the tiny model).
 const smallScratch = 1 << 20
 
-// planPeak is the most bytes any tile of p holds (one sample at a time).
-func (c Config) planPeak(in [5]int, p plan, encode bool, o FootprintOptions) int64 {
+// planPeak is the most bytes any tile of p holds (one sample at a time) and the step holding
+// them.
+func (c Config) planPeak(in [5]int, p plan, encode bool, o FootprintOptions) (int64, string) {
 	axis := func(a *axisPlan, n int) []int {
 		if a == nil {
 			return []int{n}
@@ -332,19 +348,24 @@ func (c Config) planPeak(in [5]int, p plan, encode bool, o FootprintOptions) int
 		return out
 	}
 	var peak int64
+	var at string
 	for _, t := range axis(p.temporal, in[2]) {
 		for _, h := range axis(p.h, in[3]) {
 			for _, w := range axis(p.w, in[4]) {
 				sh := [5]int{1, in[1], t, h, w}
+				var sim *memSim
 				if encode {
-					peak = max(peak, c.encodeTilePeak(sh, o))
+					sim = c.encodeSim(sh, o)
 				} else {
-					peak = max(peak, c.decodeTilePeak(sh, o))
+					sim = c.decodeSim(sh, o)
+				}
+				if sim.peak > peak {
+					peak, at = sim.peak, sim.peakAt
 				}
 			}
 		}
 	}
-	return peak + smallScratch
+	return peak + smallScratch, at
 }
 
 // planWork is the work of p in output voxels computed (decode) or input voxels read
@@ -382,9 +403,10 @@ func (c Config) planWork(in [5]int, p plan, encode bool) int64 {
 // TilingChoice is a tiling with its estimated peak and work.
 type TilingChoice struct {
 	Tiling    Tiling
-	PeakBytes int64 // estimated bytes one tile holds at most (activations and scratch)
-	Work      int64 // voxels computed over all tiles (relative time)
-	Runs      int   // model runs per sample
+	PeakBytes int64  // estimated bytes one tile holds at most (activations and scratch)
+	PeakAt    string // the step of the forward that holds them (for logs)
+	Work      int64  // voxels computed over all tiles (relative time)
+	Runs      int    // model runs per sample
 	// TilePx is the spatial tile size in pixels; 0 when not spatially tiled.
 	TilePx int
 }
@@ -419,7 +441,8 @@ func (m *Model) Estimate(in [5]int, t Tiling, encode bool, o FootprintOptions) (
 	if err != nil {
 		return TilingChoice{}, err
 	}
-	ch := TilingChoice{Tiling: t, PeakBytes: m.Config.planPeak(in, p, encode, o), Work: m.Config.planWork(in, p, encode), Runs: p.runs}
+	ch := TilingChoice{Tiling: t, Work: m.Config.planWork(in, p, encode), Runs: p.runs}
+	ch.PeakBytes, ch.PeakAt = m.Config.planPeak(in, p, encode, o)
 	if p.h != nil {
 		ch.TilePx = t.TileSampleMinHeight
 	}

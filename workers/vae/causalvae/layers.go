@@ -25,20 +25,19 @@ func bindCausalConv3d(l *nn.Loader, prefix string, cin, cout, k int, stride [3]i
 
 // Forward: x [B, Cin, T, H, W] → [B, Cout, (T−1)/sT+1, (H−1)/sH+1, (W−1)/sW+1] for k = 3.
 func (c *CausalConv3d) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	return c.forward(p, x, 0)
-}
-
-// forward is Forward on x with its first `extra` frames taken as part of the causal padding
-// (copies of frame `extra`, which x's replicate padding would have made): kT−1−extra frames
-// are padded before instead of kT−1. extra must not exceed kT−1.
-func (c *CausalConv3d) forward(p *nn.Pass, x *runtime.Tensor, extra int) *runtime.Tensor {
-	k := c.Conv.Kernel
-	pad := runtime.Pad3d{Before: [3]int{k[0] - 1 - extra, k[1] / 2, k[2] / 2}, After: [3]int{0, k[1] / 2, k[2] / 2}}
+	pad := c.padding(0)
 	if pad.Before == [3]int{} && pad.After == [3]int{} {
 		return c.Conv.Forward(p, x)
 	}
 	padded := p.Do(p.RT.Pad3d(x, runtime.PadReplicate, pad))
 	return p.Then(padded, func(x *runtime.Tensor) *runtime.Tensor { return c.Conv.Forward(p, x) })
+}
+
+// padding is the conv's replicate padding when the input's first `extra` frames already are
+// copies of frame `extra` (they serve as part of the causal padding): kT−1−extra frames before.
+func (c *CausalConv3d) padding(extra int) runtime.Pad3d {
+	k := c.Conv.Kernel
+	return runtime.Pad3d{Before: [3]int{k[0] - 1 - extra, k[1] / 2, k[2] / 2}, After: [3]int{0, k[1] / 2, k[2] / 2}}
 }
 
 // ---- blocks --------------------------------------------------------------------------------
@@ -68,21 +67,37 @@ func bindResnet(l *nn.Loader, prefix string, cin, cout, groups int) *ResnetBlock
 	return r
 }
 
-// Forward: x [B, Cin, T, H, W] → [B, Cout, T, H, W].
+// Forward: x [B, Cin, T, H, W] → [B, Cout, T, H, W]; x stays the caller's.
 func (r *ResnetBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	return r.forward(p, x, false)
+}
+
+// Consume is Forward that frees x (the pass's) as soon as the block no longer reads it: with a
+// channel-changing shortcut, right after the shortcut and norm1 (the shortcut runs first), so
+// the wide input is not held through conv1 (the decoder's peak).
+func (r *ResnetBlock) Consume(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	out := r.forward(p, x, true)
+	p.Drop(x)
+	return out
+}
+
+func (r *ResnetBlock) forward(p *nn.Pass, x *runtime.Tensor, consume bool) *runtime.Tensor {
 	if !p.Check() {
 		return nil
 	}
-	h := r.Norm1.ForwardSiLU(p, x) // norm1 and nonlinearity in one op
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Conv1.Forward(p, x) })
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Norm2.ForwardSiLU(p, x) })
-	// dropout is the identity at inference
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Conv2.Forward(p, x) })
 	residual := x
 	if r.ConvShortcut != nil {
 		residual = r.ConvShortcut.Forward(p, x)
 		defer p.Drop(residual)
 	}
+	h := r.Norm1.ForwardSiLU(p, x) // norm1 and nonlinearity in one op
+	if consume && residual != x {
+		p.Drop(x)
+	}
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Conv1.Forward(p, x) })
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Norm2.ForwardSiLU(p, x) })
+	// dropout is the identity at inference
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Conv2.Forward(p, x) })
 	return p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Add(h, residual)) })
 }
 
@@ -181,8 +196,7 @@ func bindMidBlock(l *nn.Loader, prefix string, c, groups int, attention bool) *M
 // Forward: x [B, C, T, H, W] → same. x (the pass's) is freed after the first resnet, which is
 // its last reader.
 func (m *MidBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	h := m.Resnets[0].Forward(p, x)
-	p.Drop(x)
+	h := m.Resnets[0].Consume(p, x)
 	for i, attn := range m.Attentions {
 		if attn != nil {
 			h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return attn.Forward(p, x) })
@@ -211,15 +225,17 @@ type UpsampleCausal3D struct {
 
 // Forward: x [B, C, T, H, W] → [B, C, 1 + sT·(T−1), sH·H, sW·W].
 func (u *UpsampleCausal3D) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	up := p.Do(p.RT.UpsampleNearest3d(x, u.Factor))
 	// Repeating every frame sT times and dropping the first sT−1 copies leaves frame 0 once and
 	// every other frame sT times: cat(first_frame, interpolate(other_frames)). The dropped
 	// copies of frame 0 are what the conv's causal padding would put back (replicates of frame
-	// 0), so they stay and serve as part of it: no sliced copy.
+	// 0), so they stay and serve as part of it, and the upsampling and the padding are one op:
+	// neither the upsampled nor a sliced copy is made.
 	extra := u.Factor[0] - 1
-	if extra > u.Conv.Conv.Kernel[0]-1 {
-		up = p.Then(up, func(up *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Slice(up, 2, extra, up.Dim(2))) })
-		extra = 0
+	if extra <= u.Conv.Conv.Kernel[0]-1 {
+		padded := p.Do(p.RT.UpsamplePad(x, u.Factor, u.Conv.padding(extra)))
+		return p.Then(padded, func(x *runtime.Tensor) *runtime.Tensor { return u.Conv.Conv.Forward(p, x) })
 	}
-	return p.Then(up, func(x *runtime.Tensor) *runtime.Tensor { return u.Conv.forward(p, x, extra) })
+	up := p.Do(p.RT.UpsampleNearest3d(x, u.Factor))
+	up = p.Then(up, func(up *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Slice(up, 2, extra, up.Dim(2))) })
+	return p.Then(up, func(x *runtime.Tensor) *runtime.Tensor { return u.Conv.Forward(p, x) })
 }
