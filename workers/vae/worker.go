@@ -88,6 +88,9 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	if err != nil {
 		return nil, workerkit.InvalidArgumentf("%w", err)
 	}
+	if req.ConvPolicy != nil {
+		env = env.withFindDB(backend, req.ConvPolicy.DecisionCachePath)
+	}
 	if err := env.apply(); err != nil {
 		return nil, err
 	}
