@@ -90,6 +90,7 @@ type memSim struct {
 	o          FootprintOptions
 	live, peak int64
 	at, peakAt string // the step being walked, and the one that held the peak
+	groups     int    // norm groups (whether a narrowing resnet splits: ResnetBlock.canSplit)
 }
 
 func (s *memSim) bytes(sh [5]int) int64 {
@@ -155,13 +156,33 @@ func (s *memSim) resnet(x [5]int, cout int) [5]int {
 	if shortcut {
 		sc = s.conv(x, cout, 1, unit)
 	}
-	n1 := x
-	s.alloc(n1) // norm1 + silu (one op)
-	if shortcut {
+	var h [5]int
+	if shortcut && x[1] > cout && x[1]%2 == 0 && s.groups%2 == 0 {
+		// halves of the input channels (ResnetBlock.halvesConv1)
+		half := withC(x, x[1]/2)
+		s.alloc(half)
+		s.alloc(half)
 		s.free(x)
+		var outs [2][5]int
+		for i := range 2 {
+			s.alloc(half) // norm1 + silu of the half
+			s.free(half)  // the slice
+			outs[i] = s.conv(half, cout, 3, unit)
+			s.free(half)
+		}
+		h = outs[0]
+		s.alloc(h) // the sum
+		s.free(outs[0])
+		s.free(outs[1])
+	} else {
+		n1 := x
+		s.alloc(n1) // norm1 + silu (one op)
+		if shortcut {
+			s.free(x)
+		}
+		h = s.conv(n1, cout, 3, unit)
+		s.free(n1)
 	}
-	h := s.conv(n1, cout, 3, unit)
-	s.free(n1)
 	s.alloc(h) // norm2 + silu
 	s.free(h)
 	h2 := s.conv(h, cout, 3, unit)
@@ -288,7 +309,7 @@ func (s *memSim) normAct(x [5]int) [5]int {
 
 // decodeSim walks decodeTile for latents of shape z.
 func (c Config) decodeSim(z [5]int, o FootprintOptions) *memSim {
-	s := &memSim{o: o, at: "post_quant_conv and conv_in"}
+	s := &memSim{o: o, at: "post_quant_conv and conv_in", groups: c.NormNumGroups}
 	s.alloc(z)                                // upload (held until the tile ends)
 	h := s.conv(z, c.LatentChannels, 1, unit) // post_quant_conv
 	last := c.BlockOutChannels[len(c.BlockOutChannels)-1]
@@ -309,7 +330,7 @@ func (c Config) decodeSim(z [5]int, o FootprintOptions) *memSim {
 
 // encodeSim walks encodeTile for pixels of shape in.
 func (c Config) encodeSim(in [5]int, o FootprintOptions) *memSim {
-	s := &memSim{o: o, at: "conv_in"}
+	s := &memSim{o: o, at: "conv_in", groups: c.NormNumGroups}
 	s.alloc(in) // upload (held until the tile ends)
 	x := s.conv(in, c.BlockOutChannels[0], 3, unit)
 	for _, b := range c.downPlan() {

@@ -46,8 +46,9 @@ type Model struct {
 	Info          LoadInfo
 
 	nn.Weights
-	rt  *runtime.Runtime
-	act runtime.DType // the dtype of the tensors bound by Tensor (norms, biases) and of the activations
+	halves []*runtime.Tensor // the split resnets' half weights (ResnetBlock.split)
+	rt     *runtime.Runtime
+	act    runtime.DType // the dtype of the tensors bound by Tensor (norms, biases) and of the activations
 }
 
 // Load reads dir/config.json and the checkpoint in dir (diffusion_pytorch_model.safetensors or
@@ -93,6 +94,17 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, ck Checkpoint, opts Options) (*Mo
 	}
 	m.Weights = ws
 	m.Info.WeightBytes, m.Info.Unexpected = rep.Bytes, rep.Unexpected
+	for _, r := range m.resnets() {
+		made, err := r.split(rt)
+		m.halves = append(m.halves, made...)
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("load vae: split %w", err)
+		}
+	}
+	for _, t := range m.halves {
+		m.Info.WeightBytes += int64(t.NumBytes())
+	}
 	return m, nil
 }
 
@@ -118,8 +130,28 @@ func (m *Model) Footprint(s Scratch) FootprintOptions {
 	return o
 }
 
+// resnets lists every resnet block of the model.
+func (m *Model) resnets() []*ResnetBlock {
+	var out []*ResnetBlock
+	for _, b := range m.Encoder.DownBlocks {
+		out = append(out, b.Resnets...)
+	}
+	out = append(out, m.Encoder.MidBlock.Resnets...)
+	out = append(out, m.Decoder.MidBlock.Resnets...)
+	for _, b := range m.Decoder.UpBlocks {
+		out = append(out, b.Resnets...)
+	}
+	return out
+}
+
 // Close frees the weights.
-func (m *Model) Close() { m.Free() }
+func (m *Model) Close() {
+	for _, t := range m.halves {
+		t.Free()
+	}
+	m.halves = nil
+	m.Free()
+}
 
 // encodeTile runs encoder and quant_conv on one tile: x [B, in, T, H, W] → moments
 // [B, 2·latent, T', H', W'], on the host.
