@@ -47,7 +47,7 @@ const (
 // tiledCapGiB is the runtime's memory cap in the vae_decode_tiled stage.
 var tiledCapGiB float64
 
-var allStages = []string{"transformer", "vae_decode", "vae_decode_tiled", "vae_encode", "llama", "clip", "siglip"}
+var allStages = []string{"transformer", "vae_decode", "vae_decode_tiled", "vae_decode_tiled256", "vae_encode", "llama", "clip", "siglip"}
 
 func main() {
 	if err := run(); err != nil {
@@ -219,7 +219,7 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 			_, err := m.Forward(ctx, sec, x, 875, 10000, dit.ForwardOptions{})
 			return err
 		})
-	case "vae_decode", "vae_decode_tiled", "vae_encode":
+	case "vae_decode", "vae_decode_tiled", "vae_decode_tiled256", "vae_encode":
 		src, err := loadManifest(dir, "vae", pool)
 		if err != nil {
 			return err
@@ -237,11 +237,18 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 		z := randVolume([5]int{1, cfg.LatentChannels, decodeFrames, latH, latW}, 2)
 		x := randVolume([5]int{1, 3, 1, latH * 8, latW * 8}, 1)
 		// decode: diffusers' default (framewise, as PyTorch's side); decode_tiled: the tiling
-		// the model chooses from what the cap leaves beside its weights; encode: the default.
+		// the model chooses from what the cap leaves beside its weights; decode_tiled256:
+		// enable_tiling's 256/192 px tiles, as PyTorch's tiled stage; encode: the default.
 		ch, err := m.Estimate(z.Shape, causalvae.DefaultTiling(), false, m.Footprint(m.BackendScratch()))
 		switch {
 		case err != nil:
 			return err
+		case stage == "vae_decode_tiled256":
+			t := causalvae.DefaultTiling()
+			t.Spatial = true
+			if ch, err = m.Estimate(z.Shape, t, false, m.Footprint(m.BackendScratch())); err != nil {
+				return err
+			}
 		case stage == "vae_decode_tiled":
 			var budget int64
 			if ch, budget, err = m.AutoTiling(z.Shape, false); err != nil {

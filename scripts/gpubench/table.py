@@ -9,10 +9,14 @@ import os
 import sys
 import time
 
+# Our stages measured against another PyTorch stage (the same work).
+TORCH_KEY = {"vae_decode_tiled256": "vae_decode_tiled"}
+
 LABELS = {
     "transformer": "transformer forward (17,226 image + 857 cond tokens)",
     "vae_decode": "VAE decode, 18 latent frames (framewise, default)",
     "vae_decode_tiled": "VAE decode, 18 latent frames, tiled (ours: tiling chosen at an 8 GiB cap)",
+    "vae_decode_tiled256": "VAE decode, 18 latent frames, 256 px tiles (both sides)",
     "vae_encode": "VAE encode, 1 frame 544x704",
     "llama": "Llama 30 layers, 351 tokens",
     "clip": "CLIP-L text, 77 tokens",
@@ -41,7 +45,7 @@ def main(d, json_out=None, commit=None):
     print("| stage | ours | PyTorch | ours / PyTorch | peak ours | peak PyTorch |")
     print("|---|---|---|---|---|---|")
     for k, label in LABELS.items():
-        o, t = ours["stages"].get(k, {}), torch["stages"].get(k, {})
+        o, t = ours["stages"].get(k, {}), torch["stages"].get(TORCH_KEY.get(k, k), {})
         os_ = f"{o['seconds']:.3f} s" if "seconds" in o else ("error: " + o.get("error", "not run"))[:80]
         ts = f"{t['seconds']:.3f} s" if "seconds" in t else ("error: " + t.get("error", "not run"))[:80]
         ratio = f"{o['seconds'] / t['seconds']:.2f}x" if "seconds" in o and "seconds" in t else "–"
