@@ -102,6 +102,7 @@ struct fpk_conv_algo {
     int math;          /* cuDNN math type */
     uint64_t solution; /* MIOpen solution id (immediate mode) */
     size_t ws;
+    int from_db; /* read from the cuDNN find database (found in another process) */
     struct fpk_conv_algo *next;
 };
 
@@ -270,6 +271,7 @@ static void find_db_load(fpk_gpu_ctx *c) {
         a->algo = algo;
         a->math = math;
         a->ws = (size_t)ws;
+        a->from_db = 1;
     }
     fclose(f);
 }
@@ -376,6 +378,13 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
     int math = dt == FPK_F32 ? FPK_CUDNN_FMA_MATH : FPK_CUDNN_TENSOR_OP_MATH;
     DNN(((fn_hi)d->fn[D_MC])(ds.conv, math), "math type");
     struct fpk_conv_algo *a = algo_find(d, tuned, dt, xdims, wdims, ydims, p);
+    if (a && a->from_db && a->ws) {
+        /* found in another process, maybe under a larger cap: when its workspace does not fit
+         * now, Find again within what does (the new choice is found first from then on) */
+        fpk_scratch probe(sf);
+        a->from_db = 0;
+        if (probe.alloc(a->ws) != FPK_OK) a = NULL;
+    }
     if (!a) {
         cudnnConvolutionFwdAlgoPerf_t perf[8];
         int got = 0, pick = -1;
