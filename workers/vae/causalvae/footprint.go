@@ -392,13 +392,14 @@ func (c Config) planPeak(in [5]int, p plan, encode bool, o FootprintOptions) (in
 // planWork is the work of p in output voxels computed (decode) or input voxels read
 // (encode), summed over its tiles: what overlapping tiles cost in time.
 func (c Config) planWork(in [5]int, p plan, encode bool) int64 {
-	lens := func(a *axisPlan, n int) []int {
+	// the input length of each tile run (a temporal chunk whose only frame is dropped is not run)
+	lens := func(a *axisPlan, n int, temporal bool) []int {
 		if a == nil {
 			return []int{n}
 		}
 		out := make([]int, 0, len(a.tiles))
 		for _, t := range a.tiles {
-			if t.n > 0 || a == p.h || a == p.w {
+			if t.n > 0 || !temporal {
 				out = append(out, t.in1-t.in0)
 			}
 		}
@@ -411,9 +412,9 @@ func (c Config) planWork(in [5]int, p plan, encode bool) int64 {
 		return int64(c.DecodedSize(axis, n))
 	}
 	var work int64
-	for _, t := range lens(p.temporal, in[2]) {
-		for _, h := range lens(p.h, in[3]) {
-			for _, w := range lens(p.w, in[4]) {
+	for _, t := range lens(p.temporal, in[2], true) {
+		for _, h := range lens(p.h, in[3], false) {
+			for _, w := range lens(p.w, in[4], false) {
 				work += size(0, t) * size(1, h) * size(2, w)
 			}
 		}

@@ -176,3 +176,41 @@ func TestChooseTilingLargeBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestChooseTilingFullSize plans FramePack's decode (18 latent frames at 68×88, the released
+// VAE's config, no weights needed) on a GPU's scratch model: with room to spare diffusers'
+// framewise chunks alone, under an 8 GiB cap (less 0.5 GiB of weights) spatial tiles whose
+// estimate fits, under 64 MiB a budget error; and the estimates shrink as the tiles do.
+func TestChooseTilingFullSize(t *testing.T) {
+	m := &Model{Config: DefaultConfig()}
+	in := [5]int{1, 16, 18, 68, 88}
+	for _, elem := range []int{4, 2} {
+		o := FootprintOptions{ActivationBytes: elem, WeightBytes: 2, Scratch: GPUScratch()}
+		cands, err := m.Candidates(in, false, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, c := range cands {
+			t.Logf("%d-byte activations: %s: %.2f GiB (at %s), work %.3g", elem, c, float64(c.PeakBytes)/(1<<30), c.PeakAt, float64(c.Work))
+			if i > 0 && (c.PeakBytes >= cands[i-1].PeakBytes || c.TilePx == 0) {
+				t.Errorf("candidate %d (%s) does not need less than the one before", i, c)
+			}
+		}
+		if cands[0].TilePx != 0 || len(cands) < 4 {
+			t.Fatalf("candidates %v", cands)
+		}
+		ch, err := m.ChooseTiling(in, false, 1<<40, o)
+		if err != nil || ch.TilePx != 0 {
+			t.Errorf("room to spare: %s, %v", ch, err)
+		}
+		budget := int64(8<<30 - 512<<20)
+		ch, err = m.ChooseTiling(in, false, budget, o)
+		if err != nil || ch.TilePx == 0 || ch.PeakBytes > budget {
+			t.Errorf("8 GiB cap: %s (%d bytes), %v", ch, ch.PeakBytes, err)
+		}
+		t.Logf("%d-byte activations under an 8 GiB cap: %s", elem, ch)
+		if _, err := m.ChooseTiling(in, false, 64<<20, o); !errors.Is(err, ErrMemoryBudget) {
+			t.Errorf("64 MiB: %v", err)
+		}
+	}
+}
