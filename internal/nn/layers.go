@@ -91,6 +91,14 @@ func (g GroupNorm) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
 	return p.Do(p.RT.GroupNorm(x, g.Weight, g.Bias, g.Groups, g.Eps))
 }
 
+// ForwardSiLU is SiLU(Forward(x)) in one op (the runtime's fused group norm and SiLU).
+func (g GroupNorm) ForwardSiLU(p *Pass, x *runtime.Tensor) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
+	return p.Do(p.RT.GroupNormSiLU(x, g.Weight, g.Bias, g.Groups, g.Eps))
+}
+
 // Conv3d is torch.nn.Conv3d without padding of its own (callers pad: replicate for the causal
 // VAE, none for patch embeddings).
 type Conv3d struct {

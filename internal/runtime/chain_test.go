@@ -563,6 +563,12 @@ func TestConvFirstRunSynchronised(t *testing.T) {
 	if n := rt.ConvStats().Tiers[TierCPU].FirstSyncs; n != 2 {
 		t.Fatalf("%d first-run syncs after a second shape, want 2", n)
 	}
+	// per shape: the serving tier, the calls, the synchronised first run within the total
+	s := rt.ConvStats()
+	a, b := s.Shapes[rt.ConvKey(f.x, f.w, f.p)], s.Shapes[rt.ConvKey(g.x, g.w, g.p)]
+	if len(s.Shapes) != 2 || a.Tier != TierCPU || a.Calls != 2 || b.Calls != 1 || a.First <= 0 || a.First > a.Time || b.First <= 0 {
+		t.Fatalf("shape stats %+v", s.Shapes)
+	}
 }
 
 // TestPCIBusIDOption: a bus id that cannot fit the C config is refused; on cpu a valid one is

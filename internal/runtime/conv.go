@@ -207,6 +207,21 @@ type ConvStats struct {
 	Tiers       [NumTiers]TierStats
 	// Decisions maps each shape key seen to the tier that last served it.
 	Decisions map[string]Tier
+	// Shapes says, per shape key served, which tier served it, how often and how long it took.
+	Shapes map[string]ShapeStats
+}
+
+// ShapeStats is what the conv chain did for one shape key.
+type ShapeStats struct {
+	Tier  Tier  // the tier that last served it
+	Calls int64 // convolutions of this shape served
+	// First is the first run of the serving tier for the shape, synchronised (without the work
+	// queued before it): for vendor_tuned it holds the vendor's Find (benchmarking the
+	// algorithms), for vendor_default the algorithm query.
+	First time.Duration
+	// Time is the time in the serving tier over all calls (later calls as long as queuing
+	// them took on an asynchronous device).
+	Time time.Duration
 }
 
 // String formats the statistics as the "conv fallback statistics" block for logs and Stats.
@@ -240,6 +255,7 @@ type convChain struct {
 	st    ConvStats
 	local map[string]convcache.Entry // decisions when there is no cache file
 	tried map[string]bool            // shape key + tier pairs this process has run
+	first map[string]time.Duration   // shape key + tier: its synchronised first run
 }
 
 func newConvChain(rt *Runtime, tiers uint32) *convChain {
@@ -250,9 +266,11 @@ func newConvChain(rt *Runtime, tiers uint32) *convChain {
 		st: ConvStats{
 			Backend:   fmt.Sprintf("%s:%d", rt.info.Name, rt.info.Device),
 			Decisions: map[string]Tier{},
+			Shapes:    map[string]ShapeStats{},
 		},
 		local: map[string]convcache.Entry{},
 		tried: map[string]bool{},
+		first: map[string]time.Duration{},
 	}
 }
 
@@ -276,6 +294,10 @@ func (c *convChain) stats() ConvStats {
 	s.Decisions = make(map[string]Tier, len(c.st.Decisions))
 	for k, v := range c.st.Decisions {
 		s.Decisions[k] = v
+	}
+	s.Shapes = make(map[string]ShapeStats, len(c.st.Shapes))
+	for k, v := range c.st.Shapes {
+		s.Shapes[k] = v
 	}
 	return s
 }
@@ -484,6 +506,13 @@ func (c *convChain) run(key string, p Conv3dParams, hs []C.fpk_tensor_t, out *Te
 				s.Tiers[t].Successes++
 				s.Served++
 				s.Decisions[key] = t
+				sh := s.Shapes[key]
+				if sh.Tier != t || sh.Calls == 0 {
+					sh = ShapeStats{Tier: t, First: c.first[key+"\x00"+t.String()]}
+				}
+				sh.Calls++
+				sh.Time += elapsed
+				s.Shapes[key] = sh
 			})
 			c.recordServed(key, t, entry)
 			return nil
@@ -533,6 +562,7 @@ func (c *convChain) attempt(key string, t Tier, fault ConvFault, faulted bool, c
 		}
 	}
 	native := func(tier Tier) error {
+		start := time.Now()
 		err := call("conv3d", func() C.fpk_status {
 			return C.fpk_op_conv3d(rt.stream, C.fpk_conv_tier(tier), cp, hs[0], hs[1], hs[2], out.h)
 		})
@@ -540,7 +570,12 @@ func (c *convChain) attempt(key string, t Tier, fault ConvFault, faulted bool, c
 			return err
 		}
 		c.count(func(s *ConvStats) { s.Tiers[t].FirstSyncs++ })
-		return call("conv3d", func() C.fpk_status { return C.fpk_stream_synchronize(rt.stream) })
+		err = call("conv3d", func() C.fpk_status { return C.fpk_stream_synchronize(rt.stream) })
+		if err == nil {
+			el := time.Since(start)
+			c.count(func(*ConvStats) { c.first[key+"\x00"+t.String()] = el })
+		}
+		return err
 	}
 	return rt.observe("conv3d", key, t, uint64(out.NumBytes()), func() error {
 		if !faulted {

@@ -6,6 +6,7 @@ package runtime
 import "C"
 
 import (
+	"errors"
 	"slices"
 )
 
@@ -149,6 +150,18 @@ func (rt *Runtime) GroupNorm(x, weight, bias *Tensor, groups int, eps float32) (
 	}
 	return rt.op(op, x.dtype, x.shape, []*Tensor{x, weight, bias}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
 		return C.fpk_op_group_norm(rt.stream, C.int64_t(groups), C.float(eps), in[0], in[1], in[2], out)
+	})
+}
+
+// GroupNormSiLU is SiLU(GroupNorm(x, …)) in one pass (fpk_op_group_norm_act): statistics in
+// f32 or wider, the output in x's dtype, rounded once, without the normalised intermediate.
+func (rt *Runtime) GroupNormSiLU(x, weight, bias *Tensor, groups int, eps float32) (*Tensor, error) {
+	const op = "group norm silu"
+	if err := required(op, x); err != nil {
+		return nil, err
+	}
+	return rt.op(op, x.dtype, x.shape, []*Tensor{x, weight, bias}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
+		return C.fpk_op_group_norm_act(rt.stream, C.int64_t(groups), C.float(eps), C.FPK_NORM_ACT_SILU, in[0], in[1], in[2], out)
 	})
 }
 
@@ -548,6 +561,40 @@ func (rt *Runtime) UpsampleNearest3d(x *Tensor, scale [3]int) (*Tensor, error) {
 	return rt.op(op, x.dtype, shape, []*Tensor{x}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
 		return C.fpk_op_upsample_nearest3d(rt.stream, &cs[0], in[0], out)
 	})
+}
+
+// UpsamplePad is Pad3d(UpsampleNearest3d(x, scale), PadReplicate, p) in one pass
+// (fpk_op_upsample_pad), without the upsampled intermediate; a backend without the fused op
+// runs the two.
+func (rt *Runtime) UpsamplePad(x *Tensor, scale [3]int, p Pad3d) (*Tensor, error) {
+	const op = "upsample pad"
+	if err := required(op, x); err != nil {
+		return nil, err
+	}
+	if x.Rank() < 3 {
+		return nil, argError(op, "%s has fewer than 3 dims", x)
+	}
+	shape := slices.Clone(x.shape)
+	cs, cb, ca := make([]C.int64_t, 3), make([]C.int64_t, 3), make([]C.int64_t, 3)
+	for i := range 3 {
+		if scale[i] < 1 || p.Before[i] < 0 || p.After[i] < 0 {
+			return nil, argError(op, "scale %v, pads %v and %v", scale, p.Before, p.After)
+		}
+		shape[len(shape)-3+i] = shape[len(shape)-3+i]*scale[i] + p.Before[i] + p.After[i]
+		cs[i], cb[i], ca[i] = C.int64_t(scale[i]), C.int64_t(p.Before[i]), C.int64_t(p.After[i])
+	}
+	out, err := rt.op(op, x.dtype, shape, []*Tensor{x}, func(in []C.fpk_tensor_t, out C.fpk_tensor_t) C.fpk_status {
+		return C.fpk_op_upsample_pad(rt.stream, &cs[0], &cb[0], &ca[0], in[0], out)
+	})
+	if !errors.Is(err, ErrUnsupported) {
+		return out, err
+	}
+	up, err := rt.UpsampleNearest3d(x, scale)
+	if err != nil {
+		return nil, err
+	}
+	defer up.Free()
+	return rt.Pad3d(up, PadReplicate, p)
 }
 
 // AvgPool3d averages windows of the last three dims without padding: out = (in − k)/s + 1.

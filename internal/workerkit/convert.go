@@ -5,6 +5,7 @@ package workerkit
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -356,6 +357,10 @@ func toStats(s *Stats) *pb.StatsResponse {
 	if s.LoadTime != 0 || s.ComputeTime != 0 {
 		out.Timings = &pb.StageTimings{Load: toDuration(s.LoadTime), Compute: toDuration(s.ComputeTime)}
 	}
+	for _, c := range s.ConvShapes {
+		out.ConvShapes = append(out.ConvShapes, &pb.ConvShapeStats{ShapeKey: c.ShapeKey, Tier: pb.ConvTier(c.Tier),
+			Calls: c.Calls, FirstNs: uint64(max(c.First, 0)), TimeNs: uint64(max(c.Time, 0))})
+	}
 	return out
 }
 
@@ -367,6 +372,10 @@ func fromStats(s *pb.StatsResponse) *Stats {
 		AllocatorCurrentBytes: s.GetAllocatorCurrentBytes(), AllocatorPeakBytes: s.GetAllocatorPeakBytes(),
 		MemoryCapBytes: s.GetMemoryCapBytes(), HostRSSBytes: s.GetHostRssBytes(), OpCounts: s.GetOpCounts(),
 		LoadTime: fromDuration(s.GetTimings().GetLoad()), ComputeTime: fromDuration(s.GetTimings().GetCompute()),
+	}
+	for _, c := range s.GetConvShapes() {
+		out.ConvShapes = append(out.ConvShapes, ConvShapeStats{ShapeKey: c.GetShapeKey(), Tier: ConvTier(c.GetTier()),
+			Calls: c.GetCalls(), First: time.Duration(min(c.GetFirstNs(), math.MaxInt64)), Time: time.Duration(min(c.GetTimeNs(), math.MaxInt64))})
 	}
 	for _, c := range s.GetConvTiers() {
 		out.ConvTiers = append(out.ConvTiers, ConvTierStats{
@@ -554,11 +563,13 @@ func fromEvent(e *pb.RunEvent) (Event, error) {
 }
 
 func toResult(r *Result) *pb.Result {
-	return &pb.Result{Outputs: toTensorRefs(r.Outputs), Stats: toStats(r.Stats), GeneratorState: r.GeneratorState}
+	return &pb.Result{Outputs: toTensorRefs(r.Outputs), Stats: toStats(r.Stats), GeneratorState: r.GeneratorState,
+		VaeTiling: toTilingUsed(r.VAETiling)}
 }
 
 func fromResult(r *pb.Result) *Result {
-	return &Result{Outputs: fromTensorRefs(r.GetOutputs()), Stats: fromStats(r.GetStats()), GeneratorState: r.GetGeneratorState()}
+	return &Result{Outputs: fromTensorRefs(r.GetOutputs()), Stats: fromStats(r.GetStats()), GeneratorState: r.GetGeneratorState(),
+		VAETiling: fromTilingUsed(r.GetVaeTiling())}
 }
 
 func toError(e *Error) *pb.Error {
@@ -567,4 +578,23 @@ func toError(e *Error) *pb.Error {
 
 func fromError(e *pb.Error) *Error {
 	return &Error{Code: ErrorCode(e.GetCode()), Message: e.GetMessage(), RequestedBytes: e.GetRequestedBytes(), AvailableBytes: e.GetAvailableBytes()}
+}
+
+func toTilingUsed(t *VAETilingUsed) *pb.VaeTilingUsed {
+	if t == nil {
+		return nil
+	}
+	return &pb.VaeTilingUsed{Tiling: toTiling(&t.Tiling), Chosen: t.Chosen, PeakEstimateBytes: t.PeakEstimateBytes,
+		BudgetBytes: t.BudgetBytes, Runs: t.Runs}
+}
+
+func fromTilingUsed(t *pb.VaeTilingUsed) *VAETilingUsed {
+	if t == nil {
+		return nil
+	}
+	out := &VAETilingUsed{Chosen: t.GetChosen(), PeakEstimateBytes: t.GetPeakEstimateBytes(), BudgetBytes: t.GetBudgetBytes(), Runs: t.GetRuns()}
+	if tl := fromTiling(t.GetTiling()); tl != nil {
+		out.Tiling = *tl
+	}
+	return out
 }

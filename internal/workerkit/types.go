@@ -280,6 +280,16 @@ type Stats struct {
 	LoadTime              time.Duration
 	ComputeTime           time.Duration
 	OpCounts              map[string]uint64
+	ConvShapes            []ConvShapeStats // per conv shape served, by shape key
+}
+
+// ConvShapeStats is what the conv chain did for one shape (worker.proto ConvShapeStats).
+type ConvShapeStats struct {
+	ShapeKey string
+	Tier     ConvTier      // the tier that last served it
+	Calls    uint64        // convolutions served
+	First    time.Duration // the serving tier's first run, synchronised (vendor_tuned: with Find)
+	Time     time.Duration // time in the serving tier over all calls
 }
 
 // RunRequest asks a loaded worker to run one stage.
@@ -346,7 +356,7 @@ type VAETiling struct {
 // (Logvar); multiply the mean by VAEInfo.ScalingFactor for the transformer.
 type VAEEncodeRequest struct {
 	Pixels  TensorRef
-	Tiling  *VAETiling // nil: diffusers' defaults (framewise on, spatial tiling off)
+	Tiling  *VAETiling // nil: chosen by the worker from its memory cap
 	Latents TensorRef
 	// Logvar is optional: zero means the tensor "<Latents.Name>.logvar" in Latents' file.
 	Logvar TensorRef
@@ -356,7 +366,7 @@ type VAEEncodeRequest struct {
 // pixels.
 type VAEDecodeRequest struct {
 	Latents TensorRef
-	Tiling  *VAETiling // nil: diffusers' defaults (framewise on, spatial tiling off)
+	Tiling  *VAETiling // nil: chosen by the worker from its memory cap
 	Pixels  TensorRef
 }
 
@@ -476,6 +486,16 @@ type Result struct {
 	Outputs        []TensorRef
 	Stats          *Stats
 	GeneratorState []byte
+	VAETiling      *VAETilingUsed // VAE stages: the tiling run
+}
+
+// VAETilingUsed is the tiling a VAE stage ran with (worker.proto VaeTilingUsed).
+type VAETilingUsed struct {
+	Tiling            VAETiling // every size filled in
+	Chosen            bool      // chosen by the worker from its memory cap (the request left it unset)
+	PeakEstimateBytes uint64    // estimated peak of one tile above the weights
+	BudgetBytes       uint64    // what the cap left beside the weights; 0: no cap
+	Runs              uint32    // model runs per batch sample
 }
 
 // ErrorCode classifies a failed call for the supervisor's recovery.

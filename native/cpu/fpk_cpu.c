@@ -319,6 +319,8 @@ static void sigmoid_family(float *y, const float *x, int64_t n, float a, float b
     }
 }
 
+void fpk_cpu_silu_row(float *y, const float *x, int64_t n) { sigmoid_family(y, x, n, 1.0f, 0.0f, 1); }
+
 /* Runs the 8-lane statement expression F (a macro of one fpk_v8f) over n floats of x into y;
  * the last partial vector goes through a zero-padded copy, so every element gets the same
  * arithmetic. */
@@ -1118,6 +1120,57 @@ static fpk_status cpu_upsample_nearest3d(void *ctx, void *stream, const int64_t 
     return FPK_OK;
 }
 
+/* upsample then replicate pad (the last three dims): rows of the output's last dim, each from
+ * one source row; out coordinate o → clamp(o − before, 0, n·scale − 1) / scale */
+static void upsample_pad_task(void *arg, int64_t rb, int64_t re, int th) {
+    (void)th;
+    move_job *j = arg;
+    int nd = j->nd;
+    size_t es = j->es;
+    int64_t W = j->oshape[nd - 1], iw = j->ishape[nd - 1], f = j->scale[nd - 1], bw = j->before[nd - 1];
+    for (int64_t r = rb; r < re; r++) {
+        int64_t off = 0, rem = r, st = iw;
+        for (int d = nd - 2; d >= 0; d--) {
+            int64_t c = rem % j->oshape[d] - j->before[d], up = j->ishape[d] * j->scale[d];
+            rem /= j->oshape[d];
+            c = (c < 0 ? 0 : c >= up ? up - 1 : c) / j->scale[d];
+            off += c * st;
+            st *= j->ishape[d];
+        }
+        char *y = j->dst + (size_t)(r * W) * es;
+        const char *x = j->src + (size_t)off * es;
+        for (int64_t i = 0; i < W; i++) {
+            int64_t c = i - bw;
+            c = (c < 0 ? 0 : c >= iw * f ? iw * f - 1 : c) / f;
+            if (es == 4)
+                ((uint32_t *)y)[i] = ((const uint32_t *)x)[c];
+            else if (es == 2)
+                ((uint16_t *)y)[i] = ((const uint16_t *)x)[c];
+            else
+                memcpy(y + (size_t)i * es, x + (size_t)c * es, es);
+        }
+    }
+}
+
+static fpk_status cpu_upsample_pad(void *ctx, void *stream, const int64_t *scale, const int64_t *before,
+                                   const int64_t *after, fpk_tensor_t x, fpk_tensor_t out) {
+    (void)stream;
+    (void)after;
+    if (out->numel == 0) return FPK_OK;
+    move_job j = {.src = fpk_tensor_data(x), .dst = fpk_tensor_data(out), .es = fpk_dtype_size(x->dtype),
+                  .nd = x->ndim};
+    for (int d = 0; d < x->ndim; d++) {
+        int i = d - (x->ndim - 3);
+        j.oshape[d] = out->shape[d];
+        j.ishape[d] = x->shape[d];
+        j.scale[d] = i >= 0 ? scale[i] : 1;
+        j.before[d] = i >= 0 ? before[i] : 0;
+    }
+    int64_t W = out->shape[out->ndim - 1];
+    fpk_pool_run(CTX(ctx)->pool, out->numel / W, W >= 4096 ? 1 : 4096 / W, upsample_pad_task, &j);
+    return FPK_OK;
+}
+
 typedef struct {
     const float *x;
     float *y;
@@ -1256,6 +1309,7 @@ static const struct fpk_backend_iface cpu_iface = {
     .gemm = cpu_gemm,
     .conv3d = cpu_conv3d_entry,
     .group_norm = cpu_group_norm,
+    .group_norm_act = fpk_cpu_group_norm_act,
     .layer_norm = cpu_layer_norm,
     .rms_norm = cpu_rms_norm,
     .unary = cpu_unary,
@@ -1269,6 +1323,7 @@ static const struct fpk_backend_iface cpu_iface = {
     .permute = cpu_permute,
     .pad = cpu_pad,
     .upsample_nearest3d = cpu_upsample_nearest3d,
+    .upsample_pad = cpu_upsample_pad,
     .avg_pool3d = cpu_avg_pool3d,
     .reduce = cpu_reduce,
     .copy = cpu_copy,

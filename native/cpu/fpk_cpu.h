@@ -81,6 +81,12 @@ fpk_status fpk_cpu_gemm_half_b(fpk_cpu_ctx *c, const fpk_gemm_params *p, fpk_ten
                                fpk_tensor_t b, fpk_tensor_t out, int64_t batch, int64_t M,
                                int64_t N, int64_t K, int64_t bstride, float alpha);
 
+/* SiLU of n floats of x into y (y may be x): the unary op's arithmetic. */
+void fpk_cpu_silu_row(float *y, const float *x, int64_t n);
+/* Group norm then an activation in one pass (fpk_cpu_norm.c). */
+fpk_status fpk_cpu_group_norm_act(void *ctx, void *stream, int64_t groups, float eps, fpk_norm_act act,
+                                  fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t b, fpk_tensor_t out);
+
 /* Softmax of each of `rows` rows of length n in place (x*scale), rows with all -inf → zeros. */
 void fpk_cpu_softmax_rows(fpk_cpu_ctx *c, float *x, int64_t rows, int64_t n, float scale);
 

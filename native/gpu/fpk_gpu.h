@@ -96,6 +96,14 @@ fpk_status fpk_gpu_conv3d(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf,
 fpk_status fpk_gpu_group_norm(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf, int64_t groups,
                               float eps, const fpk_gt *x, const fpk_gt *w, const fpk_gt *b,
                               const fpk_gt *out);
+/* Replicate padding (before; after implied by out) of the nearest upsampling of x by scale, over
+ * the last three dims. */
+fpk_status fpk_gpu_upsample_pad(fpk_gpu_ctx *c, void *s, const int64_t *scale, const int64_t *before,
+                                const fpk_gt *x, const fpk_gt *out);
+/* Group norm then act (an fpk_norm_act) in one pass over the output. */
+fpk_status fpk_gpu_group_norm_act(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf, int64_t groups,
+                                  float eps, int act, const fpk_gt *x, const fpk_gt *w, const fpk_gt *b,
+                                  const fpk_gt *out);
 /* rms != 0: RMS norm (b ignored). */
 fpk_status fpk_gpu_layer_norm(fpk_gpu_ctx *c, void *s, int rms, float eps, const fpk_gt *x,
                               const fpk_gt *w, const fpk_gt *b, const fpk_gt *out);

@@ -127,6 +127,16 @@ static fpk_status g_group_norm(void *ctx, void *s, int64_t groups, float eps, fp
     return LOCKED(fpk_gpu_group_norm, s, &sf, groups, eps, xd, wd, bd, od);
 }
 
+static fpk_status g_group_norm_act(void *ctx, void *s, int64_t groups, float eps, fpk_norm_act act,
+                                   fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t b, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(wd, w);
+    GT(bd, b);
+    GT(od, out);
+    fpk_gpu_scratch_fn sf = scratch_of(out);
+    return LOCKED(fpk_gpu_group_norm_act, s, &sf, groups, eps, (int)act, xd, wd, bd, od);
+}
+
 static fpk_status g_layer_norm(void *ctx, void *s, float eps, fpk_tensor_t x, fpk_tensor_t w,
                                fpk_tensor_t b, fpk_tensor_t out) {
     GT(xd, x);
@@ -237,6 +247,14 @@ static fpk_status g_upsample(void *ctx, void *s, const int64_t *scale, fpk_tenso
     return LOCKED(fpk_gpu_upsample, s, scale, xd, od);
 }
 
+static fpk_status g_upsample_pad(void *ctx, void *s, const int64_t *scale, const int64_t *before,
+                                 const int64_t *after, fpk_tensor_t x, fpk_tensor_t out) {
+    (void)after;
+    GT(xd, x);
+    GT(od, out);
+    return LOCKED(fpk_gpu_upsample_pad, s, scale, before, xd, od);
+}
+
 static fpk_status g_avg_pool(void *ctx, void *s, const int64_t *kernel, const int64_t *stride,
                              fpk_tensor_t x, fpk_tensor_t out) {
     GT(xd, x);
@@ -280,6 +298,7 @@ static struct fpk_backend_iface gpu_iface = {
     .gemm = g_gemm,
     .conv3d = g_conv3d,
     .group_norm = g_group_norm,
+    .group_norm_act = g_group_norm_act,
     .layer_norm = g_layer_norm,
     .rms_norm = g_rms_norm,
     .unary = g_unary,
@@ -293,6 +312,7 @@ static struct fpk_backend_iface gpu_iface = {
     .permute = g_permute,
     .pad = g_pad,
     .upsample_nearest3d = g_upsample,
+    .upsample_pad = g_upsample_pad,
     .avg_pool3d = g_avg_pool,
     .reduce = g_reduce,
     .copy = g_copy,

@@ -465,8 +465,11 @@ __global__ void k_gn_final(const void *x, int xdt, int64_t cnt, const double *pa
     stats[g * 2 + 1] = (float)(1.0 / sqrt(var + (double)eps));
 }
 
+/* The normalisation, then act (fpk_norm_act: SiLU fused for fpk_op_group_norm_act), stored once
+ * in y's dtype. */
 __global__ void k_gn_apply(const void *x, int xdt, const void *w, int wdt, const void *b, int bdt, void *y,
-                           int ydt, int64_t total, int64_t C, int64_t inner, int64_t cpg, const float *stats) {
+                           int ydt, int64_t total, int64_t C, int64_t inner, int64_t cpg, const float *stats,
+                           int act) {
     GRID_LOOP(i, total) {
         int64_t ch = i / inner;       /* n*C + c */
         int64_t c = ch % C;
@@ -474,13 +477,21 @@ __global__ void k_gn_apply(const void *x, int xdt, const void *w, int wdt, const
         float m = stats[g * 2], inv = stats[g * 2 + 1];
         float sc = inv * (w ? fpk_ld(w, wdt, c) : 1.0f);
         float sh = b ? fpk_ld(b, bdt, c) : 0.0f;
-        fpk_st(y, ydt, i, (fpk_ld(x, xdt, i) - m) * sc + sh);
+        float v = (fpk_ld(x, xdt, i) - m) * sc + sh;
+        if (act == FPK_NORM_ACT_SILU) v *= sigmoid_fam(v, 1.0f, 0.0f);
+        fpk_st(y, ydt, i, v);
     }
 }
 
 extern "C" fpk_status fpk_gpu_group_norm(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf, int64_t groups,
                                          float eps, const fpk_gt *x, const fpk_gt *w, const fpk_gt *b,
                                          const fpk_gt *out) {
+    return fpk_gpu_group_norm_act(c, s, sf, groups, eps, FPK_NORM_ACT_NONE, x, w, b, out);
+}
+
+extern "C" fpk_status fpk_gpu_group_norm_act(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf, int64_t groups,
+                                             float eps, int act, const fpk_gt *x, const fpk_gt *w, const fpk_gt *b,
+                                             const fpk_gt *out) {
     if (x->numel == 0) return FPK_OK;
     cudaStream_t st = fpk_stream(c, s);
     int64_t N = x->shape[0], C = x->shape[1], inner = x->numel / (N * C), cpg = C / groups;
@@ -497,8 +508,8 @@ extern "C" fpk_status fpk_gpu_group_norm(fpk_gpu_ctx *c, void *s, const fpk_gpu_
     k_gn_final<<<(unsigned)((G + 127) / 128), 128, 0, st>>>(x->data, x->dtype, cnt, part, chunks, G, eps, stats);
     k_gn_apply<<<fpk_blocks(x->numel), FPK_BLOCK, 0, st>>>(x->data, x->dtype, w ? w->data : nullptr,
                                                           w ? w->dtype : 0, b ? b->data : nullptr, b ? b->dtype : 0,
-                                                          out->data, out->dtype, x->numel, C, inner, cpg, stats);
-    return fpk_gpu_launched("group norm");
+                                                          out->data, out->dtype, x->numel, C, inner, cpg, stats, act);
+    return fpk_gpu_launched(act == FPK_NORM_ACT_NONE ? "group norm" : "group norm act");
 }
 
 /* ---- rope ----------------------------------------------------------------------------------- */
@@ -738,6 +749,46 @@ extern "C" fpk_status fpk_gpu_upsample(fpk_gpu_ctx *c, void *s, const int64_t *s
         per[k] = i >= 0 ? scale[i] : 1;
     }
     return pad_like(fpk_stream(c, s), x, out, per, 0, 1, "upsample nearest3d");
+}
+
+/* Upsample then replicate pad: out coordinate o → clamp(o − before, 0, n·scale − 1) / scale per
+ * dim. d.shape: out dims; d.st: x dims; d.st2: scale; before: pads before. */
+template <int ES> __global__ void k_upsample_pad(const void *src, void *dst, int64_t n, fpk_dims d, fpk_dims before) {
+    typedef typename elem_t<ES>::T T;
+    GRID_LOOP(i, n) {
+        int64_t rem = i, off = 0, mul = 1;
+        for (int k = d.nd - 1; k >= 0; k--) {
+            int64_t cc = rem % d.shape[k] - before.shape[k], up = d.st[k] * d.st2[k];
+            rem /= d.shape[k];
+            cc = cc < 0 ? 0 : cc >= up ? up - 1 : cc;
+            off += (cc / d.st2[k]) * mul;
+            mul *= d.st[k];
+        }
+        ((T *)dst)[i] = ((const T *)src)[off];
+    }
+}
+
+extern "C" fpk_status fpk_gpu_upsample_pad(fpk_gpu_ctx *c, void *s, const int64_t *scale, const int64_t *before,
+                                           const fpk_gt *x, const fpk_gt *out) {
+    if (out->numel == 0) return FPK_OK;
+    cudaStream_t st = fpk_stream(c, s);
+    fpk_dims d, b;
+    memset(&d, 0, sizeof d);
+    memset(&b, 0, sizeof b);
+    d.nd = b.nd = x->ndim;
+    for (int k = 0; k < x->ndim; k++) {
+        int i = k - (x->ndim - 3);
+        d.shape[k] = out->shape[k];
+        d.st[k] = x->shape[k];
+        d.st2[k] = i >= 0 ? scale[i] : 1;
+        b.shape[k] = i >= 0 ? before[i] : 0;
+    }
+    switch (fpk_dt_size(x->dtype)) {
+    case 1: k_upsample_pad<1><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, b); break;
+    case 2: k_upsample_pad<2><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, b); break;
+    default: k_upsample_pad<4><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, b); break;
+    }
+    return fpk_gpu_launched("upsample pad");
 }
 
 __global__ void k_avg_pool(const void *x, int xdt, void *y, int ydt, int64_t n, int64_t T, int64_t H, int64_t W,

@@ -14,10 +14,12 @@
 #include "fpk_gpu_internal.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- library search -------------------------------------------------------------------------- */
 
@@ -101,6 +103,7 @@ struct fpk_conv_algo {
     int math;          /* cuDNN math type */
     uint64_t solution; /* MIOpen solution id (immediate mode) */
     size_t ws;
+    int from_db; /* read from the cuDNN find database (found in another process) */
     struct fpk_conv_algo *next;
 };
 
@@ -185,7 +188,7 @@ typedef struct {
 enum {
     D_CREATE, D_DESTROY, D_SET_STREAM, D_ERRSTR,
     D_CT, D_ST, D_DT, D_CF, D_SF, D_DF, D_CC, D_SC, D_GC, D_MC, D_DC,
-    D_FIND, D_V7, D_WS, D_FWD, D_N
+    D_FIND, D_V7, D_WS, D_FWD, D_VERSION, D_N
 };
 static const char *const dnn_syms[] = {
     "cudnnCreate", "cudnnDestroy", "cudnnSetStream", "cudnnGetErrorString",
@@ -194,7 +197,7 @@ static const char *const dnn_syms[] = {
     "cudnnCreateConvolutionDescriptor", "cudnnSetConvolutionNdDescriptor", "cudnnSetConvolutionGroupCount",
     "cudnnSetConvolutionMathType", "cudnnDestroyConvolutionDescriptor",
     "cudnnFindConvolutionForwardAlgorithmEx", "cudnnGetConvolutionForwardAlgorithm_v7",
-    "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward", NULL};
+    "cudnnGetConvolutionForwardWorkspaceSize", "cudnnConvolutionForward", "cudnnGetVersion", NULL};
 static const char *const dnn_names[] = {"libcudnn.so.9", "libcudnn.so.8", NULL};
 
 typedef int (*fn_h)(void *);
@@ -211,6 +214,89 @@ typedef int (*fn_v7)(void *, void *, void *, void *, void *, int, int *, cudnnCo
 typedef int (*fn_ws)(void *, void *, void *, void *, void *, int, size_t *);
 typedef int (*fn_fwd)(void *, const void *, void *, const void *, void *, const void *, void *, int, void *, size_t,
                       const void *, void *, void *);
+
+/* ---- cuDNN find database ----------------------------------------------------------------------
+ * FindEx benchmarks every algorithm of a shape, which a fresh worker process would repeat for
+ * each shape of every stage. FRAMEPACK_CUDNN_FIND_DB names a text file shared by the workers
+ * (the VAE worker puts it beside the conv decision cache): one line per tuned choice, appended
+ * after a Find (one write of a short line with O_APPEND, so concurrent workers do not tear
+ * lines), read when the library opens. A line holds the device name and cuDNN version it was
+ * found on (others are skipped), the shape key (dtype, dims, padding, strides, groups) and the
+ * choice (algorithm, math type, workspace bytes). A malformed line is skipped; a later line for
+ * the same shape wins. A recorded algorithm that fails to run fails the conv at this tier as a
+ * fresh Find's would, and the chain falls through. */
+
+#define FIND_DB_TAG "fpkfind1"
+
+static void find_db_device(const fpk_gpu_ctx *c, char *out, size_t n) {
+    snprintf(out, n, "%s", c->name[0] ? c->name : "unknown");
+    for (char *p = out; *p; p++)
+        if (*p == ' ' || *p == '\t' || *p == '\n') *p = '_';
+}
+
+static size_t find_db_version(const fpk_vendor_dnn *d) {
+    typedef size_t (*fn_ver)(void);
+    return d->fn[D_VERSION] ? ((fn_ver)d->fn[D_VERSION])() : 0;
+}
+
+static void find_db_load(fpk_gpu_ctx *c) {
+    const char *path = getenv("FRAMEPACK_CUDNN_FIND_DB");
+    fpk_vendor_dnn *d = &c->dnn;
+    if (!path || !*path || !d->handle) return;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char dev[128], want[128], line[1024];
+    find_db_device(c, want, sizeof want);
+    size_t ver = find_db_version(d);
+    while (fgets(line, sizeof line, f)) {
+        unsigned long long v = 0, ws = 0;
+        long long pad[3], str[3], groups;
+        int dt, x[5], w[5], y[5], algo, math, used = 0;
+        int got = sscanf(line,
+                         FIND_DB_TAG " %127s %llu %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %lld %lld %lld %lld "
+                                     "%lld %lld %lld %d %d %llu%n",
+                         dev, &v, &dt, &x[0], &x[1], &x[2], &x[3], &x[4], &w[0], &w[1], &w[2], &w[3], &w[4], &y[0],
+                         &y[1], &y[2], &y[3], &y[4], &pad[0], &pad[1], &pad[2], &str[0], &str[1], &str[2], &groups,
+                         &algo, &math, &ws, &used);
+        if (got != 28 || used == 0 || strcmp(dev, want) != 0 || (size_t)v != ver || algo < 0 || groups < 1) continue;
+        fpk_conv3d_params p;
+        memset(&p, 0, sizeof p);
+        for (int i = 0; i < 3; i++) {
+            p.padding[i] = pad[i];
+            p.stride[i] = str[i];
+        }
+        p.groups = groups;
+        struct fpk_conv_algo *a = algo_find(d, 1, dt, x, w, y, &p);
+        if (!a) a = algo_add(d, 1, dt, x, w, y, &p);
+        if (!a) break;
+        a->algo = algo;
+        a->math = math;
+        a->ws = (size_t)ws;
+        a->from_db = 1;
+    }
+    fclose(f);
+}
+
+static void find_db_append(fpk_gpu_ctx *c, const struct fpk_conv_algo *a) {
+    const char *path = getenv("FRAMEPACK_CUDNN_FIND_DB");
+    if (!path || !*path) return;
+    char dev[128], line[1024];
+    find_db_device(c, dev, sizeof dev);
+    int n = snprintf(line, sizeof line,
+                     FIND_DB_TAG " %s %llu %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %lld %lld %lld %lld %lld "
+                                 "%lld %lld %d %d %llu\n",
+                     dev, (unsigned long long)find_db_version(&c->dnn), a->dt, a->x[0], a->x[1], a->x[2], a->x[3],
+                     a->x[4], a->w[0], a->w[1], a->w[2], a->w[3], a->w[4], a->y[0], a->y[1], a->y[2], a->y[3], a->y[4],
+                     (long long)a->pad[0], (long long)a->pad[1], (long long)a->pad[2], (long long)a->stride[0],
+                     (long long)a->stride[1], (long long)a->stride[2], (long long)a->groups, a->algo, a->math,
+                     (unsigned long long)a->ws);
+    if (n <= 0 || n >= (int)sizeof line) return;
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd < 0) return;
+    ssize_t wr = write(fd, line, (size_t)n);
+    (void)wr; /* a lost line only costs a later Find */
+    close(fd);
+}
 
 static int cuda_type(int dt) { return dt == FPK_F32 ? FPK_CUDA_R_32F : dt == FPK_F16 ? FPK_CUDA_R_16F : dt == FPK_BF16 ? FPK_CUDA_R_16BF : -1; }
 
@@ -293,6 +379,13 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
     int math = dt == FPK_F32 ? FPK_CUDNN_FMA_MATH : FPK_CUDNN_TENSOR_OP_MATH;
     DNN(((fn_hi)d->fn[D_MC])(ds.conv, math), "math type");
     struct fpk_conv_algo *a = algo_find(d, tuned, dt, xdims, wdims, ydims, p);
+    if (a && a->from_db && a->ws) {
+        /* found in another process, maybe under a larger cap: when its workspace does not fit
+         * now, Find again within what does (the new choice is found first from then on) */
+        fpk_scratch probe(sf);
+        a->from_db = 0;
+        if (probe.alloc(a->ws) != FPK_OK) a = NULL;
+    }
     if (!a) {
         cudnnConvolutionFwdAlgoPerf_t perf[8];
         int got = 0, pick = -1;
@@ -318,6 +411,7 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
         a->algo = perf[pick].algo;
         a->math = dt == FPK_F32 ? FPK_CUDNN_FMA_MATH : perf[pick].mathType;
         a->ws = need;
+        if (tuned) find_db_append(c, a);
     }
     DNN(((fn_hi)d->fn[D_MC])(ds.conv, a->math), "math type");
     fpk_scratch ws(sf);
@@ -542,6 +636,9 @@ void fpk_vendor_open(fpk_gpu_ctx *c) {
         fpk_vendor_dnn *d = &c->dnn;
         vendor_lib_open(dnn_names, dnn_syms, dir, &d->dl, d->fn, &d->handle, d->library, sizeof d->library);
         fpk_vendor_sdpa_open(c);
+#ifdef FPK_VENDOR_CUDA
+        find_db_load(c);
+#endif
     }
 }
 

@@ -32,8 +32,13 @@ extern "C" {
  * 3: one rope slot with a mode (the interleaved-only rope slot is gone).
  * 4: fpk_attention_params gained layout and tier.
  * 5: events (fpk_event_*, fpk_stream_wait_event) and fpk_tensor_upload_async, with their
- *    optional backend slots after the version-4 ones. */
-#define FPK_API_VERSION 6
+ *    optional backend slots after the version-4 ones.
+ * 6: fpk_op_ternary (fused three-operand elementwise: AdaLN modulate, gate + residual), its
+ *    optional backend slot after the version-5 ones.
+ * 7: fpk_op_group_norm_act (group norm and an activation in one pass) and
+ *    fpk_op_upsample_pad (nearest upsampling and replicate padding in one pass), their optional
+ *    backend slots after the version-6 one. */
+#define FPK_API_VERSION 7
 
 /* Most dimensions a tensor may have. */
 #define FPK_MAX_DIMS 8
@@ -266,6 +271,18 @@ fpk_status fpk_op_conv3d(fpk_stream_t stream, fpk_conv_tier tier, const fpk_conv
  * trailing dims; weight and bias [C] or NULL. */
 fpk_status fpk_op_group_norm(fpk_stream_t stream, int64_t groups, float eps, fpk_tensor_t x,
                              fpk_tensor_t weight, fpk_tensor_t bias, fpk_tensor_t out);
+/* The activation fpk_op_group_norm_act applies after the norm. */
+typedef enum fpk_norm_act {
+    FPK_NORM_ACT_NONE = 0,
+    FPK_NORM_ACT_SILU = 1, /* x * sigmoid(x) */
+} fpk_norm_act;
+/* Group norm then act, in one pass over the output (API version 7): the result of
+ * fpk_op_group_norm followed by fpk_op_unary without the intermediate tensor. x and out may be
+ * f32, f16 or bf16 (out normally x's dtype); statistics are taken in f32 or wider, the output
+ * rounded once. A backend without the slot runs the two ops (the activation in place). */
+fpk_status fpk_op_group_norm_act(fpk_stream_t stream, int64_t groups, float eps, fpk_norm_act act,
+                                 fpk_tensor_t x, fpk_tensor_t weight, fpk_tensor_t bias,
+                                 fpk_tensor_t out);
 /* Layer norm over the last dim D; weight and bias [D] or NULL. */
 fpk_status fpk_op_layer_norm(fpk_stream_t stream, float eps, fpk_tensor_t x, fpk_tensor_t weight,
                              fpk_tensor_t bias, fpk_tensor_t out);
@@ -393,6 +410,12 @@ typedef enum fpk_pad_mode {
 fpk_status fpk_op_pad(fpk_stream_t stream, fpk_pad_mode mode, const int64_t *before,
                       const int64_t *after, fpk_tensor_t x, fpk_tensor_t out);
 
+/* Replicate padding of the nearest upsampling of x, in one pass (API version 7): out =
+ * pad(upsample_nearest3d(x, scale), before, after) over the last three dims (T, H, W), without
+ * the upsampled intermediate (the VAE's upsampler before its causal conv). A backend without
+ * the slot answers FPK_ERR_UNSUPPORTED (the caller runs the two ops). */
+fpk_status fpk_op_upsample_pad(fpk_stream_t stream, const int64_t *scale, const int64_t *before,
+                               const int64_t *after, fpk_tensor_t x, fpk_tensor_t out);
 /* Nearest upsampling by integer factors of the last three dims: x [..., T, H, W] →
  * [..., T*sT, H*sH, W*sW]. */
 fpk_status fpk_op_upsample_nearest3d(fpk_stream_t stream, const int64_t *scale, fpk_tensor_t x,

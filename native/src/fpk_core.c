@@ -1044,6 +1044,29 @@ fpk_status fpk_op_group_norm(fpk_stream_t s, int64_t groups, float eps, fpk_tens
     return s->backend->iface->group_norm(BCTX(s), groups, eps, x, weight, bias, out);
 }
 
+fpk_status fpk_op_group_norm_act(fpk_stream_t s, int64_t groups, float eps, fpk_norm_act act,
+                                 fpk_tensor_t x, fpk_tensor_t weight, fpk_tensor_t bias, fpk_tensor_t out) {
+    const char *op = "group norm act";
+    fpk_tensor_t ts[] = {x, weight, bias, out};
+    TRY(check_args(op, s, 4, ts, 0x9));
+    CHECK(act == FPK_NORM_ACT_NONE || act == FPK_NORM_ACT_SILU, "%s: unknown activation %d", op, (int)act);
+    TRY(check_float(op, x, "x"));
+    TRY(check_float(op, out, "out"));
+    CHECK(x->ndim >= 2, "%s: x needs at least 2 dims [N, C, ...]", op);
+    CHECK(groups > 0 && x->shape[1] % groups == 0, "%s: %lld groups do not divide %lld channels", op,
+          (long long)groups, (long long)x->shape[1]);
+    TRY(check_same_shape(op, x, "x", out, "out"));
+    TRY(check_vec(op, weight, "weight", x->shape[1]));
+    TRY(check_vec(op, bias, "bias", x->shape[1]));
+    if (s->backend->iface->group_norm_act)
+        return s->backend->iface->group_norm_act(BCTX(s), groups, eps, act, x, weight, bias, out);
+    SLOT(s, group_norm, op);
+    TRY(s->backend->iface->group_norm(BCTX(s), groups, eps, x, weight, bias, out));
+    if (act == FPK_NORM_ACT_NONE) return FPK_OK;
+    SLOT(s, unary, op);
+    return s->backend->iface->unary(BCTX(s), FPK_UNARY_SILU, out, out);
+}
+
 fpk_status fpk_op_layer_norm(fpk_stream_t s, float eps, fpk_tensor_t x, fpk_tensor_t weight,
                              fpk_tensor_t bias, fpk_tensor_t out) {
     const char *op = "layer norm";
@@ -1322,6 +1345,28 @@ fpk_status fpk_op_upsample_nearest3d(fpk_stream_t s, const int64_t *scale, fpk_t
     }
     SLOT(s, upsample_nearest3d, op);
     return s->backend->iface->upsample_nearest3d(BCTX(s), scale, x, out);
+}
+
+fpk_status fpk_op_upsample_pad(fpk_stream_t s, const int64_t *scale, const int64_t *before,
+                               const int64_t *after, fpk_tensor_t x, fpk_tensor_t out) {
+    const char *op = "upsample pad";
+    fpk_tensor_t ts[] = {x, out};
+    TRY(check_args(op, s, 2, ts, 0x3));
+    CHECK(scale && before && after, "%s: null scale or pads", op);
+    CHECK(x->ndim >= 3 && x->ndim == out->ndim && x->dtype == out->dtype,
+          "%s: x needs at least 3 dims and out its rank and dtype", op);
+    for (int d = 0; d < x->ndim; d++) {
+        int i = d - (x->ndim - 3);
+        int64_t f = i >= 0 ? scale[i] : 1, b = i >= 0 ? before[i] : 0, a = i >= 0 ? after[i] : 0;
+        CHECK(f >= 1 && b >= 0 && a >= 0, "%s: scale %lld, pads %lld and %lld in dim %d", op, (long long)f,
+              (long long)b, (long long)a, d);
+        CHECK(out->shape[d] == x->shape[d] * f + b + a, "%s: out dim %d is %lld, want %lld", op, d,
+              (long long)out->shape[d], (long long)(x->shape[d] * f + b + a));
+        CHECK(x->shape[d] > 0 || out->shape[d] == 0, "%s: replicate padding of an empty dim %d", op, d);
+    }
+    SLOT(s, upsample_pad, op);
+    if (out->numel == 0) return FPK_OK;
+    return s->backend->iface->upsample_pad(BCTX(s), scale, before, after, x, out);
 }
 
 fpk_status fpk_op_avg_pool3d(fpk_stream_t s, const int64_t *kernel, const int64_t *stride,

@@ -165,6 +165,13 @@ struct fpk_backend_iface {
     /* Fused three-operand elementwise ops (API version 6; optional). */
     fpk_status (*ternary)(void *ctx, void *stream, fpk_ternary_op op, fpk_tensor_t a, fpk_tensor_t b,
                           fpk_tensor_t c, fpk_tensor_t out);
+    /* Group norm and an activation in one pass (API version 7; optional: the core runs
+     * group_norm then unary in place). */
+    fpk_status (*group_norm_act)(void *ctx, void *stream, int64_t groups, float eps, fpk_norm_act act,
+                                 fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t b, fpk_tensor_t out);
+    /* Replicate padding of a nearest upsampling over the last 3 dims (API version 7; optional). */
+    fpk_status (*upsample_pad)(void *ctx, void *stream, const int64_t *scale, const int64_t *before,
+                               const int64_t *after, fpk_tensor_t x, fpk_tensor_t out);
 };
 
 struct fpk_backend {

@@ -44,7 +44,10 @@ const (
 	poolBytes    = 64 << 20
 )
 
-var allStages = []string{"transformer", "vae_decode", "vae_decode_tiled", "vae_encode", "llama", "clip", "siglip"}
+// tiledCapGiB is the runtime's memory cap in the vae_decode_tiled stage.
+var tiledCapGiB float64
+
+var allStages = []string{"transformer", "vae_decode", "vae_decode_tiled", "vae_decode_tiled256", "vae_encode", "llama", "clip", "siglip"}
 
 func main() {
 	if err := run(); err != nil {
@@ -57,10 +60,54 @@ type result struct {
 	Seconds     float64   `json:"seconds,omitempty"`
 	Runs        []float64 `json:"runs,omitempty"`
 	PeakBytes   uint64    `json:"peak_bytes,omitempty"`
+	CapBytes    uint64    `json:"cap_bytes,omitempty"`
 	DType       string    `json:"dtype,omitempty"`
 	LoadSeconds float64   `json:"build_seconds,omitempty"`
 	Note        string    `json:"note,omitempty"`
 	Error       string    `json:"error,omitempty"`
+	// Tiling is the VAE tiling run and its estimated peak above the weights.
+	Tiling            string `json:"tiling,omitempty"`
+	PeakEstimateBytes int64  `json:"peak_estimate_bytes,omitempty"`
+	// Conv is the conv chain's statistics of the stage (its own runtime).
+	Conv *convReport `json:"conv,omitempty"`
+}
+
+// convReport is the conv chain's statistics of one stage: which tier served which shape and
+// how long each shape's first (synchronised) run took: for vendor_tuned that is cuDNN's FindEx
+// or MIOpen's Find.
+type convReport struct {
+	Convs  int64            `json:"convs"`
+	Served map[string]int64 `json:"served_by_tier"`
+	// FirstSeconds sums the shapes' first runs (Find included); the warm-up run pays it.
+	FirstSeconds float64     `json:"first_run_seconds"`
+	Shapes       []convShape `json:"shapes"`
+}
+
+type convShape struct {
+	Key     string  `json:"key"`
+	Tier    string  `json:"tier"`
+	Calls   int64   `json:"calls"`
+	FirstMs float64 `json:"first_ms"`
+	TimeMs  float64 `json:"time_ms"`
+}
+
+func convStats(cs runtime.ConvStats) *convReport {
+	if cs.Convs == 0 {
+		return nil
+	}
+	r := &convReport{Convs: cs.Convs, Served: map[string]int64{}}
+	for t := runtime.Tier(0); t < runtime.NumTiers; t++ {
+		if n := cs.Tiers[t].Successes; n > 0 {
+			r.Served[t.String()] = n
+		}
+	}
+	for k, sh := range cs.Shapes {
+		r.FirstSeconds += sh.First.Seconds()
+		r.Shapes = append(r.Shapes, convShape{Key: k, Tier: sh.Tier.String(), Calls: sh.Calls,
+			FirstMs: float64(sh.First.Microseconds()) / 1e3, TimeMs: float64(sh.Time.Microseconds()) / 1e3})
+	}
+	sort.Slice(r.Shapes, func(i, j int) bool { return r.Shapes[i].FirstMs > r.Shapes[j].FirstMs })
+	return r
 }
 
 type report struct {
@@ -73,6 +120,7 @@ func run() error {
 	dir := flag.String("dir", "", "folder of torch_bench.py's configs and manifests")
 	backend := flag.String("backend", "cuda", "runtime backend")
 	stages := flag.String("stages", strings.Join(allStages, ","), "stages to run")
+	flag.Float64Var(&tiledCapGiB, "vae-tiled-cap-gib", 8, "memory cap of the vae_decode_tiled stage, whose tiling the VAE chooses from it")
 	flag.Parse()
 	if *dir == "" {
 		return fmt.Errorf("-dir is required")
@@ -147,7 +195,11 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 	if err != nil {
 		return err
 	}
-	rt, err := runtime.New(runtime.Options{Backend: backend})
+	opts := runtime.Options{Backend: backend}
+	if stage == "vae_decode_tiled" {
+		opts.MemoryCap = int64(tiledCapGiB * (1 << 30))
+	}
+	rt, err := runtime.New(opts)
 	if err != nil {
 		return err
 	}
@@ -155,7 +207,11 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 	rep.Device = rt.Backend().DeviceName
 	ctx := context.Background()
 	t0 := time.Now()
-	defer func() { res.PeakBytes = rt.Memory().Peak }()
+	defer func() {
+		m := rt.Memory()
+		res.PeakBytes, res.CapBytes = m.Peak, m.Cap
+		res.Conv = convStats(rt.ConvStats())
+	}()
 	switch stage {
 	case "transformer":
 		src, err := loadManifest(dir, "transformer", pool)
@@ -184,7 +240,7 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 			_, err := m.Forward(ctx, sec, x, 875, 10000, dit.ForwardOptions{})
 			return err
 		})
-	case "vae_decode", "vae_decode_tiled", "vae_encode":
+	case "vae_decode", "vae_decode_tiled", "vae_decode_tiled256", "vae_encode":
 		src, err := loadManifest(dir, "vae", pool)
 		if err != nil {
 			return err
@@ -199,19 +255,40 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 		}
 		defer m.Close()
 		res.LoadSeconds = time.Since(t0).Seconds()
-		t := causalvae.DefaultTiling()
-		if stage == "vae_decode_tiled" {
+		z := randVolume([5]int{1, cfg.LatentChannels, decodeFrames, latH, latW}, 2)
+		x := randVolume([5]int{1, 3, 1, latH * 8, latW * 8}, 1)
+		// decode: diffusers' default (framewise, as PyTorch's side); decode_tiled: the tiling
+		// the model chooses from what the cap leaves beside its weights; decode_tiled256:
+		// enable_tiling's 256/192 px tiles, as PyTorch's tiled stage; encode: the default.
+		ch, err := m.Estimate(z.Shape, causalvae.DefaultTiling(), false, m.Footprint(m.BackendScratch()))
+		switch {
+		case err != nil:
+			return err
+		case stage == "vae_decode_tiled256":
+			t := causalvae.DefaultTiling()
 			t.Spatial = true
+			if ch, err = m.Estimate(z.Shape, t, false, m.Footprint(m.BackendScratch())); err != nil {
+				return err
+			}
+		case stage == "vae_decode_tiled":
+			var budget int64
+			if ch, budget, err = m.AutoTiling(z.Shape, false); err != nil {
+				return err
+			}
+			res.Note = fmt.Sprintf("tiling chosen at a %.3g GiB cap (%.2f GiB left beside the weights)", tiledCapGiB, float64(budget)/(1<<30))
+		case stage == "vae_encode":
+			if ch, err = m.Estimate(x.Shape, causalvae.DefaultTiling(), true, m.Footprint(m.BackendScratch())); err != nil {
+				return err
+			}
 		}
-		opts := causalvae.RunOptions{Tiling: t}
+		res.Tiling, res.PeakEstimateBytes = ch.String(), ch.PeakBytes
+		opts := causalvae.RunOptions{Tiling: ch.Tiling}
 		if stage == "vae_encode" {
-			x := randVolume([5]int{1, 3, 1, latH * 8, latW * 8}, 1)
 			return timed(rt, res, 1, 3, func() error {
 				_, _, err := m.Encode(ctx, x, opts)
 				return err
 			})
 		}
-		z := randVolume([5]int{1, cfg.LatentChannels, decodeFrames, latH, latW}, 2)
 		return timed(rt, res, 1, 1, func() error {
 			_, err := m.Decode(ctx, z, opts)
 			return err

@@ -9,10 +9,14 @@ import os
 import sys
 import time
 
+# Our stages measured against another PyTorch stage (the same work).
+TORCH_KEY = {"vae_decode_tiled256": "vae_decode_tiled"}
+
 LABELS = {
     "transformer": "transformer forward (17,226 image + 857 cond tokens)",
     "vae_decode": "VAE decode, 18 latent frames (framewise, default)",
-    "vae_decode_tiled": "VAE decode, 18 latent frames (framewise + spatial tiles)",
+    "vae_decode_tiled": "VAE decode, 18 latent frames, tiled (ours: tiling chosen at an 8 GiB cap)",
+    "vae_decode_tiled256": "VAE decode, 18 latent frames, 256 px tiles (both sides)",
     "vae_encode": "VAE encode, 1 frame 544x704",
     "llama": "Llama 30 layers, 351 tokens",
     "clip": "CLIP-L text, 77 tokens",
@@ -41,7 +45,7 @@ def main(d, json_out=None, commit=None):
     print("| stage | ours | PyTorch | ours / PyTorch | peak ours | peak PyTorch |")
     print("|---|---|---|---|---|---|")
     for k, label in LABELS.items():
-        o, t = ours["stages"].get(k, {}), torch["stages"].get(k, {})
+        o, t = ours["stages"].get(k, {}), torch["stages"].get(TORCH_KEY.get(k, k), {})
         os_ = f"{o['seconds']:.3f} s" if "seconds" in o else ("error: " + o.get("error", "not run"))[:80]
         ts = f"{t['seconds']:.3f} s" if "seconds" in t else ("error: " + t.get("error", "not run"))[:80]
         ratio = f"{o['seconds'] / t['seconds']:.2f}x" if "seconds" in o and "seconds" in t else "–"
@@ -55,12 +59,40 @@ def main(d, json_out=None, commit=None):
                 "ours_peak_gib": round(o["peak_bytes"] / 2**30, 2) if o.get("peak_bytes") else None,
                 "pytorch_peak_gib": round(t["peak_bytes"] / 2**30, 2) if t.get("peak_bytes") else None,
             })
+    conv_table(ours)
+    for row in rows:
+        o = ours["stages"].get(row["stage"], {})
+        if o.get("tiling"):
+            row["ours_tiling"] = o["tiling"]
+        c = o.get("conv")
+        if c:
+            row["ours_conv_served"] = c.get("served_by_tier")
+            row["ours_conv_first_run_s"] = round(c.get("first_run_seconds", 0), 3)
     if json_out:
         rec = {"gpu": gpu, "commit": commit, "date": time.strftime("%Y-%m-%d"), "torch": torch.get("torch"),
                "rows": rows}
         with open(json_out, "w") as f:
             json.dump(rec, f, indent=1)
             f.write("\n")
+
+
+def conv_table(ours):
+    """Per stage: the VAE tiling, which conv tier served how many convs and shapes, and the
+    shapes' first (synchronised) runs, which hold cuDNN's FindEx / MIOpen's Find."""
+    stages = [(k, v) for k, v in ours["stages"].items() if v.get("conv") or v.get("tiling")]
+    if not stages:
+        return
+    print("\nConv chain per stage (ours): tier that served the convs, and the first run of each shape")
+    print("(synchronised; for vendor_tuned it includes the vendor's Find), paid once by the warm-up run.\n")
+    print("| stage | tiling | convs | shapes | served by | first runs | slowest first run |")
+    print("|---|---|---|---|---|---|---|")
+    for k, o in stages:
+        c = o.get("conv") or {}
+        shapes = c.get("shapes") or []
+        served = ", ".join(f"{t} {n}" for t, n in sorted((c.get("served_by_tier") or {}).items())) or "–"
+        slow = f"{shapes[0]['first_ms']:.1f} ms ({shapes[0]['tier']})" if shapes else "–"
+        first = f"{c['first_run_seconds']:.2f} s" if "first_run_seconds" in c else "–"
+        print(f"| {k} | {o.get('tiling', '–')} | {c.get('convs', 0)} | {len(shapes)} | {served} | {first} | {slow} |")
 
 
 if __name__ == "__main__":

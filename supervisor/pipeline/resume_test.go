@@ -405,7 +405,7 @@ func TestJobOptions(t *testing.T) {
 	if got, want := job.GetResult().GetFrameCount(), uint32(4*(jc.window+1)-3); got != want {
 		t.Errorf("%d frames, want %d", got, want)
 	}
-	workerStages := 0
+	workerStages, vaeStages := 0, 0
 	for _, r := range stageRecords(t, o.State, job.GetId()) {
 		if r.Worker == "" {
 			continue
@@ -414,9 +414,17 @@ func TestJobOptions(t *testing.T) {
 		if r.MemoryCapBytes != wantCap {
 			t.Errorf("stage %s ran under a cap of %d bytes, want %d (64 GiB − 2.5 GiB preserved − the reserve)", r.Name, r.MemoryCapBytes, wantCap)
 		}
+		// the VAE stages leave the tiling to the worker: with room to spare, no spatial tiles
+		vae := r.Name == framepackv1.Stage_STAGE_VAE_ENCODE.String() || r.Name == framepackv1.Stage_STAGE_VAE_DECODE.String()
+		if vae {
+			vaeStages++
+		}
+		if vae && (!r.VAETileChosen || r.VAETilePx != 0) {
+			t.Errorf("stage %s: tiling chosen %v, tile %d px; want chosen by the worker, untiled", r.Name, r.VAETileChosen, r.VAETilePx)
+		}
 	}
-	if workerStages < 5 {
-		t.Errorf("%d worker stages recorded", workerStages)
+	if workerStages < 5 || vaeStages < 2 {
+		t.Errorf("%d worker stages recorded, %d of the vae", workerStages, vaeStages)
 	}
 
 	// 63.5 GiB preserved of 64 leaves nothing once the reserve is kept back.

@@ -61,8 +61,8 @@ type Config struct {
 	Video *video.Writer
 	// NoPreviews turns off the per-step preview tensors and Preview events.
 	NoPreviews bool
-	// VAETiling is the VAE's tiling; nil means FramePack's low-VRAM setting (spatial tiles of
-	// the model's default size, framewise in time).
+	// VAETiling forces the VAE's tiling; nil lets the VAE worker choose it from its memory cap
+	// (framewise in time, spatial tiles only as small as the cap needs).
 	VAETiling *workerkit.VAETiling
 	// WorkerEnv holds LoadRequest.Env entries for every worker (e.g.
 	// FRAMEPACK_SIGLIP_PROCESSOR=pil for transformers 4's SigLIP preprocessing).
@@ -164,6 +164,10 @@ type StageRecord struct {
 	// MemoryCapBytes is the cap the worker ran under, as its Stats reported it.
 	MemoryCapBytes uint64 `json:"memory_cap_bytes,omitempty"`
 	RSSPeakBytes   uint64 `json:"rss_peak_bytes,omitempty"`
+	// VAETilePx is the spatial tile a VAE stage ran with (0: none) and VAETileChosen whether
+	// the worker chose it from its cap (the request stated none).
+	VAETilePx     uint32 `json:"vae_tile_px,omitempty"`
+	VAETileChosen bool   `json:"vae_tile_chosen,omitempty"`
 	// Err is the failure, empty on success.
 	Err string `json:"error,omitempty"`
 	// ConvTiers are the worker's convolution tier counts (metrics).
@@ -475,6 +479,13 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 		Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
 		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes, ConvTiers: rep.ConvTiers,
 		MemoryCapBytes: rep.MemoryCapBytes}
+	if rep.Result != nil && rep.Result.VAETiling != nil {
+		vt := rep.Result.VAETiling
+		rec.VAETileChosen = vt.Chosen
+		if vt.Tiling.EnableSpatialTiling {
+			rec.VAETilePx = vt.Tiling.TileSampleMinHeight
+		}
+	}
 	if err != nil {
 		rec.Err, rec.Cancelled = err.Error(), ctx.Err() != nil
 		j.record(rec)
@@ -648,11 +659,12 @@ func (j *jobRun) dropSegments(names ...string) {
 	}
 }
 
-// vaeTiling is the tiling the VAE stages use.
+// vaeTiling is the tiling the VAE stages ask for: the configured one, else none (the worker
+// chooses from its memory cap; the watchdog's ladder states smaller tiles after an OOM).
 func (j *jobRun) vaeTiling() *workerkit.VAETiling {
 	if t := j.r.cfg.VAETiling; t != nil {
 		c := *t
 		return &c
 	}
-	return &workerkit.VAETiling{EnableSpatialTiling: true}
+	return nil
 }

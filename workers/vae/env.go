@@ -20,6 +20,13 @@ const (
 	envFindTimeLimit = "MIOPEN_FIND_TIME_LIMIT"
 )
 
+// envCudnnFindDB names the cuDNN find database the cuda backend reads and appends to
+// (native/gpu/fpk_gpu_vendor.cu): the algorithms FindEx chose, so a later worker skips Find.
+const envCudnnFindDB = "FRAMEPACK_CUDNN_FIND_DB"
+
+// cudnnFindDBSuffix is appended to the conv decision cache's path for the default find database.
+const cudnnFindDBSuffix = ".cudnn-find"
+
 // findModes maps MIOPEN_FIND_MODE's accepted spellings to MIOpen's numbers.
 var findModes = map[string]int{
 	"1": 1, "NORMAL": 1,
@@ -79,7 +86,7 @@ func planEnv(backend string, env map[string]string) (envPlan, error) {
 			if v != "0" && v != "1" {
 				return envPlan{}, fmt.Errorf("env %s=%q: want 0 or 1", k, v)
 			}
-		case envUserDBPath, envCustomCacheDir:
+		case envUserDBPath, envCustomCacheDir, envCudnnFindDB:
 			if !filepath.IsAbs(v) {
 				return envPlan{}, fmt.Errorf("env %s=%q: want an absolute path", k, v)
 			}
@@ -94,6 +101,19 @@ func planEnv(backend string, env map[string]string) (envPlan, error) {
 		p.Apply[k] = v
 	}
 	return p, nil
+}
+
+// withFindDB makes the cuda backend keep its cuDNN Find results beside the conv decision cache
+// (decisionCache + ".cudnn-find", shared by the workers as the cache is) unless the request
+// names a find database itself or there is no decision cache.
+func (p envPlan) withFindDB(backend, decisionCache string) envPlan {
+	if backend != "cuda" || decisionCache == "" {
+		return p
+	}
+	if _, ok := p.Apply[envCudnnFindDB]; !ok {
+		p.Apply[envCudnnFindDB] = decisionCache + cudnnFindDBSuffix
+	}
+	return p
 }
 
 // apply creates the directories and sets the variables.

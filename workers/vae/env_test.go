@@ -35,6 +35,7 @@ func TestPlanEnv(t *testing.T) {
 		{name: "bad fallback", backend: "hip", env: map[string]string{"MIOPEN_DEBUG_FORCE_IMMED_MODE_FALLBACK": "yes"}, err: "want 0 or 1"},
 		{name: "relative db", backend: "cpu", env: map[string]string{"MIOPEN_USER_DB_PATH": "db"}, err: "absolute"},
 		{name: "bad name", backend: "cpu", env: map[string]string{"A=B": "1"}, err: "not a valid variable"},
+		{name: "relative find db", backend: "cuda", env: map[string]string{"FRAMEPACK_CUDNN_FIND_DB": "find"}, err: "absolute"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := planEnv(tc.backend, tc.env)
@@ -62,6 +63,31 @@ func TestPlanEnv(t *testing.T) {
 			check("dropped", p.Dropped, tc.dropped)
 			if len(p.Dirs) != tc.dirs {
 				t.Errorf("dirs %v, want %d", p.Dirs, tc.dirs)
+			}
+		})
+	}
+}
+
+// TestFindDB: on cuda the cuDNN find database defaults to a file beside the conv decision
+// cache; a stated one wins; other backends and workers without a cache get none.
+func TestFindDB(t *testing.T) {
+	for _, tc := range []struct {
+		name, backend, cache string
+		env                  map[string]string
+		want                 string
+	}{
+		{"cuda beside the cache", "cuda", "/var/cache/fp/conv.json", nil, "/var/cache/fp/conv.json.cudnn-find"},
+		{"stated wins", "cuda", "/var/cache/fp/conv.json", map[string]string{"FRAMEPACK_CUDNN_FIND_DB": "/x/db"}, "/x/db"},
+		{"no cache", "cuda", "", nil, ""},
+		{"hip has miopen's", "hip", "/var/cache/fp/conv.json", nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := planEnv(tc.backend, tc.env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := p.withFindDB(tc.backend, tc.cache).Apply["FRAMEPACK_CUDNN_FIND_DB"]; got != tc.want {
+				t.Errorf("find db %q, want %q", got, tc.want)
 			}
 		})
 	}

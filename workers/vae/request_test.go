@@ -40,9 +40,9 @@ func TestLogvarRef(t *testing.T) {
 	}
 }
 
-// TestTilingFromDefaults checks the documented meaning of VaeTiling: unset is diffusers'
-// defaults (framewise on, spatial off), a frame count sets the framewise chunk, and zero sizes
-// keep the defaults.
+// TestTilingFromDefaults checks the documented meaning of a stated VaeTiling: zero sizes keep
+// diffusers' defaults (framewise on, spatial off), a frame count sets the framewise chunk; and
+// the reported tiling (wireTiling) reads back as the one run.
 func TestTilingFromDefaults(t *testing.T) {
 	def := causalvae.DefaultTiling()
 	if !def.FramewiseEncoding || !def.FramewiseDecoding || def.Spatial {
@@ -60,5 +60,11 @@ func TestTilingFromDefaults(t *testing.T) {
 	want.Spatial = true
 	if sp != want {
 		t.Errorf("spatial with zero sizes: %+v, want %+v", sp, want)
+	}
+	small := want
+	small.TileSampleMinHeight, small.TileSampleStrideHeight = 64, 48
+	wire := wireTiling(small)
+	if back := tilingFrom(&wire); back != small || wire.TileSampleMinHeight != 64 || wire.TileSampleMinNumFrames != 16 {
+		t.Errorf("reported %+v reads back as %+v, want %+v", wire, back, small)
 	}
 }

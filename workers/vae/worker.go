@@ -41,7 +41,7 @@ func newWorker(k *workerkit.Kit) *worker {
 
 // classify maps an error to the worker error the supervisor acts on.
 func classify(err error) error {
-	return modelrt.Classify(err, causalvae.ErrBadInput, causalvae.ErrCheckpoint)
+	return modelrt.Classify(err, causalvae.ErrBadInput, causalvae.ErrCheckpoint, causalvae.ErrMemoryBudget)
 }
 
 // ---- Load ----------------------------------------------------------------------------------
@@ -81,6 +81,9 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	env, err := planEnv(backend, req.Env)
 	if err != nil {
 		return nil, workerkit.InvalidArgumentf("%w", err)
+	}
+	if req.ConvPolicy != nil {
+		env = env.withFindDB(backend, req.ConvPolicy.DecisionCachePath)
 	}
 	if err := env.apply(); err != nil {
 		return nil, err
@@ -168,14 +171,15 @@ func (w *worker) Run(ctx context.Context, req *workerkit.RunRequest, emit worker
 	switch s := req.Stage.(type) {
 	case *workerkit.VAEEncodeRequest:
 		stage = "vae_encode"
-		res, err = w.encode(ctx, m, s, emit, start)
+		log = log.WithField("stage", stage)
+		res, err = w.encode(ctx, m, s, emit, start, log)
 	case *workerkit.VAEDecodeRequest:
 		stage = "vae_decode"
-		res, err = w.decode(ctx, m, s, emit, start)
+		log = log.WithField("stage", stage)
+		res, err = w.decode(ctx, m, s, emit, start, log)
 	default:
 		return nil, classify(workerkit.InvalidArgumentf("run: the vae worker runs vae_encode and vae_decode stages, not %T", req.Stage))
 	}
-	log = log.WithField("stage", stage)
 	w.base.Beacon.SetStep(0, 0)
 	cs := w.rt.ConvStats()
 	log.WithFields(logrus.Fields{"convs": cs.Convs, "served": cs.Served, "failed": cs.Failed,
@@ -214,8 +218,8 @@ func (w *worker) progress(ctx context.Context, phase string, emit workerkit.Emit
 	}
 }
 
-// tilingFrom maps the request's tiling to diffusers' settings. Unset means diffusers' defaults
-// (framewise on, no spatial tiling); zero sizes keep the defaults (256/192 px, 16/12 frames).
+// tilingFrom maps a request's tiling to diffusers' settings (the worker chooses one itself when
+// the request has none: tiling); zero sizes keep the defaults (256/192 px, 16/12 frames).
 // Framewise chunking is diffusers' default and always on; a long enough
 // tile_sample_min_num_frames runs all frames in one piece.
 func tilingFrom(t *workerkit.VAETiling) causalvae.Tiling {
@@ -236,6 +240,56 @@ func tilingFrom(t *workerkit.VAETiling) causalvae.Tiling {
 	set(&out.TileSampleStrideWidth, t.TileSampleStrideWidth)
 	set(&out.TileSampleStrideNumFrames, t.TileSampleStrideNumFrames)
 	return out
+}
+
+// wireTiling is t as a request states it, every size filled in.
+func wireTiling(t causalvae.Tiling) workerkit.VAETiling {
+	u := modelrt.Uint32
+	return workerkit.VAETiling{
+		EnableSpatialTiling:       t.Spatial,
+		TileSampleMinHeight:       u(t.TileSampleMinHeight),
+		TileSampleMinWidth:        u(t.TileSampleMinWidth),
+		TileSampleMinNumFrames:    u(t.TileSampleMinNumFrames),
+		TileSampleStrideHeight:    u(t.TileSampleStrideHeight),
+		TileSampleStrideWidth:     u(t.TileSampleStrideWidth),
+		TileSampleStrideNumFrames: u(t.TileSampleStrideNumFrames),
+	}
+}
+
+// tiling returns the tiling of a stage on an input of shape in: the request's when it states
+// one (forced, whatever the cap), else the one the model chooses from what the memory cap
+// leaves beside the weights (causalvae.AutoTiling; a cap too small for the smallest tile fails
+// here, before any work). The choice is logged and reported in the result.
+func (w *worker) tiling(m *causalvae.Model, req *workerkit.VAETiling, in [5]int, encode bool, log *logrus.Entry) (causalvae.Tiling, *workerkit.VAETilingUsed, error) {
+	var (
+		ch     causalvae.TilingChoice
+		budget int64
+		err    error
+	)
+	if req != nil {
+		var capped bool
+		if budget, capped, err = m.Budget(); err != nil || !capped {
+			budget = math.MaxInt64
+		}
+		if ch, err = m.Estimate(in, tilingFrom(req), encode, m.Footprint(m.BackendScratch())); err != nil {
+			return causalvae.Tiling{}, nil, err
+		}
+	} else if ch, budget, err = m.AutoTiling(in, encode); err != nil {
+		return causalvae.Tiling{}, nil, err
+	}
+	used := &workerkit.VAETilingUsed{Tiling: wireTiling(ch.Tiling), Chosen: req == nil,
+		PeakEstimateBytes: uint64(max(ch.PeakBytes, 0)), Runs: modelrt.Uint32(ch.Runs)}
+	if budget != math.MaxInt64 {
+		used.BudgetBytes = uint64(max(budget, 0))
+	}
+	f := log.WithFields(logrus.Fields{"tiling": ch.String(), "chosen": used.Chosen, "tile_px": ch.TilePx,
+		"peak_estimate_bytes": ch.PeakBytes, "peak_at": ch.PeakAt, "budget_bytes": used.BudgetBytes})
+	if req != nil && used.BudgetBytes > 0 && ch.PeakBytes > budget {
+		f.Warn("the requested tiling's estimated peak is over what the memory cap leaves")
+	} else {
+		f.Info("vae tiling")
+	}
+	return ch.Tiling, used, nil
 }
 
 // LogvarSuffix is appended to the latents tensor's name for the posterior log-variance,
@@ -263,7 +317,7 @@ func logvarRef(req *workerkit.VAEEncodeRequest) workerkit.TensorRef {
 
 // encode writes the posterior's unscaled mean (not × scaling_factor: the supervisor scales with
 // LoadResponse.VAE) and its log-variance (logvarRef).
-func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.VAEEncodeRequest, emit workerkit.Emit, start time.Time) (*workerkit.Result, error) {
+func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.VAEEncodeRequest, emit workerkit.Emit, start time.Time, log *logrus.Entry) (*workerkit.Result, error) {
 	if err := tensorio.CheckFloatOutput("latents", req.Latents); err != nil {
 		return nil, err
 	}
@@ -271,7 +325,10 @@ func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.
 	if err != nil {
 		return nil, err
 	}
-	tiling := tilingFrom(req.Tiling)
+	tiling, used, err := w.tiling(m, req.Tiling, x.Shape, true, log)
+	if err != nil {
+		return nil, fmt.Errorf("pixels: %w", err)
+	}
 	shape, err := m.EncodedShape(x.Shape, tiling)
 	if err != nil {
 		return nil, fmt.Errorf("pixels: %w", err)
@@ -298,11 +355,11 @@ func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.
 	if err != nil {
 		return nil, err
 	}
-	return &workerkit.Result{Outputs: written}, nil
+	return &workerkit.Result{Outputs: written, VAETiling: used}, nil
 }
 
 // decode takes unscaled latents (already divided by scaling_factor) and writes pixels.
-func (w *worker) decode(ctx context.Context, m *causalvae.Model, req *workerkit.VAEDecodeRequest, emit workerkit.Emit, start time.Time) (*workerkit.Result, error) {
+func (w *worker) decode(ctx context.Context, m *causalvae.Model, req *workerkit.VAEDecodeRequest, emit workerkit.Emit, start time.Time, log *logrus.Entry) (*workerkit.Result, error) {
 	if err := tensorio.CheckFloatOutput("pixels", req.Pixels); err != nil {
 		return nil, err
 	}
@@ -310,7 +367,10 @@ func (w *worker) decode(ctx context.Context, m *causalvae.Model, req *workerkit.
 	if err != nil {
 		return nil, err
 	}
-	tiling := tilingFrom(req.Tiling)
+	tiling, used, err := w.tiling(m, req.Tiling, z.Shape, false, log)
+	if err != nil {
+		return nil, fmt.Errorf("latents: %w", err)
+	}
 	shape, err := m.DecodedShape(z.Shape, tiling)
 	if err != nil {
 		return nil, fmt.Errorf("latents: %w", err)
@@ -340,7 +400,7 @@ func (w *worker) decode(ctx context.Context, m *causalvae.Model, req *workerkit.
 	if err != nil {
 		return nil, err
 	}
-	return &workerkit.Result{Outputs: written}, nil
+	return &workerkit.Result{Outputs: written, VAETiling: used}, nil
 }
 
 // ---- Stats ----------------------------------------------------------------------------

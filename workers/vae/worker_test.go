@@ -175,6 +175,20 @@ func TestParityVAE(t *testing.T) {
 	if len(st.ConvTiers) == 0 || st.ConvTiers[0].Successes == 0 || st.AllocatorPeakBytes == 0 || st.OpCounts["conv3d"] == 0 {
 		t.Fatalf("stats: %+v", st)
 	}
+	// per conv shape: the serving tier, its calls and its synchronised first run
+	var shapeCalls uint64
+	for _, sh := range st.ConvShapes {
+		if sh.ShapeKey == "" || sh.Calls == 0 || sh.First <= 0 || sh.First > sh.Time {
+			t.Fatalf("conv shape stats %+v", sh)
+		}
+		if workertest.Backend() == "cpu" && sh.Tier != workerkit.ConvTierCPU {
+			t.Fatalf("shape %s served by %v on cpu", sh.ShapeKey, sh.Tier)
+		}
+		shapeCalls += sh.Calls
+	}
+	if len(st.ConvShapes) < 2 || shapeCalls != st.ConvTiers[0].Successes {
+		t.Fatalf("%d conv shapes with %d calls, the tier served %d", len(st.ConvShapes), shapeCalls, st.ConvTiers[0].Successes)
+	}
 	// the cpu backend's one conv tier is cpu; a GPU backend's first tier is its vendor library's
 	if workertest.Backend() == "cpu" && st.ConvTiers[0].Tier != workerkit.ConvTierCPU {
 		t.Fatalf("stats on cpu, convs not served by the cpu tier: %+v", st)
@@ -396,7 +410,9 @@ func TestOOMThenSmallerTiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := probe.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil); err != nil {
+	// untiled: the request states diffusers' defaults (unset would let the worker choose tiles)
+	untiled := &workerkit.VAETiling{}
+	if _, err := probe.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out, Tiling: untiled}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	after, err := probe.Stats(workertest.Ctx(t))
@@ -409,7 +425,7 @@ func TestOOMThenSmallerTiles(t *testing.T) {
 
 	p, _ := workertest.Start(t, "vae")
 	loadVAE(t, p, dir, memCap)
-	_, err = p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil)
+	_, err = p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out, Tiling: untiled}}, nil)
 	var we *workerkit.Error
 	if workerkit.CodeOf(err) != workerkit.CodeOutOfMemory || !errors.As(err, &we) || we.RequestedBytes == 0 {
 		t.Fatalf("decode under a cap of %d bytes: %v", memCap, err)
@@ -630,5 +646,82 @@ func TestConvHangSeenInBeacon(t *testing.T) {
 	}
 	if st, ok := p.Exited(); !ok || !st.Killed {
 		t.Fatalf("exit %+v %v", st, ok)
+	}
+}
+
+// TestAutoTilingUnderCap runs the fixture's spatially tiled decode case with the tiling left to
+// the worker: under a cap that leaves room for the case's tiles but not for an untiled decode,
+// the worker chooses the case's tiling, reports it, stays under the cap and matches the case;
+// under a cap too small for the smallest tile it fails with InvalidArgument before any conv runs.
+func TestAutoTilingUnderCap(t *testing.T) {
+	fx := parity.Load(t, "vae")
+	dir, err := fx.ModelPath("vae")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c parity.Case
+	for _, k := range fx.Cases {
+		if k.Op == "vae.decode" && requestTiling(t, k) != nil && requestTiling(t, k).EnableSpatialTiling {
+			c = k
+		}
+	}
+	if c.Name == "" {
+		t.Fatal("no spatially tiled decode case in the vae fixture")
+	}
+	want := requestTiling(t, c)
+	z := c.Input(t, "z")
+	a := shmtest.Arena(t, "auto")
+	in := workertest.WriteF32(t, a, "z", "z", z.Shape, z.F32)
+	out := workertest.OutputRef(t, a, "pixels", "pixels")
+
+	// The case's tiling, stated: its estimate and the weights give the cap.
+	probe, _ := workertest.Start(t, "vae")
+	loadVAE(t, probe, dir, 0)
+	res, err := probe.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out, Tiling: want}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := res.VAETiling
+	if used == nil || used.Chosen || used.PeakEstimateBytes == 0 || !used.Tiling.EnableSpatialTiling {
+		t.Fatalf("stated tiling reported as %+v", used)
+	}
+	weights := res.Stats.AllocatorCurrentBytes
+	probe.Close()
+	memCap := weights + used.PeakEstimateBytes + used.PeakEstimateBytes/20
+
+	p, _ := workertest.Start(t, "vae")
+	loadVAE(t, p, dir, memCap)
+	res, err = p.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil)
+	if err != nil {
+		t.Fatalf("decode with the tiling left to the worker under a cap of %d bytes: %v", memCap, err)
+	}
+	used = res.VAETiling
+	if used == nil || !used.Chosen || used.Tiling.TileSampleMinHeight != want.TileSampleMinHeight ||
+		used.Tiling.TileSampleStrideWidth != want.TileSampleStrideWidth || used.BudgetBytes == 0 || used.Runs < 2 {
+		t.Fatalf("chose %+v, the case states %+v", used, want)
+	}
+	got, shape := workertest.ReadF32(t, res.Outputs[0])
+	c.Check(t, "sample", got, shape, c.Output(t, "sample"))
+	if res.Stats.AllocatorPeakBytes > memCap {
+		t.Fatalf("peak %d bytes over the cap %d", res.Stats.AllocatorPeakBytes, memCap)
+	}
+	t.Logf("cap %d bytes (weights %d): chose %d px tiles, %d runs, estimate %d, peak %d", memCap, weights,
+		used.Tiling.TileSampleMinHeight, used.Runs, used.PeakEstimateBytes, res.Stats.AllocatorPeakBytes)
+	p.Close()
+
+	// A cap that leaves 64 KiB beside the weights: refused before any conv.
+	small, _ := workertest.Start(t, "vae")
+	loadVAE(t, small, dir, weights+64<<10)
+	_, err = small.Run(workertest.Ctx(t), &workerkit.RunRequest{Stage: &workerkit.VAEDecodeRequest{Latents: in, Pixels: out}}, nil)
+	if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument || !strings.Contains(err.Error(), "memory budget") {
+		t.Fatalf("decode under a cap too small for any tile: %v", err)
+	}
+	t.Logf("too small: %v", err)
+	st, err := small.Stats(workertest.Ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.OpCounts["conv3d"] != 0 {
+		t.Fatalf("%d convs ran before the budget error", st.OpCounts["conv3d"])
 	}
 }

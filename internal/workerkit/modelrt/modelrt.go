@@ -8,8 +8,10 @@ package modelrt
 import (
 	"context"
 	"errors"
+	"maps"
 	"math"
 	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -363,6 +365,11 @@ func (b *Base) Stats() *workerkit.Stats {
 			st.ConvTiers = append(st.ConvTiers, workerkit.ConvTierStats{Tier: ConvTier(t),
 				Attempts: uint64(ts.Attempts), Successes: uint64(ts.Successes), Failures: uint64(ts.Failures),
 				SkippedAsHung: uint64(ts.SkippedHung), Time: ts.Time})
+		}
+		for _, k := range slices.Sorted(maps.Keys(cs.Shapes)) {
+			sh := cs.Shapes[k]
+			st.ConvShapes = append(st.ConvShapes, workerkit.ConvShapeStats{ShapeKey: k, Tier: ConvTier(sh.Tier),
+				Calls: uint64(sh.Calls), First: sh.First, Time: sh.Time})
 		}
 	}
 	st.HostRSSBytes, _ = workerkit.HostRSS() // 0 when unreadable

@@ -28,9 +28,10 @@ func bindDownBlock(l *nn.Loader, prefix string, p blockPlan, groups int) *DownBl
 	return d
 }
 
-// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W'].
+// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W']. x (the pass's) is freed by the
+// first resnet as soon as it has read it.
 func (d *DownBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	h := d.Resnets[0].Forward(p, x)
+	h := d.Resnets[0].Consume(p, x)
 	for _, r := range d.Resnets[1:] {
 		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Forward(p, x) })
 	}
@@ -64,9 +65,10 @@ func bindUpBlock(l *nn.Loader, prefix string, p blockPlan, groups int) *UpBlock 
 	return u
 }
 
-// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W'].
+// Forward: x [B, Cin, T, H, W] → [B, Cout, T', H', W']. x (the pass's) is freed by the
+// first resnet as soon as it has read it.
 func (u *UpBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	h := u.Resnets[0].Forward(p, x)
+	h := u.Resnets[0].Consume(p, x)
 	for _, r := range u.Resnets[1:] {
 		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Forward(p, x) })
 	}
@@ -107,8 +109,8 @@ func (e *Encoder) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.Forward(p, x) })
 	}
 	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return e.MidBlock.Forward(p, x) })
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return e.ConvNormOut.Forward(p, x) })
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.SiLU(x)) }) // conv_act
+	// conv_norm_out and conv_act (SiLU) in one op
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return e.ConvNormOut.ForwardSiLU(p, x) })
 	return p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return e.ConvOut.Forward(p, x) })
 }
 
@@ -143,7 +145,7 @@ func (d *Decoder) Forward(p *nn.Pass, z *runtime.Tensor) *runtime.Tensor {
 	for _, u := range d.UpBlocks {
 		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return u.Forward(p, x) })
 	}
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.ConvNormOut.Forward(p, x) })
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.SiLU(x)) }) // conv_act
+	// conv_norm_out and conv_act (SiLU) in one op
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.ConvNormOut.ForwardSiLU(p, x) })
 	return p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return d.ConvOut.Forward(p, x) })
 }

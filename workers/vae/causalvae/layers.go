@@ -25,13 +25,19 @@ func bindCausalConv3d(l *nn.Loader, prefix string, cin, cout, k int, stride [3]i
 
 // Forward: x [B, Cin, T, H, W] → [B, Cout, (T−1)/sT+1, (H−1)/sH+1, (W−1)/sW+1] for k = 3.
 func (c *CausalConv3d) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	k := c.Conv.Kernel
-	pad := runtime.Pad3d{Before: [3]int{k[0] - 1, k[1] / 2, k[2] / 2}, After: [3]int{0, k[1] / 2, k[2] / 2}}
+	pad := c.padding(0)
 	if pad.Before == [3]int{} && pad.After == [3]int{} {
 		return c.Conv.Forward(p, x)
 	}
 	padded := p.Do(p.RT.Pad3d(x, runtime.PadReplicate, pad))
 	return p.Then(padded, func(x *runtime.Tensor) *runtime.Tensor { return c.Conv.Forward(p, x) })
+}
+
+// padding is the conv's replicate padding when the input's first `extra` frames already are
+// copies of frame `extra` (they serve as part of the causal padding): kT−1−extra frames before.
+func (c *CausalConv3d) padding(extra int) runtime.Pad3d {
+	k := c.Conv.Kernel
+	return runtime.Pad3d{Before: [3]int{k[0] - 1 - extra, k[1] / 2, k[2] / 2}, After: [3]int{0, k[1] / 2, k[2] / 2}}
 }
 
 // ---- blocks --------------------------------------------------------------------------------
@@ -45,6 +51,74 @@ type ResnetBlock struct {
 	Norm2        nn.GroupNorm  // norm2 [Cout]
 	Conv2        CausalConv3d  // conv2 [Cout, Cout, 3, 3, 3]
 	ConvShortcut *CausalConv3d // conv_shortcut [Cout, Cin, 1, 1, 1] when Cin ≠ Cout
+
+	// halves, when set (a block that narrows its channels: split), runs norm1 and conv1 over
+	// the two halves of the input channels and adds the two convs: the wide activation and its
+	// padded copy are then held half at a time (the decoder's 256 → 128 resnet at full
+	// resolution was its peak). Same sums, in another order.
+	halves *[2]resnetHalf
+}
+
+// resnetHalf is norm1 and conv1 restricted to one half of the input channels (contiguous
+// copies of the weights made at load; a half holds whole groups).
+type resnetHalf struct {
+	norm nn.GroupNorm // norm1's weight and bias [Cin/2], groups/2 groups
+	conv CausalConv3d // conv1's weight [Cout, Cin/2, 3, 3, 3]; bias on the second half only
+}
+
+// canSplit reports whether the block narrows its channels and its input halves hold whole
+// groups.
+func (r *ResnetBlock) canSplit() bool {
+	w := r.Conv1.Conv.Weight
+	if w == nil || r.ConvShortcut == nil || r.Norm1.Groups%2 != 0 {
+		return false
+	}
+	cin, cout := w.Dim(1), w.Dim(0)
+	return cin > cout && cin%2 == 0
+}
+
+// split makes the halves' weights (contiguous slices); the caller frees them with the model.
+func (r *ResnetBlock) split(rt *runtime.Runtime) ([]*runtime.Tensor, error) {
+	if !r.canSplit() {
+		return nil, nil
+	}
+	cin := r.Conv1.Conv.Weight.Dim(1)
+	var made []*runtime.Tensor
+	slice := func(t *runtime.Tensor, dim, a, b int) (*runtime.Tensor, error) {
+		if t == nil {
+			return nil, nil
+		}
+		out, err := hostSlice(rt, t, dim, a, b)
+		if err == nil {
+			made = append(made, out)
+		}
+		return out, err
+	}
+	var hs [2]resnetHalf
+	for i := range 2 {
+		a, b := i*cin/2, (i+1)*cin/2
+		nw, err := slice(r.Norm1.Weight, 0, a, b)
+		if err != nil {
+			return made, err
+		}
+		nb, err := slice(r.Norm1.Bias, 0, a, b)
+		if err != nil {
+			return made, err
+		}
+		cw, err := slice(r.Conv1.Conv.Weight, 1, a, b)
+		if err != nil {
+			return made, err
+		}
+		conv := r.Conv1.Conv
+		conv.Weight = cw
+		if i == 0 {
+			conv.Bias = nil
+		}
+		hs[i] = resnetHalf{norm: nn.GroupNorm{Weight: nw, Bias: nb, Groups: r.Norm1.Groups / 2, Eps: r.Norm1.Eps},
+			conv: CausalConv3d{Conv: conv}}
+	}
+	r.halves = &hs
+	return made, nil
 }
 
 func bindResnet(l *nn.Loader, prefix string, cin, cout, groups int) *ResnetBlock {
@@ -61,25 +135,89 @@ func bindResnet(l *nn.Loader, prefix string, cin, cout, groups int) *ResnetBlock
 	return r
 }
 
-// Forward: x [B, Cin, T, H, W] → [B, Cout, T, H, W].
+// Forward: x [B, Cin, T, H, W] → [B, Cout, T, H, W]; x stays the caller's.
 func (r *ResnetBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	return r.forward(p, x, false)
+}
+
+// Consume is Forward that frees x (the pass's) as soon as the block no longer reads it: with a
+// channel-changing shortcut, right after the shortcut and norm1 (the shortcut runs first), so
+// the wide input is not held through conv1 (the decoder's peak).
+func (r *ResnetBlock) Consume(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
+	out := r.forward(p, x, true)
+	p.Drop(x)
+	return out
+}
+
+func (r *ResnetBlock) forward(p *nn.Pass, x *runtime.Tensor, consume bool) *runtime.Tensor {
 	if !p.Check() {
 		return nil
 	}
-	silu := func(x *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.SiLU(x)) }
-	h := r.Norm1.Forward(p, x)
-	h = p.Then(h, silu)
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Conv1.Forward(p, x) })
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Norm2.Forward(p, x) })
-	h = p.Then(h, silu)
-	// dropout is the identity at inference
-	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Conv2.Forward(p, x) })
 	residual := x
 	if r.ConvShortcut != nil {
 		residual = r.ConvShortcut.Forward(p, x)
 		defer p.Drop(residual)
 	}
+	var h *runtime.Tensor
+	if r.halves != nil {
+		h = r.halvesConv1(p, x, consume)
+	} else {
+		h = r.Norm1.ForwardSiLU(p, x) // norm1 and nonlinearity in one op
+		if consume && residual != x {
+			p.Drop(x)
+		}
+		h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Conv1.Forward(p, x) })
+	}
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Norm2.ForwardSiLU(p, x) })
+	// dropout is the identity at inference
+	h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return r.Conv2.Forward(p, x) })
 	return p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Add(h, residual)) })
+}
+
+// hostSlice returns a contiguous copy of t[..., a:b, ...] along dim, made through host memory
+// (a download and an upload, not a runtime op: Load runs no ops).
+func hostSlice(rt *runtime.Runtime, t *runtime.Tensor, dim, a, b int) (*runtime.Tensor, error) {
+	raw, err := t.Bytes()
+	if err != nil {
+		return nil, err
+	}
+	shape := t.Shape()
+	es := t.DType().Size()
+	outer, inner := 1, es
+	for _, d := range shape[:dim] {
+		outer *= d
+	}
+	for _, d := range shape[dim+1:] {
+		inner *= d
+	}
+	n := shape[dim]
+	out := make([]byte, 0, outer*(b-a)*inner)
+	for o := range outer {
+		out = append(out, raw[(o*n+a)*inner:(o*n+b)*inner]...)
+	}
+	shape[dim] = b - a
+	return rt.FromBytes(t.DType(), t.DType(), out, shape...)
+}
+
+// halvesConv1 is conv1(SiLU(norm1(x))) over the two halves of x's channels, summed (x is
+// freed once sliced when consume).
+func (r *ResnetBlock) halvesConv1(p *nn.Pass, x *runtime.Tensor, consume bool) *runtime.Tensor {
+	c := x.Dim(1)
+	parts := [2]*runtime.Tensor{p.Do(p.RT.Slice(x, 1, 0, c/2)), p.Do(p.RT.Slice(x, 1, c/2, c))}
+	if consume {
+		p.Drop(x)
+	}
+	var outs [2]*runtime.Tensor
+	for i, hf := range r.halves {
+		h := p.Then(parts[i], func(x *runtime.Tensor) *runtime.Tensor { return hf.norm.ForwardSiLU(p, x) })
+		outs[i] = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return hf.conv.Forward(p, x) })
+	}
+	if !p.OK() {
+		return nil
+	}
+	sum := p.Do(p.RT.Add(outs[0], outs[1]))
+	p.Drop(outs[0], outs[1])
+	return sum
 }
 
 // Attention is the mid block's diffusers Attention (_from_deprecated_attn_block: one head of
@@ -174,9 +312,10 @@ func bindMidBlock(l *nn.Loader, prefix string, c, groups int, attention bool) *M
 	return m
 }
 
-// Forward: x [B, C, T, H, W] → same.
+// Forward: x [B, C, T, H, W] → same. x (the pass's) is freed after the first resnet, which is
+// its last reader.
 func (m *MidBlock) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	h := m.Resnets[0].Forward(p, x)
+	h := m.Resnets[0].Consume(p, x)
 	for i, attn := range m.Attentions {
 		if attn != nil {
 			h = p.Then(h, func(x *runtime.Tensor) *runtime.Tensor { return attn.Forward(p, x) })
@@ -205,11 +344,17 @@ type UpsampleCausal3D struct {
 
 // Forward: x [B, C, T, H, W] → [B, C, 1 + sT·(T−1), sH·H, sW·W].
 func (u *UpsampleCausal3D) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	up := p.Do(p.RT.UpsampleNearest3d(x, u.Factor))
-	if st := u.Factor[0]; st > 1 && p.OK() {
-		// Repeating every frame sT times and dropping the first sT−1 copies leaves frame 0
-		// once and every other frame sT times: cat(first_frame, interpolate(other_frames)).
-		up = p.Then(up, func(up *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Slice(up, 2, st-1, up.Dim(2))) })
+	// Repeating every frame sT times and dropping the first sT−1 copies leaves frame 0 once and
+	// every other frame sT times: cat(first_frame, interpolate(other_frames)). The dropped
+	// copies of frame 0 are what the conv's causal padding would put back (replicates of frame
+	// 0), so they stay and serve as part of it, and the upsampling and the padding are one op:
+	// neither the upsampled nor a sliced copy is made.
+	extra := u.Factor[0] - 1
+	if extra <= u.Conv.Conv.Kernel[0]-1 {
+		padded := p.Do(p.RT.UpsamplePad(x, u.Factor, u.Conv.padding(extra)))
+		return p.Then(padded, func(x *runtime.Tensor) *runtime.Tensor { return u.Conv.Conv.Forward(p, x) })
 	}
+	up := p.Do(p.RT.UpsampleNearest3d(x, u.Factor))
+	up = p.Then(up, func(up *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Slice(up, 2, extra, up.Dim(2))) })
 	return p.Then(up, func(x *runtime.Tensor) *runtime.Tensor { return u.Conv.Forward(p, x) })
 }

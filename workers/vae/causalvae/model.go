@@ -47,8 +47,9 @@ type Model struct {
 	Info          LoadInfo
 
 	nn.Weights
-	rt  *runtime.Runtime
-	act runtime.DType // activation dtype
+	halves []*runtime.Tensor // the split resnets' half weights (ResnetBlock.split)
+	rt     *runtime.Runtime
+	act    runtime.DType // the dtype of the tensors bound by Tensor (norms, biases) and of the activations
 }
 
 // Load reads dir/config.json and the checkpoint in dir (diffusion_pytorch_model.safetensors or
@@ -94,6 +95,17 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, ck Checkpoint, opts Options) (*Mo
 	}
 	m.Weights = ws
 	m.Info.WeightBytes, m.Info.Unexpected = rep.Bytes, rep.Unexpected
+	for _, r := range m.resnets() {
+		made, err := r.split(rt)
+		m.halves = append(m.halves, made...)
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("load vae: split %w", err)
+		}
+	}
+	for _, t := range m.halves {
+		m.Info.WeightBytes += int64(t.NumBytes())
+	}
 	return m, nil
 }
 
@@ -109,8 +121,38 @@ func (m *Model) bind(l *nn.Loader) {
 // Runtime returns the runtime holding the weights.
 func (m *Model) Runtime() *runtime.Runtime { return m.rt }
 
+// Footprint returns what the memory estimate needs to know of how m runs: its activation and
+// conv weight element sizes, with the backend's scratch s.
+func (m *Model) Footprint(s Scratch) FootprintOptions {
+	o := FootprintOptions{ActivationBytes: m.act.Size(), WeightBytes: m.act.Size(), Scratch: s}
+	if w := m.Decoder.ConvOut.Conv.Weight; w != nil {
+		o.WeightBytes = w.DType().Size()
+	}
+	return o
+}
+
+// resnets lists every resnet block of the model.
+func (m *Model) resnets() []*ResnetBlock {
+	var out []*ResnetBlock
+	for _, b := range m.Encoder.DownBlocks {
+		out = append(out, b.Resnets...)
+	}
+	out = append(out, m.Encoder.MidBlock.Resnets...)
+	out = append(out, m.Decoder.MidBlock.Resnets...)
+	for _, b := range m.Decoder.UpBlocks {
+		out = append(out, b.Resnets...)
+	}
+	return out
+}
+
 // Close frees the weights.
-func (m *Model) Close() { m.Free() }
+func (m *Model) Close() {
+	for _, t := range m.halves {
+		t.Free()
+	}
+	m.halves = nil
+	m.Free()
+}
 
 // encodeTile runs encoder and quant_conv on one tile: x [B, in, T, H, W] → moments
 // [B, 2·latent, T', H', W'], on the host.

@@ -367,6 +367,90 @@ func (x *ConvTierStats) GetTimeNs() uint64 {
 	return 0
 }
 
+// ConvShapeStats is what the fallback chain did for one convolution shape.
+type ConvShapeStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// shape_key is the runtime's key of the shape (see ConvTierOverride).
+	ShapeKey string `protobuf:"bytes,1,opt,name=shape_key,json=shapeKey,proto3" json:"shape_key,omitempty"`
+	// tier is the tier that last served the shape.
+	Tier ConvTier `protobuf:"varint,2,opt,name=tier,proto3,enum=framepack.worker.v1.ConvTier" json:"tier,omitempty"`
+	// calls is how many convolutions of this shape were served.
+	Calls uint64 `protobuf:"varint,3,opt,name=calls,proto3" json:"calls,omitempty"`
+	// first_ns is the first run of the serving tier for the shape, synchronised,
+	// in nanoseconds: for CONV_TIER_VENDOR_TUNED it holds the vendor's Find.
+	FirstNs uint64 `protobuf:"varint,4,opt,name=first_ns,json=firstNs,proto3" json:"first_ns,omitempty"`
+	// time_ns is the time in the serving tier over all calls, in nanoseconds
+	// (later calls on a GPU: the time to queue them).
+	TimeNs        uint64 `protobuf:"varint,5,opt,name=time_ns,json=timeNs,proto3" json:"time_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConvShapeStats) Reset() {
+	*x = ConvShapeStats{}
+	mi := &file_framepack_worker_v1_conv_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConvShapeStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConvShapeStats) ProtoMessage() {}
+
+func (x *ConvShapeStats) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_conv_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConvShapeStats.ProtoReflect.Descriptor instead.
+func (*ConvShapeStats) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_conv_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ConvShapeStats) GetShapeKey() string {
+	if x != nil {
+		return x.ShapeKey
+	}
+	return ""
+}
+
+func (x *ConvShapeStats) GetTier() ConvTier {
+	if x != nil {
+		return x.Tier
+	}
+	return ConvTier_CONV_TIER_UNSPECIFIED
+}
+
+func (x *ConvShapeStats) GetCalls() uint64 {
+	if x != nil {
+		return x.Calls
+	}
+	return 0
+}
+
+func (x *ConvShapeStats) GetFirstNs() uint64 {
+	if x != nil {
+		return x.FirstNs
+	}
+	return 0
+}
+
+func (x *ConvShapeStats) GetTimeNs() uint64 {
+	if x != nil {
+		return x.TimeNs
+	}
+	return 0
+}
+
 var File_framepack_worker_v1_conv_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_conv_proto_rawDesc = "" +
@@ -387,7 +471,13 @@ const file_framepack_worker_v1_conv_proto_rawDesc = "" +
 	"\tsuccesses\x18\x03 \x01(\x04R\tsuccesses\x12\x1a\n" +
 	"\bfailures\x18\x04 \x01(\x04R\bfailures\x12&\n" +
 	"\x0fskipped_as_hung\x18\x05 \x01(\x04R\rskippedAsHung\x12\x17\n" +
-	"\atime_ns\x18\x06 \x01(\x04R\x06timeNs*\x8c\x01\n" +
+	"\atime_ns\x18\x06 \x01(\x04R\x06timeNs\"\xaa\x01\n" +
+	"\x0eConvShapeStats\x12\x1b\n" +
+	"\tshape_key\x18\x01 \x01(\tR\bshapeKey\x121\n" +
+	"\x04tier\x18\x02 \x01(\x0e2\x1d.framepack.worker.v1.ConvTierR\x04tier\x12\x14\n" +
+	"\x05calls\x18\x03 \x01(\x04R\x05calls\x12\x19\n" +
+	"\bfirst_ns\x18\x04 \x01(\x04R\afirstNs\x12\x17\n" +
+	"\atime_ns\x18\x05 \x01(\x04R\x06timeNs*\x8c\x01\n" +
 	"\bConvTier\x12\x19\n" +
 	"\x15CONV_TIER_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16CONV_TIER_VENDOR_TUNED\x10\x01\x12\x1c\n" +
@@ -415,24 +505,26 @@ func file_framepack_worker_v1_conv_proto_rawDescGZIP() []byte {
 }
 
 var file_framepack_worker_v1_conv_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_framepack_worker_v1_conv_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_framepack_worker_v1_conv_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_framepack_worker_v1_conv_proto_goTypes = []any{
 	(ConvTier)(0),            // 0: framepack.worker.v1.ConvTier
 	(ConvOutcome)(0),         // 1: framepack.worker.v1.ConvOutcome
 	(*ConvPolicy)(nil),       // 2: framepack.worker.v1.ConvPolicy
 	(*ConvTierOverride)(nil), // 3: framepack.worker.v1.ConvTierOverride
 	(*ConvTierStats)(nil),    // 4: framepack.worker.v1.ConvTierStats
+	(*ConvShapeStats)(nil),   // 5: framepack.worker.v1.ConvShapeStats
 }
 var file_framepack_worker_v1_conv_proto_depIdxs = []int32{
 	3, // 0: framepack.worker.v1.ConvPolicy.tier_overrides:type_name -> framepack.worker.v1.ConvTierOverride
 	0, // 1: framepack.worker.v1.ConvPolicy.forced_tier:type_name -> framepack.worker.v1.ConvTier
 	0, // 2: framepack.worker.v1.ConvTierOverride.tier:type_name -> framepack.worker.v1.ConvTier
 	0, // 3: framepack.worker.v1.ConvTierStats.tier:type_name -> framepack.worker.v1.ConvTier
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	0, // 4: framepack.worker.v1.ConvShapeStats.tier:type_name -> framepack.worker.v1.ConvTier
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_conv_proto_init() }
@@ -446,7 +538,7 @@ func file_framepack_worker_v1_conv_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_worker_v1_conv_proto_rawDesc), len(file_framepack_worker_v1_conv_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

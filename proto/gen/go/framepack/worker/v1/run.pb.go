@@ -764,8 +764,8 @@ type VaeEncodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// pixels is the input [B, 3, T, H, W] in [-1, 1]. REQUIRED.
 	Pixels *TensorRef `protobuf:"bytes,1,opt,name=pixels,proto3" json:"pixels,omitempty"`
-	// tiling sets tile sizes; unset means diffusers' defaults (framewise
-	// chunking on, spatial tiling off).
+	// tiling forces tile sizes; unset means the worker chooses them from its
+	// memory cap (see VaeTilingUsed).
 	Tiling *VaeTiling `protobuf:"bytes,2,opt,name=tiling,proto3" json:"tiling,omitempty"`
 	// latents receives the posterior mean, unscaled,
 	// [B, 16, (T+3)/4, H/8, W/8]. REQUIRED.
@@ -845,8 +845,8 @@ type VaeDecodeRequest struct {
 	// transformer's latents / LoadResponse.vae.scaling_factor, as FramePack's
 	// vae_decode divides them). REQUIRED.
 	Latents *TensorRef `protobuf:"bytes,1,opt,name=latents,proto3" json:"latents,omitempty"`
-	// tiling sets tile sizes; unset means diffusers' defaults (framewise
-	// chunking on, spatial tiling off).
+	// tiling forces tile sizes; unset means the worker chooses them from its
+	// memory cap (see VaeTilingUsed).
 	Tiling *VaeTiling `protobuf:"bytes,2,opt,name=tiling,proto3" json:"tiling,omitempty"`
 	// pixels receives [B, 3, 4T-3, 8H, 8W] in [-1, 1]. REQUIRED.
 	Pixels        *TensorRef `protobuf:"bytes,3,opt,name=pixels,proto3" json:"pixels,omitempty"`
@@ -1886,8 +1886,10 @@ type Result struct {
 	// generator_state is the generator's state after sampling, for the next
 	// section's TransformerSectionRequest. Transformer sections only.
 	GeneratorState []byte `protobuf:"bytes,3,opt,name=generator_state,json=generatorState,proto3" json:"generator_state,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// vae_tiling is the tiling a VAE stage ran with. VAE stages only.
+	VaeTiling     *VaeTilingUsed `protobuf:"bytes,4,opt,name=vae_tiling,json=vaeTiling,proto3" json:"vae_tiling,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
@@ -1941,6 +1943,102 @@ func (x *Result) GetGeneratorState() []byte {
 	return nil
 }
 
+func (x *Result) GetVaeTiling() *VaeTilingUsed {
+	if x != nil {
+		return x.VaeTiling
+	}
+	return nil
+}
+
+// VaeTilingUsed is the tiling a VAE stage ran with. With the request's
+// tiling unset the worker chooses it: diffusers' framewise chunking, alone
+// when its estimated peak fits what the memory cap leaves beside the weights,
+// else with the spatial tiles (512 down to 32 px, stride 3/4 of the tile)
+// that fit with the least work; a cap too small for 32 px tiles fails the
+// stage with ERROR_CODE_INVALID_ARGUMENT before any work.
+type VaeTilingUsed struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tiling is the tiling run, every size filled in.
+	Tiling *VaeTiling `protobuf:"bytes,1,opt,name=tiling,proto3" json:"tiling,omitempty"`
+	// chosen is true when the worker chose it (the request left tiling unset).
+	Chosen bool `protobuf:"varint,2,opt,name=chosen,proto3" json:"chosen,omitempty"`
+	// peak_estimate_bytes is the estimated peak of one tile's activations and
+	// scratch (above the weights).
+	PeakEstimateBytes uint64 `protobuf:"varint,3,opt,name=peak_estimate_bytes,json=peakEstimateBytes,proto3" json:"peak_estimate_bytes,omitempty"`
+	// budget_bytes is what the memory cap left beside the weights when the
+	// stage started; 0 when there is no cap.
+	BudgetBytes uint64 `protobuf:"varint,4,opt,name=budget_bytes,json=budgetBytes,proto3" json:"budget_bytes,omitempty"`
+	// runs is the number of model runs (tiles) per batch sample.
+	Runs          uint32 `protobuf:"varint,5,opt,name=runs,proto3" json:"runs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VaeTilingUsed) Reset() {
+	*x = VaeTilingUsed{}
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VaeTilingUsed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VaeTilingUsed) ProtoMessage() {}
+
+func (x *VaeTilingUsed) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VaeTilingUsed.ProtoReflect.Descriptor instead.
+func (*VaeTilingUsed) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *VaeTilingUsed) GetTiling() *VaeTiling {
+	if x != nil {
+		return x.Tiling
+	}
+	return nil
+}
+
+func (x *VaeTilingUsed) GetChosen() bool {
+	if x != nil {
+		return x.Chosen
+	}
+	return false
+}
+
+func (x *VaeTilingUsed) GetPeakEstimateBytes() uint64 {
+	if x != nil {
+		return x.PeakEstimateBytes
+	}
+	return 0
+}
+
+func (x *VaeTilingUsed) GetBudgetBytes() uint64 {
+	if x != nil {
+		return x.BudgetBytes
+	}
+	return 0
+}
+
+func (x *VaeTilingUsed) GetRuns() uint32 {
+	if x != nil {
+		return x.Runs
+	}
+	return 0
+}
+
 // Error ends a failed stage. It is also attached as a detail to the gRPC
 // status of a failed Load or Probe.
 type Error struct {
@@ -1961,7 +2059,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[15]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2071,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[15]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2084,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{15}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Error) GetCode() ErrorCode {
@@ -2168,11 +2266,19 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\x06fields\x18\x03 \x03(\v2(.framepack.worker.v1.LogLine.FieldsEntryR\x06fields\x1a9\n" +
 	"\vFieldsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa5\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe8\x01\n" +
 	"\x06Result\x128\n" +
 	"\aoutputs\x18\x01 \x03(\v2\x1e.framepack.worker.v1.TensorRefR\aoutputs\x128\n" +
 	"\x05stats\x18\x02 \x01(\v2\".framepack.worker.v1.StatsResponseR\x05stats\x12'\n" +
-	"\x0fgenerator_state\x18\x03 \x01(\fR\x0egeneratorState\"\xa7\x01\n" +
+	"\x0fgenerator_state\x18\x03 \x01(\fR\x0egeneratorState\x12A\n" +
+	"\n" +
+	"vae_tiling\x18\x04 \x01(\v2\".framepack.worker.v1.VaeTilingUsedR\tvaeTiling\"\xc6\x01\n" +
+	"\rVaeTilingUsed\x126\n" +
+	"\x06tiling\x18\x01 \x01(\v2\x1e.framepack.worker.v1.VaeTilingR\x06tiling\x12\x16\n" +
+	"\x06chosen\x18\x02 \x01(\bR\x06chosen\x12.\n" +
+	"\x13peak_estimate_bytes\x18\x03 \x01(\x04R\x11peakEstimateBytes\x12!\n" +
+	"\fbudget_bytes\x18\x04 \x01(\x04R\vbudgetBytes\x12\x12\n" +
+	"\x04runs\x18\x05 \x01(\rR\x04runs\"\xa7\x01\n" +
 	"\x05Error\x122\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1e.framepack.worker.v1.ErrorCodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12'\n" +
@@ -2210,7 +2316,7 @@ func file_framepack_worker_v1_run_proto_rawDescGZIP() []byte {
 }
 
 var file_framepack_worker_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_framepack_worker_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_framepack_worker_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_framepack_worker_v1_run_proto_goTypes = []any{
 	(SamplerVariant)(0),               // 0: framepack.worker.v1.SamplerVariant
 	(LogLevel)(0),                     // 1: framepack.worker.v1.LogLevel
@@ -2230,13 +2336,14 @@ var file_framepack_worker_v1_run_proto_goTypes = []any{
 	(*ConvFallback)(nil),              // 15: framepack.worker.v1.ConvFallback
 	(*LogLine)(nil),                   // 16: framepack.worker.v1.LogLine
 	(*Result)(nil),                    // 17: framepack.worker.v1.Result
-	(*Error)(nil),                     // 18: framepack.worker.v1.Error
-	nil,                               // 19: framepack.worker.v1.LogLine.FieldsEntry
-	(*TensorRef)(nil),                 // 20: framepack.worker.v1.TensorRef
-	(*durationpb.Duration)(nil),       // 21: google.protobuf.Duration
-	(ConvTier)(0),                     // 22: framepack.worker.v1.ConvTier
-	(ConvOutcome)(0),                  // 23: framepack.worker.v1.ConvOutcome
-	(*StatsResponse)(nil),             // 24: framepack.worker.v1.StatsResponse
+	(*VaeTilingUsed)(nil),             // 18: framepack.worker.v1.VaeTilingUsed
+	(*Error)(nil),                     // 19: framepack.worker.v1.Error
+	nil,                               // 20: framepack.worker.v1.LogLine.FieldsEntry
+	(*TensorRef)(nil),                 // 21: framepack.worker.v1.TensorRef
+	(*durationpb.Duration)(nil),       // 22: google.protobuf.Duration
+	(ConvTier)(0),                     // 23: framepack.worker.v1.ConvTier
+	(ConvOutcome)(0),                  // 24: framepack.worker.v1.ConvOutcome
+	(*StatsResponse)(nil),             // 25: framepack.worker.v1.StatsResponse
 }
 var file_framepack_worker_v1_run_proto_depIdxs = []int32{
 	4,  // 0: framepack.worker.v1.RunRequest.text_encode:type_name -> framepack.worker.v1.TextEncodeRequest
@@ -2245,70 +2352,72 @@ var file_framepack_worker_v1_run_proto_depIdxs = []int32{
 	9,  // 3: framepack.worker.v1.RunRequest.image_encode:type_name -> framepack.worker.v1.ImageEncodeRequest
 	10, // 4: framepack.worker.v1.RunRequest.transformer_section:type_name -> framepack.worker.v1.TransformerSectionRequest
 	11, // 5: framepack.worker.v1.RunRequest.transformer_forward:type_name -> framepack.worker.v1.TransformerForwardRequest
-	20, // 6: framepack.worker.v1.TextEncodeRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	20, // 7: framepack.worker.v1.TextEncodeRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	20, // 8: framepack.worker.v1.TextEncodeRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	20, // 9: framepack.worker.v1.TextEncodeRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
-	20, // 10: framepack.worker.v1.TextEncodeRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
-	20, // 11: framepack.worker.v1.TextEncodeRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
-	20, // 12: framepack.worker.v1.TextEncodeRequest.llama_ids:type_name -> framepack.worker.v1.TensorRef
-	20, // 13: framepack.worker.v1.TextEncodeRequest.llama_attention_mask:type_name -> framepack.worker.v1.TensorRef
-	20, // 14: framepack.worker.v1.TextEncodeRequest.clip_ids:type_name -> framepack.worker.v1.TensorRef
+	21, // 6: framepack.worker.v1.TextEncodeRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	21, // 7: framepack.worker.v1.TextEncodeRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	21, // 8: framepack.worker.v1.TextEncodeRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	21, // 9: framepack.worker.v1.TextEncodeRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
+	21, // 10: framepack.worker.v1.TextEncodeRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
+	21, // 11: framepack.worker.v1.TextEncodeRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
+	21, // 12: framepack.worker.v1.TextEncodeRequest.llama_ids:type_name -> framepack.worker.v1.TensorRef
+	21, // 13: framepack.worker.v1.TextEncodeRequest.llama_attention_mask:type_name -> framepack.worker.v1.TensorRef
+	21, // 14: framepack.worker.v1.TextEncodeRequest.clip_ids:type_name -> framepack.worker.v1.TensorRef
 	5,  // 15: framepack.worker.v1.TextEncodeRequest.extra_prompts:type_name -> framepack.worker.v1.ExtraPrompt
-	20, // 16: framepack.worker.v1.ExtraPrompt.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	20, // 17: framepack.worker.v1.ExtraPrompt.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	20, // 18: framepack.worker.v1.ExtraPrompt.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	20, // 19: framepack.worker.v1.VaeEncodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
+	21, // 16: framepack.worker.v1.ExtraPrompt.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	21, // 17: framepack.worker.v1.ExtraPrompt.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	21, // 18: framepack.worker.v1.ExtraPrompt.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	21, // 19: framepack.worker.v1.VaeEncodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
 	6,  // 20: framepack.worker.v1.VaeEncodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
-	20, // 21: framepack.worker.v1.VaeEncodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
-	20, // 22: framepack.worker.v1.VaeEncodeRequest.logvar:type_name -> framepack.worker.v1.TensorRef
-	20, // 23: framepack.worker.v1.VaeDecodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	21, // 21: framepack.worker.v1.VaeEncodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	21, // 22: framepack.worker.v1.VaeEncodeRequest.logvar:type_name -> framepack.worker.v1.TensorRef
+	21, // 23: framepack.worker.v1.VaeDecodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
 	6,  // 24: framepack.worker.v1.VaeDecodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
-	20, // 25: framepack.worker.v1.VaeDecodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
-	20, // 26: framepack.worker.v1.ImageEncodeRequest.image:type_name -> framepack.worker.v1.TensorRef
-	20, // 27: framepack.worker.v1.ImageEncodeRequest.last_hidden_state:type_name -> framepack.worker.v1.TensorRef
-	20, // 28: framepack.worker.v1.TransformerSectionRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	20, // 29: framepack.worker.v1.TransformerSectionRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	20, // 30: framepack.worker.v1.TransformerSectionRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	20, // 31: framepack.worker.v1.TransformerSectionRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
-	20, // 32: framepack.worker.v1.TransformerSectionRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
-	20, // 33: framepack.worker.v1.TransformerSectionRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
-	20, // 34: framepack.worker.v1.TransformerSectionRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
-	20, // 35: framepack.worker.v1.TransformerSectionRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
-	20, // 36: framepack.worker.v1.TransformerSectionRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
-	20, // 37: framepack.worker.v1.TransformerSectionRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
+	21, // 25: framepack.worker.v1.VaeDecodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
+	21, // 26: framepack.worker.v1.ImageEncodeRequest.image:type_name -> framepack.worker.v1.TensorRef
+	21, // 27: framepack.worker.v1.ImageEncodeRequest.last_hidden_state:type_name -> framepack.worker.v1.TensorRef
+	21, // 28: framepack.worker.v1.TransformerSectionRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	21, // 29: framepack.worker.v1.TransformerSectionRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	21, // 30: framepack.worker.v1.TransformerSectionRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	21, // 31: framepack.worker.v1.TransformerSectionRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
+	21, // 32: framepack.worker.v1.TransformerSectionRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
+	21, // 33: framepack.worker.v1.TransformerSectionRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
+	21, // 34: framepack.worker.v1.TransformerSectionRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
+	21, // 35: framepack.worker.v1.TransformerSectionRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
+	21, // 36: framepack.worker.v1.TransformerSectionRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
+	21, // 37: framepack.worker.v1.TransformerSectionRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
 	0,  // 38: framepack.worker.v1.TransformerSectionRequest.sampler:type_name -> framepack.worker.v1.SamplerVariant
-	20, // 39: framepack.worker.v1.TransformerSectionRequest.latents:type_name -> framepack.worker.v1.TensorRef
-	20, // 40: framepack.worker.v1.TransformerSectionRequest.step_previews:type_name -> framepack.worker.v1.TensorRef
-	20, // 41: framepack.worker.v1.TransformerForwardRequest.hidden_states:type_name -> framepack.worker.v1.TensorRef
-	20, // 42: framepack.worker.v1.TransformerForwardRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	20, // 43: framepack.worker.v1.TransformerForwardRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	20, // 44: framepack.worker.v1.TransformerForwardRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	20, // 45: framepack.worker.v1.TransformerForwardRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
-	20, // 46: framepack.worker.v1.TransformerForwardRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
-	20, // 47: framepack.worker.v1.TransformerForwardRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
-	20, // 48: framepack.worker.v1.TransformerForwardRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
-	20, // 49: framepack.worker.v1.TransformerForwardRequest.velocity:type_name -> framepack.worker.v1.TensorRef
+	21, // 39: framepack.worker.v1.TransformerSectionRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	21, // 40: framepack.worker.v1.TransformerSectionRequest.step_previews:type_name -> framepack.worker.v1.TensorRef
+	21, // 41: framepack.worker.v1.TransformerForwardRequest.hidden_states:type_name -> framepack.worker.v1.TensorRef
+	21, // 42: framepack.worker.v1.TransformerForwardRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	21, // 43: framepack.worker.v1.TransformerForwardRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	21, // 44: framepack.worker.v1.TransformerForwardRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	21, // 45: framepack.worker.v1.TransformerForwardRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
+	21, // 46: framepack.worker.v1.TransformerForwardRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
+	21, // 47: framepack.worker.v1.TransformerForwardRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
+	21, // 48: framepack.worker.v1.TransformerForwardRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
+	21, // 49: framepack.worker.v1.TransformerForwardRequest.velocity:type_name -> framepack.worker.v1.TensorRef
 	13, // 50: framepack.worker.v1.RunEvent.progress:type_name -> framepack.worker.v1.Progress
 	14, // 51: framepack.worker.v1.RunEvent.step_preview:type_name -> framepack.worker.v1.StepPreview
 	15, // 52: framepack.worker.v1.RunEvent.conv_fallback:type_name -> framepack.worker.v1.ConvFallback
 	16, // 53: framepack.worker.v1.RunEvent.log:type_name -> framepack.worker.v1.LogLine
 	17, // 54: framepack.worker.v1.RunEvent.result:type_name -> framepack.worker.v1.Result
-	18, // 55: framepack.worker.v1.RunEvent.error:type_name -> framepack.worker.v1.Error
-	21, // 56: framepack.worker.v1.Progress.elapsed:type_name -> google.protobuf.Duration
-	20, // 57: framepack.worker.v1.StepPreview.denoised:type_name -> framepack.worker.v1.TensorRef
-	22, // 58: framepack.worker.v1.ConvFallback.tier:type_name -> framepack.worker.v1.ConvTier
-	23, // 59: framepack.worker.v1.ConvFallback.outcome:type_name -> framepack.worker.v1.ConvOutcome
+	19, // 55: framepack.worker.v1.RunEvent.error:type_name -> framepack.worker.v1.Error
+	22, // 56: framepack.worker.v1.Progress.elapsed:type_name -> google.protobuf.Duration
+	21, // 57: framepack.worker.v1.StepPreview.denoised:type_name -> framepack.worker.v1.TensorRef
+	23, // 58: framepack.worker.v1.ConvFallback.tier:type_name -> framepack.worker.v1.ConvTier
+	24, // 59: framepack.worker.v1.ConvFallback.outcome:type_name -> framepack.worker.v1.ConvOutcome
 	1,  // 60: framepack.worker.v1.LogLine.level:type_name -> framepack.worker.v1.LogLevel
-	19, // 61: framepack.worker.v1.LogLine.fields:type_name -> framepack.worker.v1.LogLine.FieldsEntry
-	20, // 62: framepack.worker.v1.Result.outputs:type_name -> framepack.worker.v1.TensorRef
-	24, // 63: framepack.worker.v1.Result.stats:type_name -> framepack.worker.v1.StatsResponse
-	2,  // 64: framepack.worker.v1.Error.code:type_name -> framepack.worker.v1.ErrorCode
-	65, // [65:65] is the sub-list for method output_type
-	65, // [65:65] is the sub-list for method input_type
-	65, // [65:65] is the sub-list for extension type_name
-	65, // [65:65] is the sub-list for extension extendee
-	0,  // [0:65] is the sub-list for field type_name
+	20, // 61: framepack.worker.v1.LogLine.fields:type_name -> framepack.worker.v1.LogLine.FieldsEntry
+	21, // 62: framepack.worker.v1.Result.outputs:type_name -> framepack.worker.v1.TensorRef
+	25, // 63: framepack.worker.v1.Result.stats:type_name -> framepack.worker.v1.StatsResponse
+	18, // 64: framepack.worker.v1.Result.vae_tiling:type_name -> framepack.worker.v1.VaeTilingUsed
+	6,  // 65: framepack.worker.v1.VaeTilingUsed.tiling:type_name -> framepack.worker.v1.VaeTiling
+	2,  // 66: framepack.worker.v1.Error.code:type_name -> framepack.worker.v1.ErrorCode
+	67, // [67:67] is the sub-list for method output_type
+	67, // [67:67] is the sub-list for method input_type
+	67, // [67:67] is the sub-list for extension type_name
+	67, // [67:67] is the sub-list for extension extendee
+	0,  // [0:67] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_run_proto_init() }
@@ -2342,7 +2451,7 @@ func file_framepack_worker_v1_run_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_worker_v1_run_proto_rawDesc), len(file_framepack_worker_v1_run_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   17,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

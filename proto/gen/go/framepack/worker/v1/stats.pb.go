@@ -75,7 +75,10 @@ type StatsResponse struct {
 	// timings are the stage timings.
 	Timings *StageTimings `protobuf:"bytes,6,opt,name=timings,proto3" json:"timings,omitempty"`
 	// op_counts counts runtime ops by name ("gemm", "conv3d", "attention", ...).
-	OpCounts      map[string]uint64 `protobuf:"bytes,7,rep,name=op_counts,json=opCounts,proto3" json:"op_counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	OpCounts map[string]uint64 `protobuf:"bytes,7,rep,name=op_counts,json=opCounts,proto3" json:"op_counts,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// conv_shapes has one entry per convolution shape served: which tier
+	// served it and how long its first run (a vendor Find) took.
+	ConvShapes    []*ConvShapeStats `protobuf:"bytes,8,rep,name=conv_shapes,json=convShapes,proto3" json:"conv_shapes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -159,6 +162,13 @@ func (x *StatsResponse) GetOpCounts() map[string]uint64 {
 	return nil
 }
 
+func (x *StatsResponse) GetConvShapes() []*ConvShapeStats {
+	if x != nil {
+		return x.ConvShapes
+	}
+	return nil
+}
+
 // StageTimings splits a worker's time between loading and computing.
 type StageTimings struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -219,7 +229,7 @@ var File_framepack_worker_v1_stats_proto protoreflect.FileDescriptor
 const file_framepack_worker_v1_stats_proto_rawDesc = "" +
 	"\n" +
 	"\x1fframepack/worker/v1/stats.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1egoogle/protobuf/duration.proto\"\x0e\n" +
-	"\fStatsRequest\"\xd5\x03\n" +
+	"\fStatsRequest\"\x9b\x04\n" +
 	"\rStatsResponse\x126\n" +
 	"\x17allocator_current_bytes\x18\x01 \x01(\x04R\x15allocatorCurrentBytes\x120\n" +
 	"\x14allocator_peak_bytes\x18\x02 \x01(\x04R\x12allocatorPeakBytes\x12(\n" +
@@ -228,7 +238,9 @@ const file_framepack_worker_v1_stats_proto_rawDesc = "" +
 	"\n" +
 	"conv_tiers\x18\x05 \x03(\v2\".framepack.worker.v1.ConvTierStatsR\tconvTiers\x12;\n" +
 	"\atimings\x18\x06 \x01(\v2!.framepack.worker.v1.StageTimingsR\atimings\x12M\n" +
-	"\top_counts\x18\a \x03(\v20.framepack.worker.v1.StatsResponse.OpCountsEntryR\bopCounts\x1a;\n" +
+	"\top_counts\x18\a \x03(\v20.framepack.worker.v1.StatsResponse.OpCountsEntryR\bopCounts\x12D\n" +
+	"\vconv_shapes\x18\b \x03(\v2#.framepack.worker.v1.ConvShapeStatsR\n" +
+	"convShapes\x1a;\n" +
 	"\rOpCountsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"r\n" +
@@ -257,19 +269,21 @@ var file_framepack_worker_v1_stats_proto_goTypes = []any{
 	(*StageTimings)(nil),        // 2: framepack.worker.v1.StageTimings
 	nil,                         // 3: framepack.worker.v1.StatsResponse.OpCountsEntry
 	(*ConvTierStats)(nil),       // 4: framepack.worker.v1.ConvTierStats
-	(*durationpb.Duration)(nil), // 5: google.protobuf.Duration
+	(*ConvShapeStats)(nil),      // 5: framepack.worker.v1.ConvShapeStats
+	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
 }
 var file_framepack_worker_v1_stats_proto_depIdxs = []int32{
 	4, // 0: framepack.worker.v1.StatsResponse.conv_tiers:type_name -> framepack.worker.v1.ConvTierStats
 	2, // 1: framepack.worker.v1.StatsResponse.timings:type_name -> framepack.worker.v1.StageTimings
 	3, // 2: framepack.worker.v1.StatsResponse.op_counts:type_name -> framepack.worker.v1.StatsResponse.OpCountsEntry
-	5, // 3: framepack.worker.v1.StageTimings.load:type_name -> google.protobuf.Duration
-	5, // 4: framepack.worker.v1.StageTimings.compute:type_name -> google.protobuf.Duration
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	5, // 3: framepack.worker.v1.StatsResponse.conv_shapes:type_name -> framepack.worker.v1.ConvShapeStats
+	6, // 4: framepack.worker.v1.StageTimings.load:type_name -> google.protobuf.Duration
+	6, // 5: framepack.worker.v1.StageTimings.compute:type_name -> google.protobuf.Duration
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_stats_proto_init() }

@@ -1,0 +1,1 @@
+../../native/cpu/fpk_cpu_norm.c
