@@ -542,7 +542,7 @@ func (c *convChain) attempt(key string, t Tier, fault ConvFault, faulted bool, c
 		c.count(func(s *ConvStats) { s.Tiers[t].FirstSyncs++ })
 		return call("conv3d", func() C.fpk_status { return C.fpk_stream_synchronize(rt.stream) })
 	}
-	return rt.observe("conv3d", key, t, uint64(out.NumBytes()), func() error {
+	return rt.observe("conv3d", key, t, out, func() error {
 		if !faulted {
 			return native(t)
 		}

@@ -21,7 +21,7 @@ func (rt *Runtime) op(name string, dt DType, shape []int, ins []*Tensor,
 	if err != nil {
 		return nil, err
 	}
-	if err := rt.run(name, uint64(out.NumBytes()), func() C.fpk_status { return f(hs, out.h) }); err != nil {
+	if err := rt.run(name, out, func() C.fpk_status { return f(hs, out.h) }); err != nil {
 		out.Free()
 		return nil, err
 	}
