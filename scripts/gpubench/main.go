@@ -5,7 +5,11 @@
 // pool of random bf16 numbers. Weights are held in bf16 (16-bit storage, f32 accumulation),
 // activations in f32. Writes ours.json next to the manifests; table.py joins both sides.
 //
-//	gpubench -dir DIR [-backend cuda] [-stages transformer,vae_decode,...]
+//	gpubench -dir DIR [-backend cuda] [-stages transformer,vae_decode,...] [-profile]
+//
+// -profile runs each stage once warm and once under runtime.Profile (a stream sync after every
+// op) instead of the timed runs, prints where the device time goes per op and writes
+// profile-<stage>.json; its times are perturbed by the syncs, so it never feeds the speed table.
 package main
 
 import (
@@ -73,6 +77,7 @@ func run() error {
 	dir := flag.String("dir", "", "folder of torch_bench.py's configs and manifests")
 	backend := flag.String("backend", "cuda", "runtime backend")
 	stages := flag.String("stages", strings.Join(allStages, ","), "stages to run")
+	prof := flag.Bool("profile", false, "per-op device time of one run of each stage instead of the timed runs")
 	flag.Parse()
 	if *dir == "" {
 		return fmt.Errorf("-dir is required")
@@ -85,8 +90,21 @@ func run() error {
 		}
 		res := &result{DType: "bf16 weights, f32 activations"}
 		start := time.Now()
-		if err := runStage(*dir, *backend, st, pool, res, &rep); err != nil {
+		var p *profile
+		if *prof {
+			p = &profile{Stage: st}
+		}
+		if err := runStage(*dir, *backend, st, pool, res, &rep, p); err != nil {
 			res.Error = err.Error()
+		}
+		if p != nil {
+			if err := p.write(*dir, os.Stdout); err != nil {
+				return err
+			}
+			if res.Error != "" {
+				fmt.Printf("profile %s: %s\n", st, res.Error)
+			}
+			continue
 		}
 		rep.Stages[st] = res
 		raw, _ := json.Marshal(res)
@@ -125,10 +143,14 @@ func timed(rt *runtime.Runtime, res *result, warm, reps int, fn func() error) er
 	return nil
 }
 
-func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) error {
+func runStage(dir, backend, stage string, pool *pool, res *result, rep *report, prof *profile) error {
 	rt, err := runtime.New(runtime.Options{Backend: backend})
 	if err != nil {
 		return err
+	}
+	timed := timed
+	if prof != nil {
+		timed = prof.run
 	}
 	defer rt.Close()
 	rep.Device = rt.Backend().DeviceName
