@@ -32,8 +32,10 @@ extern "C" {
  * 3: one rope slot with a mode (the interleaved-only rope slot is gone).
  * 4: fpk_attention_params gained layout and tier.
  * 5: events (fpk_event_*, fpk_stream_wait_event) and fpk_tensor_upload_async, with their
- *    optional backend slots after the version-4 ones. */
-#define FPK_API_VERSION 5
+ *    optional backend slots after the version-4 ones.
+ * 6: fpk_op_rms_norm_rope (its optional slot after the version-5 ones) and
+ *    fpk_gemm_params.epilogue (bias + GELU(tanh) fused into the GEMM). */
+#define FPK_API_VERSION 6
 
 /* Most dimensions a tensor may have. */
 #define FPK_MAX_DIMS 8
@@ -240,10 +242,19 @@ fpk_status fpk_tensor_fill(fpk_stream_t stream, fpk_tensor_t tensor, double valu
  * rank 2 (shared by every batch); the last two dims are the matrix.
  * On the cpu backend b (the weight) may be F16 or BF16 with a, bias and out F32: b is widened to
  * f32 a panel at a time into bounded scratch (fp32 accumulation, the f32 path's results). */
+/* What the GEMM applies to its result after the bias (API version 6): nothing, or GELU(tanh)
+ * (FPK_UNARY_GELU_TANH's formula; the feed-forward's Linear + GELU in one op: cuBLASLt's
+ * GELU_BIAS epilogue on CUDA, the GEMM then an in-place activation elsewhere). */
+typedef enum fpk_gemm_epilogue {
+    FPK_GEMM_EPILOGUE_NONE = 0,
+    FPK_GEMM_EPILOGUE_GELU_TANH = 1,
+    FPK_GEMM_EPILOGUE_COUNT = 2
+} fpk_gemm_epilogue;
 typedef struct fpk_gemm_params {
     int trans_a;
     int trans_b;
-    float alpha; /* 0 means 1 */
+    float alpha;      /* 0 means 1 */
+    int32_t epilogue; /* fpk_gemm_epilogue (0: none) */
 } fpk_gemm_params;
 fpk_status fpk_op_gemm(fpk_stream_t stream, const fpk_gemm_params *params, fpk_tensor_t a,
                        fpk_tensor_t b, fpk_tensor_t bias, fpk_tensor_t out);
@@ -363,6 +374,14 @@ typedef enum fpk_rope_mode {
  * even. A backend without the mode answers FPK_ERR_UNSUPPORTED. */
 fpk_status fpk_op_rope(fpk_stream_t stream, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
                        fpk_tensor_t sin, fpk_tensor_t out);
+/* RMS norm of the last dim, then rope, in one pass (API version 6): out = rope(mode,
+ * rms_norm(eps, x, weight), cos, sin), the q/k of HunyuanVideo's attention. x [..., D] (e.g.
+ * [B, L, H, D]: one row per head), weight [D] or NULL, cos and sin as fpk_op_rope's (full last dim,
+ * broadcast to x). The normalised row stays f32 into the rotation (no rounding to x's dtype
+ * between the two). f16/bf16 x and out on GPUs, with f32 statistics. */
+fpk_status fpk_op_rms_norm_rope(fpk_stream_t stream, fpk_rope_mode mode, float eps, fpk_tensor_t x,
+                                fpk_tensor_t weight, fpk_tensor_t cos, fpk_tensor_t sin,
+                                fpk_tensor_t out);
 
 /* Concatenates n tensors along dim (all other dims equal). */
 fpk_status fpk_op_concat(fpk_stream_t stream, int dim, int n, const fpk_tensor_t *inputs,

@@ -161,6 +161,12 @@ struct fpk_backend_iface {
     fpk_status (*event_synchronize)(void *ctx, void *event);
     /* Host→device copy that returns once queued (the source must stay valid until done). */
     fpk_status (*copy_h2d_async)(void *ctx, void *stream, void *dst, const void *src, size_t n);
+
+    /* API version 6 (optional): RMS norm then rope in one pass; a mode the backend lacks answers
+     * FPK_ERR_UNSUPPORTED. The gemm slot honours fpk_gemm_params.epilogue. */
+    fpk_status (*rms_norm_rope)(void *ctx, void *stream, fpk_rope_mode mode, float eps,
+                                fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t cos, fpk_tensor_t sin,
+                                fpk_tensor_t out);
 };
 
 struct fpk_backend {
