@@ -122,12 +122,13 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 const activationFactor = 16
 
 // ActivationBytes estimates the activations one forward holds at its peak for w (float32
-// compute): activationFactor [L, dim] tensors plus the rope tables. It is an estimate: the
+// compute): activationFactor [L, dim] tensors plus the rope tables (the joint one and its image
+// rows). It is an estimate: the
 // OOM ladder's resident-block rungs catch an underestimate.
 func (c Config) ActivationBytes(w Workload) int64 {
 	if w.Height <= 0 || w.Width <= 0 || w.LatentWindowSize <= 0 {
 		return 0
 	}
 	l := int64(c.Tokens(w))
-	return 4 * l * (activationFactor*int64(c.InnerDim()) + 2*int64(c.AttentionHeadDim))
+	return 4 * l * (activationFactor*int64(c.InnerDim()) + 4*int64(c.AttentionHeadDim))
 }
