@@ -221,6 +221,7 @@ typedef struct fpk_sdpa_desc {
     int64_t qs[3], ks[3], vs[3], os[3];
     float scale;
     const int32_t *seq_q, *seq_kv;
+    int causal; /* query i attends to keys j <= i (cuDNN's top-left causal mask) */
 } fpk_sdpa_desc;
 /* Resolves the graph API from the DNN library fpk_vendor_open loaded (called by it). */
 void fpk_vendor_sdpa_open(fpk_gpu_ctx *c);

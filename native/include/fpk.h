@@ -33,8 +33,9 @@ extern "C" {
  * 4: fpk_attention_params gained layout and tier.
  * 5: events (fpk_event_*, fpk_stream_wait_event) and fpk_tensor_upload_async, with their
  *    optional backend slots after the version-4 ones.
- * 6: fpk_op_rms_norm_rope (its optional slot after the version-5 ones) and
- *    fpk_gemm_params.epilogue (bias + GELU(tanh) fused into the GEMM). */
+ * 6: fpk_op_rms_norm_rope (its optional slot after the version-5 ones),
+ *    fpk_gemm_params.epilogue (bias + GELU(tanh) fused into the GEMM) and
+ *    fpk_attention_params.causal. */
 #define FPK_API_VERSION 6
 
 /* Most dimensions a tensor may have. */
@@ -351,6 +352,12 @@ typedef struct fpk_attention_params {
     int64_t query_chunk; /* chunked tier: queries per chunk; 0 = backend default */
     int32_t layout;      /* fpk_attention_layout */
     int32_t tier;        /* fpk_attention_tier */
+    /* API version 6: the caller's word that mask is causal (query i attends to keys j <= i)
+     * AND a key-padding mask (each batch entry's first n >= 1 keys), as Llama's and CLIP's. The
+     * vendor tier then checks the mask on the device and serves it with cuDNN's causal mask
+     * (declining, as for any mask it cannot take, when the check fails); every other tier reads
+     * the mask as always. 0: no claim. */
+    int32_t causal;
 } fpk_attention_params;
 fpk_status fpk_op_attention(fpk_stream_t stream, const fpk_attention_params *params,
                             fpk_tensor_t q, fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask,
