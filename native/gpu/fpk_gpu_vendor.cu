@@ -253,7 +253,7 @@ static const char *const lt_names[] = {"libcublasLt.so.13", "libcublasLt.so.12",
 /* cublasLt.h's values (cublasLtMatmulDescAttributes_t, cublasLtEpilogue_t, the preference). */
 enum { LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4, LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8 };
 enum { LT_EPILOGUE_DEFAULT = 1, LT_EPILOGUE_BIAS = 4, LT_EPILOGUE_GELU = 32, LT_EPILOGUE_GELU_BIAS = 36 };
-enum { LT_PREF_MAX_WORKSPACE_BYTES = 1 };
+enum { LT_PREF_MAX_WORKSPACE_BYTES = 1, LT_PREF_MIN_ALIGNMENT_A_BYTES = 5 }; /* then B, C, D: 6, 7, 8 */
 #define LT_WORKSPACE ((size_t)32 << 20)
 
 typedef struct {
@@ -279,7 +279,7 @@ typedef int (*lt_matmul_t)(void *, void *, const void *, const void *, void *, c
 /* The heuristic's algorithm for one shape, or a refusal (ok 0), cached for the process. */
 struct fpk_lt_plan {
     int64_t M, N, K;
-    int ta, tb, at, ct, epi;
+    int ta, tb, at, ct, epi, align;
     int ok;
     lt_heuristic_t h;
     struct fpk_lt_plan *next;
@@ -325,6 +325,13 @@ fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
         FPK_TRY(fpk_gpu_convert(st, sbias.ptr, d->cdt, bias, d->bias_dt, d->N));
         bias = sbias.ptr;
     }
+    /* the heuristic assumes 256-byte aligned buffers unless told less: tell it what these are
+     * (the plan is cached per alignment too, since later calls bring other pointers) */
+    uint32_t align = 256;
+    const void *ptrs[4] = {d->a, d->b, d->c, bias};
+    for (int i = 0; i < 4; i++)
+        while (ptrs[i] && ((uintptr_t)ptrs[i] % align) != 0) align /= 2;
+    if (align < 16) return FPK_ERR_UNAVAILABLE;
     if (dset(k.desc, LT_DESC_TRANSA, &ta32, sizeof ta32) != 0 || dset(k.desc, LT_DESC_TRANSB, &tb32, sizeof tb32) != 0 ||
         dset(k.desc, LT_DESC_EPILOGUE, &e, sizeof e) != 0 ||
         (bias && dset(k.desc, LT_DESC_BIAS_POINTER, &bias, sizeof bias) != 0))
@@ -339,16 +346,21 @@ fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
     struct fpk_lt_plan *pl = lt->plans;
     for (; pl; pl = pl->next)
         if (pl->M == d->M && pl->N == d->N && pl->K == d->K && pl->ta == ta && pl->tb == tb && pl->at == at &&
-            pl->ct == ct && pl->epi == epi)
+            pl->ct == ct && pl->epi == epi && pl->align == (int)align)
             break;
     if (!pl) {
         pl = (struct fpk_lt_plan *)calloc(1, sizeof *pl);
         if (!pl) return FPK_ERR_UNAVAILABLE;
         pl->M = d->M, pl->N = d->N, pl->K = d->K, pl->ta = ta, pl->tb = tb, pl->at = at, pl->ct = ct, pl->epi = epi;
+        pl->align = (int)align;
         uint64_t ws = LT_WORKSPACE;
         int n = 0;
-        if (((lt_pref_create_t)lt->fn[LT_PREF_CREATE])(&k.pref) == 0 &&
-            ((lt_set_t)lt->fn[LT_PREF_SET])(k.pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0 &&
+        lt_set_t pset = (lt_set_t)lt->fn[LT_PREF_SET];
+        bool pref_ok = ((lt_pref_create_t)lt->fn[LT_PREF_CREATE])(&k.pref) == 0 &&
+                       pset(k.pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0;
+        for (int i = 0; i < 4 && pref_ok; i++)
+            pref_ok = pset(k.pref, LT_PREF_MIN_ALIGNMENT_A_BYTES + i, &align, sizeof align) == 0;
+        if (pref_ok &&
             ((lt_heuristic_fn_t)lt->fn[LT_HEURISTIC])(lt->handle, k.desc, k.la, k.lb, k.lc, k.lc, k.pref, 1, &pl->h,
                                                       &n) == 0 &&
             n > 0 && pl->h.state == 0)
