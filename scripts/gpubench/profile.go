@@ -24,6 +24,8 @@ type profile struct {
 	Ops      []profileRow `json:"ops"`      // by op name
 	ByShape  []profileRow `json:"by_shape"` // by op name, output dtype and shape
 	Failures int          `json:"failures,omitempty"`
+	// AttentionServed counts the attentions of the profiled run per tier that served them.
+	AttentionServed map[string]uint64 `json:"attention_served,omitempty"`
 }
 
 type profileRow struct {
@@ -54,6 +56,7 @@ func (p *profile) run(rt *runtime.Runtime, res *result, warm, _ int, fn func() e
 		e.Calls++
 		e.MS += d.Seconds() * 1e3
 	}
+	before := rt.AttentionStats()
 	t0 := time.Now()
 	err := rt.Profile(fn, func(o runtime.OpTime) {
 		if o.Err != nil {
@@ -79,6 +82,15 @@ func (p *profile) run(rt *runtime.Runtime, res *result, warm, _ int, fn func() e
 		return err
 	}
 	p.WallMS = time.Since(t0).Seconds() * 1e3
+	after := rt.AttentionStats()
+	for i := range after.Served {
+		if n := after.Served[i] - before.Served[i]; n > 0 {
+			if p.AttentionServed == nil {
+				p.AttentionServed = map[string]uint64{}
+			}
+			p.AttentionServed[runtime.AttentionTier(i).String()] = n
+		}
+	}
 	res.Seconds = p.WallMS / 1e3
 	p.Ops = rows(byOp, p.TotalMS)
 	p.ByShape = rows(byShape, p.TotalMS)
@@ -114,7 +126,8 @@ func rows(m map[string]*profileRow, total float64) []profileRow {
 // write prints the tables (every op; the 25 costliest op shapes) and writes
 // profile-<stage>.json into dir.
 func (p *profile) write(dir string, w io.Writer) error {
-	fmt.Fprintf(w, "profile %s on %s: %.1f ms over ops, %.1f ms wall (a sync after every op)\n", p.Stage, p.Device, p.TotalMS, p.WallMS)
+	fmt.Fprintf(w, "profile %s on %s: %.1f ms over ops, %.1f ms wall (a sync after every op); attention served by %v\n",
+		p.Stage, p.Device, p.TotalMS, p.WallMS, p.AttentionServed)
 	fmt.Fprintf(w, "%-28s %6s %10s %6s\n", "op", "calls", "total ms", "share")
 	for _, r := range p.Ops {
 		fmt.Fprintf(w, "%-28s %6d %10.2f %5.1f%%\n", r.Op, r.Calls, r.MS, 100*r.Share)

@@ -28,10 +28,20 @@ func TestProfileRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer w.Free()
+	qkv, err := w.Reshape(1, 1, 4, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qkv.Free()
 	runs := 0
 	fn := func() error {
 		runs++
 		for range 3 {
+			o, err := rt.Attention(qkv, qkv, qkv, nil, runtime.AttentionParams{})
+			if err != nil {
+				return err
+			}
+			o.Free()
 			y, err := rt.Linear(x, w, nil)
 			if err != nil {
 				return err
@@ -58,14 +68,26 @@ func TestProfileRun(t *testing.T) {
 		calls[r.Op] = r.Calls
 		share += r.Share
 	}
-	if calls["linear"] != 3 || calls["silu"] != 3 || len(p.Ops) != 2 {
-		t.Errorf("ops %+v: want linear and silu, 3 calls each", p.Ops)
+	if calls["linear"] != 3 || calls["silu"] != 3 || calls["attention"] != 3 || len(p.Ops) != 3 {
+		t.Errorf("ops %+v: want attention, linear and silu, 3 calls each", p.Ops)
+	}
+	var served uint64
+	for _, n := range p.AttentionServed {
+		served += n
+	}
+	if served != 3 {
+		t.Errorf("attention served %v: want 3 in all (the warm run's not counted)", p.AttentionServed)
 	}
 	if share < 0.999 || share > 1.001 {
 		t.Errorf("shares sum to %v", share)
 	}
-	if len(p.ByShape) != 2 || p.ByShape[0].Shape != "8x4" || p.ByShape[0].DType != "f32" {
-		t.Errorf("by shape %+v: want two rows of f32 8x4", p.ByShape)
+	if len(p.ByShape) != 3 {
+		t.Errorf("by shape %+v: want three rows", p.ByShape)
+	}
+	for _, r := range p.ByShape {
+		if want := map[string]string{"attention": "1x1x4x16", "linear": "8x4", "silu": "8x4"}[r.Op]; r.Shape != want || r.DType != "f32" {
+			t.Errorf("by shape row %+v: want f32 %s", r, want)
+		}
 	}
 	dir := t.TempDir()
 	if err := p.write(dir, io.Discard); err != nil {
@@ -76,7 +98,7 @@ func TestProfileRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	var back profile
-	if err := json.Unmarshal(raw, &back); err != nil || back.Stage != "toy" || len(back.Ops) != 2 {
+	if err := json.Unmarshal(raw, &back); err != nil || back.Stage != "toy" || len(back.Ops) != 3 {
 		t.Errorf("profile-toy.json: %v %+v", err, back)
 	}
 }
