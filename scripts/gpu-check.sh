@@ -22,7 +22,8 @@
 # attnbench  the transformer's joint attention alone, ours (vendor, flash, chunked) against
 #         PyTorch SDPA
 # memory  NVML discovery, and a worker holding 40 GB killed: used memory back within 2 s
-# bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), needs
+# bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), then a per-op
+#         profile of the transformer (profile-transformer.json; BENCH_PROFILE=0 skips it), needs
 #         third_party_ref/ (diffusers + FramePack's diffusers_helper sources, git-ignored)
 #
 # Logs and results go to $OUT (default build/gpu-check): log.txt, summary.txt, table.md,
@@ -202,6 +203,13 @@ for phase in "${phases[@]}"; do
 		run "bench pytorch" "${BENCH_TORCH_LIMIT:-420}" python3 scripts/gpubench/torch_bench.py --out "$B" ${BENCH_STAGES:+--stages $BENCH_STAGES}
 		cp "$B"/ours.json "$B"/torch.json "$OUT"/ 2>/dev/null
 		python3 scripts/gpubench/table.py "$B" "$OUT/bench.json" "${BENCH_COMMIT:-}" | tee "$OUT/table.md" >>"$SUMMARY"
+		# where the transformer's time goes, per op (a stream sync after every op: after the timed
+		# runs, never in them; BENCH_PROFILE=0 skips it)
+		if [ "${BENCH_PROFILE:-1}" = 1 ] && [[ ",${BENCH_STAGES:-transformer}," == *,transformer,* ]]; then
+			FRAMEPACK_GPU_HALF_COMPUTE=${FRAMEPACK_GPU_HALF_COMPUTE:-1} run "bench profile (transformer)" "${BENCH_PROFILE_LIMIT:-300}" "$BIN/gpubench" -dir "$B" -stages transformer -profile
+			cp "$B"/profile-transformer.json "$OUT"/ 2>/dev/null
+			sed -n '/^profile transformer/,/^$/p' "$LOG" | head -40 >>"$SUMMARY"
+		fi
 		;;
 	*)
 		echo "gpu-check: unknown phase $phase" >&2

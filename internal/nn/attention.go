@@ -15,6 +15,9 @@ type Attention struct {
 	KVHeads int     // key/value heads (grouped-query attention); 0 means Heads
 	HeadDim int     // D
 	Scale   float32 // softmax scale; 0 means D^−½
+	// Causal says the masks passed to Forward are causal (and key padding), as CausalMask makes
+	// them: the vendor attention tier may then serve them (runtime.AttentionParams.Causal).
+	Causal bool
 }
 
 // NewAttention returns attention with heads heads of headDim and the default scale.
@@ -34,7 +37,7 @@ func (a Attention) Forward(p *Pass, q, k, v, mask *runtime.Tensor) *runtime.Tens
 		kvh = a.Heads
 	}
 	qh, kh, vh := a.toHeads(p, q, a.Heads), a.toHeads(p, k, kvh), a.toHeads(p, v, kvh)
-	o := p.Do(p.RT.Attention(qh, kh, vh, mask, runtime.AttentionParams{Scale: a.Scale, Layout: runtime.AttentionBLHD})) // [B, Lq, H, D]
+	o := p.Do(p.RT.Attention(qh, kh, vh, mask, runtime.AttentionParams{Scale: a.Scale, Layout: runtime.AttentionBLHD, Causal: a.Causal && mask != nil})) // [B, Lq, H, D]
 	if !p.OK() {
 		return nil
 	}

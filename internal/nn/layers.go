@@ -244,9 +244,16 @@ func NewMLP(l *Loader, name string, hidden, intermediate int, act Activation) ML
 
 // Forward: x [..., hidden] → [..., hidden].
 func (m MLP) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
-	h := m.FC1.Forward(p, x)
-	a := m.Act.Forward(p, h)
-	p.Drop(h)
+	var a *runtime.Tensor
+	switch {
+	case !p.OK():
+	case m.Act == Activation(runtime.OpGELUTanh): // fc1 and GELU(tanh) in one op (GEMM epilogue)
+		a = p.Do(p.RT.LinearGELU(x, m.FC1.Weight, m.FC1.Bias))
+	default:
+		h := m.FC1.Forward(p, x)
+		a = m.Act.Forward(p, h)
+		p.Drop(h)
+	}
 	out := m.FC2.Forward(p, a)
 	p.Drop(a)
 	return out

@@ -99,6 +99,10 @@ type AttentionParams struct {
 	// Tier forces one tier for this call; AttentionAuto runs the chain (vendor, flash,
 	// chunked, cpu: the first that is available serves) or Options.AttentionTier alone.
 	Tier AttentionTier
+	// Causal says the mask is causal (query i attends to keys j ≤ i) and a key-padding mask
+	// (each batch entry's first n ≥ 1 keys): Llama's and CLIP's. The vendor tier checks that on
+	// the device and serves it with cuDNN's causal mask; the other tiers read the mask as always.
+	Causal bool
 }
 
 // Attention is scaled dot-product attention. Layout AttentionBHLD: q [B, H, Lq, D];
@@ -139,6 +143,9 @@ func (rt *Runtime) Attention(q, k, v, mask *Tensor, p AttentionParams) (*Tensor,
 		for i, t := range tiers {
 			cp := C.fpk_attention_params{scale: C.float(p.Scale), query_chunk: C.int64_t(p.QueryChunk),
 				layout: C.int32_t(p.Layout), tier: C.int32_t(t)}
+			if p.Causal {
+				cp.causal = 1
+			}
 			st = C.fpk_op_attention(rt.stream, &cp, in[0], in[1], in[2], in[3], out)
 			if st == C.FPK_OK {
 				rt.attn.served[t].Add(1)

@@ -577,7 +577,7 @@ func (c *convChain) attempt(key string, t Tier, fault ConvFault, faulted bool, c
 		}
 		return err
 	}
-	return rt.observe("conv3d", key, t, uint64(out.NumBytes()), func() error {
+	return rt.observe("conv3d", key, t, out, func() error {
 		if !faulted {
 			return native(t)
 		}

@@ -22,7 +22,7 @@ func (rt *Runtime) op(name string, dt DType, shape []int, ins []*Tensor,
 	if err != nil {
 		return nil, err
 	}
-	if err := rt.run(name, uint64(out.NumBytes()), func() C.fpk_status { return f(hs, out.h) }); err != nil {
+	if err := rt.run(name, out, func() C.fpk_status { return f(hs, out.h) }); err != nil {
 		out.Free()
 		return nil, err
 	}
@@ -74,6 +74,8 @@ type GemmParams struct {
 	TransA bool    // a holds [..., K, M]
 	TransB bool    // b holds [..., N, K]
 	Alpha  float32 // scale of the product (0 means 1)
+	// Epilogue is applied after the bias (EpilogueNone, the zero value: nothing).
+	Epilogue GemmEpilogue
 }
 
 // MatMul computes alpha·op(a)·op(b). a: [batch..., M, K]; b: [batch..., K, N] with the same
@@ -88,7 +90,11 @@ func (rt *Runtime) MatMul(a, b *Tensor, p GemmParams) (*Tensor, error) {
 // Linear is a PyTorch linear layer: x [..., in] · wᵀ + bias with w [out, in], bias [out] or
 // nil → [..., out] in x's dtype. w may be F16 or BF16 (see MatMul).
 func (rt *Runtime) Linear(x, w, bias *Tensor) (*Tensor, error) {
-	const op = "linear"
+	return rt.linear("linear", x, w, bias, EpilogueNone)
+}
+
+// linear is Linear with an epilogue after the bias.
+func (rt *Runtime) linear(op string, x, w, bias *Tensor, epi GemmEpilogue) (*Tensor, error) {
 	if err := required(op, x, w); err != nil {
 		return nil, err
 	}
@@ -98,14 +104,14 @@ func (rt *Runtime) Linear(x, w, bias *Tensor) (*Tensor, error) {
 			return nil, err
 		}
 		defer x2.Free()
-		y, err := rt.gemm(op, x2, w, bias, GemmParams{TransB: true})
+		y, err := rt.gemm(op, x2, w, bias, GemmParams{TransB: true, Epilogue: epi})
 		if err != nil {
 			return nil, err
 		}
 		defer y.Free()
 		return y.Reshape(y.Dim(1))
 	}
-	return rt.gemm(op, x, w, bias, GemmParams{TransB: true})
+	return rt.gemm(op, x, w, bias, GemmParams{TransB: true, Epilogue: epi})
 }
 
 func (rt *Runtime) gemm(op string, a, b, bias *Tensor, p GemmParams) (*Tensor, error) {
@@ -127,7 +133,7 @@ func (rt *Runtime) gemm(op string, a, b, bias *Tensor, p GemmParams) (*Tensor, e
 		return nil, argError(op, "inner dims differ: a %s, b %s (transA %v, transB %v)", a, b, p.TransA, p.TransB)
 	}
 	shape := append(slices.Clone(a.shape[:a.Rank()-2]), M, N)
-	cp := C.fpk_gemm_params{alpha: C.float(p.Alpha)}
+	cp := C.fpk_gemm_params{alpha: C.float(p.Alpha), epilogue: C.int32_t(p.Epilogue)}
 	if p.TransA {
 		cp.trans_a = 1
 	}

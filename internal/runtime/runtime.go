@@ -100,6 +100,7 @@ type Runtime struct {
 	seq  atomic.Uint64
 	attn attentionCounters
 	cur  atomic.Pointer[CurrentOp]
+	prof atomic.Pointer[func(OpTime)] // set while Profile runs
 
 	chain *convChain
 
@@ -423,21 +424,25 @@ func (rt *Runtime) withBackend(op string, f func() C.fpk_status) error {
 	return call(op, f)
 }
 
-// run runs one op whose output (already allocated) has outBytes bytes: observer begin, the
-// fault hook, the native call, observer end.
-func (rt *Runtime) run(op string, outBytes uint64, f func() C.fpk_status) error {
+// run runs one op into out (already allocated; nil for ops without an output): observer begin,
+// the fault hook, the native call, observer end.
+func (rt *Runtime) run(op string, out *Tensor, f func() C.fpk_status) error {
 	rt.mu.RLock()
 	defer rt.mu.RUnlock()
 	if rt.closed {
 		return fmt.Errorf("%s: %w", op, ErrClosed)
 	}
-	return rt.observe(op, "", 0, outBytes, func() error { return call(op, f) })
+	return rt.observe(op, "", 0, out, func() error { return call(op, f) })
 }
 
 // observe brackets f with op events and the current-op field, and fails the op without running
 // f when Options.OpFault says so. key and tier are for conv tier attempts. The caller holds
 // rt.mu (read) and the runtime is open.
-func (rt *Runtime) observe(op, key string, tier Tier, outBytes uint64, f func() error) error {
+func (rt *Runtime) observe(op, key string, tier Tier, out *Tensor, f func() error) error {
+	var outBytes uint64
+	if out != nil {
+		outBytes = uint64(out.NumBytes())
+	}
 	cur := &CurrentOp{Seq: rt.seq.Add(1), Op: op, Key: key, Tier: tier, Start: time.Now()}
 	rt.cur.Store(cur)
 	obs, fault := rt.opts.OpObserver, rt.opts.OpFault
@@ -456,6 +461,9 @@ func (rt *Runtime) observe(op, key string, tier Tier, outBytes uint64, f func() 
 	}
 	if err == nil {
 		err = f()
+	}
+	if prof := rt.prof.Load(); prof != nil {
+		rt.profiled(*prof, op, tier, out, cur.Start, err)
 	}
 	rt.cur.CompareAndSwap(cur, nil)
 	if obs != nil {

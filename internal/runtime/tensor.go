@@ -173,7 +173,7 @@ func (t *Tensor) Fill(value float64) error {
 	if err != nil {
 		return err
 	}
-	return t.rt.run("fill", 0, func() C.fpk_status { return C.fpk_tensor_fill(t.rt.stream, h, C.double(value)) })
+	return t.rt.run("fill", nil, func() C.fpk_status { return C.fpk_tensor_fill(t.rt.stream, h, C.double(value)) })
 }
 
 // FromFloat32 creates an f32 tensor holding data (len(data) must equal the shape's size).

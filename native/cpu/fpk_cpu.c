@@ -226,6 +226,8 @@ void fpk_cpu_add_channel_bias(fpk_cpu_ctx *c, float *y, const float *bias, int64
     fpk_pool_run(c->pool, N * C, inner >= 4096 ? 1 : 4096 / (inner ? inner : 1), bias_task, &j);
 }
 
+static void gelu_tanh_inplace(fpk_cpu_ctx *c, float *y, int64_t n);
+
 static fpk_status cpu_gemm(void *ctx, void *stream, const fpk_gemm_params *p, fpk_tensor_t a,
                            fpk_tensor_t b, fpk_tensor_t bias, fpk_tensor_t out) {
     (void)stream;
@@ -263,6 +265,7 @@ static fpk_status cpu_gemm(void *ctx, void *stream, const fpk_gemm_params *p, fp
         bias_job j = {.y = F(out), .bias = CF(bias), .C = N, .inner = 1, .rowlen = 1};
         fpk_pool_run(CTX(ctx)->pool, batch * M, 4096 / (N ? N : 1) + 1, bias_task, &j);
     }
+    if (p->epilogue == FPK_GEMM_EPILOGUE_GELU_TANH) gelu_tanh_inplace(CTX(ctx), F(out), out->numel);
     return FPK_OK;
 }
 
@@ -450,6 +453,11 @@ static void unary_task(void *arg, int64_t b, int64_t e, int th) {
         for (int64_t i = b; i < e; i++) y[i] = x[i] * j->a + j->b;
         break;
     }
+}
+
+static void gelu_tanh_inplace(fpk_cpu_ctx *c, float *y, int64_t n) {
+    unary_job j = {.x = y, .y = y, .op = FPK_UNARY_GELU_TANH};
+    fpk_pool_run(c->pool, n, 1 << 14, unary_task, &j);
 }
 
 static fpk_status cpu_unary(void *ctx, void *stream, fpk_unary_op op, fpk_tensor_t x, fpk_tensor_t out) {
@@ -820,8 +828,31 @@ typedef struct {
     int nd; /* leading dims (x's rank - 1) */
     int64_t D;
     int halves; /* FPK_ROPE_HALVES: pairs (i, i + D/2) */
+    int norm;   /* rms norm of each row first (rms_norm_rope), weight w or none */
+    const float *w;
+    float eps;
     int64_t shape[FPK_MAX_DIMS], sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
 } rope_job;
+
+/* One row of rms_norm_rope: x·inv·w in f32 (inv = 1/sqrt(mean(x²) + eps), the sum in double as
+ * rms norm's), rotated in place of rope's plain x (y may be x). */
+static void rope_norm_row(const rope_job *j, const float *x, const float *cs, const float *sn, float *y) {
+    int64_t D = j->D;
+    double ss = 0;
+    for (int64_t i = 0; i < D; i++) ss += (double)x[i] * x[i];
+    float inv = (float)(1.0 / sqrt(ss / (double)D + j->eps));
+    int64_t h = j->halves ? D / 2 : 1, np = D / 2;
+    for (int64_t p = 0; p < np; p++) {
+        int64_t i0 = j->halves ? p : 2 * p, i1 = i0 + h;
+        float x0 = x[i0] * inv, x1 = x[i1] * inv;
+        if (j->w) {
+            x0 *= j->w[i0];
+            x1 *= j->w[i1];
+        }
+        y[i0] = x0 * cs[i0] - x1 * sn[i0];
+        y[i1] = x1 * cs[i1] + x0 * sn[i1];
+    }
+}
 
 static void rope_task(void *arg, int64_t rb, int64_t re, int th) {
     (void)th;
@@ -837,6 +868,10 @@ static void rope_task(void *arg, int64_t rb, int64_t re, int th) {
         }
         const float *x = j->x + r * D, *cs = j->cos + oc, *sn = j->sin + os;
         float *y = j->y + r * D;
+        if (j->norm) {
+            rope_norm_row(j, x, cs, sn, y);
+            continue;
+        }
         if (j->halves) {
             int64_t h = D / 2;
             for (int64_t i = 0; i < h; i++) {
@@ -854,19 +889,18 @@ static void rope_task(void *arg, int64_t rb, int64_t re, int th) {
     }
 }
 
-static fpk_status cpu_rope(void *ctx, void *stream, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
-                           fpk_tensor_t sin, fpk_tensor_t out) {
-    (void)stream;
-    fpk_tensor_t *io[] = {&x, &cos, &sin, &out};
-    FPK_CPU_WIDE(ctx, io, 3, cpu_rope(ctx, stream, mode, x, cos, sin, out));
-    const char *op = "rope";
+static fpk_status rope_run(void *ctx, const char *op, fpk_rope_mode mode, int norm, float eps,
+                           fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t cos, fpk_tensor_t sin,
+                           fpk_tensor_t out) {
     REQ(op, x);
+    REQ(op, w);
     REQ(op, cos);
     REQ(op, sin);
     REQ(op, out);
     if (x->numel == 0) return FPK_OK;
     rope_job j = {.x = CF(x), .cos = CF(cos), .sin = CF(sin), .y = F(out), .nd = x->ndim - 1,
-                  .D = x->shape[x->ndim - 1], .halves = mode == FPK_ROPE_HALVES};
+                  .D = x->shape[x->ndim - 1], .halves = mode == FPK_ROPE_HALVES, .norm = norm,
+                  .w = w ? CF(w) : NULL, .eps = eps};
     int64_t sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
     bcast_strides(cos, x->ndim, x->shape, sc);
     bcast_strides(sin, x->ndim, x->shape, ss);
@@ -877,6 +911,22 @@ static fpk_status cpu_rope(void *ctx, void *stream, fpk_rope_mode mode, fpk_tens
     }
     fpk_pool_run(CTX(ctx)->pool, x->numel / j.D, 4096 / j.D + 1, rope_task, &j);
     return FPK_OK;
+}
+
+static fpk_status cpu_rope(void *ctx, void *stream, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
+                           fpk_tensor_t sin, fpk_tensor_t out) {
+    (void)stream;
+    fpk_tensor_t *io[] = {&x, &cos, &sin, &out};
+    FPK_CPU_WIDE(ctx, io, 3, cpu_rope(ctx, stream, mode, x, cos, sin, out));
+    return rope_run(ctx, "rope", mode, 0, 0, x, NULL, cos, sin, out);
+}
+
+static fpk_status cpu_rms_norm_rope(void *ctx, void *stream, fpk_rope_mode mode, float eps, fpk_tensor_t x,
+                                    fpk_tensor_t w, fpk_tensor_t cos, fpk_tensor_t sin, fpk_tensor_t out) {
+    (void)stream;
+    fpk_tensor_t *io[] = {&x, &w, &cos, &sin, &out};
+    FPK_CPU_WIDE(ctx, io, 4, cpu_rms_norm_rope(ctx, stream, mode, eps, x, w, cos, sin, out));
+    return rope_run(ctx, "rms norm rope", mode, 1, eps, x, w, cos, sin, out);
 }
 
 /* ---- data movement (any dtype, by element size) ---------------------------------------------- */
@@ -1318,6 +1368,7 @@ static const struct fpk_backend_iface cpu_iface = {
     .softmax = cpu_softmax,
     .attention = fpk_cpu_attention,
     .rope = cpu_rope,
+    .rms_norm_rope = cpu_rms_norm_rope,
     .concat = cpu_concat,
     .slice = cpu_slice,
     .permute = cpu_permute,

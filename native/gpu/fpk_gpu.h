@@ -122,6 +122,9 @@ fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *
 /* mode: fpk_rope_mode (interleaved pairs or halves). */
 fpk_status fpk_gpu_rope(fpk_gpu_ctx *c, void *s, int mode, const fpk_gt *x, const fpk_gt *cos,
                         const fpk_gt *sin, const fpk_gt *out);
+/* RMS norm of the last dim then rope (mode: fpk_rope_mode); w may be NULL. */
+fpk_status fpk_gpu_rms_norm_rope(fpk_gpu_ctx *c, void *s, int mode, float eps, const fpk_gt *x,
+                                 const fpk_gt *w, const fpk_gt *cos, const fpk_gt *sin, const fpk_gt *out);
 fpk_status fpk_gpu_concat(fpk_gpu_ctx *c, void *s, int dim, int n, const fpk_gt *in, const fpk_gt *out);
 fpk_status fpk_gpu_slice(fpk_gpu_ctx *c, void *s, int dim, int64_t start, int64_t step,
                          const fpk_gt *x, const fpk_gt *out);

@@ -594,14 +594,91 @@ __global__ void k_mask_lengths(const uint8_t *m, int64_t ms0, int64_t ms1, int64
     }
 }
 
+/* One block per query row (b, q) of a mask broadcast over heads: rows[b*Lq + q] = the row's count of
+ * nonzero keys when they are exactly the first `count` keys, else -1; the last row's count is the
+ * batch entry's key length (lens[b]), and lens[B + b] = Lq. For causal masks (the caller's word,
+ * checked on the host from rows: row q must hold min(q + 1, n) keys). */
+__global__ void k_mask_rows(const uint8_t *m, int64_t ms0, int64_t ms2, int64_t ms3, int Lq, int Lk, int B, int *rows,
+                            int *lens) {
+    const int row = blockIdx.x, q = row % Lq, b = row / Lq;
+    const uint8_t *r = m + b * ms0 + (int64_t)q * ms2;
+    int count = 0, first_zero = Lk;
+    for (int j = threadIdx.x; j < Lk; j += blockDim.x) {
+        if (r[(int64_t)j * ms3]) count++;
+        else first_zero = min(first_zero, j);
+    }
+    __shared__ int sc[128], sz[128];
+    sc[threadIdx.x] = count;
+    sz[threadIdx.x] = first_zero;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w /= 2) {
+        if ((int)threadIdx.x < w) {
+            sc[threadIdx.x] += sc[threadIdx.x + w];
+            sz[threadIdx.x] = min(sz[threadIdx.x], sz[threadIdx.x + w]);
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x != 0) return;
+    rows[row] = sc[0] == sz[0] ? sc[0] : -1;
+    if (q == Lq - 1)
+        for (int bb = ms0 ? b : 0; bb < (ms0 ? b + 1 : B); bb++) {
+            lens[bb] = sc[0];
+            lens[B + bb] = Lq;
+        }
+}
+
+/* Checks a causal + key-padding mask ([B or 1, 1, Lq, Lk]) on the device and, when it is one,
+ * sets sd's causal flag and (when some entry attends to fewer than Lk keys) its sequence
+ * lengths in sm. FPK_ERR_UNAVAILABLE when the mask is something else. One sync, as the
+ * key-padding check. */
+static fpk_status vendor_causal(cudaStream_t st, fpk_scratch &sm, const fpk_gt *mask, const int64_t mst[4], int64_t B,
+                                int64_t Lq, int64_t Lk, fpk_sdpa_desc *sd) {
+    int bm = mst[0] ? (int)B : 1;
+    if ((int64_t)bm * Lq > INT32_MAX / 2)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier: causal mask too large to check");
+    size_t nrows = (size_t)bm * (size_t)Lq;
+    FPK_TRY(sm.alloc((nrows + 2 * (size_t)B) * sizeof(int)));
+    int *rows = (int *)sm.ptr, *lens = rows + nrows;
+    k_mask_rows<<<(unsigned)nrows, 128, 0, st>>>((const uint8_t *)mask->data, mst[0], mst[2], mst[3], (int)Lq, (int)Lk,
+                                                 (int)B, rows, lens);
+    FPK_TRY(fpk_gpu_launched("attention: causal mask rows"));
+    int *host = (int *)malloc(nrows * sizeof(int));
+    if (!host) return fpk_gpu_set_oom(nrows * sizeof(int), 0, "host causal mask rows");
+    cudaError_t e = cudaMemcpyAsync(host, rows, nrows * sizeof(int), cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    if (e != cudaSuccess) {
+        free(host);
+        return fpk_gpu_error(e, "attention: causal mask rows");
+    }
+    bool ok = true, padded = false;
+    for (int b = 0; b < bm && ok; b++) {
+        const int *r = host + (size_t)b * Lq;
+        int64_t n = r[Lq - 1];
+        ok = n >= 1;
+        padded |= n < Lk;
+        for (int64_t qi = 0; qi < Lq && ok; qi++) ok = r[qi] == (qi + 1 < n ? qi + 1 : n);
+    }
+    free(host);
+    if (!ok)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier: the mask called causal is not causal "
+                                 "AND key padding (row q attends to its first min(q + 1, n) keys)");
+    sd->causal = 1;
+    if (padded) {
+        sd->seq_kv = lens;
+        sd->seq_q = lens + B;
+    }
+    return FPK_OK;
+}
+
 /* The vendor tier: q, k, v of one 16-bit dtype (the activation dtype a GPU model loads with;
  * f32 ones are declined, so the f32 parity runs stay f32 on flash), 16-byte aligned
  * rows; a mask only when it is a key-padding mask broadcast over heads and queries (each batch
  * entry attends to its first n >= 1 keys: FramePack's text lengths), which cuDNN takes as
  * sequence lengths. Anything else is FPK_ERR_UNAVAILABLE, and the chain goes on to flash. */
 static fpk_status vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int layout, float scale,
-                         const fpk_gt *q, const fpk_gt *k, const fpk_gt *v, const fpk_gt *mask, const fpk_gt *out,
-                         int64_t B, int64_t H, int64_t Lq, int64_t D, int64_t Hkv, int64_t Lk, int64_t Dv) {
+                         int causal, const fpk_gt *q, const fpk_gt *k, const fpk_gt *v, const fpk_gt *mask,
+                         const fpk_gt *out, int64_t B, int64_t H, int64_t Lq, int64_t D, int64_t Hkv, int64_t Lk,
+                         int64_t Dv) {
     if (!fpk_vendor_has_sdpa(c))
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier needs cuDNN 9 (%s)",
                                  fpk_vendor_has_dnn(c) ? "the loaded cuDNN is older or lacks the graph API" : "not loaded");
@@ -633,7 +710,11 @@ static fpk_status vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_
     for (int i = 0; i < 4; i++) aligned &= ((uintptr_t)ptr[i] & 15) == 0;
     if (!aligned) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier needs 16-byte aligned rows");
     fpk_scratch sm(sf);
-    if (mask) {
+    int64_t cst[4];
+    mask_strides(mask, B, H, Lq, Lk, cst);
+    if (mask && causal && cst[2] && !cst[1]) { /* the caller's causal mask, checked */
+        FPK_TRY(vendor_causal(st, sm, mask, cst, B, Lq, Lk, &sd));
+    } else if (mask) {
         int64_t mst[4];
         mask_strides(mask, B, H, Lq, Lk, mst);
         /* a mask that varies along heads or queries (Llama's and CLIP's causal masks, the
@@ -682,7 +763,7 @@ static fpk_status vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_
     return FPK_OK;
 }
 #else
-static fpk_status vendor(fpk_gpu_ctx *, cudaStream_t, const fpk_gpu_scratch_fn *, int, float, const fpk_gt *,
+static fpk_status vendor(fpk_gpu_ctx *, cudaStream_t, const fpk_gpu_scratch_fn *, int, float, int, const fpk_gt *,
                          const fpk_gt *, const fpk_gt *, const fpk_gt *, const fpk_gt *, int64_t, int64_t, int64_t,
                          int64_t, int64_t, int64_t, int64_t) {
     return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: no vendor fused attention on ROCm");
@@ -782,7 +863,7 @@ extern "C" fpk_status fpk_gpu_attention(fpk_gpu_ctx *c, void *s, const fpk_gpu_s
     }
     float scale = p->scale != 0 ? p->scale : (float)(1.0 / sqrt((double)(D ? D : 1)));
     if (p->tier == FPK_ATTN_TIER_VENDOR || p->tier == FPK_ATTN_TIER_AUTO) {
-        fpk_status r = D ? vendor(c, st, sf, p->layout, scale, q, k, v, mask, out, B, H, Lq, D, Hkv, Lk, Dv)
+        fpk_status r = D ? vendor(c, st, sf, p->layout, scale, p->causal, q, k, v, mask, out, B, H, Lq, D, Hkv, Lk, Dv)
                          : fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: vendor tier: head dim 0");
         if (r != FPK_ERR_UNAVAILABLE || p->tier == FPK_ATTN_TIER_VENDOR) return r;
     }

@@ -209,6 +209,16 @@ static fpk_status g_rope(void *ctx, void *s, fpk_rope_mode mode, fpk_tensor_t x,
     return LOCKED(fpk_gpu_rope, s, (int)mode, xd, cd, sd, od);
 }
 
+static fpk_status g_rms_norm_rope(void *ctx, void *s, fpk_rope_mode mode, float eps, fpk_tensor_t x,
+                                  fpk_tensor_t w, fpk_tensor_t cos, fpk_tensor_t sin, fpk_tensor_t out) {
+    GT(xd, x);
+    GT(wd, w);
+    GT(cd, cos);
+    GT(sd, sin);
+    GT(od, out);
+    return LOCKED(fpk_gpu_rms_norm_rope, s, (int)mode, eps, xd, wd, cd, sd, od);
+}
+
 static fpk_status g_concat(void *ctx, void *s, int dim, int n, const fpk_tensor_t *in, fpk_tensor_t out) {
     fpk_gt stack[16] = {{0}};
     fpk_gt *ins = n <= 16 ? stack : malloc((size_t)n * sizeof *ins);
@@ -327,6 +337,7 @@ static struct fpk_backend_iface gpu_iface = {
     .event_synchronize = g_event_sync,
     .copy_h2d_async = g_h2d_async,
     .ternary = g_ternary,
+    .rms_norm_rope = g_rms_norm_rope,
 };
 
 __attribute__((visibility("default"))) fpk_status fpk_backend_create_v1(

@@ -5,6 +5,8 @@
  * path's result, as the cpu backend does). The activation dtype is chosen at Load: 16-bit
  * activations meet 16-bit weights of the same type and go straight to the matrix units, the
  * output in that type, accumulation f32 (CUBLAS_COMPUTE_32F).
+ * The bias and the GELU(tanh) epilogue run inside cuBLASLt's GEMM where it loaded (one matrix, one
+ * operand type), else as kernels over the output after the GEMM.
  */
 #include "fpk_gpu_internal.h"
 
@@ -136,6 +138,14 @@ fpk_status fpk_gpu_gemm_run(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
             v.cdt = FPK_F32;
             if (d.beta != 0.f) FPK_TRY(fpk_gpu_convert(st, sc.ptr, FPK_F32, d.c, d.cdt, d.stride_c ? d.stride_c * d.batch : d.M * d.ldc));
         }
+        if ((v.bias || v.gelu) && v.fused && direct) { /* the epilogue inside the vendor's GEMM */
+            fpk_status ls = fpk_vendor_gemm_lt(c, st, sf, &v);
+            if (ls == FPK_OK) {
+                *v.fused = 1;
+                return FPK_OK;
+            }
+            if (ls != FPK_ERR_UNAVAILABLE) return ls;
+        }
         fpk_status vs = fpk_vendor_gemm(c, st, &v);
         if (vs == FPK_OK) {
             if (!direct)
@@ -180,7 +190,16 @@ extern "C" fpk_status fpk_gpu_gemm(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratc
         d.batch = 1;
         d.stride_a = d.stride_c = 0;
     }
+    int fused = 0;
+    d.gelu = p->epilogue == FPK_GEMM_EPILOGUE_GELU_TANH;
+    if (bias) {
+        d.bias = bias->data;
+        d.bias_dt = bias->dtype;
+    }
+    d.fused = &fused;
     FPK_TRY(fpk_gpu_gemm_run(c, st, sf, &d));
-    if (bias) return fpk_gpu_add_bias(st, out->data, out->dtype, bias->data, bias->dtype, out->numel, d.N, 0);
+    if (fused) return FPK_OK;
+    if (bias) FPK_TRY(fpk_gpu_add_bias(st, out->data, out->dtype, bias->data, bias->dtype, out->numel, d.N, 0));
+    if (d.gelu) return fpk_gpu_unary(c, s, FPK_UNARY_GELU_TANH, 0, 0, out, out);
     return FPK_OK;
 }

@@ -38,6 +38,13 @@ typedef struct fpk_gemm_desc {
     void *c;
     int cdt;
     int64_t ldc, stride_c;
+    /* Epilogue for fpk_gpu_gemm (zero elsewhere): bias [N] (dtype bias_dt) or NULL, then
+     * GELU(tanh) when gelu. When fused is set and the vendor's GEMM applied both (cuBLASLt),
+     * *fused becomes 1; otherwise the caller adds them after the GEMM. */
+    const void *bias;
+    int bias_dt;
+    int gelu;
+    int *fused;
 } fpk_gemm_desc;
 
 /* The vendor BLAS (cuBLAS / rocBLAS), opened at backend creation; NULL handle = unavailable. */
@@ -47,6 +54,17 @@ typedef struct fpk_vendor_blas {
     char library[256];
     void *fn[8];
 } fpk_vendor_blas;
+
+/* The vendor BLAS's matmul with epilogues (cuBLASLt), opened beside the BLAS; NULL handle =
+ * unavailable (FRAMEPACK_GPU_NO_BLASLT=1 disables it). plans caches the heuristic's choice per
+ * shape (this process). */
+typedef struct fpk_vendor_blaslt {
+    void *dl;
+    void *handle;
+    char library[256];
+    void *fn[16];
+    struct fpk_lt_plan *plans;
+} fpk_vendor_blaslt;
 
 /* The vendor DNN library (cuDNN / MIOpen); NULL handle = unavailable. */
 typedef struct fpk_vendor_dnn {
@@ -75,6 +93,7 @@ struct fpk_gpu_ctx {
     pthread_mutex_t mu; /* op submission, see fpk_gpu_lock */
     struct fpk_small_cache *small; /* freed blocks under 1 MiB (fpk_gpu_device.cu) */
     fpk_vendor_blas blas;
+    fpk_vendor_blaslt blaslt;
     fpk_vendor_dnn dnn;
 };
 
@@ -172,6 +191,11 @@ void fpk_vendor_open(fpk_gpu_ctx *c);
 void fpk_vendor_close(fpk_gpu_ctx *c);
 /* FPK_ERR_UNAVAILABLE when there is no vendor BLAS or it lacks these types. */
 fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc *d);
+/* d's GEMM with its epilogue (d->bias, d->gelu) in one vendor call (cuBLASLt's BIAS / GELU_BIAS
+ * epilogues): one matrix (batch 1), a and b of one type, c f32 or that type.
+ * FPK_ERR_UNAVAILABLE when the library is missing or declines the shape (the caller then runs
+ * the GEMM and adds the epilogue itself). */
+fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_desc *d);
 /* Conv through the vendor DNN library: tuned (Find) or default (heuristic / immediate).
  * x, w, y share dtype dt and are contiguous NCDHW with 32-bit dims. */
 fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned,
@@ -193,6 +217,7 @@ typedef struct fpk_sdpa_desc {
     int64_t qs[3], ks[3], vs[3], os[3];
     float scale;
     const int32_t *seq_q, *seq_kv;
+    int causal; /* query i attends to keys j <= i (cuDNN's top-left causal mask) */
 } fpk_sdpa_desc;
 /* Resolves the graph API from the DNN library fpk_vendor_open loaded (called by it). */
 void fpk_vendor_sdpa_open(fpk_gpu_ctx *c);

@@ -558,6 +558,74 @@ extern "C" fpk_status fpk_gpu_rope(fpk_gpu_ctx *c, void *s, int mode, const fpk_
     return fpk_gpu_launched("rope");
 }
 
+/* ---- rms norm + rope ------------------------------------------------------------------------
+ * One group of 32 lanes per row of D (a head's q or k): the sum of squares in f32 across the
+ * group's shuffles, then each lane normalises, weights and rotates its pairs; the normalised row
+ * never leaves registers (no rounding to x's dtype between norm and rotation). */
+
+#define RNR_LANES 32
+
+__global__ void k_rms_norm_rope(const void *x, int xdt, const void *w, int wdt, const void *cs, int cdt,
+                                const void *sn, int sdt, void *y, int ydt, int64_t rows, int64_t D, fpk_dims d,
+                                float eps, int halves) {
+    const int lane = threadIdx.x % RNR_LANES, per_block = blockDim.x / RNR_LANES;
+    for (int64_t r = (int64_t)blockIdx.x * per_block + threadIdx.x / RNR_LANES; r < rows;
+         r += (int64_t)gridDim.x * per_block) {
+        const int64_t base = r * D;
+        float ss = 0.f;
+        for (int64_t i = lane; i < D; i += RNR_LANES) {
+            float v = fpk_ld(x, xdt, base + i);
+            ss += v * v;
+        }
+        for (int o = RNR_LANES / 2; o > 0; o >>= 1) ss += FPK_SHFL_XOR(ss, o, RNR_LANES);
+        const float inv = rsqrtf(ss / (float)D + eps);
+        int64_t rem = r, oc = 0, os = 0;
+        for (int k = d.nd - 1; k >= 0; k--) {
+            int64_t cc = rem % d.shape[k];
+            rem /= d.shape[k];
+            oc += cc * d.st[k];
+            os += cc * d.st2[k];
+        }
+        for (int64_t p = lane; p < D / 2; p += RNR_LANES) {
+            int64_t i0 = halves ? p : 2 * p, i1 = halves ? p + D / 2 : 2 * p + 1;
+            float x0 = fpk_ld(x, xdt, base + i0) * inv, x1 = fpk_ld(x, xdt, base + i1) * inv;
+            if (w) {
+                x0 *= fpk_ld(w, wdt, i0);
+                x1 *= fpk_ld(w, wdt, i1);
+            }
+            fpk_st(y, ydt, base + i0, x0 * fpk_ld(cs, cdt, oc + i0) - x1 * fpk_ld(sn, sdt, os + i0));
+            fpk_st(y, ydt, base + i1, x1 * fpk_ld(cs, cdt, oc + i1) + x0 * fpk_ld(sn, sdt, os + i1));
+        }
+    }
+}
+
+extern "C" fpk_status fpk_gpu_rms_norm_rope(fpk_gpu_ctx *c, void *s, int mode, float eps, const fpk_gt *x,
+                                            const fpk_gt *w, const fpk_gt *cos, const fpk_gt *sin,
+                                            const fpk_gt *out) {
+    if (mode != FPK_ROPE_INTERLEAVED && mode != FPK_ROPE_HALVES)
+        return fpk_gpu_set_error(FPK_ERR_UNSUPPORTED, "rms norm rope: mode %d", mode);
+    if (x->numel == 0) return FPK_OK;
+    int64_t D = x->shape[x->ndim - 1];
+    int64_t sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
+    bcast_strides(cos, x->ndim, x->shape, sc);
+    bcast_strides(sin, x->ndim, x->shape, ss);
+    fpk_dims d;
+    memset(&d, 0, sizeof d);
+    d.nd = x->ndim - 1;
+    for (int k = 0; k < d.nd; k++) {
+        d.shape[k] = x->shape[k];
+        d.st[k] = sc[k];
+        d.st2[k] = ss[k];
+    }
+    int64_t rows = x->numel / D, per_block = FPK_BLOCK / RNR_LANES;
+    int64_t blocks = (rows + per_block - 1) / per_block;
+    if (blocks > 65535 * 16) blocks = 65535 * 16;
+    k_rms_norm_rope<<<(unsigned)blocks, FPK_BLOCK, 0, fpk_stream(c, s)>>>(
+        x->data, x->dtype, w ? w->data : nullptr, w ? w->dtype : 0, cos->data, cos->dtype, sin->data, sin->dtype,
+        out->data, out->dtype, rows, D, d, eps, mode == FPK_ROPE_HALVES);
+    return fpk_gpu_launched("rms norm rope");
+}
+
 /* ---- data movement -------------------------------------------------------------------------- */
 
 template <int ES> struct elem_t;

@@ -9,7 +9,9 @@
  * library is found, the next one is looked for first in the same directory, so the set comes
  * from one install. A library that is missing or fails to start disables its tiers (BLAS: our
  * own GEMM kernel; DNN: the vendor conv tiers), never the backend. FRAMEPACK_GPU_NO_DNN=1 and
- * FRAMEPACK_GPU_NO_BLAS=1 disable them for tests.
+ * FRAMEPACK_GPU_NO_BLAS=1 disable them for tests. cuBLASLt (the GEMM's bias and GELU epilogues)
+ * is opened beside cuBLAS; FRAMEPACK_GPU_NO_BLASLT=1 leaves it out (bias and GELU then run as
+ * kernels after the GEMM).
  */
 #include "fpk_gpu_internal.h"
 
@@ -321,6 +323,169 @@ fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc 
     return FPK_OK;
 }
 
+/* ---- cuBLASLt: GEMM with the bias (+ GELU) epilogue ---------------------------------------- */
+
+enum {
+    LT_CREATE, LT_DESTROY, LT_DESC_CREATE, LT_DESC_DESTROY, LT_DESC_SET, LT_LAYOUT_CREATE, LT_LAYOUT_DESTROY,
+    LT_PREF_CREATE, LT_PREF_DESTROY, LT_PREF_SET, LT_HEURISTIC, LT_MATMUL, LT_N
+};
+static const char *const lt_syms[] = {
+    "cublasLtCreate", "cublasLtDestroy", "cublasLtMatmulDescCreate", "cublasLtMatmulDescDestroy",
+    "cublasLtMatmulDescSetAttribute", "cublasLtMatrixLayoutCreate", "cublasLtMatrixLayoutDestroy",
+    "cublasLtMatmulPreferenceCreate", "cublasLtMatmulPreferenceDestroy", "cublasLtMatmulPreferenceSetAttribute",
+    "cublasLtMatmulAlgoGetHeuristic", "cublasLtMatmul", NULL};
+static const char *const lt_names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11", NULL};
+
+/* cublasLt.h's values (cublasLtMatmulDescAttributes_t, cublasLtEpilogue_t, the preference). */
+enum { LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4, LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8 };
+enum { LT_EPILOGUE_DEFAULT = 1, LT_EPILOGUE_BIAS = 4, LT_EPILOGUE_GELU = 32, LT_EPILOGUE_GELU_BIAS = 36 };
+enum { LT_PREF_MAX_WORKSPACE_BYTES = 1, LT_PREF_MIN_ALIGNMENT_A_BYTES = 5 }; /* then B, C, D: 6, 7, 8 */
+#define LT_WORKSPACE ((size_t)32 << 20)
+
+typedef struct {
+    uint64_t data[8];
+} lt_algo_t;
+typedef struct {
+    lt_algo_t algo;
+    size_t workspace;
+    int state;
+    float waves;
+    int reserved[4];
+} lt_heuristic_t;
+
+typedef int (*lt_h_t)(void *);
+typedef int (*lt_desc_create_t)(void **, int, int);
+typedef int (*lt_set_t)(void *, int, const void *, size_t);
+typedef int (*lt_layout_create_t)(void **, int, uint64_t, uint64_t, int64_t);
+typedef int (*lt_pref_create_t)(void **);
+typedef int (*lt_heuristic_fn_t)(void *, void *, void *, void *, void *, void *, void *, int, lt_heuristic_t *, int *);
+typedef int (*lt_matmul_t)(void *, void *, const void *, const void *, void *, const void *, void *, const void *,
+                           const void *, void *, void *, void *, const lt_algo_t *, void *, size_t, cudaStream_t);
+
+/* The heuristic's algorithm for one shape, or a refusal (ok 0), cached for the process. */
+struct fpk_lt_plan {
+    int64_t M, N, K;
+    int ta, tb, at, ct, epi, align;
+    int ok;
+    lt_heuristic_t h;
+    struct fpk_lt_plan *next;
+};
+
+/* Descriptors of one cuBLASLt call, destroyed with the object. */
+struct lt_call {
+    fpk_vendor_blaslt *lt;
+    void *desc = nullptr, *la = nullptr, *lb = nullptr, *lc = nullptr, *pref = nullptr;
+    explicit lt_call(fpk_vendor_blaslt *l) : lt(l) {}
+    ~lt_call() {
+        lt_h_t ld = (lt_h_t)lt->fn[LT_LAYOUT_DESTROY];
+        if (la) ld(la);
+        if (lb) ld(lb);
+        if (lc) ld(lc);
+        if (desc) ((lt_h_t)lt->fn[LT_DESC_DESTROY])(desc);
+        if (pref) ((lt_h_t)lt->fn[LT_PREF_DESTROY])(pref);
+    }
+};
+
+fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_desc *d) {
+    fpk_vendor_blaslt *lt = &c->blaslt;
+    if (!lt->handle) return FPK_ERR_UNAVAILABLE;
+    int at = cuda_type(d->adt), ct = cuda_type(d->cdt);
+    if (at < 0 || ct < 0 || d->adt != d->bdt || (ct != FPK_CUDA_R_32F && d->cdt != d->adt) || d->batch != 1 ||
+        d->beta != 0.f)
+        return FPK_ERR_UNAVAILABLE;
+    if (d->M > INT_MAX || d->N > INT_MAX || d->K > INT_MAX) return FPK_ERR_UNAVAILABLE;
+    int epi = d->bias ? (d->gelu ? LT_EPILOGUE_GELU_BIAS : LT_EPILOGUE_BIAS) : (d->gelu ? LT_EPILOGUE_GELU : LT_EPILOGUE_DEFAULT);
+    /* row-major C = A B is column-major Cᵀ = Bᵀ Aᵀ: Lt's "A" is our b, its "B" our a; D has N rows, so
+     * the bias (one per row of D) is one per output column, as Linear's */
+    int ta = d->trans_b ? FPK_CUBLAS_OP_T : FPK_CUBLAS_OP_N, tb = d->trans_a ? FPK_CUBLAS_OP_T : FPK_CUBLAS_OP_N;
+    lt_call k(lt);
+    if (((lt_desc_create_t)lt->fn[LT_DESC_CREATE])(&k.desc, FPK_CUBLAS_COMPUTE_32F, FPK_CUDA_R_32F) != 0)
+        return FPK_ERR_UNAVAILABLE;
+    lt_set_t dset = (lt_set_t)lt->fn[LT_DESC_SET];
+    uint32_t e = (uint32_t)epi;
+    int32_t ta32 = ta, tb32 = tb;
+    fpk_scratch sbias(sf);
+    const void *bias = d->bias;
+    if (bias && d->bias_dt != d->cdt) { /* the epilogue reads the bias in the output's type */
+        FPK_TRY(sbias.alloc((size_t)d->N * fpk_dt_size(d->cdt)));
+        FPK_TRY(fpk_gpu_convert(st, sbias.ptr, d->cdt, bias, d->bias_dt, d->N));
+        bias = sbias.ptr;
+    }
+    /* the heuristic assumes 256-byte aligned buffers unless told less: tell it what these are
+     * (the plan is cached per alignment too, since later calls bring other pointers) */
+    uint32_t align = 256;
+    const void *ptrs[4] = {d->a, d->b, d->c, bias};
+    for (int i = 0; i < 4; i++)
+        while (ptrs[i] && ((uintptr_t)ptrs[i] % align) != 0) align /= 2;
+    if (align < 16) return FPK_ERR_UNAVAILABLE;
+    if (dset(k.desc, LT_DESC_TRANSA, &ta32, sizeof ta32) != 0 || dset(k.desc, LT_DESC_TRANSB, &tb32, sizeof tb32) != 0 ||
+        dset(k.desc, LT_DESC_EPILOGUE, &e, sizeof e) != 0 ||
+        (bias && dset(k.desc, LT_DESC_BIAS_POINTER, &bias, sizeof bias) != 0))
+        return FPK_ERR_UNAVAILABLE;
+    lt_layout_create_t lc = (lt_layout_create_t)lt->fn[LT_LAYOUT_CREATE];
+    /* column-major layouts: Lt's A = our b (op(A) is N x K), B = our a (op(B) is K x M), D N x M */
+    uint64_t ar = d->trans_b ? d->K : d->N, ac = d->trans_b ? d->N : d->K;
+    uint64_t br = d->trans_a ? d->M : d->K, bc = d->trans_a ? d->K : d->M;
+    if (lc(&k.la, at, ar, ac, d->ldb) != 0 || lc(&k.lb, at, br, bc, d->lda) != 0 ||
+        lc(&k.lc, ct, (uint64_t)d->N, (uint64_t)d->M, d->ldc) != 0)
+        return FPK_ERR_UNAVAILABLE;
+    struct fpk_lt_plan *pl = lt->plans;
+    for (; pl; pl = pl->next)
+        if (pl->M == d->M && pl->N == d->N && pl->K == d->K && pl->ta == ta && pl->tb == tb && pl->at == at &&
+            pl->ct == ct && pl->epi == epi && pl->align == (int)align)
+            break;
+    if (!pl) {
+        pl = (struct fpk_lt_plan *)calloc(1, sizeof *pl);
+        if (!pl) return FPK_ERR_UNAVAILABLE;
+        pl->M = d->M, pl->N = d->N, pl->K = d->K, pl->ta = ta, pl->tb = tb, pl->at = at, pl->ct = ct, pl->epi = epi;
+        pl->align = (int)align;
+        uint64_t ws = LT_WORKSPACE;
+        int n = 0;
+        lt_set_t pset = (lt_set_t)lt->fn[LT_PREF_SET];
+        bool pref_ok = ((lt_pref_create_t)lt->fn[LT_PREF_CREATE])(&k.pref) == 0 &&
+                       pset(k.pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0;
+        for (int i = 0; i < 4 && pref_ok; i++)
+            pref_ok = pset(k.pref, LT_PREF_MIN_ALIGNMENT_A_BYTES + i, &align, sizeof align) == 0;
+        if (pref_ok &&
+            ((lt_heuristic_fn_t)lt->fn[LT_HEURISTIC])(lt->handle, k.desc, k.la, k.lb, k.lc, k.lc, k.pref, 1, &pl->h,
+                                                      &n) == 0 &&
+            n > 0 && pl->h.state == 0)
+            pl->ok = 1;
+        pl->next = lt->plans;
+        lt->plans = pl;
+    }
+    if (!pl->ok) return FPK_ERR_UNAVAILABLE;
+    fpk_scratch ws(sf);
+    if (pl->h.workspace) FPK_TRY(ws.alloc(pl->h.workspace));
+    float alpha = d->alpha, beta = 0.f;
+    int s = ((lt_matmul_t)lt->fn[LT_MATMUL])(lt->handle, k.desc, &alpha, d->b, k.la, d->a, k.lb, &beta, d->c, k.lc,
+                                             d->c, k.lc, &pl->h.algo, ws.ptr, pl->h.workspace, st);
+    if (s != 0)
+        return fpk_gpu_set_error(FPK_ERR_BACKEND, "gemm: cublasLtMatmul status %d (%lld x %lld x %lld, epilogue %d)", s,
+                                 (long long)d->M, (long long)d->N, (long long)d->K, epi);
+    return FPK_OK;
+}
+
+static void lt_open(fpk_gpu_ctx *c, const char *dir) {
+    fpk_vendor_blaslt *lt = &c->blaslt;
+    lt->dl = open_first(lt_names, dir, lt->library, sizeof lt->library);
+    if (lt->dl && resolve(lt->dl, lt_syms, lt->fn) && ((lt_pref_create_t)lt->fn[LT_CREATE])(&lt->handle) == 0) return;
+    if (lt->dl) dlclose(lt->dl);
+    lt->dl = NULL;
+    lt->handle = NULL;
+}
+
+static void lt_close(fpk_gpu_ctx *c) {
+    fpk_vendor_blaslt *lt = &c->blaslt;
+    while (lt->plans) {
+        struct fpk_lt_plan *n = lt->plans->next;
+        free(lt->plans);
+        lt->plans = n;
+    }
+    if (lt->handle) ((lt_h_t)lt->fn[LT_DESTROY])(lt->handle);
+    if (lt->dl) dlclose(lt->dl);
+}
+
 static int cudnn_type(int dt) { return dt == FPK_F32 ? FPK_CUDNN_DATA_FLOAT : dt == FPK_F16 ? FPK_CUDNN_DATA_HALF : FPK_CUDNN_DATA_BFLOAT16; }
 
 /* cuDNN descriptors of one conv, destroyed with the object. */
@@ -486,6 +651,14 @@ typedef int (*m_immed)(void *, void *, const void *, void *, const void *, void 
 
 static int rb_type(int dt) { return dt == FPK_F32 ? RB_F32 : dt == FPK_F16 ? RB_F16 : dt == FPK_BF16 ? RB_BF16 : -1; }
 
+/* hipBLASLt's epilogues are not wired yet: the GEMM then our bias and activation kernels. */
+fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_desc *d) {
+    (void)c, (void)st, (void)sf, (void)d;
+    return FPK_ERR_UNAVAILABLE;
+}
+static void lt_open(fpk_gpu_ctx *c, const char *dir) { (void)c, (void)dir; }
+static void lt_close(fpk_gpu_ctx *c) { (void)c; }
+
 fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc *d) {
     fpk_vendor_blas *b = &c->blas;
     if (!b->handle) return FPK_ERR_UNAVAILABLE;
@@ -631,6 +804,7 @@ void fpk_vendor_open(fpk_gpu_ctx *c) {
         fpk_vendor_blas *b = &c->blas;
         vendor_lib_open(blas_names, blas_syms, "", &b->dl, b->fn, &b->handle, b->library, sizeof b->library);
         if (b->handle) dir_of(b->library, dir, sizeof dir); /* the DNN library from the same root */
+        if (b->handle && !env_on("FRAMEPACK_GPU_NO_BLASLT")) lt_open(c, dir);
     }
     if (!env_on("FRAMEPACK_GPU_NO_DNN")) {
         fpk_vendor_dnn *d = &c->dnn;
@@ -645,10 +819,12 @@ void fpk_vendor_open(fpk_gpu_ctx *c) {
 void fpk_vendor_close(fpk_gpu_ctx *c) {
     if (c->blas.handle) ((vendor_destroy_t)c->blas.fn[1])(c->blas.handle);
     if (c->blas.dl) dlclose(c->blas.dl);
+    lt_close(c);
     fpk_vendor_sdpa_close(c);
     if (c->dnn.handle) ((vendor_destroy_t)c->dnn.fn[1])(c->dnn.handle);
     algos_free(&c->dnn);
     if (c->dnn.dl) dlclose(c->dnn.dl);
     memset(&c->blas, 0, sizeof c->blas);
+    memset(&c->blaslt, 0, sizeof c->blaslt);
     memset(&c->dnn, 0, sizeof c->dnn);
 }

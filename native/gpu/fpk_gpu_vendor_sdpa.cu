@@ -9,7 +9,8 @@
  * flash-attention engine recognises:
  *
  *   S = Q·Kᵀ (matmul, f32) → S·scale (by-value f32) → [padding mask: GEN_INDEX rows/cols,
- *   CMP_LT against the per-batch sequence lengths, AND, BINARY_SELECT −inf] → max (reduction)
+ *   CMP_LT against the per-batch sequence lengths, AND, BINARY_SELECT −inf] → [causal mask:
+ *   GEN_INDEX rows/cols, CMP_GE (row >= col), BINARY_SELECT −inf] → max (reduction)
  *   → sub → exp → sum (reduction) → log + max (the stats, virtual here: inference) → exp/sum
  *   (in the inputs' dtype) → O = P·V (matmul, f32).
  *
@@ -118,6 +119,7 @@ enum { /* cudnnPointwiseMode_t */
     PW_SUB = 9,
     PW_EXP = 13,
     PW_LOG = 15,
+    PW_CMP_GE = 303,
     PW_CMP_LT = 304,
     PW_LOGICAL_AND = 400,
     PW_GEN_INDEX = 501,
@@ -207,6 +209,7 @@ SAME(PW_DIV, CUDNN_POINTWISE_DIV);
 SAME(PW_SUB, CUDNN_POINTWISE_SUB);
 SAME(PW_EXP, CUDNN_POINTWISE_EXP);
 SAME(PW_LOG, CUDNN_POINTWISE_LOG);
+SAME(PW_CMP_GE, CUDNN_POINTWISE_CMP_GE);
 SAME(PW_CMP_LT, CUDNN_POINTWISE_CMP_LT);
 SAME(PW_LOGICAL_AND, CUDNN_POINTWISE_LOGICAL_AND);
 SAME(PW_GEN_INDEX, CUDNN_POINTWISE_GEN_INDEX);
@@ -440,6 +443,8 @@ static void build_plan(fpk_vendor_dnn *d, const fpk_sdpa_desc *sd, struct fpk_sd
     void *s1 = g.tensor(uid++, DT_FLOAT, sdim, sst, true, false, "scaled scores");
     ops[nops++] = g.pointwise(PW_MUL, DT_FLOAT, s0, tscale, nullptr, s1, -1, "scale");
     void *last = s1;
+    void *tneg = nullptr;
+    if (masked || sd->causal) tneg = g.tensor(U_NEG_INF, DT_FLOAT, one, one, false, true, "-inf tensor");
     if (masked) {
         /* keys at or past seq_len_kv[b] (and rows past seq_len_q[b]) get −inf */
         void *row = g.tensor(uid++, DT_INT32, sdim, sst, true, false, "row index");
@@ -452,10 +457,22 @@ static void build_plan(fpk_vendor_dnn *d, const fpk_sdpa_desc *sd, struct fpk_sd
         ops[nops++] = g.pointwise(PW_CMP_LT, DT_BOOLEAN, col, tskv, nullptr, colok, -1, "col < seq_len_kv");
         void *keep = g.tensor(uid++, DT_BOOLEAN, sdim, sst, true, false, "padding mask");
         ops[nops++] = g.pointwise(PW_LOGICAL_AND, DT_BOOLEAN, rowok, colok, nullptr, keep, -1, "row and col");
-        void *tneg = g.tensor(U_NEG_INF, DT_FLOAT, one, one, false, true, "-inf tensor");
         void *s2 = g.tensor(uid++, DT_FLOAT, sdim, sst, true, false, "masked scores");
         ops[nops++] = g.pointwise(PW_BINARY_SELECT, DT_FLOAT, last, tneg, keep, s2, -1, "select padding");
         last = s2;
+    }
+    if (sd->causal) {
+        /* keys after the query's own position get −inf (top-left: row >= col), as the frontend's
+         * causal mask lowers */
+        void *row = g.tensor(uid++, DT_INT32, sdim, sst, true, false, "causal row index");
+        ops[nops++] = g.pointwise(PW_GEN_INDEX, DT_INT32, last, nullptr, nullptr, row, 2, "gen causal row index");
+        void *col = g.tensor(uid++, DT_INT32, sdim, sst, true, false, "causal col index");
+        ops[nops++] = g.pointwise(PW_GEN_INDEX, DT_INT32, last, nullptr, nullptr, col, 3, "gen causal col index");
+        void *keep = g.tensor(uid++, DT_BOOLEAN, sdim, sst, true, false, "causal mask");
+        ops[nops++] = g.pointwise(PW_CMP_GE, DT_BOOLEAN, row, col, nullptr, keep, -1, "row >= col");
+        void *s3 = g.tensor(uid++, DT_FLOAT, sdim, sst, true, false, "causal scores");
+        ops[nops++] = g.pointwise(PW_BINARY_SELECT, DT_FLOAT, last, tneg, keep, s3, -1, "select causal");
+        last = s3;
     }
     /* softmax as the frontend's composite: max, sub, exp, sum, (log + max: stats), div */
     void *mx = g.tensor(uid++, DT_FLOAT, rdim, rst, true, false, "row max");
@@ -543,7 +560,7 @@ static void build_plan(fpk_vendor_dnn *d, const fpk_sdpa_desc *sd, struct fpk_sd
 
 static void plan_key(const fpk_sdpa_desc *sd, int64_t key[24]) {
     memset(key, 0, 24 * sizeof key[0]);
-    int64_t v[] = {sd->B, sd->H, sd->Hkv, sd->Lq, sd->Lk, sd->D, sd->Dv, sd->dt, sd->seq_kv != nullptr,
+    int64_t v[] = {sd->B, sd->H, sd->Hkv, sd->Lq, sd->Lk, sd->D, sd->Dv, sd->dt, (sd->seq_kv != nullptr) + 2 * sd->causal,
                    sd->qs[0], sd->qs[1], sd->qs[2], sd->ks[0], sd->ks[1], sd->ks[2], sd->vs[0], sd->vs[1],
                    sd->vs[2], sd->os[0], sd->os[1], sd->os[2]};
     memcpy(key, v, sizeof v);
@@ -584,10 +601,10 @@ fpk_status fpk_vendor_sdpa(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
     }
     if (!p->ok)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE,
-                                 "attention: cuDNN declines SDPA B %lld H %lld/%lld Lq %lld Lk %lld D %lld/%lld%s: %s",
+                                 "attention: cuDNN declines SDPA B %lld H %lld/%lld Lq %lld Lk %lld D %lld/%lld%s%s: %s",
                                  (long long)sd->B, (long long)sd->H, (long long)sd->Hkv, (long long)sd->Lq,
                                  (long long)sd->Lk, (long long)sd->D, (long long)sd->Dv,
-                                 sd->seq_kv ? " (padding mask)" : "", p->why);
+                                 sd->seq_kv ? " (padding mask)" : "", sd->causal ? " (causal)" : "", p->why);
     int s = ((g_set_stream_t)d->fn[2]) /* cudnnSetStream */(d->handle, st);
     if (s) return fpk_gpu_set_error(FPK_ERR_BACKEND, "attention: cudnnSetStream status %d", s);
     fpk_scratch ws(sf);
@@ -598,6 +615,11 @@ fpk_status fpk_vendor_sdpa(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
     void *ptrs[8] = {(void *)sd->q, (void *)sd->k, (void *)sd->v, sd->o, &scale,
                      (void *)sd->seq_q, (void *)sd->seq_kv, &neg_inf};
     int n = sd->seq_kv ? 8 : 5;
+    if (!sd->seq_kv && sd->causal) { /* no lengths: the −inf scalar goes in their place */
+        uids[5] = U_NEG_INF;
+        ptrs[5] = &neg_inf;
+        n = 6;
+    }
     void *vp = nullptr;
     s = ((g_create_t)d->gfn[G_CREATE])(BK_VARIANT_PACK, &vp);
     if (s) return fpk_gpu_set_error(FPK_ERR_BACKEND, "attention: cuDNN variant pack: status %d", s);

@@ -37,8 +37,11 @@ extern "C" {
  *    optional backend slot after the version-5 ones.
  * 7: fpk_op_group_norm_act (group norm and an activation in one pass) and
  *    fpk_op_upsample_pad (nearest upsampling and replicate padding in one pass), their optional
- *    backend slots after the version-6 one. */
-#define FPK_API_VERSION 7
+ *    backend slots after the version-6 one.
+ * 8: fpk_op_rms_norm_rope (its optional slot after the version-7 ones),
+ *    fpk_gemm_params.epilogue (bias + GELU(tanh) fused into the GEMM) and
+ *    fpk_attention_params.causal. */
+#define FPK_API_VERSION 8
 
 /* Most dimensions a tensor may have. */
 #define FPK_MAX_DIMS 8
@@ -245,10 +248,19 @@ fpk_status fpk_tensor_fill(fpk_stream_t stream, fpk_tensor_t tensor, double valu
  * rank 2 (shared by every batch); the last two dims are the matrix.
  * On the cpu backend b (the weight) may be F16 or BF16 with a, bias and out F32: b is widened to
  * f32 a panel at a time into bounded scratch (fp32 accumulation, the f32 path's results). */
+/* What the GEMM applies to its result after the bias (API version 6): nothing, or GELU(tanh)
+ * (FPK_UNARY_GELU_TANH's formula; the feed-forward's Linear + GELU in one op: cuBLASLt's
+ * GELU_BIAS epilogue on CUDA, the GEMM then an in-place activation elsewhere). */
+typedef enum fpk_gemm_epilogue {
+    FPK_GEMM_EPILOGUE_NONE = 0,
+    FPK_GEMM_EPILOGUE_GELU_TANH = 1,
+    FPK_GEMM_EPILOGUE_COUNT = 2
+} fpk_gemm_epilogue;
 typedef struct fpk_gemm_params {
     int trans_a;
     int trans_b;
-    float alpha; /* 0 means 1 */
+    float alpha;      /* 0 means 1 */
+    int32_t epilogue; /* fpk_gemm_epilogue (0: none) */
 } fpk_gemm_params;
 fpk_status fpk_op_gemm(fpk_stream_t stream, const fpk_gemm_params *params, fpk_tensor_t a,
                        fpk_tensor_t b, fpk_tensor_t bias, fpk_tensor_t out);
@@ -369,6 +381,12 @@ typedef struct fpk_attention_params {
     int64_t query_chunk; /* chunked tier: queries per chunk; 0 = backend default */
     int32_t layout;      /* fpk_attention_layout */
     int32_t tier;        /* fpk_attention_tier */
+    /* API version 6: the caller's word that mask is causal (query i attends to keys j <= i)
+     * AND a key-padding mask (each batch entry's first n >= 1 keys), as Llama's and CLIP's. The
+     * vendor tier then checks the mask on the device and serves it with cuDNN's causal mask
+     * (declining, as for any mask it cannot take, when the check fails); every other tier reads
+     * the mask as always. 0: no claim. */
+    int32_t causal;
 } fpk_attention_params;
 fpk_status fpk_op_attention(fpk_stream_t stream, const fpk_attention_params *params,
                             fpk_tensor_t q, fpk_tensor_t k, fpk_tensor_t v, fpk_tensor_t mask,
@@ -392,6 +410,14 @@ typedef enum fpk_rope_mode {
  * even. A backend without the mode answers FPK_ERR_UNSUPPORTED. */
 fpk_status fpk_op_rope(fpk_stream_t stream, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
                        fpk_tensor_t sin, fpk_tensor_t out);
+/* RMS norm of the last dim, then rope, in one pass (API version 6): out = rope(mode,
+ * rms_norm(eps, x, weight), cos, sin), the q/k of HunyuanVideo's attention. x [..., D] (e.g.
+ * [B, L, H, D]: one row per head), weight [D] or NULL, cos and sin as fpk_op_rope's (full last dim,
+ * broadcast to x). The normalised row stays f32 into the rotation (no rounding to x's dtype
+ * between the two). f16/bf16 x and out on GPUs, with f32 statistics. */
+fpk_status fpk_op_rms_norm_rope(fpk_stream_t stream, fpk_rope_mode mode, float eps, fpk_tensor_t x,
+                                fpk_tensor_t weight, fpk_tensor_t cos, fpk_tensor_t sin,
+                                fpk_tensor_t out);
 
 /* Concatenates n tensors along dim (all other dims equal). */
 fpk_status fpk_op_concat(fpk_stream_t stream, int dim, int n, const fpk_tensor_t *inputs,

@@ -896,6 +896,8 @@ fpk_status fpk_op_gemm(fpk_stream_t s, const fpk_gemm_params *p, fpk_tensor_t a,
     fpk_tensor_t ts[] = {a, b, bias, out};
     TRY(check_args(op, s, 4, ts, 0xb));
     CHECK(p, "%s: null params", op);
+    CHECK(p->epilogue >= 0 && p->epilogue < FPK_GEMM_EPILOGUE_COUNT, "%s: unknown epilogue %d", op,
+          (int)p->epilogue);
     CHECK(a->ndim >= 2 && b->ndim >= 2 && out->ndim >= 2, "%s: operands need at least 2 dims", op);
     int64_t M = p->trans_a ? a->shape[a->ndim - 1] : a->shape[a->ndim - 2];
     int64_t K = p->trans_a ? a->shape[a->ndim - 2] : a->shape[a->ndim - 1];
@@ -1246,6 +1248,25 @@ fpk_status fpk_op_rope(fpk_stream_t s, fpk_rope_mode mode, fpk_tensor_t x, fpk_t
           "%s: cos and sin must have the full last dim of x", op);
     SLOT(s, rope, op);
     return s->backend->iface->rope(BCTX(s), mode, x, cos, sin, out);
+}
+
+fpk_status fpk_op_rms_norm_rope(fpk_stream_t s, fpk_rope_mode mode, float eps, fpk_tensor_t x,
+                                fpk_tensor_t weight, fpk_tensor_t cos, fpk_tensor_t sin,
+                                fpk_tensor_t out) {
+    const char *op = "rms norm rope";
+    CHECK(mode >= 0 && mode < FPK_ROPE_MODE_COUNT, "%s: unknown mode %d", op, (int)mode);
+    fpk_tensor_t ts[] = {x, weight, cos, sin, out};
+    TRY(check_args(op, s, 5, ts, 0x1d));
+    CHECK(x->ndim >= 1 && x->shape[x->ndim - 1] % 2 == 0, "%s: last dim of x must be even", op);
+    TRY(check_same_shape(op, x, "x", out, "out"));
+    TRY(check_vec(op, weight, "weight", x->shape[x->ndim - 1]));
+    TRY(check_broadcast(op, x, cos, out));
+    TRY(check_broadcast(op, x, sin, out));
+    CHECK(cos->ndim >= 1 && cos->shape[cos->ndim - 1] == x->shape[x->ndim - 1] && sin->ndim >= 1 &&
+              sin->shape[sin->ndim - 1] == x->shape[x->ndim - 1],
+          "%s: cos and sin must have the full last dim of x", op);
+    SLOT(s, rms_norm_rope, op);
+    return s->backend->iface->rms_norm_rope(BCTX(s), mode, eps, x, weight, cos, sin, out);
 }
 
 fpk_status fpk_op_concat(fpk_stream_t s, int dim, int n, const fpk_tensor_t *in, fpk_tensor_t out) {

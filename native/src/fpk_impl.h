@@ -172,6 +172,11 @@ struct fpk_backend_iface {
     /* Replicate padding of a nearest upsampling over the last 3 dims (API version 7; optional). */
     fpk_status (*upsample_pad)(void *ctx, void *stream, const int64_t *scale, const int64_t *before,
                                const int64_t *after, fpk_tensor_t x, fpk_tensor_t out);
+    /* API version 8 (optional): RMS norm then rope in one pass; a mode the backend lacks answers
+     * FPK_ERR_UNSUPPORTED. The gemm slot honours fpk_gemm_params.epilogue. */
+    fpk_status (*rms_norm_rope)(void *ctx, void *stream, fpk_rope_mode mode, float eps,
+                                fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t cos, fpk_tensor_t sin,
+                                fpk_tensor_t out);
 };
 
 struct fpk_backend {

@@ -5,7 +5,11 @@
 // pool of random bf16 numbers. Weights are held in bf16 (16-bit storage, f32 accumulation),
 // activations in f32. Writes ours.json next to the manifests; table.py joins both sides.
 //
-//	gpubench -dir DIR [-backend cuda] [-stages transformer,vae_decode,...]
+//	gpubench -dir DIR [-backend cuda] [-stages transformer,vae_decode,...] [-profile]
+//
+// -profile runs each stage once warm and once under runtime.Profile (a stream sync after every
+// op) instead of the timed runs, prints where the device time goes per op and writes
+// profile-<stage>.json; its times are perturbed by the syncs, so it never feeds the speed table.
 package main
 
 import (
@@ -121,6 +125,7 @@ func run() error {
 	backend := flag.String("backend", "cuda", "runtime backend")
 	stages := flag.String("stages", strings.Join(allStages, ","), "stages to run")
 	flag.Float64Var(&tiledCapGiB, "vae-tiled-cap-gib", 8, "memory cap of the vae_decode_tiled stage, whose tiling the VAE chooses from it")
+	prof := flag.Bool("profile", false, "per-op device time of one run of each stage instead of the timed runs")
 	flag.Parse()
 	if *dir == "" {
 		return fmt.Errorf("-dir is required")
@@ -137,8 +142,21 @@ func run() error {
 		}
 		res := &result{DType: act.String() + " weights and activations, f32 accumulation"}
 		start := time.Now()
-		if err := runStage(*dir, *backend, st, pool, res, &rep); err != nil {
+		var p *profile
+		if *prof {
+			p = &profile{Stage: st}
+		}
+		if err := runStage(*dir, *backend, st, pool, res, &rep, p); err != nil {
 			res.Error = err.Error()
+		}
+		if p != nil {
+			if err := p.write(*dir, os.Stdout); err != nil {
+				return err
+			}
+			if res.Error != "" {
+				fmt.Printf("profile %s: %s\n", st, res.Error)
+			}
+			continue
 		}
 		rep.Stages[st] = res
 		raw, _ := json.Marshal(res)
@@ -190,7 +208,7 @@ func stageActivation(stage string) (runtime.DType, error) {
 	return runtime.F16, nil
 }
 
-func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) error {
+func runStage(dir, backend, stage string, pool *pool, res *result, rep *report, prof *profile) error {
 	act, err := stageActivation(stage)
 	if err != nil {
 		return err
@@ -202,6 +220,10 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report) 
 	rt, err := runtime.New(opts)
 	if err != nil {
 		return err
+	}
+	timed := timed
+	if prof != nil {
+		timed = prof.run
 	}
 	defer rt.Close()
 	rep.Device = rt.Backend().DeviceName

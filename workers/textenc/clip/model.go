@@ -104,6 +104,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, o Options) (*Model, err
 	for i := range cfg.NumHiddenLayers {
 		name := nn.Join("encoder.layers", i)
 		l := nn.NewEncoderLayer(ld, name, H, cfg.IntermediateSize, cfg.NumAttentionHeads, eps, act)
+		l.SelfAttn.Causal = true // the text transformer's causal mask (nn.CausalMask)
 		m.Layers = append(m.Layers, &l)
 	}
 	m.FinalLayerNorm = nn.NewLayerNorm(ld, "final_layer_norm", H, eps)

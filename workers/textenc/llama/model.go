@@ -287,7 +287,7 @@ func bindLayer(ld *nn.Loader, name string, cfg Config, act nn.Activation) *Decod
 			KProj:     nn.NewLinear(ld, nn.Join(at, "k_proj"), H, kvHeads*D, cfg.AttentionBias),
 			VProj:     nn.NewLinear(ld, nn.Join(at, "v_proj"), H, kvHeads*D, cfg.AttentionBias),
 			OProj:     nn.NewLinear(ld, nn.Join(at, "o_proj"), heads*D, H, cfg.AttentionBias),
-			Attention: nn.Attention{Heads: heads, KVHeads: kvHeads, HeadDim: D, Scale: float32(1 / math.Sqrt(float64(D)))},
+			Attention: nn.Attention{Heads: heads, KVHeads: kvHeads, HeadDim: D, Scale: float32(1 / math.Sqrt(float64(D))), Causal: true}, // nn.CausalMask: causal AND padding
 		},
 		PostAttentionLayernorm: nn.NewRMSNorm(ld, nn.Join(name, "post_attention_layernorm"), H, eps),
 		MLP: MLP{

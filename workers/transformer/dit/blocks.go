@@ -6,14 +6,22 @@ import (
 )
 
 // rope is the joint sequence's rotation table, [1, L, 1, D] each (L = image tokens then
-// encoder tokens; the encoder rows are cos 1, sin 0, which leaves them unrotated exactly).
+// encoder tokens; the encoder rows are cos 1, sin 0, which leaves them unrotated exactly), and
+// its image rows alone, [1, Li, 1, D].
 type rope struct {
-	cos, sin *runtime.Tensor
+	cos, sin       *runtime.Tensor
+	imgCos, imgSin *runtime.Tensor
 }
 
-// apply rotates x [1, L, H, D] (interleaved pairs, apply_rotary_emb_transposed).
-func (r rope) apply(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	return p.Do(p.RT.RoPE(runtime.RoPEInterleaved, x, r.cos, r.sin))
+// normApply is norm_q / norm_k then the rotation (interleaved pairs,
+// apply_rotary_emb_transposed) of x [1, L, H, D] in one op: over the joint sequence's table, or
+// with image set over the image rows alone (x is the image stream's part).
+func (r rope) normApply(p *nn.Pass, n *nn.RMSNorm, x *runtime.Tensor, image bool) *runtime.Tensor {
+	cos, sin := r.cos, r.sin
+	if image {
+		cos, sin = r.imgCos, r.imgSin
+	}
+	return p.Do(p.RT.RMSNormRoPE(runtime.RoPEInterleaved, x, n.Weight, cos, sin, n.Eps))
 }
 
 // JointAttention is the double block's attn (HunyuanAttnProcessorFlashAttnDouble): image q/k/v
@@ -46,15 +54,22 @@ func bindJointAttention(l *nn.Loader, prefix string, cfg Config) JointAttention 
 
 // heads projects x [1, L, dim] with l to [1, L, H, D] and applies norm when it is not nil.
 func heads(p *nn.Pass, a nn.Attention, l nn.Linear, norm *nn.RMSNorm, x *runtime.Tensor) *runtime.Tensor {
+	return headsWith(p, a, l, x, func(h *runtime.Tensor) *runtime.Tensor {
+		if norm == nil {
+			return h
+		}
+		return norm.Forward(p, h)
+	})
+}
+
+// headsWith projects x [1, L, dim] with l to [1, L, H, D] and passes the heads through f (which
+// returns them or a new tensor).
+func headsWith(p *nn.Pass, a nn.Attention, l nn.Linear, x *runtime.Tensor, f func(*runtime.Tensor) *runtime.Tensor) *runtime.Tensor {
 	h := l.Forward(p, x)
 	if !p.OK() {
 		return nil
 	}
-	h = p.Reshape(h, h.Dim(0), h.Dim(1), a.Heads, a.HeadDim)
-	if norm == nil {
-		return h
-	}
-	return p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return norm.Forward(p, h) })
+	return p.Then(p.Reshape(h, h.Dim(0), h.Dim(1), a.Heads, a.HeadDim), f)
 }
 
 // Forward: img [1, Li, dim], txt [1, Lt, dim] → attention outputs of the same shapes.
@@ -64,11 +79,14 @@ func (a JointAttention) Forward(p *nn.Pass, img, txt *runtime.Tensor, r rope) (*
 		p.Drop(x, y)
 		return out
 	}
-	q := cat(heads(p, a.Attention, a.ToQ, &a.NormQ, img), heads(p, a.Attention, a.AddQ, &a.NormAddedQ, txt))
-	k := cat(heads(p, a.Attention, a.ToK, &a.NormK, img), heads(p, a.Attention, a.AddK, &a.NormAddedK, txt))
+	// image q/k: norm and rope in one op; text q/k: their own norms, no rope (the reference
+	// rotates the image part only)
+	imgQK := func(l nn.Linear, n *nn.RMSNorm) *runtime.Tensor {
+		return headsWith(p, a.Attention, l, img, func(h *runtime.Tensor) *runtime.Tensor { return r.normApply(p, n, h, true) })
+	}
+	q := cat(imgQK(a.ToQ, &a.NormQ), heads(p, a.Attention, a.AddQ, &a.NormAddedQ, txt))
+	k := cat(imgQK(a.ToK, &a.NormK), heads(p, a.Attention, a.AddK, &a.NormAddedK, txt))
 	v := cat(heads(p, a.Attention, a.ToV, nil, img), heads(p, a.Attention, a.AddV, nil, txt))
-	q = p.Then(q, func(q *runtime.Tensor) *runtime.Tensor { return r.apply(p, q) })
-	k = p.Then(k, func(k *runtime.Tensor) *runtime.Tensor { return r.apply(p, k) })
 	o := a.Attention.Forward(p, q, k, v, nil) // [1, Li+Lt, dim]
 	p.Drop(q, k, v)
 	if !p.OK() {
@@ -144,9 +162,8 @@ type SingleAttention struct {
 
 // Forward: x [1, L, dim] → [1, L, dim].
 func (a SingleAttention) Forward(p *nn.Pass, x *runtime.Tensor, r rope) *runtime.Tensor {
-	qk := func(l nn.Linear, n *nn.RMSNorm) *runtime.Tensor {
-		h := heads(p, a.Attention, l, n, x)
-		return p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return r.apply(p, h) })
+	qk := func(l nn.Linear, n *nn.RMSNorm) *runtime.Tensor { // norm, then rope over the joint table
+		return headsWith(p, a.Attention, l, x, func(h *runtime.Tensor) *runtime.Tensor { return r.normApply(p, n, h, false) })
 	}
 	q, k := qk(a.ToQ, &a.NormQ), qk(a.ToK, &a.NormK)
 	v := heads(p, a.Attention, a.ToV, nil, x)
@@ -186,9 +203,10 @@ func (blk HunyuanVideoSingleTransformerBlock) Forward(rt *runtime.Runtime, x, te
 	p := nn.NewPass(nil, rt)
 	defer p.Free()
 	nx, gate := blk.Norm.Forward(p, x, temb)
-	pm := blk.ProjMLP.Forward(p, nx)
-	mlp := p.Do(p.RT.GELU(pm))
-	p.Drop(pm)
+	var mlp *runtime.Tensor // act_mlp(proj_mlp(x)): GELU(tanh) in the GEMM's epilogue
+	if p.OK() {
+		mlp = p.Do(p.RT.LinearGELU(nx, blk.ProjMLP.Weight, blk.ProjMLP.Bias))
+	}
 	attn := blk.Attn.Forward(p, nx, r)
 	p.Drop(nx)
 	cat := p.Do(p.RT.Concat(-1, attn, mlp))

@@ -30,9 +30,16 @@ func bindFeedForward(l *nn.Loader, prefix string, dim, inner int, act runtime.Un
 
 // Forward: x [..., dim] → [..., dim].
 func (f FeedForward) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	h := f.Proj.Forward(p, x)
-	a := p.Do(p.RT.Unary(f.act, h))
-	p.Drop(h)
+	var a *runtime.Tensor
+	switch {
+	case !p.OK():
+	case f.act == runtime.OpGELUTanh: // net.0's projection and GELU(tanh) in one op (GEMM epilogue)
+		a = p.Do(p.RT.LinearGELU(x, f.Proj.Weight, f.Proj.Bias))
+	default:
+		h := f.Proj.Forward(p, x)
+		a = p.Do(p.RT.Unary(f.act, h))
+		p.Drop(h)
+	}
 	out := f.Out.Forward(p, a)
 	p.Drop(a)
 	return out

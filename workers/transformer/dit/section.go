@@ -309,6 +309,11 @@ func (m *Model) prepare(c Conditioning, shape [5]int) (*Section, error) {
 	sin := p.Do(m.rt.Slice(all, -1, d, 2*d))
 	s.rope.cos = own(p.Reshape(cos, 1, n, 1, d))
 	s.rope.sin = own(p.Reshape(sin, 1, n, 1, d))
+	// the image stream's rows alone, for the double blocks' image q/k (their text q/k get none)
+	if li := s.cleanLen + s.noisyLen; p.OK() {
+		s.rope.imgCos = own(p.Do(m.rt.Slice(s.rope.cos, 1, 0, li)))
+		s.rope.imgSin = own(p.Do(m.rt.Slice(s.rope.sin, 1, 0, li)))
+	}
 	if !p.OK() {
 		return nil, p.Err()
 	}

@@ -124,7 +124,8 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 const activationFactor = 16
 
 // ActivationBytes estimates the activations one forward holds at its peak for w:
-// activationFactor [L, dim] tensors in w.ActivationDType plus the f32 rope tables. It is an estimate: the
+// activationFactor [L, dim] tensors in w.ActivationDType plus the f32 rope tables (the joint one
+// and its image rows). It is an estimate: the
 // OOM ladder's resident-block rungs catch an underestimate.
 func (c Config) ActivationBytes(w Workload) int64 {
 	if w.Height <= 0 || w.Width <= 0 || w.LatentWindowSize <= 0 {
@@ -132,5 +133,5 @@ func (c Config) ActivationBytes(w Workload) int64 {
 	}
 	l := int64(c.Tokens(w))
 	es := int64(w.ActivationDType.Size())
-	return l * (es*activationFactor*int64(c.InnerDim()) + 4*2*int64(c.AttentionHeadDim))
+	return l * (es*activationFactor*int64(c.InnerDim()) + 4*4*int64(c.AttentionHeadDim))
 }
