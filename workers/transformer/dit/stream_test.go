@@ -215,7 +215,7 @@ func TestActivationBytesByDType(t *testing.T) {
 	f32 := cfg.ActivationBytes(w)
 	w.ActivationDType = runtime.BF16
 	bf16 := cfg.ActivationBytes(w)
-	rope := int64(cfg.Tokens(w)) * 4 * 2 * 128
+	rope := int64(cfg.Tokens(w)) * 4 * 4 * 128 // cos and sin, joint and image rows
 	if f32 <= 0 || bf16-rope != (f32-rope)/2 {
 		t.Fatalf("estimate f32 %d, bf16 %d (rope tables %d): want the non-rope part halved", f32, bf16, rope)
 	}
