@@ -162,6 +162,26 @@ static size_t find_workspace(fpk_scratch &ws, size_t want) {
     return 0;
 }
 
+/* What Find may offer cuDNN as workspace for a conv whose input and output take io_bytes: twice
+ * that (room for cuDNN to transform both into the channels-last layout its matrix-unit kernels
+ * want for our NCDHW tensors), at least 16 MiB, at most FRAMEPACK_CUDNN_WORKSPACE_MB (default
+ * 8192), and never more than fits under the memory cap (find_workspace halves down to what does).
+ * Measured on an H100 (docs/bench/notes/2026-11-25-16bit-activations.md): the full-size VAE
+ * decode took 18.7 s with a 1 GiB ceiling (cuDNN fell back to kernels without the matrix units)
+ * and 3.8 s with 8 GiB; a small conv (SigLIP's patch embedding) no longer holds a 1 GiB block
+ * that outweighs its model. */
+static size_t find_workspace_want(size_t io_bytes) {
+    size_t most = (size_t)8 << 30;
+    const char *v = getenv("FRAMEPACK_CUDNN_WORKSPACE_MB");
+    if (v && *v) {
+        long long mb = atoll(v);
+        if (mb >= 16) most = (size_t)mb << 20;
+    }
+    size_t want = 2 * io_bytes, least = (size_t)16 << 20;
+    if (want < least) want = least;
+    return want < most ? want : most;
+}
+
 enum { FPK_CUDA_R_32F = 0, FPK_CUDA_R_16F = 2, FPK_CUDA_R_16BF = 14 };
 enum { FPK_CUBLAS_OP_N = 0, FPK_CUBLAS_OP_T = 1, FPK_CUBLAS_COMPUTE_32F = 68, FPK_CUBLAS_GEMM_DEFAULT = -1 };
 
@@ -556,7 +576,10 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
         int got = 0, pick = -1;
         if (tuned) {
             fpk_scratch ws(sf);
-            size_t wsz = find_workspace(ws, (size_t)1 << 30);
+            size_t io = 0, xn = 1, yn = 1;
+            for (int i = 0; i < 5; i++) xn *= (size_t)xdims[i], yn *= (size_t)ydims[i];
+            io = (xn + yn) * fpk_dt_size(dt);
+            size_t wsz = find_workspace(ws, find_workspace_want(io));
             DNN(((fn_find)d->fn[D_FIND])(d->handle, ds.x, x, ds.w, w, ds.conv, ds.y, y, 8, &got, perf, ws.ptr, wsz),
                 "FindConvolutionForwardAlgorithmEx");
             for (int i = 0; i < got && pick < 0; i++)
