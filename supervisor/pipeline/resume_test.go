@@ -414,6 +414,13 @@ func TestJobOptions(t *testing.T) {
 		if r.MemoryCapBytes != wantCap {
 			t.Errorf("stage %s ran under a cap of %d bytes, want %d (64 GiB − 2.5 GiB preserved − the reserve)", r.Name, r.MemoryCapBytes, wantCap)
 		}
+		// what the e2e benchmark reads: the loaded bytes (load GB/s) and the transformer's residency
+		if !r.Reused && r.WeightBytes == 0 {
+			t.Errorf("stage %s loaded its worker but records no weight bytes", r.Name)
+		}
+		if r.Worker == "transformer" && !r.Reused && r.ResidentBlocks+r.StreamedBlocks == 0 {
+			t.Errorf("stage %s records no transformer blocks (resident %d, streamed %d)", r.Name, r.ResidentBlocks, r.StreamedBlocks)
+		}
 	}
 	if workerStages < 5 {
 		t.Errorf("%d worker stages recorded", workerStages)

@@ -164,6 +164,13 @@ type StageRecord struct {
 	// MemoryCapBytes is the cap the worker ran under, as its Stats reported it.
 	MemoryCapBytes uint64 `json:"memory_cap_bytes,omitempty"`
 	RSSPeakBytes   uint64 `json:"rss_peak_bytes,omitempty"`
+	// WeightBytes is the size of the weights the worker loaded (its LoadResponse's; 0 when
+	// Reused): with Load, the load's bytes per second.
+	WeightBytes uint64 `json:"weight_bytes,omitempty"`
+	// ResidentBlocks and StreamedBlocks are the blocks (transformer) or layers (text encoder)
+	// the worker kept on the device and streamed from host memory.
+	ResidentBlocks uint32 `json:"resident_blocks,omitempty"`
+	StreamedBlocks uint32 `json:"streamed_blocks,omitempty"`
 	// Err is the failure, empty on success.
 	Err string `json:"error,omitempty"`
 	// ConvTiers are the worker's convolution tier counts (metrics).
@@ -474,7 +481,10 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 	rec := StageRecord{Stage: stage, Section: section, Worker: string(st.Model), PID: rep.PID, Reused: rep.Reused, Kept: rep.Kept,
 		Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
 		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes, ConvTiers: rep.ConvTiers,
-		MemoryCapBytes: rep.MemoryCapBytes}
+		MemoryCapBytes: rep.MemoryCapBytes, ResidentBlocks: rep.ResidentBlocks, StreamedBlocks: rep.StreamedBlocks}
+	if !rep.Reused {
+		rec.WeightBytes = rep.WeightBytes
+	}
 	if err != nil {
 		rec.Err, rec.Cancelled = err.Error(), ctx.Err() != nil
 		j.record(rec)
