@@ -1,0 +1,95 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/framepackd/framepackd/internal/testbin"
+)
+
+// TestMain runs the harness itself when E2E_HARNESS is set (the test starts its own binary
+// as the harness, so the harness's own flags and exit status are what is tested).
+func TestMain(m *testing.M) {
+	if os.Getenv("E2E_HARNESS") != "" {
+		main()
+		os.Exit(0)
+	}
+	code := m.Run()
+	testbin.Cleanup()
+	os.Exit(code)
+}
+
+// TestE2ECPU is `make e2e-cpu`: mkmodels re-draws the tiny models in the hub layout (sharded),
+// then the harness runs one job through a real framepackd and the CLI on a cpu lane of 2 GiB
+// at two budgets (the whole lane, and a 0.25 GiB cap), and -report -require 2 checks that
+// both jobs finished, every worker stage has its spawn, load, GB/s, peak and cap, and every
+// peak is under its cap. A second harness run keeps both budgets (resumable).
+func TestE2ECPU(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the daemon and its workers")
+	}
+	root, err := testbin.ModuleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	for _, p := range []string{"cmd/framepackd", "cmd/framepack", "workers/textenc", "workers/vae", "workers/clipvision", "workers/transformer", "workers/probe", "scripts/gpue2e/mkmodels"} {
+		if err := os.Symlink(testbin.Build(t, "./"+p), filepath.Join(bin, filepath.Base(p))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	models, out := t.TempDir(), t.TempDir()
+	mk := exec.Command(filepath.Join(bin, "mkmodels"), "-fixtures", filepath.Join(root, "testdata", "parity", "models"), "-out", models, "-shard-mb", "2")
+	if b, err := mk.CombinedOutput(); err != nil {
+		t.Fatalf("mkmodels: %v\n%s", err, b)
+	}
+	if _, err := os.Stat(filepath.Join(models, "hunyuanvideo-community/HunyuanVideo/text_encoder/model.safetensors.index.json")); err != nil {
+		t.Errorf("text encoder not sharded: %v", err)
+	}
+	harness := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(os.Args[0], args...)
+		cmd.Env = append(os.Environ(), "E2E_HARNESS=1")
+		b, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("e2e %s: %v\n%s", strings.Join(args, " "), err, b)
+		}
+		return string(b)
+	}
+	args := []string{"-bin", bin, "-models", models, "-out", out, "-lane", "cpu", "-device-gib", "2", "-budgets", "all,0.25",
+		"-width", "96", "-height", "64", "-resolution", "96", "-window", "3", "-steps", "2", "-seconds", "0.5", "-timeout", "2m"}
+	t.Log(harness(args...))
+	if again := harness(args...); strings.Count(again, "kept") != 2 {
+		t.Errorf("second run did not keep both budgets:\n%s", again)
+	}
+	rep := filepath.Join(out, "e2e.json")
+	table := harness("-out", out, "-budgets", "all,0.25", "-report", rep, "-gpu", "cpu", "-require", "2")
+	t.Log(table)
+	var r Report
+	raw, err := os.ReadFile(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &r); err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Jobs) != 2 || r.Jobs[1].CapGiB < 0.249 || r.Jobs[1].CapGiB > 0.251 || r.Jobs[0].VsAll != 1 {
+		t.Errorf("jobs %+v", r.Jobs)
+	}
+	stages := map[string]bool{}
+	for _, row := range r.Rows {
+		stages[row.Stage] = true
+	}
+	for _, s := range []string{"STAGE_TEXT_ENCODE", "STAGE_VAE_ENCODE", "STAGE_IMAGE_ENCODE", "STAGE_TRANSFORMER", "STAGE_VAE_DECODE"} {
+		if !stages[s] {
+			t.Errorf("no row of %s", s)
+		}
+	}
+	if !strings.Contains(table, "| all resident |") || !strings.Contains(table, "| 0.25 GB |") {
+		t.Errorf("table:\n%s", table)
+	}
+}
