@@ -48,6 +48,7 @@ def parse_args():
     p.add_argument("--window", type=int, default=9)
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--seconds", type=float, default=1)
+    p.add_argument("--skip-done", action="store_true", help="do nothing when --out already has this run's job row without error")
     return p.parse_args()
 
 
@@ -315,7 +316,18 @@ def main():
     del blocker
 
 
+def done():
+    if not os.path.exists(ARGS.out):
+        return False
+    with open(ARGS.out) as f:
+        rows = json.load(f).get("rows", [])
+    return any(r["mode"] == MODE and r["budget_gb"] == ARGS.budget and r["stage"] == "job" and not r.get("error") for r in rows)
+
+
 if __name__ == "__main__":
+    if ARGS.skip_done and done():
+        print(f"framepack {MODE} budget {ARGS.budget}: kept ({ARGS.out})")
+        sys.exit(0)
     try:
         main()
     except Exception as e:  # recorded as a row: the table says which mode failed and why

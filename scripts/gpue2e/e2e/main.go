@@ -53,6 +53,7 @@ type options struct {
 	timeout                                 time.Duration
 	report, framepack, gpu                  string
 	minBudgets                              int
+	limit                                   time.Duration
 }
 
 func run() error {
@@ -75,6 +76,7 @@ func run() error {
 	flag.StringVar(&o.framepack, "framepack", "", "FramePack's results (framepack_e2e.py's JSON) to merge into -report")
 	flag.StringVar(&o.gpu, "gpu", "", "device name for -report")
 	flag.IntVar(&o.minBudgets, "require", 0, "with -report: fail unless this many budgets are complete, every stage has its numbers and every peak is under its cap")
+	flag.DurationVar(&o.limit, "limit", 0, "stop before a budget that would end past this much time from the start (the budget before it taken as its estimate); 0: no limit")
 	flag.Parse()
 	if o.out == "" {
 		return errors.New("-out is required")
@@ -103,6 +105,8 @@ func run() error {
 	if err := writeImage(img, o.width, o.height); err != nil {
 		return err
 	}
+	start := time.Now()
+	var last time.Duration
 	for _, b := range strings.Split(o.budgets, ",") {
 		b = strings.TrimSpace(b)
 		if b == "" {
@@ -113,7 +117,14 @@ func run() error {
 			fmt.Printf("e2e budget %s: kept %s\n", b, path)
 			continue
 		}
+		if o.limit > 0 && last > 0 && time.Since(start)+last*5/4 > o.limit {
+			fmt.Printf("e2e: stopping before budget %s: %v spent, the last budget took %v, the limit is %v (run again to go on)\n",
+				b, time.Since(start).Round(time.Second), last.Round(time.Second), o.limit)
+			return nil
+		}
+		t0 := time.Now()
 		res, err := runBudget(o, b, dev, img)
+		last = time.Since(t0)
 		if err != nil {
 			return fmt.Errorf("budget %s: %w", b, err)
 		}
