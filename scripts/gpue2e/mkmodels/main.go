@@ -11,7 +11,9 @@
 // state_dict at the real sizes, ARCHITECTURE.md §8; config.json beside each manifest), each
 // tensor's dtype taken from the fixture checkpoint's tensor of the same name (layer indices
 // folded to 0: the fixtures have fewer layers); without it, the fixture checkpoints themselves
-// (testdata/parity/models: the tiny models, re-drawn). Tokenizers and the SigLIP preprocessor
+// (testdata/parity/models: the tiny models, re-drawn). Names are written as the hub has them:
+// CLIP's under text_model. and SigLIP's under vision_model. (transformers 4 saved the wrapper
+// module; the fixtures and transformers 5's state_dict leave it out). Tokenizers and the SigLIP preprocessor
 // config are copied from the fixtures. Checkpoints bigger than a model's shard size are split
 // into NAME-0000i-of-0000n.safetensors with NAME.safetensors.index.json, as the hub has them
 // (text_encoder in 5 GB shards: 4 files; the transformer in 10 GB shards: 3 files).
@@ -50,14 +52,17 @@ type model struct {
 	out     string  // folder under -out
 	base    string  // weight file name without .safetensors
 	shardGB float64 // shard size (0: one file)
+	// prefix is the wrapper module the hub's checkpoint names carry and transformers 5 leaves
+	// out (the fixtures, saved with transformers 5, have bare names): written on every name.
+	prefix string
 }
 
 var models = []model{
-	{"llama", "hunyuanvideo/text_encoder", "hunyuanvideo-community/HunyuanVideo/text_encoder", "model", 5},
-	{"clip", "hunyuanvideo/text_encoder_2", "hunyuanvideo-community/HunyuanVideo/text_encoder_2", "model", 0},
-	{"vae", "hunyuanvideo/vae", "hunyuanvideo-community/HunyuanVideo/vae", "diffusion_pytorch_model", 0},
-	{"siglip", "flux_redux_bfl/image_encoder", "lllyasviel/flux_redux_bfl/image_encoder", "model", 0},
-	{"transformer", "framepack_i2v", "lllyasviel/FramePackI2V_HY", "diffusion_pytorch_model", 10},
+	{"llama", "hunyuanvideo/text_encoder", "hunyuanvideo-community/HunyuanVideo/text_encoder", "model", 5, ""},
+	{"clip", "hunyuanvideo/text_encoder_2", "hunyuanvideo-community/HunyuanVideo/text_encoder_2", "model", 0, "text_model."},
+	{"vae", "hunyuanvideo/vae", "hunyuanvideo-community/HunyuanVideo/vae", "diffusion_pytorch_model", 0, ""},
+	{"siglip", "flux_redux_bfl/image_encoder", "lllyasviel/flux_redux_bfl/image_encoder", "model", 0, "vision_model."},
+	{"transformer", "framepack_i2v", "lllyasviel/FramePackI2V_HY", "diffusion_pytorch_model", 10, ""},
 }
 
 // copies are the fixture folders copied as they are.
@@ -147,11 +152,11 @@ func specOf(m model, fixtures, manifests string) ([]tensor, []byte, error) {
 		return nil, nil, fmt.Errorf("fixture %s: %w", m.key, err)
 	}
 	defer ck.Close()
-	fix := map[string]safetensors.TensorInfo{}
+	fix := map[string]safetensors.TensorInfo{} // by bare name
 	counts := map[safetensors.DType]int{}
 	for _, name := range ck.Names() {
 		ti, _ := ck.Info(name)
-		fix[name] = ti
+		fix[strings.TrimPrefix(name, m.prefix)] = ti
 		counts[ti.DType]++
 	}
 	if manifests == "" {
@@ -161,7 +166,7 @@ func specOf(m model, fixtures, manifests string) ([]tensor, []byte, error) {
 		}
 		var ts []tensor
 		for name, ti := range fix {
-			ts = append(ts, tensor{Name: name, DType: ti.DType, Shape: ti.Shape})
+			ts = append(ts, tensor{Name: m.prefix + name, DType: ti.DType, Shape: ti.Shape})
 		}
 		sort.Slice(ts, func(i, j int) bool { return ts[i].Name < ts[j].Name })
 		return ts, cfg, nil
@@ -192,7 +197,10 @@ func specOf(m model, fixtures, manifests string) ([]tensor, []byte, error) {
 		return nil, nil, fmt.Errorf("manifest %s: %w", m.key, err)
 	}
 	var ts []tensor
-	for name, t := range man.Tensors {
+	bare := map[string]bool{}
+	for full, t := range man.Tensors {
+		name := strings.TrimPrefix(full, m.prefix)
+		bare[name] = true
 		dt := common
 		switch t.DType {
 		case "int64":
@@ -206,11 +214,11 @@ func specOf(m model, fixtures, manifests string) ([]tensor, []byte, error) {
 				dt = ti.DType
 			}
 		}
-		ts = append(ts, tensor{Name: name, DType: dt, Shape: t.Shape})
+		ts = append(ts, tensor{Name: m.prefix + name, DType: dt, Shape: t.Shape})
 	}
 	var missing []string
 	for name := range fix {
-		if _, ok := man.Tensors[name]; !ok {
+		if !bare[name] {
 			missing = append(missing, name)
 		}
 	}
