@@ -406,7 +406,12 @@ func TestJobOptions(t *testing.T) {
 		t.Errorf("%d frames, want %d", got, want)
 	}
 	workerStages := 0
+	var prev pipeline.StageRecord
 	for _, r := range stageRecords(t, o.State, job.GetId()) {
+		if r.Start.IsZero() || r.Start.Before(prev.Start.Add(prev.Wall)) {
+			t.Errorf("stage %s starts at %v, before the stage before it (%s, %v + %v) ended", r.Name, r.Start, prev.Name, prev.Start, prev.Wall)
+		}
+		prev = r
 		if r.Worker == "" {
 			continue
 		}

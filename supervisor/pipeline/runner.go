@@ -153,6 +153,9 @@ type StageRecord struct {
 	PID     int               `json:"pid,omitempty"`
 	Reused  bool              `json:"reused,omitempty"`
 	Kept    bool              `json:"kept,omitempty"`
+	// Start is when the stage began (its worker's spawn; benchmarks match device memory
+	// samples to stages by it).
+	Start time.Time `json:"start"`
 	// Wall is the whole stage, spawn to reaped worker.
 	Wall         time.Duration `json:"wall_ns"`
 	SpawnToReady time.Duration `json:"spawn_to_ready_ns"`
@@ -479,7 +482,7 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 	rep, err := j.runOnLane(ctx, stage, section, st) // watchdog.go
 	wall := time.Since(t0)
 	rec := StageRecord{Stage: stage, Section: section, Worker: string(st.Model), PID: rep.PID, Reused: rep.Reused, Kept: rep.Kept,
-		Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
+		Start: t0, Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
 		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes, ConvTiers: rep.ConvTiers,
 		MemoryCapBytes: rep.MemoryCapBytes, ResidentBlocks: rep.ResidentBlocks, StreamedBlocks: rep.StreamedBlocks}
 	if !rep.Reused {
@@ -501,7 +504,7 @@ func (j *jobRun) hostStage(ctx context.Context, stage framepackv1.Stage, section
 	t0 := time.Now()
 	err := fn()
 	wall := time.Since(t0)
-	rec := StageRecord{Stage: stage, Section: section, Wall: wall, Compute: wall}
+	rec := StageRecord{Stage: stage, Section: section, Start: t0, Wall: wall, Compute: wall}
 	if err != nil {
 		rec.Err, rec.Cancelled = err.Error(), ctx.Err() != nil
 		j.record(rec)

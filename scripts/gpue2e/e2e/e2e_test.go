@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/framepackd/framepackd/internal/testbin"
 )
@@ -91,5 +92,26 @@ func TestE2ECPU(t *testing.T) {
 	}
 	if !strings.Contains(table, "| all resident |") || !strings.Contains(table, "| 0.25 GB |") {
 		t.Errorf("table:\n%s", table)
+	}
+}
+
+// TestSamplerWindows checks how device memory samples are matched to stages: the peak inside a
+// stage's window, and kill → memory back as the first sample at the baseline after the kill,
+// -1 when the next stage began first.
+func TestSamplerWindows(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	s := &sampler{samples: []sample{{at(0), 500}, {at(100), 9000}, {at(200), 20000}, {at(300), 12000}, {at(400), 600}, {at(500), 700}, {at(600), 15000}}}
+	if p := s.peakIn(at(50), at(350)); p != 20000 {
+		t.Errorf("peak in window %v, want 20000", p)
+	}
+	if p := s.peakIn(at(700), at(800)); p != 0 {
+		t.Errorf("peak of an empty window %v", p)
+	}
+	if b := s.backAfter(at(250), at(550), 756); b != 0.15 {
+		t.Errorf("back after %v s, want 0.15", b)
+	}
+	if b := s.backAfter(at(250), at(350), 756); b != -1 {
+		t.Errorf("back after %v s, want -1 (the next stage began first)", b)
 	}
 }

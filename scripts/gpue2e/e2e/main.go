@@ -140,45 +140,51 @@ func run() error {
 
 // stageRecord is the part of pipeline.StageRecord (stages.jsonl) the benchmark reads.
 type stageRecord struct {
-	Stage          string `json:"stage"`
-	Section        int    `json:"section"`
-	Worker         string `json:"worker"`
-	Reused         bool   `json:"reused"`
-	Wall           int64  `json:"wall_ns"`
-	SpawnToReady   int64  `json:"spawn_to_ready_ns"`
-	Load           int64  `json:"load_ns"`
-	Compute        int64  `json:"compute_ns"`
-	Teardown       int64  `json:"teardown_ns"`
-	AllocPeakBytes uint64 `json:"alloc_peak_bytes"`
-	MemoryCapBytes uint64 `json:"memory_cap_bytes"`
-	RSSPeakBytes   uint64 `json:"rss_peak_bytes"`
-	WeightBytes    uint64 `json:"weight_bytes"`
-	ResidentBlocks uint32 `json:"resident_blocks"`
-	StreamedBlocks uint32 `json:"streamed_blocks"`
-	Err            string `json:"error"`
+	Stage          string    `json:"stage"`
+	Section        int       `json:"section"`
+	Worker         string    `json:"worker"`
+	Reused         bool      `json:"reused"`
+	Start          time.Time `json:"start"`
+	Wall           int64     `json:"wall_ns"`
+	SpawnToReady   int64     `json:"spawn_to_ready_ns"`
+	Load           int64     `json:"load_ns"`
+	Compute        int64     `json:"compute_ns"`
+	Teardown       int64     `json:"teardown_ns"`
+	AllocPeakBytes uint64    `json:"alloc_peak_bytes"`
+	MemoryCapBytes uint64    `json:"memory_cap_bytes"`
+	RSSPeakBytes   uint64    `json:"rss_peak_bytes"`
+	WeightBytes    uint64    `json:"weight_bytes"`
+	ResidentBlocks uint32    `json:"resident_blocks"`
+	StreamedBlocks uint32    `json:"streamed_blocks"`
+	Err            string    `json:"error"`
 }
 
 // Row is one stage of one budget's job.
 type Row struct {
-	Budget         string  `json:"budget"`
-	BudgetGB       float64 `json:"budget_gb"`
-	Stage          string  `json:"stage"`
-	Section        int     `json:"section"`
-	Worker         string  `json:"worker,omitempty"`
-	Seconds        float64 `json:"seconds"`
-	SpawnToReadyS  float64 `json:"spawn_to_ready_s"`
-	LoadS          float64 `json:"load_s"`
-	LoadGBps       float64 `json:"load_gbps"`
-	ComputeS       float64 `json:"compute_s"`
-	KillToReapedS  float64 `json:"kill_to_reaped_s"`
-	PeakGiB        float64 `json:"peak_gib"`
-	CapGiB         float64 `json:"cap_gib"`
-	UnderCap       bool    `json:"under_cap"`
-	WeightGB       float64 `json:"weight_gb"`
-	ResidentBlocks uint32  `json:"resident_blocks,omitempty"`
-	StreamedBlocks uint32  `json:"streamed_blocks,omitempty"`
-	Reused         bool    `json:"reused,omitempty"`
-	Error          string  `json:"error,omitempty"`
+	Budget        string  `json:"budget"`
+	BudgetGB      float64 `json:"budget_gb"`
+	Stage         string  `json:"stage"`
+	Section       int     `json:"section"`
+	Worker        string  `json:"worker,omitempty"`
+	Seconds       float64 `json:"seconds"`
+	SpawnToReadyS float64 `json:"spawn_to_ready_s"`
+	LoadS         float64 `json:"load_s"`
+	LoadGBps      float64 `json:"load_gbps"`
+	ComputeS      float64 `json:"compute_s"`
+	KillToReapedS float64 `json:"kill_to_reaped_s"`
+	PeakGiB       float64 `json:"peak_gib"`
+	CapGiB        float64 `json:"cap_gib"`
+	// NVMLPeakGiB is the device's used memory above the baseline while the stage ran;
+	// KillToMemoryBackS the time from the worker's kill until it was back at the baseline
+	// (+ 256 MiB), -1 when it was not back before the next stage began (cuda lanes).
+	NVMLPeakGiB       float64 `json:"nvml_peak_gib,omitempty"`
+	KillToMemoryBackS float64 `json:"kill_to_memory_back_s,omitempty"`
+	UnderCap          bool    `json:"under_cap"`
+	WeightGB          float64 `json:"weight_gb"`
+	ResidentBlocks    uint32  `json:"resident_blocks,omitempty"`
+	StreamedBlocks    uint32  `json:"streamed_blocks,omitempty"`
+	Reused            bool    `json:"reused,omitempty"`
+	Error             string  `json:"error,omitempty"`
 }
 
 // Budget is one budget's job.
@@ -196,8 +202,8 @@ type Budget struct {
 	LoadShare   float64 `json:"load_share"`
 	MaxPeakGiB  float64 `json:"max_peak_gib"`
 	AllUnderCap bool    `json:"all_under_cap"`
-	// NVMLBaselineGiB and NVMLPeakGiB are the device's used memory before the daemon started
-	// and its highest sample during the job (cuda lanes).
+	// NVMLBaselineGiB is the device's used memory before the daemon started, NVMLPeakGiB its
+	// highest sample during the job above that (cuda lanes).
 	NVMLBaselineGiB float64 `json:"nvml_baseline_gib,omitempty"`
 	NVMLPeakGiB     float64 `json:"nvml_peak_gib,omitempty"`
 	OK              bool    `json:"ok"`
@@ -290,7 +296,10 @@ func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 	genErr := gen.Run()
 	res.TotalS = time.Since(t0).Seconds()
 	if smi != nil {
-		res.NVMLPeakGiB = smi.stop()
+		smi.settle(float64(res.NVMLBaselineGiB)*1024+256, 10*time.Second)
+		if p := smi.stop(); p > 0 {
+			res.NVMLPeakGiB = p - res.NVMLBaselineGiB
+		}
 	}
 	if genErr != nil {
 		res.Error = fmt.Sprintf("framepack generate: %v: %s", genErr, lastLines(genOut.String(), 5))
@@ -309,6 +318,21 @@ func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 			row.LoadGBps = float64(r.WeightBytes) / 1e9 / sec(r.Load)
 		}
 		row.UnderCap = r.Worker == "" || (r.MemoryCapBytes > 0 && r.AllocPeakBytes <= r.MemoryCapBytes)
+		if smi != nil && r.Worker != "" && !r.Start.IsZero() {
+			end := r.Start.Add(time.Duration(r.Wall))
+			if p := smi.peakIn(r.Start, end); p > 0 {
+				row.NVMLPeakGiB = p/1024 - res.NVMLBaselineGiB
+			}
+			if !r.Reused && r.Teardown > 0 {
+				next := time.Time{}
+				for _, q := range recs {
+					if q.Start.After(r.Start) && (next.IsZero() || q.Start.Before(next)) && q.Worker != "" {
+						next = q.Start
+					}
+				}
+				row.KillToMemoryBackS = smi.backAfter(end.Add(-time.Duration(r.Teardown)), next, res.NVMLBaselineGiB*1024+256)
+			}
+		}
 		if r.Worker != "" {
 			if row.CapGiB > 0 {
 				res.CapGiB = row.CapGiB
@@ -410,17 +434,22 @@ func nvidiaSMI(idx, field string) (int64, error) {
 	return v, nil
 }
 
-// sampler follows the GPU's used memory through nvidia-smi's loop mode.
+// sampler follows the GPU's used memory through nvidia-smi's loop mode (every 50 ms).
 type sampler struct {
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	peak int64
-	done chan struct{}
+	cmd     *exec.Cmd
+	mu      sync.Mutex
+	samples []sample
+	done    chan struct{}
+}
+
+type sample struct {
+	at  time.Time
+	mib float64
 }
 
 func startSampler(idx string) *sampler {
 	s := &sampler{done: make(chan struct{})}
-	s.cmd = exec.Command("nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", idx, "-lms", "100")
+	s.cmd = exec.Command("nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", idx, "-lms", "50")
 	out, err := s.cmd.StdoutPipe()
 	if err != nil || s.cmd.Start() != nil {
 		close(s.done)
@@ -430,14 +459,61 @@ func startSampler(idx string) *sampler {
 		defer close(s.done)
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			if v, err := strconv.ParseInt(strings.TrimSpace(sc.Text()), 10, 64); err == nil {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(sc.Text()), 64); err == nil {
 				s.mu.Lock()
-				s.peak = max(s.peak, v)
+				s.samples = append(s.samples, sample{time.Now(), v})
 				s.mu.Unlock()
 			}
 		}
 	}()
 	return s
+}
+
+// settle waits until a sample is at most mib, or for limit.
+func (s *sampler) settle(mib float64, limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		s.mu.Lock()
+		n := len(s.samples)
+		back := n > 0 && s.samples[n-1].mib <= mib
+		s.mu.Unlock()
+		if back {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// peakIn is the highest sample (MiB) in [from, to], 0 when none.
+func (s *sampler) peakIn(from, to time.Time) float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var p float64
+	for _, x := range s.samples {
+		if !x.at.Before(from) && !x.at.After(to) {
+			p = max(p, x.mib)
+		}
+	}
+	return p
+}
+
+// backAfter is the time from kill to the first sample at most mib, -1 when none came before
+// next (zero: no limit).
+func (s *sampler) backAfter(kill, next time.Time, mib float64) float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, x := range s.samples {
+		if x.at.Before(kill) {
+			continue
+		}
+		if !next.IsZero() && x.at.After(next) {
+			break
+		}
+		if x.mib <= mib {
+			return x.at.Sub(kill).Seconds()
+		}
+	}
+	return -1
 }
 
 // stop ends the sampling and returns the peak in GiB.
@@ -449,7 +525,11 @@ func (s *sampler) stop() float64 {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return float64(s.peak) / 1024
+	var p float64
+	for _, x := range s.samples {
+		p = max(p, x.mib)
+	}
+	return p / 1024
 }
 
 // writeImage writes a w × h gradient PNG (the job's start frame; its aspect picks the bucket).

@@ -158,10 +158,10 @@ func table(rep Report, fp fpResults) string {
 			fmt.Fprintf(&b, "| %s | %g | %s | %s | %.2f | %.2f |\n", r.Mode, r.BudgetGB, r.Stage, s, r.PeakGiB, r.NVMLPeakGiB)
 		}
 	}
-	b.WriteString("\nPer stage\n\n| budget | stage | section | s | spawn→ready s | load s | load GB/s | compute s | kill→reaped s | peak/cap GiB |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("\nPer stage\n\n| budget | stage | section | s | spawn→ready s | load s | load GB/s | compute s | kill→reaped s | kill→memory back s | peak/cap GiB | NVML GiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rep.Rows {
-		fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f/%.2f |\n", r.Budget, r.Stage, r.Section, r.Seconds,
-			r.SpawnToReadyS, r.LoadS, r.LoadGBps, r.ComputeS, r.KillToReapedS, r.PeakGiB, r.CapGiB)
+		fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f/%.2f | %.2f |\n", r.Budget, r.Stage, r.Section, r.Seconds,
+			r.SpawnToReadyS, r.LoadS, r.LoadGBps, r.ComputeS, r.KillToReapedS, r.KillToMemoryBackS, r.PeakGiB, r.CapGiB, r.NVMLPeakGiB)
 	}
 	return b.String()
 }
