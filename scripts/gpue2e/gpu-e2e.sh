@@ -15,14 +15,15 @@
 #            all,24,16,8,6), resumable: budgets already in $D/out are kept, and no budget starts
 #            that would pass $E2E_LIMIT (default 8m) of this call
 # framepack  FramePack's demo_gradio.py loop: high-VRAM, then low-VRAM (DynamicSwap,
-#            preservation 6) under a blocker leaving $FP_BUDGET GiB (default 6); each kept once done
+#            preservation 6) under a blocker leaving each of $FP_BUDGETS GiB (default 6; "24 16 8 6"
+#            is the table); each run kept once done
 # report     merge into $D/out/<date>-<gpu>-e2e.json (docs/bench/) and table.md
 # all        build models ours framepack report (what `make gpu-e2e` runs)
 #
 # Every phase copies the results ($D/out/*.json, table.md, logs) to $OUT when set. Results of an
 # earlier machine carried back under build/e2e/results/ are seeded into $D/out first.
 # Knobs: D (default /tmp/fpk-e2e), BUDGETS, STEPS (25), E2E_LIMIT, FP_MODES ("high low"),
-# FP_BUDGET, CUDA_ARCHS (90). A dry run of the phases on a machine without a GPU (checks this
+# FP_BUDGETS, CUDA_ARCHS (90). A dry run of the phases on a machine without a GPU (checks this
 # script, not the GPU): LANE=cpu DEVICE_GIB=2 TINY=1 BUDGETS=all,0.25 gpu-e2e.sh models ours report
 # (tiny models from the fixtures, a 96x64 job).
 set -uo pipefail
@@ -112,11 +113,14 @@ for phase in "${phases[@]}"; do
 	framepack)
 		need_bundle
 		env_setup || status=1
+		runs=()
 		for m in ${FP_MODES:-high low}; do
-			b=0
-			[ "$m" = low ] && b=${FP_BUDGET:-6}
+			if [ "$m" = low ]; then for b in ${FP_BUDGETS:-6}; do runs+=("low $b"); done; else runs+=("high 0"); fi
+		done
+		for r in "${runs[@]}"; do
+			set -- $r
 			timeout 580 python3 "$D/pkg/framepack_e2e.py" --third-party "$ROOT/third_party_ref" --models "$D/models" \
-				--out "$D/out/framepack.json" --mode "$m" --budget "$b" --steps "${STEPS:-25}" --skip-done >>"$D/out/framepack.log" 2>&1 || status=1
+				--out "$D/out/framepack.json" --mode "$1" --budget "$2" --steps "${STEPS:-25}" --skip-done >>"$D/out/framepack.log" 2>&1 || status=1
 			grep -E '^framepack' "$D/out/framepack.log" | tail -3
 		done
 		;;
