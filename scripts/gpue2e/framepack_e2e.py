@@ -2,7 +2,7 @@
 """FramePack's side of the end-to-end benchmark (make gpu-e2e, issue 17).
 
 Runs FramePack's own image-to-video worker loop (lllyasviel/FramePack demo_gradio.py `worker`,
-written out headless: no gradio, no stream queue, no MP4 writing) on the checkpoints mkmodels
+written out headless: no gradio, no stream queue, no MP4 writing; the per-step preview is made) on the checkpoints mkmodels
 wrote (--models ROOT: hunyuanvideo-community/HunyuanVideo, lllyasviel/flux_redux_bfl,
 lllyasviel/FramePackI2V_HY), with demo_gradio.py's model setup and memory handling verbatim:
 
@@ -59,6 +59,7 @@ try:
 except ImportError:
     sys.modules["cv2"] = types.ModuleType("cv2")
 
+import einops  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -131,7 +132,7 @@ def main():
         from transformers import AutoTokenizer as LlamaTokenizerFast
     from diffusers_helper.bucket_tools import find_nearest_bucket
     from diffusers_helper.clip_vision import hf_clip_vision_encode
-    from diffusers_helper.hunyuan import encode_prompt_conds, vae_decode, vae_encode
+    from diffusers_helper.hunyuan import encode_prompt_conds, vae_decode, vae_decode_fake, vae_encode
     from diffusers_helper.memory import (DynamicSwapInstaller, fake_diffusers_current_device, gpu, load_model_as_complete,
                                          move_model_to_device_with_memory_preservation,
                                          offload_model_from_device_for_memory_preservation, unload_complete_models)
@@ -264,6 +265,11 @@ def main():
         clean_latents = torch.cat([clean_latents_pre, clean_latents_post], dim=2)
         sec_t0 = time.perf_counter()
 
+        def callback(d):  # demo_gradio.py's per-step preview, less the queue it is pushed to
+            preview = vae_decode_fake(d['denoised'])
+            preview = (preview * 255.0).detach().cpu().numpy().clip(0, 255).astype(np.uint8)
+            return einops.rearrange(preview, 'b c t h w -> (b h) (t w) c')
+
         def sample():
             if not high_vram:
                 unload_complete_models()
@@ -278,7 +284,7 @@ def main():
                 image_embeddings=image_encoder_last_hidden_state, latent_indices=latent_indices, clean_latents=clean_latents,
                 clean_latent_indices=clean_latent_indices, clean_latents_2x=clean_latents_2x,
                 clean_latent_2x_indices=clean_latent_2x_indices, clean_latents_4x=clean_latents_4x,
-                clean_latent_4x_indices=clean_latent_4x_indices, callback=None)
+                clean_latent_4x_indices=clean_latent_4x_indices, callback=callback)
 
         generated_latents = stage("transformer", sample)
         if is_last_section:
