@@ -11,7 +11,8 @@
 // state_dict at the real sizes, ARCHITECTURE.md §8; config.json beside each manifest), each
 // tensor's dtype taken from the fixture checkpoint's tensor of the same name (layer indices
 // folded to 0: the fixtures have fewer layers); without it, the fixture checkpoints themselves
-// (testdata/parity/models: the tiny models, re-drawn). Names are written as the hub has them:
+// (testdata/parity/models: the tiny models, re-drawn). With manifests, the SigLIP preprocessor's
+// size follows the full-size image_size (384 px, the fixture's is 56). Names are written as the hub has them:
 // CLIP's under text_model. and SigLIP's under vision_model. (transformers 4 saved the wrapper
 // module; the fixtures and transformers 5's state_dict leave it out). Tokenizers and the SigLIP preprocessor
 // config are copied from the fixtures. Checkpoints bigger than a model's shard size are split
@@ -118,6 +119,11 @@ func run() error {
 	}
 	for _, c := range copies {
 		if err := copyDir(filepath.Join(*fixtures, c[0]), filepath.Join(*out, c[1])); err != nil {
+			return err
+		}
+	}
+	if *manifests != "" {
+		if err := resizePreprocessor(filepath.Join(*out, copies[2][1]), filepath.Join(*manifests, "siglip")); err != nil {
 			return err
 		}
 	}
@@ -476,6 +482,36 @@ func draw(b []byte, t tensor, within int64, seed uint64) {
 			b[i] = 0
 		}
 	}
+}
+
+// resizePreprocessor sets the SigLIP preprocessor's size in dir (the fixture's, copied: 56 px)
+// to the image_size of the full-size config in cfgDir (384 px).
+func resizePreprocessor(dir, cfgDir string) error {
+	raw, err := os.ReadFile(filepath.Join(cfgDir, "config.json"))
+	if err != nil {
+		return fmt.Errorf("siglip config: %w", err)
+	}
+	var cfg struct {
+		ImageSize int `json:"image_size"`
+	}
+	if err := json.Unmarshal(raw, &cfg); err != nil || cfg.ImageSize <= 0 {
+		return fmt.Errorf("siglip config %s: no image_size (%v)", cfgDir, err)
+	}
+	path := filepath.Join(dir, "preprocessor_config.json")
+	raw, err = os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var pre map[string]any
+	if err := json.Unmarshal(raw, &pre); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	pre["size"] = map[string]int{"height": cfg.ImageSize, "width": cfg.ImageSize}
+	raw, err = json.MarshalIndent(pre, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, raw, 0o644)
 }
 
 // copyDir copies the files of src into dst (one level).

@@ -172,3 +172,29 @@ func BenchmarkWrite(b *testing.B) {
 		}
 	}
 }
+
+// TestResizePreprocessor: with manifests, the copied SigLIP preprocessor takes the full-size
+// config's image_size and keeps its other settings.
+func TestResizePreprocessor(t *testing.T) {
+	dir, cfg := t.TempDir(), t.TempDir()
+	if err := copyDir(filepath.Join(fixtures, "flux_redux_bfl/feature_extractor"), dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(cfg, "config.json"), []byte(`{"image_size": 384, "patch_size": 14}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := resizePreprocessor(dir, cfg); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(filepath.Join(dir, "preprocessor_config.json"))
+	var pre struct {
+		Size     map[string]int `json:"size"`
+		Resample int            `json:"resample"`
+	}
+	if err := json.Unmarshal(raw, &pre); err != nil {
+		t.Fatal(err)
+	}
+	if pre.Size["height"] != 384 || pre.Size["width"] != 384 || pre.Resample != 3 {
+		t.Errorf("preprocessor %s", raw)
+	}
+}
