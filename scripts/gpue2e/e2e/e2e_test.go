@@ -115,3 +115,38 @@ func TestSamplerWindows(t *testing.T) {
 		t.Errorf("back after %v s, want -1 (the next stage began first)", b)
 	}
 }
+
+// TestReportRequire: -require fails a report whose rows show a peak over its cap, a worker
+// stage without load numbers, or too few budgets, naming each problem; the JSON is still written.
+func TestReportRequire(t *testing.T) {
+	out := t.TempDir()
+	ok := Row{Budget: "all", Stage: "STAGE_VAE_ENCODE", Worker: "vae", Seconds: 1, SpawnToReadyS: 0.1, LoadS: 0.2, LoadGBps: 1, PeakGiB: 1, CapGiB: 2, UnderCap: true}
+	over := ok
+	over.Budget, over.Stage, over.PeakGiB, over.UnderCap = "8", "STAGE_TRANSFORMER", 9, false
+	noLoad := ok
+	noLoad.Budget, noLoad.Stage, noLoad.LoadS, noLoad.LoadGBps = "8", "STAGE_TEXT_ENCODE", 0, 0
+	for _, b := range []Budget{{Budget: "all", TotalS: 10, OK: true, Rows: []Row{ok}}, {Budget: "8", TotalS: 12, Rows: []Row{over, noLoad}}} {
+		raw, _ := json.Marshal(b)
+		if err := os.WriteFile(filepath.Join(out, "budget-"+b.Budget+".json"), raw, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep := filepath.Join(out, "r.json")
+	err := report(options{out: out, budgets: "all,8,6", report: rep, minBudgets: 3})
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"budget 8 stage STAGE_TRANSFORMER: peak 9.000 GiB over the cap 2.000 GiB", "budget 8 stage STAGE_TEXT_ENCODE: incomplete row", "2 budgets complete, 3 required", "budget 8: job failed"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q:\n%v", want, err)
+		}
+	}
+	raw, err := os.ReadFile(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r Report
+	if err := json.Unmarshal(raw, &r); err != nil || len(r.Jobs) != 2 || r.Jobs[1].VsAll != 1.2 {
+		t.Errorf("report %s (%v)", raw, err)
+	}
+}
