@@ -211,3 +211,14 @@ deploy-check: ## validate the rendered Kubernetes overlays with kubeconform (off
 	kubeconform -strict -summary -kubernetes-version $(K8S_VERSION) \
 		-schema-location '$(DEPLOY_OUT)/schemas/{{.NormalizedKubernetesVersion}}-standalone{{.StrictSuffix}}/{{.ResourceKind}}{{.KindSuffix}}.json' \
 		-schema-location 'deploy/kubernetes/schemas/{{.ResourceKind}}{{.KindSuffix}}.json' $(DEPLOY_OUT)/*.yaml
+
+# ---- end-to-end memory benchmark (issue 17; scripts/gpue2e/README.md) ------------------------
+.PHONY: gpu-e2e gpu-e2e-bundle e2e-cpu
+gpu-e2e-bundle: ## here (with Go): the binaries and sources gpu-e2e needs, in carry-sized parts under build/e2e/
+	scripts/gpue2e/bundle.sh
+
+gpu-e2e: ## on the GPU machine, once the bundle is staged: random full-size models, our job at each budget, FramePack's modes, the report
+	bash scripts/gpue2e/gpu-e2e.sh all
+
+e2e-cpu: ## the same harness on the tiny models on a cpu lane at two budgets (TestE2ECPU)
+	$(GO) test -count=1 -run '^TestE2ECPU$$' -v ./scripts/gpue2e/e2e

@@ -406,13 +406,25 @@ func TestJobOptions(t *testing.T) {
 		t.Errorf("%d frames, want %d", got, want)
 	}
 	workerStages, vaeStages := 0, 0
+	var prev pipeline.StageRecord
 	for _, r := range stageRecords(t, o.State, job.GetId()) {
+		if r.Start.IsZero() || r.Start.Before(prev.Start.Add(prev.Wall)) {
+			t.Errorf("stage %s starts at %v, before the stage before it (%s, %v + %v) ended", r.Name, r.Start, prev.Name, prev.Start, prev.Wall)
+		}
+		prev = r
 		if r.Worker == "" {
 			continue
 		}
 		workerStages++
 		if r.MemoryCapBytes != wantCap {
 			t.Errorf("stage %s ran under a cap of %d bytes, want %d (64 GiB − 2.5 GiB preserved − the reserve)", r.Name, r.MemoryCapBytes, wantCap)
+		}
+		// what the e2e benchmark reads: the loaded bytes (load GB/s) and the transformer's residency
+		if !r.Reused && r.WeightBytes == 0 {
+			t.Errorf("stage %s loaded its worker but records no weight bytes", r.Name)
+		}
+		if r.Worker == "transformer" && !r.Reused && r.ResidentBlocks+r.StreamedBlocks == 0 {
+			t.Errorf("stage %s records no transformer blocks (resident %d, streamed %d)", r.Name, r.ResidentBlocks, r.StreamedBlocks)
 		}
 		// the VAE stages leave the tiling to the worker: with room to spare, no spatial tiles
 		vae := r.Name == framepackv1.Stage_STAGE_VAE_ENCODE.String() || r.Name == framepackv1.Stage_STAGE_VAE_DECODE.String()

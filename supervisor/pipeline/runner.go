@@ -153,6 +153,9 @@ type StageRecord struct {
 	PID     int               `json:"pid,omitempty"`
 	Reused  bool              `json:"reused,omitempty"`
 	Kept    bool              `json:"kept,omitempty"`
+	// Start is when the stage began (its worker's spawn; benchmarks match device memory
+	// samples to stages by it).
+	Start time.Time `json:"start"`
 	// Wall is the whole stage, spawn to reaped worker.
 	Wall         time.Duration `json:"wall_ns"`
 	SpawnToReady time.Duration `json:"spawn_to_ready_ns"`
@@ -168,6 +171,13 @@ type StageRecord struct {
 	// the worker chose it from its cap (the request stated none).
 	VAETilePx     uint32 `json:"vae_tile_px,omitempty"`
 	VAETileChosen bool   `json:"vae_tile_chosen,omitempty"`
+	// WeightBytes is the size of the weights the worker loaded (its LoadResponse's; 0 when
+	// Reused): with Load, the load's bytes per second.
+	WeightBytes uint64 `json:"weight_bytes,omitempty"`
+	// ResidentBlocks and StreamedBlocks are the blocks (transformer) or layers (text encoder)
+	// the worker kept on the device and streamed from host memory.
+	ResidentBlocks uint32 `json:"resident_blocks,omitempty"`
+	StreamedBlocks uint32 `json:"streamed_blocks,omitempty"`
 	// Err is the failure, empty on success.
 	Err string `json:"error,omitempty"`
 	// ConvTiers are the worker's convolution tier counts (metrics).
@@ -476,9 +486,12 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 	rep, err := j.runOnLane(ctx, stage, section, st) // watchdog.go
 	wall := time.Since(t0)
 	rec := StageRecord{Stage: stage, Section: section, Worker: string(st.Model), PID: rep.PID, Reused: rep.Reused, Kept: rep.Kept,
-		Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
+		Start: t0, Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
 		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes, ConvTiers: rep.ConvTiers,
-		MemoryCapBytes: rep.MemoryCapBytes}
+		MemoryCapBytes: rep.MemoryCapBytes, ResidentBlocks: rep.ResidentBlocks, StreamedBlocks: rep.StreamedBlocks}
+	if !rep.Reused {
+		rec.WeightBytes = rep.WeightBytes
+	}
 	if rep.Result != nil && rep.Result.VAETiling != nil {
 		vt := rep.Result.VAETiling
 		rec.VAETileChosen = vt.Chosen
@@ -502,7 +515,7 @@ func (j *jobRun) hostStage(ctx context.Context, stage framepackv1.Stage, section
 	t0 := time.Now()
 	err := fn()
 	wall := time.Since(t0)
-	rec := StageRecord{Stage: stage, Section: section, Wall: wall, Compute: wall}
+	rec := StageRecord{Stage: stage, Section: section, Start: t0, Wall: wall, Compute: wall}
 	if err != nil {
 		rec.Err, rec.Cancelled = err.Error(), ctx.Err() != nil
 		j.record(rec)
