@@ -176,7 +176,11 @@ func TestPageInBrowser(t *testing.T) {
 	poll("settings shown", `document.getElementById('settings').textContent.includes('seed7')`, 5*time.Second)
 	t.Logf("first job %s done in %s, video %.3f s", id, time.Since(start).Round(time.Millisecond), dur)
 
-	// A second job, cancelled from the queue.
+	// A second job, cancelled from the queue: long enough (10 sections of 20 steps) that it is
+	// still running when the cancel lands, however loaded the machine is.
+	step("lengthen the job", chromedp.Evaluate[chromedp.Void](`(() => {
+		document.getElementById('seconds').value = '4'; document.getElementById('steps').value = '20';
+	})()`), 5*time.Second)
 	step("submit again", chromedp.Click(chromedp.CSS("#submit")), 5*time.Second)
 	poll("second job listed", fmt.Sprintf(`(() => { const id = document.getElementById('live-id').textContent; return id !== %q && document.querySelector('#jobs tr[data-id="' + id + '"] button.cancel') !== null; })()`, id), 20*time.Second)
 	second, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById('live-id').textContent`))
