@@ -1236,6 +1236,17 @@ fpk_status fpk_op_attention(fpk_stream_t s, const fpk_attention_params *p, fpk_t
     return st;
 }
 
+/* the rope tables: cos and sin broadcast to x, each with x's full last dim */
+static fpk_status check_rope_tables(const char *op, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
+                                    fpk_tensor_t out) {
+    TRY(check_broadcast(op, x, cos, out));
+    TRY(check_broadcast(op, x, sin, out));
+    CHECK(cos->ndim >= 1 && cos->shape[cos->ndim - 1] == x->shape[x->ndim - 1] && sin->ndim >= 1 &&
+              sin->shape[sin->ndim - 1] == x->shape[x->ndim - 1],
+          "%s: cos and sin must have the full last dim of x", op);
+    return FPK_OK;
+}
+
 fpk_status fpk_op_rope(fpk_stream_t s, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
                        fpk_tensor_t sin, fpk_tensor_t out) {
     const char *op = "rope";
@@ -1244,11 +1255,7 @@ fpk_status fpk_op_rope(fpk_stream_t s, fpk_rope_mode mode, fpk_tensor_t x, fpk_t
     TRY(check_args(op, s, 4, ts, 0xf));
     CHECK(x->ndim >= 1 && x->shape[x->ndim - 1] % 2 == 0, "%s: last dim of x must be even", op);
     TRY(check_same_shape(op, x, "x", out, "out"));
-    TRY(check_broadcast(op, x, cos, out));
-    TRY(check_broadcast(op, x, sin, out));
-    CHECK(cos->ndim >= 1 && cos->shape[cos->ndim - 1] == x->shape[x->ndim - 1] && sin->ndim >= 1 &&
-              sin->shape[sin->ndim - 1] == x->shape[x->ndim - 1],
-          "%s: cos and sin must have the full last dim of x", op);
+    TRY(check_rope_tables(op, x, cos, sin, out));
     SLOT(s, rope, op);
     return s->backend->iface->rope(BCTX(s), mode, x, cos, sin, out);
 }
@@ -1263,11 +1270,7 @@ fpk_status fpk_op_rms_norm_rope(fpk_stream_t s, fpk_rope_mode mode, float eps, f
     CHECK(x->ndim >= 1 && x->shape[x->ndim - 1] % 2 == 0, "%s: last dim of x must be even", op);
     TRY(check_same_shape(op, x, "x", out, "out"));
     TRY(check_vec(op, weight, "weight", x->shape[x->ndim - 1]));
-    TRY(check_broadcast(op, x, cos, out));
-    TRY(check_broadcast(op, x, sin, out));
-    CHECK(cos->ndim >= 1 && cos->shape[cos->ndim - 1] == x->shape[x->ndim - 1] && sin->ndim >= 1 &&
-              sin->shape[sin->ndim - 1] == x->shape[x->ndim - 1],
-          "%s: cos and sin must have the full last dim of x", op);
+    TRY(check_rope_tables(op, x, cos, sin, out));
     SLOT(s, rms_norm_rope, op);
     return s->backend->iface->rms_norm_rope(BCTX(s), mode, eps, x, weight, cos, sin, out);
 }
