@@ -176,6 +176,17 @@ func logIntermediate(t *testing.T, c parity.Case, name string, got []float32, sh
 	return e
 }
 
+// checkPaddings checks that the job ran the sections the reference ran (the same latent
+// paddings) and returns how many.
+func checkPaddings(t *testing.T, jc i2vCase, job *framepackv1.Job) int {
+	t.Helper()
+	total := int(job.GetProgress().GetTotalSections())
+	if got := plan.Paddings(total); !slices.Equal(got, jc.sections) {
+		t.Fatalf("paddings %v, the reference used %v", got, jc.sections)
+	}
+	return total
+}
+
 // readHistory reads a section file's history latents and how many of their frames are generated.
 func readHistory(t *testing.T, f *safetensors.File) ([]float32, []int64, int) {
 	t.Helper()
@@ -226,10 +237,7 @@ func TestParityPipeline(t *testing.T) {
 			jc := loadCase(t, c)
 			opts, job, evs := runParityJob(t, workers, jc)
 
-			total := int(job.GetProgress().GetTotalSections())
-			if got := plan.Paddings(total); !slices.Equal(got, jc.sections) {
-				t.Fatalf("paddings %v, the reference used %v", got, jc.sections)
-			}
+			total := checkPaddings(t, jc, job)
 			checkEvents(t, jc, evs, total)
 			checkOutputs(t, jc, opts.State, job, total)
 		})
