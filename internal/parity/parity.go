@@ -59,14 +59,20 @@ func ModuleRoot() (string, error) {
 
 // Root returns the fixture set in use: $FRAMEPACK_FIXTURES, or testdata/parity of the module.
 func Root() (string, error) {
-	if r := os.Getenv(EnvRoot); r != "" {
+	return rootOf(EnvRoot, "parity")
+}
+
+// rootOf returns the fixture set that environment variable env names, or testdata/dir of the
+// module.
+func rootOf(env, dir string) (string, error) {
+	if r := os.Getenv(env); r != "" {
 		return filepath.Abs(r)
 	}
 	m, err := ModuleRoot()
 	if err != nil {
 		return "", err
 	}
-	return filepath.Join(m, "testdata", "parity"), nil
+	return filepath.Join(m, "testdata", dir), nil
 }
 
 // EnvReferenceRoot names the environment variable that points at the project's own reference
@@ -77,30 +83,14 @@ const EnvReferenceRoot = "FRAMEPACK_REFERENCE_FIXTURES"
 // ReferenceRoot returns the project's own fixture set: $FRAMEPACK_REFERENCE_FIXTURES, or
 // testdata/reference of the module.
 func ReferenceRoot() (string, error) {
-	if r := os.Getenv(EnvReferenceRoot); r != "" {
-		return filepath.Abs(r)
-	}
-	m, err := ModuleRoot()
-	if err != nil {
-		return "", err
-	}
-	return filepath.Join(m, "testdata", "reference"), nil
+	return rootOf(EnvReferenceRoot, "reference")
 }
 
 // LoadReference opens fixture name of the project's own set (ReferenceRoot) for a test and
 // closes it when the test ends.
 func LoadReference(t testing.TB, name string) *Fixture {
 	t.Helper()
-	root, err := ReferenceRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fx, err := Open(root, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fx.Close() })
-	return fx
+	return loadFrom(t, ReferenceRoot, name)
 }
 
 // Tolerance is a case's accepted error.
@@ -187,11 +177,17 @@ func Open(root, name string) (*Fixture, error) {
 // Load opens fixture name of the set in use for a test and closes it when the test ends.
 func Load(t testing.TB, name string) *Fixture {
 	t.Helper()
-	root, err := Root()
+	return loadFrom(t, Root, name)
+}
+
+// loadFrom opens fixture name of the set that root returns and closes it when the test ends.
+func loadFrom(t testing.TB, root func() (string, error), name string) *Fixture {
+	t.Helper()
+	dir, err := root()
 	if err != nil {
 		t.Fatal(err)
 	}
-	fx, err := Open(root, name)
+	fx, err := Open(dir, name)
 	if err != nil {
 		t.Fatal(err)
 	}

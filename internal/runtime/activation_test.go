@@ -92,14 +92,7 @@ func TestHalfActivations(t *testing.T) {
 // when exact, else within one rounding of dt in relative L2.
 func compareRounded(t *testing.T, name string, got, want *Tensor, dt DType, exact bool) {
 	t.Helper()
-	g, err := got.Float32()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := want.Float32()
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, w := values(t, got), values(t, want)
 	if len(g) != len(w) {
 		t.Fatalf("%s: %d values, want %d", name, len(g), len(w))
 	}

@@ -147,14 +147,6 @@ const envVendorAttention = "FRAMEPACK_TEST_VENDOR_ATTENTION"
 
 func vendorAttentionRequired() bool { return os.Getenv(envVendorAttention) == "1" }
 
-func toF64(v []float32) []float64 {
-	out := make([]float64, len(v))
-	for i, x := range v {
-		out[i] = float64(x)
-	}
-	return out
-}
-
 // TestAttentionHalf: 16-bit q, k, v (what the GPU backends feed their matrix units) through the
 // flash, chunked and vendor tiers against the reference of the rounded values, and each against
 // flash. The cpu backend computes attention in f32 only and answers unsupported (the vendor tier
@@ -177,20 +169,8 @@ func TestAttentionHalf(t *testing.T) {
 				var ts [3]*Tensor
 				var vals [3][]float64
 				for i, x := range []*Tensor{q32, k32, v32} {
-					h, err := rt.Cast(x, dt)
-					if err != nil {
-						t.Fatal(err)
-					}
-					t.Cleanup(h.Free)
-					ts[i] = h
-					f, err := h.Float32()
-					if err != nil {
-						t.Fatal(err)
-					}
-					vals[i] = make([]float64, len(f))
-					for j, x := range f {
-						vals[i][j] = float64(x)
-					}
+					ts[i] = castTo(t, rt, x, dt)
+					vals[i] = toF64(values(t, ts[i]))
 				}
 				mv := c.mask(r)
 				mask := uploadMask(t, rt, mv, c.maskShape...)
@@ -308,12 +288,7 @@ func TestAttentionHalfActivations(t *testing.T) {
 		dst **Tensor
 		src *Tensor
 	}{{&q, q32}, {&k, k32}, {&v, v32}} {
-		h, err := rt.Cast(p.src, BF16)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(h.Free)
-		*p.dst = h
+		*p.dst = castTo(t, rt, p.src, BF16)
 	}
 	const bound = 1e-2
 	for _, tier := range []AttentionTier{AttentionFlash, AttentionChunked, AttentionVendor} {
@@ -360,18 +335,9 @@ func TestAttentionVendorChain(t *testing.T) {
 	var vals [3][]float64
 	for i := range ts {
 		x, _ := randTensor(t, rt, r, B, L, H, D)
-		h, err := rt.Cast(x, BF16)
+		ts[i] = castTo(t, rt, x, BF16)
 		x.Free()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(h.Free)
-		ts[i] = h
-		f, err := h.Float32()
-		if err != nil {
-			t.Fatal(err)
-		}
-		vals[i] = permuteBHLD(toF64(f), B, L, H, D)
+		vals[i] = permuteBHLD(toF64(values(t, ts[i])), B, L, H, D)
 	}
 	run := func(mask *Tensor, tier AttentionTier) ([]float32, error) {
 		y, err := rt.Attention(ts[0], ts[1], ts[2], mask, AttentionParams{Layout: AttentionBLHD, Tier: tier})
@@ -480,13 +446,8 @@ func TestAttentionVendorWithoutDNN(t *testing.T) {
 	var ts [3]*Tensor
 	for i := range ts {
 		x, _ := randTensor(t, rt, r, 1, 70, 2, 64)
-		h, err := rt.Cast(x, BF16)
+		ts[i] = castTo(t, rt, x, BF16)
 		x.Free()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(h.Free)
-		ts[i] = h
 	}
 	y, err := rt.Attention(ts[0], ts[1], ts[2], nil, AttentionParams{Layout: AttentionBLHD})
 	if err != nil {

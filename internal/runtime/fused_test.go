@@ -105,7 +105,7 @@ func TestRMSNormRoPE(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if e := relL2(got, f64(tv)); e > tol {
+				if e := relL2(got, toF64(tv)); e > tol {
 					t.Fatalf("fused against RMSNorm then RoPE: rel L2 %.3g > %g", e, tol)
 				}
 				if rt.Backend().IsHost {
@@ -186,15 +186,7 @@ func TestLinearGELU(t *testing.T) {
 			in := c.x[len(c.x)-1]
 			x, _ := randTensor(t, rt, r, c.x...)
 			w32, _ := randTensor(t, rt, r, c.out, in)
-			w := w32
-			if c.wdt != F32 {
-				h, err := rt.Cast(w32, c.wdt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(h.Free)
-				w = h
-			}
+			w := castTo(t, rt, w32, c.wdt)
 			var b *Tensor
 			if c.bias {
 				b, _ = randTensor(t, rt, r, c.out)
@@ -215,7 +207,7 @@ func TestLinearGELU(t *testing.T) {
 			}
 			shape := append(append([]int(nil), c.x[:len(c.x)-1]...), c.out)
 			y, err := rt.LinearGELU(x, w, b)
-			check(t, "linear gelu", y, err, shape, f64(want))
+			check(t, "linear gelu", y, err, shape, toF64(want))
 		})
 	}
 }

@@ -35,29 +35,14 @@ func halfTensor(t *testing.T, rt *Runtime, r *rand.Rand, dt DType, shape ...int)
 		t.Fatal(err)
 	}
 	t.Cleanup(f.Free)
-	return h, f, f64(wide)
-}
-
-func f64(v []float32) []float64 {
-	out := make([]float64, len(v))
-	for i, x := range v {
-		out[i] = float64(x)
-	}
-	return out
+	return h, f, toF64(wide)
 }
 
 // sameAsF32 checks that got (from a half weight) equals want (the same op on the f32 copy of the
 // weight): bit for bit, or within 1e-6 relative L2; it returns whether they were identical.
 func sameAsF32(t *testing.T, name string, got, want *Tensor) bool {
 	t.Helper()
-	g, err := got.Float32()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := want.Float32()
-	if err != nil {
-		t.Fatal(err)
-	}
+	g, w := values(t, got), values(t, want)
 	if len(g) != len(w) {
 		t.Fatalf("%s: %d values, f32 path %d", name, len(g), len(w))
 	}
@@ -321,12 +306,12 @@ func TestHalfWeightsUnderPressure(t *testing.T) {
 	} {
 		a, av := randTensor(t, rt, r, c.as...)
 		wh, wv := halfVals(t, rt, r, BF16, c.bs...)
-		want, shape := refMatMul(av, c.as, f64(wv), c.bs, c.p)
+		want, shape := refMatMul(av, c.as, toF64(wv), c.bs, c.p)
 		y, err := rt.MatMul(a, wh, c.p)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		yf, err := full.MatMul(upload(t, full, av, c.as...), upload(t, full, f64(wv), c.bs...), c.p)
+		yf, err := full.MatMul(upload(t, full, av, c.as...), upload(t, full, toF64(wv), c.bs...), c.p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -347,7 +332,7 @@ func TestHalfWeightsUnderPressure(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := Conv3dParams{Padding: [3]int{1, 1, 1}}
-	cwant, cshape := refConv3d(cxv, []int{1, 16, 2, 6, 6}, f64(cwv), []int{24, 16, 3, 3, 3}, nil, p)
+	cwant, cshape := refConv3d(cxv, []int{1, 16, 2, 6, 6}, toF64(cwv), []int{24, 16, 3, 3, 3}, nil, p)
 	cy, err := rt.Conv3d(cx, cwh, nil, p)
 	check(t, "conv in weight panels", cy, err, cshape, cwant)
 	filler.Free()

@@ -46,6 +46,40 @@ func toF32(v []float64) []float32 {
 	return f
 }
 
+// castTo returns x when it is already dt, else a copy of x cast to dt that is freed when the
+// test ends.
+func castTo(t *testing.T, rt *Runtime, x *Tensor, dt DType) *Tensor {
+	t.Helper()
+	if x.DType() == dt {
+		return x
+	}
+	h, err := rt.Cast(x, dt)
+	if err != nil {
+		t.Fatalf("cast to %s: %v", dt, err)
+	}
+	t.Cleanup(h.Free)
+	return h
+}
+
+// values downloads x's values as float32.
+func values(t *testing.T, x *Tensor) []float32 {
+	t.Helper()
+	v, err := x.Float32()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// toF64 widens float32 values to float64.
+func toF64(v []float32) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
+}
+
 // f32Round returns v rounded through float32, so references see the inputs the op saw.
 func f32Round(v []float64) []float64 {
 	out := make([]float64, len(v))

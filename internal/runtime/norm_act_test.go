@@ -12,12 +12,7 @@ import (
 func TestGroupNormSiLU(t *testing.T) {
 	rt := newTestRuntime(t, Options{})
 	r := rng(t)
-	for _, c := range []struct {
-		name   string
-		shape  []int
-		groups int
-		affine bool
-	}{
+	for _, c := range []groupNormCase{
 		{"5d odd", []int{2, 6, 3, 5, 7}, 3, true},
 		{"groups=C", []int{1, 5, 1, 3, 3}, 5, true},
 		{"one group no affine", []int{1, 4, 2, 9, 11}, 1, false},
@@ -54,14 +49,7 @@ func TestGroupNormSiLU(t *testing.T) {
 				return v
 			}
 			for _, dt := range []DType{F32, F16, BF16} {
-				in := x
-				if dt != F32 {
-					var err error
-					if in, err = rt.Cast(x, dt); err != nil {
-						t.Fatal(err)
-					}
-					defer in.Free()
-				}
+				in := castTo(t, rt, x, dt)
 				y, err := rt.GroupNormSiLU(in, w, b, c.groups, eps)
 				if err != nil {
 					t.Fatalf("%s: %v", dt, err)
@@ -130,14 +118,7 @@ func TestUpsamplePad(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			x := upload(t, rt, randVals(r, numel(c.shape)), c.shape...)
 			for _, dt := range []DType{F32, F16, BF16} {
-				in := x
-				if dt != F32 {
-					var err error
-					if in, err = rt.Cast(x, dt); err != nil {
-						t.Fatal(err)
-					}
-					defer in.Free()
-				}
+				in := castTo(t, rt, x, dt)
 				up, err := rt.UpsampleNearest3d(in, c.scale)
 				if err != nil {
 					t.Fatal(err)
@@ -154,14 +135,7 @@ func TestUpsamplePad(t *testing.T) {
 				if !equalInts(got.Shape(), want.Shape()) || got.DType() != dt {
 					t.Fatalf("%s: %s %v, want %v", dt, got.DType(), got.Shape(), want.Shape())
 				}
-				g, err := got.Float32()
-				if err != nil {
-					t.Fatal(err)
-				}
-				w, err := want.Float32()
-				if err != nil {
-					t.Fatal(err)
-				}
+				g, w := values(t, got), values(t, want)
 				got.Free()
 				want.Free()
 				for i := range w {

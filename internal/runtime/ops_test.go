@@ -206,15 +206,19 @@ func TestConv2d(t *testing.T) {
 
 // ---- norms ----------------------------------------------------------------------------------
 
+// groupNormCase is a GroupNorm test shape: the input's shape, the number of groups and whether
+// the op has a weight and bias.
+type groupNormCase struct {
+	name   string
+	shape  []int
+	groups int
+	affine bool
+}
+
 func TestGroupNorm(t *testing.T) {
 	rt := newTestRuntime(t, Options{})
 	r := rng(t)
-	for _, c := range []struct {
-		name   string
-		shape  []int
-		groups int
-		affine bool
-	}{
+	for _, c := range []groupNormCase{
 		{"5d", []int{2, 6, 3, 5, 7}, 3, true},
 		{"4d no affine", []int{1, 8, 3, 5}, 4, false},
 		{"2d groups=C", []int{3, 5}, 5, true},
@@ -778,7 +782,7 @@ func TestRoPEHalvesIsPermutedInterleaved(t *testing.T) {
 	defer yi.Free()
 	gh, _ := yh.Float32()
 	gi, _ := yi.Float32()
-	want := perm(f64(gh))
+	want := perm(toF64(gh))
 	for i := range gi {
 		if float64(gi[i]) != want[i] {
 			t.Fatalf("element %d: interleaved %g, permuted halves %g", i, gi[i], want[i])

@@ -1153,9 +1153,10 @@ static void upsample_task(void *arg, int64_t rb, int64_t re, int th) {
     }
 }
 
-static fpk_status cpu_upsample_nearest3d(void *ctx, void *stream, const int64_t *scale,
-                                         fpk_tensor_t x, fpk_tensor_t out) {
-    (void)stream;
+/* runs an upsample task over the output's rows: scale (and before, NULL for none) give the last
+ * three dims' factors and leading pads */
+static fpk_status run_upsample(void *ctx, const int64_t *scale, const int64_t *before, fpk_tensor_t x,
+                               fpk_tensor_t out, fpk_pool_fn task) {
     if (out->numel == 0) return FPK_OK;
     move_job j = {.src = fpk_tensor_data(x), .dst = fpk_tensor_data(out), .es = fpk_dtype_size(x->dtype),
                   .nd = x->ndim};
@@ -1164,10 +1165,17 @@ static fpk_status cpu_upsample_nearest3d(void *ctx, void *stream, const int64_t 
         j.oshape[d] = out->shape[d];
         j.ishape[d] = x->shape[d];
         j.scale[d] = i >= 0 ? scale[i] : 1;
+        j.before[d] = i >= 0 && before ? before[i] : 0;
     }
     int64_t W = out->shape[out->ndim - 1];
-    fpk_pool_run(CTX(ctx)->pool, out->numel / W, W >= 4096 ? 1 : 4096 / W, upsample_task, &j);
+    fpk_pool_run(CTX(ctx)->pool, out->numel / W, W >= 4096 ? 1 : 4096 / W, task, &j);
     return FPK_OK;
+}
+
+static fpk_status cpu_upsample_nearest3d(void *ctx, void *stream, const int64_t *scale,
+                                         fpk_tensor_t x, fpk_tensor_t out) {
+    (void)stream;
+    return run_upsample(ctx, scale, NULL, x, out, upsample_task);
 }
 
 /* upsample then replicate pad (the last three dims): rows of the output's last dim, each from
@@ -1206,19 +1214,7 @@ static fpk_status cpu_upsample_pad(void *ctx, void *stream, const int64_t *scale
                                    const int64_t *after, fpk_tensor_t x, fpk_tensor_t out) {
     (void)stream;
     (void)after;
-    if (out->numel == 0) return FPK_OK;
-    move_job j = {.src = fpk_tensor_data(x), .dst = fpk_tensor_data(out), .es = fpk_dtype_size(x->dtype),
-                  .nd = x->ndim};
-    for (int d = 0; d < x->ndim; d++) {
-        int i = d - (x->ndim - 3);
-        j.oshape[d] = out->shape[d];
-        j.ishape[d] = x->shape[d];
-        j.scale[d] = i >= 0 ? scale[i] : 1;
-        j.before[d] = i >= 0 ? before[i] : 0;
-    }
-    int64_t W = out->shape[out->ndim - 1];
-    fpk_pool_run(CTX(ctx)->pool, out->numel / W, W >= 4096 ? 1 : 4096 / W, upsample_pad_task, &j);
-    return FPK_OK;
+    return run_upsample(ctx, scale, before, x, out, upsample_pad_task);
 }
 
 typedef struct {

@@ -66,6 +66,32 @@ static void bcast_strides(const fpk_gt *t, int nd, const int64_t *shape, int64_t
     }
 }
 
+/* Merges the dims of shape (rank nd) that are contiguous for all k stride sets st[0..k) and drops
+ * size-1 dims: writes the merged shape to mshape and strides to mst[0..k) (zeroed beforehand by
+ * the caller) and returns the merged rank, at least 1. */
+static int merge_bcast_dims(int nd, const int64_t *shape, int k, const int64_t *const *st, int64_t *mshape,
+                            int64_t *const *mst) {
+    int m = 0;
+    for (int i = 0; i < nd; i++) {
+        if (shape[i] == 1) continue;
+        bool merge = m > 0;
+        for (int j = 0; j < k && merge; j++) merge = mst[j][m - 1] == st[j][i] * shape[i];
+        if (merge) {
+            mshape[m - 1] *= shape[i];
+            for (int j = 0; j < k; j++) mst[j][m - 1] = st[j][i];
+            continue;
+        }
+        mshape[m] = shape[i];
+        for (int j = 0; j < k; j++) mst[j][m] = st[j][i];
+        m++;
+    }
+    if (m == 0) {
+        mshape[0] = 1;
+        m = 1;
+    }
+    return m;
+}
+
 /* ---- fill, convert -------------------------------------------------------------------------- */
 
 template <typename T> __global__ void k_fill(T *p, int64_t n, T v) {
@@ -236,26 +262,10 @@ extern "C" fpk_status fpk_gpu_binary(fpk_gpu_ctx *c, void *s, int op, const fpk_
     bcast_strides(b, nd, out->shape, sb);
     fpk_dims d;
     memset(&d, 0, sizeof d);
-    int m = 0;
-    for (int i = 0; i < nd; i++) {
-        if (out->shape[i] == 1) continue;
-        if (m > 0 && d.st[m - 1] == sa[i] * out->shape[i] && d.st2[m - 1] == sb[i] * out->shape[i]) {
-            d.shape[m - 1] *= out->shape[i];
-            d.st[m - 1] = sa[i];
-            d.st2[m - 1] = sb[i];
-            continue;
-        }
-        d.shape[m] = out->shape[i];
-        d.st[m] = sa[i];
-        d.st2[m] = sb[i];
-        m++;
-    }
-    if (m == 0) {
-        d.shape[0] = 1;
-        m = 1;
-    }
-    d.nd = m;
-    if (m == 1 && d.st[0] == 1 && d.st2[0] == 1)
+    const int64_t *in[2] = {sa, sb};
+    int64_t *merged[2] = {d.st, d.st2};
+    d.nd = merge_bcast_dims(nd, out->shape, 2, in, d.shape, merged);
+    if (d.nd == 1 && d.st[0] == 1 && d.st2[0] == 1)
         k_binary_flat<<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(a->data, a->dtype, b->data, b->dtype,
                                                                    out->data, out->dtype, out->numel, op);
     else
@@ -299,28 +309,9 @@ extern "C" fpk_status fpk_gpu_ternary(fpk_gpu_ctx *c, void *s, int op, const fpk
     bcast_strides(cc, nd, out->shape, sc);
     fpk_dims3 d;
     memset(&d, 0, sizeof d);
-    int m = 0; /* merge dims contiguous for all three; drop size-1 dims */
-    for (int i = 0; i < nd; i++) {
-        if (out->shape[i] == 1) continue;
-        if (m > 0 && d.sa[m - 1] == sa[i] * out->shape[i] && d.sb[m - 1] == sb[i] * out->shape[i] &&
-            d.sc[m - 1] == sc[i] * out->shape[i]) {
-            d.shape[m - 1] *= out->shape[i];
-            d.sa[m - 1] = sa[i];
-            d.sb[m - 1] = sb[i];
-            d.sc[m - 1] = sc[i];
-            continue;
-        }
-        d.shape[m] = out->shape[i];
-        d.sa[m] = sa[i];
-        d.sb[m] = sb[i];
-        d.sc[m] = sc[i];
-        m++;
-    }
-    if (m == 0) {
-        d.shape[0] = 1;
-        m = 1;
-    }
-    d.nd = m;
+    const int64_t *in[3] = {sa, sb, sc};
+    int64_t *merged[3] = {d.sa, d.sb, d.sc};
+    d.nd = merge_bcast_dims(nd, out->shape, 3, in, d.shape, merged);
     k_ternary<<<fpk_blocks(out->numel), FPK_BLOCK, 0, fpk_stream(c, s)>>>(a->data, a->dtype, b->data, b->dtype, cc->data,
                                                                           cc->dtype, out->data, out->dtype, out->numel,
                                                                           op, d);
@@ -514,18 +505,43 @@ extern "C" fpk_status fpk_gpu_group_norm_act(fpk_gpu_ctx *c, void *s, const fpk_
 
 /* ---- rope ----------------------------------------------------------------------------------- */
 
+/* The rope ops' fpk_dims: x's leading dims (all but the last) with cos's strides over them in st
+ * and sin's in st2. */
+static fpk_dims rope_dims(const fpk_gt *x, const fpk_gt *cos, const fpk_gt *sin) {
+    int64_t sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
+    bcast_strides(cos, x->ndim, x->shape, sc);
+    bcast_strides(sin, x->ndim, x->shape, ss);
+    fpk_dims d;
+    memset(&d, 0, sizeof d);
+    d.nd = x->ndim - 1;
+    for (int k = 0; k < d.nd; k++) {
+        d.shape[k] = x->shape[k];
+        d.st[k] = sc[k];
+        d.st2[k] = ss[k];
+    }
+    return d;
+}
+
+/* Row r's offsets into cos (*oc) and sin (*os) under rope_dims' d. */
+__device__ __forceinline__ void rope_offsets(const fpk_dims &d, int64_t r, int64_t *oc, int64_t *os) {
+    int64_t rem = r;
+    *oc = 0;
+    *os = 0;
+    for (int k = d.nd - 1; k >= 0; k--) {
+        int64_t cc = rem % d.shape[k];
+        rem /= d.shape[k];
+        *oc += cc * d.st[k];
+        *os += cc * d.st2[k];
+    }
+}
+
 /* d.shape: x's leading dims; d.st / d.st2: cos / sin strides over them (last dim contiguous). */
 __global__ void k_rope(const void *x, int xdt, const void *cs, int cdt, const void *sn, int sdt, void *y, int ydt,
                        int64_t pairs, int64_t D, fpk_dims d, int halves) {
     GRID_LOOP(p, pairs) {
         int64_t r = p / (D / 2), i = p % (D / 2);
-        int64_t rem = r, oc = 0, os = 0;
-        for (int k = d.nd - 1; k >= 0; k--) {
-            int64_t cc = rem % d.shape[k];
-            rem /= d.shape[k];
-            oc += cc * d.st[k];
-            os += cc * d.st2[k];
-        }
+        int64_t oc, os;
+        rope_offsets(d, r, &oc, &os);
         /* the pair (i0, i1): (2i, 2i+1) interleaved, (i, i + D/2) in halves (rotate_half) */
         int64_t i0 = halves ? i : 2 * i, i1 = halves ? i + D / 2 : 2 * i + 1;
         float x0 = fpk_ld(x, xdt, r * D + i0), x1 = fpk_ld(x, xdt, r * D + i1);
@@ -540,17 +556,7 @@ extern "C" fpk_status fpk_gpu_rope(fpk_gpu_ctx *c, void *s, int mode, const fpk_
         return fpk_gpu_set_error(FPK_ERR_UNSUPPORTED, "rope: mode %d", mode);
     if (x->numel == 0) return FPK_OK;
     int64_t D = x->shape[x->ndim - 1];
-    int64_t sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
-    bcast_strides(cos, x->ndim, x->shape, sc);
-    bcast_strides(sin, x->ndim, x->shape, ss);
-    fpk_dims d;
-    memset(&d, 0, sizeof d);
-    d.nd = x->ndim - 1;
-    for (int k = 0; k < d.nd; k++) {
-        d.shape[k] = x->shape[k];
-        d.st[k] = sc[k];
-        d.st2[k] = ss[k];
-    }
+    fpk_dims d = rope_dims(x, cos, sin);
     int64_t pairs = x->numel / 2;
     k_rope<<<fpk_blocks(pairs), FPK_BLOCK, 0, fpk_stream(c, s)>>>(x->data, x->dtype, cos->data, cos->dtype, sin->data,
                                                                  sin->dtype, out->data, out->dtype, pairs, D, d,
@@ -579,13 +585,8 @@ __global__ void k_rms_norm_rope(const void *x, int xdt, const void *w, int wdt, 
         }
         for (int o = RNR_LANES / 2; o > 0; o >>= 1) ss += FPK_SHFL_XOR(ss, o, RNR_LANES);
         const float inv = rsqrtf(ss / (float)D + eps);
-        int64_t rem = r, oc = 0, os = 0;
-        for (int k = d.nd - 1; k >= 0; k--) {
-            int64_t cc = rem % d.shape[k];
-            rem /= d.shape[k];
-            oc += cc * d.st[k];
-            os += cc * d.st2[k];
-        }
+        int64_t oc, os;
+        rope_offsets(d, r, &oc, &os);
         for (int64_t p = lane; p < D / 2; p += RNR_LANES) {
             int64_t i0 = halves ? p : 2 * p, i1 = halves ? p + D / 2 : 2 * p + 1;
             float x0 = fpk_ld(x, xdt, base + i0) * inv, x1 = fpk_ld(x, xdt, base + i1) * inv;
@@ -606,17 +607,7 @@ extern "C" fpk_status fpk_gpu_rms_norm_rope(fpk_gpu_ctx *c, void *s, int mode, f
         return fpk_gpu_set_error(FPK_ERR_UNSUPPORTED, "rms norm rope: mode %d", mode);
     if (x->numel == 0) return FPK_OK;
     int64_t D = x->shape[x->ndim - 1];
-    int64_t sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
-    bcast_strides(cos, x->ndim, x->shape, sc);
-    bcast_strides(sin, x->ndim, x->shape, ss);
-    fpk_dims d;
-    memset(&d, 0, sizeof d);
-    d.nd = x->ndim - 1;
-    for (int k = 0; k < d.nd; k++) {
-        d.shape[k] = x->shape[k];
-        d.st[k] = sc[k];
-        d.st2[k] = ss[k];
-    }
+    fpk_dims d = rope_dims(x, cos, sin);
     int64_t rows = x->numel / D, per_block = FPK_BLOCK / RNR_LANES;
     int64_t blocks = (rows + per_block - 1) / per_block;
     if (blocks > 65535 * 16) blocks = 65535 * 16;

@@ -1031,17 +1031,25 @@ fpk_status fpk_op_conv3d(fpk_stream_t s, fpk_conv_tier tier, const fpk_conv3d_pa
     return st;
 }
 
-fpk_status fpk_op_group_norm(fpk_stream_t s, int64_t groups, float eps, fpk_tensor_t x,
-                             fpk_tensor_t weight, fpk_tensor_t bias, fpk_tensor_t out) {
-    const char *op = "group norm";
-    fpk_tensor_t ts[] = {x, weight, bias, out};
-    TRY(check_args(op, s, 4, ts, 0x9));
+/* the shapes a group norm takes: x [N, C, ...] with groups dividing C, out like x, weight and
+ * bias (optional) of C elements */
+static fpk_status check_group_norm(const char *op, int64_t groups, fpk_tensor_t x, fpk_tensor_t weight,
+                                   fpk_tensor_t bias, fpk_tensor_t out) {
     CHECK(x->ndim >= 2, "%s: x needs at least 2 dims [N, C, ...]", op);
     CHECK(groups > 0 && x->shape[1] % groups == 0, "%s: %lld groups do not divide %lld channels", op,
           (long long)groups, (long long)x->shape[1]);
     TRY(check_same_shape(op, x, "x", out, "out"));
     TRY(check_vec(op, weight, "weight", x->shape[1]));
     TRY(check_vec(op, bias, "bias", x->shape[1]));
+    return FPK_OK;
+}
+
+fpk_status fpk_op_group_norm(fpk_stream_t s, int64_t groups, float eps, fpk_tensor_t x,
+                             fpk_tensor_t weight, fpk_tensor_t bias, fpk_tensor_t out) {
+    const char *op = "group norm";
+    fpk_tensor_t ts[] = {x, weight, bias, out};
+    TRY(check_args(op, s, 4, ts, 0x9));
+    TRY(check_group_norm(op, groups, x, weight, bias, out));
     SLOT(s, group_norm, op);
     return s->backend->iface->group_norm(BCTX(s), groups, eps, x, weight, bias, out);
 }
@@ -1054,12 +1062,7 @@ fpk_status fpk_op_group_norm_act(fpk_stream_t s, int64_t groups, float eps, fpk_
     CHECK(act == FPK_NORM_ACT_NONE || act == FPK_NORM_ACT_SILU, "%s: unknown activation %d", op, (int)act);
     TRY(check_float(op, x, "x"));
     TRY(check_float(op, out, "out"));
-    CHECK(x->ndim >= 2, "%s: x needs at least 2 dims [N, C, ...]", op);
-    CHECK(groups > 0 && x->shape[1] % groups == 0, "%s: %lld groups do not divide %lld channels", op,
-          (long long)groups, (long long)x->shape[1]);
-    TRY(check_same_shape(op, x, "x", out, "out"));
-    TRY(check_vec(op, weight, "weight", x->shape[1]));
-    TRY(check_vec(op, bias, "bias", x->shape[1]));
+    TRY(check_group_norm(op, groups, x, weight, bias, out));
     if (s->backend->iface->group_norm_act)
         return s->backend->iface->group_norm_act(BCTX(s), groups, eps, act, x, weight, bias, out);
     SLOT(s, group_norm, op);
@@ -1233,6 +1236,17 @@ fpk_status fpk_op_attention(fpk_stream_t s, const fpk_attention_params *p, fpk_t
     return st;
 }
 
+/* the rope tables: cos and sin broadcast to x, each with x's full last dim */
+static fpk_status check_rope_tables(const char *op, fpk_tensor_t x, fpk_tensor_t cos, fpk_tensor_t sin,
+                                    fpk_tensor_t out) {
+    TRY(check_broadcast(op, x, cos, out));
+    TRY(check_broadcast(op, x, sin, out));
+    CHECK(cos->ndim >= 1 && cos->shape[cos->ndim - 1] == x->shape[x->ndim - 1] && sin->ndim >= 1 &&
+              sin->shape[sin->ndim - 1] == x->shape[x->ndim - 1],
+          "%s: cos and sin must have the full last dim of x", op);
+    return FPK_OK;
+}
+
 fpk_status fpk_op_rope(fpk_stream_t s, fpk_rope_mode mode, fpk_tensor_t x, fpk_tensor_t cos,
                        fpk_tensor_t sin, fpk_tensor_t out) {
     const char *op = "rope";
@@ -1241,11 +1255,7 @@ fpk_status fpk_op_rope(fpk_stream_t s, fpk_rope_mode mode, fpk_tensor_t x, fpk_t
     TRY(check_args(op, s, 4, ts, 0xf));
     CHECK(x->ndim >= 1 && x->shape[x->ndim - 1] % 2 == 0, "%s: last dim of x must be even", op);
     TRY(check_same_shape(op, x, "x", out, "out"));
-    TRY(check_broadcast(op, x, cos, out));
-    TRY(check_broadcast(op, x, sin, out));
-    CHECK(cos->ndim >= 1 && cos->shape[cos->ndim - 1] == x->shape[x->ndim - 1] && sin->ndim >= 1 &&
-              sin->shape[sin->ndim - 1] == x->shape[x->ndim - 1],
-          "%s: cos and sin must have the full last dim of x", op);
+    TRY(check_rope_tables(op, x, cos, sin, out));
     SLOT(s, rope, op);
     return s->backend->iface->rope(BCTX(s), mode, x, cos, sin, out);
 }
@@ -1260,11 +1270,7 @@ fpk_status fpk_op_rms_norm_rope(fpk_stream_t s, fpk_rope_mode mode, float eps, f
     CHECK(x->ndim >= 1 && x->shape[x->ndim - 1] % 2 == 0, "%s: last dim of x must be even", op);
     TRY(check_same_shape(op, x, "x", out, "out"));
     TRY(check_vec(op, weight, "weight", x->shape[x->ndim - 1]));
-    TRY(check_broadcast(op, x, cos, out));
-    TRY(check_broadcast(op, x, sin, out));
-    CHECK(cos->ndim >= 1 && cos->shape[cos->ndim - 1] == x->shape[x->ndim - 1] && sin->ndim >= 1 &&
-              sin->shape[sin->ndim - 1] == x->shape[x->ndim - 1],
-          "%s: cos and sin must have the full last dim of x", op);
+    TRY(check_rope_tables(op, x, cos, sin, out));
     SLOT(s, rms_norm_rope, op);
     return s->backend->iface->rms_norm_rope(BCTX(s), mode, eps, x, weight, cos, sin, out);
 }

@@ -73,16 +73,23 @@ func TestValidateFeatures(t *testing.T) {
 			tc.edit(spec)
 			v := validateSubmit(&framepackv1.SubmitJobRequest{Image: []byte{1}, Spec: spec}, nil, ok)
 			checkVariant(&v, spec.GetVariant(), tc.check)
-			if tc.field == "" {
-				if len(v) != 0 {
-					t.Fatalf("violations %v", v)
-				}
-				return
-			}
-			if len(v) != 1 || v[0].GetField() != tc.field || !strings.Contains(v[0].GetDescription(), tc.message) {
-				t.Fatalf("violations %v, want one on %s saying %q", v, tc.field, tc.message)
-			}
+			wantViolation(t, v, tc.field, tc.message)
 		})
+	}
+}
+
+// wantViolation checks that v is one violation on field whose description contains message, or
+// none when field is "".
+func wantViolation(t *testing.T, v Violations, field, message string) {
+	t.Helper()
+	if field == "" {
+		if len(v) != 0 {
+			t.Fatalf("violations %v", v)
+		}
+		return
+	}
+	if len(v) != 1 || v[0].GetField() != field || !strings.Contains(v[0].GetDescription(), message) {
+		t.Fatalf("violations %v, want one on %s saying %q", v, field, message)
 	}
 }
 
@@ -120,15 +127,7 @@ func TestValidateEndFrame(t *testing.T) {
 			spec := &framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 1}
 			tc.edit(spec)
 			v := validateSubmit(&framepackv1.SubmitJobRequest{Image: img, Spec: spec}, nil, DecodeImage)
-			if tc.field == "" {
-				if len(v) != 0 {
-					t.Fatalf("violations %v", v)
-				}
-				return
-			}
-			if len(v) != 1 || v[0].GetField() != tc.field || !strings.Contains(v[0].GetDescription(), tc.message) {
-				t.Fatalf("violations %v, want one on %s saying %q", v, tc.field, tc.message)
-			}
+			wantViolation(t, v, tc.field, tc.message)
 		})
 	}
 }

@@ -379,14 +379,20 @@ func (s *Store) Get(id string) (*framepackv1.Job, error) {
 	return job, nil
 }
 
-// InputPath returns the path of job id's input image.
-func (s *Store) InputPath(id string) (string, error) {
+// viewMeta reads job id's meta in a read-only transaction.
+func (s *Store) viewMeta(id string) (*meta, error) {
 	var m *meta
 	err := s.db.View(func(tx *bolt.Tx) error {
 		var err error
 		m, err = getMeta(tx, id)
 		return err
 	})
+	return m, err
+}
+
+// InputPath returns the path of job id's input image.
+func (s *Store) InputPath(id string) (string, error) {
+	m, err := s.viewMeta(id)
 	if err != nil {
 		return "", fmt.Errorf("input of job: %w", err)
 	}
@@ -395,12 +401,7 @@ func (s *Store) InputPath(id string) (string, error) {
 
 // EndImagePath returns the path of job id's end image, "" when the job has none.
 func (s *Store) EndImagePath(id string) (string, error) {
-	var m *meta
-	err := s.db.View(func(tx *bolt.Tx) error {
-		var err error
-		m, err = getMeta(tx, id)
-		return err
-	})
+	m, err := s.viewMeta(id)
 	if err != nil {
 		return "", fmt.Errorf("end image of job: %w", err)
 	}

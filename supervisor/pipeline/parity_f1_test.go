@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -13,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/framepackd/framepackd/internal/imageproc"
 	"github.com/framepackd/framepackd/internal/parity"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
@@ -118,33 +116,13 @@ func checkOutputsF1(t *testing.T, jc i2vCase, state string, job *framepackv1.Job
 		c.Check(t, fmt.Sprintf("section%d_pixels", i), px, pshape, c.Intermediate(t, fmt.Sprintf("section%d_pixels", i)))
 	}
 	final := jf.sections[total-1]
-	lat, shape := read(t, final, "history_latents")
-	gen, err := strconv.Atoi(final.Metadata()["total_generated_latent_frames"])
-	if err != nil {
-		t.Fatal(err)
-	}
+	lat, shape, gen := readHistory(t, final)
 	if gen != 1+total*w {
 		t.Errorf("total_generated_latent_frames %d, want the start latent and %d windows of %d", gen, total, w)
 	}
 	v, s := framesT(lat, shape, int(shape[2])-gen, int(shape[2])) // real_history_latents
 	c.Check(t, "history_latents", v, s, c.Output(t, "history_latents"))
-	px, pshape := read(t, final, "history_pixels")
-	c.Check(t, "pixels", px, pshape, c.Output(t, "pixels"))
-	u8, err := imageproc.PixelsToUint8(imageproc.Video{B: int(pshape[0]), C: int(pshape[1]), T: int(pshape[2]), H: int(pshape[3]), W: int(pshape[4]), Data: px})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := c.Output(t, "frames_u8")
-	got := make([]float32, len(u8))
-	for i, b := range u8 {
-		got[i] = float32(b)
-	}
-	if !parity.SameShape(pshape, want.Shape) {
-		t.Fatalf("frames %v, want %v", pshape, want.Shape)
-	}
-	if d, n := parity.MaxAbsDiff(got, want.F32); d > 1 {
-		t.Errorf("case %s frames_u8: max diff %v (%d values differ), want at most 1", c.Name, d, n)
-	}
+	pshape := checkPixels(t, c, final)
 	if r := job.GetResult(); int(r.GetFrameCount()) != int(pshape[2]) {
 		t.Errorf("result frame count %d, frames %d", r.GetFrameCount(), pshape[2])
 	}

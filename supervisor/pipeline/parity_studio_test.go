@@ -14,7 +14,6 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	"github.com/framepackd/framepackd/internal/imageproc"
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
@@ -66,10 +65,7 @@ func TestParityPipelineStudio(t *testing.T) {
 			jc := loadStudioCase(t, c)
 			end := jc.spec.GetEndImage()
 			opts, job, evs := runParityJob(t, workers, jc)
-			total := int(job.GetProgress().GetTotalSections())
-			if got := plan.Paddings(total); !slices.Equal(got, jc.sections) {
-				t.Fatalf("paddings %v, the reference used %v", got, jc.sections)
-			}
+			total := checkPaddings(t, jc, job)
 			if len(job.GetSpec().GetEndImage()) != 0 {
 				t.Errorf("the stored spec keeps the end image's %d bytes", len(job.GetSpec().GetEndImage()))
 			}
@@ -184,32 +180,10 @@ func checkOutputsStudio(t *testing.T, jc i2vCase, state, id string, total int) {
 		c.Check(t, fmt.Sprintf("section%d_latents", i), v, s, c.Intermediate(t, fmt.Sprintf("section%d_latents", i)))
 	}
 	final := jf.sections[total-1]
-	lat, shape := read(t, final, "history_latents")
-	gen, err := strconv.Atoi(final.Metadata()["total_generated_latent_frames"])
-	if err != nil {
-		t.Fatal(err)
-	}
+	lat, shape, gen := readHistory(t, final)
 	v, s := framesT(lat, shape, 0, gen)
 	c.Check(t, "history_latents", v, s, c.Output(t, "history_latents"))
-	px, pshape := read(t, final, "history_pixels")
-	c.Check(t, "pixels", px, pshape, c.Output(t, "pixels"))
-	u8, err := imageproc.PixelsToUint8(imageproc.Video{B: int(pshape[0]), C: int(pshape[1]), T: int(pshape[2]), H: int(pshape[3]), W: int(pshape[4]), Data: px})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := c.Output(t, "frames_u8")
-	got := make([]float32, len(u8))
-	for i, b := range u8 {
-		got[i] = float32(b)
-	}
-	if !parity.SameShape(pshape, want.Shape) {
-		t.Fatalf("frames %v, want %v", pshape, want.Shape)
-	}
-	d, n := parity.MaxAbsDiff(got, want.F32)
-	t.Logf("case %s frames_u8: max diff %v, %d of %d values differ", c.Name, d, n, len(got))
-	if d > 1 {
-		t.Errorf("case %s frames_u8: max diff %v, want at most 1", c.Name, d)
-	}
+	checkPixels(t, c, final)
 }
 
 // checkSettingsStudio checks the settings beside the final video: the timed prompt's entries

@@ -176,6 +176,54 @@ func logIntermediate(t *testing.T, c parity.Case, name string, got []float32, sh
 	return e
 }
 
+// checkPaddings checks that the job ran the sections the reference ran (the same latent
+// paddings) and returns how many.
+func checkPaddings(t *testing.T, jc i2vCase, job *framepackv1.Job) int {
+	t.Helper()
+	total := int(job.GetProgress().GetTotalSections())
+	if got := plan.Paddings(total); !slices.Equal(got, jc.sections) {
+		t.Fatalf("paddings %v, the reference used %v", got, jc.sections)
+	}
+	return total
+}
+
+// readHistory reads a section file's history latents and how many of their frames are generated.
+func readHistory(t *testing.T, f *safetensors.File) ([]float32, []int64, int) {
+	t.Helper()
+	lat, shape := read(t, f, "history_latents")
+	gen, err := strconv.Atoi(f.Metadata()["total_generated_latent_frames"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lat, shape, gen
+}
+
+// checkPixels compares the final section's decoded pixels with the case's "pixels" output, and
+// the uint8 frames they round to with "frames_u8" (at most 1 apart); it returns the pixels' shape.
+func checkPixels(t *testing.T, c parity.Case, final *safetensors.File) []int64 {
+	t.Helper()
+	px, pshape := read(t, final, "history_pixels")
+	c.Check(t, "pixels", px, pshape, c.Output(t, "pixels"))
+	u8, err := imageproc.PixelsToUint8(imageproc.Video{B: int(pshape[0]), C: int(pshape[1]), T: int(pshape[2]), H: int(pshape[3]), W: int(pshape[4]), Data: px})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := c.Output(t, "frames_u8")
+	got := make([]float32, len(u8))
+	for i, b := range u8 {
+		got[i] = float32(b)
+	}
+	if !parity.SameShape(pshape, want.Shape) {
+		t.Fatalf("frames %v, want %v", pshape, want.Shape)
+	}
+	d, n := parity.MaxAbsDiff(got, want.F32)
+	t.Logf("case %s frames_u8: max diff %v, %d of %d values differ, rel_l2=%.3g", c.Name, d, n, len(got), parity.RelL2(got, want.F32))
+	if d > 1 {
+		t.Errorf("case %s frames_u8: max diff %v (%d values differ), want at most 1", c.Name, d, n)
+	}
+	return pshape
+}
+
 func TestParityPipeline(t *testing.T) {
 	fx := parity.Load(t, "pipeline")
 	workers := buildWorkers(t)
@@ -189,10 +237,7 @@ func TestParityPipeline(t *testing.T) {
 			jc := loadCase(t, c)
 			opts, job, evs := runParityJob(t, workers, jc)
 
-			total := int(job.GetProgress().GetTotalSections())
-			if got := plan.Paddings(total); !slices.Equal(got, jc.sections) {
-				t.Fatalf("paddings %v, the reference used %v", got, jc.sections)
-			}
+			total := checkPaddings(t, jc, job)
 			checkEvents(t, jc, evs, total)
 			checkOutputs(t, jc, opts.State, job, total)
 		})
@@ -336,33 +381,10 @@ func checkOutputs(t *testing.T, jc i2vCase, state string, job *framepackv1.Job, 
 		}
 	}
 	final := jf.sections[total-1]
-	lat, shape := read(t, final, "history_latents")
-	gen, err := strconv.Atoi(final.Metadata()["total_generated_latent_frames"])
-	if err != nil {
-		t.Fatal(err)
-	}
+	lat, shape, gen := readHistory(t, final)
 	v, s := framesT(lat, shape, 0, gen)
 	c.Check(t, "history_latents", v, s, c.Output(t, "history_latents"))
-	px, pshape := read(t, final, "history_pixels")
-	c.Check(t, "pixels", px, pshape, c.Output(t, "pixels"))
-
-	u8, err := imageproc.PixelsToUint8(imageproc.Video{B: int(pshape[0]), C: int(pshape[1]), T: int(pshape[2]), H: int(pshape[3]), W: int(pshape[4]), Data: px})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := c.Output(t, "frames_u8")
-	got := make([]float32, len(u8))
-	for i, b := range u8 {
-		got[i] = float32(b)
-	}
-	if !parity.SameShape(pshape, want.Shape) {
-		t.Fatalf("frames %v, want %v", pshape, want.Shape)
-	}
-	d, n := parity.MaxAbsDiff(got, want.F32)
-	t.Logf("case %s frames_u8: max diff %v, %d of %d values differ, rel_l2=%.3g", c.Name, d, n, len(got), parity.RelL2(got, want.F32))
-	if d > 1 {
-		t.Errorf("case %s frames_u8: max diff %v, want at most 1", c.Name, d)
-	}
+	pshape := checkPixels(t, c, final)
 	if r := job.GetResult(); int(r.GetFrameCount()) != int(pshape[2]) {
 		t.Errorf("result frame count %d, frames %d", r.GetFrameCount(), pshape[2])
 	} else if _, err := os.Stat(r.GetVideoPath()); err != nil {
