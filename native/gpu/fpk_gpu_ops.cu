@@ -505,43 +505,18 @@ extern "C" fpk_status fpk_gpu_group_norm_act(fpk_gpu_ctx *c, void *s, const fpk_
 
 /* ---- rope ----------------------------------------------------------------------------------- */
 
-/* The rope ops' fpk_dims: x's leading dims (all but the last) with cos's strides over them in st
- * and sin's in st2. */
-static fpk_dims rope_dims(const fpk_gt *x, const fpk_gt *cos, const fpk_gt *sin) {
-    int64_t sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
-    bcast_strides(cos, x->ndim, x->shape, sc);
-    bcast_strides(sin, x->ndim, x->shape, ss);
-    fpk_dims d;
-    memset(&d, 0, sizeof d);
-    d.nd = x->ndim - 1;
-    for (int k = 0; k < d.nd; k++) {
-        d.shape[k] = x->shape[k];
-        d.st[k] = sc[k];
-        d.st2[k] = ss[k];
-    }
-    return d;
-}
-
-/* Row r's offsets into cos (*oc) and sin (*os) under rope_dims' d. */
-__device__ __forceinline__ void rope_offsets(const fpk_dims &d, int64_t r, int64_t *oc, int64_t *os) {
-    int64_t rem = r;
-    *oc = 0;
-    *os = 0;
-    for (int k = d.nd - 1; k >= 0; k--) {
-        int64_t cc = rem % d.shape[k];
-        rem /= d.shape[k];
-        *oc += cc * d.st[k];
-        *os += cc * d.st2[k];
-    }
-}
-
 /* d.shape: x's leading dims; d.st / d.st2: cos / sin strides over them (last dim contiguous). */
 __global__ void k_rope(const void *x, int xdt, const void *cs, int cdt, const void *sn, int sdt, void *y, int ydt,
                        int64_t pairs, int64_t D, fpk_dims d, int halves) {
     GRID_LOOP(p, pairs) {
         int64_t r = p / (D / 2), i = p % (D / 2);
-        int64_t oc, os;
-        rope_offsets(d, r, &oc, &os);
+        int64_t rem = r, oc = 0, os = 0;
+        for (int k = d.nd - 1; k >= 0; k--) {
+            int64_t cc = rem % d.shape[k];
+            rem /= d.shape[k];
+            oc += cc * d.st[k];
+            os += cc * d.st2[k];
+        }
         /* the pair (i0, i1): (2i, 2i+1) interleaved, (i, i + D/2) in halves (rotate_half) */
         int64_t i0 = halves ? i : 2 * i, i1 = halves ? i + D / 2 : 2 * i + 1;
         float x0 = fpk_ld(x, xdt, r * D + i0), x1 = fpk_ld(x, xdt, r * D + i1);
@@ -556,7 +531,17 @@ extern "C" fpk_status fpk_gpu_rope(fpk_gpu_ctx *c, void *s, int mode, const fpk_
         return fpk_gpu_set_error(FPK_ERR_UNSUPPORTED, "rope: mode %d", mode);
     if (x->numel == 0) return FPK_OK;
     int64_t D = x->shape[x->ndim - 1];
-    fpk_dims d = rope_dims(x, cos, sin);
+    int64_t sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
+    bcast_strides(cos, x->ndim, x->shape, sc);
+    bcast_strides(sin, x->ndim, x->shape, ss);
+    fpk_dims d;
+    memset(&d, 0, sizeof d);
+    d.nd = x->ndim - 1;
+    for (int k = 0; k < d.nd; k++) {
+        d.shape[k] = x->shape[k];
+        d.st[k] = sc[k];
+        d.st2[k] = ss[k];
+    }
     int64_t pairs = x->numel / 2;
     k_rope<<<fpk_blocks(pairs), FPK_BLOCK, 0, fpk_stream(c, s)>>>(x->data, x->dtype, cos->data, cos->dtype, sin->data,
                                                                  sin->dtype, out->data, out->dtype, pairs, D, d,
@@ -585,8 +570,13 @@ __global__ void k_rms_norm_rope(const void *x, int xdt, const void *w, int wdt, 
         }
         for (int o = RNR_LANES / 2; o > 0; o >>= 1) ss += FPK_SHFL_XOR(ss, o, RNR_LANES);
         const float inv = rsqrtf(ss / (float)D + eps);
-        int64_t oc, os;
-        rope_offsets(d, r, &oc, &os);
+        int64_t rem = r, oc = 0, os = 0;
+        for (int k = d.nd - 1; k >= 0; k--) {
+            int64_t cc = rem % d.shape[k];
+            rem /= d.shape[k];
+            oc += cc * d.st[k];
+            os += cc * d.st2[k];
+        }
         for (int64_t p = lane; p < D / 2; p += RNR_LANES) {
             int64_t i0 = halves ? p : 2 * p, i1 = halves ? p + D / 2 : 2 * p + 1;
             float x0 = fpk_ld(x, xdt, base + i0) * inv, x1 = fpk_ld(x, xdt, base + i1) * inv;
@@ -607,7 +597,17 @@ extern "C" fpk_status fpk_gpu_rms_norm_rope(fpk_gpu_ctx *c, void *s, int mode, f
         return fpk_gpu_set_error(FPK_ERR_UNSUPPORTED, "rms norm rope: mode %d", mode);
     if (x->numel == 0) return FPK_OK;
     int64_t D = x->shape[x->ndim - 1];
-    fpk_dims d = rope_dims(x, cos, sin);
+    int64_t sc[FPK_MAX_DIMS], ss[FPK_MAX_DIMS];
+    bcast_strides(cos, x->ndim, x->shape, sc);
+    bcast_strides(sin, x->ndim, x->shape, ss);
+    fpk_dims d;
+    memset(&d, 0, sizeof d);
+    d.nd = x->ndim - 1;
+    for (int k = 0; k < d.nd; k++) {
+        d.shape[k] = x->shape[k];
+        d.st[k] = sc[k];
+        d.st2[k] = ss[k];
+    }
     int64_t rows = x->numel / D, per_block = FPK_BLOCK / RNR_LANES;
     int64_t blocks = (rows + per_block - 1) / per_block;
     if (blocks > 65535 * 16) blocks = 65535 * 16;
