@@ -66,32 +66,6 @@ static void bcast_strides(const fpk_gt *t, int nd, const int64_t *shape, int64_t
     }
 }
 
-/* Merges the dims of shape (rank nd) that are contiguous for all k stride sets st[0..k) and drops
- * size-1 dims: writes the merged shape to mshape and strides to mst[0..k) (zeroed beforehand by
- * the caller) and returns the merged rank, at least 1. */
-static int merge_bcast_dims(int nd, const int64_t *shape, int k, const int64_t *const *st, int64_t *mshape,
-                            int64_t *const *mst) {
-    int m = 0;
-    for (int i = 0; i < nd; i++) {
-        if (shape[i] == 1) continue;
-        bool merge = m > 0;
-        for (int j = 0; j < k && merge; j++) merge = mst[j][m - 1] == st[j][i] * shape[i];
-        if (merge) {
-            mshape[m - 1] *= shape[i];
-            for (int j = 0; j < k; j++) mst[j][m - 1] = st[j][i];
-            continue;
-        }
-        mshape[m] = shape[i];
-        for (int j = 0; j < k; j++) mst[j][m] = st[j][i];
-        m++;
-    }
-    if (m == 0) {
-        mshape[0] = 1;
-        m = 1;
-    }
-    return m;
-}
-
 /* ---- fill, convert -------------------------------------------------------------------------- */
 
 template <typename T> __global__ void k_fill(T *p, int64_t n, T v) {
@@ -262,10 +236,26 @@ extern "C" fpk_status fpk_gpu_binary(fpk_gpu_ctx *c, void *s, int op, const fpk_
     bcast_strides(b, nd, out->shape, sb);
     fpk_dims d;
     memset(&d, 0, sizeof d);
-    const int64_t *in[2] = {sa, sb};
-    int64_t *merged[2] = {d.st, d.st2};
-    d.nd = merge_bcast_dims(nd, out->shape, 2, in, d.shape, merged);
-    if (d.nd == 1 && d.st[0] == 1 && d.st2[0] == 1)
+    int m = 0;
+    for (int i = 0; i < nd; i++) {
+        if (out->shape[i] == 1) continue;
+        if (m > 0 && d.st[m - 1] == sa[i] * out->shape[i] && d.st2[m - 1] == sb[i] * out->shape[i]) {
+            d.shape[m - 1] *= out->shape[i];
+            d.st[m - 1] = sa[i];
+            d.st2[m - 1] = sb[i];
+            continue;
+        }
+        d.shape[m] = out->shape[i];
+        d.st[m] = sa[i];
+        d.st2[m] = sb[i];
+        m++;
+    }
+    if (m == 0) {
+        d.shape[0] = 1;
+        m = 1;
+    }
+    d.nd = m;
+    if (m == 1 && d.st[0] == 1 && d.st2[0] == 1)
         k_binary_flat<<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(a->data, a->dtype, b->data, b->dtype,
                                                                    out->data, out->dtype, out->numel, op);
     else
@@ -309,9 +299,28 @@ extern "C" fpk_status fpk_gpu_ternary(fpk_gpu_ctx *c, void *s, int op, const fpk
     bcast_strides(cc, nd, out->shape, sc);
     fpk_dims3 d;
     memset(&d, 0, sizeof d);
-    const int64_t *in[3] = {sa, sb, sc};
-    int64_t *merged[3] = {d.sa, d.sb, d.sc};
-    d.nd = merge_bcast_dims(nd, out->shape, 3, in, d.shape, merged);
+    int m = 0; /* merge dims contiguous for all three; drop size-1 dims */
+    for (int i = 0; i < nd; i++) {
+        if (out->shape[i] == 1) continue;
+        if (m > 0 && d.sa[m - 1] == sa[i] * out->shape[i] && d.sb[m - 1] == sb[i] * out->shape[i] &&
+            d.sc[m - 1] == sc[i] * out->shape[i]) {
+            d.shape[m - 1] *= out->shape[i];
+            d.sa[m - 1] = sa[i];
+            d.sb[m - 1] = sb[i];
+            d.sc[m - 1] = sc[i];
+            continue;
+        }
+        d.shape[m] = out->shape[i];
+        d.sa[m] = sa[i];
+        d.sb[m] = sb[i];
+        d.sc[m] = sc[i];
+        m++;
+    }
+    if (m == 0) {
+        d.shape[0] = 1;
+        m = 1;
+    }
+    d.nd = m;
     k_ternary<<<fpk_blocks(out->numel), FPK_BLOCK, 0, fpk_stream(c, s)>>>(a->data, a->dtype, b->data, b->dtype, cc->data,
                                                                           cc->dtype, out->data, out->dtype, out->numel,
                                                                           op, d);
