@@ -136,7 +136,7 @@ for phase in "${phases[@]}"; do
 		gotest "parity sampler (sigmas, UniPC replay)" workers/transformer/sampler sampler.test 120 -test.run '^TestParity' -test.v
 		gotest "parity rng" internal/torchrng torchrng.test 120 -test.run '^TestParity' -test.v
 		gotest "parity prep" internal/imageproc imageproc.test 120 -test.run '^TestParity' -test.v
-		gotest "parity pipeline (daemon, $FRAMEPACK_BACKEND lane, f32)" supervisor/pipeline pipeline.test 300 -test.run '^TestParityPipeline(Studio)?$' -test.v
+		gotest "parity pipeline: i2v, Studio end frame + timed prompts, F1 (daemon, $FRAMEPACK_BACKEND lane, f32)" supervisor/pipeline pipeline.test 300 -test.run '^TestParityPipeline(Studio|F1)?$' -test.v
 		# pass 2, each model's default 16-bit activations on the GPU (transformer bf16, the rest
 		# fp16; every case within 2e-2): in process, and through the workers (their checks follow
 		# the dtype Load reports)
