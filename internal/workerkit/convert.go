@@ -465,6 +465,34 @@ func toRunRequest(r *RunRequest) (*pb.RunRequest, error) {
 	return out, nil
 }
 
+// conditioningSource is what the two transformer requests carry alike on the wire: the section's
+// conditioning (the worker proto keeps it as flat fields of each message).
+type conditioningSource interface {
+	GetLlamaVec() *pb.TensorRef
+	GetLlamaMask() *pb.TensorRef
+	GetClipPooler() *pb.TensorRef
+	GetImageEmbeddings() *pb.TensorRef
+	GetCleanLatents() *pb.TensorRef
+	GetCleanLatentIndices() []int64
+	GetCleanLatents_2X() *pb.TensorRef
+	GetCleanLatent_2XIndices() []int64
+	GetCleanLatents_4X() *pb.TensorRef
+	GetCleanLatent_4XIndices() []int64
+	GetLatentIndices() []int64
+}
+
+// fromConditioning reads a transformer request's conditioning fields.
+func fromConditioning(t conditioningSource) TransformerConditioning {
+	return TransformerConditioning{
+		TransformerText: TransformerText{LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler())},
+		ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
+		CleanLatents:    fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
+		CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
+		CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
+		LatentIndices: t.GetLatentIndices(),
+	}
+}
+
 func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 	out := &RunRequest{JobID: r.GetJobId()}
 	switch s := r.GetStage().(type) {
@@ -491,16 +519,9 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 	case *pb.RunRequest_TransformerSection:
 		t := s.TransformerSection
 		out.Stage = &TransformerSectionRequest{
-			TransformerConditioning: TransformerConditioning{
-				TransformerText: TransformerText{LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler())},
-				ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
-				CleanLatents:    fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
-				CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
-				CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
-				LatentIndices: t.GetLatentIndices(),
-			},
-			Negative: TransformerText{LlamaVec: fromTensorRef(t.GetLlamaVecN()), LlamaMask: fromTensorRef(t.GetLlamaMaskN()), ClipPooler: fromTensorRef(t.GetClipPoolerN())},
-			Steps:    t.GetSteps(), CFG: t.GetCfg(), GS: t.GetGs(), RS: t.GetRs(), Shift: t.Shift,
+			TransformerConditioning: fromConditioning(t),
+			Negative:                TransformerText{LlamaVec: fromTensorRef(t.GetLlamaVecN()), LlamaMask: fromTensorRef(t.GetLlamaMaskN()), ClipPooler: fromTensorRef(t.GetClipPoolerN())},
+			Steps:                   t.GetSteps(), CFG: t.GetCfg(), GS: t.GetGs(), RS: t.GetRs(), Shift: t.Shift,
 			UseTeaCache: t.GetUseTeacache(), TeaCacheThreshold: t.GetTeacacheThreshold(), Sampler: SamplerVariant(t.GetSampler()),
 			GeneratorState: t.GetGeneratorState(), Seed: t.GetSeed(), Width: t.GetWidth(), Height: t.GetHeight(), Frames: t.GetFrames(),
 			Latents: fromTensorRef(t.GetLatents()), StepPreviews: fromTensorRefs(t.GetStepPreviews()),
@@ -509,15 +530,8 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 		t := s.TransformerForward
 		out.Stage = &TransformerForwardRequest{
 			HiddenStates: fromTensorRef(t.GetHiddenStates()), Timestep: t.GetTimestep(), Guidance: t.GetGuidance(),
-			TransformerConditioning: TransformerConditioning{
-				TransformerText: TransformerText{LlamaVec: fromTensorRef(t.GetLlamaVec()), LlamaMask: fromTensorRef(t.GetLlamaMask()), ClipPooler: fromTensorRef(t.GetClipPooler())},
-				ImageEmbeddings: fromTensorRef(t.GetImageEmbeddings()),
-				CleanLatents:    fromTensorRef(t.GetCleanLatents()), CleanLatentIndices: t.GetCleanLatentIndices(),
-				CleanLatents2x: fromTensorRef(t.GetCleanLatents_2X()), CleanLatent2xIndices: t.GetCleanLatent_2XIndices(),
-				CleanLatents4x: fromTensorRef(t.GetCleanLatents_4X()), CleanLatent4xIndices: t.GetCleanLatent_4XIndices(),
-				LatentIndices: t.GetLatentIndices(),
-			},
-			Velocity: fromTensorRef(t.GetVelocity()),
+			TransformerConditioning: fromConditioning(t),
+			Velocity:                fromTensorRef(t.GetVelocity()),
 		}
 	case nil:
 		return nil, Errorf(CodeInvalidArgument, "run request has no stage")
