@@ -1,25 +1,17 @@
 package main
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"io"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/framepackd/framepackd/internal/testbin"
+	"github.com/framepackd/framepackd/internal/tlstest"
 
 	"github.com/framepackd/framepackd/supervisor/web"
 )
@@ -58,41 +50,12 @@ func TestDaemonHTTP(t *testing.T) {
 	stop(t, cmd, logs)
 }
 
-// selfSigned writes a certificate and key for 127.0.0.1 into dir.
-func selfSigned(t *testing.T, dir string) (certFile, keyFile string) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "framepackd test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return certFile, keyFile
-}
-
 // TestDaemonTLSToken serves gRPC on TCP with TLS and a token and reaches it with the CLI:
 // with the CA and the token it lists the devices, without the token it is refused.
 func TestDaemonTLSToken(t *testing.T) {
 	f := newFixture(t)
 	cli := testbin.Build(t, "./cmd/framepack")
-	cert, key := selfSigned(t, f.dir)
+	cert, key, _ := tlstest.SelfSigned(t, f.dir)
 	tokenFile := filepath.Join(f.dir, "token")
 	if err := os.WriteFile(tokenFile, []byte("tls-token-0123456789abcdef\n"), 0o600); err != nil {
 		t.Fatal(err)

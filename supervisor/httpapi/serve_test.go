@@ -2,15 +2,7 @@ package httpapi_test
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -27,6 +19,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/framepackd/framepackd/internal/tlstest"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/httpapi"
 )
@@ -64,36 +57,6 @@ func TestParseAddr(t *testing.T) {
 	}
 }
 
-// selfSigned writes a certificate and key for 127.0.0.1 and returns their paths and a pool
-// that trusts it.
-func selfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "framepackd test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
-	os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600)
-	cert, _ := x509.ParseCertificate(der)
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	return certFile, keyFile, pool
-}
-
 func writeToken(t *testing.T, tok string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "token")
@@ -104,7 +67,7 @@ func writeToken(t *testing.T, tok string) string {
 }
 
 func TestSecurityFor(t *testing.T) {
-	cert, key, _ := selfSigned(t)
+	cert, key, _ := tlstest.SelfSigned(t, t.TempDir())
 	tok := writeToken(t, "0123456789abcdef0123")
 	short := writeToken(t, "short")
 	spaced := writeToken(t, "0123456789abcdef 0123")
@@ -151,7 +114,7 @@ func TestSecurityFor(t *testing.T) {
 // routes used need none) and checks who gets in.
 func TestHTTPSWithToken(t *testing.T) {
 	const token = "s3cret-token-0123456789"
-	cert, key, pool := selfSigned(t)
+	cert, key, pool := tlstest.SelfSigned(t, t.TempDir())
 	addr, _ := httpapi.ParseAddr("127.0.0.1:0")
 	sec, err := httpapi.SecurityFor(addr, cert, key, writeToken(t, token), "h2", "http/1.1")
 	if err != nil {
@@ -255,7 +218,7 @@ func TestHTTPSWithToken(t *testing.T) {
 // token interceptors: TCP callers need the token, unix callers do not.
 func TestGRPCTokenAuth(t *testing.T) {
 	const token = "grpc-token-0123456789"
-	cert, key, pool := selfSigned(t)
+	cert, key, pool := tlstest.SelfSigned(t, t.TempDir())
 	addr, _ := httpapi.ParseAddr("127.0.0.1:0")
 	sec, err := httpapi.SecurityFor(addr, cert, key, writeToken(t, token), "h2")
 	if err != nil {
