@@ -30,6 +30,7 @@ import (
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
+	"github.com/framepackd/framepackd/internal/workerkit/modelrt"
 	"github.com/framepackd/framepackd/workers/clipvision/siglip"
 	"github.com/framepackd/framepackd/workers/textenc/clip"
 	"github.com/framepackd/framepackd/workers/textenc/llama"
@@ -195,17 +196,26 @@ func timed(rt *runtime.Runtime, res *result, warm, reps int, fn func() error) er
 	return nil
 }
 
-// stageActivation is the activation (and weight) dtype FramePack runs a stage's model in:
-// bf16 for the transformer, fp16 for the VAE, text encoders and SigLIP; $FRAMEPACK_ACTIVATION_DTYPE
-// overrides it for every stage.
+// stageActivation is the activation (and weight) dtype FramePack runs a stage's model in (each
+// model package's FramePackDType); $FRAMEPACK_ACTIVATION_DTYPE (modelrt.ActivationEnv) overrides
+// it for every stage, as it does in the workers.
 func stageActivation(stage string) (runtime.DType, error) {
-	if v := os.Getenv("FRAMEPACK_ACTIVATION_DTYPE"); v != "" {
+	if v := os.Getenv(modelrt.ActivationEnv); v != "" {
 		return runtime.ParseActivationDType(v)
 	}
-	if strings.HasPrefix(stage, "transformer") {
-		return runtime.BF16, nil
+	switch {
+	case strings.HasPrefix(stage, "transformer"):
+		return dit.FramePackDType, nil
+	case strings.HasPrefix(stage, "vae"):
+		return causalvae.FramePackDType, nil
+	case stage == "llama":
+		return llama.FramePackDType, nil
+	case stage == "clip":
+		return clip.FramePackDType, nil
+	case stage == "siglip":
+		return siglip.FramePackDType, nil
 	}
-	return runtime.F16, nil
+	return 0, fmt.Errorf("unknown stage %q", stage)
 }
 
 func runStage(dir, backend, stage string, pool *pool, res *result, rep *report, prof *profile) error {

@@ -101,7 +101,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	// Activations in fp16 on a GPU (FramePack's image encoder dtype), fp32 on the cpu, unless
 	// the request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight
 	// matrices are kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
-	act, wdt, err := w.base.Activation(req, rt, runtime.F16)
+	act, wdt, err := w.base.Activation(req, rt, siglip.FramePackDType)
 	if err != nil {
 		rt.Close()
 		return nil, classify(fmt.Errorf("load: %w", err))

@@ -16,6 +16,7 @@ import (
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/modelrt"
 	"github.com/framepackd/framepackd/internal/workerkit/tensorio"
+	"github.com/framepackd/framepackd/workers/textenc/llama"
 )
 
 // worker serves text_encode stages.
@@ -71,7 +72,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	// Activations in fp16 on a GPU (FramePack's text encoder dtype), fp32 on the cpu, unless the
 	// request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight matrices
 	// are kept in ("fp16"/"bf16", or "auto": the checkpoints' own dtype).
-	act, wdt, err := w.base.Activation(req, rt, runtime.F16)
+	act, wdt, err := w.base.Activation(req, rt, llama.FramePackDType) // CLIP-L too: clip.FramePackDType is the same
 	if err != nil {
 		rt.Close()
 		return nil, classify(fmt.Errorf("load: %w", err))

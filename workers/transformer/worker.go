@@ -70,7 +70,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	// are kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype). fm_wrapper rounds the
 	// model's inputs (x, timestep, guidance) to the activation dtype, as the reference does to
 	// its model dtype; in fp32 there is nothing to round. The sampler's state stays float32.
-	act, wdt, err := w.base.Activation(req, rt, runtime.BF16)
+	act, wdt, err := w.base.Activation(req, rt, dit.FramePackDType)
 	if err != nil {
 		rt.Close()
 		return nil, classify(fmt.Errorf("load: %w", err))

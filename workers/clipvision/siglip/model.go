@@ -22,6 +22,10 @@ import (
 	"github.com/framepackd/framepackd/internal/runtime"
 )
 
+// FramePackDType is the dtype FramePack runs the SigLIP image encoder: float16 (demo_gradio.py): its
+// weights' and activations' dtype on a GPU unless the load asks for another.
+const FramePackDType = runtime.F16
+
 // Embeddings is SiglipVisionEmbeddings: a patchifying convolution plus learned position
 // embeddings (no class token).
 type Embeddings struct {

@@ -22,6 +22,10 @@ import (
 	"github.com/framepackd/framepackd/internal/runtime"
 )
 
+// FramePackDType is the dtype FramePack runs the CLIP-L text encoder: float16 (demo_gradio.py): its
+// weights' and activations' dtype on a GPU unless the load asks for another.
+const FramePackDType = runtime.F16
+
 // Embeddings is CLIPTextEmbeddings: token embedding plus learned position embedding.
 type Embeddings struct {
 	TokenEmbedding    *runtime.Tensor // token_embedding.weight [vocab, hidden] (the weight dtype)

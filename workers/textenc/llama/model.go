@@ -26,6 +26,10 @@ import (
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
+// FramePackDType is the dtype FramePack runs the Llama text encoder: float16 (demo_gradio.py): its
+// weights' and activations' dtype on a GPU unless the load asks for another.
+const FramePackDType = runtime.F16
+
 // Plan says which parts of the model one hidden-state entry needs.
 type Plan struct {
 	// HiddenStateIndex is the entry asked for; negative counts from the end of the

@@ -9,6 +9,10 @@ import (
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
+// FramePackDType is the dtype FramePack runs the packed transformer: bfloat16 (demo_gradio.py): its
+// weights' and activations' dtype on a GPU unless the load asks for another.
+const FramePackDType = runtime.BF16
+
 // Model is HunyuanVideoTransformer3DModelPacked (FramePack's packed HunyuanVideo DiT) with its
 // weights in a runtime (weight matrices in LoadOptions.WeightDType, the rest float32). Field names follow the checkpoint's module names.
 type Model struct {

@@ -11,6 +11,10 @@ import (
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
+// FramePackDType is the dtype FramePack runs the VAE: float16 (demo_gradio.py): its
+// weights' and activations' dtype on a GPU unless the load asks for another.
+const FramePackDType = runtime.F16
+
 // ErrBadInput is wrapped by errors about a stage's input (wrong rank, channel count, empty
 // dims) or its tiling parameters: the request is wrong and retrying cannot help.
 var ErrBadInput = errors.New("bad vae input")
