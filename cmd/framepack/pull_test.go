@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -116,7 +115,7 @@ func TestPullThenGenerate(t *testing.T) {
 		"--socket", sock, "--workers-dir", workers, "--shm-root", filepath.Join(f.dir, "shm"), "--backend", "cpu", "--lanes", "cpu",
 		"--log-format", "json", "--grace", "2s")
 	daemon.Env = f.env()
-	logs := &lockedBuffer{}
+	logs := &testbin.Output{}
 	daemon.Stderr = logs
 	if err := daemon.Start(); err != nil {
 		t.Fatal(err)
@@ -154,24 +153,6 @@ func TestPullThenGenerate(t *testing.T) {
 	} else {
 		t.Logf("video from the pulled cache: %s", got)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe to read while a process writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func sha256Hex(b []byte) string {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,24 +27,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	testbin.Cleanup()
 	os.Exit(code)
-}
-
-// syncBuffer is a bytes.Buffer safe to read while a process writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 type daemonFixture struct {
@@ -82,11 +62,11 @@ func (f *daemonFixture) args(extra ...string) []string {
 
 // start starts the daemon and waits until its health service answers: SERVING, or
 // NOT_SERVING for a daemon that cannot run jobs (no models); lastHealth keeps the answer.
-func (f *daemonFixture) start(t *testing.T, extra ...string) (*exec.Cmd, *syncBuffer, *grpc.ClientConn) {
+func (f *daemonFixture) start(t *testing.T, extra ...string) (*exec.Cmd, *testbin.Output, *grpc.ClientConn) {
 	t.Helper()
 	cmd := exec.Command(f.bin, f.args(extra...)...)
 	cmd.Env = append(os.Environ(), f.env...)
-	logs := &syncBuffer{}
+	logs := &testbin.Output{}
 	cmd.Stderr = logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -112,7 +92,7 @@ func (f *daemonFixture) start(t *testing.T, extra ...string) (*exec.Cmd, *syncBu
 	return cmd, logs, conn
 }
 
-func stop(t *testing.T, cmd *exec.Cmd, logs *syncBuffer) {
+func stop(t *testing.T, cmd *exec.Cmd, logs *testbin.Output) {
 	t.Helper()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)

@@ -107,3 +107,24 @@ func Cleanup() {
 		built = map[string]*result{}
 	}
 }
+
+// Output is a bytes.Buffer safe to read while a started process writes it (as its Stdout or
+// Stderr).
+type Output struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (o *Output) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.Write(p)
+}
+
+// String returns what was written so far.
+func (o *Output) String() string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.b.String()
+}
