@@ -61,6 +61,28 @@ type headerEntry struct {
 // EncodeHeader returns the 8-byte length plus the padded JSON header for tensors, and the data
 // offsets each tensor will have (in the order given).
 func EncodeHeader(tensors []Tensor, opts WriteOptions) ([]byte, error) {
+	infos := make([]TensorInfo, len(tensors))
+	for i, t := range tensors {
+		infos[i] = TensorInfo{Name: t.Name, DType: t.DType, Shape: t.Shape}
+		if !t.DType.Valid() {
+			continue // EncodeLayout names it (and a negative dimension)
+		}
+		n, neg := int64(1), false
+		for _, d := range t.Shape {
+			n *= d
+			neg = neg || d < 0
+		}
+		if !neg && int64(len(t.Data)) != n*int64(t.DType.Size()) {
+			return nil, fmt.Errorf("tensor %q: %d bytes of data for shape %v of %s, expected %d", t.Name, len(t.Data), t.Shape, t.DType, n*int64(t.DType.Size()))
+		}
+	}
+	return EncodeLayout(infos, opts)
+}
+
+// EncodeLayout returns the 8-byte length plus the padded JSON header of a file whose tensors'
+// data follow in the order given, each taking its shape times its dtype's size (Begin and End
+// are ignored): a header for data written separately, as large checkpoints are.
+func EncodeLayout(tensors []TensorInfo, opts WriteOptions) ([]byte, error) {
 	entries := make(map[string]any, len(tensors)+1)
 	var off int64
 	for _, t := range tensors {
@@ -80,15 +102,13 @@ func EncodeHeader(tensors []Tensor, opts WriteOptions) ([]byte, error) {
 			}
 			n *= d
 		}
-		if int64(len(t.Data)) != n*int64(t.DType.Size()) {
-			return nil, fmt.Errorf("tensor %q: %d bytes of data for shape %v of %s, expected %d", t.Name, len(t.Data), t.Shape, t.DType, n*int64(t.DType.Size()))
-		}
 		shape := t.Shape
 		if shape == nil {
 			shape = []int64{}
 		}
-		entries[t.Name] = headerEntry{DType: t.DType, Shape: shape, DataOffsets: [2]int64{off, off + int64(len(t.Data))}}
-		off += int64(len(t.Data))
+		size := n * int64(t.DType.Size())
+		entries[t.Name] = headerEntry{DType: t.DType, Shape: shape, DataOffsets: [2]int64{off, off + size}}
+		off += size
 	}
 	if opts.Metadata != nil {
 		entries["__metadata__"] = opts.Metadata

@@ -312,36 +312,14 @@ func writeModel(dir, base string, ts []tensor, cfg []byte, shard int64, stamp st
 	return size, false, os.WriteFile(filepath.Join(dir, ".mkmodels"), []byte(stamp), 0o644)
 }
 
-// header is a safetensors header for f's tensors in order (8-byte length, JSON, space padding
-// to 8 bytes).
+// header is a safetensors header for f's tensors in order (safetensors.EncodeLayout: the data
+// is drawn straight into the file afterwards).
 func header(f *file) ([]byte, error) {
-	type entry struct {
-		DType       safetensors.DType `json:"dtype"`
-		Shape       []int64           `json:"shape"`
-		DataOffsets [2]int64          `json:"data_offsets"`
+	infos := make([]safetensors.TensorInfo, len(f.tensors))
+	for i, t := range f.tensors {
+		infos[i] = safetensors.TensorInfo{Name: t.Name, DType: t.DType, Shape: t.Shape}
 	}
-	entries := map[string]any{"__metadata__": map[string]string{"format": "pt"}}
-	var off int64
-	for _, t := range f.tensors {
-		shape := t.Shape
-		if shape == nil {
-			shape = []int64{}
-		}
-		entries[t.Name] = entry{DType: t.DType, Shape: shape, DataOffsets: [2]int64{off, off + t.bytes()}}
-		off += t.bytes()
-	}
-	js, err := json.Marshal(entries)
-	if err != nil {
-		return nil, err
-	}
-	n := (8 + len(js) + 7) &^ 7
-	buf := make([]byte, n)
-	binary.LittleEndian.PutUint64(buf, uint64(n-8))
-	copy(buf[8:], js)
-	for i := 8 + len(js); i < n; i++ {
-		buf[i] = ' '
-	}
-	return buf, nil
+	return safetensors.EncodeLayout(infos, safetensors.WriteOptions{Metadata: map[string]string{"format": "pt"}})
 }
 
 const chunkBytes = 16 << 20
