@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -76,15 +77,31 @@ func (c Cache) WriteRef(repo, rev, commit string) error {
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return fmt.Errorf("write ref %s of %s: %w", rev, repo, err)
 	}
-	tmp := p + ".tmp"
-	if err := os.WriteFile(tmp, []byte(commit), 0o644); err != nil {
+	// a temporary file of its own: pulls running at once (goroutines or processes) each
+	// rename a whole ref into place, none moves another's half-written one
+	f, err := os.CreateTemp(filepath.Dir(p), filepath.Base(p)+".tmp-*")
+	if err != nil {
 		return fmt.Errorf("write ref %s of %s: %w", rev, repo, err)
 	}
-	if err := os.Rename(tmp, p); err != nil {
+	_, err = f.WriteString(commit)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(f.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), p)
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
 		return fmt.Errorf("write ref %s of %s: %w", rev, repo, err)
 	}
 	return nil
 }
+
+// linkSeq numbers Link's temporary names within the process.
+var linkSeq atomic.Int64
 
 // Link makes the snapshot entry of path at commit a relative symlink to the blob etag,
 // replacing what was there.
@@ -97,8 +114,9 @@ func (c Cache) Link(repo, commit, path, etag string) error {
 	if err != nil {
 		return fmt.Errorf("link %s: %w", path, err)
 	}
-	tmp := dst + ".tmp-link"
-	_ = os.Remove(tmp)
+	// a link name of its own (as WriteRef's temporary file), so concurrent pulls do not
+	// rename each other's links away
+	tmp := fmt.Sprintf("%s.tmp-link-%d-%d", dst, os.Getpid(), linkSeq.Add(1))
 	if err := os.Symlink(rel, tmp); err != nil {
 		return fmt.Errorf("link %s: %w", path, err)
 	}
