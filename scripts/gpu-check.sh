@@ -206,7 +206,7 @@ for phase in "${phases[@]}"; do
 		# where the transformer's time goes, per op (a stream sync after every op: after the timed
 		# runs, never in them; BENCH_PROFILE=0 skips it)
 		if [ "${BENCH_PROFILE:-1}" = 1 ] && [[ ",${BENCH_STAGES:-transformer}," == *,transformer,* ]]; then
-			FRAMEPACK_GPU_HALF_COMPUTE=${FRAMEPACK_GPU_HALF_COMPUTE:-1} run "bench profile (transformer)" "${BENCH_PROFILE_LIMIT:-300}" "$BIN/gpubench" -dir "$B" -stages transformer -profile
+			run "bench profile (transformer)" "${BENCH_PROFILE_LIMIT:-300}" "$BIN/gpubench" -dir "$B" -stages transformer -profile
 			cp "$B"/profile-transformer.json "$OUT"/ 2>/dev/null
 			sed -n '/^profile transformer/,/^$/p' "$LOG" | head -40 >>"$SUMMARY"
 		fi

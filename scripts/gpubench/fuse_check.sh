@@ -42,8 +42,8 @@ run "parity transformer (cuBLASLt epilogues)" workers/transformer/dit dit.test 6
 FRAMEPACK_GPU_NO_BLASLT=1 run "parity transformer (FRAMEPACK_GPU_NO_BLASLT=1)" workers/transformer/dit dit.test 60 -test.run '^TestParity' -test.v
 run "parity llama" workers/textenc/llama llama.test 60 -test.run '^TestParity' -test.v
 run "parity clip" workers/textenc/clip clip.test 60 -test.run '^TestParity' -test.v
-FRAMEPACK_GPU_HALF_COMPUTE=1 run "bench fused (half compute)" internal/runtime runtime.test 60 -test.run '^$' -test.bench 'FusedDiT' -test.benchtime 10x
-FRAMEPACK_GPU_HALF_COMPUTE=1 FRAMEPACK_GPU_NO_BLASLT=1 run "bench fused ff without cuBLASLt" internal/runtime runtime.test 40 -test.run '^$' -test.bench 'FusedDiT/.*ff' -test.benchtime 10x
+run "bench fused (half compute)" internal/runtime runtime.test 60 -test.run '^$' -test.bench 'FusedDiT' -test.benchtime 10x
+FRAMEPACK_GPU_NO_BLASLT=1 run "bench fused ff without cuBLASLt" internal/runtime runtime.test 40 -test.run '^$' -test.bench 'FusedDiT/.*ff' -test.benchtime 10x
 echo "---- failures / rel_l2 / bench"
 grep -E "^(--- FAIL|FAIL)|FAIL:|panic" "$LOG" | head -20
 grep -E "rel L2|rel_l2" "$LOG" | grep -iE "vendor|sample|causal" | head -12

@@ -54,8 +54,6 @@ env_setup() {
 		done
 	fi
 	export FRAMEPACK_NATIVE_DIR=$ROOT/build/native
-	# 16-bit matrix products with f32 accumulation, as FramePack computes (scripts/gpu-check.sh bench)
-	export FRAMEPACK_GPU_HALF_COMPUTE=${FRAMEPACK_GPU_HALF_COMPUTE:-1}
 	[ -d "$ROOT/third_party_ref" ] || tar -C "$ROOT" -xJf "$D/pkg/third_party_ref.tar.xz"
 	# results an earlier machine produced, carried back
 	for f in "$ROOT"/build/e2e/results/*.json; do
