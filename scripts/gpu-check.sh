@@ -2,11 +2,13 @@
 # gpu-check.sh — the GPU acceptance run, on a machine with an NVIDIA GPU and nvcc (no Go needed).
 #
 #   scripts/gpu-bundle.sh            # here (with Go): test binaries, workers, gpubench, OpenBLAS → build/gpu
-#   scripts/gpu-check.sh [phase...]  # there: phases build tests tiers attention attnbench memory bench (default: all)
+#   scripts/gpu-check.sh [phase...]  # there: phases build ops tests tiers attention attnbench memory bench (default: all)
 #
 # build   make native-cuda (libfpk-cuda.so for sm_$CUDA_ARCHS, default 90) into build/native
-# tests   the carried test binaries on the cuda backend (FRAMEPACK_BACKEND=cuda): every runtime op
-#         test, then every parity case of every fixture twice: in f32 activations
+# ops     the runtime op tests on the cuda backend (FRAMEPACK_BACKEND=cuda), then the attention op
+#         tests (cuDNN's fused SDPA where cuDNN 9 is found, flash matrix and FMA kernels, chunked,
+#         the cpu round trip; f32, bf16, f16): no fixtures needed
+# tests   the carried test binaries on the cuda backend: every parity case of every fixture twice: in f32 activations
 #         (FRAMEPACK_ACTIVATION_DTYPE=f32; each case's tolerance) — vae, textenc, siglip and
 #         transformer in process and through their worker processes (Load on
 #         workertest.Backend(), the cuda backend here), the sampler's sample_hunyuan cases through
@@ -15,9 +17,8 @@
 #         model's default 16-bit activations (transformer bf16, the rest fp16; rel_l2 <= 2e-2),
 #         in process (TestParity*Half) and through the workers
 # tiers   the VAE parity cases once per conv tier, each forced alone (FRAMEPACK_CONV_TIER)
-# attention  the attention op tests (cuDNN's fused SDPA where cuDNN 9 is found, flash matrix and
-#         FMA kernels, chunked, the cpu round trip; f32, bf16, f16), then every transformer,
-#         llama, clip and siglip parity case once per attention tier, each forced alone
+# attention  every transformer, llama, clip and siglip parity case once per attention tier, each
+#         forced alone
 #         (FRAMEPACK_ATTENTION_TIER = flash, chunked, cpu)
 # attnbench  the transformer's joint attention alone, ours (vendor, flash, chunked) against
 #         PyTorch SDPA
@@ -39,7 +40,7 @@ LOG=$OUT/log.txt
 SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 phases=("$@")
-[ ${#phases[@]} -eq 0 ] && phases=(build tests tiers attention attnbench memory bench)
+[ ${#phases[@]} -eq 0 ] && phases=(build ops tests tiers attention attnbench memory bench)
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
 status=0
@@ -113,9 +114,18 @@ for phase in "${phases[@]}"; do
 					-shared -o build/native/libfpk-cuda.so native/gpu/*.cu build/native/cuda/fpk_gpu_backend.o -ldl
 		fi
 		;;
-	tests)
+	ops)
 		gotest "runtime ops on $FRAMEPACK_BACKEND" internal/runtime runtime.test 300 -test.v
 		grep -E "^(--- FAIL|FAIL|ok|PASS)" "$LOG" | tail -5 >>"$SUMMARY"
+		# where cuDNN 9 was found, the vendor tier (cuDNN's fused SDPA) must serve the models'
+		# shapes in the op tests rather than decline them
+		[ -n "$CUDNN_DIR" ] && export FRAMEPACK_TEST_VENDOR_ATTENTION=1
+		gotest "attention op tests" internal/runtime runtime.test 300 -test.run 'Attention' -test.v
+		unset FRAMEPACK_TEST_VENDOR_ATTENTION
+		FRAMEPACK_GPU_FLASH_FMA=1 gotest "attention op tests, flash FMA kernel forced" internal/runtime runtime.test 300 \
+			-test.run 'AttentionTiers|AttentionHalf' -test.v
+		;;
+	tests)
 		# worker tests build their workers through internal/testbin, and this machine has no go:
 		# scripts/fakego/go answers it with the carried <model>-worker binaries
 		chmod +x "$BIN"/*-worker 2>/dev/null
@@ -159,13 +169,6 @@ for phase in "${phases[@]}"; do
 		done
 		;;
 	attention)
-		# where cuDNN 9 was found, the vendor tier (cuDNN's fused SDPA) must serve the models'
-		# shapes in the op tests rather than decline them
-		[ -n "$CUDNN_DIR" ] && export FRAMEPACK_TEST_VENDOR_ATTENTION=1
-		gotest "attention op tests" internal/runtime runtime.test 300 -test.run 'Attention' -test.v
-		unset FRAMEPACK_TEST_VENDOR_ATTENTION
-		FRAMEPACK_GPU_FLASH_FMA=1 gotest "attention op tests, flash FMA kernel forced" internal/runtime runtime.test 300 \
-			-test.run 'AttentionTiers|AttentionHalf' -test.v
 		# (vendor is not forced here: it takes 16-bit q, k, v only and the parity runs are f32;
 		# the chain's own runs serve 16-bit attention through it)
 		for tier in flash chunked cpu; do
