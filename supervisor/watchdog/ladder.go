@@ -99,9 +99,9 @@ type Ladder struct {
 // DefaultLadder is, after an out-of-memory error: for a stage whose worker streams blocks (the
 // transformer's blocks, the text encoder's Llama layers), its resident blocks halved down to 1
 // (the rest stream from host memory; fewer resident blocks before a lower cap); then two cap
-// lowerings by 15 % (room for what the driver and vendor libraries allocate
-// outside the runtime's allocator), then VAE tiles 256 → 128 → 64 px, then the conv tiers one
-// by one, then CPU for small stages.
+// lowerings by 15 % (room for what the driver and vendor libraries allocate outside the
+// runtime's allocator), then VAE tiles 256 → 128 → 64 px, then the conv tiers one by one,
+// then CPU for small stages.
 func DefaultLadder(laneCap uint64) Ladder {
 	return Ladder{VAETiles: []uint32{256, 128, 64}, FewerResidentBlocks: true, LaneCap: laneCap,
 		CapFactor: 0.85, CapSteps: 2, ConvTierDown: true, CPUFallback: true}
@@ -119,7 +119,8 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 	next := cur
 	switch class {
 	case ClassOOM:
-		// resident blocks (a stage that streams them) → cap → smaller tiles → conv tier down → cpu (small stages)
+		// resident blocks (a stage that streams them) → cap → smaller tiles → conv tier down →
+		// cpu (small stages)
 		if s, ok := l.fewerResidentBlocks(st, cur); ok {
 			return s, true
 		}
