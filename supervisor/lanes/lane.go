@@ -192,8 +192,9 @@ type LoadSettings struct {
 	Backend string
 	// MemoryCap lowers Stage.MemoryCap; a cap above it is ignored.
 	MemoryCap uint64
-	// MaxResidentBlocks is LoadRequest.MaxResidentBlocks: how many transformer blocks stay on
-	// the device, the rest streaming from host memory (0: as many as the cap allows).
+	// MaxResidentBlocks is LoadRequest.MaxResidentBlocks: how many transformer blocks (textenc:
+	// Llama layers) stay on the device, the rest streaming from host memory (0: as many as the
+	// cap allows).
 	MaxResidentBlocks uint32
 	// ConvFirstTier makes every convolution start at this tier.
 	ConvFirstTier workerkit.ConvTier

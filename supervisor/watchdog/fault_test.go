@@ -3,6 +3,7 @@ package watchdog_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -177,6 +178,66 @@ func TestFaultOOMAtOp(t *testing.T) {
 	}
 	if !equal(readF32(t, out), want) {
 		t.Fatal("the retried stage's pixels differ from the clean run's")
+	}
+}
+
+// TestFaultOOMLlamaLayers: a text encoder worker that runs out of memory with its Llama layers
+// all resident is retried with half of them resident (as many as its LoadResponse said ran,
+// halved), and once a single layer is resident with its memory cap lowered; the worker honours
+// both (its LoadResponse says one layer resident, the rest streamed) and the retried stage
+// gives the clean run's output bit for bit.
+func TestFaultOOMLlamaLayers(t *testing.T) {
+	base := newRig(t)
+	st0, out0 := base.textStage(t, "a cat walks")
+	ops, want := opCount(t, base, st0, out0)
+	var knobs []watchdog.Knobs
+	var mu sync.Mutex
+	r := newRig(t, func(c *watchdog.Config) {
+		c.FaultPlan = func(a watchdog.AttemptInfo) *workerkit.Fault {
+			mu.Lock()
+			knobs = append(knobs, a.Knobs)
+			mu.Unlock()
+			if a.Attempt <= 2 {
+				return &workerkit.Fault{OOMAtOp: ops - 2}
+			}
+			return nil
+		}
+	})
+	st, out := r.textStage(t, "a cat walks")
+	var rep lanes.Report
+	att := r.attempt(st, &rep)
+	var ran [][2]uint32 // resident and streamed layers of each attempt
+	laneCap := uint64(1 << 30)
+	info := watchdog.StageInfo{Kind: kindOf(st), MemoryCap: laneCap, Small: true}
+	j := r.wd.Job("oom-llama", nil)
+	err := j.Run(t.Context(), info, func(ctx context.Context, a *watchdog.Attempt) error {
+		err := att(ctx, a)
+		ran = append(ran, [2]uint32{a.ResidentBlocks, a.StreamedBlocks})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fixture's Llama computes 2 of its 4 layers (FramePack conditions on hidden_states[-3]).
+	if ran[0] != [2]uint32{2, 0} {
+		t.Fatalf("the first attempt ran %d resident and %d streamed layers; want 2 and 0", ran[0][0], ran[0][1])
+	}
+	lowered := uint64(float64(laneCap) * 0.85)
+	if len(knobs) != 3 || knobs[0] != (watchdog.Knobs{}) || knobs[1] != (watchdog.Knobs{ResidentBlocks: 1}) ||
+		knobs[2] != (watchdog.Knobs{ResidentBlocks: 1, MemoryCap: lowered}) {
+		t.Fatalf("knobs of the attempts %+v", knobs)
+	}
+	if len(ran) != 3 || ran[1] != [2]uint32{1, 1} || ran[2] != [2]uint32{1, 1} {
+		t.Fatalf("resident and streamed layers of the attempts %v, want [2 0] [1 1] [1 1]", ran)
+	}
+	story := j.Story()
+	if len(story) != 3 || story[0].GetClass() != framepackv1.AttemptClass_ATTEMPT_CLASS_OOM ||
+		story[0].GetChange() != "resident llama layers 2 -> 1" || story[1].GetClass() != framepackv1.AttemptClass_ATTEMPT_CLASS_OOM ||
+		story[1].GetChange() != fmt.Sprintf("memory cap %d -> %d bytes", laneCap, lowered) {
+		t.Fatalf("story %v", story)
+	}
+	if !equal(readF32(t, out), want) {
+		t.Fatal("the retried stage's output differs from the clean run's")
 	}
 }
 

@@ -132,8 +132,9 @@ func newRig(t *testing.T, opts ...rigOpts) *rig {
 		bins: bins, sockets: sockets}
 }
 
-// attempt returns the AttemptFunc that runs st on the rig's lane, as the pipeline does, and
-// keeps the last report in *out.
+// attempt returns the AttemptFunc that runs st on the rig's lane, as the pipeline does (the
+// worker's reported residency kept on the attempt for the resident-block rung), and keeps the
+// last report in *out.
 func (r *rig) attempt(st lanes.Stage, out *lanes.Report) watchdog.AttemptFunc {
 	return func(ctx context.Context, a *watchdog.Attempt) error {
 		att := st
@@ -150,6 +151,7 @@ func (r *rig) attempt(st lanes.Stage, out *lanes.Report) watchdog.AttemptFunc {
 		}
 		rep, err := r.lane.Run(ctx, att)
 		*out = rep
+		a.ResidentBlocks, a.StreamedBlocks = rep.ResidentBlocks, rep.StreamedBlocks
 		return err
 	}
 }

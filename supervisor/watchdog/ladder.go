@@ -13,8 +13,9 @@ import (
 type Knobs struct {
 	// VAETilePx is the VAE's spatial tile size in pixels (0: untiled, the model's default).
 	VAETilePx uint32
-	// ResidentBlocks caps the transformer blocks kept on the device, the rest streaming from
-	// host memory (0: as many as fit the cap).
+	// ResidentBlocks caps the blocks of a stage's block stack (StageInfo.Streams: transformer
+	// blocks, Llama layers) kept on the device, the rest streaming from host memory (0: as many
+	// as fit the cap).
 	ResidentBlocks uint32
 	// MemoryCap caps the worker's device allocations (0: the lane's cap).
 	MemoryCap uint64
@@ -77,10 +78,11 @@ type Step struct {
 type Ladder struct {
 	// VAETiles are the VAE tile sizes to step down through after an out-of-memory error.
 	VAETiles []uint32
-	// FirstResidentBlocks is the transformer's resident-block cap after its first
-	// out-of-memory error when the attempt reported no residency; each later one halves what
-	// the failed attempt had resident (ranWith), down to 1.
-	FirstResidentBlocks uint32
+	// FewerResidentBlocks allows the resident-block rung for a stage whose worker streams a
+	// stack of blocks (StageInfo.Streams): after an out-of-memory error the next attempt keeps
+	// half the blocks the failed one had resident (ranWith), down to 1; an attempt that reported
+	// no residency (its Load failed) goes to the stack's FirstResident.
+	FewerResidentBlocks bool
 	// LaneCap is the memory cap CapFactor lowers when a stage names none (StageInfo.MemoryCap);
 	// 0: no cap to lower.
 	LaneCap uint64
@@ -94,13 +96,14 @@ type Ladder struct {
 	CPUFallback bool
 }
 
-// DefaultLadder is, after an out-of-memory error: for the transformer, its resident blocks
-// halved down to 1 (the rest stream from host memory; fewer resident blocks before a lower
-// cap); then two cap lowerings by 15 % (room for what the driver and vendor libraries allocate
-// outside the runtime's allocator), then VAE tiles 256 → 128 → 64 px, then the conv tiers one
-// by one, then CPU for small stages.
+// DefaultLadder is, after an out-of-memory error: for a stage whose worker streams blocks (the
+// transformer's blocks, the text encoder's Llama layers), its resident blocks halved down to 1
+// (the rest stream from host memory; fewer resident blocks before a lower cap); then two cap
+// lowerings by 15 % (room for what the driver and vendor libraries allocate outside the
+// runtime's allocator), then VAE tiles 256 → 128 → 64 px, then the conv tiers one by one,
+// then CPU for small stages.
 func DefaultLadder(laneCap uint64) Ladder {
-	return Ladder{VAETiles: []uint32{256, 128, 64}, FirstResidentBlocks: 30, LaneCap: laneCap,
+	return Ladder{VAETiles: []uint32{256, 128, 64}, FewerResidentBlocks: true, LaneCap: laneCap,
 		CapFactor: 0.85, CapSteps: 2, ConvTierDown: true, CPUFallback: true}
 }
 
@@ -116,7 +119,8 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 	next := cur
 	switch class {
 	case ClassOOM:
-		// resident blocks (transformer) → cap → smaller tiles → conv tier down → cpu (small stages)
+		// resident blocks (a stage that streams them) → cap → smaller tiles → conv tier down →
+		// cpu (small stages)
 		if s, ok := l.fewerResidentBlocks(st, cur); ok {
 			return s, true
 		}
@@ -166,14 +170,38 @@ func (l Ladder) Next(st StageInfo, class Class, attempt int, cur Knobs, v *Verdi
 	return Step{}, false
 }
 
-// ranWith returns cur with ResidentBlocks set to the residency a transformer attempt reported
-// (resident and streamed blocks from its LoadResponse; both zero: not reported), so the
-// resident-block rung halves what actually ran rather than a fixed first value: a worker
-// that planned 12 blocks resident under its cap retries with 6, not with 30. An attempt that
-// already streamed every block has no resident rung left (1 ends it; the cap lowering comes
-// next).
+// BlockStack is the stack of repeated blocks a stage's worker keeps on the device up to
+// LoadRequest.max_resident_blocks, streaming the rest from host memory one block ahead, and
+// reports in its LoadResponse (resident_blocks, streamed_blocks).
+type BlockStack struct {
+	// Blocks names the blocks in the job's story ("transformer blocks", "llama layers").
+	Blocks string
+	// FirstResident is the resident cap after an out-of-memory error of an attempt that
+	// reported no residency (its Load failed): half the blocks FramePack's model runs.
+	FirstResident uint32
+}
+
+// Streams returns the stack of blocks the stage's worker streams, or false for a stage whose
+// worker keeps its whole model on the device. It is the one place that says which stages
+// those are; the resident-block rung (ranWith, fewerResidentBlocks) asks it.
+func (s StageInfo) Streams() (BlockStack, bool) {
+	switch s.Kind {
+	case framepackv1.Stage_STAGE_TRANSFORMER: // HunyuanVideo's 20 double and 40 single blocks
+		return BlockStack{Blocks: "transformer blocks", FirstResident: 30}, true
+	case framepackv1.Stage_STAGE_TEXT_ENCODE: // Llama's layers up to hidden_states[-3]: 30 of 32
+		return BlockStack{Blocks: "llama layers", FirstResident: 15}, true
+	}
+	return BlockStack{}, false
+}
+
+// ranWith returns cur with ResidentBlocks set to the residency an attempt of a stage that
+// streams blocks reported (resident and streamed blocks from its LoadResponse; both zero: not
+// reported), so the resident-block rung halves what actually ran rather than a fixed first
+// value: a transformer that planned 12 blocks resident under its cap retries with 6, not with
+// 30. An attempt that already streamed every block has no resident rung left (1 ends it; the
+// cap lowering comes next).
 func ranWith(st StageInfo, cur Knobs, resident, streamed uint32) Knobs {
-	if st.Kind != framepackv1.Stage_STAGE_TRANSFORMER || resident+streamed == 0 {
+	if _, ok := st.Streams(); !ok || resident+streamed == 0 {
 		return cur
 	}
 	switch {
@@ -192,23 +220,25 @@ func blocksName(n uint32) string {
 	return fmt.Sprint(n)
 }
 
-// fewerResidentBlocks returns the transformer's step that halves its resident blocks (the
-// first one, with no residency reported, goes to FirstResidentBlocks), down to 1.
+// fewerResidentBlocks returns the step that halves the resident blocks of a stage that streams
+// them (the first one, with no residency reported, goes to the stack's FirstResident), down
+// to 1.
 func (l Ladder) fewerResidentBlocks(st StageInfo, cur Knobs) (Step, bool) {
-	if st.Kind != framepackv1.Stage_STAGE_TRANSFORMER || cur.ResidentBlocks == 1 || cur.Backend == "cpu" {
+	stack, ok := st.Streams()
+	if !ok || !l.FewerResidentBlocks || cur.ResidentBlocks == 1 || cur.Backend == "cpu" {
 		return Step{}, false
 	}
 	next := cur
 	switch {
-	case cur.ResidentBlocks == 0 && l.FirstResidentBlocks > 0:
-		next.ResidentBlocks = l.FirstResidentBlocks
+	case cur.ResidentBlocks == 0:
+		next.ResidentBlocks = stack.FirstResident
 	case cur.ResidentBlocks > 1:
 		next.ResidentBlocks = cur.ResidentBlocks / 2
 	}
 	if next.ResidentBlocks == cur.ResidentBlocks {
 		return Step{}, false
 	}
-	return Step{Knobs: next, Change: fmt.Sprintf("resident transformer blocks %s -> %d", blocksName(cur.ResidentBlocks), next.ResidentBlocks)}, true
+	return Step{Knobs: next, Change: fmt.Sprintf("resident %s %s -> %d", stack.Blocks, blocksName(cur.ResidentBlocks), next.ResidentBlocks)}, true
 }
 
 // convTierDown returns the step that starts every convolution one tier further down, if the

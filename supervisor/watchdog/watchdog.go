@@ -161,7 +161,7 @@ func New(cfg Config) (*Watchdog, error) {
 	if cfg.Deadlines.Stages == nil && cfg.Deadlines.Default == (Cost{}) {
 		cfg.Deadlines = DefaultDeadlines()
 	}
-	if cfg.Ladder.VAETiles == nil && cfg.Ladder.CapSteps == 0 && !cfg.Ladder.ConvTierDown && !cfg.Ladder.CPUFallback {
+	if cfg.Ladder.VAETiles == nil && cfg.Ladder.CapSteps == 0 && !cfg.Ladder.ConvTierDown && !cfg.Ladder.CPUFallback && !cfg.Ladder.FewerResidentBlocks {
 		cfg.Ladder = DefaultLadder(0)
 	}
 	if cfg.Budget.PerStage <= 0 {
@@ -340,9 +340,10 @@ type Attempt struct {
 	// Kept is set by the AttemptFunc when the stage succeeded and its worker stays resident
 	// (the recovery check is then skipped).
 	Kept bool
-	// ResidentBlocks and StreamedBlocks are set by the AttemptFunc from the transformer
-	// worker's LoadResponse: the residency the attempt actually ran with, which the ladder's
-	// resident-block rung lowers from after an out-of-memory error.
+	// ResidentBlocks and StreamedBlocks are set by the AttemptFunc from the LoadResponse of a
+	// worker that streams blocks (StageInfo.Streams: transformer blocks, Llama layers): the
+	// residency the attempt actually ran with, which the ladder's resident-block rung lowers
+	// from after an out-of-memory error.
 	ResidentBlocks, StreamedBlocks uint32
 
 	w     *Watchdog
@@ -380,8 +381,9 @@ type Decision struct {
 	ConvCachePath string
 	// VAETilePx is the VAE's spatial tile size in pixels (0: the request's own tiling).
 	VAETilePx uint32
-	// MaxResidentBlocks caps the transformer blocks kept on the device
-	// (LoadRequest.MaxResidentBlocks; 0: as many as fit the cap).
+	// MaxResidentBlocks caps the blocks kept on the device by a worker that streams them
+	// (transformer blocks, Llama layers; LoadRequest.MaxResidentBlocks; 0: as many as fit the
+	// cap).
 	MaxResidentBlocks uint32
 	// Fault is the test fault to inject (nil in production).
 	Fault *workerkit.Fault

@@ -161,7 +161,8 @@ func TestLadder(t *testing.T) {
 	}
 
 	// The transformer: fewer resident blocks before a lower cap (issue 17), then the stage's
-	// own cap (the lane's for the job) is lowered; no cpu rung for a big stage.
+	// own cap (the lane's for the job) is lowered; no cpu rung for a big stage (the text
+	// encoder's Llama layers: TestResidentBlockRung).
 	tr := StageInfo{Kind: framepackv1.Stage_STAGE_TRANSFORMER, LaneBackend: "cuda", MemoryCap: 10 << 30}
 	var tk Knobs
 	var trChanges []string
@@ -459,37 +460,43 @@ func TestJobRun(t *testing.T) {
 			t.Fatalf("counts %+v", c)
 		}
 	})
-	t.Run("transformer oom halves what ran", func(t *testing.T) {
-		w, _ := mk(t)
-		j := w.Job("jt", nil)
-		tr := StageInfo{Kind: framepackv1.Stage_STAGE_TRANSFORMER, Model: "transformer"}
-		var asked []uint32
-		err := j.Run(t.Context(), tr, func(ctx context.Context, a *Attempt) error {
-			asked = append(asked, a.Knobs.ResidentBlocks)
-			if d := a.Decision(); d.MaxResidentBlocks != a.Knobs.ResidentBlocks {
-				t.Errorf("attempt %d: decision's max resident blocks %d, knobs %d", a.Number, d.MaxResidentBlocks, a.Knobs.ResidentBlocks)
+	for _, tc := range []struct {
+		kind   framepackv1.Stage
+		blocks string
+		total  uint32
+	}{{framepackv1.Stage_STAGE_TRANSFORMER, "transformer blocks", 60}, {framepackv1.Stage_STAGE_TEXT_ENCODE, "llama layers", 30}} {
+		t.Run(tc.blocks+": oom halves what ran", func(t *testing.T) {
+			w, _ := mk(t)
+			j := w.Job("jt", nil)
+			st := StageInfo{Kind: tc.kind, Model: tc.blocks}
+			var asked []uint32
+			err := j.Run(t.Context(), st, func(ctx context.Context, a *Attempt) error {
+				asked = append(asked, a.Knobs.ResidentBlocks)
+				if d := a.Decision(); d.MaxResidentBlocks != a.Knobs.ResidentBlocks {
+					t.Errorf("attempt %d: decision's max resident blocks %d, knobs %d", a.Number, d.MaxResidentBlocks, a.Knobs.ResidentBlocks)
+				}
+				switch a.Number {
+				case 1: // the worker planned 12 resident under its cap, then ran out
+					a.ResidentBlocks, a.StreamedBlocks = 12, tc.total-12
+					return oom
+				case 2: // it honoured max_resident_blocks 6, and ran out again with every block streamed
+					a.ResidentBlocks, a.StreamedBlocks = 0, tc.total
+					return oom
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
-			switch a.Number {
-			case 1: // the worker planned 12 of 60 resident under its cap, then ran out
-				a.ResidentBlocks, a.StreamedBlocks = 12, 48
-				return oom
-			case 2: // it honoured max_resident_blocks 6, and ran out again with every block streamed
-				a.ResidentBlocks, a.StreamedBlocks = 0, 60
-				return oom
+			story := j.Story()
+			if fmt.Sprint(asked) != "[0 6 1]" || len(story) != 3 || story[0].GetChange() != "resident "+tc.blocks+" 12 -> 6" {
+				t.Fatalf("max resident blocks asked %v, story %v", asked, story)
 			}
-			return nil
+			if strings.Contains(story[1].GetChange(), "resident "+tc.blocks) {
+				t.Fatalf("with every block streamed the ladder still lowers resident blocks: %v", story[1])
+			}
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		story := j.Story()
-		if fmt.Sprint(asked) != "[0 6 1]" || len(story) != 3 || story[0].GetChange() != "resident transformer blocks 12 -> 6" {
-			t.Fatalf("max resident blocks asked %v, story %v", asked, story)
-		}
-		if strings.Contains(story[1].GetChange(), "resident transformer blocks") {
-			t.Fatalf("with every block streamed the ladder still lowers resident blocks: %v", story[1])
-		}
-	})
+	}
 	t.Run("stage budget", func(t *testing.T) {
 		w, _ := mk(t)
 		j := w.Job("j2", nil)
