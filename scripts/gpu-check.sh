@@ -25,7 +25,7 @@
 # memory  NVML discovery, and a worker holding 40 GB killed: used memory back within 2 s
 # bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), then a per-op
 #         profile of the transformer (profile-transformer.json; BENCH_PROFILE=0 skips it), needs
-#         third_party_ref/ (diffusers + FramePack's diffusers_helper sources, git-ignored)
+#         third_party_ref/ (diffusers + FramePack's diffusers_helper sources, git-ignored; scripts/gpubench/third_party_ref.sh packs them)
 #
 # Logs and results go to $OUT (default build/gpu-check): log.txt, summary.txt, table.md,
 # ours.json, torch.json. Exit status: non-zero when a phase failed.

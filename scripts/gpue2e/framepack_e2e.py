@@ -92,6 +92,40 @@ class Sampler:
         self.t.join()
 
 
+def keep_hidden_states(llama):
+    """Makes output_hidden_states=True give hidden_states on transformers versions whose LlamaModel
+    returns None there when loaded with from_pretrained (5.17 on the GPU machine): the decoder
+    layers' inputs and outputs are recorded by hooks, and the tuple is built as transformers
+    documents it (the embeddings, every layer's output, the last one after the final norm).
+    FramePack reads hidden_states[-3]; nothing else changes."""
+    orig = llama.forward
+
+    def forward(*args, **kwargs):
+        if not kwargs.get("output_hidden_states"):
+            return orig(*args, **kwargs)
+        seen = []
+
+        def pre(_m, a, kw):
+            if not seen:
+                seen.append(a[0] if a else kw["hidden_states"])
+
+        def post(_m, _a, out):
+            seen.append(out[0] if isinstance(out, tuple) else out)
+
+        hooks = [llama.layers[0].register_forward_pre_hook(pre, with_kwargs=True)]
+        hooks += [layer.register_forward_hook(post) for layer in llama.layers]
+        try:
+            out = orig(*args, **kwargs)
+        finally:
+            for h in hooks:
+                h.remove()
+        if getattr(out, "hidden_states", None) is None:
+            out.hidden_states = tuple(seen[:-1]) + (out.last_hidden_state,)
+        return out
+
+    llama.forward = forward
+
+
 def save():
     old = []
     if os.path.exists(ARGS.out):
@@ -155,6 +189,7 @@ def main():
     feature_extractor = SiglipImageProcessor.from_pretrained(fr, subfolder='feature_extractor')
     image_encoder = SiglipVisionModel.from_pretrained(fr, subfolder='image_encoder', dtype=torch.float16).cpu()
     transformer = HunyuanVideoTransformer3DModelPacked.from_pretrained(fp, torch_dtype=torch.bfloat16).cpu()
+    keep_hidden_states(text_encoder)
     models = [text_encoder, text_encoder_2, vae, image_encoder, transformer]
     for m in models:
         m.eval()

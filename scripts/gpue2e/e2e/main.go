@@ -62,7 +62,7 @@ func run() error {
 	flag.StringVar(&o.models, "models", "", "model root (mkmodels' -out)")
 	flag.StringVar(&o.out, "out", "", "results folder (one budget-<b>.json per budget; existing ones are kept)")
 	flag.StringVar(&o.lane, "lane", "cuda:0", "lane to run on (cuda:N, hip:N or cpu)")
-	flag.StringVar(&o.budgets, "budgets", "all,24,16,8,6", "worker memory caps in GiB; all: the whole device less the reserve")
+	flag.StringVar(&o.budgets, "budgets", "cold,all,24,16,8,6", "worker memory caps in GiB; all: the whole device less the reserve; cold: as all, with no conv decisions or cuDNN Find results yet (a fresh daemon's first job)")
 	flag.Float64Var(&o.deviceGiB, "device-gib", 0, "the lane's device memory in GiB (cpu: given to framepackd as --cpu-device-memory-gb; cuda: 0 reads nvidia-smi)")
 	flag.IntVar(&o.width, "width", 704, "input image width (the bucket follows its aspect)")
 	flag.IntVar(&o.height, "height", 544, "input image height")
@@ -208,16 +208,62 @@ type Budget struct {
 	NVMLPeakGiB     float64 `json:"nvml_peak_gib,omitempty"`
 	OK              bool    `json:"ok"`
 	Error           string  `json:"error,omitempty"`
-	Rows            []Row   `json:"rows"`
-	Params          string  `json:"params"`
+	// Note is what a finished job reports besides its video (frames saved as PNG files where
+	// the server has no ffmpeg, as on the GPU machine).
+	Note   string `json:"note,omitempty"`
+	Rows   []Row  `json:"rows"`
+	Params string `json:"params"`
 }
 
 const gib = 1 << 30
 
+// exitPNGFrames is the framepack CLI's exit status for a job that finished with its frames
+// saved as PNG files because the server has no ffmpeg (cmd/framepack).
+const exitPNGFrames = 8
+
+// outcome reads the CLI's exit: a note for a job that finished with its frames saved as PNG
+// files (the server has no ffmpeg), an error for any other failure.
+func outcome(genErr error, out string) (note, errMsg string) {
+	var exit *exec.ExitError
+	switch {
+	case errors.As(genErr, &exit) && exit.ExitCode() == exitPNGFrames:
+		return "frames saved as PNG: " + lastLines(out, 1), ""
+	case genErr != nil:
+		return "", fmt.Sprintf("framepack generate: %v: %s", genErr, lastLines(out, 5))
+	}
+	return "", ""
+}
+
+// cacheFiles are what a daemon keeps in its state folder across jobs that make a worker faster
+// the second time: the conv decision cache and the cuDNN Find database beside it
+// (cmd/framepackd, workers/vae). Every budget but "cold" starts with the ones the jobs before
+// it left, as a long-lived daemon's next job does; "cold" shows the first job's cost.
+var cacheFiles = []string{"conv-decisions.json", "conv-decisions.json.cudnn-find"}
+
+// copyCaches copies cacheFiles that exist in from into to.
+func copyCaches(from, to string) error {
+	if err := os.MkdirAll(to, 0o755); err != nil {
+		return err
+	}
+	for _, f := range cacheFiles {
+		raw, err := os.ReadFile(filepath.Join(from, f))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(to, f), raw, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 	res := &Budget{Budget: b, DeviceGiB: dev, Params: fmt.Sprintf("%dx%d, resolution %d, window %d, %d steps, %g s, lane %s",
 		o.width, o.height, o.resolution, o.window, o.steps, o.seconds, o.lane)}
-	if b == "all" {
+	if b == "all" || b == "cold" {
 		res.BudgetGB = dev - 1
 	} else {
 		v, err := strconv.ParseFloat(b, 64)
@@ -237,6 +283,17 @@ func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 	if err := os.RemoveAll(state); err != nil {
 		return nil, err
 	}
+	if b != "cold" {
+		// the daemon's conv decisions and cuDNN Find results as an earlier job left them
+		if err := copyCaches(filepath.Join(o.out, "caches"), state); err != nil {
+			return nil, err
+		}
+	}
+	defer func() {
+		if err := copyCaches(state, filepath.Join(o.out, "caches")); err != nil {
+			fmt.Printf("e2e budget %s: keeping its caches: %v\n", b, err)
+		}
+	}()
 	sockDir, err := os.MkdirTemp("", "fpk-e2e")
 	if err != nil {
 		return nil, err
@@ -301,9 +358,7 @@ func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 			res.NVMLPeakGiB = p - res.NVMLBaselineGiB
 		}
 	}
-	if genErr != nil {
-		res.Error = fmt.Sprintf("framepack generate: %v: %s", genErr, lastLines(genOut.String(), 5))
-	}
+	res.Note, res.Error = outcome(genErr, genOut.String())
 	recs, err := readStages(state)
 	if err != nil && res.Error == "" {
 		res.Error = err.Error()

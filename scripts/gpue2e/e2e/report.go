@@ -27,6 +27,7 @@ type JobTotal struct {
 	AllUnderCap bool    `json:"all_under_cap"`
 	OK          bool    `json:"ok"`
 	Error       string  `json:"error,omitempty"`
+	Note        string  `json:"note,omitempty"`
 }
 
 // Report is docs/bench/<date>-<gpu>-e2e.json.
@@ -57,7 +58,7 @@ func report(o options) error {
 		rep.Params = r.Params
 		rep.Rows = append(rep.Rows, r.Rows...)
 		jt := JobTotal{Budget: b, BudgetGB: r.BudgetGB, CapGiB: r.CapGiB, TotalS: r.TotalS, LoadS: r.LoadS, LoadShare: r.LoadShare,
-			MaxPeakGiB: r.MaxPeakGiB, NVMLPeakGiB: r.NVMLPeakGiB, AllUnderCap: r.AllUnderCap, OK: r.OK, Error: r.Error}
+			MaxPeakGiB: r.MaxPeakGiB, NVMLPeakGiB: r.NVMLPeakGiB, AllUnderCap: r.AllUnderCap, OK: r.OK, Error: r.Error, Note: r.Note}
 		for _, row := range r.Rows {
 			if row.Worker == "transformer" {
 				jt.TransformS += row.Seconds
@@ -141,8 +142,11 @@ func table(rep Report, fp fpResults) string {
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, j := range rep.Jobs {
 		name := j.Budget + " GB"
-		if j.Budget == "all" {
+		switch j.Budget {
+		case "all":
 			name = "all resident"
+		case "cold":
+			name = "all resident, first job (no conv caches)"
 		}
 		fmt.Fprintf(&b, "| %s | %.2f | %.1f | %.2f× | %.1f %% | %.1f | %d/%d | %.2f | %.2f | %v |\n", name, j.CapGiB, j.TotalS, j.VsAll,
 			100*j.LoadShare, j.TransformS, j.Resident, j.Streamed, j.MaxPeakGiB, j.NVMLPeakGiB, j.OK)
