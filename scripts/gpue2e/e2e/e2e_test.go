@@ -26,9 +26,10 @@ func TestMain(m *testing.M) {
 
 // TestE2ECPU is `make e2e-cpu`: mkmodels re-draws the tiny models in the hub layout (sharded),
 // then the harness runs one job through a real framepackd and the CLI on a cpu lane of 2 GiB
-// at two budgets (the whole lane, and a 0.25 GiB cap), and -report -require 2 checks that
-// both jobs finished, every worker stage has its spawn, load, GB/s, peak and cap, and every
-// peak is under its cap. A second harness run keeps both budgets (resumable).
+// at three budgets (cold: the whole lane with empty conv caches, then the whole lane and a 0.25
+// GiB cap, each starting with the caches the jobs before it left), and -report -require 3
+// checks that every job finished, every worker stage has its spawn, load, GB/s, peak and cap,
+// and every peak is under its cap. A second harness run keeps every budget (resumable).
 func TestE2ECPU(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the daemon and its workers")
@@ -61,14 +62,14 @@ func TestE2ECPU(t *testing.T) {
 		}
 		return string(b)
 	}
-	args := []string{"-bin", bin, "-models", models, "-out", out, "-lane", "cpu", "-device-gib", "2", "-budgets", "all,0.25",
+	args := []string{"-bin", bin, "-models", models, "-out", out, "-lane", "cpu", "-device-gib", "2", "-budgets", "cold,all,0.25",
 		"-width", "96", "-height", "64", "-resolution", "96", "-window", "3", "-steps", "2", "-seconds", "0.5", "-timeout", "2m"}
 	t.Log(harness(args...))
-	if again := harness(args...); strings.Count(again, "kept") != 2 {
-		t.Errorf("second run did not keep both budgets:\n%s", again)
+	if again := harness(args...); strings.Count(again, "kept") != 3 {
+		t.Errorf("second run did not keep every budget:\n%s", again)
 	}
 	rep := filepath.Join(out, "e2e.json")
-	table := harness("-out", out, "-budgets", "all,0.25", "-report", rep, "-gpu", "cpu", "-require", "2")
+	table := harness("-out", out, "-budgets", "cold,all,0.25", "-report", rep, "-gpu", "cpu", "-require", "3")
 	t.Log(table)
 	var r Report
 	raw, err := os.ReadFile(rep)
@@ -78,8 +79,15 @@ func TestE2ECPU(t *testing.T) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Jobs) != 2 || r.Jobs[1].CapGiB < 0.249 || r.Jobs[1].CapGiB > 0.251 || r.Jobs[0].VsAll != 1 {
+	if len(r.Jobs) != 3 || r.Jobs[0].Budget != "cold" || r.Jobs[1].VsAll != 1 || r.Jobs[2].CapGiB < 0.249 || r.Jobs[2].CapGiB > 0.251 {
 		t.Errorf("jobs %+v", r.Jobs)
+	}
+	// the conv decisions the cold job left reached the next budget's state (the cpu backend
+	// records its tier decisions too)
+	for _, b := range []string{"cold", "all"} {
+		if _, err := os.Stat(filepath.Join(out, "state-"+b, cacheFiles[0])); err != nil {
+			t.Errorf("budget %s: no conv decision cache in its state: %v", b, err)
+		}
 	}
 	stages := map[string]bool{}
 	for _, row := range r.Rows {
@@ -90,7 +98,7 @@ func TestE2ECPU(t *testing.T) {
 			t.Errorf("no row of %s", s)
 		}
 	}
-	if !strings.Contains(table, "| all resident |") || !strings.Contains(table, "| 0.25 GB |") {
+	if !strings.Contains(table, "| all resident |") || !strings.Contains(table, "| 0.25 GB |") || !strings.Contains(table, "first job") {
 		t.Errorf("table:\n%s", table)
 	}
 }
