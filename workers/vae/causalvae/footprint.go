@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"strconv"
 )
 
 // Scratch says how many bytes of scratch a backend's ops take beside their outputs (im2col
@@ -45,16 +47,28 @@ func CPUScratch() Scratch {
 }
 
 // GPUScratch is the cuda and hip backends' scratch (native/gpu): a weight of another dtype
-// than the activations converted to theirs, plus an allowance for the vendor algorithm's
-// workspace (cuDNN FindEx and MIOpen Find take what the cap leaves up to 1 GiB while they
-// benchmark, then keep an algorithm whose workspace fitted: under a tight cap they adapt),
-// and the chunked attention tier's scores (up to 1 GiB).
+// than the activations converted to theirs, plus the workspace the vendor's algorithm search
+// offers a conv (native/gpu/fpk_gpu_vendor.cu find_workspace_want: twice the bytes of its input
+// and output, at least 16 MiB, at most FRAMEPACK_CUDNN_WORKSPACE_MB, default 8 GiB), and the
+// chunked attention tier's scores (up to 1 GiB).
+//
+// The search halves its workspace down to what the cap leaves, so a tiling chosen without it
+// runs, but slowly: on an H100 an 8 GiB cap chose 512 px tiles that left cuDNN too little room
+// for its matrix-unit kernels (16.1 s, against 9.8 s for 256 px tiles with room). Counting the
+// workspace the search wants makes the choice trade tile size for fast convolutions; with it,
+// the untiled decode's estimate (15.0 GiB) is what it measured (15.5 GiB with the weights).
 func GPUScratch() Scratch {
-	const workspace = 256 << 20
 	const scoreBudget = 1 << 30
+	most := int64(8 << 30)
+	if mb, err := strconv.ParseInt(os.Getenv("FRAMEPACK_CUDNN_WORKSPACE_MB"), 10, 64); err == nil && mb >= 16 {
+		most = mb << 20
+	}
 	return Scratch{
 		Conv: func(k [3]int, cin, cout int, out [5]int, elem, welem int) int64 {
-			n := int64(workspace)
+			// the input as the output's extent with cin channels (stride 1 and the padding
+			// ignored: within a few percent for the decoder's convs)
+			io := int64(cin+cout) * int64(out[0]) * int64(out[2]) * int64(out[3]) * int64(out[4]) * int64(elem)
+			n := min(max(2*io, 16<<20), most)
 			if welem != elem {
 				n += charged(int64(cout) * int64(cin) * int64(k[0]*k[1]*k[2]) * int64(elem))
 			}

@@ -180,7 +180,8 @@ func TestChooseTilingLargeBudget(t *testing.T) {
 // TestChooseTilingFullSize plans FramePack's decode (18 latent frames at 68×88, the released
 // VAE's config, no weights needed) on a GPU's scratch model: with room to spare diffusers'
 // framewise chunks alone, under an 8 GiB cap (less 0.5 GiB of weights) spatial tiles whose
-// estimate fits, under 64 MiB a budget error; and the estimates shrink as the tiles do.
+// estimate fits with the workspace cuDNN's search wants (384 px at 16-bit: 512 px tiles left it
+// too little on an H100), under 32 MiB a budget error; and the estimates shrink as the tiles do.
 func TestChooseTilingFullSize(t *testing.T) {
 	m := &Model{Config: DefaultConfig()}
 	in := [5]int{1, 16, 18, 68, 88}
@@ -209,8 +210,38 @@ func TestChooseTilingFullSize(t *testing.T) {
 			t.Errorf("8 GiB cap: %s (%d bytes), %v", ch, ch.PeakBytes, err)
 		}
 		t.Logf("%d-byte activations under an 8 GiB cap: %s", elem, ch)
-		if _, err := m.ChooseTiling(in, false, 64<<20, o); !errors.Is(err, ErrMemoryBudget) {
-			t.Errorf("64 MiB: %v", err)
+		if elem == 2 && ch.TilePx > 384 {
+			t.Errorf("8 GiB cap, 16-bit: %d px tiles leave the conv search no room", ch.TilePx)
 		}
+		if _, err := m.ChooseTiling(in, false, 32<<20, o); !errors.Is(err, ErrMemoryBudget) {
+			t.Errorf("32 MiB: %v", err)
+		}
+	}
+}
+
+// The GPU scratch of a conv is the workspace the vendor search wants (twice its input and
+// output, 16 MiB … FRAMEPACK_CUDNN_WORKSPACE_MB, default 8 GiB) plus a converted weight when the
+// weight's dtype is not the activations'.
+func TestGPUScratchWorkspace(t *testing.T) {
+	k := [3]int{3, 3, 3}
+	out := [5]int{1, 128, 9, 272, 352} // a decoder resnet conv at half resolution
+	io := int64(256) * 9 * 272 * 352 * 2
+	conv := GPUScratch().Conv
+	if got := conv(k, 128, 128, out, 2, 2); got != 2*io {
+		t.Errorf("16-bit conv: %d, want %d", got, 2*io)
+	}
+	if got := conv(k, 4, 4, [5]int{1, 4, 1, 8, 8}, 2, 2); got != 16<<20 {
+		t.Errorf("small conv: %d, want the 16 MiB floor", got)
+	}
+	big := [5]int{1, 512, 17, 544, 704}
+	if got := conv(k, 512, 512, big, 2, 2); got != 8<<30 {
+		t.Errorf("huge conv: %d, want the 8 GiB ceiling", got)
+	}
+	if got := conv(k, 128, 128, out, 2, 4); got != 2*io+charged(128*128*27*2) {
+		t.Errorf("f32 weight, 16-bit activations: %d", got)
+	}
+	t.Setenv("FRAMEPACK_CUDNN_WORKSPACE_MB", "1024")
+	if got := GPUScratch().Conv(k, 512, 512, big, 2, 2); got != 1<<30 {
+		t.Errorf("FRAMEPACK_CUDNN_WORKSPACE_MB=1024: %d", got)
 	}
 }
