@@ -107,9 +107,8 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "weights": wdt.String(), "activations": act.String(), "double_blocks": cfg.NumLayers,
 		"single_blocks": cfg.NumSingleLayers, "heads": cfg.NumAttentionHeads, "head_dim": cfg.AttentionHeadDim,
 		"resident_blocks": m.ResidentBlocks(), "streamed_blocks": m.StreamedBlocks(), "streamed_bytes": m.StreamedBytes(),
-		"transparent_hugepages": nn.TransparentHugePages(),
-		"memory_cap":            req.MemoryCapBytes, "activations_estimate": lopts.ActivationBytes, "max_resident_blocks": req.MaxResidentBlocks,
-		"elapsed": resp.LoadDuration}).Info("model loaded")
+		"memory_cap": req.MemoryCapBytes, "activations_estimate": lopts.ActivationBytes, "max_resident_blocks": req.MaxResidentBlocks,
+		"transparent_hugepages": nn.TransparentHugePages(), "elapsed": resp.LoadDuration}).Info("model loaded")
 	for _, n := range m.Unexpected {
 		w.log.WithField("tensor", n).Warn("unexpected tensor in checkpoint")
 	}
