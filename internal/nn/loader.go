@@ -80,7 +80,8 @@ type Loader struct {
 	bytes   int64
 	errs    []error
 
-	host      *HostSource // BeginHost..EndHost: binds go to host memory
+	host      *HostSource   // BeginHost..EndHost: binds go to host memory
+	hosts     []*HostSource // every host copy BeginHost made (freed by Free)
 	hostStrip string
 	hostBytes int64
 }
@@ -417,13 +418,18 @@ func (l *Loader) ShapeBytes(src Source, prefix string) int64 {
 // Tensors returns every tensor uploaded so far (the caller owns them once loading succeeded).
 func (l *Loader) Tensors() []*runtime.Tensor { return slices.Clone(l.loaded) }
 
-// Free frees every tensor uploaded so far (after a failed load).
+// Free frees every tensor uploaded and every host copy made so far (after a failed load).
 func (l *Loader) Free() {
 	for _, t := range l.loaded {
 		t.Free()
 	}
 	l.loaded = nil
 	l.bytes = 0
+	for _, h := range l.hosts {
+		_ = h.Free() // an unmap cannot fail for a mapping of ours; nothing to do if it did
+	}
+	l.hosts = nil
+	l.hostBytes = 0
 }
 
 // Weights are the tensors a finished load uploaded; the model that embeds them owns them.
@@ -450,8 +456,9 @@ func (w *Weights) Free() {
 	w.tensors = nil
 }
 
-// Finish ends a load: on a problem it frees everything and returns Err; else it hands the
-// uploaded tensors over as Weights, with the report.
+// Finish ends a load: on a problem it frees everything (host copies included) and returns Err;
+// else it hands the uploaded tensors over as Weights, with the report (the host copies belong
+// to whoever BeginHost gave them to).
 func (l *Loader) Finish() (Weights, Report, error) {
 	if err := l.Err(); err != nil {
 		l.Free()
@@ -462,6 +469,7 @@ func (l *Loader) Finish() (Weights, Report, error) {
 		w.params += int64(t.NumElements())
 	}
 	l.loaded = nil
+	l.hosts = nil // their BlockStreams own them now
 	return w, l.Report(), nil
 }
 

@@ -211,6 +211,15 @@ func (sl *streamSlot[T]) free() {
 	sl.done.Free()
 }
 
+// FreeHost frees the streamed blocks' host copies (unmapping them on Linux): the last step of
+// freeing a model, after Release and after the CopyStream that pinned them is freed. A
+// second call does nothing.
+func (s *BlockStream[T]) FreeHost() {
+	for _, i := range s.order {
+		_ = s.host[i].Free() // an unmap cannot fail for a mapping of ours; nothing to do if it did
+	}
+}
+
 // HostBytes is the size of the streamed blocks' host copies.
 func (s *BlockStream[T]) HostBytes() int64 {
 	var n int64
@@ -242,7 +251,8 @@ func (s *BlockStream[T]) NumElements() int64 {
 }
 
 // CopyStream is what the BlockStreams of one model share for their refills: one copy stream
-// and their host copies pinned. Free it after the BlockStreams' Release.
+// and their host copies pinned. Free it after the BlockStreams' Release and before their
+// FreeHost.
 type CopyStream struct {
 	rt     *runtime.Runtime
 	st     *runtime.Stream

@@ -119,7 +119,8 @@ func (w *worker) logReport(enc *Encoder) {
 		}
 	}
 	w.log.WithFields(logrus.Fields{"layers_computed": enc.Llama.Plan.Layers, "num_hidden_layers": enc.Llama.Config.NumHiddenLayers,
-		"hidden_state": enc.Llama.Plan.HiddenStateIndex}).Info("llama plan")
+		"hidden_state": enc.Llama.Plan.HiddenStateIndex, "streamed_layers": enc.Llama.StreamedLayers(),
+		"transparent_hugepages": nn.TransparentHugePages()}).Info("llama plan")
 	if enc.TemplatePrefix != DefaultCropStart {
 		w.log.WithFields(logrus.Fields{"template_prefix": enc.TemplatePrefix, "crop_start": DefaultCropStart}).
 			Warn("the prompt template's prefix is not crop_start tokens long with this tokenizer")

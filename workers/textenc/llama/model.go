@@ -367,13 +367,14 @@ func (m *Model) Close() error {
 	return nil
 }
 
-// Free frees the resident weights, the streaming slots, the pinned host copies and the copy
-// stream.
+// Free frees the resident weights, the streaming slots, the copy stream and the streamed
+// layers' host copies (unpinned first). A second Free does nothing.
 func (m *Model) Free() {
 	m.Weights.Free()
 	m.stream.Release()
 	m.copies.Free()
 	m.copies = nil
+	m.stream.FreeHost()
 }
 
 // ErrEmptyMask is returned by HiddenState when the mask attends no position.

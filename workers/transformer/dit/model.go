@@ -222,11 +222,13 @@ func (m *Model) NumParams() int64 {
 // Close frees the weights.
 func (m *Model) Close() { m.Free() }
 
-// Free frees the resident weights, the streaming slots, the pinned host copies and the copy
-// stream.
+// Free frees the resident weights, the streaming slots, the copy stream and the streamed
+// blocks' host copies (unpinned first). A second Free does nothing.
 func (m *Model) Free() {
 	m.Weights.Free()
 	m.releaseSlots()
 	m.copies.Free()
 	m.copies = nil
+	m.double.FreeHost()
+	m.single.FreeHost()
 }
