@@ -60,7 +60,7 @@ build: ## every binary into bin/
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/... ./workers/...
 
-test: native-hip-check deploy-check ## the whole suite (after make setup-test)
+test: native-hip-check native-hip-emu deploy-check ## the whole suite (after make setup-test)
 	$(GO) test -count=1 -timeout 30m ./...
 
 soak: ## the 50-job fault soak (make test runs 8 jobs of it)
@@ -134,7 +134,7 @@ HIPCC ?= hipcc
 HIP_ARCHS ?= gfx1030 gfx90a
 GPU_CFLAGS := -O3 -fPIC -Inative/include -Inative/src -Inative/gpu
 
-.PHONY: native-cuda native-hip native-hip-check gpu-check
+.PHONY: native-cuda native-hip native-hip-check native-hip-emu gpu-check
 
 CUDA_OBJ := $(patsubst native/gpu/%.cu,$(NATIVE_OUT)/cuda/%.o,$(GPU_CU)) $(NATIVE_OUT)/cuda/fpk_gpu_backend.o
 HIP_OBJ := $(patsubst native/gpu/%.cu,$(NATIVE_OUT)/hip/%.o,$(GPU_CU)) $(NATIVE_OUT)/hip/fpk_gpu_backend.o
@@ -193,6 +193,12 @@ native-hip-check:
 # no gfx11 device libraries: -nogpulib, no link). Each must contain its f16 and bf16 instructions,
 # so a path that compiles away (a builtin the compiler lacks) fails the check.
 HIP_MATRIX_CHECK := gfx90a:v_mfma_f32_16x16x16 gfx940:v_mfma_f32_16x16x16 gfx1100:v_wmma_f32_16x16x16
+
+# The same kernels' device code run on the host (scripts/amdflashemu): one thread per lane, the
+# matrix instructions emulated from the fragment layouts the kernels assume, against a float64
+# reference — their logic, not the hardware's layouts (the on-device self-check covers those).
+native-hip-emu: ## host emulation of the AMD matrix-core flash kernels (clang++-15, no GPU)
+	scripts/amdflashemu/run.sh
 
 $(NATIVE_OUT)/hip/attention-%.s: native/gpu/fpk_gpu_attention.cu $(GPU_HDR)
 	@mkdir -p $(@D)
