@@ -534,8 +534,11 @@ static fpk_status launch_fma(const flash_args &a, dim3 grid, cudaStream_t st) {
  *   WMMA (wave32, __builtin_amdgcn_wmma_f32_16x16x16_{f16,bf16}_w32): A row lane % 16 with k
  *        0..15, B column lane % 16 with k 0..15 (lanes 16..31 repeat 0..15), D column lane % 16
  *        with rows 2e + g; a P column takes the other half of its keys from lane ^ 16.
- * Keys and values go through shared memory 64 at a time (K row-major, V transposed so a lane's
- * keys are contiguous); softmax as k_flash_mma: max in raw score units, 2^(s·c − m·c), f32. */
+ * The block's queries sit in shared memory for the whole key loop; keys and values go through
+ * it in tiles (64 keys for MFMA, 32 for WMMA: Debian's LLVM 15 gives gfx11 kernels 128 VGPRs),
+ * K row-major and V transposed so a lane's keys are contiguous, with the tile's mask as bytes
+ * when there is a mask or the tile is partial. Softmax as k_flash_mma: max in raw score units,
+ * 2^(s·c − m·c), f32. scripts/amdflashemu runs this device code on the host. */
 
 #if defined(FPK_HIP)
 #define AMD_NW 4 /* waves per block, 16 query rows each */
@@ -558,9 +561,7 @@ typedef unsigned int amd_u4 __attribute__((ext_vector_type(4)));
 typedef unsigned int amd_u8 __attribute__((ext_vector_type(8)));
 typedef unsigned short amd_us8 __attribute__((ext_vector_type(8)));
 
-/* 2^x as one v_exp_f32 (LLVM's exp2 intrinsic; -inf gives +0), as k_flash_mma's ex2.approx: a
- * call into the device library would not be inlined where the build has none (the gfx11
- * compile check) and would spill around every call. */
+/* 2^x as one v_exp_f32 (LLVM's exp2 intrinsic; -inf gives +0), as k_flash_mma's ex2.approx. */
 __device__ __forceinline__ float amd_exp2(float x) { return __builtin_exp2f(x); }
 
 /* One float as the 16 bits of q's dtype (round to nearest even, as fpk_st). */
