@@ -12,10 +12,22 @@
  * flash    One fused kernel (FlashAttention-2's scheme): a block owns a tile of queries of one
  *          head, streams the keys and values through shared memory in tiles, and keeps a running
  *          max and sum per query row (online softmax), so scores never reach device memory.
- *          f32 accumulation everywhere. Two kernels:
+ *          f32 accumulation everywhere. Kernels:
  *          - matrix units (CUDA, sm_80 and later): bf16 or f16 q, k, v with head dims up to 128
  *            (multiples of 8, padded to 16 in shared memory), mma.sync m16n8k16 for S = Q Kᵀ and
  *            O += P V with P kept in registers, ldmatrix.trans for V. 4 warps × 16 query rows.
+ *          - matrix cores (HIP): the same scheme with AMD's matrix instructions, bf16 or f16 q, k,
+ *            v, head dims multiples of 8 up to 128: MFMA 16x16x16 on CDNA2/3 (gfx90a, gfx940-942,
+ *            wave64) and WMMA 16x16x16 on RDNA3 (gfx1100-1102, gfx1150/1151, wave32), each
+ *            compiled only for those targets and where the compiler has the builtins
+ *            (__has_builtin); every other target has the FMA kernel alone. COMPILE-CHECKED ONLY:
+ *            no AMD GPU has run them (make native-hip-check builds them for gfx90a, gfx940 and
+ *            gfx1100). So they are never trusted blindly: before a device first uses one for a
+ *            dtype and head dim, the launcher runs it and the FMA kernel on a small problem with
+ *            odd lengths and a mask (amd_self_check) and compares; a mismatch or an error turns
+ *            the path off on that device for the process and the FMA kernel serves instead.
+ *            FRAMEPACK_GPU_FLASH_SELFCHECK=strict makes a disabled path fail the call with the
+ *            reason (to see it on a new card); FRAMEPACK_GPU_FLASH_FMA=1 skips them altogether.
  *          - FMA (every build, HIP included, and every dtype): f32 arithmetic on any dims up to
  *            256, for the f32 parity runs and where the matrix path does not apply.
  *          16-bit q, k, v come from the activation dtype chosen at Load.
@@ -32,6 +44,7 @@
 #include "fpk_gpu_internal.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -479,7 +492,10 @@ static int mma_device(fpk_gpu_ctx *c) {
     }
     return cc[dev] - 1 >= 8;
 }
-/* FRAMEPACK_GPU_FLASH_FMA=1: the FMA kernel even where the matrix kernel applies (tests). */
+#endif /* !FPK_HIP */
+
+/* FRAMEPACK_GPU_FLASH_FMA=1: the FMA kernel even where a matrix kernel applies (tests; on HIP
+ * it also skips the matrix kernels' self-check). */
 static int force_fma(void) {
     const char *e = getenv("FRAMEPACK_GPU_FLASH_FMA");
     return e && *e && strcmp(e, "0") != 0;
@@ -488,7 +504,517 @@ static int force_fma(void) {
 static int aligned16(const void *p, const int64_t st[3]) {
     return ((uintptr_t)p & 15) == 0 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0;
 }
-#endif /* !FPK_HIP */
+
+/* Launches the FMA kernel with keys per tile so its tiles fit 48 KiB of shared memory. */
+static fpk_status launch_fma(const flash_args &a, dim3 grid, cudaStream_t st) {
+    const int64_t D = a.D, Dv = a.Dv;
+    int bk = 32;
+    while (bk > 8 && (size_t)(FMA_BQ * D + bk * (D + 1) + bk * Dv) * 4 > 48 * 1024) bk /= 2;
+    size_t smem = (size_t)(FMA_BQ * D + bk * (D + 1) + bk * Dv) * 4;
+    if (smem > 48 * 1024)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: head dims %lld/%lld too large for the flash tier",
+                                 (long long)D, (long long)Dv);
+    grid.x = (unsigned)((a.Lq + FMA_BQ - 1) / FMA_BQ);
+    k_flash_fma<<<grid, 128, smem, st>>>(a, bk);
+    return fpk_gpu_launched("attention (flash, fma)");
+}
+
+/* -- matrix-core kernels (HIP): MFMA on CDNA2/3, WMMA on RDNA3 ------------------------------
+ *
+ * Compile-checked only: no AMD GPU has run them. Each is self-checked against the FMA kernel on
+ * the device before its first use (amd_matrix_path below) and disabled for the process when the
+ * check fails, so a wrong fragment layout gives the FMA kernel's result, not a wrong one.
+ *
+ * One wave owns 16 query rows and computes everything transposed, Sᵀ = K·Qᵀ and Oᵀ = Vᵀ·Pᵀ,
+ * because then the accumulator of Sᵀ is already the B operand Pᵀ needs and each lane's query
+ * row is its own (lane % 16): row max, sum and the rescale need no exchange but between the lane
+ * groups (g = lane / 16) that share a query. Per 16 × 16 × 16 step:
+ *   MFMA (wave64, __builtin_amdgcn_mfma_f32_16x16x16{f16,bf16_1k}): A row lane % 16 with k
+ *        4g..4g+3, B column lane % 16 with k 4g..4g+3, D column lane % 16 with rows 4g + e.
+ *   WMMA (wave32, __builtin_amdgcn_wmma_f32_16x16x16_{f16,bf16}_w32): A row lane % 16 with k
+ *        0..15, B column lane % 16 with k 0..15 (lanes 16..31 repeat 0..15), D column lane % 16
+ *        with rows 2e + g; a P column takes the other half of its keys from lane ^ 16.
+ * The block's queries sit in shared memory for the whole key loop; keys and values go through
+ * it in tiles (64 keys for MFMA, 32 for WMMA: Debian's LLVM 15 gives gfx11 kernels 128 VGPRs),
+ * K row-major and V transposed so a lane's keys are contiguous, with the tile's mask as bytes
+ * when there is a mask or the tile is partial. Softmax as k_flash_mma: max in raw score units,
+ * 2^(s·c − m·c), f32. scripts/amdflashemu runs this device code on the host. */
+
+#if defined(FPK_HIP)
+#define AMD_NW 4 /* waves per block, 16 query rows each */
+enum { AMD_PATH_NONE = 0, AMD_PATH_MFMA = 1, AMD_PATH_WMMA = 2 };
+
+/* Which path this device pass compiles: the target's arch macro and the compiler's builtins. */
+#if (defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)) &&                     \
+    __has_builtin(__builtin_amdgcn_mfma_f32_16x16x16bf16_1k) && __has_builtin(__builtin_amdgcn_mfma_f32_16x16x16f16)
+#define FPK_AMD_MFMA 1
+#endif
+#if (defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1150__) ||                   \
+     defined(__gfx1151__)) &&                                                                                        \
+    __has_builtin(__builtin_amdgcn_wmma_f32_16x16x16_f16_w32) && __has_builtin(__builtin_amdgcn_wmma_f32_16x16x16_bf16_w32)
+#define FPK_AMD_WMMA 1
+#endif
+
+#if defined(FPK_AMD_MFMA) || defined(FPK_AMD_WMMA)
+typedef unsigned int amd_u2 __attribute__((ext_vector_type(2)));
+typedef unsigned int amd_u4 __attribute__((ext_vector_type(4)));
+typedef unsigned int amd_u8 __attribute__((ext_vector_type(8)));
+typedef unsigned short amd_us8 __attribute__((ext_vector_type(8)));
+
+/* 2^x as one v_exp_f32 (LLVM's exp2 intrinsic; -inf gives +0), as k_flash_mma's ex2.approx. */
+__device__ __forceinline__ float amd_exp2(float x) { return __builtin_exp2f(x); }
+
+/* One float as the 16 bits of q's dtype (round to nearest even, as fpk_st). */
+__device__ __forceinline__ short amd_bits(float x, bool bf16) { return (short)(bf16 ? fpk_f32_bf16(x) : fpk_f32_f16(x)); }
+#endif
+
+#if defined(FPK_AMD_MFMA)
+typedef short amd_v4s __attribute__((ext_vector_type(4)));
+typedef _Float16 amd_v4h __attribute__((ext_vector_type(4)));
+typedef float amd_v4f __attribute__((ext_vector_type(4)));
+
+struct amd_mfma {
+    static constexpr int WAVE = 64, NE = 4, BK = 64; /* lanes, accumulator elements a lane, keys a tile */
+    typedef amd_v4s ab;
+    typedef amd_v4f acc;
+    /* Index (row of D, k of A and B) of element e in lane group g. */
+    static __device__ __forceinline__ int idx(int g, int e) { return 4 * g + e; }
+    /* This lane's operand from a row of 16 16-bit values (16-byte aligned). */
+    static __device__ __forceinline__ ab row(const uint16_t *p, int g) {
+        return __builtin_bit_cast(ab, *(const amd_u2 *)(p + 4 * g));
+    }
+    static __device__ __forceinline__ acc mma(ab a, ab b, acc c, bool bf16) {
+        if (bf16) return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, 0, 0, 0);
+        return __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(amd_v4h, a), __builtin_bit_cast(amd_v4h, b), c, 0,
+                                                     0, 0);
+    }
+    /* Pᵀ's B operand from this lane's probabilities (keys 4g + e): its own, no exchange. */
+    static __device__ __forceinline__ ab probs(acc p, int g, bool bf16) {
+        (void)g;
+        ab r;
+#pragma unroll
+        for (int e = 0; e < 4; e++) r[e] = amd_bits(p[e], bf16);
+        return r;
+    }
+};
+#endif
+
+#if defined(FPK_AMD_WMMA)
+typedef short amd_v16s __attribute__((ext_vector_type(16)));
+typedef _Float16 amd_v16h __attribute__((ext_vector_type(16)));
+typedef float amd_v8f __attribute__((ext_vector_type(8)));
+
+struct amd_wmma {
+    static constexpr int WAVE = 32, NE = 8, BK = 32; /* 32 keys a tile: LLVM 15 gives gfx11 128 VGPRs */
+    typedef amd_v16s ab;
+    typedef amd_v8f acc;
+    static __device__ __forceinline__ int idx(int g, int e) { return 2 * e + g; }
+    static __device__ __forceinline__ ab row(const uint16_t *p, int g) {
+        (void)g;
+        amd_u4 lo = *(const amd_u4 *)p, hi = *(const amd_u4 *)(p + 8);
+        return __builtin_bit_cast(ab, (amd_u8)__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7));
+    }
+    static __device__ __forceinline__ acc mma(ab a, ab b, acc c, bool bf16) {
+        if (bf16) return __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a, b, c);
+        return __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(__builtin_bit_cast(amd_v16h, a), __builtin_bit_cast(amd_v16h, b),
+                                                          c);
+    }
+    /* Pᵀ's B operand: all 16 keys of this lane's query; keys 2e + g are this lane's, keys
+     * 2e + 1 − g those of lane ^ 16 (same query). */
+    static __device__ __forceinline__ ab probs(acc p, int g, bool bf16) {
+        ab r;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float mine = p[e], other = FPK_SHFL_XOR(mine, 16, 32);
+            r[2 * e] = amd_bits(g ? other : mine, bf16);
+            r[2 * e + 1] = amd_bits(g ? mine : other, bf16);
+        }
+        return r;
+    }
+};
+#endif
+
+#if defined(FPK_AMD_MFMA) || defined(FPK_AMD_WMMA)
+/* HDP: the head dim padded to a multiple of 16 (D = Dv <= HDP, D a multiple of 8). */
+template <class MM, int HDP>
+__device__ __forceinline__ void flash_amd_body(const flash_args &a) {
+    constexpr int BK = MM::BK, BQ = 16 * AMD_NW;
+    constexpr int LDK = HDP + 8, LDV = BK + 8; /* shared row strides, 16-bit elements */
+    constexpr int CH = HDP / 8, NT = AMD_NW * MM::WAVE;
+    __shared__ __attribute__((aligned(16))) uint16_t Qs[BQ * LDK]; /* [query][d] */
+    __shared__ __attribute__((aligned(16))) uint16_t Ks[BK * LDK]; /* [key][d] */
+    __shared__ __attribute__((aligned(16))) uint16_t Vt[HDP * LDV]; /* [d][key] */
+    __shared__ uint8_t Ms[BQ * BK];                                 /* [query][key]: attend */
+    const bool bf16 = a.qdt == 2;
+    const int tid = threadIdx.x, wave = tid / MM::WAVE, lane = tid % MM::WAVE, lq = lane & 15, g = lane >> 4;
+    const int h = blockIdx.y, b = blockIdx.z, hk = h / a.rep, D = a.D;
+    const int q0 = blockIdx.x * BQ, qr = wave * 16 + lq, row = q0 + qr; /* this lane's query */
+    const uint16_t *qp = (const uint16_t *)a.q + b * a.qs[0] + h * a.qs[2];
+    const uint16_t *kp = (const uint16_t *)a.k + b * a.ks[0] + hk * a.ks[2];
+    const uint16_t *vp = (const uint16_t *)a.v + b * a.vs[0] + hk * a.vs[2];
+    const uint8_t *mb = a.m ? a.m + b * a.ms[0] + h * a.ms[1] : nullptr;
+    for (int i = tid; i < BQ * CH; i += NT) { /* the block's queries, zero past Lq and D */
+        int r = i / CH, col = (i % CH) * 8;
+        amd_u4 x = {0u, 0u, 0u, 0u};
+        if (q0 + r < a.Lq && col < D) x = *(const amd_u4 *)(qp + (int64_t)(q0 + r) * a.qs[1] + col);
+        *(amd_u4 *)(Qs + r * LDK + col) = x;
+    }
+    typename MM::acc o[HDP / 16]; /* Oᵀ: column lq (this query), rows n·16 + idx(g, e) */
+#pragma unroll
+    for (int n = 0; n < HDP / 16; n++)
+#pragma unroll
+        for (int e = 0; e < MM::NE; e++) o[n][e] = 0.f;
+    float m = -INFINITY, l = 0.f; /* l: this lane group's share of the row sum */
+    const float c = a.scale_log2;
+    for (int k0 = 0; k0 < a.Lk; k0 += BK) {
+        const bool full = !mb && k0 + BK <= a.Lk; /* no per-score checks (same in every thread) */
+        __syncthreads(); /* every wave is done with the previous tile */
+        for (int i = tid; i < BK * CH; i += NT) {
+            int j = i / CH, col = (i % CH) * 8, key = k0 + j;
+            amd_u4 kv = {0u, 0u, 0u, 0u}, vv = {0u, 0u, 0u, 0u};
+            if (key < a.Lk && col < D) {
+                kv = *(const amd_u4 *)(kp + (int64_t)key * a.ks[1] + col);
+                vv = *(const amd_u4 *)(vp + (int64_t)key * a.vs[1] + col);
+            }
+            *(amd_u4 *)(Ks + j * LDK + col) = kv;
+            amd_us8 ve = __builtin_bit_cast(amd_us8, vv);
+#pragma unroll
+            for (int t = 0; t < 8; t++) Vt[(col + t) * LDV + j] = ve[t];
+        }
+        if (!full)
+            for (int i = tid; i < BQ * BK; i += NT) {
+                int r = i / BK, j = i % BK, key = k0 + j;
+                bool ok = key < a.Lk;
+                if (ok && mb) ok = mb[(int64_t)(q0 + r < a.Lq ? q0 + r : 0) * a.ms[2] + (int64_t)key * a.ms[3]] != 0;
+                Ms[i] = ok;
+            }
+        __syncthreads();
+        typename MM::acc s[BK / 16]; /* Sᵀ per 16 keys: column lq, keys idx(g, e) */
+#pragma unroll
+        for (int kb = 0; kb < BK / 16; kb++) {
+#pragma unroll
+            for (int e = 0; e < MM::NE; e++) s[kb][e] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < HDP / 16; kk++)
+                s[kb] = MM::mma(MM::row(Ks + (kb * 16 + lq) * LDK + kk * 16, g), MM::row(Qs + qr * LDK + kk * 16, g),
+                                s[kb], bf16);
+        }
+        float mx = -INFINITY;
+#pragma unroll
+        for (int kb = 0; kb < BK / 16; kb++)
+#pragma unroll
+            for (int e = 0; e < MM::NE; e++) {
+                float x = s[kb][e];
+                if (!full) {
+                    x = Ms[qr * BK + kb * 16 + MM::idx(g, e)] ? x : -INFINITY;
+                    s[kb][e] = x;
+                }
+                mx = fmaxf(mx, x);
+            }
+        mx = fmaxf(mx, FPK_SHFL_XOR(mx, 16, MM::WAVE));
+        if (MM::WAVE == 64) mx = fmaxf(mx, FPK_SHFL_XOR(mx, 32, MM::WAVE));
+        /* running max in raw score units (scale > 0), exponents as one FMA: 2^(s·c − m·c) */
+        float mn = fmaxf(m, mx);
+        float u = mn == -INFINITY ? 0.f : mn * c, al = amd_exp2(m * c - u);
+        m = mn;
+        float add = 0.f;
+#pragma unroll
+        for (int kb = 0; kb < BK / 16; kb++)
+#pragma unroll
+            for (int e = 0; e < MM::NE; e++) {
+                float p = amd_exp2(fmaf(s[kb][e], c, -u));
+                s[kb][e] = p;
+                add += p;
+            }
+        l = l * al + add;
+#pragma unroll
+        for (int n = 0; n < HDP / 16; n++)
+#pragma unroll
+            for (int e = 0; e < MM::NE; e++) o[n][e] *= al;
+#pragma unroll
+        for (int kb = 0; kb < BK / 16; kb++) {
+            typename MM::ab pb = MM::probs(s[kb], g, bf16);
+#pragma unroll
+            for (int n = 0; n < HDP / 16; n++)
+                o[n] = MM::mma(MM::row(Vt + (n * 16 + lq) * LDV + kb * 16, g), pb, o[n], bf16);
+        }
+    }
+    l += FPK_SHFL_XOR(l, 16, MM::WAVE);
+    if (MM::WAVE == 64) l += FPK_SHFL_XOR(l, 32, MM::WAVE);
+    if (row >= a.Lq) return;
+    float inv = l > 0.f ? 1.f / l : 0.f;
+    const int64_t ob = b * a.os[0] + (int64_t)row * a.os[1] + h * a.os[2];
+#pragma unroll
+    for (int n = 0; n < HDP / 16; n++)
+#pragma unroll
+        for (int e = 0; e < MM::NE; e++) {
+            int col = n * 16 + MM::idx(g, e);
+            if (col < a.Dv) fpk_st(a.o, a.odt, ob + col, o[n][e] * inv);
+        }
+}
+#endif
+
+/* The matrix kernel of PATH for head dims padded to HDP; on a target without that path (and in
+ * the host pass) the body is empty: amd_matrix_path never launches it there. */
+template <int PATH, int HDP>
+__global__ void __launch_bounds__(AMD_NW *(PATH == AMD_PATH_MFMA ? 64 : 32)) k_flash_amd(flash_args a) {
+    (void)a;
+#if defined(FPK_AMD_MFMA)
+    if constexpr (PATH == AMD_PATH_MFMA) flash_amd_body<amd_mfma, HDP>(a);
+#endif
+#if defined(FPK_AMD_WMMA)
+    if constexpr (PATH == AMD_PATH_WMMA) flash_amd_body<amd_wmma, HDP>(a);
+#endif
+}
+
+/* The path the device's code object has (the arch it was compiled for decides) and its wave size. */
+__global__ void k_flash_amd_path(int *out) {
+    int path = AMD_PATH_NONE;
+#if defined(FPK_AMD_MFMA)
+    path = AMD_PATH_MFMA;
+#elif defined(FPK_AMD_WMMA)
+    path = AMD_PATH_WMMA;
+#endif
+    out[0] = path;
+    out[1] = warpSize;
+}
+
+template <int PATH, int HDP> static fpk_status launch_amd_hdp(const flash_args &a, dim3 grid, cudaStream_t st) {
+    grid.x = (unsigned)((a.Lq + 16 * AMD_NW - 1) / (16 * AMD_NW));
+    k_flash_amd<PATH, HDP><<<grid, AMD_NW * (PATH == AMD_PATH_MFMA ? 64 : 32), 0, st>>>(a);
+    return fpk_gpu_launched(PATH == AMD_PATH_MFMA ? "attention (flash, mfma)" : "attention (flash, wmma)");
+}
+
+template <int PATH> static fpk_status launch_amd_path(const flash_args &a, dim3 grid, cudaStream_t st) {
+    switch ((a.D + 15) / 16 * 16) {
+    case 16: return launch_amd_hdp<PATH, 16>(a, grid, st);
+    case 32: return launch_amd_hdp<PATH, 32>(a, grid, st);
+    case 48: return launch_amd_hdp<PATH, 48>(a, grid, st);
+    case 64: return launch_amd_hdp<PATH, 64>(a, grid, st);
+    case 80: return launch_amd_hdp<PATH, 80>(a, grid, st);
+    case 96: return launch_amd_hdp<PATH, 96>(a, grid, st);
+    case 112: return launch_amd_hdp<PATH, 112>(a, grid, st);
+    default: return launch_amd_hdp<PATH, 128>(a, grid, st);
+    }
+}
+
+static fpk_status launch_amd(int path, const flash_args &a, dim3 grid, cudaStream_t st) {
+    if (path == AMD_PATH_MFMA) return launch_amd_path<AMD_PATH_MFMA>(a, grid, st);
+    return launch_amd_path<AMD_PATH_WMMA>(a, grid, st);
+}
+
+static const char *amd_path_name(int path) { return path == AMD_PATH_MFMA ? "mfma" : path == AMD_PATH_WMMA ? "wmma" : "none"; }
+
+/* What the process decided per device: the path its code object has (probed once), whether it
+ * is disabled (a failed or erroring self-check: the FMA kernel serves every call after), and
+ * the self-checks passed per dtype (f16, bf16) and head dim (D / 8). */
+#define AMD_MAX_DEVICES 64
+struct amd_device_state {
+    int probed;
+    int path;
+    int disabled;
+    char why[320]; /* why the path is off (probe or failed check), for FRAMEPACK_GPU_FLASH_SELFCHECK=strict */
+    unsigned char passed[2][17];
+};
+static amd_device_state amd_devices[AMD_MAX_DEVICES];
+static pthread_mutex_t amd_devices_mu = PTHREAD_MUTEX_INITIALIZER; /* protects amd_devices */
+
+/* FRAMEPACK_GPU_FLASH_SELFCHECK=strict: a matrix path that fails its self-check fails the call
+ * with the reason (the first one, and every call after that it would have served) instead of
+ * falling back to the FMA kernel, so a test run on a new AMD card shows it. */
+static int amd_strict(void) {
+    const char *e = getenv("FRAMEPACK_GPU_FLASH_SELFCHECK");
+    return e && strcmp(e, "strict") == 0;
+}
+
+/* A failed runtime call during the probe or self-check: a sticky error (the device is lost) is
+ * returned as such; anything else only disables the path (reason in why). */
+static fpk_status amd_check_error(cudaError_t e, const char *what, char *why, size_t nwhy) {
+    fpk_status s = fpk_gpu_error(e, what);
+    snprintf(why, nwhy, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    (void)cudaGetLastError();
+    return s == FPK_ERR_DEVICE_LOST ? s : FPK_OK;
+}
+
+/* Runs the matrix kernel of path and the FMA kernel on one small deterministic problem of the
+ * call's dtype and head dim — B 2, H 2 over one key head (grouped), Lq 37 and Lk 83 (partial
+ * query blocks and key tiles), a mask of key padding with holes, a causal band and one fully
+ * masked row, f32 output prefilled with NaN — and compares: *ok when the relative L2 distance
+ * is at most 1e-2. why says what failed. Errors: a lost device, or scratch out of memory (then
+ * nothing is decided and the call runs the FMA kernel). */
+static fpk_status amd_self_check(cudaStream_t st, const fpk_gpu_scratch_fn *sf, int path, int dt, int D, bool *ok,
+                                 char *why, size_t nwhy) {
+    const int B = 2, H = 2, Lq = 37, Lk = 83;
+    const int64_t nq = (int64_t)B * Lq * H * D, nk = (int64_t)B * Lk * D, nm = (int64_t)B * Lq * Lk;
+    *ok = false;
+    /* one scratch block: f32 q, k, v staging; 16-bit q, k, v; mask; two f32 outputs */
+    auto up = [](int64_t bytes) { return (size_t)((bytes + 255) / 256 * 256); };
+    size_t off_q32 = 0, off_k32 = off_q32 + up(nq * 4), off_v32 = off_k32 + up(nk * 4);
+    size_t off_q = off_v32 + up(nk * 4), off_k = off_q + up(nq * 2), off_v = off_k + up(nk * 2);
+    size_t off_m = off_v + up(nk * 2), off_o1 = off_m + up(nm), off_o2 = off_o1 + up(nq * 4);
+    size_t total = off_o2 + up(nq * 4);
+    float *host = (float *)malloc((size_t)(nq + 2 * nk + 2 * nq) * sizeof(float) + (size_t)nm);
+    if (!host) return fpk_gpu_set_oom((uint64_t)(nq + 2 * nk + 2 * nq) * 4 + nm, 0, "host attention self-check");
+    float *hq = host, *hk = hq + nq, *hv = hk + nk, *ho1 = hv + nk, *ho2 = ho1 + nq;
+    uint8_t *hm = (uint8_t *)(ho2 + nq);
+    uint32_t seed = 0x2545f491u + (uint32_t)D * 977u + (uint32_t)dt;
+    for (int64_t i = 0; i < nq + 2 * nk; i++) { /* multiples of 1/64 in [-1, 1]: exact in f16 and bf16 */
+        seed = seed * 1664525u + 1013904223u;
+        host[i] = (float)((int)(seed >> 25) - 64) / 64.f;
+    }
+    for (int b = 0; b < B; b++)
+        for (int qi = 0; qi < Lq; qi++)
+            for (int j = 0; j < Lk; j++) {
+                bool on = b == 0 ? j < 61 && j % 7 != 3 : j <= qi + 40 && j < 77 && qi != 5;
+                hm[((int64_t)b * Lq + qi) * Lk + j] = on ? 1 : 0;
+            }
+    fpk_scratch sc(sf);
+    fpk_status s = sc.alloc(total);
+    if (s != FPK_OK) {
+        free(host);
+        return s;
+    }
+    char *base = (char *)sc.ptr;
+    flash_args a;
+    memset(&a, 0, sizeof a);
+    a.q = base + off_q, a.k = base + off_k, a.v = base + off_v;
+    a.m = (const uint8_t *)(base + off_m);
+    a.qs[0] = (int64_t)Lq * H * D, a.qs[1] = (int64_t)H * D, a.qs[2] = D;
+    a.ks[0] = a.vs[0] = (int64_t)Lk * D, a.ks[1] = a.vs[1] = D, a.ks[2] = a.vs[2] = D;
+    a.os[0] = a.qs[0], a.os[1] = a.qs[1], a.os[2] = a.qs[2];
+    a.ms[0] = (int64_t)Lq * Lk, a.ms[1] = 0, a.ms[2] = Lk, a.ms[3] = 1;
+    a.Lq = Lq, a.Lk = Lk, a.rep = H, a.D = D, a.Dv = D;
+    a.qdt = a.kdt = a.vdt = dt;
+    a.odt = FPK_F32;
+    a.scale_log2 = (float)(2.0 / sqrt((double)D)) * FLASH_LOG2E; /* sharper than 1/sqrt(D): score errors show */
+    dim3 grid;
+    grid.y = (unsigned)H;
+    grid.z = (unsigned)B;
+    const char *step = "upload";
+    cudaError_t e = cudaMemcpyAsync(base + off_q32, hq, (size_t)nq * 4, cudaMemcpyHostToDevice, st);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(base + off_k32, hk, (size_t)nk * 4, cudaMemcpyHostToDevice, st);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(base + off_v32, hv, (size_t)nk * 4, cudaMemcpyHostToDevice, st);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(base + off_m, hm, (size_t)nm, cudaMemcpyHostToDevice, st);
+    if (e == cudaSuccess) e = cudaMemsetAsync(base + off_o1, 0xff, (size_t)nq * 4, st); /* NaN */
+    if (e == cudaSuccess) e = cudaMemsetAsync(base + off_o2, 0xff, (size_t)nq * 4, st);
+    if (e == cudaSuccess) {
+        step = "convert";
+        s = fpk_gpu_convert(st, (void *)a.q, dt, base + off_q32, FPK_F32, nq);
+        if (s == FPK_OK) s = fpk_gpu_convert(st, (void *)a.k, dt, base + off_k32, FPK_F32, nk);
+        if (s == FPK_OK) s = fpk_gpu_convert(st, (void *)a.v, dt, base + off_v32, FPK_F32, nk);
+        if (s == FPK_OK) {
+            step = "fma kernel";
+            a.o = base + off_o1;
+            s = launch_fma(a, grid, st);
+        }
+        if (s == FPK_OK) {
+            step = "matrix kernel";
+            a.o = base + off_o2;
+            s = launch_amd(path, a, grid, st);
+        }
+        if (s != FPK_OK) { /* the launch helpers took the runtime error and set the last error */
+            snprintf(why, nwhy, "self-check %s: status %d", step, (int)s);
+            free(host);
+            return s == FPK_ERR_DEVICE_LOST ? s : FPK_OK;
+        }
+    }
+    if (e == cudaSuccess) {
+        step = "download";
+        e = cudaMemcpyAsync(ho1, base + off_o1, (size_t)nq * 4, cudaMemcpyDeviceToHost, st);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(ho2, base + off_o2, (size_t)nq * 4, cudaMemcpyDeviceToHost, st);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+    }
+    if (e != cudaSuccess) {
+        char what[64];
+        snprintf(what, sizeof what, "attention self-check (%s)", step);
+        free(host);
+        return amd_check_error(e, what, why, nwhy);
+    }
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < nq; i++) {
+        double d = (double)ho2[i] - (double)ho1[i];
+        num += d * d;
+        den += (double)ho1[i] * ho1[i];
+    }
+    free(host);
+    double rel = den > 0 ? sqrt(num / den) : INFINITY;
+    *ok = rel <= 1e-2; /* NaN (an output the kernel never wrote) fails too */
+    if (!*ok)
+        snprintf(why, nwhy, "%s kernel differs from the fma kernel on the self-check (%s, head dim %d): relative L2 %g > 1e-2",
+                 amd_path_name(path), dt == FPK_BF16 ? "bf16" : "f16", D, rel);
+    return FPK_OK;
+}
+
+/* The matrix path for this call (AMD_PATH_NONE: the FMA kernel). The first call that could use
+ * one on a device probes which path the device's code object has; the first call of each dtype
+ * and head dim self-checks it (amd_self_check, one stream sync); a failure disables the path on
+ * that device for the process. */
+static fpk_status amd_matrix_path(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const flash_args &a,
+                                  int *path) {
+    *path = AMD_PATH_NONE;
+    bool half = (a.qdt == FPK_BF16 || a.qdt == FPK_F16) && a.kdt == a.qdt && a.vdt == a.qdt;
+    if (!half || force_fma() || !(a.scale_log2 > 0) || a.D != a.Dv || a.D % 8 || a.D > 128 || a.D < 8 ||
+        !aligned16(a.q, a.qs) || !aligned16(a.k, a.ks) || !aligned16(a.v, a.vs) || c->device < 0 ||
+        c->device >= AMD_MAX_DEVICES)
+        return FPK_OK;
+    pthread_mutex_lock(&amd_devices_mu);
+    amd_device_state *d = &amd_devices[c->device];
+    fpk_status s = FPK_OK;
+    if (!d->probed) {
+        fpk_scratch sc(sf);
+        s = sc.alloc(2 * sizeof(int));
+        int got[2] = {0, 0};
+        if (s == FPK_OK) {
+            k_flash_amd_path<<<1, 1, 0, st>>>((int *)sc.ptr);
+            cudaError_t e = cudaGetLastError();
+            if (e == cudaSuccess) e = cudaMemcpyAsync(got, sc.ptr, sizeof got, cudaMemcpyDeviceToHost, st);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(st);
+            if (e != cudaSuccess) {
+                s = amd_check_error(e, "attention: matrix path probe", d->why, sizeof d->why);
+                d->disabled = 1;
+            }
+        }
+        if (s == FPK_OK) { /* an allocation failure leaves the probe for a later call */
+            d->probed = 1;
+            d->path = got[0];
+            if ((d->path == AMD_PATH_MFMA && got[1] != 64) || (d->path == AMD_PATH_WMMA && got[1] != 32)) {
+                snprintf(d->why, sizeof d->why, "%s kernel built for wave size %d", amd_path_name(d->path), got[1]);
+                d->disabled = 1;
+            }
+            if (d->path == AMD_PATH_NONE && !d->disabled)
+                snprintf(d->why, sizeof d->why, "no matrix path compiled for %s", c->arch);
+        }
+    }
+    if (s != FPK_OK || !d->probed || d->path == AMD_PATH_NONE) {
+        pthread_mutex_unlock(&amd_devices_mu);
+        if (s == FPK_ERR_OUT_OF_MEMORY) s = FPK_OK;
+        return s;
+    }
+    int bf = a.qdt == FPK_BF16;
+    if (!d->disabled && !d->passed[bf][a.D / 8]) {
+        bool ok = false;
+        char why[256] = "";
+        s = amd_self_check(st, sf, d->path, a.qdt, a.D, &ok, why, sizeof why);
+        if (s == FPK_OK && ok) {
+            d->passed[bf][a.D / 8] = 1;
+        } else if (s == FPK_OK) {
+            snprintf(d->why, sizeof d->why, "%s on %s: %s", amd_path_name(d->path), c->arch, why);
+            d->disabled = 1;
+        }
+    }
+    int use = d->disabled ? AMD_PATH_NONE : d->path;
+    int refused = d->disabled && d->path != AMD_PATH_NONE;
+    char why[320];
+    snprintf(why, sizeof why, "%s", d->why);
+    pthread_mutex_unlock(&amd_devices_mu);
+    if (s == FPK_ERR_OUT_OF_MEMORY) return FPK_OK; /* no room to check now: the FMA kernel, checked later */
+    FPK_TRY(s);
+    if (refused && amd_strict())
+        return fpk_gpu_set_error(FPK_ERR_BACKEND, "attention: flash matrix path disabled by its self-check: %s", why);
+    *path = use;
+    return FPK_OK;
+}
+#endif /* FPK_HIP */
 
 static fpk_status flash(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int layout, float scale,
                         const fpk_gt *q, const fpk_gt *k, const fpk_gt *v, const fpk_gt *mask, const fpk_gt *out,
@@ -544,16 +1070,14 @@ static fpk_status flash(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_f
         }
     }
 #endif
-    /* FMA kernel: keys per tile so the tiles fit 48 KiB of shared memory */
-    int bk = 32;
-    while (bk > 8 && (size_t)(FMA_BQ * D + bk * (D + 1) + bk * Dv) * 4 > 48 * 1024) bk /= 2;
-    size_t smem = (size_t)(FMA_BQ * D + bk * (D + 1) + bk * Dv) * 4;
-    if (smem > 48 * 1024)
-        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "attention: head dims %lld/%lld too large for the flash tier",
-                                 (long long)D, (long long)Dv);
-    grid.x = (unsigned)((Lq + FMA_BQ - 1) / FMA_BQ);
-    k_flash_fma<<<grid, 128, smem, st>>>(a, bk);
-    return fpk_gpu_launched("attention (flash, fma)");
+#if defined(FPK_HIP)
+    {
+        int path = AMD_PATH_NONE;
+        FPK_TRY(amd_matrix_path(c, st, sf, a, &path));
+        if (path != AMD_PATH_NONE) return launch_amd(path, a, grid, st);
+    }
+#endif
+    return launch_fma(a, grid, st);
 }
 
 /* ---- vendor tier (cuDNN's fused SDPA, fpk_gpu_vendor_sdpa.cu) ------------------------------ */
