@@ -26,15 +26,8 @@ struct dim3e {
 thread_local dim3e threadIdx, blockIdx;
 thread_local int emu_lane, emu_wave;
 
-struct flash_args {
-    const void *q, *k, *v;
-    void *o;
-    const uint8_t *m;
-    int64_t qs[3], ks[3], vs[3], os[3], ms[4];
-    int Lq, Lk, rep, D, Dv;
-    int qdt, kdt, vdt, odt;
-    float scale_log2;
-};
+// flash_args as native/gpu/fpk_gpu_attention.cu declares it (run.sh cuts it from there)
+#include "flash_args.inc"
 
 enum { FPK_F32 = 0, FPK_F16 = 1, FPK_BF16 = 2 };
 #define AMD_NW 4

@@ -12,6 +12,9 @@ src="$root/native/gpu/fpk_gpu_attention.cu"
 awk '/^#if defined\(FPK_AMD_MFMA\) \|\| defined\(FPK_AMD_WMMA\)$/ && !on {on=1} /^\/\* The matrix kernel of PATH/ {on=0} on' "$src" |
 	grep -v '^typedef .* amd_v\(4s\|4h\|4f\|16s\|16h\|8f\) ' >"$out/kernel.inc"
 grep -q 'flash_amd_body' "$out/kernel.inc" || { echo "amdflashemu: kernel text not found in $src"; exit 1; }
+# the kernels' argument block, as the library declares it
+awk '/^struct flash_args \{$/ {on=1} on {print} on && /^\};$/ {exit}' "$src" >"$out/flash_args.inc"
+grep -q 'scale_log2' "$out/flash_args.inc" || { echo "amdflashemu: struct flash_args not found in $src"; exit 1; }
 cp "$here/emu.cpp" "$out/"
 ${CXX:-clang++-15} -std=c++20 -O2 -pthread -Wall -Wno-unused-function -Wno-psabi -o "$out/emu" "$out/emu.cpp"
 "$out/emu"

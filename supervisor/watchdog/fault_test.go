@@ -62,6 +62,23 @@ func faultOnce(f workerkit.Fault) rigOpts {
 	}
 }
 
+// oomAttempts injects an out-of-memory error at op atOp into the first n attempts of every
+// stage and records each attempt's knobs into *knobs.
+func oomAttempts(n int, atOp uint64, knobs *[]watchdog.Knobs) rigOpts {
+	var mu sync.Mutex
+	return func(c *watchdog.Config) {
+		c.FaultPlan = func(a watchdog.AttemptInfo) *workerkit.Fault {
+			mu.Lock()
+			*knobs = append(*knobs, a.Knobs)
+			mu.Unlock()
+			if a.Attempt <= n {
+				return &workerkit.Fault{OOMAtOp: atOp}
+			}
+			return nil
+		}
+	}
+}
+
 // TestFaultExitSignal: the worker kills itself with a signal mid-stage; the watchdog sees the
 // crash, the probe worker finds the device healthy, the retry produces the clean output and the
 // dead worker's group is gone.
@@ -150,18 +167,7 @@ func TestFaultOOMAtOp(t *testing.T) {
 	st0, out0 := base.decodeStage(t, 2)
 	ops, want := opCount(t, base, st0, out0)
 	var knobs []watchdog.Knobs
-	var mu sync.Mutex
-	r := newRig(t, func(c *watchdog.Config) {
-		c.FaultPlan = func(a watchdog.AttemptInfo) *workerkit.Fault {
-			mu.Lock()
-			knobs = append(knobs, a.Knobs)
-			mu.Unlock()
-			if a.Attempt <= 2 {
-				return &workerkit.Fault{OOMAtOp: ops / 3}
-			}
-			return nil
-		}
-	})
+	r := newRig(t, oomAttempts(2, ops / 3, &knobs))
 	st, out := r.decodeStage(t, 2)
 	var rep lanes.Report
 	j := r.wd.Job("oom", nil)
@@ -191,18 +197,7 @@ func TestFaultOOMLlamaLayers(t *testing.T) {
 	st0, out0 := base.textStage(t, "a cat walks")
 	ops, want := opCount(t, base, st0, out0)
 	var knobs []watchdog.Knobs
-	var mu sync.Mutex
-	r := newRig(t, func(c *watchdog.Config) {
-		c.FaultPlan = func(a watchdog.AttemptInfo) *workerkit.Fault {
-			mu.Lock()
-			knobs = append(knobs, a.Knobs)
-			mu.Unlock()
-			if a.Attempt <= 2 {
-				return &workerkit.Fault{OOMAtOp: ops - 2}
-			}
-			return nil
-		}
-	})
+	r := newRig(t, oomAttempts(2, ops - 2, &knobs))
 	st, out := r.textStage(t, "a cat walks")
 	var rep lanes.Report
 	att := r.attempt(st, &rep)
