@@ -167,7 +167,7 @@ func TestFaultOOMAtOp(t *testing.T) {
 	st0, out0 := base.decodeStage(t, 2)
 	ops, want := opCount(t, base, st0, out0)
 	var knobs []watchdog.Knobs
-	r := newRig(t, oomAttempts(2, ops / 3, &knobs))
+	r := newRig(t, oomAttempts(2, ops/3, &knobs))
 	st, out := r.decodeStage(t, 2)
 	var rep lanes.Report
 	j := r.wd.Job("oom", nil)
@@ -197,7 +197,7 @@ func TestFaultOOMLlamaLayers(t *testing.T) {
 	st0, out0 := base.textStage(t, "a cat walks")
 	ops, want := opCount(t, base, st0, out0)
 	var knobs []watchdog.Knobs
-	r := newRig(t, oomAttempts(2, ops - 2, &knobs))
+	r := newRig(t, oomAttempts(2, ops-2, &knobs))
 	st, out := r.textStage(t, "a cat walks")
 	var rep lanes.Report
 	att := r.attempt(st, &rep)
