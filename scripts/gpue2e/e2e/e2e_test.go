@@ -27,7 +27,8 @@ func TestMain(m *testing.M) {
 // TestE2ECPU is `make e2e-cpu`: mkmodels re-draws the tiny models in the hub layout (sharded),
 // then the harness runs one job through a real framepackd and the CLI on a cpu lane of 2 GiB
 // at three budgets (cold: the whole lane with empty conv caches, then the whole lane and a 0.25
-// GiB cap, each starting with the caches the jobs before it left), and -report -require 3
+// GiB cap, each starting with the caches the jobs before it left; the 0.25 GiB daemon runs a
+// first job before the measured one, -twice), and -report -require 3
 // checks that every job finished, every worker stage has its spawn, load, GB/s, peak and cap,
 // and every peak is under its cap. A second harness run keeps every budget (resumable).
 func TestE2ECPU(t *testing.T) {
@@ -62,7 +63,7 @@ func TestE2ECPU(t *testing.T) {
 		}
 		return string(b)
 	}
-	args := []string{"-bin", bin, "-models", models, "-out", out, "-lane", "cpu", "-device-gib", "2", "-budgets", "cold,all,0.25",
+	args := []string{"-bin", bin, "-models", models, "-out", out, "-lane", "cpu", "-device-gib", "2", "-budgets", "cold,all,0.25", "-twice", "0.25",
 		"-width", "96", "-height", "64", "-resolution", "96", "-window", "3", "-steps", "2", "-seconds", "0.5", "-timeout", "2m"}
 	t.Log(harness(args...))
 	if again := harness(args...); strings.Count(again, "kept") != 3 {
@@ -81,6 +82,14 @@ func TestE2ECPU(t *testing.T) {
 	}
 	if len(r.Jobs) != 3 || r.Jobs[0].Budget != "cold" || r.Jobs[1].VsAll != 1 || r.Jobs[2].CapGiB < 0.249 || r.Jobs[2].CapGiB > 0.251 {
 		t.Errorf("jobs %+v", r.Jobs)
+	}
+	// -twice: the 0.25 GiB daemon ran a first job, and its rows are the second job's
+	var b025 Budget
+	if raw, err := os.ReadFile(filepath.Join(out, "budget-0.25.json")); err != nil || json.Unmarshal(raw, &b025) != nil {
+		t.Fatalf("budget-0.25.json: %v", err)
+	}
+	if jobs, _ := filepath.Glob(filepath.Join(out, "state-0.25", "jobs", "*", "history", "stages.jsonl")); b025.FirstJobS <= 0 || len(jobs) != 2 {
+		t.Errorf("-twice: first job %.2f s, %d jobs in the daemon's state", b025.FirstJobS, len(jobs))
 	}
 	// the conv decisions the cold job left reached the next budget's state (the cpu backend
 	// records its tier decisions too)

@@ -54,6 +54,9 @@ type options struct {
 	report, framepack, gpu                  string
 	minBudgets                              int
 	limit                                   time.Duration
+	// twice are the budgets whose daemon runs the job once before the measured one (a
+	// long-lived daemon's steady state at that cap: its conv shapes found and cached)
+	twice map[string]bool
 }
 
 func run() error {
@@ -75,11 +78,18 @@ func run() error {
 	flag.StringVar(&o.report, "report", "", "merge the results into this JSON file and print the table (no runs)")
 	flag.StringVar(&o.framepack, "framepack", "", "FramePack's results (framepack_e2e.py's JSON) to merge into -report")
 	flag.StringVar(&o.gpu, "gpu", "", "device name for -report")
+	twice := flag.String("twice", "", "budgets (comma-separated) whose daemon runs the job once before the measured one: the steady state of a daemon at that cap, whose conv shapes (VAE tiles) the budgets before it may not have had")
 	flag.IntVar(&o.minBudgets, "require", 0, "with -report: fail unless this many budgets are complete, every stage has its numbers and every peak is under its cap")
 	flag.DurationVar(&o.limit, "limit", 0, "stop before a budget that would end past this much time from the start (the budget before it taken as its estimate); 0: no limit")
 	flag.Parse()
 	if o.out == "" {
 		return errors.New("-out is required")
+	}
+	o.twice = map[string]bool{}
+	for _, b := range strings.Split(*twice, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			o.twice[b] = true
+		}
 	}
 	if o.report != "" {
 		return report(o)
@@ -196,7 +206,9 @@ type Budget struct {
 	CapGiB     float64 `json:"cap_gib"`
 	// TotalS is the CLI's wall time (submit to video copied); JobS the stages' sum.
 	TotalS float64 `json:"total_s"`
-	JobS   float64 `json:"stages_s"`
+	// FirstJobS is the wall time of the job the daemon ran before the measured one (-twice).
+	FirstJobS float64 `json:"first_job_s,omitempty"`
+	JobS      float64 `json:"stages_s"`
 	// LoadS is spawn → ready plus load of every stage; LoadShare LoadS / TotalS.
 	LoadS       float64 `json:"load_s"`
 	LoadShare   float64 `json:"load_share"`
@@ -336,29 +348,40 @@ func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 		log, _ := os.ReadFile(logf.Name())
 		return nil, fmt.Errorf("%w (log %s: %s)", err, logf.Name(), lastLines(string(log), 5))
 	}
+	gen := func(video string) (float64, string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, filepath.Join(o.bin, "framepack"), "generate", "--addr", sock, "--image", img,
+			"--prompt", o.prompt, "--seconds", fmt.Sprint(o.seconds), "--window", fmt.Sprint(o.window), "--steps", fmt.Sprint(o.steps),
+			"--resolution", fmt.Sprint(o.resolution), "--teacache=false", "--lane", o.lane,
+			"--gpu-preserve", strconv.FormatFloat(res.PreserveGB, 'f', -1, 64), "--out", video, "--quiet")
+		var out strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &out
+		t0 := time.Now()
+		err := cmd.Run()
+		return time.Since(t0).Seconds(), out.String(), err
+	}
+	if o.twice[b] {
+		secs, out, err := gen(filepath.Join(o.out, "video-"+b+"-first.mp4"))
+		res.FirstJobS = secs
+		if _, msg := outcome(err, out); msg != "" {
+			res.Error = "first job: " + msg
+			return res, nil
+		}
+	}
 	if strings.HasPrefix(o.lane, "cuda") {
 		smi = startSampler(laneIndex(o.lane))
 	}
-
-	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
-	defer cancel()
-	video := filepath.Join(o.out, "video-"+b+".mp4")
-	gen := exec.CommandContext(ctx, filepath.Join(o.bin, "framepack"), "generate", "--addr", sock, "--image", img,
-		"--prompt", o.prompt, "--seconds", fmt.Sprint(o.seconds), "--window", fmt.Sprint(o.window), "--steps", fmt.Sprint(o.steps),
-		"--resolution", fmt.Sprint(o.resolution), "--teacache=false", "--lane", o.lane,
-		"--gpu-preserve", strconv.FormatFloat(res.PreserveGB, 'f', -1, 64), "--out", video, "--quiet")
-	var genOut strings.Builder
-	gen.Stdout, gen.Stderr = &genOut, &genOut
-	t0 := time.Now()
-	genErr := gen.Run()
-	res.TotalS = time.Since(t0).Seconds()
+	var genOut string
+	var genErr error
+	res.TotalS, genOut, genErr = gen(filepath.Join(o.out, "video-"+b+".mp4"))
 	if smi != nil {
 		smi.settle(float64(res.NVMLBaselineGiB)*1024+256, 10*time.Second)
 		if p := smi.stop(); p > 0 {
 			res.NVMLPeakGiB = p - res.NVMLBaselineGiB
 		}
 	}
-	res.Note, res.Error = outcome(genErr, genOut.String())
+	res.Note, res.Error = outcome(genErr, genOut)
 	recs, err := readStages(state)
 	if err != nil && res.Error == "" {
 		res.Error = err.Error()
@@ -416,10 +439,25 @@ func lastLines(s string, n int) string {
 // readStages reads the stage records of the one job under state.
 func readStages(state string) ([]stageRecord, error) {
 	files, _ := filepath.Glob(filepath.Join(state, "jobs", "*", "history", "stages.jsonl"))
-	if len(files) != 1 {
-		return nil, fmt.Errorf("want one job's stages.jsonl under %s, found %d", state, len(files))
+	if len(files) == 0 {
+		return nil, fmt.Errorf("no job's stages.jsonl under %s", state)
 	}
-	f, err := os.Open(files[0])
+	var last []stageRecord
+	for _, name := range files {
+		recs, err := readStageFile(name)
+		if err != nil {
+			return nil, err
+		}
+		if len(recs) > 0 && (last == nil || recs[0].Start.After(last[0].Start)) {
+			last = recs
+		}
+	}
+	return last, nil
+}
+
+// readStageFile reads one job's stage records.
+func readStageFile(name string) ([]stageRecord, error) {
+	f, err := os.Open(name)
 	if err != nil {
 		return nil, err
 	}
@@ -430,7 +468,7 @@ func readStages(state string) ([]stageRecord, error) {
 	for sc.Scan() {
 		var r stageRecord
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			return nil, fmt.Errorf("%s: %w", files[0], err)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
 		out = append(out, r)
 	}

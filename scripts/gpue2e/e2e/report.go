@@ -12,10 +12,12 @@ import (
 
 // JobTotal is one budget's job in the report.
 type JobTotal struct {
-	Budget      string  `json:"budget"`
-	BudgetGB    float64 `json:"budget_gb"`
-	CapGiB      float64 `json:"cap_gib"`
-	TotalS      float64 `json:"total_s"`
+	Budget   string  `json:"budget"`
+	BudgetGB float64 `json:"budget_gb"`
+	CapGiB   float64 `json:"cap_gib"`
+	TotalS   float64 `json:"total_s"`
+	// FirstJobS is the job its daemon ran before the measured one (-twice), 0 if none.
+	FirstJobS   float64 `json:"first_job_s,omitempty"`
 	VsAll       float64 `json:"vs_all_resident,omitempty"`
 	LoadS       float64 `json:"load_s"`
 	LoadShare   float64 `json:"load_share"`
@@ -58,7 +60,7 @@ func report(o options) error {
 		rep.Params = r.Params
 		rep.Rows = append(rep.Rows, r.Rows...)
 		jt := JobTotal{Budget: b, BudgetGB: r.BudgetGB, CapGiB: r.CapGiB, TotalS: r.TotalS, LoadS: r.LoadS, LoadShare: r.LoadShare,
-			MaxPeakGiB: r.MaxPeakGiB, NVMLPeakGiB: r.NVMLPeakGiB, AllUnderCap: r.AllUnderCap, OK: r.OK, Error: r.Error, Note: r.Note}
+			MaxPeakGiB: r.MaxPeakGiB, NVMLPeakGiB: r.NVMLPeakGiB, AllUnderCap: r.AllUnderCap, OK: r.OK, Error: r.Error, Note: r.Note, FirstJobS: r.FirstJobS}
 		for _, row := range r.Rows {
 			if row.Worker == "transformer" {
 				jt.TransformS += row.Seconds
@@ -148,7 +150,11 @@ func table(rep Report, fp fpResults) string {
 		case "cold":
 			name = "all resident, first job (no conv caches)"
 		}
-		fmt.Fprintf(&b, "| %s | %.2f | %.1f | %.2f× | %.1f %% | %.1f | %d/%d | %.2f | %.2f | %v |\n", name, j.CapGiB, j.TotalS, j.VsAll,
+		job := fmt.Sprintf("%.1f", j.TotalS)
+		if j.FirstJobS > 0 {
+			job += fmt.Sprintf(" (first job %.1f)", j.FirstJobS)
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %s | %.2f× | %.1f %% | %.1f | %d/%d | %.2f | %.2f | %v |\n", name, j.CapGiB, job, j.VsAll,
 			100*j.LoadShare, j.TransformS, j.Resident, j.Streamed, j.MaxPeakGiB, j.NVMLPeakGiB, j.OK)
 	}
 	if len(fp.Rows) > 0 {
