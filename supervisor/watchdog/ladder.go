@@ -100,8 +100,8 @@ type Ladder struct {
 // transformer's blocks, the text encoder's Llama layers), its resident blocks halved down to 1
 // (the rest stream from host memory; fewer resident blocks before a lower cap); then two cap
 // lowerings by 15 % (room for what the driver and vendor libraries allocate outside the
-// runtime's allocator), then VAE tiles 256 → 128 → 64 px, then the conv tiers one by one,
-// then CPU for small stages.
+// runtime's allocator), then VAE tiles 256 → 128 → 64 px, then the conv tiers one by one (for
+// a stage that convolves), then CPU for small stages.
 func DefaultLadder(laneCap uint64) Ladder {
 	return Ladder{VAETiles: []uint32{256, 128, 64}, FewerResidentBlocks: true, LaneCap: laneCap,
 		CapFactor: 0.85, CapSteps: 2, ConvTierDown: true, CPUFallback: true}
@@ -241,10 +241,22 @@ func (l Ladder) fewerResidentBlocks(st StageInfo, cur Knobs) (Step, bool) {
 	return Step{Knobs: next, Change: fmt.Sprintf("resident %s %s -> %d", stack.Blocks, blocksName(cur.ResidentBlocks), next.ResidentBlocks)}, true
 }
 
+// Convolves reports whether the stage's worker runs convolutions through the conv chain: the
+// VAE, SigLIP's patch embedding, the transformer's patch embedders. The text encoders run none,
+// so the conv rungs would only cost them retries.
+func (s StageInfo) Convolves() bool {
+	switch s.Kind {
+	case framepackv1.Stage_STAGE_VAE_ENCODE, framepackv1.Stage_STAGE_VAE_DECODE, framepackv1.Stage_STAGE_IMAGE_ENCODE,
+		framepackv1.Stage_STAGE_TRANSFORMER:
+		return true
+	}
+	return false
+}
+
 // convTierDown returns the step that starts every convolution one tier further down, if the
-// ladder allows it and a GPU tier is left above the cpu tier.
+// ladder allows it, the stage convolves and a GPU tier is left above the cpu tier.
 func (l Ladder) convTierDown(st StageInfo, cur Knobs) (Step, bool) {
-	if !l.ConvTierDown || cur.Backend == "cpu" || st.LaneBackend == "cpu" || cur.ConvFirstTier >= workerkit.ConvTierCPU {
+	if !l.ConvTierDown || !st.Convolves() || cur.Backend == "cpu" || st.LaneBackend == "cpu" || cur.ConvFirstTier >= workerkit.ConvTierCPU {
 		return Step{}, false
 	}
 	from := cur.ConvFirstTier

@@ -8,6 +8,18 @@ import (
 
 // TestStreams: the stages whose worker streams a stack of blocks are the transformer (its
 // blocks) and the text encoder (Llama's layers); no other stage gets the resident-block rung.
+// TestConvolves: the conv rungs are for the stages whose workers run convolutions.
+func TestConvolves(t *testing.T) {
+	want := map[framepackv1.Stage]bool{framepackv1.Stage_STAGE_VAE_ENCODE: true, framepackv1.Stage_STAGE_VAE_DECODE: true,
+		framepackv1.Stage_STAGE_IMAGE_ENCODE: true, framepackv1.Stage_STAGE_TRANSFORMER: true}
+	for v := range framepackv1.Stage_name {
+		kind := framepackv1.Stage(v)
+		if got := (StageInfo{Kind: kind}).Convolves(); got != want[kind] {
+			t.Errorf("%v convolves %v, want %v", kind, got, want[kind])
+		}
+	}
+}
+
 func TestStreams(t *testing.T) {
 	want := map[framepackv1.Stage]string{framepackv1.Stage_STAGE_TRANSFORMER: "transformer blocks",
 		framepackv1.Stage_STAGE_TEXT_ENCODE: "llama layers"}
@@ -32,6 +44,7 @@ func TestResidentBlockRung(t *testing.T) {
 	vae := StageInfo{Kind: framepackv1.Stage_STAGE_VAE_DECODE, LaneBackend: "cuda", MemoryCap: 10 << 30}
 	convThenCPU := []string{"convolutions from tier 1 -> 2", "convolutions from tier 2 -> 3", "convolutions from tier 3 -> 4",
 		"backend -> cpu"}
+	toCPU := convThenCPU[3:] // the text encoder runs no convolutions: no conv rungs
 	for _, tc := range []struct {
 		name string
 		st   StageInfo
@@ -44,21 +57,21 @@ func TestResidentBlockRung(t *testing.T) {
 	}{
 		{name: "text encoder all resident", st: te, blocks: 30, fit: 30,
 			want: append([]string{"resident llama layers 30 -> 15", "resident llama layers 15 -> 7", "resident llama layers 7 -> 3",
-				"resident llama layers 3 -> 1", "memory cap", "memory cap"}, convThenCPU...)},
+				"resident llama layers 3 -> 1", "memory cap", "memory cap"}, toCPU...)},
 		{name: "text encoder planned 5 of 30 under its cap", st: te, blocks: 30, fit: 5,
-			want: append([]string{"resident llama layers 5 -> 2", "resident llama layers 2 -> 1", "memory cap", "memory cap"}, convThenCPU...)},
+			want: append([]string{"resident llama layers 5 -> 2", "resident llama layers 2 -> 1", "memory cap", "memory cap"}, toCPU...)},
 		{name: "text encoder load failed", st: te, blocks: 30, fit: 30, loadFails: 1,
 			want: append([]string{"resident llama layers all -> 15", "resident llama layers 15 -> 7", "resident llama layers 7 -> 3",
-				"resident llama layers 3 -> 1", "memory cap", "memory cap"}, convThenCPU...)},
+				"resident llama layers 3 -> 1", "memory cap", "memory cap"}, toCPU...)},
 		{name: "text encoder loads failed twice", st: te, blocks: 30, fit: 30, loadFails: 2,
 			want: append([]string{"resident llama layers all -> 15", "resident llama layers 15 -> 7", "resident llama layers 7 -> 3",
-				"resident llama layers 3 -> 1", "memory cap", "memory cap"}, convThenCPU...)},
+				"resident llama layers 3 -> 1", "memory cap", "memory cap"}, toCPU...)},
 		{name: "text encoder streamed every layer", st: te, blocks: 30, fit: 0,
-			want: append([]string{"memory cap", "memory cap"}, convThenCPU...)},
+			want: append([]string{"memory cap", "memory cap"}, toCPU...)},
 		{name: "text encoder of one resident layer", st: te, blocks: 2, fit: 1,
-			want: append([]string{"memory cap", "memory cap"}, convThenCPU...)},
+			want: append([]string{"memory cap", "memory cap"}, toCPU...)},
 		{name: "text encoder without the rung", st: te, blocks: 30, fit: 30, noRung: true,
-			want: append([]string{"memory cap", "memory cap"}, convThenCPU...)},
+			want: append([]string{"memory cap", "memory cap"}, toCPU...)},
 		{name: "transformer planned 12 of 60", st: tr, blocks: 60, fit: 12,
 			want: []string{"resident transformer blocks 12 -> 6", "resident transformer blocks 6 -> 3", "resident transformer blocks 3 -> 1",
 				"memory cap", "memory cap", convThenCPU[0], convThenCPU[1], convThenCPU[2]}},
