@@ -83,6 +83,12 @@ func TestE2ECPU(t *testing.T) {
 	if len(r.Jobs) != 3 || r.Jobs[0].Budget != "cold" || r.Jobs[1].VsAll != 1 || r.Jobs[2].CapGiB < 0.249 || r.Jobs[2].CapGiB > 0.251 {
 		t.Errorf("jobs %+v", r.Jobs)
 	}
+	// the tiny models never stream and the VAE tiles alike at every budget: the same video
+	for _, j := range r.Jobs {
+		if j.OutputSHA256 == "" || j.SameAsAll == nil || !*j.SameAsAll {
+			t.Errorf("budget %s: output %q, same as all-resident: %v", j.Budget, j.OutputSHA256, j.SameAsAll)
+		}
+	}
 	// -twice: the 0.25 GiB daemon ran a first job, and its rows are the second job's
 	var b025 Budget
 	if raw, err := os.ReadFile(filepath.Join(out, "budget-0.25.json")); err != nil || json.Unmarshal(raw, &b025) != nil {

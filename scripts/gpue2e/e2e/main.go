@@ -19,6 +19,8 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -30,6 +32,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -206,6 +209,10 @@ type Budget struct {
 	CapGiB     float64 `json:"cap_gib"`
 	// TotalS is the CLI's wall time (submit to video copied); JobS the stages' sum.
 	TotalS float64 `json:"total_s"`
+	// OutputSHA256 hashes the job's section files (latents and pixels in f32, before the video
+	// is encoded, whose metadata names the job): budgets whose VAE tiles alike must give the
+	// all-resident job's output bit for bit (streaming blocks and layers changes no byte).
+	OutputSHA256 string `json:"output_sha256,omitempty"`
 	// FirstJobS is the wall time of the job the daemon ran before the measured one (-twice).
 	FirstJobS float64 `json:"first_job_s,omitempty"`
 	JobS      float64 `json:"stages_s"`
@@ -244,6 +251,25 @@ func outcome(genErr error, out string) (note, errMsg string) {
 		return "", fmt.Sprintf("framepack generate: %v: %s", genErr, lastLines(out, 5))
 	}
 	return "", ""
+}
+
+// outputHash returns the SHA-256 of a job's section files in its history folder (its latents,
+// pixels and generator state in f32, before any video encoding), in name order.
+func outputHash(history string) (string, error) {
+	files, _ := filepath.Glob(filepath.Join(history, "section-*.safetensors"))
+	if len(files) == 0 {
+		return "", fmt.Errorf("no section files in %s", history)
+	}
+	sort.Strings(files)
+	h := sha256.New()
+	for _, f := range files {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		h.Write(raw)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // cacheFiles are what a daemon keeps in its state folder across jobs that make a worker faster
@@ -382,9 +408,14 @@ func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 		}
 	}
 	res.Note, res.Error = outcome(genErr, genOut)
-	recs, err := readStages(state)
+	recs, history, err := readStages(state)
 	if err != nil && res.Error == "" {
 		res.Error = err.Error()
+	}
+	if res.Error == "" {
+		if res.OutputSHA256, err = outputHash(history); err != nil {
+			res.Error = err.Error()
+		}
 	}
 	res.AllUnderCap = len(recs) > 0
 	for _, r := range recs {
@@ -437,22 +468,23 @@ func lastLines(s string, n int) string {
 }
 
 // readStages reads the stage records of the one job under state.
-func readStages(state string) ([]stageRecord, error) {
+func readStages(state string) ([]stageRecord, string, error) {
 	files, _ := filepath.Glob(filepath.Join(state, "jobs", "*", "history", "stages.jsonl"))
 	if len(files) == 0 {
-		return nil, fmt.Errorf("no job's stages.jsonl under %s", state)
+		return nil, "", fmt.Errorf("no job's stages.jsonl under %s", state)
 	}
 	var last []stageRecord
+	history := ""
 	for _, name := range files {
 		recs, err := readStageFile(name)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		if len(recs) > 0 && (last == nil || recs[0].Start.After(last[0].Start)) {
-			last = recs
+			last, history = recs, filepath.Dir(name)
 		}
 	}
-	return last, nil
+	return last, history, nil
 }
 
 // readStageFile reads one job's stage records.

@@ -17,13 +17,16 @@ type JobTotal struct {
 	CapGiB   float64 `json:"cap_gib"`
 	TotalS   float64 `json:"total_s"`
 	// FirstJobS is the job its daemon ran before the measured one (-twice), 0 if none.
-	FirstJobS   float64 `json:"first_job_s,omitempty"`
-	VsAll       float64 `json:"vs_all_resident,omitempty"`
-	LoadS       float64 `json:"load_s"`
-	LoadShare   float64 `json:"load_share"`
-	TransformS  float64 `json:"transformer_s"`
-	Resident    uint32  `json:"transformer_resident_blocks"`
-	Streamed    uint32  `json:"transformer_streamed_blocks"`
+	FirstJobS    float64 `json:"first_job_s,omitempty"`
+	VsAll        float64 `json:"vs_all_resident,omitempty"`
+	LoadS        float64 `json:"load_s"`
+	LoadShare    float64 `json:"load_share"`
+	TransformS   float64 `json:"transformer_s"`
+	Resident     uint32  `json:"transformer_resident_blocks"`
+	Streamed     uint32  `json:"transformer_streamed_blocks"`
+	OutputSHA256 string  `json:"output_sha256,omitempty"`
+	// SameAsAll: the output is the all-resident job's, bit for bit (nil: either has no hash).
+	SameAsAll   *bool   `json:"same_output_as_all,omitempty"`
 	MaxPeakGiB  float64 `json:"max_peak_gib"`
 	NVMLPeakGiB float64 `json:"nvml_peak_gib,omitempty"`
 	AllUnderCap bool    `json:"all_under_cap"`
@@ -60,7 +63,7 @@ func report(o options) error {
 		rep.Params = r.Params
 		rep.Rows = append(rep.Rows, r.Rows...)
 		jt := JobTotal{Budget: b, BudgetGB: r.BudgetGB, CapGiB: r.CapGiB, TotalS: r.TotalS, LoadS: r.LoadS, LoadShare: r.LoadShare,
-			MaxPeakGiB: r.MaxPeakGiB, NVMLPeakGiB: r.NVMLPeakGiB, AllUnderCap: r.AllUnderCap, OK: r.OK, Error: r.Error, Note: r.Note, FirstJobS: r.FirstJobS}
+			MaxPeakGiB: r.MaxPeakGiB, NVMLPeakGiB: r.NVMLPeakGiB, AllUnderCap: r.AllUnderCap, OK: r.OK, Error: r.Error, Note: r.Note, FirstJobS: r.FirstJobS, OutputSHA256: r.OutputSHA256}
 		for _, row := range r.Rows {
 			if row.Worker == "transformer" {
 				jt.TransformS += row.Seconds
@@ -86,9 +89,19 @@ func report(o options) error {
 		}
 		rep.Jobs = append(rep.Jobs, jt)
 	}
+	allHash := ""
+	for _, j := range rep.Jobs {
+		if j.Budget == "all" {
+			allHash = j.OutputSHA256
+		}
+	}
 	for i := range rep.Jobs {
 		if all > 0 {
 			rep.Jobs[i].VsAll = rep.Jobs[i].TotalS / all
+		}
+		if h := rep.Jobs[i].OutputSHA256; h != "" && allHash != "" {
+			same := h == allHash
+			rep.Jobs[i].SameAsAll = &same
 		}
 	}
 	var fp fpResults
@@ -140,8 +153,8 @@ type fpResults struct {
 func table(rep Report, fp fpResults) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nEnd to end (%s; %s; %s)\n\n", rep.GPU, rep.Params, rep.Date)
-	b.WriteString("| budget | cap GiB | job s | vs all-resident | load share | transformer s | blocks resident/streamed | max peak GiB | NVML peak GiB | ok |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| budget | cap GiB | job s | vs all-resident | load share | transformer s | blocks resident/streamed | max peak GiB | NVML peak GiB | output = all resident | ok |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, j := range rep.Jobs {
 		name := j.Budget + " GB"
 		switch j.Budget {
@@ -154,8 +167,12 @@ func table(rep Report, fp fpResults) string {
 		if j.FirstJobS > 0 {
 			job += fmt.Sprintf(" (first job %.1f)", j.FirstJobS)
 		}
-		fmt.Fprintf(&b, "| %s | %.2f | %s | %.2f× | %.1f %% | %.1f | %d/%d | %.2f | %.2f | %v |\n", name, j.CapGiB, job, j.VsAll,
-			100*j.LoadShare, j.TransformS, j.Resident, j.Streamed, j.MaxPeakGiB, j.NVMLPeakGiB, j.OK)
+		same := "–"
+		if j.SameAsAll != nil {
+			same = map[bool]string{true: "same", false: "differs"}[*j.SameAsAll]
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %s | %.2f× | %.1f %% | %.1f | %d/%d | %.2f | %.2f | %s | %v |\n", name, j.CapGiB, job, j.VsAll,
+			100*j.LoadShare, j.TransformS, j.Resident, j.Streamed, j.MaxPeakGiB, j.NVMLPeakGiB, same, j.OK)
 	}
 	if len(fp.Rows) > 0 {
 		b.WriteString("\nFramePack (demo_gradio.py's worker loop, same checkpoints, same run)\n\n")
