@@ -73,10 +73,13 @@ func StagingFromEnv() Staging {
 // SetStaging turns staged upload on (s.Slots > 0 and s.SlotBytes > 0) or off for the binds
 // that follow. NewLoader sets StagingFromEnv; a source already in host memory (a HostSource)
 // is never staged. The ring is made at the first tensor staged and freed by Finish or Free
-// (which wait for every queued copy first).
+// (which wait for every queued copy first), or here when s changes it (after its copies).
 func (l *Loader) SetStaging(s Staging) {
 	if s.Slots <= 0 || s.SlotBytes <= 0 {
 		s = Staging{}
+	}
+	if s != l.staging {
+		l.closeRing()
 	}
 	l.staging = s
 }

@@ -209,15 +209,22 @@ func TestStagedUploadTruncated(t *testing.T) {
 	}
 }
 
-// TestStagedUploadRingFails: a ring that cannot be made (more host memory than the address
-// space holds) fails the load with a staged-upload error, not a checkpoint one, and frees
-// everything.
+// TestStagedUploadRingFails: SetStaging with other slots closes the ring made for the old
+// ones; a ring that cannot be made (more host memory than the address space holds) fails the
+// load with a staged-upload error, not a checkpoint one, and frees everything.
 func TestStagedUploadRingFails(t *testing.T) {
 	rt := newRuntime(t)
 	ck := stagingCheckpoint(t)
 	l := NewLoader(rt, ck, Options{DType: runtime.F32, WeightDType: runtime.AsStored}, "model.")
-	l.Tensor("a.bias", 4) // uploaded before staging is on
+	l.SetStaging(Staging{Slots: 2, SlotBytes: 64})
+	l.Tensor("a.bias", 4) // staged through a ring of small slots, closed by the next SetStaging
+	if l.ring == nil || l.StagedBytes() != 16 {
+		t.Fatalf("a.bias: ring %v, %d bytes staged", l.ring, l.StagedBytes())
+	}
 	l.SetStaging(Staging{Slots: 4, SlotBytes: 1 << 60})
+	if l.ring != nil {
+		t.Fatal("SetStaging kept the ring of other slots")
+	}
 	l.Tensor("f.bias", 60)
 	_, _, err := l.Finish()
 	if !errors.Is(err, errStaging) || errors.Is(err, ErrCheckpoint) || !strings.Contains(err.Error(), "model.f.bias") {
