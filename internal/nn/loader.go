@@ -64,6 +64,11 @@ type Source interface {
 // activations); Weight uploads weight matrices the runtime reads in 16 bits (Linear, conv and
 // embedding tables) as the weight dtype: F16, BF16, runtime.AsStored (the checkpoint's own
 // dtype; F32 for random weights) or, by default, the loader's dtype.
+//
+// With staged upload on (SetStaging, $FRAMEPACK_STAGED_UPLOAD) a tensor already in the dtype it
+// is uploaded as is copied through a ring of pinned host slots on a copy stream (staging.go);
+// its bytes are ordered before any later work on the runtime's stream, and Finish or Free waits
+// for them, so a load must end with one of the two.
 type Loader struct {
 	rt     *runtime.Runtime
 	src    Source                   // checkpoint mode
@@ -427,7 +432,8 @@ func (l *Loader) ShapeBytes(src Source, prefix string) int64 {
 	return n
 }
 
-// Tensors returns every tensor uploaded so far (the caller owns them once loading succeeded).
+// Tensors returns every tensor uploaded so far (the caller owns them once loading succeeded;
+// with staged upload the host may read them only after Finish).
 func (l *Loader) Tensors() []*runtime.Tensor { return slices.Clone(l.loaded) }
 
 // Free frees every tensor uploaded and every host copy made so far (after a failed load),
