@@ -64,6 +64,11 @@ type Source interface {
 // activations); Weight uploads weight matrices the runtime reads in 16 bits (Linear, conv and
 // embedding tables) as the weight dtype: F16, BF16, runtime.AsStored (the checkpoint's own
 // dtype; F32 for random weights) or, by default, the loader's dtype.
+//
+// With staged upload on (SetStaging, $FRAMEPACK_STAGED_UPLOAD) a tensor already in the dtype it
+// is uploaded as is copied through a ring of pinned host slots on a copy stream (staging.go);
+// its bytes are ordered before any later work on the runtime's stream, and Finish or Free waits
+// for them, so a load must end with one of the two.
 type Loader struct {
 	rt     *runtime.Runtime
 	src    Source                   // checkpoint mode
@@ -84,6 +89,10 @@ type Loader struct {
 	hosts     []*HostSource // every host copy BeginHost made (freed by Free)
 	hostStrip string
 	hostBytes int64
+
+	staging     Staging      // SetStaging; off: every tensor through LoadTensor
+	ring        *stagingRing // made at the first staged tensor, freed by Finish and Free
+	stagedBytes int64
 }
 
 // Options are the dtypes a model's weights are uploaded in (every model package's load options).
@@ -108,7 +117,9 @@ func NewLoader(rt *runtime.Runtime, src Source, o Options, prefix string) *Loade
 	if wdt == 0 {
 		wdt = dt
 	}
-	return &Loader{rt: rt, src: src, dtype: dt, wdtype: wdt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{}}
+	l := &Loader{rt: rt, src: src, dtype: dt, wdtype: wdt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{}}
+	l.SetStaging(StagingFromEnv())
+	return l
 }
 
 // NewRandomLoader returns a loader that makes every tensor from a generator seeded with seed,
@@ -278,9 +289,15 @@ func (l *Loader) bind(dt runtime.DType, name string, shape []int) *runtime.Tenso
 		l.toHost(full, dt, shape)
 		return nil
 	}
-	t, err := l.rt.LoadTensor(l.src, full, dt)
+	var t *runtime.Tensor
+	var err error
+	if sdt, ok := l.stageable(full, dt); ok {
+		t, err = l.loadStaged(full, sdt, shape)
+	} else {
+		t, err = l.rt.LoadTensor(l.src, full, dt)
+	}
 	if err != nil {
-		if errors.Is(err, runtime.ErrOutOfMemory) {
+		if errors.Is(err, runtime.ErrOutOfMemory) || errors.Is(err, errStaging) {
 			l.errs = append(l.errs, fmt.Errorf("tensor %s: %w", full, err))
 		} else {
 			l.errs = append(l.errs, fmt.Errorf("%w: %w", &TensorError{Name: full, Problem: "unreadable"}, err))
@@ -415,16 +432,19 @@ func (l *Loader) ShapeBytes(src Source, prefix string) int64 {
 	return n
 }
 
-// Tensors returns every tensor uploaded so far (the caller owns them once loading succeeded).
+// Tensors returns every tensor uploaded so far (the caller owns them once loading succeeded;
+// with staged upload the host may read them only after Finish).
 func (l *Loader) Tensors() []*runtime.Tensor { return slices.Clone(l.loaded) }
 
-// Free frees every tensor uploaded and every host copy made so far (after a failed load).
+// Free frees every tensor uploaded and every host copy made so far (after a failed load),
+// once every staged copy has finished, and the staging ring.
 func (l *Loader) Free() {
+	l.closeRing()
 	for _, t := range l.loaded {
 		t.Free()
 	}
 	l.loaded = nil
-	l.bytes = 0
+	l.bytes, l.stagedBytes = 0, 0
 	for _, h := range l.hosts {
 		_ = h.Free() // an unmap cannot fail for a mapping of ours; nothing to do if it did
 	}
@@ -437,10 +457,14 @@ type Weights struct {
 	tensors []*runtime.Tensor
 	bytes   int64
 	params  int64
+	staged  int64
 }
 
 // WeightBytes is the size of the weights in the runtime's memory.
 func (w *Weights) WeightBytes() int64 { return w.bytes }
+
+// StagedBytes is the part of WeightBytes uploaded through the staging ring (SetStaging).
+func (w *Weights) StagedBytes() int64 { return w.staged }
 
 // NumTensors is the number of weight tensors held.
 func (w *Weights) NumTensors() int { return len(w.tensors) }
@@ -459,12 +483,16 @@ func (w *Weights) Free() {
 // Finish ends a load: on a problem it frees everything (host copies included) and returns Err;
 // else it hands the uploaded tensors over as Weights, with the report (the host copies belong
 // to whoever BeginHost gave them to).
+//
+// With staged upload it first waits until every tensor's copy has arrived and frees the ring,
+// so the weights it hands over may be read on any stream and from the host.
 func (l *Loader) Finish() (Weights, Report, error) {
+	l.closeRing()
 	if err := l.Err(); err != nil {
 		l.Free()
 		return Weights{}, Report{}, err
 	}
-	w := Weights{tensors: l.Tensors(), bytes: l.bytes}
+	w := Weights{tensors: l.Tensors(), bytes: l.bytes, staged: l.stagedBytes}
 	for _, t := range w.tensors {
 		w.params += int64(t.NumElements())
 	}
@@ -481,6 +509,8 @@ type Report struct {
 	Loaded int
 	// Bytes is the size of the uploaded weights in the runtime's memory.
 	Bytes int64
+	// StagedBytes is the part of Bytes uploaded through the staging ring (SetStaging).
+	StagedBytes int64
 	// Skipped lists tensors deliberately left in the checkpoint (never computed).
 	Skipped []string
 	// Unexpected lists tensors the model does not know (neither loaded nor skipped).
@@ -489,7 +519,7 @@ type Report struct {
 
 // Report returns what has been loaded, skipped and left over so far.
 func (l *Loader) Report() Report {
-	r := Report{Prefix: l.prefix, Loaded: len(l.used), Bytes: l.bytes}
+	r := Report{Prefix: l.prefix, Loaded: len(l.used), Bytes: l.bytes, StagedBytes: l.stagedBytes}
 	if l.src == nil {
 		return r
 	}

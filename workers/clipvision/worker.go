@@ -125,7 +125,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		"image_encoder": encDir, "feature_extractor": feDir, "processor": string(backend),
 		"layers": cfg.NumHiddenLayers, "hidden": cfg.HiddenSize, "image_size": cfg.ImageSize,
 		"patch_size": cfg.PatchSize, "resize": fmt.Sprintf("%dx%d", pc.Height, pc.Width),
-		"tensors": rep.Loaded, "weight_bytes": rep.Bytes, "weights": wdt.String(), "prefix": rep.Prefix,
+		"tensors": rep.Loaded, "weight_bytes": rep.Bytes, "staged_bytes": rep.StagedBytes, "weights": wdt.String(), "prefix": rep.Prefix,
 		"duration": time.Since(start).Round(time.Millisecond).String(),
 	}).Info("siglip loaded")
 	if len(rep.Skipped) > 0 {

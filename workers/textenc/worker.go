@@ -111,7 +111,7 @@ func (w *worker) logReport(enc *Encoder) {
 		model string
 		rep   nn.Report
 	}{{"text_encoder", enc.Llama.Report}, {"text_encoder_2", enc.CLIP.Report}} {
-		log := w.log.WithFields(logrus.Fields{"model": r.model, "tensors": r.rep.Loaded, "bytes": r.rep.Bytes,
+		log := w.log.WithFields(logrus.Fields{"model": r.model, "tensors": r.rep.Loaded, "bytes": r.rep.Bytes, "staged_bytes": r.rep.StagedBytes,
 			"skipped": len(r.rep.Skipped)})
 		log.Info("model loaded")
 		for _, n := range r.rep.Unexpected {

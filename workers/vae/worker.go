@@ -132,7 +132,7 @@ func (w *worker) logLoad(req *workerkit.LoadRequest, m *causalvae.Model, env env
 	w.log.WithFields(logrus.Fields{
 		"model_dir": req.ModelDir, "block_out_channels": fmt.Sprint(c.BlockOutChannels),
 		"latent_channels": c.LatentChannels, "layers_per_block": c.LayersPerBlock,
-		"mid_block_attention": c.MidBlockAddAttention, "weight_bytes": m.Info.WeightBytes,
+		"mid_block_attention": c.MidBlockAddAttention, "weight_bytes": m.Info.WeightBytes, "staged_bytes": m.Info.StagedBytes,
 		"scaling_factor": c.ScalingFactor,
 	}).Info("vae loaded")
 	for _, n := range m.Info.Unexpected {

@@ -34,6 +34,7 @@ type Options = nn.Options
 // LoadInfo says what a load found besides the model.
 type LoadInfo struct {
 	WeightBytes       int64    // bytes of weights held by the runtime
+	StagedBytes       int64    // the part of WeightBytes uploaded through the staging ring (nn.Staging)
 	Unexpected        []string // checkpoint tensors the model does not use (callers log them)
 	UnknownConfigKeys []string // config.json keys starting with "_" that the model ignores
 }
@@ -98,7 +99,7 @@ func LoadFrom(rt *runtime.Runtime, cfg Config, ck Checkpoint, opts Options) (*Mo
 		return nil, err
 	}
 	m.Weights = ws
-	m.Info.WeightBytes, m.Info.Unexpected = rep.Bytes, rep.Unexpected
+	m.Info.WeightBytes, m.Info.StagedBytes, m.Info.Unexpected = rep.Bytes, rep.StagedBytes, rep.Unexpected
 	for _, r := range m.resnets() {
 		made, err := r.split(rt)
 		m.halves = append(m.halves, made...)

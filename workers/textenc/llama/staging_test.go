@@ -1,0 +1,88 @@
+package llama
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/framepackd/framepackd/internal/nn"
+	"github.com/framepackd/framepackd/internal/parity"
+	"github.com/framepackd/framepackd/internal/runtime"
+)
+
+// TestStagedUploadBitIdentical computes the fixture's hidden states (fp16 in its checkpoint)
+// with staged upload forced on ($FRAMEPACK_STAGED_UPLOAD) and compares them bit for bit with
+// the unstaged model's: fp16 activations with as-stored weights (every resident tensor
+// staged) and f32 activations (the fp16 matrices staged, the norms converted), one layer
+// streamed, with the default slots and with 1 KiB ones (the larger matrices uploaded by
+// LoadTensor).
+func TestStagedUploadBitIdentical(t *testing.T) {
+	fx := parity.Load(t, "textenc")
+	dir, err := fx.ModelPath("text_encoder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []int32
+	var mask []bool
+	for _, c := range fx.Cases {
+		if c.Op == "textenc.encode_prompt_conds" {
+			ids, mask = idsMask(c.Input(t, "llama_ids"), c.Input(t, "llama_mask"))
+			break
+		}
+	}
+	if ids == nil {
+		t.Fatal("no textenc.encode_prompt_conds case")
+	}
+	hidden := func(rt *runtime.Runtime, o Options) ([]float32, *Model) {
+		t.Helper()
+		m, err := Load(rt, dir, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := m.HiddenState(ids, mask)
+		if err != nil {
+			m.Close()
+			t.Fatal(err)
+		}
+		defer h.Free()
+		v, _ := download(t, h)
+		return v, m
+	}
+	for _, o := range []Options{
+		{HiddenStateIndex: -1, Options: nn.Options{DType: runtime.F16, WeightDType: runtime.AsStored}},
+		{HiddenStateIndex: -1, Options: nn.Options{WeightDType: runtime.AsStored}},
+		{HiddenStateIndex: -1, Options: nn.Options{WeightDType: runtime.AsStored}, MaxResidentLayers: 1},
+	} {
+		rt := newRuntime(t, nil)
+		t.Setenv(nn.EnvStagedUpload, "0")
+		want, plain := hidden(rt, o)
+		if plain.Weights.StagedBytes() != 0 {
+			t.Fatalf("staging off: %d bytes staged", plain.Weights.StagedBytes())
+		}
+		for _, slot := range []string{"", "1024"} {
+			what := fmt.Sprintf("activations %s, weights %s, max resident layers %d, slot %q", o.DType, o.WeightDType, o.MaxResidentLayers, slot)
+			t.Setenv(nn.EnvStagedUpload, "1")
+			t.Setenv(nn.EnvStagedUploadSlotBytes, slot)
+			got, m := hidden(rt, o)
+			staged, resident := m.Weights.StagedBytes(), m.Weights.WeightBytes()
+			m.Close()
+			switch {
+			case staged == 0:
+				t.Fatalf("%s: nothing staged", what)
+			case slot != "" && staged >= resident:
+				t.Errorf("%s: all %d resident bytes staged, want the matrices larger than a slot left to LoadTensor", what, staged)
+			case slot == "" && o.DType == runtime.F16 && staged != resident:
+				t.Errorf("%s: %d of %d resident bytes staged, want all (every tensor fp16 already)", what, staged, resident)
+			}
+			if len(got) != len(want) {
+				t.Fatalf("%s: %d values, unstaged %d", what, len(got), len(want))
+			}
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("%s: value %d is %v, unstaged %v", what, i, got[i], want[i])
+				}
+			}
+		}
+		plain.Close()
+	}
+}
