@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -347,12 +348,20 @@ func TestCLI(t *testing.T) {
 	t.Run("daemon restarts while generating", func(t *testing.T) {
 		out := filepath.Join(f.dir, "restarted.mp4")
 		cmd := f.command(t, "generate", "--image", f.image, "--prompt", "block until restart", "--seconds", "1", "--steps", "2", "--out", out)
-		var stdout, stderr bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		var stdout bytes.Buffer
+		stderr := &watchedBuffer{want: "queued", seen: make(chan struct{})}
+		cmd.Stdout, cmd.Stderr = &stdout, stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		<-f.blocked
+		// the restart is the watch's to survive: the CLI has its job id once it said "queued"
+		// (a daemon killed before its SubmitJob answer arrives leaves the CLI nothing to follow)
+		select {
+		case <-stderr.seen:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the CLI never said its job was queued:\n%s", stderr.String())
+		}
 		f.d.Kill()
 		d, err := api.StartDaemon(api.DaemonConfig{
 			StateDir: filepath.Join(f.dir, "state"),
@@ -407,4 +416,30 @@ func TestCLI(t *testing.T) {
 			t.Errorf("help: %d %s", r.code, r.stdout)
 		}
 	})
+}
+
+// watchedBuffer is a process's output buffer that closes seen once the output contains want.
+type watchedBuffer struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	want string
+	seen chan struct{}
+	done bool
+}
+
+func (w *watchedBuffer) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n, err := w.buf.Write(p)
+	if !w.done && strings.Contains(w.buf.String(), w.want) {
+		w.done = true
+		close(w.seen)
+	}
+	return n, err
+}
+
+func (w *watchedBuffer) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
 }
