@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/framepackd/framepackd/internal/nn"
-	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/runtime"
 )
 
@@ -17,22 +16,7 @@ import (
 // streamed, with the default slots and with 1 KiB ones (the larger matrices uploaded by
 // LoadTensor).
 func TestStagedUploadBitIdentical(t *testing.T) {
-	fx := parity.Load(t, "textenc")
-	dir, err := fx.ModelPath("text_encoder")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []int32
-	var mask []bool
-	for _, c := range fx.Cases {
-		if c.Op == "textenc.encode_prompt_conds" {
-			ids, mask = idsMask(c.Input(t, "llama_ids"), c.Input(t, "llama_mask"))
-			break
-		}
-	}
-	if ids == nil {
-		t.Fatal("no textenc.encode_prompt_conds case")
-	}
+	dir, ids, mask := promptFixture(t)
 	hidden := func(rt *runtime.Runtime, o Options) ([]float32, *Model) {
 		t.Helper()
 		m, err := Load(rt, dir, o)

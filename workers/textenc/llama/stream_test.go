@@ -16,22 +16,7 @@ import (
 // all-resident model's; a cap below the all-resident peak streams and stays under it; a cap too
 // small for two layer slots fails Load before anything is uploaded.
 func TestStreamingLayers(t *testing.T) {
-	fx := parity.Load(t, "textenc")
-	dir, err := fx.ModelPath("text_encoder")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ids []int32
-	var mask []bool
-	for _, c := range fx.Cases {
-		if c.Op == "textenc.encode_prompt_conds" {
-			ids, mask = idsMask(c.Input(t, "llama_ids"), c.Input(t, "llama_mask"))
-			break
-		}
-	}
-	if ids == nil {
-		t.Fatal("no textenc.encode_prompt_conds case")
-	}
+	dir, ids, mask := promptFixture(t)
 	hidden := func(rt *runtime.Runtime, o Options) ([]float32, *Model) {
 		t.Helper()
 		if o.HiddenStateIndex == 0 {
@@ -117,4 +102,23 @@ func TestStreamingLayers(t *testing.T) {
 	if st := rtSmall.Memory(); st.Peak != 0 {
 		t.Errorf("the refused load peaked at %d bytes", st.Peak)
 	}
+}
+
+// promptFixture returns the fixture text encoder's folder and the Llama ids and mask of its
+// first encode_prompt_conds case.
+func promptFixture(t *testing.T) (dir string, ids []int32, mask []bool) {
+	t.Helper()
+	fx := parity.Load(t, "textenc")
+	dir, err := fx.ModelPath("text_encoder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range fx.Cases {
+		if c.Op == "textenc.encode_prompt_conds" {
+			ids, mask = idsMask(c.Input(t, "llama_ids"), c.Input(t, "llama_mask"))
+			return dir, ids, mask
+		}
+	}
+	t.Fatal("no textenc.encode_prompt_conds case")
+	return "", nil, nil
 }
