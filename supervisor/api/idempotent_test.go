@@ -9,8 +9,12 @@ import (
 	"testing"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/jobs"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -34,7 +38,7 @@ func storedJobs(t *testing.T, td *testDaemon) []*framepackv1.Job {
 	return list
 }
 
-func submitOnce(td *testDaemon, ctx context.Context, id string, image []byte, spec *framepackv1.JobSpec) (*framepackv1.Job, error) {
+func submitOnce(ctx context.Context, td *testDaemon, id string, image []byte, spec *framepackv1.JobSpec) (*framepackv1.Job, error) {
 	resp, err := td.jobs.SubmitJob(ctx, &framepackv1.SubmitJobRequest{Image: image, Spec: spec, ClientRequestId: id})
 	return resp.GetJob(), err
 }
@@ -44,11 +48,11 @@ func TestSubmitClientRequestID(t *testing.T) {
 	td := startDaemon(t, filepath.Join(dir, "state"), filepath.Join(dir, "s.sock"), []string{"cpu"}, holdRunner)
 	img := pngImage(t, 40, 30)
 
-	first, err := submitOnce(td, t.Context(), "req-1", img, baseSpec())
+	first, err := submitOnce(t.Context(), td, "req-1", img, baseSpec())
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := submitOnce(td, t.Context(), "req-1", img, baseSpec())
+	again, err := submitOnce(t.Context(), td, "req-1", img, baseSpec())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,11 +63,11 @@ func TestSubmitClientRequestID(t *testing.T) {
 		t.Fatalf("%d jobs stored after a repeated submit, want 1", n)
 	}
 
-	other, err := submitOnce(td, t.Context(), "req-2", img, baseSpec())
+	other, err := submitOnce(t.Context(), td, "req-2", img, baseSpec())
 	if err != nil {
 		t.Fatal(err)
 	}
-	plain, err := submitOnce(td, t.Context(), "", img, baseSpec())
+	plain, err := submitOnce(t.Context(), td, "", img, baseSpec())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,9 +82,9 @@ func TestSubmitClientRequestID(t *testing.T) {
 	changed := baseSpec()
 	changed.Prompt = "another prompt"
 	for name, sub := range map[string]func() (*framepackv1.Job, error){
-		"spec": func() (*framepackv1.Job, error) { return submitOnce(td, t.Context(), "req-1", img, changed) },
+		"spec": func() (*framepackv1.Job, error) { return submitOnce(t.Context(), td, "req-1", img, changed) },
 		"image": func() (*framepackv1.Job, error) {
-			return submitOnce(td, t.Context(), "req-1", pngImage(t, 42, 30), baseSpec())
+			return submitOnce(t.Context(), td, "req-1", pngImage(t, 42, 30), baseSpec())
 		},
 	} {
 		_, err := sub()
@@ -95,13 +99,13 @@ func TestSubmitClientRequestID(t *testing.T) {
 		{"tab\there", "printable ASCII"},
 		{"caf\u00e9", "printable ASCII"},
 	} {
-		_, err := submitOnce(td, t.Context(), tc.id, img, baseSpec())
+		_, err := submitOnce(t.Context(), td, tc.id, img, baseSpec())
 		code, fields, msg := violations(t, err)
 		if code != codes.InvalidArgument || len(fields) != 1 || fields[0] != "client_request_id" || !strings.Contains(msg, tc.want) {
 			t.Errorf("id %q: %v %v %q; want INVALID_ARGUMENT on client_request_id saying %q", tc.id, code, fields, msg, tc.want)
 		}
 	}
-	if _, err := submitOnce(td, t.Context(), strings.Repeat("~", 128), img, baseSpec()); err != nil {
+	if _, err := submitOnce(t.Context(), td, strings.Repeat("~", 128), img, baseSpec()); err != nil {
 		t.Errorf("128 printable characters refused: %v", err)
 	}
 }
@@ -120,7 +124,7 @@ func TestSubmitClientRequestIDConcurrent(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			job, err := submitOnce(td, t.Context(), "same-request", img, baseSpec())
+			job, err := submitOnce(t.Context(), td, "same-request", img, baseSpec())
 			ids[i], errs[i] = job.GetId(), err
 		}()
 	}
@@ -145,14 +149,14 @@ func TestSubmitClientRequestIDSurvivesRestart(t *testing.T) {
 	state, sock := filepath.Join(dir, "state"), filepath.Join(dir, "s.sock")
 	img := pngImage(t, 40, 30)
 	td := startDaemon(t, state, sock, []string{"cpu"}, holdRunner)
-	first, err := submitOnce(td, t.Context(), "before-crash", img, baseSpec())
+	first, err := submitOnce(t.Context(), td, "before-crash", img, baseSpec())
 	if err != nil {
 		t.Fatal(err)
 	}
 	td.kill()
 
 	td2 := startDaemon(t, state, sock, []string{"cpu"}, failRunner)
-	again, err := submitOnce(td2, t.Context(), "before-crash", img, baseSpec())
+	again, err := submitOnce(t.Context(), td2, "before-crash", img, baseSpec())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +167,7 @@ func TestSubmitClientRequestIDSurvivesRestart(t *testing.T) {
 	if evs[len(evs)-1].GetJobFailed() == nil {
 		t.Fatalf("job did not fail as scripted: %v", kinds(evs))
 	}
-	ended, err := submitOnce(td2, t.Context(), "before-crash", img, baseSpec())
+	ended, err := submitOnce(t.Context(), td2, "before-crash", img, baseSpec())
 	if err != nil || ended.GetId() != first.GetId() || ended.GetState() != framepackv1.JobState_JOB_STATE_FAILED {
 		t.Fatalf("repeat after the job failed: %v %v; want job %s FAILED", ended, err, first.GetId())
 	}
@@ -175,8 +179,57 @@ func TestSubmitClientRequestIDSurvivesRestart(t *testing.T) {
 	if _, err := td2.jobs.DeleteJob(t.Context(), &framepackv1.DeleteJobRequest{JobId: first.GetId()}); err != nil {
 		t.Fatal(err)
 	}
-	fresh, err := submitOnce(td2, t.Context(), "before-crash", img, baseSpec())
+	fresh, err := submitOnce(t.Context(), td2, "before-crash", img, baseSpec())
 	if err != nil || fresh.GetId() == first.GetId() {
 		t.Fatalf("submit after delete: %v %v; want a new job", fresh, err)
+	}
+}
+
+// A server that cannot run jobs says so with ErrorInfo NOT_READY (the CLI does not retry it as
+// a lost connection), yet still answers the repeat of a submission it stored.
+func TestSubmitClientRequestIDNotReady(t *testing.T) {
+	dir := shortDir(t)
+	state, sock := filepath.Join(dir, "state"), filepath.Join(dir, "s.sock")
+	img := pngImage(t, 40, 30)
+	td := startDaemon(t, state, sock, []string{"cpu"}, holdRunner)
+	first, err := submitOnce(t.Context(), td, "stored-when-ready", img, baseSpec())
+	if err != nil {
+		t.Fatal(err)
+	}
+	td.kill()
+
+	d, err := api.StartDaemon(api.DaemonConfig{
+		StateDir: state,
+		Listen:   []api.Addr{{Network: "unix", Address: sock}},
+		Lanes:    []string{"cpu"},
+		Run:      holdRunner,
+		Ready:    func() error { return errors.New("the models are still loading") },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Kill)
+	conn, err := grpc.NewClient(api.Addr{Network: "unix", Address: sock}.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	td2 := &testDaemon{d: d, socket: sock, conn: conn, jobs: framepackv1.NewJobServiceClient(conn)}
+
+	again, err := submitOnce(t.Context(), td2, "stored-when-ready", img, baseSpec())
+	if err != nil || again.GetId() != first.GetId() {
+		t.Fatalf("repeat to a server that is not ready: %v %v; want job %s", again, err, first.GetId())
+	}
+	_, err = submitOnce(t.Context(), td2, "new-request", img, baseSpec())
+	st, _ := status.FromError(err)
+	var reasons []string
+	for _, detail := range st.Details() {
+		if info, ok := detail.(*errdetails.ErrorInfo); ok {
+			reasons = append(reasons, info.GetDomain()+"/"+info.GetReason())
+		}
+	}
+	if st.Code() != codes.Unavailable || !strings.Contains(st.Message(), "models are still loading") ||
+		len(reasons) != 1 || reasons[0] != api.ErrorDomain+"/"+api.ReasonNotReady {
+		t.Fatalf("new job on a server that is not ready: %v, error info %v", err, reasons)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/events"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/sirupsen/logrus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -257,7 +258,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	// Cheap refusals first: a server that cannot run the job does not decode its image.
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "the server cannot run jobs now: %v", err)
+			return nil, notReady(err)
 		}
 	}
 	if s.cfg.Admit != nil && req.GetSpec() != nil {
@@ -292,6 +293,23 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 		log.WithFields(logrus.Fields{"seconds": job.GetSpec().GetTotalSecondLength(), "lane": job.GetSpec().GetLane()}).Info("job submitted")
 	}
 	return &framepackv1.SubmitJobResponse{Job: job}, nil
+}
+
+// ReasonNotReady is the ErrorInfo reason of SubmitJob's UNAVAILABLE refusal by a server that
+// is up but cannot run jobs now (Config.Ready), so that a client tells it from a lost
+// connection, which is worth retrying.
+const ReasonNotReady = "NOT_READY"
+
+// ErrorDomain is the ErrorInfo domain of the server's errors.
+const ErrorDomain = "framepackd"
+
+func notReady(err error) error {
+	st := status.Newf(codes.Unavailable, "the server cannot run jobs now: %v", err)
+	withInfo, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonNotReady, Domain: ErrorDomain})
+	if derr != nil {
+		return st.Err()
+	}
+	return withInfo.Err()
 }
 
 // submitOnceStatus is statusOf for a submission with client request id: a repeat that does not
