@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,6 +21,7 @@ import (
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"github.com/framepackd/framepackd/supervisor/video"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -161,19 +164,22 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	}
 	defer conn.Close()
 	client := framepackv1.NewJobServiceClient(conn)
-	sctx, cancel := context.WithTimeout(ctx, c.timeout)
-	resp, err := client.SubmitJob(sctx, &framepackv1.SubmitJobRequest{Image: img, Spec: spec})
-	cancel()
+	requestID, err := newClientRequestID()
+	if err != nil {
+		return fail(exitError, "%v", err)
+	}
+	d := newDisplay(e, quiet)
+	job, err := submit(ctx, client, &framepackv1.SubmitJobRequest{Image: img, Spec: spec, ClientRequestId: requestID}, c.timeout, d)
 	if err != nil {
 		return err
 	}
-	id := resp.GetJob().GetId()
+	id := job.GetId()
 	if detach {
 		fmt.Fprintln(e.stdout, id)
 		return nil
 	}
 	if !quiet {
-		fmt.Fprintf(e.stderr, "job %s queued (%d sections)\n", id, sectionsOf(resp.GetJob()))
+		fmt.Fprintf(e.stderr, "job %s queued (%d sections)\n", id, sectionsOf(job))
 	}
 
 	// Ctrl-C cancels the job; the stream then ends with job_cancelled. A second one leaves.
@@ -212,7 +218,6 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		}
 	}()
 
-	d := newDisplay(e, quiet)
 	last, err := follow(wctx, client, id, d, "")
 	if err != nil {
 		select {
@@ -308,6 +313,58 @@ func failureText(f *framepackv1.JobFailure) string {
 
 func className(c framepackv1.AttemptClass) string {
 	return strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(c.String(), "ATTEMPT_CLASS_"), "_", " "))
+}
+
+// newClientRequestID returns a random SubmitJobRequest.client_request_id: 16 bytes, in hex.
+func newClientRequestID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("client request id: %w", err)
+	}
+	return hex.EncodeToString(b[:]), nil
+}
+
+// submit sends req, whose client_request_id makes a repeat return the first one's job. When
+// the connection is lost (UNAVAILABLE: a daemon that died or restarts, maybe after it stored
+// the job) it sends req again the way follow reconnects, until the server answers or timeout
+// has passed since the first try. A server that is up but cannot run jobs now is not retried.
+func submit(ctx context.Context, client framepackv1.JobServiceClient, req *framepackv1.SubmitJobRequest, timeout time.Duration, d *display) (*framepackv1.Job, error) {
+	sctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	lost := false
+	for {
+		resp, err := client.SubmitJob(sctx, req)
+		if err == nil {
+			return resp.GetJob(), nil
+		}
+		if status.Code(err) != codes.Unavailable || notReady(err) {
+			return nil, err
+		}
+		if !lost {
+			lost = true
+			d.note("connection to the server lost; reconnecting")
+		}
+		select {
+		case <-time.After(time.Second):
+		case <-sctx.Done():
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, err
+		}
+	}
+}
+
+// notReady reports whether err is the server's refusal to take jobs while it cannot run them
+// (supervisor/api.ReasonNotReady), as opposed to a lost connection.
+func notReady(err error) bool {
+	st, _ := status.FromError(err)
+	for _, detail := range st.Details() {
+		if info, ok := detail.(*errdetails.ErrorInfo); ok && info.GetReason() == "NOT_READY" {
+			return true
+		}
+	}
+	return false
 }
 
 // follow streams job id's events into d until the terminal event, which it returns. When the

@@ -22,6 +22,9 @@ import (
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/video"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -377,6 +380,86 @@ func TestCLI(t *testing.T) {
 		if code := cmd.ProcessState.ExitCode(); code != exitOK || strings.TrimSpace(stdout.String()) != out ||
 			!strings.Contains(stderr.String(), "connection to the server lost; reconnecting") {
 			t.Fatalf("exit %d, stdout %q, stderr:\n%s", code, stdout.String(), stderr.String())
+		}
+		if got := ffprobeFrames(t, out); !strings.HasSuffix(got, ",3") {
+			t.Fatalf("ffprobe %s", got)
+		}
+	})
+
+	t.Run("daemon dies before the SubmitJob answer arrives", func(t *testing.T) {
+		// A daemon that stores the job and then loses the answer: its first SubmitJob
+		// handler holds the answer until the connection is gone, which the test makes so by
+		// killing the daemon. The CLI must send the request again (the same
+		// client_request_id) to the restarted daemon, get the stored job and follow it.
+		stored := make(chan string, 1)
+		var first sync.Once
+		loseAnswer := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			resp, err := handler(ctx, req)
+			if info.FullMethod != framepackv1.JobService_SubmitJob_FullMethodName || err != nil {
+				return resp, err
+			}
+			lose := false
+			first.Do(func() { lose = true })
+			if !lose {
+				return resp, err
+			}
+			stored <- resp.(*framepackv1.SubmitJobResponse).GetJob().GetId()
+			<-ctx.Done()
+			return nil, status.Error(codes.Unavailable, "the daemon died before answering")
+		})
+		start := func(opts ...grpc.ServerOption) {
+			t.Helper()
+			d, err := api.StartDaemon(api.DaemonConfig{
+				StateDir:      filepath.Join(f.dir, "state"),
+				Listen:        []api.Addr{{Network: "unix", Address: f.addr}},
+				Lanes:         []string{"cpu"},
+				Run:           fakeRunnerBlocking(f.blocked, false),
+				ServerOptions: opts,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.d = d
+		}
+		f.d.Kill()
+		start(loseAnswer)
+
+		out := filepath.Join(f.dir, "answer-lost.mp4")
+		const prompt = "answer lost after the job was stored"
+		cmd := f.command(t, "generate", "--image", f.image, "--prompt", prompt, "--seconds", "1", "--steps", "2", "--out", out)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		var id string
+		select {
+		case id = <-stored:
+		case <-time.After(30 * time.Second):
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("the daemon never stored the job:\n%s", stderr.String())
+		}
+		f.d.Kill()
+		start()
+		cmd.Wait()
+		if code := cmd.ProcessState.ExitCode(); code != exitOK || strings.TrimSpace(stdout.String()) != out ||
+			!strings.Contains(stderr.String(), "connection to the server lost; reconnecting") ||
+			!strings.Contains(stderr.String(), "job "+id+" queued") {
+			t.Fatalf("exit %d, stdout %q, stderr (want job %s):\n%s", code, stdout.String(), id, stderr.String())
+		}
+		list, _, err := f.d.Store().List(jobs.ListOptions{PageSize: jobs.MaxPageSize})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var made []string
+		for _, job := range list {
+			if job.GetSpec().GetPrompt() == prompt {
+				made = append(made, job.GetId())
+			}
+		}
+		if len(made) != 1 || made[0] != id {
+			t.Fatalf("jobs made for the request %v, want only %s", made, id)
 		}
 		if got := ffprobeFrames(t, out); !strings.HasSuffix(got, ",3") {
 			t.Fatalf("ffprobe %s", got)

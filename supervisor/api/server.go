@@ -20,6 +20,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/events"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/sirupsen/logrus"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -33,6 +34,7 @@ import (
 // Queue is what the API needs of the job queue (jobs.Queue).
 type Queue interface {
 	Submit(ctx context.Context, spec *framepackv1.JobSpec, image []byte) (*framepackv1.Job, error)
+	SubmitOnce(ctx context.Context, req jobs.ClientRequest, spec *framepackv1.JobSpec, image []byte) (*framepackv1.Job, bool, error)
 	Cancel(ctx context.Context, id, reason string) (*framepackv1.Job, error)
 	Lanes() []string
 	Running() map[string]string
@@ -229,11 +231,34 @@ func requireID(id string) error {
 }
 
 // SubmitJob validates the request and queues the job.
+// With a client_request_id, a repeat of a submission returns the job the first one created
+// (in its current state, and before the readiness checks: the job exists whether or not the
+// server can run jobs now); a repeat with another image or spec is ALREADY_EXISTS.
 func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
+	var once jobs.ClientRequest
+	if id := req.GetClientRequestId(); id != "" {
+		var v Violations
+		if validateClientRequestID(&v, id); len(v) > 0 {
+			return nil, v.Err("SubmitJobRequest")
+		}
+		hash, err := jobs.RequestHash(jobs.WithDefaults(req.GetSpec()), req.GetImage())
+		if err != nil {
+			return nil, statusOf(err)
+		}
+		once = jobs.ClientRequest{ID: id, Hash: hash}
+		job, err := s.cfg.Store.JobForRequest(once)
+		if err == nil {
+			s.log.WithFields(logrus.Fields{"job": job.GetId(), "client_request_id": id}).Info("job submitted again: the first submission's job returned")
+			return &framepackv1.SubmitJobResponse{Job: job}, nil
+		}
+		if !errors.Is(err, jobs.ErrNotFound) {
+			return nil, submitOnceStatus(err, id)
+		}
+	}
 	// Cheap refusals first: a server that cannot run the job does not decode its image.
 	if s.cfg.Ready != nil {
 		if err := s.cfg.Ready(); err != nil {
-			return nil, status.Errorf(codes.Unavailable, "the server cannot run jobs now: %v", err)
+			return nil, notReady(err)
 		}
 	}
 	if s.cfg.Admit != nil && req.GetSpec() != nil {
@@ -249,12 +274,52 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	if err := s.admit(req.GetSpec(), len(req.GetImage())+len(req.GetSpec().GetEndImage())); err != nil {
 		return nil, err
 	}
-	job, err := s.cfg.Queue.Submit(ctx, jobs.WithDefaults(req.GetSpec()), req.GetImage())
-	if err != nil {
-		return nil, statusOf(err)
+	if once.ID == "" {
+		job, err := s.cfg.Queue.Submit(ctx, jobs.WithDefaults(req.GetSpec()), req.GetImage())
+		if err != nil {
+			return nil, statusOf(err)
+		}
+		s.log.WithFields(logrus.Fields{"job": job.GetId(), "seconds": job.GetSpec().GetTotalSecondLength(), "lane": job.GetSpec().GetLane()}).Info("job submitted")
+		return &framepackv1.SubmitJobResponse{Job: job}, nil
 	}
-	s.log.WithFields(logrus.Fields{"job": job.GetId(), "seconds": job.GetSpec().GetTotalSecondLength(), "lane": job.GetSpec().GetLane()}).Info("job submitted")
+	job, created, err := s.cfg.Queue.SubmitOnce(ctx, once, jobs.WithDefaults(req.GetSpec()), req.GetImage())
+	if err != nil {
+		return nil, submitOnceStatus(err, once.ID)
+	}
+	log := s.log.WithFields(logrus.Fields{"job": job.GetId(), "client_request_id": once.ID})
+	if !created {
+		log.Info("job submitted again: the first submission's job returned")
+	} else {
+		log.WithFields(logrus.Fields{"seconds": job.GetSpec().GetTotalSecondLength(), "lane": job.GetSpec().GetLane()}).Info("job submitted")
+	}
 	return &framepackv1.SubmitJobResponse{Job: job}, nil
+}
+
+// ReasonNotReady is the ErrorInfo reason of SubmitJob's UNAVAILABLE refusal by a server that
+// is up but cannot run jobs now (Config.Ready), so that a client tells it from a lost
+// connection, which is worth retrying.
+const ReasonNotReady = "NOT_READY"
+
+// ErrorDomain is the ErrorInfo domain of the server's errors.
+const ErrorDomain = "framepackd"
+
+func notReady(err error) error {
+	st := status.Newf(codes.Unavailable, "the server cannot run jobs now: %v", err)
+	withInfo, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonNotReady, Domain: ErrorDomain})
+	if derr != nil {
+		return st.Err()
+	}
+	return withInfo.Err()
+}
+
+// submitOnceStatus is statusOf for a submission with client request id: a repeat that does not
+// match the first submission is ALREADY_EXISTS (the id names a job made from another request;
+// the client must choose a new id, or send the first request again).
+func submitOnceStatus(err error, id string) error {
+	if errors.Is(err, jobs.ErrRequestMismatch) {
+		return status.Errorf(codes.AlreadyExists, "client_request_id %q already names a job created from a different image or spec: %v", id, err)
+	}
+	return statusOf(err)
 }
 
 // GetJob returns one job.

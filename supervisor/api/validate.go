@@ -31,6 +31,8 @@ const (
 	MaxFilenameBytes = 255
 	// MaxReasonBytes is the longest cancellation reason.
 	MaxReasonBytes = 1 << 10
+	// MaxClientRequestIDBytes is the longest client_request_id.
+	MaxClientRequestIDBytes = 128
 	// MaxRecvMsgBytes is the largest request the server accepts: the largest start image, the
 	// largest end image (JobSpec.end_image) and room for the rest of the spec.
 	MaxRecvMsgBytes = 2*MaxImageBytes + 1<<20
@@ -72,6 +74,21 @@ func DecodeImage(data []byte) (width, height int, err error) {
 	return img.Width, img.Height, nil
 }
 
+// validateClientRequestID checks SubmitJobRequest.client_request_id: empty (none), or at most
+// MaxClientRequestIDBytes printable ASCII characters without spaces.
+func validateClientRequestID(v *Violations, id string) {
+	if len(id) > MaxClientRequestIDBytes {
+		v.Add("client_request_id", "%d characters, at most %d printable ASCII characters (0x21 to 0x7e) are allowed", len(id), MaxClientRequestIDBytes)
+		return
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x21 || id[i] > 0x7e {
+			v.Add("client_request_id", "byte %d is %#02x: only printable ASCII characters (0x21 to 0x7e), at most %d, are allowed", i, id[i], MaxClientRequestIDBytes)
+			return
+		}
+	}
+}
+
 func badFloat(f float32) bool {
 	return math.IsNaN(float64(f)) || math.IsInf(float64(f), 0)
 }
@@ -80,6 +97,7 @@ func badFloat(f float32) bool {
 // pinned to; decode checks the image.
 func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode func([]byte) (int, int, error)) Violations {
 	var v Violations
+	validateClientRequestID(&v, req.GetClientRequestId())
 	switch img := req.GetImage(); {
 	case len(img) == 0:
 		v.Add("image", "required: the start frame as PNG, JPEG or WebP bytes")

@@ -49,6 +49,11 @@ func (s *Store) Delete(id string) (int64, error) {
 		if err := tx.Bucket(bucketMeta).Delete([]byte(id)); err != nil {
 			return err
 		}
+		if m.Request.ID != "" {
+			if err := tx.Bucket(bucketRequests).Delete([]byte(m.Request.ID)); err != nil {
+				return err
+			}
+		}
 		if err := tx.Bucket(bucketJobs).Delete([]byte(id)); err != nil {
 			return err
 		}

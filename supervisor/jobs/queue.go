@@ -255,35 +255,65 @@ func (q *Queue) publish(id string, ev *framepackv1.JobEvent) {
 
 // Submit stores a new job (spec with defaults filled in, input image bytes) and queues it.
 func (q *Queue) Submit(ctx context.Context, spec *framepackv1.JobSpec, image []byte) (*framepackv1.Job, error) {
-	select {
-	case <-q.started:
-	default:
-		return nil, ErrStopped
-	}
-	select {
-	case <-q.stopped:
-		return nil, ErrStopped
-	default:
+	if err := q.accepting(); err != nil {
+		return nil, err
 	}
 	job, err := q.cfg.Store.Create(spec, image)
 	if err != nil {
 		return nil, fmt.Errorf("submit job: %w", err)
 	}
+	return q.enqueue(ctx, job), nil
+}
+
+// SubmitOnce is Submit for a submission with a client request id (Store.CreateOnce): when a
+// stored job was created by req.ID it returns that job as it is now, and false, without
+// queuing anything.
+func (q *Queue) SubmitOnce(ctx context.Context, req ClientRequest, spec *framepackv1.JobSpec, image []byte) (*framepackv1.Job, bool, error) {
+	if err := q.accepting(); err != nil {
+		return nil, false, err
+	}
+	job, created, err := q.cfg.Store.CreateOnce(req, spec, image)
+	if err != nil {
+		return nil, false, fmt.Errorf("submit job: %w", err)
+	}
+	if !created {
+		return job, false, nil
+	}
+	return q.enqueue(ctx, job), true, nil
+}
+
+// accepting is ErrStopped before Start and after the queue stopped.
+func (q *Queue) accepting() error {
+	select {
+	case <-q.started:
+	default:
+		return ErrStopped
+	}
+	select {
+	case <-q.stopped:
+		return ErrStopped
+	default:
+	}
+	return nil
+}
+
+// enqueue hands a stored job to the loop and waits until the loop has it; a queue that stops
+// first, or a caller that gives up, leaves it stored: it runs at the next start.
+func (q *Queue) enqueue(ctx context.Context, job *framepackv1.Job) *framepackv1.Job {
 	req := submitReq{job: job, reply: make(chan struct{}, 1)}
 	select {
 	case q.submitCh <- req:
 	case <-q.stopped:
-		// Stored, not scheduled: it runs at the next start.
-		return job, nil
+		return job
 	case <-ctx.Done():
-		return job, nil
+		return job
 	}
 	select {
 	case <-req.reply:
 	case <-q.stopped:
 	case <-ctx.Done():
 	}
-	return job, nil
+	return job
 }
 
 // Cancel cancels job id: a queued job leaves the queue, a running job's context is cancelled

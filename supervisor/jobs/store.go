@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
@@ -35,6 +36,9 @@ var (
 	// ErrBadCheckpoint is returned by SaveCheckpoint for a checkpoint that names missing files
 	// or files outside the job directory.
 	ErrBadCheckpoint = errors.New("jobs: bad checkpoint")
+	// ErrRequestMismatch is returned by CreateOnce for a client request id that names a job
+	// created from a different image or spec.
+	ErrRequestMismatch = errors.New("jobs: client request id already used for a different request")
 )
 
 // DBFile is the bbolt database's file name inside the state directory.
@@ -48,6 +52,9 @@ var (
 	bucketMeta   = []byte("meta")   // id → meta (JSON)
 	bucketOrder  = []byte("order")  // seq (8 bytes, big endian) → id
 	bucketEvents = []byte("events") // id → bucket of seq (8 bytes) → framepack.v1.JobEvent
+	// client request id → job id (SubmitJobRequest.client_request_id); the job's meta keeps
+	// the id too, so that Delete removes the entry with the job.
+	bucketRequests = []byte("requests")
 )
 
 // meta is what the store keeps about a job besides the public Job message.
@@ -58,6 +65,34 @@ type meta struct {
 	End        string      `json:"end,omitempty"`
 	FirstStart time.Time   `json:"first_start,omitzero"`
 	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
+	// Request is the client request that created the job; empty without a client request id.
+	Request ClientRequest `json:"request,omitzero"`
+}
+
+// ClientRequest names the submission that created a job, so that a repeat of it (a client
+// that lost the answer and sends the request again) finds the job instead of creating another.
+type ClientRequest struct {
+	// ID is the client's SubmitJobRequest.client_request_id.
+	ID string `json:"id"`
+	// Hash is RequestHash of the submission's spec and image: a repeat with the same ID and a
+	// different Hash is ErrRequestMismatch.
+	Hash string `json:"hash"`
+}
+
+// RequestHash returns the hex SHA-256 of a submission: its spec (deterministic binary proto,
+// end image included) and its image.
+func RequestHash(spec *framepackv1.JobSpec, image []byte) (string, error) {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(spec)
+	if err != nil {
+		return "", fmt.Errorf("hash request: %w", err)
+	}
+	h := sha256.New()
+	var n [8]byte
+	binary.BigEndian.PutUint64(n[:], uint64(len(b)))
+	h.Write(n[:])
+	h.Write(b)
+	h.Write(image)
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // Checkpoint is the resume point of a job: the last section whose outputs are complete on
@@ -110,6 +145,9 @@ type Store struct {
 	dir string
 	db  *bolt.DB
 	now func() time.Time
+	// createMu serializes CreateOnce's lookup and create, so that concurrent submissions
+	// with one client request id make one job.
+	createMu sync.Mutex
 }
 
 // Open opens (creating if needed) the store in dir. Only one process may hold a state
@@ -130,7 +168,7 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("open job store %s: %w", dir, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketJobs, bucketMeta, bucketOrder, bucketEvents} {
+		for _, b := range [][]byte{bucketJobs, bucketMeta, bucketOrder, bucketEvents, bucketRequests} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -230,6 +268,65 @@ func seqKey(seq uint64) []byte {
 // Create stores a new job in JOB_STATE_QUEUED: its directory with the input image and the
 // spec (defaults filled in by the caller), then its record.
 func (s *Store) Create(spec *framepackv1.JobSpec, image []byte) (*framepackv1.Job, error) {
+	return s.create(spec, image, ClientRequest{})
+}
+
+// JobForRequest returns the job that client request req.ID created, in its current state;
+// ErrNotFound when no stored job has that id, ErrRequestMismatch when the job was created
+// from a request with another hash.
+func (s *Store) JobForRequest(req ClientRequest) (*framepackv1.Job, error) {
+	var job *framepackv1.Job
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		job, err = jobForRequest(tx, req)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("job for client request %q: %w", req.ID, err)
+	}
+	return job, nil
+}
+
+func jobForRequest(tx *bolt.Tx, req ClientRequest) (*framepackv1.Job, error) {
+	id := tx.Bucket(bucketRequests).Get([]byte(req.ID))
+	if id == nil {
+		return nil, ErrNotFound
+	}
+	m, err := getMeta(tx, string(id))
+	if err != nil {
+		return nil, err
+	}
+	if m.Request.Hash != req.Hash {
+		return nil, fmt.Errorf("%w (job %s)", ErrRequestMismatch, id)
+	}
+	return getJob(tx, string(id))
+}
+
+// CreateOnce is Create for a submission with a client request id (req.ID not empty): when a
+// stored job was created by the same id it returns that job, in its current state, and false
+// (ErrRequestMismatch when its hash differs); else it creates the job, records req with it and
+// returns true. Concurrent calls with one id create one job.
+func (s *Store) CreateOnce(req ClientRequest, spec *framepackv1.JobSpec, image []byte) (*framepackv1.Job, bool, error) {
+	if req.ID == "" {
+		return nil, false, errors.New("create job: empty client request id")
+	}
+	s.createMu.Lock()
+	defer s.createMu.Unlock()
+	job, err := s.JobForRequest(req)
+	if err == nil {
+		return job, false, nil
+	}
+	if !errors.Is(err, ErrNotFound) {
+		return nil, false, err
+	}
+	job, err = s.create(spec, image, req)
+	if err != nil {
+		return nil, false, err
+	}
+	return job, true, nil
+}
+
+func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientRequest) (*framepackv1.Job, error) {
 	id, err := newID()
 	if err != nil {
 		return nil, err
@@ -291,8 +388,16 @@ func (s *Store) Create(spec *framepackv1.JobSpec, image []byte) (*framepackv1.Jo
 		if err := tx.Bucket(bucketOrder).Put(seqKey(seq), []byte(id)); err != nil {
 			return err
 		}
-		if err := putMeta(tx, id, &meta{Seq: seq, Input: input, End: end}); err != nil {
+		if err := putMeta(tx, id, &meta{Seq: seq, Input: input, End: end, Request: req}); err != nil {
 			return err
+		}
+		if req.ID != "" {
+			if other := tx.Bucket(bucketRequests).Get([]byte(req.ID)); other != nil {
+				return fmt.Errorf("client request id %q already names job %s", req.ID, other)
+			}
+			if err := tx.Bucket(bucketRequests).Put([]byte(req.ID), []byte(id)); err != nil {
+				return err
+			}
 		}
 		return putJob(tx, job)
 	})

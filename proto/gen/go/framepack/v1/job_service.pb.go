@@ -79,9 +79,18 @@ type SubmitJobRequest struct {
 	// REQUIRED.
 	Image []byte `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
 	// spec holds the job's parameters. REQUIRED.
-	Spec          *JobSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Spec *JobSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`
+	// client_request_id is an id the client chooses for this submission, at
+	// most 128 printable ASCII characters (0x21 to 0x7e); optional. A second
+	// SubmitJob with the same id returns the job the first one created (same
+	// job id, its current state, even finished or failed) instead of creating
+	// another, so a client that lost the answer can safely send the request
+	// again. The id is kept with the job as long as the job is stored. A
+	// repeat whose image or spec differ from the first request's is refused
+	// with ALREADY_EXISTS.
+	ClientRequestId string `protobuf:"bytes,3,opt,name=client_request_id,json=clientRequestId,proto3" json:"client_request_id,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *SubmitJobRequest) Reset() {
@@ -126,6 +135,13 @@ func (x *SubmitJobRequest) GetSpec() *JobSpec {
 		return x.Spec
 	}
 	return nil
+}
+
+func (x *SubmitJobRequest) GetClientRequestId() string {
+	if x != nil {
+		return x.ClientRequestId
+	}
+	return ""
 }
 
 // SubmitJobResponse returns the queued job.
@@ -776,10 +792,11 @@ var File_framepack_v1_job_service_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1eframepack/v1/job_service.proto\x12\fframepack.v1\x1a\x16framepack/v1/job.proto\x1a\x1cframepack/v1/job_event.proto\x1a\x1cgoogle/api/annotations.proto\"S\n" +
+	"\x1eframepack/v1/job_service.proto\x12\fframepack.v1\x1a\x16framepack/v1/job.proto\x1a\x1cframepack/v1/job_event.proto\x1a\x1cgoogle/api/annotations.proto\"\x7f\n" +
 	"\x10SubmitJobRequest\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\fR\x05image\x12)\n" +
-	"\x04spec\x18\x02 \x01(\v2\x15.framepack.v1.JobSpecR\x04spec\"8\n" +
+	"\x04spec\x18\x02 \x01(\v2\x15.framepack.v1.JobSpecR\x04spec\x12*\n" +
+	"\x11client_request_id\x18\x03 \x01(\tR\x0fclientRequestId\"8\n" +
 	"\x11SubmitJobResponse\x12#\n" +
 	"\x03job\x18\x01 \x01(\v2\x11.framepack.v1.JobR\x03job\"&\n" +
 	"\rGetJobRequest\x12\x15\n" +

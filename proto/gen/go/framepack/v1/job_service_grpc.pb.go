@@ -34,7 +34,9 @@ const (
 //
 // JobService submits, lists, watches and cancels image-to-video jobs.
 type JobServiceClient interface {
-	// SubmitJob queues a new job and returns it in JOB_STATE_QUEUED.
+	// SubmitJob queues a new job and returns it in JOB_STATE_QUEUED. With a
+	// client_request_id it is idempotent: a repeat returns the job the first
+	// call created, in its current state.
 	SubmitJob(ctx context.Context, in *SubmitJobRequest, opts ...grpc.CallOption) (*SubmitJobResponse, error)
 	// GetJob returns one job; NOT_FOUND if the id is unknown.
 	GetJob(ctx context.Context, in *GetJobRequest, opts ...grpc.CallOption) (*GetJobResponse, error)
@@ -158,7 +160,9 @@ func (c *jobServiceClient) DeleteJob(ctx context.Context, in *DeleteJobRequest, 
 //
 // JobService submits, lists, watches and cancels image-to-video jobs.
 type JobServiceServer interface {
-	// SubmitJob queues a new job and returns it in JOB_STATE_QUEUED.
+	// SubmitJob queues a new job and returns it in JOB_STATE_QUEUED. With a
+	// client_request_id it is idempotent: a repeat returns the job the first
+	// call created, in its current state.
 	SubmitJob(context.Context, *SubmitJobRequest) (*SubmitJobResponse, error)
 	// GetJob returns one job; NOT_FOUND if the id is unknown.
 	GetJob(context.Context, *GetJobRequest) (*GetJobResponse, error)
