@@ -225,7 +225,7 @@ func Start(ctx context.Context, cfg Config) (*Process, error) {
 		if p.r != nil {
 			p.killGroup()
 			if st, ok := p.waitExit(exitGrace); ok {
-				err = &ExitError{Worker: p.name, PID: p.r.pid, Status: st, Stderr: p.tail.Lines(), Err: err}
+				err = &ExitError{Worker: p.name, PID: p.r.pid, Status: st, Stderr: p.exitTail(), Err: err}
 			}
 		}
 		p.Close()
@@ -294,6 +294,22 @@ func (p *Process) waitExit(d time.Duration) (ExitStatus, bool) {
 	}
 }
 
+// stderrDrain bounds how long an exited worker's last stderr lines are waited for.
+const stderrDrain = time.Second
+
+// exitTail returns the last stderr lines of a worker that has exited, once go-plugin has read
+// its stderr to the end (a crash's last words are still in the pipe when the process is
+// reaped), or after stderrDrain.
+func (p *Process) exitTail() []string {
+	t := time.NewTimer(stderrDrain)
+	defer t.Stop()
+	select {
+	case <-p.r.stderrEOF:
+	case <-t.C:
+	}
+	return p.tail.Lines()
+}
+
 // Kill sends SIGKILL to the worker's process group, waits for the worker to be reaped and
 // releases the connection. It is safe to call more than once and after the worker died.
 func (p *Process) Kill() error {
@@ -353,7 +369,7 @@ func (p *Process) call(ctx context.Context, what string, fn func() error) error 
 		return err // the worker answered with a classified error
 	}
 	if st, ok := p.waitExit(exitGrace); ok {
-		return &ExitError{Worker: p.name, PID: p.r.pid, Status: st, Stderr: p.tail.Lines(), Err: fmt.Errorf("%s: %w", what, err)}
+		return &ExitError{Worker: p.name, PID: p.r.pid, Status: st, Stderr: p.exitTail(), Err: fmt.Errorf("%s: %w", what, err)}
 	}
 	return fmt.Errorf("worker %s: %s: %w", p.name, what, err)
 }
@@ -400,6 +416,11 @@ type procRunner struct {
 	waitErr error         // set before done is closed
 	state   *os.ProcessState
 
+	// stderrEOF is closed once go-plugin's reader of stderr has hit its end (every writer of
+	// the pipe gone): every complete line the worker wrote is in tail by then.
+	stderrEOF  chan struct{}
+	stderrOnce sync.Once
+
 	closeOnce sync.Once
 }
 
@@ -414,7 +435,7 @@ func newProcRunner(cfg Config, pluginEnv []string, page *beacon.Page, tail *stde
 	)
 	cmd.ExtraFiles = []*os.File{page.File()} // fd 3
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	r := &procRunner{cmd: cmd, tail: tail, done: make(chan struct{})}
+	r := &procRunner{cmd: cmd, tail: tail, done: make(chan struct{}), stderrEOF: make(chan struct{})}
 	var err error
 	if r.stdoutR, r.stdoutW, err = os.Pipe(); err != nil {
 		return nil, fmt.Errorf("stdout pipe: %w", err)
@@ -529,7 +550,23 @@ func (r *procRunner) Kill(context.Context) error {
 func (r *procRunner) Stdout() io.ReadCloser { return r.stdoutR }
 
 // Stderr is the worker's stderr, which go-plugin logs and tails.
-func (r *procRunner) Stderr() io.ReadCloser { return r.stderrR }
+func (r *procRunner) Stderr() io.ReadCloser {
+	return eofReader{ReadCloser: r.stderrR, eof: func() { r.stderrOnce.Do(func() { close(r.stderrEOF) }) }}
+}
+
+// eofReader calls eof when a Read ends the stream (io.EOF or another error).
+type eofReader struct {
+	io.ReadCloser
+	eof func()
+}
+
+func (e eofReader) Read(p []byte) (int, error) {
+	n, err := e.ReadCloser.Read(p)
+	if err != nil {
+		e.eof()
+	}
+	return n, err
+}
 
 // Name is the binary's path.
 func (r *procRunner) Name() string { return r.cmd.Path }
