@@ -63,7 +63,7 @@ func TestGetAndRm(t *testing.T) {
 	// A running job cannot be removed; a finished one goes with its folder.
 	r = f.cli(t, "generate", "--image", f.image, "--prompt", "block here", "--detach")
 	running := strings.TrimSpace(r.stdout)
-	<-f.blocked
+	f.waitBlocked(t)
 	if r := f.cli(t, "rm", running); r.code != exitRejected || !strings.Contains(r.stderr, "cancel it first") {
 		t.Fatalf("rm running: exit %d %s", r.code, r.stderr)
 	}

@@ -1,12 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 )
@@ -45,12 +45,17 @@ func TestCLIEdges(t *testing.T) {
 
 	// SIGTERM: the CLI leaves, the job keeps running, and the message says how to come back.
 	gen := f.command(t, "generate", "--image", f.image, "--prompt", "block here", "--out", filepath.Join(f.dir, "bg.mp4"))
-	var stderr bytes.Buffer
-	gen.Stderr = &stderr
+	stderr := &watchedBuffer{want: "queued", seen: make(chan struct{})}
+	gen.Stderr = stderr
 	if err := gen.Start(); err != nil {
 		t.Fatal(err)
 	}
-	running := <-f.blocked
+	running := f.waitBlocked(t)
+	select { // the CLI has its job id (the run can start before the SubmitJob answer arrives)
+	case <-stderr.seen:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the CLI never said its job was queued:\n%s", stderr.String())
+	}
 	if err := gen.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

@@ -88,6 +88,20 @@ type fixture struct {
 	d       *api.Daemon
 }
 
+// waitBlocked returns the id of the next job whose fake run blocked, failing the test after a
+// minute (a job left running by a failed subtest holds the lane; waiting forever would hide
+// that failure behind the suite's timeout).
+func (f *fixture) waitBlocked(t *testing.T) string {
+	t.Helper()
+	select {
+	case id := <-f.blocked:
+		return id
+	case <-time.After(time.Minute):
+		t.Fatal("no job's run started within a minute (is an earlier job still holding the lane?)")
+		return ""
+	}
+}
+
 func setup(t *testing.T) *fixture {
 	t.Helper()
 	bin := testbin.Build(t, "./cmd/framepack")
@@ -276,7 +290,7 @@ func TestCLI(t *testing.T) {
 		if r.code != exitOK || !jobs.ValidID(id) {
 			t.Fatalf("detach: exit %d, %q %s", r.code, r.stdout, r.stderr)
 		}
-		<-f.blocked
+		f.waitBlocked(t)
 		watch := f.command(t, "watch", id, "--previews", filepath.Join(f.dir, "previews"))
 		var wout, werr bytes.Buffer
 		watch.Stdout, watch.Stderr = &wout, &werr
@@ -329,12 +343,19 @@ func TestCLI(t *testing.T) {
 
 	t.Run("ctrl-c cancels", func(t *testing.T) {
 		cmd := f.command(t, "generate", "--image", f.image, "--prompt", "block again", "--out", filepath.Join(f.dir, "never.mp4"))
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
+		stderr := &watchedBuffer{want: "queued", seen: make(chan struct{})}
+		cmd.Stderr = stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		id := <-f.blocked
+		id := f.waitBlocked(t)
+		// Ctrl-C cancels the job the CLI knows: wait until it has its SubmitJob answer (the run
+		// can start before the answer reaches the CLI)
+		select {
+		case <-stderr.seen:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the CLI never said its job was queued:\n%s", stderr.String())
+		}
 		if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 			t.Fatal(err)
 		}
@@ -357,7 +378,7 @@ func TestCLI(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		<-f.blocked
+		f.waitBlocked(t)
 		// the restart is the watch's to survive: the CLI has its job id once it said "queued"
 		// (a daemon killed before its SubmitJob answer arrives leaves the CLI nothing to follow)
 		select {
