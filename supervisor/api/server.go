@@ -248,7 +248,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 		once = jobs.ClientRequest{ID: id, Hash: hash}
 		job, err := s.cfg.Store.JobForRequest(once)
 		if err == nil {
-			s.log.WithFields(logrus.Fields{"job": job.GetId(), "client_request_id": id}).Info("job submitted again: the first submission's job returned")
+			s.logSubmitted(job, once.ID, false)
 			return &framepackv1.SubmitJobResponse{Job: job}, nil
 		}
 		if !errors.Is(err, jobs.ErrNotFound) {
@@ -274,25 +274,33 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	if err := s.admit(req.GetSpec(), len(req.GetImage())+len(req.GetSpec().GetEndImage())); err != nil {
 		return nil, err
 	}
+	var job *framepackv1.Job
+	var err error
+	created := true
 	if once.ID == "" {
-		job, err := s.cfg.Queue.Submit(ctx, jobs.WithDefaults(req.GetSpec()), req.GetImage())
-		if err != nil {
-			return nil, statusOf(err)
-		}
-		s.log.WithFields(logrus.Fields{"job": job.GetId(), "seconds": job.GetSpec().GetTotalSecondLength(), "lane": job.GetSpec().GetLane()}).Info("job submitted")
-		return &framepackv1.SubmitJobResponse{Job: job}, nil
+		job, err = s.cfg.Queue.Submit(ctx, jobs.WithDefaults(req.GetSpec()), req.GetImage())
+	} else {
+		job, created, err = s.cfg.Queue.SubmitOnce(ctx, once, jobs.WithDefaults(req.GetSpec()), req.GetImage())
 	}
-	job, created, err := s.cfg.Queue.SubmitOnce(ctx, once, jobs.WithDefaults(req.GetSpec()), req.GetImage())
 	if err != nil {
 		return nil, submitOnceStatus(err, once.ID)
 	}
-	log := s.log.WithFields(logrus.Fields{"job": job.GetId(), "client_request_id": once.ID})
+	s.logSubmitted(job, once.ID, created)
+	return &framepackv1.SubmitJobResponse{Job: job}, nil
+}
+
+// logSubmitted logs a submission: a new job, or (created false) the job a repeat of client
+// request id returned.
+func (s *Server) logSubmitted(job *framepackv1.Job, requestID string, created bool) {
+	log := s.log.WithField("job", job.GetId())
+	if requestID != "" {
+		log = log.WithField("client_request_id", requestID)
+	}
 	if !created {
 		log.Info("job submitted again: the first submission's job returned")
-	} else {
-		log.WithFields(logrus.Fields{"seconds": job.GetSpec().GetTotalSecondLength(), "lane": job.GetSpec().GetLane()}).Info("job submitted")
+		return
 	}
-	return &framepackv1.SubmitJobResponse{Job: job}, nil
+	log.WithFields(logrus.Fields{"seconds": job.GetSpec().GetTotalSecondLength(), "lane": job.GetSpec().GetLane()}).Info("job submitted")
 }
 
 // ReasonNotReady is the ErrorInfo reason of SubmitJob's UNAVAILABLE refusal by a server that
@@ -312,8 +320,8 @@ func notReady(err error) error {
 	return withInfo.Err()
 }
 
-// submitOnceStatus is statusOf for a submission with client request id: a repeat that does not
-// match the first submission is ALREADY_EXISTS (the id names a job made from another request;
+// submitOnceStatus is statusOf for a submission (with client request id, or none): a repeat that
+// does not match the first submission is ALREADY_EXISTS (the id names a job made from another request;
 // the client must choose a new id, or send the first request again).
 func submitOnceStatus(err error, id string) error {
 	if errors.Is(err, jobs.ErrRequestMismatch) {

@@ -97,7 +97,6 @@ func badFloat(f float32) bool {
 // pinned to; decode checks the image.
 func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode func([]byte) (int, int, error)) Violations {
 	var v Violations
-	validateClientRequestID(&v, req.GetClientRequestId())
 	switch img := req.GetImage(); {
 	case len(img) == 0:
 		v.Add("image", "required: the start frame as PNG, JPEG or WebP bytes")
