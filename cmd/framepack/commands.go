@@ -315,6 +315,10 @@ func className(c framepackv1.AttemptClass) string {
 	return strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(c.String(), "ATTEMPT_CLASS_"), "_", " "))
 }
 
+// connectionLost is the note shown when a call or the event stream lost the server and the
+// CLI tries again.
+const connectionLost = "connection to the server lost; reconnecting"
+
 // newClientRequestID returns a random SubmitJobRequest.client_request_id: 16 bytes, in hex.
 func newClientRequestID() (string, error) {
 	var b [16]byte
@@ -342,7 +346,7 @@ func submit(ctx context.Context, client framepackv1.JobServiceClient, req *frame
 		}
 		if !lost {
 			lost = true
-			d.note("connection to the server lost; reconnecting")
+			d.note(connectionLost)
 		}
 		select {
 		case <-time.After(time.Second):
@@ -388,7 +392,7 @@ func follow(ctx context.Context, client framepackv1.JobServiceClient, id string,
 		}
 		if lostSince.IsZero() {
 			lostSince = time.Now()
-			d.note("connection to the server lost; reconnecting")
+			d.note(connectionLost)
 		}
 		if time.Since(lostSince) > reconnectFor {
 			d.done()

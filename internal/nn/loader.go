@@ -319,10 +319,7 @@ func (l *Loader) keep(full string, t *runtime.Tensor, err error) *runtime.Tensor
 
 // randomValues fills a tensor of shape as NewRandomLoader describes.
 func (l *Loader) randomValues(name string, shape []int) []float32 {
-	n := 1
-	for _, d := range shape {
-		n *= d
-	}
+	n := numElements(shape)
 	v := make([]float32, n)
 	lo, hi := float32(-0.02), float32(0.02)
 	switch {
