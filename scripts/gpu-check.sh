@@ -23,6 +23,9 @@
 # attnbench  the transformer's joint attention alone, ours (vendor, flash, chunked) against
 #         PyTorch SDPA
 # memory  NVML discovery, and a worker holding 40 GB killed: used memory back within 2 s
+# vaecheck   conv op tests and the VAE parity cases with the vendor tiers forced (issue 18)
+# vaebench   the VAE stages against PyTorch, and channels-last against NCDHW and heuristic convs
+# vaeprofile per-op device time of one decode under an 8 GiB cap
 # bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), then a per-op
 #         profile of the transformer (profile-transformer.json; BENCH_PROFILE=0 skips it), needs
 #         third_party_ref/ (diffusers + FramePack's diffusers_helper sources, git-ignored; scripts/gpubench/third_party_ref.sh packs them)
@@ -213,6 +216,48 @@ for phase in "${phases[@]}"; do
 			cp "$B"/profile-transformer.json "$OUT"/ 2>/dev/null
 			sed -n '/^profile transformer/,/^$/p' "$LOG" | head -40 >>"$SUMMARY"
 		fi
+		;;
+	vaecheck)
+		# the VAE's convs alone (issue 18): the conv op tests (16-bit activations, the cuda
+		# backend's channels-last slabs), then every VAE case in f32 and fp16 with each vendor
+		# tier forced, and through the worker at its default dtype
+		gotest "conv op tests" internal/runtime runtime.test 300 -test.run 'Conv3d|HalfActivations' -test.v
+		grep -E "^(--- FAIL|FAIL|ok|PASS)" "$LOG" | tail -3 >>"$SUMMARY"
+		for tier in vendor_tuned vendor_default; do
+			FRAMEPACK_CONV_TIER=$tier gotest "parity vae, conv tier $tier forced" workers/vae/causalvae causalvae.test 300 \
+				-test.run '^TestParityVAE(Half)?$' -test.v
+		done
+		chmod +x "$BIN"/*-worker 2>/dev/null
+		(export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
+			gotest "parity vae worker (default: fp16)" workers/vae vae.test 300 -test.run '^TestParityVAE$' -test.v)
+		;;
+	vaebench)
+		# the VAE stages: channels-last 16-bit convs (the default), the tiled stages again with
+		# NCDHW convs and with cuDNN's heuristic choice (no Find), PyTorch's in the same call
+		[ -d third_party_ref ] || tar -xJf "$BUNDLE/third_party_ref.tar.xz"
+		B=${BENCH_DIR:-/tmp/fpk-bench}
+		mkdir -p "$B"
+		export PYTHONUNBUFFERED=1
+		VS=${VAE_STAGES:-vae_decode,vae_decode_tiled,vae_decode_tiled256,vae_encode}
+		run "bench manifests" 300 python3 scripts/gpubench/torch_bench.py --out "$B" --manifests-only
+		run "bench ours (channels-last)" 400 "$BIN/gpubench" -dir "$B" -stages "$VS"
+		cp "$B"/ours.json "$OUT"/ours.json
+		run "bench pytorch" 400 python3 scripts/gpubench/torch_bench.py --out "$B" --stages "${VS//,vae_decode_tiled256/}"
+		cp "$B"/torch.json "$OUT"/
+		python3 scripts/gpubench/table.py "$B" "$OUT/bench.json" "${BENCH_COMMIT:-}" | tee "$OUT/table.md" >>"$SUMMARY"
+		for v in ${VAE_VARIANTS:-ncdhw heuristic}; do
+			case $v in
+			ncdhw) FRAMEPACK_CUDNN_LAYOUT=ncdhw run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode_tiled256 ;;
+			heuristic) FRAMEPACK_CONV_TIER=vendor_default run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode,vae_decode_tiled,vae_decode_tiled256 ;;
+			esac
+			cp "$B"/ours.json "$OUT/ours-$v.json"
+		done
+		;;
+	vaeprofile)
+		B=${BENCH_DIR:-/tmp/fpk-bench}
+		run "bench profile (vae_decode_tiled)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode_tiled -profile
+		cp "$B"/profile-vae_decode_tiled.json "$OUT"/ 2>/dev/null
+		sed -n '/^profile vae_decode_tiled/,/^$/p' "$LOG" | head -40 >>"$SUMMARY"
 		;;
 	*)
 		echo "gpu-check: unknown phase $phase" >&2

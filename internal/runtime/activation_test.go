@@ -217,3 +217,45 @@ func TestFusedTernary(t *testing.T) {
 		t.Errorf("gate residual with y [1, 48] over x [2, 7, 48]: %v, want invalid argument", err)
 	}
 }
+
+// TestConv3dHalfSlabs: 16-bit convs large enough that the cuda backend runs them channels-last
+// in several slabs of output frames (FRAMEPACK_CUDNN_SLAB_MB=16 against 21 MB of input and
+// output), with temporal strides and a bias, equal the same conv on f32 copies within one 16-bit
+// rounding (bit for bit on the cpu backend). Temporal padding keeps one slab.
+func TestConv3dHalfSlabs(t *testing.T) {
+	t.Setenv("FRAMEPACK_CUDNN_SLAB_MB", "16")
+	rt := newTestRuntime(t, Options{})
+	host := rt.Backend().IsHost
+	r := rand.New(rand.NewPCG(11, 3))
+	for _, c := range []struct {
+		name   string
+		xs, ws []int
+		p      Conv3dParams
+	}{
+		{"k3 spatial pad", []int{1, 32, 9, 128, 160}, []int{32, 32, 3, 3, 3}, Conv3dParams{Padding: [3]int{0, 1, 1}}},
+		{"stride 2", []int{1, 32, 11, 128, 160}, []int{24, 32, 3, 3, 3}, Conv3dParams{Stride: [3]int{2, 2, 2}}},
+		{"temporal pad", []int{1, 16, 5, 64, 64}, []int{16, 16, 3, 3, 3}, Conv3dParams{Padding: [3]int{1, 1, 1}}},
+		{"pointwise", []int{1, 48, 9, 128, 128}, []int{16, 48, 1, 1, 1}, Conv3dParams{}},
+	} {
+		for _, dt := range []DType{F16, BF16} {
+			name := dt.String() + " " + c.name
+			x16, x32, _ := halfTensor(t, rt, r, dt, c.xs...)
+			w16, w32, _ := halfTensor(t, rt, r, dt, c.ws...)
+			b16, b32, _ := halfTensor(t, rt, r, dt, c.ws[0])
+			want, err := rt.Conv3d(x32, w32, b32, c.p)
+			if err != nil {
+				t.Fatalf("%s f32: %v", name, err)
+			}
+			got, err := rt.Conv3d(x16, w16, b16, c.p)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if !equalInts(got.Shape(), want.Shape()) {
+				t.Fatalf("%s: shape %v, want %v", name, got.Shape(), want.Shape())
+			}
+			compareRounded(t, name, got, want, dt, host)
+			got.Free()
+			want.Free()
+		}
+	}
+}

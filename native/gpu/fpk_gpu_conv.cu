@@ -138,10 +138,63 @@ static fpk_status conv_own(cudaStream_t st, const conv_desc *d) {
     return fpk_gpu_launched("conv3d (own kernel)");
 }
 
+/* dst[n][c][r] = src[n][r][c] (+ bias[c], when given) for n < N, r < R, c < C, with src's c and
+ * dst's r contiguous (element strides: src sN, sR; dst dN, dC). 32 x 32 tiles through shared
+ * memory, so both sides are read and written in whole rows; one block per tile (blockIdx.x
+ * counts R tiles x C tiles: either alone can pass 65535 tiles), n on blockIdx.z. Values go
+ * through f32 (exact for the 16-bit dtypes); the bias is added in f32 and rounded once, as the
+ * separate bias op would. */
+struct transpose_desc {
+    const void *src;
+    void *dst;
+    const void *bias;
+    int dt, bdt;
+    int64_t R, C, sN, sR, dN, dC;
+};
+
+__global__ void __launch_bounds__(256) k_transpose_rc(transpose_desc d) {
+    __shared__ float t[32][33];
+    const int64_t tilesC = (d.C + 31) / 32;
+    const int64_t r0 = ((int64_t)blockIdx.x / tilesC) * 32, c0 = ((int64_t)blockIdx.x % tilesC) * 32;
+    const int64_t n = blockIdx.z;
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    for (int i = ty; i < 32; i += 8) {
+        int64_t r = r0 + i, cc = c0 + tx;
+        if (r < d.R && cc < d.C) t[i][tx] = fpk_ld(d.src, d.dt, n * d.sN + r * d.sR + cc);
+    }
+    __syncthreads();
+    for (int i = ty; i < 32; i += 8) {
+        int64_t cc = c0 + i, r = r0 + tx;
+        if (r < d.R && cc < d.C) {
+            float v = t[tx][i];
+            if (d.bias) v += fpk_ld(d.bias, d.bdt, cc);
+            fpk_st(d.dst, d.dt, n * d.dN + cc * d.dC + r, v);
+        }
+    }
+}
+
+static fpk_status transpose_rc(cudaStream_t st, const transpose_desc &d, int64_t N) {
+    int64_t tiles = ((d.R + 31) / 32) * ((d.C + 31) / 32);
+    if (N == 0 || tiles == 0) return FPK_OK;
+    if (tiles > INT_MAX || N > 65535)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: channels-last transpose of %lld x %lld x %lld",
+                                 (long long)N, (long long)d.R, (long long)d.C);
+    k_transpose_rc<<<dim3((unsigned)tiles, 1, (unsigned)N), 256, 0, st>>>(d);
+    return fpk_gpu_launched("conv3d channels-last transpose");
+}
+
+/* The most bytes a channels-last conv's transposed input and output slab may take
+ * (FRAMEPACK_CUDNN_SLAB_MB, default 1024; at least one output frame's). */
+static int64_t nhwc_slab_bytes(void) {
+    const char *v = getenv("FRAMEPACK_CUDNN_SLAB_MB"); /* per conv: a test may set it */
+    long long mb = v && *v ? atoll(v) : 0;
+    return (int64_t)(mb >= 16 ? mb : 1024) << 20;
+}
+
 /* One vendor conv on contiguous tensors of one dtype (dims must fit 32 bits). */
 static fpk_status vendor_once(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
                               const int64_t *xs, const void *x, const int64_t *ws, const void *w, const int64_t *ys,
-                              void *y, const fpk_conv3d_params *p) {
+                              void *y, const fpk_conv3d_params *p, int nhwc = 0) {
     int xd[5], wd[5], yd[5];
     for (int i = 0; i < 5; i++) {
         if (xs[i] > INT_MAX || ws[i] > INT_MAX || ys[i] > INT_MAX)
@@ -150,7 +203,63 @@ static fpk_status vendor_once(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
         wd[i] = (int)ws[i];
         yd[i] = (int)ys[i];
     }
-    return fpk_vendor_conv(c, st, sf, tuned, dt, xd, x, wd, w, yd, y, p);
+    return fpk_vendor_conv(c, st, sf, tuned, dt, nhwc, xd, x, wd, w, yd, y, p);
+}
+
+/* The vendor conv channels-last (fpk_vendor_conv_nhwc), in slabs of output frames: per slab,
+ * its input frames transposed into scratch (NCDHW -> NDHWC; frames are contiguous there), the
+ * conv, and its NDHWC output transposed into place in out with the bias added on the way. The
+ * weights are transposed once (K C kT kH kW -> K kT kH kW C). Scratch: one slab's input and
+ * output (at most nhwc_slab_bytes, and within 32-bit element counts, so no tensor is too big),
+ * the weights, and the conv's own workspace (small: no layout transforms inside cuDNN). A conv
+ * with temporal padding runs as one slab. */
+static fpk_status conv_vendor_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
+                                   const fpk_conv3d_params *p, const fpk_gt *x, const void *wp, const fpk_gt *w,
+                                   const fpk_gt *bias, const fpk_gt *out) {
+    size_t es = fpk_dt_size(dt);
+    int64_t N = x->shape[0], Cin = x->shape[1], T = x->shape[2], HW = x->shape[3] * x->shape[4];
+    int64_t K = w->shape[0], Cg = w->shape[1], kT = w->shape[2], kvol = kT * w->shape[3] * w->shape[4];
+    int64_t To = out->shape[2], oHW = out->shape[3] * out->shape[4];
+    int64_t sT = p->stride[0] ? p->stride[0] : 1;
+    /* output frames per slab: the most whose input and output fit the slab bytes (and 32 bits) */
+    int64_t frames = To;
+    if (p->padding[0] == 0) {
+        int64_t lim = nhwc_slab_bytes() / (int64_t)es;
+        for (frames = 1; frames < To; frames++) {
+            int64_t n1 = frames + 1, tin = (n1 - 1) * sT + kT;
+            if (tin > T) tin = T;
+            int64_t xin = N * Cin * HW * tin, yout = N * K * oHW * n1;
+            if (xin + yout > lim || xin > INT_MAX || yout > INT_MAX) break;
+        }
+        int64_t slabs = (To + frames - 1) / frames;
+        frames = (To + slabs - 1) / slabs; /* even slabs: one shape, or two */
+    }
+    int64_t tin_max = (frames - 1) * sT + kT;
+    if (tin_max > T || frames == To) tin_max = T;
+    if (N * Cin * HW * tin_max > INT_MAX || N * K * oHW * frames > INT_MAX)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE,
+                                 "conv3d vendor tier: tensor beyond 32-bit element counts with temporal padding");
+    fpk_scratch sw(sf), sx(sf), sy(sf);
+    FPK_TRY(sw.alloc((size_t)w->numel * es));
+    FPK_TRY(transpose_rc(st, {wp, sw.ptr, nullptr, dt, 0, Cg, kvol, Cg * kvol, kvol, kvol * Cg, Cg}, K));
+    FPK_TRY(sx.alloc((size_t)(N * Cin * HW * tin_max) * es));
+    FPK_TRY(sy.alloc((size_t)(N * K * oHW * frames) * es));
+    int64_t ws[5];
+    for (int i = 0; i < 5; i++) ws[i] = w->shape[i];
+    for (int64_t t0 = 0; t0 < To; t0 += frames) {
+        int64_t tn = To - t0 < frames ? To - t0 : frames;
+        int64_t ti0 = t0 * sT - p->padding[0], tin = (tn - 1) * sT + kT;
+        if (frames == To) ti0 = 0, tin = T;
+        if (ti0 + tin > T) tin = T - ti0;
+        const char *xs0 = (const char *)x->data + (size_t)(ti0 * HW) * es;
+        FPK_TRY(transpose_rc(st, {xs0, sx.ptr, nullptr, dt, 0, Cin, tin * HW, Cin * T * HW, T * HW, tin * HW * Cin, Cin}, N));
+        int64_t sxs[5] = {N, Cin, tin, x->shape[3], x->shape[4]}, sys[5] = {N, K, tn, out->shape[3], out->shape[4]};
+        FPK_TRY(vendor_once(c, st, sf, tuned, dt, sxs, sx.ptr, ws, sw.ptr, sys, sy.ptr, p, 1));
+        char *ys0 = (char *)out->data + (size_t)(t0 * oHW) * es;
+        FPK_TRY(transpose_rc(st, {sy.ptr, ys0, bias ? bias->data : nullptr, dt, bias ? bias->dtype : 0, tn * oHW, K,
+                                  tn * oHW * K, K, K * To * oHW, To * oHW}, N));
+    }
+    return FPK_OK;
 }
 
 static fpk_status conv_vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned,
@@ -177,6 +286,8 @@ static fpk_status conv_vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
     }
     int64_t sT = p->stride[0] ? p->stride[0] : 1;
     int big = x->numel > INT_MAX || out->numel > INT_MAX;
+    if (x->dtype == dt && out->dtype == dt && fpk_vendor_conv_nhwc(c, dt))
+        return conv_vendor_nhwc(c, st, sf, tuned, dt, p, x, wp, w, bias, out);
     if (!big) {
         if (x->dtype != dt) {
             FPK_TRY(sx.alloc((size_t)x->numel * es));

@@ -197,10 +197,17 @@ fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc 
  * the GEMM and adds the epilogue itself). */
 fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_desc *d);
 /* Conv through the vendor DNN library: tuned (Find) or default (heuristic / immediate).
- * x, w, y share dtype dt and are contiguous NCDHW with 32-bit dims. */
+ * x, w, y share dtype dt and have 32-bit dims given as NCDHW (w: K C kT kH kW). They are
+ * contiguous NCDHW, or with nhwc contiguous channels-last: x and y NDHWC, w K kT kH kW C
+ * (only where fpk_vendor_conv_nhwc said yes). */
 fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned,
-                           int dt, const int *xdims, const void *x, const int *wdims, const void *w,
+                           int dt, int nhwc, const int *xdims, const void *x, const int *wdims, const void *w,
                            const int *ydims, void *y, const fpk_conv3d_params *p);
+/* Whether the vendor conv of dtype dt runs channels-last (the caller transposes around it):
+ * cuDNN's matrix-unit 3-D kernels want NDHWC, and a conv handed NCDHW makes cuDNN transform
+ * both tensors itself inside a workspace of twice their size. cuDNN and 16-bit dt only, unless
+ * FRAMEPACK_CUDNN_LAYOUT=ncdhw; MIOpen stays NCDHW (its NDHWC 3-D solvers are untested here). */
+int fpk_vendor_conv_nhwc(fpk_gpu_ctx *c, int dt);
 /* Whether the vendor DNN library loaded. */
 int fpk_vendor_has_dnn(fpk_gpu_ctx *c);
 

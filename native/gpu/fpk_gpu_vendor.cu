@@ -150,6 +150,10 @@ static void algos_free(fpk_vendor_dnn *d) {
 
 int fpk_vendor_has_dnn(fpk_gpu_ctx *c) { return c->dnn.handle != NULL; }
 
+/* A channels-last conv's choice is kept under its dtype with this bit set, in the per-process
+ * list and in the cuDNN find database (lines written before it are NCDHW choices, as they were). */
+#define FPK_CONV_KEY_NHWC 0x100
+
 #ifdef FPK_VENDOR_CUDA
 /* =====================================================================================
  * CUDA: cuBLAS (GemmStridedBatchedEx, f32 compute) and cuDNN (legacy convolution API).
@@ -170,16 +174,27 @@ static size_t find_workspace(fpk_scratch &ws, size_t want) {
  * decode took 18.7 s with a 1 GiB ceiling (cuDNN fell back to kernels without the matrix units)
  * and 3.8 s with 8 GiB; a small conv (SigLIP's patch embedding) no longer holds a 1 GiB block
  * that outweighs its model. */
-static size_t find_workspace_want(size_t io_bytes) {
-    size_t most = (size_t)8 << 30;
+static size_t find_workspace_want(size_t io_bytes, int nhwc) {
+    size_t most = (size_t)8 << 30, want = 2 * io_bytes, least = (size_t)16 << 20;
     const char *v = getenv("FRAMEPACK_CUDNN_WORKSPACE_MB");
+    if (nhwc) {
+        /* channels-last: no layout transforms, so the workspace is the algorithm's own (split-K
+         * and the like); the input's size, at most FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB (default 256) */
+        most = (size_t)256 << 20;
+        want = io_bytes / 2;
+        v = getenv("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB");
+    }
     if (v && *v) {
         long long mb = atoll(v);
         if (mb >= 16) most = (size_t)mb << 20;
     }
-    size_t want = 2 * io_bytes, least = (size_t)16 << 20;
     if (want < least) want = least;
     return want < most ? want : most;
+}
+
+int fpk_vendor_conv_nhwc(fpk_gpu_ctx *c, int dt) {
+    const char *v = getenv("FRAMEPACK_CUDNN_LAYOUT"); /* per conv: a test or a bench may set it */
+    return c->dnn.handle != NULL && dt != FPK_F32 && !(v && strcmp(v, "ncdhw") == 0);
 }
 
 enum { FPK_CUDA_R_32F = 0, FPK_CUDA_R_16F = 2, FPK_CUDA_R_16BF = 14 };
@@ -194,7 +209,7 @@ static const char *const blas_syms[] = {"cublasCreate_v2", "cublasDestroy_v2", "
 static const char *const blas_names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11", NULL};
 
 enum { FPK_CUDNN_DATA_FLOAT = 0, FPK_CUDNN_DATA_HALF = 2, FPK_CUDNN_DATA_BFLOAT16 = 9 };
-enum { FPK_CUDNN_TENSOR_NCHW = 0, FPK_CUDNN_CROSS_CORRELATION = 1 };
+enum { FPK_CUDNN_TENSOR_NCHW = 0, FPK_CUDNN_TENSOR_NHWC = 1, FPK_CUDNN_CROSS_CORRELATION = 1 };
 enum { FPK_CUDNN_DEFAULT_MATH = 0, FPK_CUDNN_TENSOR_OP_MATH = 1, FPK_CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION = 2, FPK_CUDNN_FMA_MATH = 3 };
 
 typedef struct {
@@ -532,26 +547,37 @@ static fpk_status dnn_fail(fpk_vendor_dnn *d, int s, const char *what) {
         if (s_ != 0) return dnn_fail(d, s_, what);                                              \
     } while (0)
 
-fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
+/* Element strides of a tensor with dims [N, C, D, H, W]: contiguous NCDHW, or NDHWC. */
+static void cudnn_strides(const int *dims, int nhwc, int *st) {
+    if (!nhwc) {
+        st[4] = 1;
+        for (int i = 3; i >= 0; i--) st[i] = st[i + 1] * dims[i + 1];
+        return;
+    }
+    st[1] = 1;
+    st[4] = dims[1];
+    st[3] = st[4] * dims[4];
+    st[2] = st[3] * dims[3];
+    st[0] = st[2] * dims[2];
+}
+
+fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt, int nhwc,
                            const int *xdims, const void *x, const int *wdims, const void *w, const int *ydims, void *y,
                            const fpk_conv3d_params *p) {
     fpk_vendor_dnn *d = &c->dnn;
     if (!d->handle) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: cuDNN not loaded");
     DNN(((fn_hs)d->fn[D_SET_STREAM])(d->handle, st), "set stream");
-    int ty = cudnn_type(dt);
+    int ty = cudnn_type(dt), key = dt | (nhwc ? FPK_CONV_KEY_NHWC : 0);
     cudnn_descs ds(d);
     int xs[5], ys[5];
-    xs[4] = ys[4] = 1;
-    for (int i = 3; i >= 0; i--) {
-        xs[i] = xs[i + 1] * xdims[i + 1];
-        ys[i] = ys[i + 1] * ydims[i + 1];
-    }
+    cudnn_strides(xdims, nhwc, xs);
+    cudnn_strides(ydims, nhwc, ys);
     DNN(((fn_hp)d->fn[D_CT])(&ds.x), "create descriptor");
     DNN(((fn_st)d->fn[D_ST])(ds.x, ty, 5, xdims, xs), "x descriptor");
     DNN(((fn_hp)d->fn[D_CT])(&ds.y), "create descriptor");
     DNN(((fn_st)d->fn[D_ST])(ds.y, ty, 5, ydims, ys), "y descriptor");
     DNN(((fn_hp)d->fn[D_CF])(&ds.w), "create descriptor");
-    DNN(((fn_sf)d->fn[D_SF])(ds.w, ty, FPK_CUDNN_TENSOR_NCHW, 5, wdims), "w descriptor");
+    DNN(((fn_sf)d->fn[D_SF])(ds.w, ty, nhwc ? FPK_CUDNN_TENSOR_NHWC : FPK_CUDNN_TENSOR_NCHW, 5, wdims), "w descriptor");
     DNN(((fn_hp)d->fn[D_CC])(&ds.conv), "create descriptor");
     int pad[3], str[3], dil[3] = {1, 1, 1};
     for (int i = 0; i < 3; i++) {
@@ -563,7 +589,7 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
     /* f32 stays f32: FMA math forbids TF32 (cuDNN's default allows it on Ampere and later) */
     int math = dt == FPK_F32 ? FPK_CUDNN_FMA_MATH : FPK_CUDNN_TENSOR_OP_MATH;
     DNN(((fn_hi)d->fn[D_MC])(ds.conv, math), "math type");
-    struct fpk_conv_algo *a = algo_find(d, tuned, dt, xdims, wdims, ydims, p);
+    struct fpk_conv_algo *a = algo_find(d, tuned, key, xdims, wdims, ydims, p);
     if (a && a->from_db && a->ws) {
         /* found in another process, maybe under a larger cap: when its workspace does not fit
          * now, Find again within what does (the new choice is found first from then on) */
@@ -579,7 +605,7 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
             size_t io = 0, xn = 1, yn = 1;
             for (int i = 0; i < 5; i++) xn *= (size_t)xdims[i], yn *= (size_t)ydims[i];
             io = (xn + yn) * fpk_dt_size(dt);
-            size_t wsz = find_workspace(ws, find_workspace_want(io));
+            size_t wsz = find_workspace(ws, find_workspace_want(io, nhwc));
             DNN(((fn_find)d->fn[D_FIND])(d->handle, ds.x, x, ds.w, w, ds.conv, ds.y, y, 8, &got, perf, ws.ptr, wsz),
                 "FindConvolutionForwardAlgorithmEx");
             for (int i = 0; i < got && pick < 0; i++)
@@ -594,7 +620,7 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
         size_t need = 0;
         if (dt != FPK_F32) DNN(((fn_hi)d->fn[D_MC])(ds.conv, perf[pick].mathType), "math type");
         DNN(((fn_ws)d->fn[D_WS])(d->handle, ds.x, ds.w, ds.conv, ds.y, perf[pick].algo, &need), "workspace size");
-        a = algo_add(d, tuned, dt, xdims, wdims, ydims, p);
+        a = algo_add(d, tuned, key, xdims, wdims, ydims, p);
         if (!a) return fpk_gpu_set_oom(sizeof *a, 0, "host conv algo record");
         a->algo = perf[pick].algo;
         a->math = dt == FPK_F32 ? FPK_CUDNN_FMA_MATH : perf[pick].mathType;
@@ -726,11 +752,14 @@ static fpk_status dnn_fail(fpk_vendor_dnn *d, int s, const char *what) {
         if (s_ != 0) return dnn_fail(d, s_, what);                                              \
     } while (0)
 
-fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
+int fpk_vendor_conv_nhwc(fpk_gpu_ctx *, int) { return 0; }
+
+fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt, int nhwc,
                            const int *xdims, const void *x, const int *wdims, const void *w, const int *ydims, void *y,
                            const fpk_conv3d_params *p) {
     fpk_vendor_dnn *d = &c->dnn;
     if (!d->handle) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: MIOpen not loaded");
+    if (nhwc) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: channels-last MIOpen convs are not used");
     DNN(((m_hs)d->fn[M_SET_STREAM])(d->handle, st), "set stream");
     int ty = mio_type(dt);
     mio_descs ds(d);

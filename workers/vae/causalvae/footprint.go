@@ -80,6 +80,42 @@ func GPUScratch() Scratch {
 	}
 }
 
+// CUDAScratch is the cuda backend's scratch: GPUScratch's, except for 16-bit convs, which run
+// channels-last (native/gpu fpk_vendor_conv_nhwc, unless FRAMEPACK_CUDNN_LAYOUT=ncdhw) in
+// slabs of output frames: one slab's input and output transposed into scratch (at most
+// FRAMEPACK_CUDNN_SLAB_MB, default 1024 MiB), the weights transposed, and the workspace cuDNN's
+// search offers then (find_workspace_want: half the slab's bytes, at least 16 MiB, at most
+// FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB, default 256 MiB; without layout transforms cuDNN's
+// matrix-unit kernels need little).
+func CUDAScratch() Scratch {
+	s := GPUScratch()
+	if os.Getenv("FRAMEPACK_CUDNN_LAYOUT") == "ncdhw" {
+		return s
+	}
+	mbEnv := func(name string, def int64) int64 {
+		if mb, err := strconv.ParseInt(os.Getenv(name), 10, 64); err == nil && mb >= 16 {
+			return mb << 20
+		}
+		return def << 20
+	}
+	most, slab := mbEnv("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB", 256), mbEnv("FRAMEPACK_CUDNN_SLAB_MB", 1024)
+	ncdhw := s.Conv
+	s.Conv = func(k [3]int, cin, cout int, out [5]int, elem, welem int) int64 {
+		if elem != 2 {
+			return ncdhw(k, cin, cout, out, elem, welem)
+		}
+		vox := int64(out[0]) * int64(out[2]) * int64(out[3]) * int64(out[4])
+		io := min(int64(cin+cout)*vox*int64(elem), slab)
+		wb := charged(int64(cout) * int64(cin) * int64(k[0]*k[1]*k[2]) * int64(elem))
+		n := wb + charged(io) + min(max(io/2, 16<<20), most)
+		if welem != elem {
+			n += wb
+		}
+		return n
+	}
+	return s
+}
+
 // FootprintOptions describe how a tile runs, for the memory estimate.
 type FootprintOptions struct {
 	ActivationBytes int // element size of the activations (4 for f32)
@@ -561,8 +597,11 @@ func (m *Model) Budget() (bytes int64, capped bool, err error) {
 
 // BackendScratch is the scratch model of the runtime m runs on.
 func (m *Model) BackendScratch() Scratch {
-	if m.rt.Backend().IsHost {
+	switch b := m.rt.Backend(); {
+	case b.IsHost:
 		return CPUScratch()
+	case b.Name == "cuda":
+		return CUDAScratch()
 	}
 	return GPUScratch()
 }

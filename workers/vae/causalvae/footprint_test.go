@@ -185,14 +185,19 @@ func TestChooseTilingLargeBudget(t *testing.T) {
 func TestChooseTilingFullSize(t *testing.T) {
 	m := &Model{Config: DefaultConfig()}
 	in := [5]int{1, 16, 18, 68, 88}
-	for _, elem := range []int{4, 2} {
-		o := FootprintOptions{ActivationBytes: elem, WeightBytes: 2, Scratch: GPUScratch()}
+	for _, tc := range []struct {
+		name    string
+		elem    int
+		scratch Scratch
+	}{{"hip f32", 4, GPUScratch()}, {"hip 16-bit", 2, GPUScratch()}, {"cuda 16-bit", 2, CUDAScratch()}} {
+		elem := tc.elem
+		o := FootprintOptions{ActivationBytes: elem, WeightBytes: 2, Scratch: tc.scratch}
 		cands, err := m.Candidates(in, false, o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i, c := range cands {
-			t.Logf("%d-byte activations: %s: %.2f GiB (at %s), work %.3g", elem, c, float64(c.PeakBytes)/(1<<30), c.PeakAt, float64(c.Work))
+			t.Logf("%s: %s: %.2f GiB (at %s), work %.3g", tc.name, c, float64(c.PeakBytes)/(1<<30), c.PeakAt, float64(c.Work))
 			if i > 0 && (c.PeakBytes >= cands[i-1].PeakBytes || c.TilePx == 0) {
 				t.Errorf("candidate %d (%s) does not need less than the one before", i, c)
 			}
@@ -209,8 +214,8 @@ func TestChooseTilingFullSize(t *testing.T) {
 		if err != nil || ch.TilePx == 0 || ch.PeakBytes > budget {
 			t.Errorf("8 GiB cap: %s (%d bytes), %v", ch, ch.PeakBytes, err)
 		}
-		t.Logf("%d-byte activations under an 8 GiB cap: %s", elem, ch)
-		if elem == 2 && ch.TilePx > 384 {
+		t.Logf("%s under an 8 GiB cap: %s", tc.name, ch)
+		if tc.name == "hip 16-bit" && ch.TilePx > 384 {
 			t.Errorf("8 GiB cap, 16-bit: %d px tiles leave the conv search no room", ch.TilePx)
 		}
 		if _, err := m.ChooseTiling(in, false, 32<<20, o); !errors.Is(err, ErrMemoryBudget) {
@@ -243,5 +248,38 @@ func TestGPUScratchWorkspace(t *testing.T) {
 	t.Setenv("FRAMEPACK_CUDNN_WORKSPACE_MB", "1024")
 	if got := GPUScratch().Conv(k, 512, 512, big, 2, 2); got != 1<<30 {
 		t.Errorf("FRAMEPACK_CUDNN_WORKSPACE_MB=1024: %d", got)
+	}
+}
+
+// On cuda a 16-bit conv runs channels-last in slabs: scratch for one slab's input and output
+// (at most 1 GiB) and the weights transposed, plus half the slab's bytes of workspace
+// (16 MiB … 256 MiB); f32 convs and FRAMEPACK_CUDNN_LAYOUT=ncdhw keep GPUScratch's.
+func TestCUDAScratchChannelsLast(t *testing.T) {
+	k := [3]int{3, 3, 3}
+	small := [5]int{1, 128, 4, 272, 352}
+	io := int64(256) * 4 * 272 * 352 * 2 // input and output bytes, under a slab
+	w := charged(128 * 128 * 27 * 2)
+	conv := CUDAScratch().Conv
+	if got, want := conv(k, 128, 128, small, 2, 2), w+charged(io)+io/2; got != want {
+		t.Errorf("16-bit conv: %d, want %d", got, want)
+	}
+	if got, want := conv(k, 128, 128, small, 2, 4), 2*w+charged(io)+io/2; got != want {
+		t.Errorf("f32 weight, 16-bit activations: %d, want %d", got, want)
+	}
+	big := [5]int{1, 128, 17, 544, 704} // 3.3 GB of input and output: slabs of 1 GiB
+	if got, want := conv(k, 128, 128, big, 2, 2), w+1<<30+256<<20; got != want {
+		t.Errorf("full-resolution conv: %d, want %d", got, want)
+	}
+	if got, want := conv(k, 128, 128, small, 4, 4), GPUScratch().Conv(k, 128, 128, small, 4, 4); got != want {
+		t.Errorf("f32 conv: %d, want GPUScratch's %d", got, want)
+	}
+	t.Setenv("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB", "64")
+	t.Setenv("FRAMEPACK_CUDNN_SLAB_MB", "512")
+	if got, want := CUDAScratch().Conv(k, 128, 128, big, 2, 2), w+512<<20+64<<20; got != want {
+		t.Errorf("FRAMEPACK_CUDNN_SLAB_MB=512, FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB=64: %d, want %d", got, want)
+	}
+	t.Setenv("FRAMEPACK_CUDNN_LAYOUT", "ncdhw")
+	if got, want := CUDAScratch().Conv(k, 128, 128, small, 2, 2), GPUScratch().Conv(k, 128, 128, small, 2, 2); got != want {
+		t.Errorf("FRAMEPACK_CUDNN_LAYOUT=ncdhw: %d, want GPUScratch's %d", got, want)
 	}
 }
