@@ -114,6 +114,7 @@ func TestUpsamplePad(t *testing.T) {
 		{"spatial only", []int{2, 2, 1, 4, 3}, [3]int{1, 2, 2}, Pad3d{Before: [3]int{2, 1, 1}, After: [3]int{0, 1, 1}}},
 		{"odd scales, wide pads", []int{1, 1, 2, 3, 2}, [3]int{3, 1, 2}, Pad3d{Before: [3]int{4, 2, 5}, After: [3]int{3, 0, 4}}},
 		{"rank 3", []int{2, 3, 5}, [3]int{2, 1, 3}, Pad3d{Before: [3]int{0, 1, 2}, After: [3]int{1, 1, 0}}},
+		{"rows longer than a warp", []int{1, 2, 2, 3, 40}, [3]int{2, 2, 2}, Pad3d{Before: [3]int{1, 1, 1}, After: [3]int{0, 1, 1}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x := upload(t, rt, randVals(r, numel(c.shape)), c.shape...)

@@ -870,7 +870,13 @@ func TestConcatSlicePermute(t *testing.T) {
 func TestPad(t *testing.T) {
 	rt := newTestRuntime(t, Options{})
 	r := rng(t)
-	shape := []int{2, 3, 2, 4, 5}
+	// the second shape's rows are longer than a warp (the gpu kernels copy a row per warp)
+	for _, shape := range [][]int{{2, 3, 2, 4, 5}, {1, 2, 2, 3, 70}} {
+		testPad(t, rt, r, shape)
+	}
+}
+
+func testPad(t *testing.T, rt *Runtime, r *rand.Rand, shape []int) {
 	x, xv := randTensor(t, rt, r, shape...)
 	for _, c := range []struct {
 		mode          PadMode

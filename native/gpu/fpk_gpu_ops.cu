@@ -5,6 +5,7 @@
  */
 #include "fpk_gpu_internal.h"
 
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -211,6 +212,20 @@ __global__ void k_binary_flat(const void *a, int adt, const void *b, int bdt, vo
     GRID_LOOP(i, n) fpk_st(y, ydt, i, bin_op(op, fpk_ld(a, adt, i), fpk_ld(b, bdt, i)));
 }
 
+/* k_binary_flat for three operands of one 16-bit dtype: four elements a thread through 8-byte
+ * loads and stores (the VAE's residual adds move gigabytes; 2-byte accesses left them at about
+ * half the memory bandwidth). */
+__global__ void k_binary_flat16x4(const uint2 *a, const uint2 *b, uint2 *y, int dt, int64_t n4, int op) {
+    GRID_LOOP(i, n4) {
+        uint2 va = a[i], vb = b[i], vy;
+        const uint16_t *pa = (const uint16_t *)&va, *pb = (const uint16_t *)&vb;
+        uint16_t *py = (uint16_t *)&vy;
+#pragma unroll
+        for (int k = 0; k < 4; k++) fpk_st(py, dt, k, bin_op(op, fpk_ld(pa, dt, k), fpk_ld(pb, dt, k)));
+        y[i] = vy;
+    }
+}
+
 /* General broadcast: d.st for a, d.st2 for b, over the merged output shape. */
 __global__ void k_binary_bcast(const void *a, int adt, const void *b, int bdt, void *y, int ydt, int64_t n,
                                int op, fpk_dims d) {
@@ -255,7 +270,12 @@ extern "C" fpk_status fpk_gpu_binary(fpk_gpu_ctx *c, void *s, int op, const fpk_
         m = 1;
     }
     d.nd = m;
-    if (m == 1 && d.st[0] == 1 && d.st2[0] == 1)
+    int same16 = a->dtype == b->dtype && a->dtype == out->dtype && fpk_dt_size(out->dtype) == 2;
+    if (m == 1 && d.st[0] == 1 && d.st2[0] == 1 && same16 && out->numel % 4 == 0 &&
+        (((uintptr_t)a->data | (uintptr_t)b->data | (uintptr_t)out->data) & 7) == 0)
+        k_binary_flat16x4<<<fpk_blocks(out->numel / 4), FPK_BLOCK, 0, st>>>(
+            (const uint2 *)a->data, (const uint2 *)b->data, (uint2 *)out->data, out->dtype, out->numel / 4, op);
+    else if (m == 1 && d.st[0] == 1 && d.st2[0] == 1)
         k_binary_flat<<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(a->data, a->dtype, b->data, b->dtype,
                                                                    out->data, out->dtype, out->numel, op);
     else
@@ -483,6 +503,22 @@ __global__ void k_gn_apply(const void *x, int xdt, const void *w, int wdt, const
     }
 }
 
+/* k_gn_apply with one (sample, channel) row per blockIdx.y: its scale and shift are worked out
+ * once per thread, and the elements of the row take no division (the VAE's rows are millions
+ * long; the flat kernel's three 64-bit divisions per element made it compute-bound). */
+__global__ void k_gn_apply_rows(const void *x, int xdt, const void *w, int wdt, const void *b, int bdt, void *y,
+                                int ydt, int64_t C, int64_t inner, int64_t cpg, const float *stats, int act) {
+    const int64_t ch = blockIdx.y, c = ch % C, g = (ch / C) * (C / cpg) + c / cpg;
+    const float m = stats[g * 2], inv = stats[g * 2 + 1];
+    const float sc = inv * (w ? fpk_ld(w, wdt, c) : 1.0f), sh = b ? fpk_ld(b, bdt, c) : 0.0f;
+    const int64_t base = ch * inner;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < inner; i += (int64_t)blockDim.x * gridDim.x) {
+        float v = (fpk_ld(x, xdt, base + i) - m) * sc + sh; /* as k_gn_apply rounds */
+        if (act == FPK_NORM_ACT_SILU) v *= sigmoid_fam(v, 1.0f, 0.0f);
+        fpk_st(y, ydt, base + i, v);
+    }
+}
+
 extern "C" fpk_status fpk_gpu_group_norm(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf, int64_t groups,
                                          float eps, const fpk_gt *x, const fpk_gt *w, const fpk_gt *b,
                                          const fpk_gt *out) {
@@ -506,9 +542,17 @@ extern "C" fpk_status fpk_gpu_group_norm_act(fpk_gpu_ctx *c, void *s, const fpk_
     float *stats = (float *)(part + (size_t)G * chunks * 2);
     k_gn_partial<<<dim3(chunks, (unsigned)G), FPK_BLOCK, 0, st>>>(x->data, x->dtype, cnt, part);
     k_gn_final<<<(unsigned)((G + 127) / 128), 128, 0, st>>>(x->data, x->dtype, cnt, part, chunks, G, eps, stats);
-    k_gn_apply<<<fpk_blocks(x->numel), FPK_BLOCK, 0, st>>>(x->data, x->dtype, w ? w->data : nullptr,
-                                                          w ? w->dtype : 0, b ? b->data : nullptr, b ? b->dtype : 0,
-                                                          out->data, out->dtype, x->numel, C, inner, cpg, stats, act);
+    if (N * C <= 65535 && inner >= 4096) {
+        /* enough blocks per row to fill the device with a few rows, at most 8 elements a thread */
+        int64_t per = (inner + FPK_BLOCK * 8 - 1) / (FPK_BLOCK * 8);
+        k_gn_apply_rows<<<dim3((unsigned)(per < 65535 ? per : 65535), (unsigned)(N * C)), FPK_BLOCK, 0, st>>>(
+            x->data, x->dtype, w ? w->data : nullptr, w ? w->dtype : 0, b ? b->data : nullptr, b ? b->dtype : 0,
+            out->data, out->dtype, C, inner, cpg, stats, act);
+    } else {
+        k_gn_apply<<<fpk_blocks(x->numel), FPK_BLOCK, 0, st>>>(x->data, x->dtype, w ? w->data : nullptr,
+                                                              w ? w->dtype : 0, b ? b->data : nullptr, b ? b->dtype : 0,
+                                                              out->data, out->dtype, x->numel, C, inner, cpg, stats, act);
+    }
     return fpk_gpu_launched(act == FPK_NORM_ACT_NONE ? "group norm" : "group norm act");
 }
 
@@ -752,53 +796,106 @@ extern "C" fpk_status fpk_gpu_concat(fpk_gpu_ctx *c, void *s, int dim, int n, co
     return FPK_OK;
 }
 
-/* Pad (mode 0 zero, 1 replicate) and nearest upsample: out coordinate → source coordinate per
- * dim. d.shape: out dims; d.st: x dims; d.st2: before (pad) or scale (upsample). */
-template <int ES> __global__ void k_pad(const void *src, void *dst, int64_t n, fpk_dims d, int mode, int up) {
-    typedef typename elem_t<ES>::T T;
-    GRID_LOOP(i, n) {
-        int64_t rem = i, off = 0, mul = 1;
-        int zero = 0;
-        for (int k = d.nd - 1; k >= 0; k--) {
-            int64_t cc = rem % d.shape[k];
-            rem /= d.shape[k];
-            int64_t xi;
-            if (up) {
-                xi = cc / d.st2[k];
-            } else {
-                xi = cc - d.st2[k];
-                if (xi < 0 || xi >= d.st[k]) {
-                    if (mode == 0) zero = 1;
-                    xi = xi < 0 ? 0 : d.st[k] - 1;
-                }
-            }
-            off += xi * mul;
-            mul *= d.st[k];
+/* ---- pad, nearest upsample, and both ------------------------------------------------------
+ * One warp per output row (the last dim): the row's source offset is worked out once (64-bit
+ * div/mod over the outer dims), then the lanes copy along the row, so the per-element work is a
+ * 32-bit index map and a coalesced store. Per dim k the source coordinate of output coordinate
+ * o: pad: o - before[k], outside [0, in) zero (mode 0) or the edge (mode 1, replicate);
+ * upsample: o / scale[k]; upsample then replicate pad: clamp(o - before[k], 0, in*scale - 1) /
+ * scale[k]. */
+enum { RS_PAD = 0, RS_UP = 1, RS_UP_PAD = 2 };
+
+struct resample_desc {
+    int nd, kind, mode;
+    int64_t out[FPK_MAX_DIMS], in[FPK_MAX_DIMS], scale[FPK_MAX_DIMS], before[FPK_MAX_DIMS];
+};
+
+__device__ __forceinline__ int64_t resample_src(const resample_desc &d, int k, int64_t o, int *zero) {
+    switch (d.kind) {
+    case RS_PAD: {
+        int64_t xi = o - d.before[k];
+        if (xi < 0 || xi >= d.in[k]) {
+            if (d.mode == 0) *zero = 1;
+            xi = xi < 0 ? 0 : d.in[k] - 1;
         }
-        ((T *)dst)[i] = zero ? (T)0 : ((const T *)src)[off];
+        return xi;
+    }
+    case RS_UP: return o / d.scale[k];
+    default: {
+        int64_t up = d.in[k] * d.scale[k], cc = o - d.before[k];
+        cc = cc < 0 ? 0 : cc >= up ? up - 1 : cc;
+        return cc / d.scale[k];
+    }
     }
 }
 
-static fpk_status pad_like(cudaStream_t st, const fpk_gt *x, const fpk_gt *out, const int64_t *per, int mode, int up,
-                           const char *what) {
+/* The last dim in 32 bits (rows are far shorter than 2^31). */
+__device__ __forceinline__ int resample_col(const resample_desc &d, int kind, int j, int Wi, int sc, int bf, int *zero) {
+    switch (kind) {
+    case RS_PAD: {
+        int xi = j - bf;
+        if (xi < 0 || xi >= Wi) {
+            if (d.mode == 0) *zero = 1;
+            xi = xi < 0 ? 0 : Wi - 1;
+        }
+        return xi;
+    }
+    case RS_UP: return sc == 1 ? j : sc == 2 ? j >> 1 : j / sc;
+    default: {
+        int cc = j - bf, up = Wi * sc;
+        cc = cc < 0 ? 0 : cc >= up ? up - 1 : cc;
+        return sc == 1 ? cc : sc == 2 ? cc >> 1 : cc / sc;
+    }
+    }
+}
+
+#define RS_WARPS 8
+
+template <int ES> __global__ void __launch_bounds__(32 * RS_WARPS) k_resample_rows(const void *src, void *dst, int64_t rows,
+                                                                                 resample_desc d) {
+    typedef typename elem_t<ES>::T T;
+    const int lane = threadIdx.x % 32, last = d.nd - 1;
+    const int W = (int)d.out[last], Wi = (int)d.in[last], sc = (int)d.scale[last], bf = (int)d.before[last];
+    for (int64_t r = (int64_t)blockIdx.x * RS_WARPS + threadIdx.x / 32; r < rows; r += (int64_t)gridDim.x * RS_WARPS) {
+        int64_t rem = r, off = 0, mul = Wi;
+        int zero = 0;
+        for (int k = last - 1; k >= 0; k--) {
+            int64_t cc = rem % d.out[k];
+            rem /= d.out[k];
+            off += resample_src(d, k, cc, &zero) * mul;
+            mul *= d.in[k];
+        }
+        T *drow = (T *)dst + r * (int64_t)W;
+        const T *srow = (const T *)src + off;
+        for (int j = lane; j < W; j += 32) {
+            int z = zero;
+            int xj = resample_col(d, d.kind, j, Wi, sc, bf, &z);
+            drow[j] = z ? (T)0 : srow[xj];
+        }
+    }
+}
+
+static fpk_status resample(cudaStream_t st, const fpk_gt *x, const fpk_gt *out, resample_desc &d, const char *what) {
     if (out->numel == 0) return FPK_OK;
     size_t es = fpk_dt_size(x->dtype);
     if (x->numel == 0) { /* zero padding of an empty tensor */
         FPK_CUDA(cudaMemsetAsync(out->data, 0, (size_t)out->numel * es, st), what);
         return FPK_OK;
     }
-    fpk_dims d;
-    memset(&d, 0, sizeof d);
     d.nd = x->ndim;
     for (int k = 0; k < x->ndim; k++) {
-        d.shape[k] = out->shape[k];
-        d.st[k] = x->shape[k];
-        d.st2[k] = per[k];
+        d.out[k] = out->shape[k];
+        d.in[k] = x->shape[k];
     }
+    int64_t W = out->shape[x->ndim - 1];
+    if (W > INT_MAX || x->shape[x->ndim - 1] * (d.scale[x->ndim - 1] ? d.scale[x->ndim - 1] : 1) > INT_MAX)
+        return fpk_gpu_set_error(FPK_ERR_UNSUPPORTED, "%s: rows of %lld elements", what, (long long)W);
+    int64_t rows = out->numel / W, blocks = (rows + RS_WARPS - 1) / RS_WARPS;
+    if (blocks > 65535 * 16) blocks = 65535 * 16;
     switch (es) {
-    case 1: k_pad<1><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, mode, up); break;
-    case 2: k_pad<2><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, mode, up); break;
-    default: k_pad<4><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, mode, up); break;
+    case 1: k_resample_rows<1><<<(unsigned)blocks, 32 * RS_WARPS, 0, st>>>(x->data, out->data, rows, d); break;
+    case 2: k_resample_rows<2><<<(unsigned)blocks, 32 * RS_WARPS, 0, st>>>(x->data, out->data, rows, d); break;
+    default: k_resample_rows<4><<<(unsigned)blocks, 32 * RS_WARPS, 0, st>>>(x->data, out->data, rows, d); break;
     }
     return fpk_gpu_launched(what);
 }
@@ -806,57 +903,39 @@ static fpk_status pad_like(cudaStream_t st, const fpk_gt *x, const fpk_gt *out, 
 extern "C" fpk_status fpk_gpu_pad(fpk_gpu_ctx *c, void *s, int mode, const int64_t *before, const fpk_gt *x,
                                   const fpk_gt *out) {
     if (x->ndim == 0) return fpk_gpu_convert(fpk_stream(c, s), out->data, out->dtype, x->data, x->dtype, 1);
-    return pad_like(fpk_stream(c, s), x, out, before, mode, 0, "pad");
+    resample_desc d;
+    memset(&d, 0, sizeof d);
+    d.kind = RS_PAD;
+    d.mode = mode;
+    for (int k = 0; k < x->ndim; k++) d.before[k] = before[k];
+    return resample(fpk_stream(c, s), x, out, d, "pad");
+}
+
+/* scale and before name the last three dims; the dims before them keep their size */
+static void resample_scale(resample_desc &d, int nd, const int64_t *scale, const int64_t *before) {
+    for (int k = 0; k < nd; k++) {
+        int i = k - (nd - 3);
+        d.scale[k] = i >= 0 ? scale[i] : 1;
+        d.before[k] = i >= 0 && before ? before[i] : 0;
+    }
 }
 
 extern "C" fpk_status fpk_gpu_upsample(fpk_gpu_ctx *c, void *s, const int64_t *scale, const fpk_gt *x,
                                        const fpk_gt *out) {
-    int64_t per[FPK_MAX_DIMS];
-    for (int k = 0; k < x->ndim; k++) {
-        int i = k - (x->ndim - 3);
-        per[k] = i >= 0 ? scale[i] : 1;
-    }
-    return pad_like(fpk_stream(c, s), x, out, per, 0, 1, "upsample nearest3d");
-}
-
-/* Upsample then replicate pad: out coordinate o → clamp(o − before, 0, n·scale − 1) / scale per
- * dim. d.shape: out dims; d.st: x dims; d.st2: scale; before: pads before. */
-template <int ES> __global__ void k_upsample_pad(const void *src, void *dst, int64_t n, fpk_dims d, fpk_dims before) {
-    typedef typename elem_t<ES>::T T;
-    GRID_LOOP(i, n) {
-        int64_t rem = i, off = 0, mul = 1;
-        for (int k = d.nd - 1; k >= 0; k--) {
-            int64_t cc = rem % d.shape[k] - before.shape[k], up = d.st[k] * d.st2[k];
-            rem /= d.shape[k];
-            cc = cc < 0 ? 0 : cc >= up ? up - 1 : cc;
-            off += (cc / d.st2[k]) * mul;
-            mul *= d.st[k];
-        }
-        ((T *)dst)[i] = ((const T *)src)[off];
-    }
+    resample_desc d;
+    memset(&d, 0, sizeof d);
+    d.kind = RS_UP;
+    resample_scale(d, x->ndim, scale, nullptr);
+    return resample(fpk_stream(c, s), x, out, d, "upsample nearest3d");
 }
 
 extern "C" fpk_status fpk_gpu_upsample_pad(fpk_gpu_ctx *c, void *s, const int64_t *scale, const int64_t *before,
                                            const fpk_gt *x, const fpk_gt *out) {
-    if (out->numel == 0) return FPK_OK;
-    cudaStream_t st = fpk_stream(c, s);
-    fpk_dims d, b;
+    resample_desc d;
     memset(&d, 0, sizeof d);
-    memset(&b, 0, sizeof b);
-    d.nd = b.nd = x->ndim;
-    for (int k = 0; k < x->ndim; k++) {
-        int i = k - (x->ndim - 3);
-        d.shape[k] = out->shape[k];
-        d.st[k] = x->shape[k];
-        d.st2[k] = i >= 0 ? scale[i] : 1;
-        b.shape[k] = i >= 0 ? before[i] : 0;
-    }
-    switch (fpk_dt_size(x->dtype)) {
-    case 1: k_upsample_pad<1><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, b); break;
-    case 2: k_upsample_pad<2><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, b); break;
-    default: k_upsample_pad<4><<<fpk_blocks(out->numel), FPK_BLOCK, 0, st>>>(x->data, out->data, out->numel, d, b); break;
-    }
-    return fpk_gpu_launched("upsample pad");
+    d.kind = RS_UP_PAD;
+    resample_scale(d, x->ndim, scale, before);
+    return resample(fpk_stream(c, s), x, out, d, "upsample pad");
 }
 
 __global__ void k_avg_pool(const void *x, int xdt, void *y, int ydt, int64_t n, int64_t T, int64_t H, int64_t W,
