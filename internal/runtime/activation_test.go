@@ -46,6 +46,8 @@ func TestHalfActivations(t *testing.T) {
 				{"gelu", func(x, _, _, _, _, _, _ *Tensor) (*Tensor, error) { return rt.GELU(x) }, []int{5, 40}},
 				{"affine", func(x, _, _, _, _, _, _ *Tensor) (*Tensor, error) { return rt.Affine(x, 1.5, -0.25) }, []int{5, 40}},
 				{"mul broadcast", func(x, _, _, norm, _, _, _ *Tensor) (*Tensor, error) { return rt.Mul(x, norm) }, []int{5, 40}},
+				{"add same shape", func(x, _, _, _, _, _, _ *Tensor) (*Tensor, error) { return rt.Add(x, x) }, []int{5, 40}},
+				{"sub odd length", func(x, _, _, _, _, _, _ *Tensor) (*Tensor, error) { return rt.Sub(x, x) }, []int{3, 7}},
 				{"softmax", func(x, _, _, _, _, _, _ *Tensor) (*Tensor, error) { return rt.Softmax(x, 0.5) }, []int{5, 40}},
 				{"mean", func(x, _, _, _, _, _, _ *Tensor) (*Tensor, error) { return rt.Mean(x, -1) }, []int{5, 40}},
 				{"avg pool", func(x, _, _, _, _, _, _ *Tensor) (*Tensor, error) {
