@@ -88,6 +88,9 @@ func TestE2ECPU(t *testing.T) {
 		if j.OutputSHA256 == "" || j.SameAsAll == nil || !*j.SameAsAll {
 			t.Errorf("budget %s: output %q, same as all-resident: %v", j.Budget, j.OutputSHA256, j.SameAsAll)
 		}
+		if j.LatentsSHA256 == "" || j.LatentsSHA256 == j.OutputSHA256 || j.SameLatentsAsAll == nil || !*j.SameLatentsAsAll {
+			t.Errorf("budget %s: latents %q, same as all-resident: %v", j.Budget, j.LatentsSHA256, j.SameLatentsAsAll)
+		}
 	}
 	// -twice: the 0.25 GiB daemon ran a first job, and its rows are the second job's
 	var b025 Budget

@@ -38,6 +38,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
 func main() {
@@ -213,6 +215,9 @@ type Budget struct {
 	// is encoded, whose metadata names the job): budgets whose VAE tiles alike must give the
 	// all-resident job's output bit for bit (streaming blocks and layers changes no byte).
 	OutputSHA256 string `json:"output_sha256,omitempty"`
+	// LatentsSHA256 hashes only the section files' latents (history_latents): the transformer's
+	// output, which every budget must give bit for bit even where the VAE tiles differently.
+	LatentsSHA256 string `json:"latents_sha256,omitempty"`
 	// FirstJobS is the wall time of the job the daemon ran before the measured one (-twice).
 	FirstJobS float64 `json:"first_job_s,omitempty"`
 	JobS      float64 `json:"stages_s"`
@@ -268,6 +273,32 @@ func outputHash(history string) (string, error) {
 			return "", err
 		}
 		h.Write(raw)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// latentsHash returns the SHA-256 of the history_latents tensor of each section file in the
+// history folder, in name order.
+func latentsHash(history string) (string, error) {
+	files, _ := filepath.Glob(filepath.Join(history, "section-*.safetensors"))
+	if len(files) == 0 {
+		return "", fmt.Errorf("no section files in %s", history)
+	}
+	sort.Strings(files)
+	h := sha256.New()
+	for _, name := range files {
+		f, err := safetensors.Open(name)
+		if err != nil {
+			return "", err
+		}
+		raw, err := f.Bytes("history_latents") // mapped: hashed before the file closes
+		if err == nil {
+			h.Write(raw)
+		}
+		f.Close()
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", name, err)
+		}
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
@@ -414,6 +445,8 @@ func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 	}
 	if res.Error == "" {
 		if res.OutputSHA256, err = outputHash(history); err != nil {
+			res.Error = err.Error()
+		} else if res.LatentsSHA256, err = latentsHash(history); err != nil {
 			res.Error = err.Error()
 		}
 	}

@@ -26,7 +26,10 @@ type JobTotal struct {
 	Streamed     uint32  `json:"transformer_streamed_blocks"`
 	OutputSHA256 string  `json:"output_sha256,omitempty"`
 	// SameAsAll: the output is the all-resident job's, bit for bit (nil: either has no hash).
-	SameAsAll   *bool   `json:"same_output_as_all,omitempty"`
+	SameAsAll     *bool  `json:"same_output_as_all,omitempty"`
+	LatentsSHA256 string `json:"latents_sha256,omitempty"`
+	// SameLatentsAsAll: the latents alone are the all-resident job's, bit for bit.
+	SameLatentsAsAll *bool `json:"same_latents_as_all,omitempty"`
 	MaxPeakGiB  float64 `json:"max_peak_gib"`
 	NVMLPeakGiB float64 `json:"nvml_peak_gib,omitempty"`
 	AllUnderCap bool    `json:"all_under_cap"`
@@ -63,7 +66,8 @@ func report(o options) error {
 		rep.Params = r.Params
 		rep.Rows = append(rep.Rows, r.Rows...)
 		jt := JobTotal{Budget: b, BudgetGB: r.BudgetGB, CapGiB: r.CapGiB, TotalS: r.TotalS, LoadS: r.LoadS, LoadShare: r.LoadShare,
-			MaxPeakGiB: r.MaxPeakGiB, NVMLPeakGiB: r.NVMLPeakGiB, AllUnderCap: r.AllUnderCap, OK: r.OK, Error: r.Error, Note: r.Note, FirstJobS: r.FirstJobS, OutputSHA256: r.OutputSHA256}
+			MaxPeakGiB: r.MaxPeakGiB, NVMLPeakGiB: r.NVMLPeakGiB, AllUnderCap: r.AllUnderCap, OK: r.OK, Error: r.Error, Note: r.Note, FirstJobS: r.FirstJobS, OutputSHA256: r.OutputSHA256,
+			LatentsSHA256: r.LatentsSHA256}
 		for _, row := range r.Rows {
 			if row.Worker == "transformer" {
 				jt.TransformS += row.Seconds
@@ -89,20 +93,25 @@ func report(o options) error {
 		}
 		rep.Jobs = append(rep.Jobs, jt)
 	}
-	allHash := ""
+	allHash, allLatents := "", ""
 	for _, j := range rep.Jobs {
 		if j.Budget == "all" {
-			allHash = j.OutputSHA256
+			allHash, allLatents = j.OutputSHA256, j.LatentsSHA256
 		}
+	}
+	sameAs := func(h, ref string) *bool {
+		if h == "" || ref == "" {
+			return nil
+		}
+		same := h == ref
+		return &same
 	}
 	for i := range rep.Jobs {
 		if all > 0 {
 			rep.Jobs[i].VsAll = rep.Jobs[i].TotalS / all
 		}
-		if h := rep.Jobs[i].OutputSHA256; h != "" && allHash != "" {
-			same := h == allHash
-			rep.Jobs[i].SameAsAll = &same
-		}
+		rep.Jobs[i].SameAsAll = sameAs(rep.Jobs[i].OutputSHA256, allHash)
+		rep.Jobs[i].SameLatentsAsAll = sameAs(rep.Jobs[i].LatentsSHA256, allLatents)
 	}
 	var fp fpResults
 	if o.framepack != "" {
@@ -153,8 +162,8 @@ type fpResults struct {
 func table(rep Report, fp fpResults) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nEnd to end (%s; %s; %s)\n\n", rep.GPU, rep.Params, rep.Date)
-	b.WriteString("| budget | cap GiB | job s | vs all-resident | load share | transformer s | blocks resident/streamed | max peak GiB | NVML peak GiB | output = all resident | ok |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| budget | cap GiB | job s | vs all-resident | load share | transformer s | blocks resident/streamed | max peak GiB | NVML peak GiB | output = all resident | latents = all resident | ok |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, j := range rep.Jobs {
 		name := j.Budget + " GB"
 		switch j.Budget {
@@ -167,12 +176,15 @@ func table(rep Report, fp fpResults) string {
 		if j.FirstJobS > 0 {
 			job += fmt.Sprintf(" (first job %.1f)", j.FirstJobS)
 		}
-		same := "–"
-		if j.SameAsAll != nil {
-			same = map[bool]string{true: "same", false: "differs"}[*j.SameAsAll]
+		word := func(p *bool) string {
+			if p == nil {
+				return "–"
+			}
+			return map[bool]string{true: "same", false: "differs"}[*p]
 		}
-		fmt.Fprintf(&b, "| %s | %.2f | %s | %.2f× | %.1f %% | %.1f | %d/%d | %.2f | %.2f | %s | %v |\n", name, j.CapGiB, job, j.VsAll,
-			100*j.LoadShare, j.TransformS, j.Resident, j.Streamed, j.MaxPeakGiB, j.NVMLPeakGiB, same, j.OK)
+		same, sameLat := word(j.SameAsAll), word(j.SameLatentsAsAll)
+		fmt.Fprintf(&b, "| %s | %.2f | %s | %.2f× | %.1f %% | %.1f | %d/%d | %.2f | %.2f | %s | %s | %v |\n", name, j.CapGiB, job, j.VsAll,
+			100*j.LoadShare, j.TransformS, j.Resident, j.Streamed, j.MaxPeakGiB, j.NVMLPeakGiB, same, sameLat, j.OK)
 	}
 	if len(fp.Rows) > 0 {
 		b.WriteString("\nFramePack (demo_gradio.py's worker loop, same checkpoints, same run)\n\n")
