@@ -171,6 +171,18 @@ func (g *gate) noneStarted(t *testing.T) {
 	}
 }
 
+// runningSoon returns q.Running() once lane shows job id, or what it shows after 5 s.
+func runningSoon(q *jobs.Queue, lane, id string) map[string]string {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := q.Running()
+		if got[lane] == id || time.Now().After(deadline) {
+			return got
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func TestQueueFIFOOneJobPerLane(t *testing.T) {
 	g := newGate()
 	e := newEnv(t, t.TempDir(), []string{"cpu"}, g.run)
@@ -187,7 +199,8 @@ func TestQueueFIFOOneJobPerLane(t *testing.T) {
 			t.Fatalf("input %s: %v", j.InputPath, err)
 		}
 		g.noneStarted(t)
-		if got := e.q.Running(); got["cpu"] != id {
+		// Running is the loop's copy, refreshed after the loop hands the job to its runner
+		if got := runningSoon(e.q, "cpu", id); got["cpu"] != id {
 			t.Fatalf("running %v", got)
 		}
 		if s := e.state(t, id); s != framepackv1.JobState_JOB_STATE_RUNNING {

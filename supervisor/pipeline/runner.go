@@ -496,7 +496,7 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 		vt := rep.Result.VAETiling
 		rec.VAETileChosen = vt.Chosen
 		if vt.Tiling.EnableSpatialTiling {
-			rec.VAETilePx = vt.Tiling.TileSampleMinHeight
+			rec.VAETilePx = min(vt.Tiling.TileSampleMinHeight, vt.Tiling.TileSampleMinWidth) // a strip: its narrow side
 		}
 	}
 	if err != nil {

@@ -178,10 +178,12 @@ func TestChooseTilingLargeBudget(t *testing.T) {
 }
 
 // TestChooseTilingFullSize plans FramePack's decode (18 latent frames at 68×88, the released
-// VAE's config, no weights needed) on a GPU's scratch model: with room to spare diffusers'
-// framewise chunks alone, under an 8 GiB cap (less 0.5 GiB of weights) spatial tiles whose
-// estimate fits with the workspace cuDNN's search wants (384 px at 16-bit: 512 px tiles left it
-// too little on an H100), under 32 MiB a budget error; and the estimates shrink as the tiles do.
+// VAE's config, no weights needed) on the GPUs' scratch models: with room to spare diffusers'
+// framewise chunks alone, under an 8 GiB cap (less 0.5 GiB of weights) the tiling with the
+// least work whose estimate fits with the conv scratch (strips of the whole height or width,
+// less work than any square tiling that fits; NCDHW 16-bit: tiles of at most 384 px, as 512 px
+// tiles left cuDNN's search too little room on an H100), under 32 MiB a budget error; and the
+// candidates' estimates shrink down the list.
 func TestChooseTilingFullSize(t *testing.T) {
 	m := &Model{Config: DefaultConfig()}
 	in := [5]int{1, 16, 18, 68, 88}
@@ -215,6 +217,17 @@ func TestChooseTilingFullSize(t *testing.T) {
 			t.Errorf("8 GiB cap: %s (%d bytes), %v", ch, ch.PeakBytes, err)
 		}
 		t.Logf("%s under an 8 GiB cap: %s", tc.name, ch)
+		// the least work that fits is a tiling in strips of the whole height or width
+		// (544×704: the strips overlap along one side only), and less work than every square
+		// tiling that fits
+		if tl := ch.Tiling; tl.TileSampleMinHeight != 544 && tl.TileSampleMinWidth != 704 {
+			t.Errorf("%s, 8 GiB cap: %s is not in strips", tc.name, ch)
+		}
+		for _, c := range cands {
+			if tl := c.Tiling; c.TilePx > 0 && tl.TileSampleMinHeight == tl.TileSampleMinWidth && c.PeakBytes <= budget && c.Work <= ch.Work {
+				t.Errorf("%s, 8 GiB cap: square tiles %s fit with no more work than %s", tc.name, c, ch)
+			}
+		}
 		if tc.name == "hip 16-bit" && ch.TilePx > 384 {
 			t.Errorf("8 GiB cap, 16-bit: %d px tiles leave the conv search no room", ch.TilePx)
 		}
