@@ -29,13 +29,13 @@ type JobTotal struct {
 	SameAsAll     *bool  `json:"same_output_as_all,omitempty"`
 	LatentsSHA256 string `json:"latents_sha256,omitempty"`
 	// SameLatentsAsAll: the latents alone are the all-resident job's, bit for bit.
-	SameLatentsAsAll *bool `json:"same_latents_as_all,omitempty"`
-	MaxPeakGiB  float64 `json:"max_peak_gib"`
-	NVMLPeakGiB float64 `json:"nvml_peak_gib,omitempty"`
-	AllUnderCap bool    `json:"all_under_cap"`
-	OK          bool    `json:"ok"`
-	Error       string  `json:"error,omitempty"`
-	Note        string  `json:"note,omitempty"`
+	SameLatentsAsAll *bool   `json:"same_latents_as_all,omitempty"`
+	MaxPeakGiB       float64 `json:"max_peak_gib"`
+	NVMLPeakGiB      float64 `json:"nvml_peak_gib,omitempty"`
+	AllUnderCap      bool    `json:"all_under_cap"`
+	OK               bool    `json:"ok"`
+	Error            string  `json:"error,omitempty"`
+	Note             string  `json:"note,omitempty"`
 }
 
 // Report is docs/bench/<date>-<gpu>-e2e.json.
