@@ -261,25 +261,28 @@ func outcome(genErr error, out string) (note, errMsg string) {
 // outputHash returns the SHA-256 of a job's section files in its history folder (its latents,
 // pixels and generator state in f32, before any video encoding), in name order.
 func outputHash(history string) (string, error) {
-	files, _ := filepath.Glob(filepath.Join(history, "section-*.safetensors"))
-	if len(files) == 0 {
-		return "", fmt.Errorf("no section files in %s", history)
-	}
-	sort.Strings(files)
-	h := sha256.New()
-	for _, f := range files {
-		raw, err := os.ReadFile(f)
-		if err != nil {
-			return "", err
-		}
-		h.Write(raw)
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return sectionsHash(history, func(name string) ([]byte, func(), error) {
+		raw, err := os.ReadFile(name)
+		return raw, func() {}, err
+	})
 }
 
 // latentsHash returns the SHA-256 of the history_latents tensor of each section file in the
 // history folder, in name order.
 func latentsHash(history string) (string, error) {
+	return sectionsHash(history, func(name string) ([]byte, func(), error) {
+		f, err := safetensors.Open(name)
+		if err != nil {
+			return nil, nil, err
+		}
+		raw, err := f.Bytes("history_latents") // mapped: hashed before done closes the file
+		return raw, func() { f.Close() }, err
+	})
+}
+
+// sectionsHash hashes what read returns for each section file of history, in name order; read's
+// done runs once its bytes are hashed.
+func sectionsHash(history string, read func(name string) (raw []byte, done func(), err error)) (string, error) {
 	files, _ := filepath.Glob(filepath.Join(history, "section-*.safetensors"))
 	if len(files) == 0 {
 		return "", fmt.Errorf("no section files in %s", history)
@@ -287,15 +290,13 @@ func latentsHash(history string) (string, error) {
 	sort.Strings(files)
 	h := sha256.New()
 	for _, name := range files {
-		f, err := safetensors.Open(name)
-		if err != nil {
-			return "", err
-		}
-		raw, err := f.Bytes("history_latents") // mapped: hashed before the file closes
+		raw, done, err := read(name)
 		if err == nil {
 			h.Write(raw)
 		}
-		f.Close()
+		if done != nil {
+			done()
+		}
 		if err != nil {
 			return "", fmt.Errorf("%s: %w", name, err)
 		}
