@@ -313,10 +313,21 @@ func (t *Tensor) Download(dt DType, dst []byte) error {
 	return t.download("download", dt, unsafe.Pointer(unsafe.SliceData(dst)), len(dst))
 }
 
-// Float32 downloads the tensor as float32 values.
+// Float32 downloads the tensor as float32 values. A 16-bit tensor on a device is widened there
+// first (exact), so the download is one copy of f32 bytes: the core's own conversion stages the
+// 16-bit data through host memory and widens it on one host thread, tens of milliseconds for a
+// full-size VAE tile with the device idle. Where the f32 copy does not fit (a tight cap), the
+// core's path serves.
 func (t *Tensor) Float32() ([]float32, error) {
+	src := t
+	if (t.dtype == F16 || t.dtype == BF16) && t.rt != nil && !t.rt.Backend().IsHost {
+		if wide, err := t.rt.Cast(t, F32); err == nil {
+			defer wide.Free()
+			src = wide
+		}
+	}
 	out := make([]float32, t.NumElements())
-	if err := t.download("download", F32, unsafe.Pointer(unsafe.SliceData(out)), 4*len(out)); err != nil {
+	if err := src.download("download", F32, unsafe.Pointer(unsafe.SliceData(out)), 4*len(out)); err != nil {
 		return nil, err
 	}
 	return out, nil

@@ -185,20 +185,9 @@ func (m *Model) decodeTile(ctx context.Context, z Volume) (Volume, error) {
 	return download(h)
 }
 
-// download copies a tile's output to the host as float32. A 16-bit output on a device is
-// widened there first: one copy of the f32 bytes, instead of the core's staged copies with the
-// widening on one host thread (tens of milliseconds per full-size tile, with the device idle).
 func download(t *runtime.Tensor) (Volume, error) {
 	if t.Rank() != 5 {
 		return Volume{}, fmt.Errorf("download %s: not 5-d", t)
-	}
-	if rt := t.Runtime(); t.DType() != runtime.F32 && !rt.Backend().IsHost {
-		wide, err := rt.Cast(t, runtime.F32)
-		if err != nil {
-			return Volume{}, fmt.Errorf("download %s: %w", t, err)
-		}
-		defer wide.Free()
-		t = wide
 	}
 	data, err := t.Float32()
 	if err != nil {
