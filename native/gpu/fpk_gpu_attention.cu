@@ -50,12 +50,7 @@
 
 static const void *elem(const void *p, int dt, int64_t i) { return (const char *)p + (size_t)i * fpk_dt_size(dt); }
 
-static int64_t score_budget(void) {
-    const char *e = getenv("FRAMEPACK_GPU_ATTENTION_MIB");
-    long long mib = e ? atoll(e) : 0;
-    if (mib <= 0) mib = 1024;
-    return (int64_t)mib << 20;
-}
+static int64_t score_budget(void) { return fpk_env_mib("FRAMEPACK_GPU_ATTENTION_MIB", 1024, 1); }
 
 /* Element strides (batch, position, head) of a 4-d operand in the given layout. */
 static void attn_strides(const fpk_gt *t, int layout, int64_t st[3]) {

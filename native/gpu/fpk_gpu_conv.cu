@@ -183,14 +183,6 @@ static fpk_status transpose_rc(cudaStream_t st, const transpose_desc &d, int64_t
     return fpk_gpu_launched("conv3d channels-last transpose");
 }
 
-/* The most bytes a channels-last conv's transposed input and output slab may take
- * (FRAMEPACK_CUDNN_SLAB_MB, default 1024; at least one output frame's). */
-static int64_t nhwc_slab_bytes(void) {
-    const char *v = getenv("FRAMEPACK_CUDNN_SLAB_MB"); /* per conv: a test may set it */
-    long long mb = v && *v ? atoll(v) : 0;
-    return (int64_t)(mb >= 16 ? mb : 1024) << 20;
-}
-
 /* One vendor conv on contiguous tensors of one dtype (dims must fit 32 bits). */
 static fpk_status vendor_once(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
                               const int64_t *xs, const void *x, const int64_t *ws, const void *w, const int64_t *ys,
@@ -210,7 +202,7 @@ static fpk_status vendor_once(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
  * its input frames transposed into scratch (NCDHW -> NDHWC; frames are contiguous there), the
  * conv, and its NDHWC output transposed into place in out with the bias added on the way. The
  * weights are transposed once (K C kT kH kW -> K kT kH kW C). Scratch: one slab's input and
- * output (at most nhwc_slab_bytes, and within 32-bit element counts, so no tensor is too big),
+ * output (at most FRAMEPACK_CUDNN_SLAB_MB, and within 32-bit element counts, so no tensor is too big),
  * the weights, and the conv's own workspace (small: no layout transforms inside cuDNN). A conv
  * with temporal padding runs as one slab. */
 static fpk_status conv_vendor_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
@@ -224,7 +216,8 @@ static fpk_status conv_vendor_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gp
     /* output frames per slab: the most whose input and output fit the slab bytes (and 32 bits) */
     int64_t frames = To;
     if (p->padding[0] == 0) {
-        int64_t lim = nhwc_slab_bytes() / (int64_t)es;
+        /* FRAMEPACK_CUDNN_SLAB_MB (default 1024), at least one output frame */
+        int64_t lim = fpk_env_mib("FRAMEPACK_CUDNN_SLAB_MB", 1024, 16) / (int64_t)es;
         for (frames = 1; frames < To; frames++) {
             int64_t n1 = frames + 1, tin = (n1 - 1) * sT + kT;
             if (tin > T) tin = T;
@@ -248,7 +241,7 @@ static fpk_status conv_vendor_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gp
     for (int i = 0; i < 5; i++) ws[i] = w->shape[i];
     for (int64_t t0 = 0; t0 < To; t0 += frames) {
         int64_t tn = To - t0 < frames ? To - t0 : frames;
-        int64_t ti0 = t0 * sT - p->padding[0], tin = (tn - 1) * sT + kT;
+        int64_t ti0 = t0 * sT, tin = (tn - 1) * sT + kT; /* several slabs: no temporal padding */
         if (frames == To) ti0 = 0, tin = T;
         if (ti0 + tin > T) tin = T - ti0;
         const char *xs0 = (const char *)x->data + (size_t)(ti0 * HW) * es;
@@ -278,6 +271,8 @@ static fpk_status conv_vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
         FPK_TRY(fpk_gpu_convert(st, sw.ptr, dt, w->data, w->dtype, w->numel));
         wp = sw.ptr;
     }
+    if (x->dtype == dt && out->dtype == dt && fpk_vendor_conv_nhwc(c, dt))
+        return conv_vendor_nhwc(c, st, sf, tuned, dt, p, x, wp, w, bias, out);
     int64_t xs[5], ws[5], ys[5];
     for (int i = 0; i < 5; i++) {
         xs[i] = x->shape[i];
@@ -286,8 +281,6 @@ static fpk_status conv_vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
     }
     int64_t sT = p->stride[0] ? p->stride[0] : 1;
     int big = x->numel > INT_MAX || out->numel > INT_MAX;
-    if (x->dtype == dt && out->dtype == dt && fpk_vendor_conv_nhwc(c, dt))
-        return conv_vendor_nhwc(c, st, sf, tuned, dt, p, x, wp, w, bias, out);
     if (!big) {
         if (x->dtype != dt) {
             FPK_TRY(sx.alloc((size_t)x->numel * es));

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 /* Which vendor libraries the shims load: cuBLAS/cuDNN (CUDA) or rocBLAS/MIOpen (ROCm). The
  * runtime spelling and the vendor set are separate switches so the CUDA shims can be
@@ -121,6 +122,14 @@ fpk_status fpk_gpu_launched(const char *what);
         cudaError_t e_ = (expr);                                                                \
         if (e_ != cudaSuccess) return fpk_gpu_error(e_, what);                                  \
     } while (0)
+
+/* A size in MiB from the environment variable name, in bytes: def_mib when it is unset, not a
+ * number or below least_mib. Read per call, so a test or a bench may change it. */
+static inline int64_t fpk_env_mib(const char *name, int64_t def_mib, int64_t least_mib) {
+    const char *v = getenv(name);
+    long long mib = v && *v ? atoll(v) : 0;
+    return (int64_t)(mib >= least_mib ? mib : def_mib) << 20;
+}
 
 /* Blocks for n elements with FPK_BLOCK threads, capped (kernels loop over the rest). */
 static inline unsigned fpk_blocks(int64_t n) {

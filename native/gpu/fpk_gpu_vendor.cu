@@ -175,19 +175,12 @@ static size_t find_workspace(fpk_scratch &ws, size_t want) {
  * and 3.8 s with 8 GiB; a small conv (SigLIP's patch embedding) no longer holds a 1 GiB block
  * that outweighs its model. */
 static size_t find_workspace_want(size_t io_bytes, int nhwc) {
-    size_t most = (size_t)8 << 30, want = 2 * io_bytes, least = (size_t)16 << 20;
-    const char *v = getenv("FRAMEPACK_CUDNN_WORKSPACE_MB");
-    if (nhwc) {
-        /* channels-last: no layout transforms, so the workspace is the algorithm's own (split-K
-         * and the like); the input's size, at most FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB (default 256) */
-        most = (size_t)256 << 20;
-        want = io_bytes / 2;
-        v = getenv("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB");
-    }
-    if (v && *v) {
-        long long mb = atoll(v);
-        if (mb >= 16) most = (size_t)mb << 20;
-    }
+    /* channels-last: no layout transforms, so the workspace is the algorithm's own (split-K and
+     * the like): half the input's and output's bytes, at most FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB
+     * (default 256) */
+    size_t want = nhwc ? io_bytes / 2 : 2 * io_bytes, least = (size_t)16 << 20;
+    size_t most = (size_t)(nhwc ? fpk_env_mib("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB", 256, 16)
+                                : fpk_env_mib("FRAMEPACK_CUDNN_WORKSPACE_MB", 8192, 16));
     if (want < least) want = least;
     return want < most ? want : most;
 }

@@ -61,10 +61,7 @@ func CPUScratch() Scratch {
 // the untiled decode's estimate (15.0 GiB) is what it measured (15.5 GiB with the weights).
 func GPUScratch() Scratch {
 	const scoreBudget = 1 << 30
-	most := int64(8 << 30)
-	if mb, err := strconv.ParseInt(os.Getenv("FRAMEPACK_CUDNN_WORKSPACE_MB"), 10, 64); err == nil && mb >= 16 {
-		most = mb << 20
-	}
+	most := envMiB("FRAMEPACK_CUDNN_WORKSPACE_MB", 8192)
 	return Scratch{
 		Conv: func(k [3]int, cin, cout int, out [5]int, elem, welem int) int64 {
 			// the input as the output's extent with cin channels (stride 1 and the padding
@@ -72,7 +69,7 @@ func GPUScratch() Scratch {
 			io := int64(cin+cout) * int64(out[0]) * int64(out[2]) * int64(out[3]) * int64(out[4]) * int64(elem)
 			n := min(max(2*io, 16<<20), most)
 			if welem != elem {
-				n += charged(int64(cout) * int64(cin) * int64(k[0]*k[1]*k[2]) * int64(elem))
+				n += convWeightBytes(k, cin, cout, elem)
 			}
 			return n
 		},
@@ -94,13 +91,7 @@ func CUDAScratch() Scratch {
 	if os.Getenv("FRAMEPACK_CUDNN_LAYOUT") == "ncdhw" {
 		return s
 	}
-	mbEnv := func(name string, def int64) int64 {
-		if mb, err := strconv.ParseInt(os.Getenv(name), 10, 64); err == nil && mb >= 16 {
-			return mb << 20
-		}
-		return def << 20
-	}
-	most, slab := mbEnv("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB", 256), mbEnv("FRAMEPACK_CUDNN_SLAB_MB", 1024)
+	most, slab := envMiB("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB", 256), envMiB("FRAMEPACK_CUDNN_SLAB_MB", 1024)
 	ncdhw := s.Conv
 	s.Conv = func(k [3]int, cin, cout int, out [5]int, elem, welem int) int64 {
 		if elem != 2 {
@@ -108,7 +99,7 @@ func CUDAScratch() Scratch {
 		}
 		vox := int64(out[0]) * int64(out[2]) * int64(out[3]) * int64(out[4])
 		io := min(int64(cin+cout)*vox*int64(elem), slab)
-		wb := charged(int64(cout) * int64(cin) * int64(k[0]*k[1]*k[2]) * int64(elem))
+		wb := convWeightBytes(k, cin, cout, elem)
 		n := wb + charged(io) + min(max(io/2, 16<<20), most)
 		if welem != elem {
 			n += wb
@@ -116,6 +107,20 @@ func CUDAScratch() Scratch {
 		return n
 	}
 	return s
+}
+
+// envMiB is the size the environment variable name gives in MiB, in bytes: defMiB when it is
+// unset, not a number or under 16, as the native side reads it (native/gpu fpk_env_mib).
+func envMiB(name string, defMiB int64) int64 {
+	if mb, err := strconv.ParseInt(os.Getenv(name), 10, 64); err == nil && mb >= 16 {
+		return mb << 20
+	}
+	return defMiB << 20
+}
+
+// convWeightBytes is what a conv weight [cout, cin, k] in elem-byte elements is charged.
+func convWeightBytes(k [3]int, cin, cout, elem int) int64 {
+	return charged(int64(cout) * int64(cin) * int64(k[0]*k[1]*k[2]) * int64(elem))
 }
 
 // FootprintOptions describe how a tile runs, for the memory estimate.
