@@ -79,7 +79,8 @@ func GPUScratch() Scratch {
 	}
 }
 
-// CUDAScratch is the cuda backend's scratch: GPUScratch's, except for 16-bit convs, which run
+// CUDAScratch is the cuda backend's scratch: GPUScratch's, except for 16-bit convs with 16-bit
+// weights (a weight of another dtype makes native/gpu conv_vendor compute in f32), which run
 // channels-last (native/gpu fpk_vendor_conv_nhwc, unless FRAMEPACK_CUDNN_LAYOUT=ncdhw) in
 // slabs of output frames: one slab's input and output transposed into scratch (at most
 // FRAMEPACK_CUDNN_SLAB_MB, default 1024 MiB), the weights transposed, and the workspace cuDNN's
@@ -94,17 +95,13 @@ func CUDAScratch() Scratch {
 	most, slab := envMiB("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB", 256), envMiB("FRAMEPACK_CUDNN_SLAB_MB", 1024)
 	ncdhw := s.Conv
 	s.Conv = func(k [3]int, cin, cout int, out [5]int, elem, welem int) int64 {
-		if elem != 2 {
+		if elem != 2 || welem != elem {
+			// f32, or a weight of another dtype: the conv computes in f32, NCDHW
 			return ncdhw(k, cin, cout, out, elem, welem)
 		}
 		vox := int64(out[0]) * int64(out[2]) * int64(out[3]) * int64(out[4])
 		io := min(int64(cin+cout)*vox*int64(elem), slab)
-		wb := convWeightBytes(k, cin, cout, elem)
-		n := wb + charged(io) + min(max(io/2, 16<<20), most)
-		if welem != elem {
-			n += wb
-		}
-		return n
+		return convWeightBytes(k, cin, cout, elem) + charged(io) + min(max(io/2, 16<<20), most)
 	}
 	return s
 }
