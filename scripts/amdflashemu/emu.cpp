@@ -129,13 +129,6 @@ static void emu_mma(const uint16_t *a, const uint16_t *b, const float *c, float 
     w.bar->arrive_and_wait();
 }
 
-typedef short amd_v4s __attribute__((ext_vector_type(4)));
-typedef _Float16 amd_v4h __attribute__((ext_vector_type(4)));
-typedef float amd_v4f __attribute__((ext_vector_type(4)));
-typedef short amd_v16s __attribute__((ext_vector_type(16)));
-typedef _Float16 amd_v16h __attribute__((ext_vector_type(16)));
-typedef float amd_v8f __attribute__((ext_vector_type(8)));
-
 template <int W, class AB, class ACC> static ACC emu_call(AB a, AB b, ACC c, bool bf16) {
     constexpr int NAB = sizeof(AB) / 2, NC = sizeof(ACC) / 4;
     uint16_t ua[NAB], ub[NAB];

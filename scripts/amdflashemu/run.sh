@@ -9,8 +9,7 @@ mkdir -p "$out"
 trap 'rm -rf "$out"' EXIT
 src="$root/native/gpu/fpk_gpu_attention.cu"
 # from the vector typedefs of the matrix paths to the end of flash_amd_body
-awk '/^#if defined\(FPK_AMD_MFMA\) \|\| defined\(FPK_AMD_WMMA\)$/ && !on {on=1} /^\/\* The matrix kernel of PATH/ {on=0} on' "$src" |
-	grep -v '^typedef .* amd_v\(4s\|4h\|4f\|16s\|16h\|8f\) ' >"$out/kernel.inc"
+awk '/^#if defined\(FPK_AMD_MFMA\) \|\| defined\(FPK_AMD_WMMA\)$/ && !on {on=1} /^\/\* The matrix kernel of PATH/ {on=0} on' "$src" >"$out/kernel.inc"
 grep -q 'flash_amd_body' "$out/kernel.inc" || { echo "amdflashemu: kernel text not found in $src"; exit 1; }
 # the kernels' argument block, as the library declares it
 awk '/^struct flash_args \{$/ {on=1} on {print} on && /^\};$/ {exit}' "$src" >"$out/flash_args.inc"
