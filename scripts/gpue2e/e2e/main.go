@@ -258,50 +258,33 @@ func outcome(genErr error, out string) (note, errMsg string) {
 	return "", ""
 }
 
-// outputHash returns the SHA-256 of a job's section files in its history folder (its latents,
-// pixels and generator state in f32, before any video encoding), in name order.
-func outputHash(history string) (string, error) {
-	return sectionsHash(history, func(name string) ([]byte, func(), error) {
-		raw, err := os.ReadFile(name)
-		return raw, func() {}, err
-	})
-}
-
-// latentsHash returns the SHA-256 of the history_latents tensor of each section file in the
-// history folder, in name order.
-func latentsHash(history string) (string, error) {
-	return sectionsHash(history, func(name string) ([]byte, func(), error) {
-		f, err := safetensors.Open(name)
-		if err != nil {
-			return nil, nil, err
-		}
-		raw, err := f.Bytes("history_latents") // mapped: hashed before done closes the file
-		return raw, func() { f.Close() }, err
-	})
-}
-
-// sectionsHash hashes what read returns for each section file of history, in name order; read's
-// done runs once its bytes are hashed.
-func sectionsHash(history string, read func(name string) (raw []byte, done func(), err error)) (string, error) {
+// sectionHashes returns the SHA-256 of a job's section files in its history folder (their
+// latents, pixels and generator state in f32, before any video encoding) and that of their
+// history_latents tensors alone, in name order, reading each file once.
+func sectionHashes(history string) (output, latents string, err error) {
 	files, _ := filepath.Glob(filepath.Join(history, "section-*.safetensors"))
 	if len(files) == 0 {
-		return "", fmt.Errorf("no section files in %s", history)
+		return "", "", fmt.Errorf("no section files in %s", history)
 	}
 	sort.Strings(files)
-	h := sha256.New()
+	ho, hl := sha256.New(), sha256.New()
 	for _, name := range files {
-		raw, done, err := read(name)
-		if err == nil {
-			h.Write(raw)
-		}
-		if done != nil {
-			done()
-		}
+		raw, err := os.ReadFile(name)
 		if err != nil {
-			return "", fmt.Errorf("%s: %w", name, err)
+			return "", "", err
 		}
+		ho.Write(raw)
+		h, err := safetensors.ParseHeader(raw, int64(len(raw)))
+		if err != nil {
+			return "", "", fmt.Errorf("%s: %w", name, err)
+		}
+		t, ok := h.Lookup("history_latents")
+		if !ok {
+			return "", "", fmt.Errorf("%s: no tensor history_latents", name)
+		}
+		hl.Write(raw[h.DataStart+t.Begin : h.DataStart+t.End])
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return hex.EncodeToString(ho.Sum(nil)), hex.EncodeToString(hl.Sum(nil)), nil
 }
 
 // cacheFiles are what a daemon keeps in its state folder across jobs that make a worker faster
@@ -445,9 +428,7 @@ func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 		res.Error = err.Error()
 	}
 	if res.Error == "" {
-		if res.OutputSHA256, err = outputHash(history); err != nil {
-			res.Error = err.Error()
-		} else if res.LatentsSHA256, err = latentsHash(history); err != nil {
+		if res.OutputSHA256, res.LatentsSHA256, err = sectionHashes(history); err != nil {
 			res.Error = err.Error()
 		}
 	}
