@@ -500,6 +500,15 @@ static int aligned16(const void *p, const int64_t st[3]) {
     return ((uintptr_t)p & 15) == 0 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0;
 }
 
+/* Whether a call fits the matrix kernels (mma.sync on CUDA, MFMA/WMMA on AMD): q, k, v of one
+ * 16-bit dtype, head dims equal, a multiple of 8 up to 128, 16-byte aligned rows, a positive
+ * scale, and the FMA kernel not forced. */
+static bool matrix_eligible(const flash_args &a) {
+    bool half = (a.qdt == FPK_BF16 || a.qdt == FPK_F16) && a.kdt == a.qdt && a.vdt == a.qdt;
+    return half && !force_fma() && a.scale_log2 > 0 && a.D == a.Dv && a.D % 8 == 0 && a.D >= 8 && a.D <= 128 &&
+           aligned16(a.q, a.qs) && aligned16(a.k, a.ks) && aligned16(a.v, a.vs);
+}
+
 /* Launches the FMA kernel with keys per tile so its tiles fit 48 KiB of shared memory. */
 static fpk_status launch_fma(const flash_args &a, dim3 grid, cudaStream_t st) {
     const int64_t D = a.D, Dv = a.Dv;
@@ -947,11 +956,7 @@ static fpk_status amd_self_check(cudaStream_t st, const fpk_gpu_scratch_fn *sf, 
 static fpk_status amd_matrix_path(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const flash_args &a,
                                   int *path) {
     *path = AMD_PATH_NONE;
-    bool half = (a.qdt == FPK_BF16 || a.qdt == FPK_F16) && a.kdt == a.qdt && a.vdt == a.qdt;
-    if (!half || force_fma() || !(a.scale_log2 > 0) || a.D != a.Dv || a.D % 8 || a.D > 128 || a.D < 8 ||
-        !aligned16(a.q, a.qs) || !aligned16(a.k, a.ks) || !aligned16(a.v, a.vs) || c->device < 0 ||
-        c->device >= AMD_MAX_DEVICES)
-        return FPK_OK;
+    if (!matrix_eligible(a) || c->device < 0 || c->device >= AMD_MAX_DEVICES) return FPK_OK;
     pthread_mutex_lock(&amd_devices_mu);
     amd_device_state *d = &amd_devices[c->device];
     fpk_status s = FPK_OK;
@@ -1043,9 +1048,7 @@ static fpk_status flash(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_f
     grid.y = (unsigned)H;
     grid.z = (unsigned)B;
 #ifdef FPK_FLASH_MMA
-    bool half = (a.qdt == FPK_BF16 || a.qdt == FPK_F16) && a.kdt == a.qdt && a.vdt == a.qdt;
-    if (half && !force_fma() && mma_device(c) && a.scale_log2 > 0 && D == Dv && D % 8 == 0 && D <= 128 && aligned16(a.q, a.qs) &&
-        aligned16(a.k, a.ks) && aligned16(a.v, a.vs)) {
+    if (matrix_eligible(a) && mma_device(c)) {
         int hdp = (int)((D + 15) / 16 * 16);
         if (hdp == 128) {
             int nw = env_int("FRAMEPACK_GPU_FLASH_WARPS", 8), stages = env_int("FRAMEPACK_GPU_FLASH_STAGES", 2);
