@@ -253,19 +253,19 @@ func (e *executor) runTile(in Volume) (Volume, error) {
 	return out, nil
 }
 
-// hostStage runs functions one after another, in the order given, on a goroutine of its own:
+// hostQueue runs functions one after another, in the order given, on a goroutine of its own:
 // the host's blending and copying of one tile's output overlaps the device's work on the next
 // tile instead of leaving the device idle (24 tiles of a full-size decode spent about 1.5 s
 // there on an H100). At most two functions wait; after one fails the rest are skipped and
 // failed reports it, so the caller stops running tiles.
-type hostStage struct {
+type hostQueue struct {
 	fns    chan func() error
 	result chan error
 	bad    atomic.Bool
 }
 
-func newHostStage() *hostStage {
-	s := &hostStage{fns: make(chan func() error, 2), result: make(chan error, 1)}
+func newHostQueue() *hostQueue {
+	s := &hostQueue{fns: make(chan func() error, 2), result: make(chan error, 1)}
 	go func() {
 		var first error
 		for fn := range s.fns {
@@ -280,11 +280,11 @@ func newHostStage() *hostStage {
 	return s
 }
 
-func (s *hostStage) do(fn func() error) { s.fns <- fn }
-func (s *hostStage) failed() bool       { return s.bad.Load() }
+func (s *hostQueue) do(fn func() error) { s.fns <- fn }
+func (s *hostQueue) failed() bool       { return s.bad.Load() }
 
 // wait returns the first function's error once all have run (or were skipped).
-func (s *hostStage) wait() error {
+func (s *hostQueue) wait() error {
 	close(s.fns)
 	return <-s.result
 }
@@ -296,10 +296,10 @@ func (e *executor) frames(in Volume) (Volume, error) {
 	}
 	ph, pw := e.p.h, e.p.w
 	var out Volume
-	// the blending state below belongs to the host stage's goroutine once the loop starts
+	// the blending state below belongs to the host queue's goroutine once the loop starts
 	prevRow := make([]Volume, len(pw.tiles))
 	row := make([]Volume, len(pw.tiles))
-	host := newHostStage()
+	host := newHostQueue()
 	var err error
 	for i, ti := range ph.tiles {
 		for j, tj := range pw.tiles {
@@ -391,8 +391,8 @@ func (e *executor) executeSample(in, dst Volume) error {
 		return nil
 	}
 	pt := e.p.temporal
-	var prev Volume // the host stage's
-	host := newHostStage()
+	var prev Volume // the host queue's
+	host := newHostQueue()
 	var err error
 	for k, tk := range pt.tiles {
 		if host.failed() {
