@@ -61,28 +61,3 @@ func TestStagedUploadBitIdentical(t *testing.T) {
 		}
 	}
 }
-
-// TestParityTransformerStaged is TestParityTransformer with staged upload forced on (slots of
-// 4 KiB: tensors packed into slots, others larger than one) and the fixture's bf16 weights
-// kept as stored, so they go through the ring.
-func TestParityTransformerStaged(t *testing.T) {
-	t.Setenv(nn.EnvStagedUpload, "1")
-	t.Setenv(nn.EnvStagedUploadSlotBytes, "4096")
-	fx := parity.Load(t, "transformer")
-	rt := newTestRuntime(t)
-	m := loadWith(t, rt, fx, LoadOptions{WeightDType: runtime.AsStored})
-	if m.StagedBytes() == 0 {
-		t.Fatal("nothing staged")
-	}
-	checked := 0
-	for _, c := range fx.Cases {
-		if c.Op != OpForward {
-			continue
-		}
-		t.Run(c.Name, func(t *testing.T) { checkForward(t, m, c) })
-		checked++
-	}
-	if checked == 0 {
-		t.Fatal("no transformer.forward case")
-	}
-}
