@@ -218,21 +218,16 @@ func (l *Loader) EndHost() {
 	}
 }
 
-// toHost records tensor full (already checked, or random) in the host source; EndHost copies
-// its bytes.
-func (l *Loader) toHost(full string, dt runtime.DType, shape []int) {
+// toHost records tensor full (already checked as info, or random: info unused) in the host
+// source; EndHost copies its bytes.
+func (l *Loader) toHost(full string, dt runtime.DType, shape []int, info safetensors.TensorInfo) {
 	name := strings.TrimPrefix(full, l.hostStrip)
 	var raw []byte
 	var err error
 	target := dt
 	direct := false
 	if l.rng == nil {
-		info, _ := l.src.Info(full)
-		if dt == runtime.AsStored {
-			target = runtime.StoredDType(info.DType)
-		}
-		sdt, ok := runtime.DTypeOf(info.DType)
-		direct = ok && sdt == target
+		target, direct = storedAs(info, dt)
 	}
 	if direct {
 		raw, err = l.src.Bytes(full) // a view into the checkpoint, open until EndHost
