@@ -117,9 +117,7 @@ type stagingSlot struct {
 // the copy stream after the runtime's own.
 type stagingRing struct {
 	rt      *runtime.Runtime
-	mem     *hostMemory
-	buf     []byte // every slot, pinned
-	pinned  bool
+	host    *hostBuffer // every slot, pinned
 	slots   []stagingSlot
 	cur     int // the slot being filled
 	off     int // where the next tensor goes in it
@@ -138,13 +136,12 @@ func newStagingRing(rt *runtime.Runtime, s Staging) (r *stagingRing, err error) 
 		}
 	}()
 	slotBytes := roundUp(s.SlotBytes, stagingAlign)
-	if r.mem, r.buf, err = allocHostMemory(slotBytes * s.Slots); err != nil {
+	if r.host, err = newHostBuffer(slotBytes * s.Slots); err != nil {
 		return r, err
 	}
-	if err = rt.PinHost(r.buf); err != nil {
+	if err = r.host.pin(rt); err != nil {
 		return r, err
 	}
-	r.pinned = true
 	if r.copy, err = rt.NewStream(); err != nil {
 		return r, err
 	}
@@ -156,7 +153,7 @@ func newStagingRing(rt *runtime.Runtime, s Staging) (r *stagingRing, err error) 
 		if err != nil {
 			return r, err
 		}
-		r.slots = append(r.slots, stagingSlot{buf: r.buf[i*slotBytes : (i+1)*slotBytes : (i+1)*slotBytes], copied: ev})
+		r.slots = append(r.slots, stagingSlot{buf: r.host.buf[i*slotBytes : (i+1)*slotBytes : (i+1)*slotBytes], copied: ev})
 	}
 	return r, nil
 }
@@ -230,18 +227,11 @@ func (r *stagingRing) close() error {
 	r.slots = nil
 	r.compute.Free()
 	r.compute = nil
-	if r.pinned {
-		if err := r.rt.UnpinHost(r.buf); err != nil {
-			errs = append(errs, fmt.Errorf("%w: unpin the ring: %w", errStaging, err))
+	if r.host != nil {
+		if err := r.host.free(); err != nil {
+			errs = append(errs, fmt.Errorf("%w: the ring: %w", errStaging, err))
 		}
-		r.pinned = false
-	}
-	r.buf = nil
-	if r.mem != nil {
-		if err := r.mem.free(); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %w", errStaging, err))
-		}
-		r.mem = nil
+		r.host = nil
 	}
 	return errors.Join(errs...)
 }
