@@ -21,7 +21,7 @@ import (
 // The buffer is allocated once, at its exact size, when EndHost ends the block (binds only
 // record where each tensor's bytes come from), and filled by parallel copies: on Linux it is
 // anonymous memory advised for transparent huge pages (see allocHostMemory), which Free
-// unmaps.
+// unmaps (unpinning it first where a CopyStream pinned it).
 type HostSource struct {
 	names   []string // bind order
 	infos   map[string]safetensors.TensorInfo
@@ -29,7 +29,7 @@ type HostSource struct {
 	pending [][]byte // BeginHost..EndHost: each tensor's bytes, in bind order
 	size    int64    // the bytes recorded so far (the buffer's size once filled)
 	buf     []byte   // the filled buffer (nil before EndHost, after Free and when empty)
-	mem     *hostMemory
+	mem     *hostBuffer
 	allocs  int  // buffer allocations (one for a filled non-empty copy: never regrown)
 	freed   bool // Free ran
 }
@@ -69,10 +69,20 @@ func (h *HostSource) NumBytes() int64 { return int64(len(h.buf)) }
 // HugePages reports whether the buffer was advised for transparent huge pages (Linux, a
 // buffer of 2 MiB or more; whether the kernel backs it with them is its own setting,
 // TransparentHugePages).
-func (h *HostSource) HugePages() bool { return h.mem != nil && h.mem.huge }
+func (h *HostSource) HugePages() bool { return h.mem != nil && h.mem.mem.huge }
 
-// Free releases the host buffer (unmapping it on Linux), after whatever pinned it unpinned
-// it; the tensors' bytes are gone afterwards. A second Free does nothing.
+// pin page-locks the host buffer in rt (nothing to pin when it is empty or freed); Free unpins
+// it.
+func (h *HostSource) pin(rt *runtime.Runtime) error {
+	if h.mem == nil {
+		return nil
+	}
+	return h.mem.pin(rt)
+}
+
+// Free releases the host buffer (unpinning it where pinned, then unmapping it on Linux); the
+// tensors' bytes are gone afterwards. Nothing may still be copying out of it (a BlockStream
+// reading it: Release first). A second Free does nothing.
 func (h *HostSource) Free() error {
 	if h.freed {
 		return nil
@@ -113,11 +123,12 @@ func (h *HostSource) fill() error {
 	if h.size == 0 {
 		return nil
 	}
-	mem, buf, err := allocHostMemory(int(h.size))
+	mem, err := newHostBuffer(int(h.size))
 	if err != nil {
 		return err
 	}
-	h.mem, h.buf = mem, buf
+	h.mem, h.buf = mem, mem.buf
+	buf := mem.buf
 	h.allocs++
 	parts := make([]copyPart, 0, len(pending))
 	for i, raw := range pending {
@@ -218,21 +229,16 @@ func (l *Loader) EndHost() {
 	}
 }
 
-// toHost records tensor full (already checked, or random) in the host source; EndHost copies
-// its bytes.
-func (l *Loader) toHost(full string, dt runtime.DType, shape []int) {
+// toHost records tensor full (already checked as info, or random: info unused) in the host
+// source; EndHost copies its bytes.
+func (l *Loader) toHost(full string, dt runtime.DType, shape []int, info safetensors.TensorInfo) {
 	name := strings.TrimPrefix(full, l.hostStrip)
 	var raw []byte
 	var err error
 	target := dt
 	direct := false
 	if l.rng == nil {
-		info, _ := l.src.Info(full)
-		if dt == runtime.AsStored {
-			target = runtime.StoredDType(info.DType)
-		}
-		sdt, ok := runtime.DTypeOf(info.DType)
-		direct = ok && sdt == target
+		target, direct = storedAs(info, dt)
 	}
 	if direct {
 		raw, err = l.src.Bytes(full) // a view into the checkpoint, open until EndHost

@@ -13,7 +13,8 @@ import (
 // arm64 with 4 KiB base pages: a PMD).
 const hugePageSize = 2 << 20
 
-// hostMemory is the anonymous mapping a host copy lives in.
+// hostMemory is the anonymous mapping a host copy lives in: the whole mapping (addr, length),
+// of which the host copy gets an aligned part.
 type hostMemory struct {
 	addr   unsafe.Pointer
 	length uintptr
@@ -34,32 +35,20 @@ func allocHostMemory(n int) (*hostMemory, []byte, error) {
 		}
 		return &hostMemory{addr: p, length: length}, unsafe.Slice((*byte)(p), n), nil
 	}
-	// Over-map by one huge page and cut the unaligned head and the tail off.
+	// Over-map by one huge page and hand out the aligned part; the unaligned head and tail
+	// (one huge page together) stay mapped, never touched, until free unmaps the whole.
 	length := uintptr(roundUp(n, hugePageSize))
 	p, err := unix.MmapPtr(-1, 0, nil, length+hugePageSize, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, nil, fmt.Errorf("map %d bytes of host memory: %w", length+hugePageSize, err)
 	}
-	head := uintptr(roundUp(int(uintptr(p)), hugePageSize)) - uintptr(p)
-	if head > 0 {
-		if err := unix.MunmapPtr(p, head); err != nil {
-			_ = unix.MunmapPtr(p, length+hugePageSize)
-			return nil, nil, fmt.Errorf("trim host memory: %w", err)
-		}
-	}
-	aligned := unsafe.Add(p, head)
-	if tail := hugePageSize - head; tail > 0 {
-		if err := unix.MunmapPtr(unsafe.Add(aligned, length), tail); err != nil {
-			_ = unix.MunmapPtr(aligned, length+tail)
-			return nil, nil, fmt.Errorf("trim host memory: %w", err)
-		}
-	}
-	m := &hostMemory{addr: aligned, length: length}
+	m := &hostMemory{addr: p, length: length + hugePageSize}
+	aligned := unsafe.Add(p, uintptr(roundUp(int(uintptr(p)), hugePageSize))-uintptr(p))
 	m.huge = unix.Madvise(unsafe.Slice((*byte)(aligned), length), unix.MADV_HUGEPAGE) == nil
 	return m, unsafe.Slice((*byte)(aligned), n), nil
 }
 
-// free unmaps the memory; every slice of it is invalid afterwards.
+// free unmaps the whole mapping; every slice of it is invalid afterwards.
 func (m *hostMemory) free() error {
 	if err := unix.MunmapPtr(m.addr, m.length); err != nil {
 		return fmt.Errorf("unmap %d bytes of host memory: %w", m.length, err)

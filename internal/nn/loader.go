@@ -250,6 +250,17 @@ func (l *Loader) check(full string, shape []int) (safetensors.TensorInfo, bool) 
 	return info, true
 }
 
+// storedAs reports whether a tensor stored as info says is already in dt (runtime.AsStored:
+// whatever runtime dtype it is stored in), so its bytes can be used as they are, and returns
+// that dtype.
+func storedAs(info safetensors.TensorInfo, dt runtime.DType) (runtime.DType, bool) {
+	sdt, ok := runtime.DTypeOf(info.DType)
+	if !ok || (dt != runtime.AsStored && dt != sdt) {
+		return 0, false
+	}
+	return sdt, true
+}
+
 // Tensor binds name (prefix added) with exactly shape, uploaded as the loader's dtype. It
 // returns nil after a problem (recorded for Err) and in shape mode.
 func (l *Loader) Tensor(name string, shape ...int) *runtime.Tensor {
@@ -276,23 +287,24 @@ func (l *Loader) bind(dt runtime.DType, name string, shape []int) *runtime.Tenso
 			return nil
 		}
 		if l.host != nil {
-			l.toHost(full, dt, shape)
+			l.toHost(full, dt, shape, safetensors.TensorInfo{})
 			return nil
 		}
 		t, err := l.random(full, shape, dt)
 		return l.keep(full, t, err)
 	}
-	if _, ok := l.check(full, shape); !ok || len(l.errs) > 0 {
+	info, ok := l.check(full, shape)
+	if !ok || len(l.errs) > 0 {
 		return nil
 	}
 	if l.host != nil {
-		l.toHost(full, dt, shape)
+		l.toHost(full, dt, shape, info)
 		return nil
 	}
 	var t *runtime.Tensor
 	var err error
-	if sdt, ok := l.stageable(full, dt); ok {
-		t, err = l.loadStaged(full, sdt, shape)
+	if sdt, n, ok := l.stageable(info, dt); ok {
+		t, err = l.loadStaged(full, sdt, shape, n)
 	} else {
 		t, err = l.rt.LoadTensor(l.src, full, dt)
 	}

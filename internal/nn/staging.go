@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"github.com/framepackd/framepackd/internal/runtime"
+	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
 // Staged upload of resident weights (docs/DECISIONS.md, "Staged upload of resident weights").
@@ -87,28 +88,21 @@ func (l *Loader) SetStaging(s Staging) {
 // StagedBytes is how many bytes have been uploaded through the staging ring so far.
 func (l *Loader) StagedBytes() int64 { return l.stagedBytes }
 
-// stageable reports whether tensor full, uploaded as dt, goes through the staging ring, and
-// returns its runtime dtype.
-func (l *Loader) stageable(full string, dt runtime.DType) (runtime.DType, bool) {
-	if l.staging.Slots == 0 || l.rt == nil {
-		return 0, false
+// stageable reports whether the tensor info describes, uploaded as dt, goes through the
+// staging ring, and returns its runtime dtype and size in bytes.
+func (l *Loader) stageable(info safetensors.TensorInfo, dt runtime.DType) (runtime.DType, int, bool) {
+	if l.staging.Slots == 0 {
+		return 0, 0, false
 	}
 	if _, ok := l.src.(*HostSource); ok {
-		return 0, false
+		return 0, 0, false
 	}
-	info, ok := l.src.Info(full)
+	sdt, ok := storedAs(info, dt)
 	if !ok {
-		return 0, false
+		return 0, 0, false
 	}
-	sdt, ok := runtime.DTypeOf(info.DType)
-	if !ok || (dt != runtime.AsStored && dt != sdt) {
-		return 0, false
-	}
-	n := int64(sdt.Size())
-	for _, d := range info.Shape {
-		n *= d
-	}
-	return sdt, n > 0 && n <= int64(l.staging.SlotBytes)
+	n := info.NumElements() * int64(sdt.Size())
+	return sdt, int(n), n > 0 && n <= int64(l.staging.SlotBytes)
 }
 
 // stagingSlot is one slot of the ring: a piece of the pinned buffer and the event recorded
@@ -123,9 +117,7 @@ type stagingSlot struct {
 // the copy stream after the runtime's own.
 type stagingRing struct {
 	rt      *runtime.Runtime
-	mem     *hostMemory
-	buf     []byte // every slot, pinned
-	pinned  bool
+	host    *hostBuffer // every slot, pinned
 	slots   []stagingSlot
 	cur     int // the slot being filled
 	off     int // where the next tensor goes in it
@@ -144,13 +136,12 @@ func newStagingRing(rt *runtime.Runtime, s Staging) (r *stagingRing, err error) 
 		}
 	}()
 	slotBytes := roundUp(s.SlotBytes, stagingAlign)
-	if r.mem, r.buf, err = allocHostMemory(slotBytes * s.Slots); err != nil {
+	if r.host, err = newHostBuffer(slotBytes * s.Slots); err != nil {
 		return r, err
 	}
-	if err = rt.PinHost(r.buf); err != nil {
+	if err = r.host.pin(rt); err != nil {
 		return r, err
 	}
-	r.pinned = true
 	if r.copy, err = rt.NewStream(); err != nil {
 		return r, err
 	}
@@ -162,7 +153,7 @@ func newStagingRing(rt *runtime.Runtime, s Staging) (r *stagingRing, err error) 
 		if err != nil {
 			return r, err
 		}
-		r.slots = append(r.slots, stagingSlot{buf: r.buf[i*slotBytes : (i+1)*slotBytes : (i+1)*slotBytes], copied: ev})
+		r.slots = append(r.slots, stagingSlot{buf: r.host.buf[i*slotBytes : (i+1)*slotBytes : (i+1)*slotBytes], copied: ev})
 	}
 	return r, nil
 }
@@ -236,30 +227,23 @@ func (r *stagingRing) close() error {
 	r.slots = nil
 	r.compute.Free()
 	r.compute = nil
-	if r.pinned {
-		if err := r.rt.UnpinHost(r.buf); err != nil {
-			errs = append(errs, fmt.Errorf("%w: unpin the ring: %w", errStaging, err))
+	if r.host != nil {
+		if err := r.host.free(); err != nil {
+			errs = append(errs, fmt.Errorf("%w: the ring: %w", errStaging, err))
 		}
-		r.pinned = false
-	}
-	r.buf = nil
-	if r.mem != nil {
-		if err := r.mem.free(); err != nil {
-			errs = append(errs, fmt.Errorf("%w: %w", errStaging, err))
-		}
-		r.mem = nil
+		r.host = nil
 	}
 	return errors.Join(errs...)
 }
 
-// loadStaged uploads tensor full of dtype dt through the ring (made on first use).
-func (l *Loader) loadStaged(full string, dt runtime.DType, shape []int) (*runtime.Tensor, error) {
+// loadStaged uploads tensor full of dtype dt, n bytes, through the ring (made on first use).
+func (l *Loader) loadStaged(full string, dt runtime.DType, shape []int, n int) (*runtime.Tensor, error) {
 	raw, err := l.src.Bytes(full)
 	if err != nil {
 		return nil, err
 	}
-	if want := numElements(shape) * dt.Size(); len(raw) != want {
-		return nil, fmt.Errorf("%d bytes for %v of %s (want %d)", len(raw), shape, dt, want)
+	if len(raw) != n {
+		return nil, fmt.Errorf("%d bytes for %v of %s (want %d)", len(raw), shape, dt, n)
 	}
 	if l.ring == nil {
 		if l.ring, err = newStagingRing(l.rt, l.staging); err != nil {

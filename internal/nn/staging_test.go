@@ -125,7 +125,7 @@ func TestStagedUploadBitIdentical(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s: %v", what, err)
 			}
-			if l.ring != nil || (ring != nil && (ring.buf != nil || ring.mem != nil || ring.copy != nil || ring.slots != nil)) {
+			if l.ring != nil || (ring != nil && (ring.host != nil || ring.copy != nil || ring.slots != nil)) {
 				t.Errorf("%s: Finish left the ring %+v", what, ring)
 			}
 			if rep.StagedBytes != wantStaged || ws.StagedBytes() != wantStaged || ws.WeightBytes() != wantW.WeightBytes() {
@@ -200,7 +200,7 @@ func TestStagedUploadTruncated(t *testing.T) {
 		if !errors.Is(err, ErrCheckpoint) || !errors.As(err, &te) || te.Name != "model.d.weight" {
 			t.Fatalf("fail %v: %v, want a checkpoint error about model.d.weight", fail, err)
 		}
-		if l.ring != nil || ring.buf != nil || ring.mem != nil || ring.copy != nil {
+		if l.ring != nil || ring.host != nil || ring.copy != nil {
 			t.Errorf("fail %v: the ring was not freed", fail)
 		}
 		if live := rt.Memory().LiveTensors; live != 0 {

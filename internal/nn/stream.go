@@ -211,9 +211,9 @@ func (sl *streamSlot[T]) free() {
 	sl.done.Free()
 }
 
-// FreeHost frees the streamed blocks' host copies (unmapping them on Linux): the last step of
-// freeing a model, after Release and after the CopyStream that pinned them is freed. A
-// second call does nothing.
+// FreeHost frees the streamed blocks' host copies (unpinning them where a CopyStream pinned
+// them, then unmapping them on Linux): the last step of freeing a model, after Release (no
+// copy out of them in flight). A second call does nothing.
 func (s *BlockStream[T]) FreeHost() {
 	for _, i := range s.order {
 		_ = s.host[i].Free() // an unmap cannot fail for a mapping of ours; nothing to do if it did
@@ -229,11 +229,11 @@ func (s *BlockStream[T]) HostBytes() int64 {
 	return n
 }
 
-// Buffers are the host copies' buffers (what a GPU backend pins).
-func (s *BlockStream[T]) Buffers() [][]byte {
-	out := make([][]byte, 0, len(s.order))
+// hostCopies are the streamed blocks' host copies, ascending (what NewCopyStream pins).
+func (s *BlockStream[T]) hostCopies() []*HostSource {
+	out := make([]*HostSource, 0, len(s.order))
 	for _, i := range s.order {
-		out = append(out, s.host[i].Buffer())
+		out = append(out, s.host[i])
 	}
 	return out
 }
@@ -250,48 +250,39 @@ func (s *BlockStream[T]) NumElements() int64 {
 	return n
 }
 
-// CopyStream is what the BlockStreams of one model share for their refills: one copy stream
-// and their host copies pinned. Free it after the BlockStreams' Release and before their
-// FreeHost.
+// CopyStream is what the BlockStreams of one model share for their refills: one copy stream.
+// Making it pins their host copies, which their FreeHost unpins. Free it after the
+// BlockStreams' Release (which waits for the copies on it).
 type CopyStream struct {
-	rt     *runtime.Runtime
-	st     *runtime.Stream
-	pinned [][]byte
+	st *runtime.Stream
 }
 
 // NewCopyStream makes the copy stream the refills of ss run on and pins their host copies
 // (pinning only speeds the copies up: a backend that cannot pin copies from pageable memory).
 func NewCopyStream(rt *runtime.Runtime, ss ...interface {
 	SetCopyStream(*runtime.Stream)
-	Buffers() [][]byte
+	hostCopies() []*HostSource
 }) (*CopyStream, error) {
 	st, err := rt.NewStream()
 	if err != nil {
 		return nil, err
 	}
-	c := &CopyStream{rt: rt, st: st}
 	for _, s := range ss {
 		s.SetCopyStream(st)
 	}
 	for _, s := range ss {
-		for _, b := range s.Buffers() {
-			if rt.PinHost(b) == nil {
-				c.pinned = append(c.pinned, b)
-			}
+		for _, h := range s.hostCopies() {
+			_ = h.pin(rt) // pageable on failure: only slower
 		}
 	}
-	return c, nil
+	return &CopyStream{st: st}, nil
 }
 
-// Free unpins the host copies and frees the copy stream (nil: nothing to free).
+// Free frees the copy stream (nil: nothing to free).
 func (c *CopyStream) Free() {
 	if c == nil {
 		return
 	}
-	for _, b := range c.pinned {
-		_ = c.rt.UnpinHost(b) // nothing to do about a failure while closing
-	}
-	c.pinned = nil
 	c.st.Free()
 	c.st = nil
 }

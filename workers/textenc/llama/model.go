@@ -367,8 +367,9 @@ func (m *Model) Close() error {
 	return nil
 }
 
-// Free frees the resident weights, the streaming slots, the copy stream and the streamed
-// layers' host copies (unpinned first). A second Free does nothing.
+// Free frees the resident weights, the streaming slots (first: no copy in flight
+// afterwards), the copy stream and the streamed layers' host copies (FreeHost unpins them
+// before it unmaps them). A second Free does nothing.
 func (m *Model) Free() {
 	m.Weights.Free()
 	m.stream.Release()

@@ -2,7 +2,6 @@ package llama
 
 import (
 	"fmt"
-	"math"
 	"testing"
 
 	"github.com/framepackd/framepackd/internal/nn"
@@ -17,21 +16,6 @@ import (
 // LoadTensor).
 func TestStagedUploadBitIdentical(t *testing.T) {
 	dir, ids, mask := promptFixture(t)
-	hidden := func(rt *runtime.Runtime, o Options) ([]float32, *Model) {
-		t.Helper()
-		m, err := Load(rt, dir, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, err := m.HiddenState(ids, mask)
-		if err != nil {
-			m.Close()
-			t.Fatal(err)
-		}
-		defer h.Free()
-		v, _ := download(t, h)
-		return v, m
-	}
 	for _, o := range []Options{
 		{HiddenStateIndex: -1, Options: nn.Options{DType: runtime.F16, WeightDType: runtime.AsStored}},
 		{HiddenStateIndex: -1, Options: nn.Options{WeightDType: runtime.AsStored}},
@@ -39,7 +23,7 @@ func TestStagedUploadBitIdentical(t *testing.T) {
 	} {
 		rt := newRuntime(t, nil)
 		t.Setenv(nn.EnvStagedUpload, "0")
-		want, plain := hidden(rt, o)
+		want, plain := hiddenStates(t, rt, dir, ids, mask, o)
 		if plain.Weights.StagedBytes() != 0 {
 			t.Fatalf("staging off: %d bytes staged", plain.Weights.StagedBytes())
 		}
@@ -47,7 +31,7 @@ func TestStagedUploadBitIdentical(t *testing.T) {
 			what := fmt.Sprintf("activations %s, weights %s, max resident layers %d, slot %q", o.DType, o.WeightDType, o.MaxResidentLayers, slot)
 			t.Setenv(nn.EnvStagedUpload, "1")
 			t.Setenv(nn.EnvStagedUploadSlotBytes, slot)
-			got, m := hidden(rt, o)
+			got, m := hiddenStates(t, rt, dir, ids, mask, o)
 			staged, resident := m.Weights.StagedBytes(), m.Weights.WeightBytes()
 			m.Close()
 			switch {
@@ -58,14 +42,7 @@ func TestStagedUploadBitIdentical(t *testing.T) {
 			case slot == "" && o.DType == runtime.F16 && staged != resident:
 				t.Errorf("%s: %d of %d resident bytes staged, want all (every tensor fp16 already)", what, staged, resident)
 			}
-			if len(got) != len(want) {
-				t.Fatalf("%s: %d values, unstaged %d", what, len(got), len(want))
-			}
-			for i := range got {
-				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-					t.Fatalf("%s: value %d is %v, unstaged %v", what, i, got[i], want[i])
-				}
-			}
+			sameBits(t, what, "unstaged", got, want)
 		}
 		plain.Close()
 	}

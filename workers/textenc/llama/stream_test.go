@@ -17,53 +17,24 @@ import (
 // small for two layer slots fails Load before anything is uploaded.
 func TestStreamingLayers(t *testing.T) {
 	dir, ids, mask := promptFixture(t)
-	hidden := func(rt *runtime.Runtime, o Options) ([]float32, *Model) {
-		t.Helper()
-		if o.HiddenStateIndex == 0 {
-			o.HiddenStateIndex = -3
-		}
-		m, err := Load(rt, dir, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { m.Close() })
-		h, err := m.HiddenState(ids, mask)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Free()
-		v, _ := download(t, h)
-		return v, m
-	}
-	same := func(what string, got, want []float32) {
-		t.Helper()
-		if len(got) != len(want) {
-			t.Fatalf("%s: %d values, all-resident %d", what, len(got), len(want))
-		}
-		for i := range got {
-			if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-				t.Fatalf("%s: value %d is %v, all-resident %v", what, i, got[i], want[i])
-			}
-		}
-	}
 	for _, wdt := range []runtime.DType{0, runtime.AsStored} {
 		rt := newRuntime(t, nil)
-		want, all := hidden(rt, Options{Options: nn.Options{WeightDType: wdt}})
+		want, all := hiddenStates(t, rt, dir, ids, mask, Options{HiddenStateIndex: -3, Options: nn.Options{WeightDType: wdt}})
 		if all.StreamedLayers() != 0 || all.ResidentLayers() < 2 {
 			t.Fatalf("all-resident: %d resident, %d streamed", all.ResidentLayers(), all.StreamedLayers())
 		}
 		for _, max := range []int{1, NoResidentLayers} {
-			got, m := hidden(rt, Options{Options: nn.Options{WeightDType: wdt}, MaxResidentLayers: max})
+			got, m := hiddenStates(t, rt, dir, ids, mask, Options{HiddenStateIndex: -3, Options: nn.Options{WeightDType: wdt}, MaxResidentLayers: max})
 			if m.StreamedLayers() == 0 || m.WeightBytes() != all.WeightBytes() {
 				t.Fatalf("max %d: %d streamed, %d weight bytes (all-resident %d)", max, m.StreamedLayers(), m.WeightBytes(), all.WeightBytes())
 			}
-			same(wdt.String()+" streamed", got, want)
+			sameBits(t, wdt.String()+" streamed", "all-resident", got, want)
 		}
 	}
 
 	// Under a cap: every layer (hidden_states[-1]), so that two slots undercut them.
 	rtAll := newRuntime(t, nil)
-	want, all := hidden(rtAll, Options{HiddenStateIndex: -1})
+	want, all := hiddenStates(t, rtAll, dir, ids, mask, Options{HiddenStateIndex: -1})
 	peakAll := int64(rtAll.Memory().Peak)
 	act := peakAll - all.Report.Bytes
 	cfg, err := LoadConfig(dir)
@@ -85,11 +56,11 @@ func TestStreamingLayers(t *testing.T) {
 	if err := rt.SetMemoryCap(memCap); err != nil {
 		t.Fatal(err)
 	}
-	got, m := hidden(rt, Options{HiddenStateIndex: -1, MemoryCap: memCap, ActivationBytes: act})
+	got, m := hiddenStates(t, rt, dir, ids, mask, Options{HiddenStateIndex: -1, MemoryCap: memCap, ActivationBytes: act})
 	if m.StreamedLayers() == 0 {
 		t.Fatalf("cap %d: nothing streamed", memCap)
 	}
-	same("under cap", got, want)
+	sameBits(t, "under cap", "all-resident", got, want)
 	if p := rt.Memory().Peak; int64(p) > memCap {
 		t.Errorf("peak %d over the cap %d", p, memCap)
 	}
@@ -121,4 +92,39 @@ func promptFixture(t *testing.T) (dir string, ids []int32, mask []bool) {
 	}
 	t.Fatal("no textenc.encode_prompt_conds case")
 	return "", nil, nil
+}
+
+// hiddenStates loads the text encoder in dir into rt with o (closed when the test ends) and
+// computes the hidden states of ids and mask.
+func hiddenStates(t *testing.T, rt *runtime.Runtime, dir string, ids []int32, mask []bool, o Options) ([]float32, *Model) {
+	t.Helper()
+	m, err := Load(rt, dir, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(); err != nil {
+			t.Errorf("close text encoder: %v", err)
+		}
+	})
+	h, err := m.HiddenState(ids, mask)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Free()
+	v, _ := download(t, h)
+	return v, m
+}
+
+// sameBits fails the test unless got is want bit for bit; ref names the model want comes from.
+func sameBits(t *testing.T, what, ref string, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, %s %d", what, len(got), ref, len(want))
+	}
+	for i := range got {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s: value %d is %v, %s %v", what, i, got[i], ref, want[i])
+		}
+	}
 }

@@ -222,8 +222,9 @@ func (m *Model) NumParams() int64 {
 // Close frees the weights.
 func (m *Model) Close() { m.Free() }
 
-// Free frees the resident weights, the streaming slots, the copy stream and the streamed
-// blocks' host copies (unpinned first). A second Free does nothing.
+// Free frees the resident weights, the streaming slots (first: no copy in flight
+// afterwards), the copy stream and the streamed blocks' host copies (FreeHost unpins them
+// before it unmaps them). A second Free does nothing.
 func (m *Model) Free() {
 	m.Weights.Free()
 	m.releaseSlots()

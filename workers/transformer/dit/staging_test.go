@@ -17,6 +17,7 @@ import (
 // f32 activations (the bf16 weights staged, the norms converted) and one block streamed.
 func TestStagedUploadBitIdentical(t *testing.T) {
 	fx := parity.Load(t, "transformer")
+	cases := forwardCases(t, fx)
 	for _, o := range []LoadOptions{
 		{ActivationDType: runtime.BF16, WeightDType: runtime.AsStored},
 		{WeightDType: runtime.AsStored},
@@ -28,6 +29,7 @@ func TestStagedUploadBitIdentical(t *testing.T) {
 		if plain.StagedBytes() != 0 {
 			t.Fatalf("staging off: %d bytes staged", plain.StagedBytes())
 		}
+		want := forwardOuts(t, plain, cases)
 		for _, slot := range []string{"", "4096"} {
 			what := fmt.Sprintf("activations %s, weights %s, max resident blocks %d, slot %q", o.ActivationDType, o.WeightDType, o.MaxResidentBlocks, slot)
 			t.Setenv(nn.EnvStagedUpload, "1")
@@ -42,47 +44,8 @@ func TestStagedUploadBitIdentical(t *testing.T) {
 			case slot == "" && o.ActivationDType == runtime.BF16 && staged != m.Weights.WeightBytes():
 				t.Errorf("%s: %d of %d resident bytes staged, want all (every tensor bf16 already)", what, staged, m.Weights.WeightBytes())
 			}
-			n := 0
-			for _, c := range fx.Cases {
-				if c.Op != OpForward {
-					continue
-				}
-				n++
-				out := forwardOut(t, m, c)
-				sameBits(t, what+" "+c.Name, out, forwardOut(t, plain, c))
-				c = c.ForActivations(o.ActivationDType == runtime.BF16)
-				fc := decodeForward(t, c)
-				c.Check(t, what+" sample", out, toInt64s(fc.x.Shape), c.Output(t, "sample"))
-			}
-			if n == 0 {
-				t.Fatal("no transformer.forward case")
-			}
+			compareForwards(t, what, m, cases, want, true)
 			m.Close()
 		}
-	}
-}
-
-// TestParityTransformerStaged is TestParityTransformer with staged upload forced on (slots of
-// 4 KiB: tensors packed into slots, others larger than one) and the fixture's bf16 weights
-// kept as stored, so they go through the ring.
-func TestParityTransformerStaged(t *testing.T) {
-	t.Setenv(nn.EnvStagedUpload, "1")
-	t.Setenv(nn.EnvStagedUploadSlotBytes, "4096")
-	fx := parity.Load(t, "transformer")
-	rt := newTestRuntime(t)
-	m := loadWith(t, rt, fx, LoadOptions{WeightDType: runtime.AsStored})
-	if m.StagedBytes() == 0 {
-		t.Fatal("nothing staged")
-	}
-	checked := 0
-	for _, c := range fx.Cases {
-		if c.Op != OpForward {
-			continue
-		}
-		t.Run(c.Name, func(t *testing.T) { checkForward(t, m, c) })
-		checked++
-	}
-	if checked == 0 {
-		t.Fatal("no transformer.forward case")
 	}
 }

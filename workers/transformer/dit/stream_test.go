@@ -44,6 +44,48 @@ func fixtureFootprint(t *testing.T, fx *parity.Fixture) (string, Footprint) {
 	return dir, fp
 }
 
+// forwardCases is the fixture's transformer.forward cases; the test fails without one.
+func forwardCases(t *testing.T, fx *parity.Fixture) []parity.Case {
+	t.Helper()
+	var cases []parity.Case
+	for _, c := range fx.Cases {
+		if c.Op == OpForward {
+			cases = append(cases, c)
+		}
+	}
+	if len(cases) == 0 {
+		t.Fatal("no transformer.forward case")
+	}
+	return cases
+}
+
+// forwardOuts runs every case on m: a reference model's outputs, computed once for every
+// compareForwards against it.
+func forwardOuts(t *testing.T, m *Model, cases []parity.Case) [][]float32 {
+	t.Helper()
+	outs := make([][]float32, len(cases))
+	for i, c := range cases {
+		outs[i] = forwardOut(t, m, c)
+	}
+	return outs
+}
+
+// compareForwards runs every case on m and compares its output bit for bit with the reference
+// model's (want, from forwardOuts); with checkSample also with the fixture's sample, within
+// the case's tolerance (widened for 16-bit activations).
+func compareForwards(t *testing.T, what string, m *Model, cases []parity.Case, want [][]float32, checkSample bool) {
+	t.Helper()
+	for i, c := range cases {
+		out := forwardOut(t, m, c)
+		sameBits(t, what+" "+c.Name, out, want[i])
+		if checkSample {
+			c = c.ForActivations(m.act != 0 && m.act != runtime.F32) // 0: f32
+			fc := decodeForward(t, c)
+			c.Check(t, what+" sample", out, toInt64s(fc.x.Shape), c.Output(t, "sample"))
+		}
+	}
+}
+
 func sameBits(t *testing.T, what string, got, want []float32) {
 	t.Helper()
 	if len(got) != len(want) {
@@ -75,6 +117,7 @@ func loadWith(t *testing.T, rt *runtime.Runtime, fx *parity.Fixture, opts LoadOp
 // with the all-resident model's, and with the reference.
 func TestStreamingBitIdentical(t *testing.T) {
 	fx := parity.Load(t, "transformer")
+	cases := forwardCases(t, fx)
 	for _, wdt := range []runtime.DType{runtime.F32, runtime.F16, runtime.AsStored} {
 		rt := newTestRuntime(t)
 		all := loadWith(t, rt, fx, LoadOptions{WeightDType: wdt})
@@ -82,31 +125,18 @@ func TestStreamingBitIdentical(t *testing.T) {
 			t.Fatalf("default load streams %d blocks", all.StreamedBlocks())
 		}
 		total := all.ResidentBlocks()
+		want := forwardOuts(t, all, cases)
 		for _, resident := range []int{1, 3, NoResidentBlocks} {
 			m := loadWith(t, rt, fx, LoadOptions{WeightDType: wdt, MaxResidentBlocks: resident})
-			want := max(resident, 0)
-			if m.ResidentBlocks() != want || m.StreamedBlocks() != total-want {
+			wantResident := max(resident, 0)
+			if m.ResidentBlocks() != wantResident || m.StreamedBlocks() != total-wantResident {
 				t.Fatalf("max %d resident: %d resident, %d streamed (of %d)", resident, m.ResidentBlocks(), m.StreamedBlocks(), total)
 			}
 			if m.WeightBytes() != all.WeightBytes() || m.NumParams() != all.NumParams() {
 				t.Errorf("max %d resident: %d bytes, %d params; all-resident %d, %d", resident, m.WeightBytes(), m.NumParams(), all.WeightBytes(), all.NumParams())
 			}
-			n := 0
-			for _, c := range fx.Cases {
-				if c.Op != OpForward {
-					continue
-				}
-				n++
-				out := forwardOut(t, m, c)
-				sameBits(t, wdt.String()+" "+c.Name, out, forwardOut(t, all, c))
-				if wdt == runtime.F32 {
-					fc := decodeForward(t, c)
-					c.Check(t, "sample", out, toInt64s(fc.x.Shape), c.Output(t, "sample"))
-				}
-			}
-			if n == 0 {
-				t.Fatal("no transformer.forward case")
-			}
+			compareForwards(t, wdt.String(), m, cases, want, wdt == runtime.F32)
+			n := len(cases)
 			if m.CopiedBytes() < int64(n)*m.StreamedBytes() {
 				t.Errorf("max %d resident: %d bytes copied over %d forwards of %d streamed bytes", resident, m.CopiedBytes(), n, m.StreamedBytes())
 			}
