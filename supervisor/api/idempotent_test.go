@@ -110,6 +110,20 @@ func TestSubmitClientRequestID(t *testing.T) {
 	}
 }
 
+// A submission with a client request id and no spec is refused like one without the id.
+func TestSubmitClientRequestIDWithoutSpec(t *testing.T) {
+	dir := shortDir(t)
+	td := startDaemon(t, filepath.Join(dir, "state"), filepath.Join(dir, "s.sock"), []string{"cpu"}, holdRunner)
+	_, err := submitOnce(t.Context(), td, "no-spec", pngImage(t, 40, 30), nil)
+	code, fields, msg := violations(t, err)
+	if code != codes.InvalidArgument || len(fields) != 1 || fields[0] != "spec" || !strings.Contains(msg, "required") {
+		t.Fatalf("no spec: %v %v %q; want INVALID_ARGUMENT on spec saying required", code, fields, msg)
+	}
+	if n := len(storedJobs(t, td)); n != 0 {
+		t.Fatalf("%d jobs stored, want 0", n)
+	}
+}
+
 func TestSubmitClientRequestIDConcurrent(t *testing.T) {
 	dir := shortDir(t)
 	td := startDaemon(t, filepath.Join(dir, "state"), filepath.Join(dir, "s.sock"), []string{"cpu"}, holdRunner)

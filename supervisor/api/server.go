@@ -241,18 +241,21 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 		if validateClientRequestID(&v, id); len(v) > 0 {
 			return nil, v.Err("SubmitJobRequest")
 		}
-		hash, err := jobs.RequestHash(jobs.WithDefaults(req.GetSpec()), req.GetImage())
-		if err != nil {
-			return nil, statusOf(err)
-		}
-		once = jobs.ClientRequest{ID: id, Hash: hash}
-		job, err := s.cfg.Store.JobForRequest(once)
-		if err == nil {
-			s.logSubmitted(job, once.ID, false)
-			return &framepackv1.SubmitJobResponse{Job: job}, nil
-		}
-		if !errors.Is(err, jobs.ErrNotFound) {
-			return nil, submitOnceStatus(err, id)
+		// A request without a spec has no job to look up: validateSubmit refuses it below.
+		if req.GetSpec() != nil {
+			hash, err := jobs.RequestHash(jobs.WithDefaults(req.GetSpec()), req.GetImage())
+			if err != nil {
+				return nil, statusOf(err)
+			}
+			once = jobs.ClientRequest{ID: id, Hash: hash}
+			job, err := s.cfg.Store.JobForRequest(once)
+			if err == nil {
+				s.logSubmitted(job, once.ID, false)
+				return &framepackv1.SubmitJobResponse{Job: job}, nil
+			}
+			if !errors.Is(err, jobs.ErrNotFound) {
+				return nil, submitOnceStatus(err, id)
+			}
 		}
 	}
 	// Cheap refusals first: a server that cannot run the job does not decode its image.
