@@ -236,6 +236,9 @@ func requireID(id string) error {
 // server can run jobs now); a repeat with another image or spec is ALREADY_EXISTS.
 func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
 	var once jobs.ClientRequest
+	// spec is req's spec with the defaults filled in: WithDefaults clones it, end image and
+	// all, so it runs once, for the early lookup of a client request id or after validation.
+	var spec *framepackv1.JobSpec
 	if id := req.GetClientRequestId(); id != "" {
 		var v Violations
 		if validateClientRequestID(&v, id); len(v) > 0 {
@@ -243,7 +246,8 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 		}
 		// A request without a spec has no job to look up: validateSubmit refuses it below.
 		if req.GetSpec() != nil {
-			hash, err := jobs.RequestHash(jobs.WithDefaults(req.GetSpec()), req.GetImage())
+			spec = jobs.WithDefaults(req.GetSpec())
+			hash, err := jobs.RequestHash(spec, req.GetImage())
 			if err != nil {
 				return nil, statusOf(err)
 			}
@@ -277,13 +281,16 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	if err := s.admit(req.GetSpec(), len(req.GetImage())+len(req.GetSpec().GetEndImage())); err != nil {
 		return nil, err
 	}
+	if spec == nil {
+		spec = jobs.WithDefaults(req.GetSpec())
+	}
 	var job *framepackv1.Job
 	var err error
 	created := true
 	if once.ID == "" {
-		job, err = s.cfg.Queue.Submit(ctx, jobs.WithDefaults(req.GetSpec()), req.GetImage())
+		job, err = s.cfg.Queue.Submit(ctx, spec, req.GetImage())
 	} else {
-		job, created, err = s.cfg.Queue.SubmitOnce(ctx, once, jobs.WithDefaults(req.GetSpec()), req.GetImage())
+		job, created, err = s.cfg.Queue.SubmitOnce(ctx, once, spec, req.GetImage())
 	}
 	if err != nil {
 		return nil, submitOnceStatus(err, once.ID)
