@@ -202,6 +202,10 @@ func statusOf(err error) error {
 	switch {
 	case errors.Is(err, jobs.ErrNotFound):
 		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, jobs.ErrRequestMismatch):
+		// The id names a job made from another request: the client must choose a new id, or
+		// send the first request again.
+		return status.Error(codes.AlreadyExists, "client_request_id already names a job created from a different image or spec: "+err.Error())
 	case errors.Is(err, jobs.ErrStopped), errors.Is(err, events.ErrClosed):
 		return status.Error(codes.Unavailable, "server is shutting down: "+err.Error())
 	case errors.Is(err, context.Canceled):
@@ -258,7 +262,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 				return &framepackv1.SubmitJobResponse{Job: job}, nil
 			}
 			if !errors.Is(err, jobs.ErrNotFound) {
-				return nil, submitOnceStatus(err, id)
+				return nil, statusOf(err)
 			}
 		}
 	}
@@ -293,7 +297,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 		job, created, err = s.cfg.Queue.SubmitOnce(ctx, once, spec, req.GetImage())
 	}
 	if err != nil {
-		return nil, submitOnceStatus(err, once.ID)
+		return nil, statusOf(err)
 	}
 	s.logSubmitted(job, once.ID, created)
 	return &framepackv1.SubmitJobResponse{Job: job}, nil
@@ -328,16 +332,6 @@ func notReady(err error) error {
 		return st.Err()
 	}
 	return withInfo.Err()
-}
-
-// submitOnceStatus is statusOf for a submission (with client request id, or none): a repeat that
-// does not match the first submission is ALREADY_EXISTS (the id names a job made from another request;
-// the client must choose a new id, or send the first request again).
-func submitOnceStatus(err error, id string) error {
-	if errors.Is(err, jobs.ErrRequestMismatch) {
-		return status.Errorf(codes.AlreadyExists, "client_request_id %q already names a job created from a different image or spec: %v", id, err)
-	}
-	return statusOf(err)
 }
 
 // GetJob returns one job.
