@@ -12,9 +12,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -212,23 +210,9 @@ func TestSubmitClientRequestIDNotReady(t *testing.T) {
 	}
 	td.kill()
 
-	d, err := api.StartDaemon(api.DaemonConfig{
-		StateDir: state,
-		Listen:   []api.Addr{{Network: "unix", Address: sock}},
-		Lanes:    []string{"cpu"},
-		Run:      holdRunner,
-		Ready:    func() error { return errors.New("the models are still loading") },
+	td2 := startDaemon(t, state, sock, []string{"cpu"}, holdRunner, func(cfg *api.DaemonConfig) {
+		cfg.Ready = func() error { return errors.New("the models are still loading") }
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Kill)
-	conn, err := grpc.NewClient(api.Addr{Network: "unix", Address: sock}.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	td2 := &testDaemon{d: d, socket: sock, conn: conn, jobs: framepackv1.NewJobServiceClient(conn)}
 
 	again, err := submitOnce(t.Context(), td2, "stored-when-ready", img, baseSpec())
 	if err != nil || again.GetId() != first.GetId() {
