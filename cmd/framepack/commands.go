@@ -335,26 +335,45 @@ func newClientRequestID() (string, error) {
 func submit(ctx context.Context, client framepackv1.JobServiceClient, req *framepackv1.SubmitJobRequest, timeout time.Duration, d *display) (*framepackv1.Job, error) {
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	lost := false
-	for {
+	lost := func(err error) bool { return status.Code(err) == codes.Unavailable && !notReady(err) }
+	var job *framepackv1.Job
+	err := retryLost(sctx, d, timeout, func() error {
 		resp, err := client.SubmitJob(sctx, req)
-		if err == nil {
-			return resp.GetJob(), nil
+		job = resp.GetJob()
+		return err
+	}, lost)
+	if err != nil {
+		// retryLost gives up on a lost connection only once sctx has ended.
+		if lost(err) && ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
-		if status.Code(err) != codes.Unavailable || notReady(err) {
-			return nil, err
+		return nil, err
+	}
+	return job, nil
+}
+
+// retryLost calls try until it succeeds or fails with an error that lost does not take for a
+// lost connection, and returns that error. After a lost connection it shows the connectionLost
+// note (the first time), waits a second and tries again; it returns the lost connection's error
+// once budget has passed since the first one, or when ctx ends during a wait.
+func retryLost(ctx context.Context, d *display, budget time.Duration, try func() error, lost func(error) bool) error {
+	var lostSince time.Time
+	for {
+		err := try()
+		if err == nil || !lost(err) {
+			return err
 		}
-		if !lost {
-			lost = true
+		if lostSince.IsZero() {
+			lostSince = time.Now()
 			d.note(connectionLost)
+		}
+		if time.Since(lostSince) > budget {
+			return err
 		}
 		select {
 		case <-time.After(time.Second):
-		case <-sctx.Done():
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, err
+		case <-ctx.Done():
+			return err
 		}
 	}
 }
@@ -375,36 +394,23 @@ func notReady(err error) bool {
 // stream breaks because the server went away it reconnects (the server replays the history)
 // for up to reconnectFor. previews, when set, is a directory for preview PNGs.
 func follow(ctx context.Context, client framepackv1.JobServiceClient, id string, d *display, previews string) (*framepackv1.JobEvent, error) {
-	var lostSince time.Time
-	for {
+	defer d.done()
+	var last *framepackv1.JobEvent
+	err := retryLost(ctx, d, reconnectFor, func() error {
 		ev, err := followOnce(ctx, client, id, d, previews)
-		if err == nil {
-			d.done()
-			return ev, nil
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
 		}
+		last = ev
+		return err
+	}, func(err error) bool { return status.Code(err) == codes.Unavailable })
+	if err != nil {
 		if ctx.Err() != nil {
-			d.done()
 			return nil, ctx.Err()
 		}
-		if status.Code(err) != codes.Unavailable {
-			d.done()
-			return nil, err
-		}
-		if lostSince.IsZero() {
-			lostSince = time.Now()
-			d.note(connectionLost)
-		}
-		if time.Since(lostSince) > reconnectFor {
-			d.done()
-			return nil, err
-		}
-		select {
-		case <-time.After(time.Second):
-		case <-ctx.Done():
-			d.done()
-			return nil, ctx.Err()
-		}
+		return nil, err
 	}
+	return last, nil
 }
 
 func followOnce(ctx context.Context, client framepackv1.JobServiceClient, id string, d *display, previews string) (*framepackv1.JobEvent, error) {

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 )
@@ -51,11 +50,7 @@ func TestCLIEdges(t *testing.T) {
 		t.Fatal(err)
 	}
 	running := f.waitBlocked(t)
-	select { // the CLI has its job id (the run can start before the SubmitJob answer arrives)
-	case <-stderr.seen:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("the CLI never said its job was queued:\n%s", stderr.String())
-	}
+	stderr.wait(t) // the CLI has its job id (the run can start before the SubmitJob answer arrives)
 	if err := gen.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}

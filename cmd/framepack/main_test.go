@@ -102,6 +102,24 @@ func (f *fixture) waitBlocked(t *testing.T) string {
 	}
 }
 
+// restart kills the daemon and starts another on its state directory and socket, whose fake
+// runs do not block; opts are its gRPC server options.
+func (f *fixture) restart(t *testing.T, opts ...grpc.ServerOption) {
+	t.Helper()
+	f.d.Kill()
+	d, err := api.StartDaemon(api.DaemonConfig{
+		StateDir:      filepath.Join(f.dir, "state"),
+		Listen:        []api.Addr{{Network: "unix", Address: f.addr}},
+		Lanes:         []string{"cpu"},
+		Run:           fakeRunnerBlocking(f.blocked, false),
+		ServerOptions: opts,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.d = d
+}
+
 func setup(t *testing.T) *fixture {
 	t.Helper()
 	bin := testbin.Build(t, "./cmd/framepack")
@@ -351,11 +369,7 @@ func TestCLI(t *testing.T) {
 		id := f.waitBlocked(t)
 		// Ctrl-C cancels the job the CLI knows: wait until it has its SubmitJob answer (the run
 		// can start before the answer reaches the CLI)
-		select {
-		case <-stderr.seen:
-		case <-time.After(30 * time.Second):
-			t.Fatalf("the CLI never said its job was queued:\n%s", stderr.String())
-		}
+		stderr.wait(t)
 		if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 			t.Fatal(err)
 		}
@@ -381,22 +395,8 @@ func TestCLI(t *testing.T) {
 		f.waitBlocked(t)
 		// the restart is the watch's to survive: the CLI has its job id once it said "queued"
 		// (a daemon killed before its SubmitJob answer arrives leaves the CLI nothing to follow)
-		select {
-		case <-stderr.seen:
-		case <-time.After(30 * time.Second):
-			t.Fatalf("the CLI never said its job was queued:\n%s", stderr.String())
-		}
-		f.d.Kill()
-		d, err := api.StartDaemon(api.DaemonConfig{
-			StateDir: filepath.Join(f.dir, "state"),
-			Listen:   []api.Addr{{Network: "unix", Address: f.addr}},
-			Lanes:    []string{"cpu"},
-			Run:      fakeRunnerBlocking(f.blocked, false),
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		f.d = d
+		stderr.wait(t)
+		f.restart(t)
 		cmd.Wait()
 		if code := cmd.ProcessState.ExitCode(); code != exitOK || strings.TrimSpace(stdout.String()) != out ||
 			!strings.Contains(stderr.String(), "connection to the server lost; reconnecting") {
@@ -428,22 +428,7 @@ func TestCLI(t *testing.T) {
 			<-ctx.Done()
 			return nil, status.Error(codes.Unavailable, "the daemon died before answering")
 		})
-		start := func(opts ...grpc.ServerOption) {
-			t.Helper()
-			d, err := api.StartDaemon(api.DaemonConfig{
-				StateDir:      filepath.Join(f.dir, "state"),
-				Listen:        []api.Addr{{Network: "unix", Address: f.addr}},
-				Lanes:         []string{"cpu"},
-				Run:           fakeRunnerBlocking(f.blocked, false),
-				ServerOptions: opts,
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			f.d = d
-		}
-		f.d.Kill()
-		start(loseAnswer)
+		f.restart(t, loseAnswer)
 
 		out := filepath.Join(f.dir, "answer-lost.mp4")
 		const prompt = "answer lost after the job was stored"
@@ -461,15 +446,14 @@ func TestCLI(t *testing.T) {
 			cmd.Wait()
 			t.Fatalf("the daemon never stored the job:\n%s", stderr.String())
 		}
-		f.d.Kill()
-		start()
+		f.restart(t)
 		cmd.Wait()
 		if code := cmd.ProcessState.ExitCode(); code != exitOK || strings.TrimSpace(stdout.String()) != out ||
 			!strings.Contains(stderr.String(), "connection to the server lost; reconnecting") ||
 			!strings.Contains(stderr.String(), "job "+id+" queued") {
 			t.Fatalf("exit %d, stdout %q, stderr (want job %s):\n%s", code, stdout.String(), id, stderr.String())
 		}
-		list, _, err := f.d.Store().List(jobs.ListOptions{PageSize: jobs.MaxPageSize})
+		list, _, err := f.d.Store().List(jobsAll())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -540,6 +524,16 @@ func (w *watchedBuffer) Write(p []byte) (int, error) {
 		close(w.seen)
 	}
 	return n, err
+}
+
+// wait returns once the output contains want, failing the test after 30 s.
+func (w *watchedBuffer) wait(t *testing.T) {
+	t.Helper()
+	select {
+	case <-w.seen:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the CLI never wrote %q:\n%s", w.want, w.String())
+	}
 }
 
 func (w *watchedBuffer) String() string {

@@ -76,15 +76,20 @@ type testDaemon struct {
 	devs   framepackv1.DeviceServiceClient
 }
 
-func startDaemon(t *testing.T, state, socket string, lanes []string, run func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error)) *testDaemon {
+// startDaemon starts a daemon on socket; opts change its config (Ready, …) before it starts.
+func startDaemon(t *testing.T, state, socket string, lanes []string, run func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error), opts ...func(*api.DaemonConfig)) *testDaemon {
 	t.Helper()
-	d, err := api.StartDaemon(api.DaemonConfig{
+	cfg := api.DaemonConfig{
 		StateDir: state,
 		Listen:   []api.Addr{{Network: "unix", Address: socket}},
 		Lanes:    lanes,
 		Run:      run,
 		Grace:    time.Second,
-	})
+	}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	d, err := api.StartDaemon(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,9 +12,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
 
@@ -110,6 +108,20 @@ func TestSubmitClientRequestID(t *testing.T) {
 	}
 }
 
+// A submission with a client request id and no spec is refused like one without the id.
+func TestSubmitClientRequestIDWithoutSpec(t *testing.T) {
+	dir := shortDir(t)
+	td := startDaemon(t, filepath.Join(dir, "state"), filepath.Join(dir, "s.sock"), []string{"cpu"}, holdRunner)
+	_, err := submitOnce(t.Context(), td, "no-spec", pngImage(t, 40, 30), nil)
+	code, fields, msg := violations(t, err)
+	if code != codes.InvalidArgument || len(fields) != 1 || fields[0] != "spec" || !strings.Contains(msg, "required") {
+		t.Fatalf("no spec: %v %v %q; want INVALID_ARGUMENT on spec saying required", code, fields, msg)
+	}
+	if n := len(storedJobs(t, td)); n != 0 {
+		t.Fatalf("%d jobs stored, want 0", n)
+	}
+}
+
 func TestSubmitClientRequestIDConcurrent(t *testing.T) {
 	dir := shortDir(t)
 	td := startDaemon(t, filepath.Join(dir, "state"), filepath.Join(dir, "s.sock"), []string{"cpu"}, holdRunner)
@@ -198,23 +210,9 @@ func TestSubmitClientRequestIDNotReady(t *testing.T) {
 	}
 	td.kill()
 
-	d, err := api.StartDaemon(api.DaemonConfig{
-		StateDir: state,
-		Listen:   []api.Addr{{Network: "unix", Address: sock}},
-		Lanes:    []string{"cpu"},
-		Run:      holdRunner,
-		Ready:    func() error { return errors.New("the models are still loading") },
+	td2 := startDaemon(t, state, sock, []string{"cpu"}, holdRunner, func(cfg *api.DaemonConfig) {
+		cfg.Ready = func() error { return errors.New("the models are still loading") }
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(d.Kill)
-	conn, err := grpc.NewClient(api.Addr{Network: "unix", Address: sock}.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	td2 := &testDaemon{d: d, socket: sock, conn: conn, jobs: framepackv1.NewJobServiceClient(conn)}
 
 	again, err := submitOnce(t.Context(), td2, "stored-when-ready", img, baseSpec())
 	if err != nil || again.GetId() != first.GetId() {

@@ -202,6 +202,10 @@ func statusOf(err error) error {
 	switch {
 	case errors.Is(err, jobs.ErrNotFound):
 		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, jobs.ErrRequestMismatch):
+		// The id names a job made from another request: the client must choose a new id, or
+		// send the first request again.
+		return status.Error(codes.AlreadyExists, "client_request_id already names a job created from a different image or spec: "+err.Error())
 	case errors.Is(err, jobs.ErrStopped), errors.Is(err, events.ErrClosed):
 		return status.Error(codes.Unavailable, "server is shutting down: "+err.Error())
 	case errors.Is(err, context.Canceled):
@@ -236,23 +240,30 @@ func requireID(id string) error {
 // server can run jobs now); a repeat with another image or spec is ALREADY_EXISTS.
 func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
 	var once jobs.ClientRequest
+	// spec is req's spec with the defaults filled in: WithDefaults clones it, end image and
+	// all, so it runs once, for the early lookup of a client request id or after validation.
+	var spec *framepackv1.JobSpec
 	if id := req.GetClientRequestId(); id != "" {
 		var v Violations
 		if validateClientRequestID(&v, id); len(v) > 0 {
 			return nil, v.Err("SubmitJobRequest")
 		}
-		hash, err := jobs.RequestHash(jobs.WithDefaults(req.GetSpec()), req.GetImage())
-		if err != nil {
-			return nil, statusOf(err)
-		}
-		once = jobs.ClientRequest{ID: id, Hash: hash}
-		job, err := s.cfg.Store.JobForRequest(once)
-		if err == nil {
-			s.logSubmitted(job, once.ID, false)
-			return &framepackv1.SubmitJobResponse{Job: job}, nil
-		}
-		if !errors.Is(err, jobs.ErrNotFound) {
-			return nil, submitOnceStatus(err, id)
+		// A request without a spec has no job to look up: validateSubmit refuses it below.
+		if req.GetSpec() != nil {
+			spec = jobs.WithDefaults(req.GetSpec())
+			hash, err := jobs.RequestHash(spec, req.GetImage())
+			if err != nil {
+				return nil, statusOf(err)
+			}
+			once = jobs.ClientRequest{ID: id, Hash: hash}
+			job, err := s.cfg.Store.JobForRequest(once)
+			if err == nil {
+				s.logSubmitted(job, once.ID, false)
+				return &framepackv1.SubmitJobResponse{Job: job}, nil
+			}
+			if !errors.Is(err, jobs.ErrNotFound) {
+				return nil, statusOf(err)
+			}
 		}
 	}
 	// Cheap refusals first: a server that cannot run the job does not decode its image.
@@ -274,16 +285,19 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	if err := s.admit(req.GetSpec(), len(req.GetImage())+len(req.GetSpec().GetEndImage())); err != nil {
 		return nil, err
 	}
+	if spec == nil {
+		spec = jobs.WithDefaults(req.GetSpec())
+	}
 	var job *framepackv1.Job
 	var err error
 	created := true
 	if once.ID == "" {
-		job, err = s.cfg.Queue.Submit(ctx, jobs.WithDefaults(req.GetSpec()), req.GetImage())
+		job, err = s.cfg.Queue.Submit(ctx, spec, req.GetImage())
 	} else {
-		job, created, err = s.cfg.Queue.SubmitOnce(ctx, once, jobs.WithDefaults(req.GetSpec()), req.GetImage())
+		job, created, err = s.cfg.Queue.SubmitOnce(ctx, once, spec, req.GetImage())
 	}
 	if err != nil {
-		return nil, submitOnceStatus(err, once.ID)
+		return nil, statusOf(err)
 	}
 	s.logSubmitted(job, once.ID, created)
 	return &framepackv1.SubmitJobResponse{Job: job}, nil
@@ -318,16 +332,6 @@ func notReady(err error) error {
 		return st.Err()
 	}
 	return withInfo.Err()
-}
-
-// submitOnceStatus is statusOf for a submission (with client request id, or none): a repeat that
-// does not match the first submission is ALREADY_EXISTS (the id names a job made from another request;
-// the client must choose a new id, or send the first request again).
-func submitOnceStatus(err error, id string) error {
-	if errors.Is(err, jobs.ErrRequestMismatch) {
-		return status.Errorf(codes.AlreadyExists, "client_request_id %q already names a job created from a different image or spec: %v", id, err)
-	}
-	return statusOf(err)
 }
 
 // GetJob returns one job.

@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
@@ -145,9 +144,6 @@ type Store struct {
 	dir string
 	db  *bolt.DB
 	now func() time.Time
-	// createMu serializes CreateOnce's lookup and create, so that concurrent submissions
-	// with one client request id make one job.
-	createMu sync.Mutex
 }
 
 // Open opens (creating if needed) the store in dir. Only one process may hold a state
@@ -268,7 +264,8 @@ func seqKey(seq uint64) []byte {
 // Create stores a new job in JOB_STATE_QUEUED: its directory with the input image and the
 // spec (defaults filled in by the caller), then its record.
 func (s *Store) Create(spec *framepackv1.JobSpec, image []byte) (*framepackv1.Job, error) {
-	return s.create(spec, image, ClientRequest{})
+	job, _, err := s.create(spec, image, ClientRequest{})
+	return job, err
 }
 
 // JobForRequest returns the job that client request req.ID created, in its current state;
@@ -310,35 +307,26 @@ func (s *Store) CreateOnce(req ClientRequest, spec *framepackv1.JobSpec, image [
 	if req.ID == "" {
 		return nil, false, errors.New("create job: empty client request id")
 	}
-	s.createMu.Lock()
-	defer s.createMu.Unlock()
-	job, err := s.JobForRequest(req)
-	if err == nil {
-		return job, false, nil
-	}
-	if !errors.Is(err, ErrNotFound) {
-		return nil, false, err
-	}
-	job, err = s.create(spec, image, req)
-	if err != nil {
-		return nil, false, err
-	}
-	return job, true, nil
+	return s.create(spec, image, req)
 }
 
-func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientRequest) (*framepackv1.Job, error) {
+// create writes a new job's directory and then, in one transaction, its record. With a client
+// request id that a stored job already has, the transaction writes nothing: create removes the
+// directory and returns that job and false (ErrRequestMismatch when its hash differs). bbolt runs
+// one Update at a time, so of concurrent calls with one id only the first creates a job.
+func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientRequest) (*framepackv1.Job, bool, error) {
 	id, err := newID()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	dir := s.JobDir(id)
 	if err := os.Mkdir(dir.Path(), 0o755); err != nil {
 		// A collision of 50 random bits, or a broken state dir: either way, say so.
-		return nil, fmt.Errorf("create job %s: %w", id, err)
+		return nil, false, fmt.Errorf("create job %s: %w", id, err)
 	}
-	fail := func(err error) (*framepackv1.Job, error) {
+	fail := func(err error) (*framepackv1.Job, bool, error) {
 		_ = os.RemoveAll(dir.Path())
-		return nil, fmt.Errorf("create job %s: %w", id, err)
+		return nil, false, fmt.Errorf("create job %s: %w", id, err)
 	}
 	input := "input" + imageExt(image)
 	if err := writeFileAtomic(filepath.Join(dir.Path(), input), image); err != nil {
@@ -376,7 +364,15 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 		CreateTime: now,
 		UpdateTime: now,
 	}
+	var stored *framepackv1.Job // the job a repeated client request id names
 	err = s.db.Update(func(tx *bolt.Tx) error {
+		if req.ID != "" && tx.Bucket(bucketRequests).Get([]byte(req.ID)) != nil {
+			var err error
+			if stored, err = jobForRequest(tx, req); err != nil {
+				return fmt.Errorf("client request %q: %w", req.ID, err)
+			}
+			return nil
+		}
 		jobs := tx.Bucket(bucketJobs)
 		if jobs.Get([]byte(id)) != nil {
 			return fmt.Errorf("job id %s already in use", id)
@@ -392,9 +388,6 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 			return err
 		}
 		if req.ID != "" {
-			if other := tx.Bucket(bucketRequests).Get([]byte(req.ID)); other != nil {
-				return fmt.Errorf("client request id %q already names job %s", req.ID, other)
-			}
 			if err := tx.Bucket(bucketRequests).Put([]byte(req.ID), []byte(id)); err != nil {
 				return err
 			}
@@ -404,7 +397,11 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 	if err != nil {
 		return fail(err)
 	}
-	return job, nil
+	if stored != nil {
+		_ = os.RemoveAll(dir.Path())
+		return stored, false, nil
+	}
+	return job, true, nil
 }
 
 func writeFileAtomic(name string, data []byte) error {

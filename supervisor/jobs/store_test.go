@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
@@ -165,6 +166,67 @@ func TestStoreSurvivesReopen(t *testing.T) {
 	}
 	if st, err := os.Stat(dir); err != nil || st.Mode().Perm() != 0o700 {
 		t.Errorf("state dir mode %v %v", st.Mode(), err)
+	}
+}
+
+// Concurrent CreateOnce calls with one client request id make one job, and the calls that
+// lose leave no job directory behind; a different request with that id is ErrRequestMismatch.
+func TestStoreCreateOnceConcurrent(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	img := pngBytes(t, 8, 8)
+	sp := spec("once")
+	hash, err := jobs.RequestHash(sp, img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := jobs.ClientRequest{ID: "same-request", Hash: hash}
+	const n = 8
+	ids := make([]string, n)
+	created := make([]bool, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			job, ok, err := s.CreateOnce(req, sp, img)
+			ids[i], created[i], errs[i] = job.GetId(), ok, err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	var made int
+	for i, id := range ids {
+		if id != ids[0] {
+			t.Fatalf("concurrent CreateOnce with one id gave jobs %v", ids)
+		}
+		if created[i] {
+			made++
+		}
+	}
+	if made != 1 {
+		t.Fatalf("%d calls say they created the job, want 1", made)
+	}
+	entries, err := os.ReadDir(filepath.Join(dir, jobs.JobsDirName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0].Name() != ids[0] {
+		t.Fatalf("job directories %v, want only %s", entries, ids[0])
+	}
+
+	other := jobs.ClientRequest{ID: req.ID, Hash: strings.Repeat("0", len(hash))}
+	if job, ok, err := s.CreateOnce(other, spec("another"), img); !errors.Is(err, jobs.ErrRequestMismatch) || ok || job != nil {
+		t.Fatalf("same id, other request: %v %v %v; want ErrRequestMismatch", job, ok, err)
+	}
+	if entries, err := os.ReadDir(filepath.Join(dir, jobs.JobsDirName)); err != nil || len(entries) != 1 {
+		t.Fatalf("job directories after a mismatch: %v %v, want 1", entries, err)
 	}
 }
 

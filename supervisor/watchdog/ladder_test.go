@@ -6,8 +6,6 @@ import (
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 )
 
-// TestStreams: the stages whose worker streams a stack of blocks are the transformer (its
-// blocks) and the text encoder (Llama's layers); no other stage gets the resident-block rung.
 // TestConvolves: the conv rungs are for the stages whose workers run convolutions.
 func TestConvolves(t *testing.T) {
 	want := map[framepackv1.Stage]bool{framepackv1.Stage_STAGE_VAE_ENCODE: true, framepackv1.Stage_STAGE_VAE_DECODE: true,
@@ -20,6 +18,8 @@ func TestConvolves(t *testing.T) {
 	}
 }
 
+// TestStreams: the stages whose worker streams a stack of blocks are the transformer (its
+// blocks) and the text encoder (Llama's layers); no other stage gets the resident-block rung.
 func TestStreams(t *testing.T) {
 	want := map[framepackv1.Stage]string{framepackv1.Stage_STAGE_TRANSFORMER: "transformer blocks",
 		framepackv1.Stage_STAGE_TEXT_ENCODE: "llama layers"}
