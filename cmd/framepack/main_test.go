@@ -387,14 +387,15 @@ func TestCLI(t *testing.T) {
 		out := filepath.Join(f.dir, "restarted.mp4")
 		cmd := f.command(t, "generate", "--image", f.image, "--prompt", "block until restart", "--seconds", "1", "--steps", "2", "--out", out)
 		var stdout bytes.Buffer
-		stderr := &watchedBuffer{want: "queued", seen: make(chan struct{})}
+		stderr := &watchedBuffer{want: "text encode started", seen: make(chan struct{})}
 		cmd.Stdout, cmd.Stderr = &stdout, stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
 		f.waitBlocked(t)
-		// the restart is the watch's to survive: the CLI has its job id once it said "queued"
-		// (a daemon killed before its SubmitJob answer arrives leaves the CLI nothing to follow)
+		// the restart is the watch's to survive: wait until the CLI shows an event of its
+		// stream (after "queued" it may not have opened the stream yet, and a WatchJob made
+		// while the daemon restarts waits for the new one: no lost connection to report)
 		stderr.wait(t)
 		f.restart(t)
 		cmd.Wait()
