@@ -123,7 +123,16 @@ func (c Conv3d) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
 	if !p.OK() {
 		return nil
 	}
-	return p.Do(p.RT.Conv3d(x, c.Weight, c.Bias, runtime.Conv3dParams{Stride: c.Stride}))
+	return c.ForwardInput(p, x, runtime.ConvInput{})
+}
+
+// ForwardInput is Forward on the tensor in makes of x (upsampled and replicate padded, read in
+// place where the backend can: runtime.ConvInput).
+func (c Conv3d) ForwardInput(p *Pass, x *runtime.Tensor, in runtime.ConvInput) *runtime.Tensor {
+	if !p.OK() {
+		return nil
+	}
+	return p.Do(p.RT.Conv3d(x, c.Weight, c.Bias, runtime.Conv3dParams{Stride: c.Stride, Input: in}))
 }
 
 // Conv2d is torch.nn.Conv2d without padding (SigLIP's patch embedding).

@@ -261,3 +261,102 @@ func TestConv3dHalfSlabs(t *testing.T) {
 		}
 	}
 }
+
+// TestConv3dInputView: a conv that reads its input through upsampling and replicate padding
+// (Conv3dParams.Input: the VAE's causal convs, downsamplers and upsamplers) equals the conv of
+// the tensor UpsamplePad makes, with every tier the backend has forced alone, in f32, f16 and
+// bf16: bit for bit on the cpu backend (the core makes the tensor there), within a 16-bit
+// rounding on a GPU (the cuda backend gathers the view into its channels-last slabs, the own
+// kernel reads it in place, other paths get the tensor from the core). On a GPU the larger
+// cases run in several slabs (FRAMEPACK_CUDNN_SLAB_MB=16).
+func TestConv3dInputView(t *testing.T) {
+	t.Setenv("FRAMEPACK_CUDNN_SLAB_MB", "16")
+	base := newTestRuntime(t, Options{})
+	host := base.Backend().IsHost
+	causal := Pad3d{Before: [3]int{2, 1, 1}, After: [3]int{0, 1, 1}}
+	cases := []struct {
+		name   string
+		xs, ws []int
+		stride [3]int
+		in     ConvInput
+		device bool // only on a GPU backend (large: slabs)
+	}{
+		{"causal k3", []int{1, 8, 5, 12, 20}, []int{8, 8, 3, 3, 3}, [3]int{}, ConvInput{Replicate: causal}, false},
+		{"causal k3 stride 2", []int{1, 8, 7, 13, 18}, []int{16, 8, 3, 3, 3}, [3]int{2, 2, 2}, ConvInput{Replicate: causal}, false},
+		{"upsample 2x2x2", []int{1, 8, 3, 6, 10}, []int{8, 8, 3, 3, 3}, [3]int{},
+			ConvInput{Upsample: [3]int{2, 2, 2}, Replicate: Pad3d{Before: [3]int{1, 1, 1}, After: [3]int{0, 1, 1}}}, false},
+		{"upsample 1x2x2", []int{1, 8, 3, 6, 10}, []int{8, 8, 3, 3, 3}, [3]int{},
+			ConvInput{Upsample: [3]int{1, 2, 2}, Replicate: causal}, false},
+		{"causal k3 slabs", []int{1, 32, 9, 150, 200}, []int{32, 32, 3, 3, 3}, [3]int{}, ConvInput{Replicate: causal}, true},
+		{"upsample slabs", []int{1, 32, 5, 75, 100}, []int{32, 32, 3, 3, 3}, [3]int{},
+			ConvInput{Upsample: [3]int{2, 2, 2}, Replicate: Pad3d{Before: [3]int{1, 1, 1}, After: [3]int{0, 1, 1}}}, true},
+	}
+	for _, tier := range base.Backend().ConvTiers {
+		rt := newTestRuntime(t, Options{ConvPolicy: ConvPolicy{FirstTier: tier, Only: true}})
+		r := rand.New(rand.NewPCG(5, uint64(tier)))
+		for _, c := range cases {
+			if c.device && (host || tier == TierCPU) {
+				continue
+			}
+			for _, dt := range []DType{F32, F16, BF16} {
+				name := fmt.Sprintf("%s %s tier %s", c.name, dt, tier)
+				x, _, _ := halfTensor(t, rt, r, dt, c.xs...)
+				w, _, _ := halfTensor(t, rt, r, dt, c.ws...)
+				b, _, _ := halfTensor(t, rt, r, dt, c.ws[0])
+				if dt == F32 {
+					x, _ = randTensor(t, rt, r, c.xs...)
+					w, _ = randTensor(t, rt, r, c.ws...)
+					b, _ = randTensor(t, rt, r, c.ws[0])
+				}
+				got, err := rt.Conv3d(x, w, b, Conv3dParams{Stride: c.stride, Input: c.in})
+				if err != nil {
+					t.Fatalf("%s: %v", name, err)
+				}
+				up := c.in.Upsample
+				if up == [3]int{} {
+					up = [3]int{1, 1, 1}
+				}
+				made, err := rt.UpsamplePad(x, up, c.in.Replicate)
+				if err != nil {
+					t.Fatalf("%s: upsample pad: %v", name, err)
+				}
+				want, err := rt.Conv3d(made, w, b, Conv3dParams{Stride: c.stride})
+				made.Free()
+				if err != nil {
+					t.Fatalf("%s: conv of the made input: %v", name, err)
+				}
+				if !equalInts(got.Shape(), want.Shape()) {
+					t.Fatalf("%s: shape %v, want %v", name, got.Shape(), want.Shape())
+				}
+				g, wv := values(t, got), values(t, want)
+				ref := make([]float64, len(wv))
+				same := true
+				for i := range wv {
+					ref[i] = float64(wv[i])
+					if math.IsNaN(float64(g[i])) {
+						t.Fatalf("%s: element %d not written", name, i)
+					}
+					same = same && math.Float32bits(g[i]) == math.Float32bits(wv[i])
+				}
+				tol := 1e-5
+				if dt != F32 {
+					tol = 4e-3
+				}
+				if e := relL2(g, ref); e > tol || (host && !same) {
+					t.Errorf("%s: rel L2 %.3g against the conv of the made input (tolerance %g; bit for bit on the cpu: %v)",
+						name, e, tol, same)
+				}
+				got.Free()
+				want.Free()
+			}
+		}
+	}
+	x, _ := randTensor(t, base, rand.New(rand.NewPCG(1, 1)), 1, 4, 0, 5, 5)
+	w, _ := randTensor(t, base, rand.New(rand.NewPCG(1, 2)), 4, 4, 1, 3, 3)
+	if y, err := base.Conv3d(x, w, nil, Conv3dParams{Input: ConvInput{Replicate: Pad3d{Before: [3]int{1, 1, 1}}}}); !errors.Is(err, ErrInvalidArgument) {
+		if err == nil {
+			y.Free()
+		}
+		t.Errorf("replicate padding of an empty dim: %v, want invalid argument", err)
+	}
+}

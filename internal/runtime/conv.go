@@ -66,17 +66,41 @@ func ParseTier(s string) (Tier, error) {
 }
 
 // Conv3dParams are a 3-D convolution's options. Zero stride means 1; padding is zero padding
-// on both sides of (T, H, W); zero groups means 1.
+// on both sides of (T, H, W); zero groups means 1. Input says how the conv reads x.
 type Conv3dParams struct {
 	Stride  [3]int
 	Padding [3]int
 	Groups  int
+	Input   ConvInput
+}
+
+// ConvInput is the tensor a conv convolves, made from x: x upsampled (nearest) by Upsample
+// (zero means 1), then replicate padded by Replicate, over (T, H, W) — UpsamplePad(x, Upsample,
+// Replicate) without the copy. The VAE's causal convs (replicate padding) and its upsamplers'
+// convs read it so: the cuda backend's channels-last path and the own kernel read x in place;
+// elsewhere the native core makes the tensor for the call and frees it after (the same sums).
+// The zero value is x itself.
+type ConvInput struct {
+	Upsample  [3]int
+	Replicate Pad3d
+}
+
+// dim is the input's extent along dim i (T, H, W) when x has n there.
+func (v ConvInput) dim(i, n int) int {
+	return v.Replicate.Before[i] + max(v.Upsample[i], 1)*n + v.Replicate.After[i]
+}
+
+func (v ConvInput) identity() bool {
+	return v == ConvInput{} || v == ConvInput{Upsample: [3]int{1, 1, 1}}
 }
 
 func (p Conv3dParams) norm() Conv3dParams {
 	for i := range 3 {
 		if p.Stride[i] == 0 {
 			p.Stride[i] = 1
+		}
+		if p.Input.Upsample[i] == 0 {
+			p.Input.Upsample[i] = 1
 		}
 	}
 	if p.Groups == 0 {
@@ -378,8 +402,13 @@ func convKey(backend string, device int, xs, ws []int, xdt, wdt DType, p Conv3dP
 		}
 		return strings.Join(parts, "x")
 	}
-	return fmt.Sprintf("conv3d x=%s w=%s s=%s p=%s g=%d %s/%s %s:%d", dims(xs), dims(ws),
-		dims(p.Stride[:]), dims(p.Padding[:]), p.Groups, xdt, wdt, backend, device)
+	view := ""
+	if !p.Input.identity() {
+		view = fmt.Sprintf(" up=%s rb=%s ra=%s", dims(p.Input.Upsample[:]), dims(p.Input.Replicate.Before[:]),
+			dims(p.Input.Replicate.After[:]))
+	}
+	return fmt.Sprintf("conv3d x=%s w=%s s=%s p=%s g=%d%s %s/%s %s:%d", dims(xs), dims(ws),
+		dims(p.Stride[:]), dims(p.Padding[:]), p.Groups, view, xdt, wdt, backend, device)
 }
 
 // Conv3d is a PyTorch Conv3d forward: x [N, Cin, T, H, W], w [Cout, Cin/groups, kT, kH, kW],
@@ -404,9 +433,15 @@ func (rt *Runtime) Conv3d(x, w, bias *Tensor, p Conv3dParams) (*Tensor, error) {
 		if p.Stride[i] < 1 || p.Padding[i] < 0 {
 			return nil, argError(op, "stride %v padding %v", p.Stride, p.Padding)
 		}
-		span := x.Dim(2+i) + 2*p.Padding[i] - w.Dim(2+i)
+		v := p.Input
+		if v.Upsample[i] < 1 || v.Replicate.Before[i] < 0 || v.Replicate.After[i] < 0 ||
+			(x.Dim(2+i) == 0 && v.Replicate.Before[i]+v.Replicate.After[i] > 0) {
+			return nil, argError(op, "input upsampling %v and replicate padding %v, %v of %s", v.Upsample,
+				v.Replicate.Before, v.Replicate.After, x)
+		}
+		span := v.dim(i, x.Dim(2+i)) + 2*p.Padding[i] - w.Dim(2+i)
 		if span < 0 {
-			return nil, argError(op, "kernel %s larger than padded input %s (padding %v)", w, x, p.Padding)
+			return nil, argError(op, "kernel %s larger than padded input %s (padding %v, input %+v)", w, x, p.Padding, v)
 		}
 		shape[2+i] = span/p.Stride[i] + 1
 	}
@@ -466,6 +501,9 @@ func (c *convChain) run(key string, p Conv3dParams, hs []C.fpk_tensor_t, out *Te
 	for i := range 3 {
 		cp.stride[i] = C.int64_t(p.Stride[i])
 		cp.padding[i] = C.int64_t(p.Padding[i])
+		cp.upsample[i] = C.int64_t(p.Input.Upsample[i])
+		cp.replicate_before[i] = C.int64_t(p.Input.Replicate.Before[i])
+		cp.replicate_after[i] = C.int64_t(p.Input.Replicate.After[i])
 	}
 	var tierErrs []string
 	var oom error

@@ -91,6 +91,8 @@ static const float *weight_get(weight_rows *wr, int64_t g, int64_t r0, int64_t n
 fpk_status fpk_cpu_conv3d(void *ctx, void *stream, fpk_conv_tier tier, const fpk_conv3d_params *p,
                           fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out) {
     (void)stream;
+    if (fpk_conv_has_view(p)) /* the core pads (and upsamples) for it: the same sums */
+        return fpk_set_error(FPK_ERR_UNSUPPORTED, "conv3d: the cpu backend reads no input view");
     fpk_tensor_t *io[] = {&x, &bias, &out};
     FPK_CPU_WIDE(ctx, io, 2, fpk_cpu_conv3d(ctx, stream, tier, p, x, w, bias, out));
     (void)tier;

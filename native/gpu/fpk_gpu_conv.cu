@@ -25,7 +25,18 @@ struct conv_desc {
     void *y;
     int ydt;
     int64_t N, Cin, T, H, W, Cout, kT, kH, kW, To, Ho, Wo, sT, sH, sW, pT, pH, pW, G;
+    /* the input as the conv reads it (fpk_conv3d_params' view): T, H, W upsampled by uT.. and
+     * replicate padded by bT.. before, to vT, vH, vW; without a view u = 1, b = 0, v = T, H, W */
+    int64_t uT, uH, uW, bT, bH, bW, vT, vH, vW;
 };
+
+/* The source index of view coordinate i (0 <= i < the view's extent) of a dim of n elements
+ * upsampled by u and replicate padded by b before. */
+__device__ __forceinline__ int64_t view_src(int64_t i, int64_t u, int64_t b, int64_t n) {
+    int64_t j = i - b;
+    j = j < 0 ? 0 : j >= u * n ? u * n - 1 : j;
+    return u == 1 ? j : j / u;
+}
 
 #define CM 64 /* output channels per block */
 #define CP 64 /* output positions per block */
@@ -68,8 +79,12 @@ __global__ void __launch_bounds__(256) k_conv3d(conv_desc d) {
                     int64_t ci = k / kvol, rem = k % kvol;
                     int64_t kt = rem / (d.kH * d.kW), kh = (rem / d.kW) % d.kH, kw = rem % d.kW;
                     int64_t t = tb + kt, h = hb + kh, w = wb + kw;
-                    if (t >= 0 && t < d.T && h >= 0 && h < d.H && w >= 0 && w < d.W)
+                    if (t >= 0 && t < d.vT && h >= 0 && h < d.vH && w >= 0 && w < d.vW) {
+                        t = view_src(t, d.uT, d.bT, d.T);
+                        h = view_src(h, d.uH, d.bH, d.H);
+                        w = view_src(w, d.uW, d.bW, d.W);
                         v = fpk_ld(d.x, d.xdt, xbase + (ci * d.T + t) * HW + h * d.W + w);
+                    }
                 }
                 Xs[kk][col] = v;
             }
@@ -127,6 +142,15 @@ static void fill_desc(conv_desc *d, const fpk_conv3d_params *p, const fpk_gt *x,
     d->pH = p->padding[1];
     d->pW = p->padding[2];
     d->G = p->groups ? p->groups : 1;
+    d->uT = p->upsample[0] > 1 ? p->upsample[0] : 1;
+    d->uH = p->upsample[1] > 1 ? p->upsample[1] : 1;
+    d->uW = p->upsample[2] > 1 ? p->upsample[2] : 1;
+    d->bT = p->replicate_before[0];
+    d->bH = p->replicate_before[1];
+    d->bW = p->replicate_before[2];
+    d->vT = fpk_conv_view_dim(p, 0, d->T);
+    d->vH = fpk_conv_view_dim(p, 1, d->H);
+    d->vW = fpk_conv_view_dim(p, 2, d->W);
 }
 
 static fpk_status conv_own(cudaStream_t st, const conv_desc *d) {
@@ -183,6 +207,53 @@ static fpk_status transpose_rc(cudaStream_t st, const transpose_desc &d, int64_t
     return fpk_gpu_launched("conv3d channels-last transpose");
 }
 
+/* dst[n][r][c] = the view of src [N][C][T][H][W] (upsampled by u, replicate padded by b before,
+ * as conv_desc's view) at view position r of the frames [t0, t0 + R/(vH*vW)), channel c: one
+ * slab of the conv's input, channels-last (NDHWC), read in place of a padded copy. A block takes
+ * 32 positions, finds their source offset once (32-bit: the slab is within 32-bit counts) and
+ * moves every channel through a 32 x 32 shared tile, so both sides go in whole rows. Values
+ * pass through f32 unchanged. */
+struct gather_desc {
+    const void *src;
+    void *dst;
+    int dt;
+    int64_t C, T, H, W, sN; /* source dims and its elements per sample */
+    int32_t R, vH, vW;      /* positions of the slab, the view's H and W */
+    int32_t t0, uT, uH, uW, bT, bH, bW;
+};
+
+__device__ __forceinline__ int32_t view_src32(int32_t i, int32_t u, int32_t b, int32_t n) {
+    int32_t j = i - b;
+    j = j < 0 ? 0 : j >= u * n ? u * n - 1 : j;
+    return u == 1 ? j : j / u;
+}
+
+__global__ void __launch_bounds__(256) k_gather_ndhwc(gather_desc d) {
+    __shared__ float t[32][33];
+    const int32_t r0 = blockIdx.x * 32;
+    const int64_t n = blockIdx.z;
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    int64_t off = -1;
+    if (r0 + tx < d.R) {
+        int32_t r = r0 + tx, hw = d.vH * d.vW;
+        int32_t tv = d.t0 + r / hw, hv = (r % hw) / d.vW, wv = r % d.vW;
+        int64_t ts = view_src32(tv, d.uT, d.bT, (int32_t)d.T), hs = view_src32(hv, d.uH, d.bH, (int32_t)d.H),
+                ws = view_src32(wv, d.uW, d.bW, (int32_t)d.W);
+        off = n * d.sN + (ts * d.H + hs) * d.W + ws;
+    }
+    const int64_t THW = d.T * d.H * d.W;
+    for (int64_t c0 = 0; c0 < d.C; c0 += 32) {
+        for (int i = ty; i < 32; i += 8)
+            if (off >= 0 && c0 + i < d.C) t[i][tx] = fpk_ld(d.src, d.dt, off + (c0 + i) * THW);
+        __syncthreads();
+        for (int i = ty; i < 32; i += 8) {
+            int64_t r = r0 + i, c = c0 + tx;
+            if (r < d.R && c < d.C) fpk_st(d.dst, d.dt, (n * d.R + r) * d.C + c, t[tx][i]);
+        }
+        __syncthreads();
+    }
+}
+
 /* One vendor conv on contiguous tensors of one dtype (dims must fit 32 bits). */
 static fpk_status vendor_once(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
                               const int64_t *xs, const void *x, const int64_t *ws, const void *w, const int64_t *ys,
@@ -209,7 +280,9 @@ static fpk_status conv_vendor_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gp
                                    const fpk_conv3d_params *p, const fpk_gt *x, const void *wp, const fpk_gt *w,
                                    const fpk_gt *bias, const fpk_gt *out) {
     size_t es = fpk_dt_size(dt);
-    int64_t N = x->shape[0], Cin = x->shape[1], T = x->shape[2], HW = x->shape[3] * x->shape[4];
+    /* T, H, W: the input as the conv reads it (its view) */
+    int64_t vH = fpk_conv_view_dim(p, 1, x->shape[3]), vW = fpk_conv_view_dim(p, 2, x->shape[4]);
+    int64_t N = x->shape[0], Cin = x->shape[1], T = fpk_conv_view_dim(p, 0, x->shape[2]), HW = vH * vW;
     int64_t K = w->shape[0], Cg = w->shape[1], kT = w->shape[2], kvol = kT * w->shape[3] * w->shape[4];
     int64_t To = out->shape[2], oHW = out->shape[3] * out->shape[4];
     int64_t sT = p->stride[0] ? p->stride[0] : 1;
@@ -229,7 +302,8 @@ static fpk_status conv_vendor_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gp
     }
     int64_t tin_max = (frames - 1) * sT + kT;
     if (tin_max > T || frames == To) tin_max = T;
-    if (N * Cin * HW * tin_max > INT_MAX || N * K * oHW * frames > INT_MAX)
+    if (N * Cin * HW * tin_max > INT_MAX || N * K * oHW * frames > INT_MAX || N > 65535 ||
+        x->shape[2] * x->shape[3] * x->shape[4] > INT_MAX)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE,
                                  "conv3d vendor tier: tensor beyond 32-bit element counts with temporal padding");
     fpk_scratch sw(sf), sx(sf), sy(sf);
@@ -244,9 +318,14 @@ static fpk_status conv_vendor_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gp
         int64_t ti0 = t0 * sT, tin = (tn - 1) * sT + kT; /* several slabs: no temporal padding */
         if (frames == To) ti0 = 0, tin = T;
         if (ti0 + tin > T) tin = T - ti0;
-        const char *xs0 = (const char *)x->data + (size_t)(ti0 * HW) * es;
-        FPK_TRY(transpose_rc(st, {xs0, sx.ptr, nullptr, dt, 0, Cin, tin * HW, Cin * T * HW, T * HW, tin * HW * Cin, Cin}, N));
-        int64_t sxs[5] = {N, Cin, tin, x->shape[3], x->shape[4]}, sys[5] = {N, K, tn, out->shape[3], out->shape[4]};
+        gather_desc g = {x->data, sx.ptr, dt, Cin, x->shape[2], x->shape[3], x->shape[4],
+                         Cin * x->shape[2] * x->shape[3] * x->shape[4], (int32_t)(tin * HW), (int32_t)vH, (int32_t)vW,
+                         (int32_t)ti0, (int32_t)(p->upsample[0] > 1 ? p->upsample[0] : 1),
+                         (int32_t)(p->upsample[1] > 1 ? p->upsample[1] : 1), (int32_t)(p->upsample[2] > 1 ? p->upsample[2] : 1),
+                         (int32_t)p->replicate_before[0], (int32_t)p->replicate_before[1], (int32_t)p->replicate_before[2]};
+        k_gather_ndhwc<<<dim3((unsigned)((g.R + 31) / 32), 1, (unsigned)N), 256, 0, st>>>(g);
+        FPK_TRY(fpk_gpu_launched("conv3d channels-last gather"));
+        int64_t sxs[5] = {N, Cin, tin, vH, vW}, sys[5] = {N, K, tn, out->shape[3], out->shape[4]};
         FPK_TRY(vendor_once(c, st, sf, tuned, dt, sxs, sx.ptr, ws, sw.ptr, sys, sy.ptr, p, 1));
         char *ys0 = (char *)out->data + (size_t)(t0 * oHW) * es;
         FPK_TRY(transpose_rc(st, {sy.ptr, ys0, bias ? bias->data : nullptr, dt, bias ? bias->dtype : 0, tn * oHW, K,
@@ -264,6 +343,10 @@ static fpk_status conv_vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
      * matrix units, float accumulation), else f32 (the 16-bit one widened exactly) */
     int dt = x->dtype == w->dtype ? x->dtype : FPK_F32;
     size_t es = fpk_dt_size(dt);
+    /* channels-last implies w in dt already (dt is x's) */
+    bool nhwc = x->dtype == dt && out->dtype == dt && fpk_vendor_conv_nhwc(c, dt);
+    if (!nhwc && fpk_conv_has_view(p)) /* the core makes the view for the NCDHW path */
+        return fpk_gpu_set_error(FPK_ERR_UNSUPPORTED, "conv3d vendor tier: no input view on the NCDHW path");
     fpk_scratch sx(sf), sw(sf), sy(sf);
     const void *xp = x->data, *wp = w->data;
     if (w->dtype != dt) {
@@ -271,8 +354,7 @@ static fpk_status conv_vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
         FPK_TRY(fpk_gpu_convert(st, sw.ptr, dt, w->data, w->dtype, w->numel));
         wp = sw.ptr;
     }
-    if (x->dtype == dt && out->dtype == dt && fpk_vendor_conv_nhwc(c, dt))
-        return conv_vendor_nhwc(c, st, sf, tuned, dt, p, x, wp, w, bias, out);
+    if (nhwc) return conv_vendor_nhwc(c, st, sf, tuned, dt, p, x, wp, w, bias, out);
     int64_t xs[5], ws[5], ys[5];
     for (int i = 0; i < 5; i++) {
         xs[i] = x->shape[i];

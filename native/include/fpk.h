@@ -40,8 +40,10 @@ extern "C" {
  *    backend slots after the version-6 one.
  * 8: fpk_op_rms_norm_rope (its optional slot after the version-7 ones),
  *    fpk_gemm_params.epilogue (bias + GELU(tanh) fused into the GEMM) and
- *    fpk_attention_params.causal. */
-#define FPK_API_VERSION 8
+ *    fpk_attention_params.causal.
+ * 9: fpk_conv3d_params.upsample, replicate_before and replicate_after (the conv reads its input
+ *    through nearest upsampling and replicate padding without a padded copy where it can). */
+#define FPK_API_VERSION 9
 
 /* Most dimensions a tensor may have. */
 #define FPK_MAX_DIMS 8
@@ -267,14 +269,23 @@ fpk_status fpk_op_gemm(fpk_stream_t stream, const fpk_gemm_params *params, fpk_t
 
 /* 3-D convolution, cross-correlation as in PyTorch. x: [N, Cin, T, H, W];
  * w: [Cout, Cin/groups, kT, kH, kW]; bias: [Cout] or NULL;
- * out: [N, Cout, (T+2pT-kT)/sT+1, (H+2pH-kH)/sH+1, (W+2pW-kW)/sW+1]. Zero padding.
+ * out: [N, Cout, (T'+2pT-kT)/sT+1, (H'+2pH-kH)/sH+1, (W'+2pW-kW)/sW+1]. Zero padding.
+ * T', H', W' are the input's dims as the conv reads it: x upsampled (nearest) by `upsample`,
+ * then replicate padded by replicate_before/after (T' = bT + uT*T + aT; with none, x's dims):
+ * the VAE's causal convs (replicate padding) and its upsamplers' convs, read in place where
+ * the backend can (the gpu backend's channels-last path and own kernel). A backend that cannot
+ * for a call answers FPK_ERR_UNSUPPORTED and the core makes that tensor (fpk_op_upsample_pad)
+ * for the call, then convolves it.
  * tier picks the implementation; a tier the backend lacks returns FPK_ERR_UNAVAILABLE.
  * On the cpu tier w may be F16 or BF16 (widened to f32 per group, or per panel of output
  * channels when a group's weight is large). */
 typedef struct fpk_conv3d_params {
-    int64_t stride[3];  /* T, H, W; 0 means 1 */
-    int64_t padding[3]; /* T, H, W, both sides */
-    int64_t groups;     /* 0 means 1 */
+    int64_t stride[3];           /* T, H, W; 0 means 1 */
+    int64_t padding[3];          /* T, H, W, both sides, zeros */
+    int64_t groups;              /* 0 means 1 */
+    int64_t upsample[3];         /* T, H, W nearest upsampling of x; 0 means 1 (API version 9) */
+    int64_t replicate_before[3]; /* T, H, W replicate padding of the upsampled x (API version 9) */
+    int64_t replicate_after[3];
 } fpk_conv3d_params;
 fpk_status fpk_op_conv3d(fpk_stream_t stream, fpk_conv_tier tier, const fpk_conv3d_params *params,
                          fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out);

@@ -933,9 +933,15 @@ static fpk_status conv_out_dims(const char *op, const fpk_conv3d_params *p, fpk_
         int64_t st = p->stride[i] ? p->stride[i] : 1;
         CHECK(st > 0 && p->padding[i] >= 0, "%s: stride %lld and padding %lld of dim %d", op,
               (long long)st, (long long)p->padding[i], i);
-        int64_t span = x->shape[2 + i] + 2 * p->padding[i] - w->shape[2 + i];
+        CHECK(p->upsample[i] >= 0 && p->replicate_before[i] >= 0 && p->replicate_after[i] >= 0,
+              "%s: upsample %lld and replicate padding %lld, %lld of dim %d", op, (long long)p->upsample[i],
+              (long long)p->replicate_before[i], (long long)p->replicate_after[i], i);
+        CHECK(x->shape[2 + i] > 0 || (p->replicate_before[i] == 0 && p->replicate_after[i] == 0),
+              "%s: replicate padding of an empty dim %d", op, i);
+        int64_t in = fpk_conv_view_dim(p, i, x->shape[2 + i]);
+        int64_t span = in + 2 * p->padding[i] - w->shape[2 + i];
         CHECK(span >= 0, "%s: kernel %lld larger than padded input %lld in dim %d", op,
-              (long long)w->shape[2 + i], (long long)(x->shape[2 + i] + 2 * p->padding[i]), i);
+              (long long)w->shape[2 + i], (long long)(in + 2 * p->padding[i]), i);
         o[i] = span / st + 1;
     }
     return FPK_OK;
@@ -1014,6 +1020,47 @@ static fpk_status conv3d_host_bounce(fpk_stream_t s, const fpk_conv3d_params *p,
     return st;
 }
 
+/* Serves a conv whose backend cannot read its input's view (upsampling, replicate padding)
+ * in place for this call: the view made as a tensor of the backend (counted against its cap),
+ * convolved, and freed (stream-ordered, as the callers' own temporaries). */
+static fpk_status conv3d_view_made(fpk_stream_t s, fpk_conv_tier tier, const fpk_conv3d_params *p,
+                                   fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out) {
+    int64_t shape[5] = {x->shape[0], x->shape[1], 0, 0, 0}, scale[3], before[3], after[3];
+    int up = 0;
+    for (int i = 0; i < 3; i++) {
+        shape[2 + i] = fpk_conv_view_dim(p, i, x->shape[2 + i]);
+        scale[i] = p->upsample[i] > 1 ? p->upsample[i] : 1;
+        before[i] = p->replicate_before[i];
+        after[i] = p->replicate_after[i];
+        up |= scale[i] > 1;
+    }
+    fpk_tensor_t v = NULL;
+    TRY(fpk_tensor_new(s->backend, x->dtype, 5, shape, &v));
+    fpk_status st;
+    if (!up) {
+        int64_t b5[5] = {0, 0, before[0], before[1], before[2]}, a5[5] = {0, 0, after[0], after[1], after[2]};
+        st = fpk_op_pad(s, FPK_PAD_REPLICATE, b5, a5, x, v);
+    } else {
+        st = fpk_op_upsample_pad(s, scale, before, after, x, v);
+        if (st == FPK_ERR_UNSUPPORTED) { /* a backend without the fused slot: the two ops */
+            fpk_clear_error();
+            int64_t us[5] = {x->shape[0], x->shape[1], x->shape[2] * scale[0], x->shape[3] * scale[1],
+                             x->shape[4] * scale[2]};
+            fpk_tensor_t u = NULL;
+            st = fpk_tensor_new(s->backend, x->dtype, 5, us, &u);
+            if (st == FPK_OK) st = fpk_op_upsample_nearest3d(s, scale, x, u);
+            int64_t b5[5] = {0, 0, before[0], before[1], before[2]}, a5[5] = {0, 0, after[0], after[1], after[2]};
+            if (st == FPK_OK) st = fpk_op_pad(s, FPK_PAD_REPLICATE, b5, a5, u, v);
+            fpk_tensor_free(u);
+        }
+    }
+    fpk_conv3d_params plain = *p;
+    for (int i = 0; i < 3; i++) plain.upsample[i] = plain.replicate_before[i] = plain.replicate_after[i] = 0;
+    if (st == FPK_OK) st = fpk_op_conv3d(s, tier, &plain, v, w, bias, out);
+    fpk_tensor_free(v);
+    return st;
+}
+
 fpk_status fpk_op_conv3d(fpk_stream_t s, fpk_conv_tier tier, const fpk_conv3d_params *p,
                          fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out) {
     const char *op = "conv3d";
@@ -1024,6 +1071,10 @@ fpk_status fpk_op_conv3d(fpk_stream_t s, fpk_conv_tier tier, const fpk_conv3d_pa
         st = s->backend->iface->conv3d(BCTX(s), tier, p, x, w, bias, out);
     else
         fpk_set_error(st, "%s: backend %s has no conv", op, s->backend->iface->name);
+    if (st == FPK_ERR_UNSUPPORTED && fpk_conv_has_view(p)) {
+        fpk_clear_error();
+        return conv3d_view_made(s, tier, p, x, w, bias, out);
+    }
     if (st == FPK_ERR_UNAVAILABLE && tier == FPK_CONV_TIER_CPU) {
         fpk_clear_error();
         return conv3d_host_bounce(s, p, x, w, bias, out);

@@ -19,6 +19,15 @@ type Scratch struct {
 	Conv func(k [3]int, cin, cout int, out [5]int, elem, welem int) int64
 	// Attention is the scratch of one attention call of lq queries and lk keys of width d.
 	Attention func(lq, lk, d, elem int) int64
+	// ReadsInPlace reports whether a conv of elem-byte activations and welem-byte weights
+	// reads its padded (and upsampled) input in place (runtime.ConvInput); when not, the
+	// native core makes that tensor for the call. Nil means never.
+	ReadsInPlace func(elem, welem int) bool
+}
+
+// inPlace is Scratch.ReadsInPlace for the walk's dtypes.
+func (s *memSim) inPlace() bool {
+	return s.o.Scratch.ReadsInPlace != nil && s.o.Scratch.ReadsInPlace(s.o.ActivationBytes, s.o.WeightBytes)
 }
 
 // CPUScratch is the cpu backend's scratch (native/cpu): one im2col band of at most 32 MiB
@@ -86,7 +95,8 @@ func GPUScratch() Scratch {
 // FRAMEPACK_CUDNN_SLAB_MB, default 1024 MiB), the weights transposed, and the workspace cuDNN's
 // search offers then (find_workspace_want: half the slab's bytes, at least 16 MiB, at most
 // FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB, default 256 MiB; without layout transforms cuDNN's
-// matrix-unit kernels need little).
+// matrix-unit kernels need little). Those convs gather their padded, upsampled input into the
+// slab (ReadsInPlace): no padded copy.
 func CUDAScratch() Scratch {
 	s := GPUScratch()
 	if os.Getenv("FRAMEPACK_CUDNN_LAYOUT") == "ncdhw" {
@@ -103,6 +113,7 @@ func CUDAScratch() Scratch {
 		io := min(int64(cin+cout)*vox*int64(elem), slab)
 		return convWeightBytes(k, cin, cout, elem) + charged(io) + min(max(io/2, 16<<20), most)
 	}
+	s.ReadsInPlace = func(elem, welem int) bool { return elem == 2 && welem == elem }
 	return s
 }
 
@@ -186,6 +197,11 @@ func (s *memSim) conv(x [5]int, cout int, k int, stride [3]int) [5]int {
 	}
 	scratch := s.o.Scratch.Conv(kk, x[1], cout, out, s.o.ActivationBytes, s.o.WeightBytes)
 	if k == 1 {
+		s.alloc(out)
+		s.transient(scratch)
+		return out
+	}
+	if s.inPlace() {
 		s.alloc(out)
 		s.transient(scratch)
 		return out
@@ -333,11 +349,18 @@ func (s *memSim) upBlock(x [5]int, b blockPlan) [5]int {
 	out[2] = 1 + b.stride[0]*(h[2]-1)
 	out[3] *= b.stride[1]
 	out[4] *= b.stride[2]
+	scratch := s.o.Scratch.Conv([3]int{3, 3, 3}, h[1], b.out, out, s.o.ActivationBytes, s.o.WeightBytes)
+	if s.inPlace() {
+		s.alloc(out)
+		s.transient(scratch)
+		s.free(h)
+		return out
+	}
 	padded := h
 	padded[2], padded[3], padded[4] = out[2]+2, out[3]+2, out[4]+2
 	s.alloc(padded)
 	s.alloc(out)
-	s.transient(s.o.Scratch.Conv([3]int{3, 3, 3}, h[1], b.out, out, s.o.ActivationBytes, s.o.WeightBytes))
+	s.transient(scratch)
 	s.free(padded)
 	s.free(h)
 	return out

@@ -24,13 +24,10 @@ func bindCausalConv3d(l *nn.Loader, prefix string, cin, cout, k int, stride [3]i
 }
 
 // Forward: x [B, Cin, T, H, W] → [B, Cout, (T−1)/sT+1, (H−1)/sH+1, (W−1)/sW+1] for k = 3.
+// The conv reads x through the padding (runtime.ConvInput): no padded copy where the backend
+// reads it in place.
 func (c *CausalConv3d) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
-	pad := c.padding(0)
-	if pad.Before == [3]int{} && pad.After == [3]int{} {
-		return c.Conv.Forward(p, x)
-	}
-	padded := p.Do(p.RT.Pad3d(x, runtime.PadReplicate, pad))
-	return p.Then(padded, func(x *runtime.Tensor) *runtime.Tensor { return c.Conv.Forward(p, x) })
+	return c.Conv.ForwardInput(p, x, runtime.ConvInput{Replicate: c.padding(0)})
 }
 
 // padding is the conv's replicate padding when the input's first `extra` frames already are
@@ -347,12 +344,11 @@ func (u *UpsampleCausal3D) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tenso
 	// Repeating every frame sT times and dropping the first sT−1 copies leaves frame 0 once and
 	// every other frame sT times: cat(first_frame, interpolate(other_frames)). The dropped
 	// copies of frame 0 are what the conv's causal padding would put back (replicates of frame
-	// 0), so they stay and serve as part of it, and the upsampling and the padding are one op:
-	// neither the upsampled nor a sliced copy is made.
+	// 0), so they stay and serve as part of it, and the conv reads the upsampled, padded input
+	// in place (runtime.ConvInput): neither the upsampled nor a sliced copy is made.
 	extra := u.Factor[0] - 1
 	if extra <= u.Conv.Conv.Kernel[0]-1 {
-		padded := p.Do(p.RT.UpsamplePad(x, u.Factor, u.Conv.padding(extra)))
-		return p.Then(padded, func(x *runtime.Tensor) *runtime.Tensor { return u.Conv.Conv.Forward(p, x) })
+		return u.Conv.Conv.ForwardInput(p, x, runtime.ConvInput{Upsample: u.Factor, Replicate: u.Conv.padding(extra)})
 	}
 	up := p.Do(p.RT.UpsampleNearest3d(x, u.Factor))
 	up = p.Then(up, func(up *runtime.Tensor) *runtime.Tensor { return p.Do(p.RT.Slice(up, 2, extra, up.Dim(2))) })
