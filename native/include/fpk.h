@@ -287,6 +287,16 @@ typedef struct fpk_conv3d_params {
     int64_t replicate_before[3]; /* T, H, W replicate padding of the upsampled x (API version 9) */
     int64_t replicate_after[3];
 } fpk_conv3d_params;
+/* Whether a conv reads its input through upsampling or replicate padding (fpk_conv3d_params,
+ * API version 9), and the input's dims as it reads them (T, H, W). */
+static inline int fpk_conv_has_view(const fpk_conv3d_params *p) {
+    for (int i = 0; i < 3; i++)
+        if (p->upsample[i] > 1 || p->replicate_before[i] != 0 || p->replicate_after[i] != 0) return 1;
+    return 0;
+}
+static inline int64_t fpk_conv_view_dim(const fpk_conv3d_params *p, int i, int64_t n) {
+    return p->replicate_before[i] + (p->upsample[i] > 1 ? p->upsample[i] : 1) * n + p->replicate_after[i];
+}
 fpk_status fpk_op_conv3d(fpk_stream_t stream, fpk_conv_tier tier, const fpk_conv3d_params *params,
                          fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out);
 

@@ -221,17 +221,6 @@ static inline size_t fpk_dtype_bytes(fpk_dtype d) {
     return d == FPK_F32 || d == FPK_I32 ? 4 : d == FPK_F16 || d == FPK_BF16 ? 2 : d == FPK_U8 ? 1 : 0;
 }
 
-/* Whether a conv reads its input through upsampling or replicate padding (fpk_conv3d_params,
- * API version 9), and the input's dims as it reads them (T, H, W). */
-static inline int fpk_conv_has_view(const fpk_conv3d_params *p) {
-    for (int i = 0; i < 3; i++)
-        if (p->upsample[i] > 1 || p->replicate_before[i] != 0 || p->replicate_after[i] != 0) return 1;
-    return 0;
-}
-static inline int64_t fpk_conv_view_dim(const fpk_conv3d_params *p, int i, int64_t n) {
-    return p->replicate_before[i] + (p->upsample[i] > 1 ? p->upsample[i] : 1) * n + p->replicate_after[i];
-}
-
 static inline void *fpk_tensor_data(fpk_tensor_t t) {
     return (char *)t->buf->data + t->offset;
 }
