@@ -25,7 +25,7 @@
 # memory  NVML discovery, and a worker holding 40 GB killed: used memory back within 2 s
 # vaecheck   conv op tests and the VAE parity cases with the vendor tiers forced (issue 18)
 # vaebench   the VAE stages against PyTorch, and channels-last against NCDHW and heuristic convs
-# vaeprofile per-op device time of one decode under an 8 GiB cap
+# vaeprofile per-op device time of one decode under an 8 GiB cap (VAE_PROFILE_STAGES: others)
 # vaehalf    the VAE fixture cases in fp16 and bf16: ours, and the reference code (diffusers) on
 #            this GPU in the same dtypes (scripts/gpubench/vae_half_ref.py)
 # bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), then a per-op
@@ -251,6 +251,10 @@ for phase in "${phases[@]}"; do
 			case $v in
 			ncdhw) FRAMEPACK_CUDNN_LAYOUT=ncdhw run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode_tiled256 ;;
 			heuristic) FRAMEPACK_CONV_TIER=vendor_default run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode,vae_decode_tiled,vae_decode_tiled256 ;;
+			# the own conv tier alone (a driver without vendor convs): its matrix-core kernel,
+			# and its FMA kernel on the encode only (minutes on a decode)
+			own) FRAMEPACK_CONV_TIER=own_kernel run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode,vae_decode_tiled,vae_encode ;;
+			ownfma) FRAMEPACK_CONV_TIER=own_kernel FRAMEPACK_GPU_CONV_MMA=0 run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_encode ;;
 			esac
 			cp "$B"/ours.json "$OUT/ours-$v.json"
 		done
@@ -270,9 +274,11 @@ for phase in "${phases[@]}"; do
 		;;
 	vaeprofile)
 		B=${BENCH_DIR:-/tmp/fpk-bench}
-		run "bench profile (vae_decode_tiled)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode_tiled -profile
-		cp "$B"/profile-vae_decode_tiled.json "$OUT"/ 2>/dev/null
-		sed -n '/^profile vae_decode_tiled/,/^$/p' "$LOG" | head -40 >>"$SUMMARY"
+		for st in ${VAE_PROFILE_STAGES:-vae_decode_tiled}; do
+			run "bench profile ($st)" 300 "$BIN/gpubench" -dir "$B" -stages "$st" -profile
+			cp "$B/profile-$st.json" "$OUT"/ 2>/dev/null
+			sed -n "/^profile $st /,/^\$/p" "$LOG" | head -40 >>"$SUMMARY"
+		done
 		;;
 	*)
 		echo "gpu-check: unknown phase $phase" >&2
