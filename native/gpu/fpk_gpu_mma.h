@@ -45,6 +45,18 @@ __device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pr
 #endif
 }
 
+/* The same through L1 (cp.async.ca): for data other blocks' or this block's later copies read
+ * again soon (a conv's neighbouring taps). */
+__device__ __forceinline__ void cp_async16_ca(void *smem, const void *gmem, bool pred) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    int n = pred ? 16 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(n));
+#else
+    (void)smem, (void)gmem, (void)pred;
+#endif
+}
+
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;");
