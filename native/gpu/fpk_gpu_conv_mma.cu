@@ -719,11 +719,16 @@ fpk_status fpk_gpu_conv_ndhwc_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
                                  (long long)C);
     int64_t M = N * To * Ho * Wo, R = kT * kH * kW * C;
     if (M == 0 || K == 0) return FPK_OK;
-    /* rows and reduction in int (with a tile of headroom), channel tiles within the grid, offsets into x
-     * in int64; the grid is one dimension of row tiles × channel tiles */
+    /* rows and reduction in int (with a tile of headroom), offsets into x in int64; the grid is
+     * one dimension of row tiles × channel tiles */
     int64_t blocks = ((M + CMMA_BM - 1) / CMMA_BM) * ((K + CMMA_BN_WMMA - 1) / CMMA_BN_WMMA);
+#if defined(FPK_HIP)
+    const int64_t max_blocks = (int64_t)UINT32_MAX / CMMA_NT; /* HIP: a grid's threads within 32 bits */
+#else
+    const int64_t max_blocks = INT_MAX;
+#endif
     if (M > INT_MAX - CMMA_BM || R > INT_MAX - CMMA_BM || K > INT_MAX / 2 || To > INT_MAX || Ho > INT_MAX ||
-        Wo > INT_MAX || sT * To > INT_MAX || sH * Ho > INT_MAX || sW * Wo > INT_MAX || blocks > INT_MAX)
+        Wo > INT_MAX || sT * To > INT_MAX || sH * Ho > INT_MAX || sW * Wo > INT_MAX || blocks > max_blocks)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE,
                                  "conv3d (matrix units): %lld rows × %lld channels × %lld-long reduction beyond the "
                                  "kernel's indexing", (long long)M, (long long)K, (long long)R);
