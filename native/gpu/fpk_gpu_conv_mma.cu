@@ -49,7 +49,7 @@ __device__ __forceinline__ uint4 convmma_ld16(const uint16_t *p) { return *(cons
 #define CMMA_BM 128 /* rows (output positions) a block; its columns (output channels) are the policy's BN */
 #define CMMA_BK 32  /* reduction elements a step */
 #define CMMA_LDS 40 /* shared row stride in 16-bit elements: BK + 8 */
-#define CMMA_NT 256 /* threads a block */
+#define CMMA_NT 256 /* threads a block of the AMD paths (CUDA: 256 or 128) */
 #define CMMA_BN_WMMA 64 /* columns a block of the WMMA path (the others: 128) */
 /* 16-bit elements of one stage (A and B tiles) for BN columns */
 #define CMMA_STAGE(BN) ((CMMA_BM + (BN)) * CMMA_LDS)
@@ -102,27 +102,28 @@ __device__ __forceinline__ void convmma_step(typename MM::acc (&acc)[MT][NTL], c
 template <class MM, int ST, bool BF> __device__ __forceinline__ void convmma_body(const convmma_args &a, uint16_t *sm) {
     constexpr int BN = MM::BN, WM = CMMA_BM / MM::WARPS_M, WN = BN / MM::WARPS_N;
     constexpr int MT = WM / 16, NTL = WN / MM::IN, STAGE = CMMA_STAGE(BN);
-    constexpr int AI = CMMA_BM / 64, BI = BN / 64; /* 16-byte pieces a thread loads a step */
-    static_assert(MM::WARPS_M * MM::WARPS_N * MM::WAVE == CMMA_NT, "the policy's warps fill the block");
+    constexpr int NT = MM::WARPS_M * MM::WARPS_N * MM::WAVE, RP = NT / 4; /* threads, rows a pass loads */
+    constexpr int AI = CMMA_BM / RP, BI = BN / RP; /* 16-byte pieces a thread loads a step */
+    static_assert(CMMA_BM % RP == 0 && BN % RP == 0, "the loader's passes cover the tiles");
     static_assert(ST >= 2, "two stages at least");
     const int tid = threadIdx.x, lane = tid % MM::WAVE, warp = tid / MM::WAVE;
     const int wm0 = (warp / MM::WARPS_N) * WM, wn0 = (warp % MM::WARPS_N) * WN;
     const int m0 = (int)(blockIdx.x / (unsigned)a.tiles_n) * CMMA_BM, n0 = (int)(blockIdx.x % (unsigned)a.tiles_n) * BN;
     const int nsteps = (a.R + CMMA_BK - 1) / CMMA_BK;
 
-    /* the loader: rows lr, lr + 64, ... of both tiles, 8 elements at 8·lc of each step */
+    /* the loader: rows lr, lr + RP, ... of both tiles, 8 elements at 8·lc of each step */
     const int lr = tid / 4, lc = tid % 4;
     int64_t xrow[AI];
     const uint16_t *wrow[BI];
     bool wok[BI];
 #pragma unroll
     for (int i = 0; i < AI; i++) {
-        int m = m0 + lr + 64 * i;
+        int m = m0 + lr + RP * i;
         xrow[i] = m < a.M ? convmma_origin(a, m) : -1;
     }
 #pragma unroll
     for (int i = 0; i < BI; i++) {
-        int n = n0 + lr + 64 * i;
+        int n = n0 + lr + RP * i;
         wok[i] = n < a.K;
         wrow[i] = a.w + (int64_t)(wok[i] ? n : 0) * a.R;
     }
@@ -162,12 +163,12 @@ template <class MM, int ST, bool BF> __device__ __forceinline__ void convmma_bod
 #pragma unroll
             for (int i = 0; i < AI; i++) {
                 const bool ok = in && xrow[i] >= 0;
-                MM::copy16_x(As + (lr + 64 * i) * CMMA_LDS + 8 * lc, ok ? a.x + xrow[i] + toff + c : a.x, ok);
+                MM::copy16_x(As + (lr + RP * i) * CMMA_LDS + 8 * lc, ok ? a.x + xrow[i] + toff + c : a.x, ok);
             }
 #pragma unroll
             for (int i = 0; i < BI; i++) {
                 const bool ok = in && wok[i];
-                MM::copy16_w(Bs + (lr + 64 * i) * CMMA_LDS + 8 * lc, ok ? wrow[i] + kk : a.w, ok);
+                MM::copy16_w(Bs + (lr + RP * i) * CMMA_LDS + 8 * lc, ok ? wrow[i] + kk : a.w, ok);
             }
             advance();
         };
@@ -204,9 +205,9 @@ template <class MM, int ST, bool BF> __device__ __forceinline__ void convmma_bod
         auto put = [&](int buf) {
             uint16_t *As = sm + buf * STAGE, *Bs = As + CMMA_BM * CMMA_LDS;
 #pragma unroll
-            for (int i = 0; i < AI; i++) *(uint4 *)(As + (lr + 64 * i) * CMMA_LDS + 8 * lc) = ra[i];
+            for (int i = 0; i < AI; i++) *(uint4 *)(As + (lr + RP * i) * CMMA_LDS + 8 * lc) = ra[i];
 #pragma unroll
-            for (int i = 0; i < BI; i++) *(uint4 *)(Bs + (lr + 64 * i) * CMMA_LDS + 8 * lc) = rb[i];
+            for (int i = 0; i < BI; i++) *(uint4 *)(Bs + (lr + RP * i) * CMMA_LDS + 8 * lc) = rb[i];
         };
         fetch();
         put(0);
@@ -256,13 +257,13 @@ template <bool BF> __device__ __forceinline__ float convmma_reference(const conv
 
 /* -- policies: fragments, products and output positions of each matrix instruction ----------- */
 #if !defined(FPK_HIP)
-/* NVIDIA mma.sync m16n8k16 (sm_80+): 128 channels a block, 8 warps as 2 (rows) × 4 (channels), each
- * 64 × 32 as 4 × 4 tiles of 16 × 8. Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16",
+/* NVIDIA mma.sync m16n8k16 (sm_80+): 128 channels a block, NW warps as 2 (rows) × NW / 2
+ * (channels): 8 warps of 64 × 32 (4 × 4 tiles of 16 × 8) or 4 of 64 × 64 (4 × 8). Fragments (PTX ISA, "Matrix Fragments for mma.m16n8k16",
  * g = lane / 4, t = lane % 4; a register holds 2 consecutive k, the lower one in its low half):
  * A = rows g, g + 8, g, g + 8 at k 2t, 2t, 2t + 8, 2t + 8; B = channel g at k 2t and 2t + 8;
  * C = (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). */
-struct cmma_sync {
-    static constexpr int BN = 128, WAVE = 32, IN = 8, WARPS_M = 2, WARPS_N = 4, NE = 4;
+template <int NW> struct cmma_sync {
+    static constexpr int BN = 128, WAVE = 32, IN = 8, WARPS_M = 2, WARPS_N = NW / 2, NE = 4;
     static constexpr bool ASYNC = true, PAIRS = true;
     struct afrag {
         uint32_t r[4];
@@ -379,38 +380,57 @@ static int env_int(const char *name, int def) {
     return e && *e ? atoi(e) : def;
 }
 
-template <int ST, bool BF> __global__ void __launch_bounds__(CMMA_NT, 2) k_conv_mma(convmma_args a) {
+template <int NW, int ST, bool BF> __global__ void __launch_bounds__(NW * 32, 2) k_conv_mma(convmma_args a) {
     extern __shared__ __align__(16) uint16_t cmma_smem[];
-    convmma_body<cmma_sync, ST, BF>(a, cmma_smem);
+    convmma_body<cmma_sync<NW>, ST, BF>(a, cmma_smem);
 }
 
-/* Launches k_conv_mma<ST, BF> with its dynamic shared memory (opted in once per device). */
-template <int ST, bool BF>
+/* Launches k_conv_mma<NW, ST, BF> with its dynamic shared memory (opted in once per device). */
+template <int NW, int ST, bool BF>
 static fpk_status launch_sync_st(int device, const convmma_args &a, unsigned blocks, cudaStream_t st) {
-    constexpr size_t smem = (size_t)ST * CMMA_STAGE(cmma_sync::BN) * 2;
+    constexpr size_t smem = (size_t)ST * CMMA_STAGE(cmma_sync<NW>::BN) * 2;
     static uint64_t opted; /* bit per device (the first 64) */
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     uint64_t bit = device >= 0 && device < 64 ? (uint64_t)1 << device : 0;
     pthread_mutex_lock(&mu);
     bool need = smem > 48 * 1024 && (!bit || !(opted & bit));
-    cudaError_t e = need ? cudaFuncSetAttribute(k_conv_mma<ST, BF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)
+    cudaError_t e = need ? cudaFuncSetAttribute(k_conv_mma<NW, ST, BF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                (int)smem)
                          : cudaSuccess;
     if (e == cudaSuccess && need) opted |= bit;
     pthread_mutex_unlock(&mu);
     if (e != cudaSuccess) return fpk_gpu_error(e, "conv3d (matrix units): shared memory");
-    k_conv_mma<ST, BF><<<blocks, CMMA_NT, smem, st>>>(a);
+    k_conv_mma<NW, ST, BF><<<blocks, NW * 32, smem, st>>>(a);
     return fpk_gpu_launched("conv3d (matrix units, mma.sync)");
 }
 
-/* FRAMEPACK_GPU_CONV_MMA_STAGES: 2, 3 (default) or 4 stages of 20 KiB (benchmarks). */
-template <bool BF> static fpk_status launch_sync(int device, const convmma_args &a, unsigned blocks, cudaStream_t st) {
-    switch (env_int("FRAMEPACK_GPU_CONV_MMA_STAGES", 3)) {
-    case 2: return launch_sync_st<2, BF>(device, a, blocks, st);
-    case 4: return launch_sync_st<4, BF>(device, a, blocks, st);
-    default: return launch_sync_st<3, BF>(device, a, blocks, st);
+template <bool BF>
+static fpk_status launch_sync(int device, int variant, const convmma_args &a, unsigned blocks, cudaStream_t st) {
+    switch (variant) {
+    case 0: return launch_sync_st<8, 2, BF>(device, a, blocks, st);
+    case 1: return launch_sync_st<8, 3, BF>(device, a, blocks, st);
+    case 2: return launch_sync_st<8, 4, BF>(device, a, blocks, st);
+    case 3: return launch_sync_st<4, 2, BF>(device, a, blocks, st);
+    case 4: return launch_sync_st<4, 3, BF>(device, a, blocks, st);
+    default: return launch_sync_st<4, 4, BF>(device, a, blocks, st);
     }
 }
 #endif
+
+/* The kernel variant a call runs, each self-checked on its own: on CUDA the warps a block
+ * (FRAMEPACK_GPU_CONV_MMA_WARPS: 8, the default, warps of 64 × 32, or 4 of 64 × 64) and the
+ * stages (FRAMEPACK_GPU_CONV_MMA_STAGES: 2, 3 (default) or 4 of 20 KiB), for benchmarks; one on
+ * AMD. */
+#define CONV_VARIANTS 6
+static int conv_variant(void) {
+#if !defined(FPK_HIP)
+    int warps = env_int("FRAMEPACK_GPU_CONV_MMA_WARPS", 8), stages = env_int("FRAMEPACK_GPU_CONV_MMA_STAGES", 3);
+    if (stages < 2 || stages > 4) stages = 3;
+    return (warps == 4 ? 3 : 0) + stages - 2;
+#else
+    return 0;
+#endif
+}
 
 #if defined(FPK_HIP)
 /* The kernel of PATH; on a target without that path (and in the host pass) the body is empty:
@@ -444,16 +464,17 @@ __global__ void k_conv_amd_path(int *out) {
 }
 #endif
 
-/* Launches the path's kernel over the grid of blocks (row tiles × channel tiles). */
-static fpk_status launch_path(int device, int path, bool bf16, convmma_args a, cudaStream_t st) {
+/* Launches the path's kernel (variant: conv_variant's) over the grid of blocks (row tiles ×
+ * channel tiles). */
+static fpk_status launch_path(int device, int path, int variant, bool bf16, convmma_args a, cudaStream_t st) {
     const int bn = path == CONV_PATH_WMMA ? CMMA_BN_WMMA : 128;
     a.tiles_n = (a.K + bn - 1) / bn;
     const int64_t blocks = (int64_t)((a.M + CMMA_BM - 1) / CMMA_BM) * a.tiles_n;
-    (void)device;
+    (void)device, (void)variant;
 #if !defined(FPK_HIP)
     if (path == CONV_PATH_MMA_SYNC)
-        return bf16 ? launch_sync<true>(device, a, (unsigned)blocks, st)
-                    : launch_sync<false>(device, a, (unsigned)blocks, st);
+        return bf16 ? launch_sync<true>(device, variant, a, (unsigned)blocks, st)
+                    : launch_sync<false>(device, variant, a, (unsigned)blocks, st);
 #else
     if (path == CONV_PATH_MFMA || path == CONV_PATH_WMMA) {
         if (path == CONV_PATH_MFMA) {
@@ -495,14 +516,14 @@ static convmma_args conv_args(int64_t N, int64_t C, int64_t Tp, int64_t Hp, int6
 
 /* What the process decided per device: the path (probed once), whether it is disabled (a failed
  * or erroring self-check: every call after is declined), and the self-checks passed per dtype
- * (f16, bf16). */
+ * (f16, bf16) and variant. */
 #define CONV_MAX_DEVICES 64
 struct conv_device_state {
     int probed;
     int path;
     int disabled;
     char why[320]; /* why the path is off, for FRAMEPACK_GPU_CONV_SELFCHECK=strict and the error */
-    unsigned char passed[2];
+    unsigned char passed[2][CONV_VARIANTS];
 };
 static conv_device_state conv_devices[CONV_MAX_DEVICES];
 static pthread_mutex_t conv_devices_mu = PTHREAD_MUTEX_INITIALIZER; /* protects conv_devices */
@@ -531,8 +552,8 @@ enum { SC_N = 2, SC_C = 48, SC_T = 5, SC_H = 13, SC_W = 15, SC_K = 136, SC_KS = 
  * compares: *ok when the relative L2 distance is at most 1e-2, every output was written (y is
  * prefilled with NaN) and the guards around y are untouched. why says what failed. Errors: a
  * lost device, or scratch out of memory (then nothing is decided). */
-static fpk_status conv_self_check(int device, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int path, int dt, bool *ok,
-                                  char *why, size_t nwhy) {
+static fpk_status conv_self_check(int device, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int path, int variant,
+                                  int dt, bool *ok, char *why, size_t nwhy) {
     const int64_t To = (SC_T - SC_KS) / SC_ST + 1, Ho = (SC_H - SC_KS) / SC_SS + 1, Wo = (SC_W - SC_KS) / SC_SS + 1;
     const int64_t nx = (int64_t)SC_N * SC_T * SC_H * SC_W * SC_C, nw = (int64_t)SC_K * SC_KS * SC_KS * SC_KS * SC_C;
     const int64_t ny = (int64_t)SC_N * To * Ho * Wo * SC_K, nyg = ny + 2 * SC_GUARD;
@@ -578,7 +599,7 @@ static fpk_status conv_self_check(int device, cudaStream_t st, const fpk_gpu_scr
         }
         if (s == FPK_OK) {
             step = "matrix kernel";
-            s = launch_path(device, path, bf16, a, st);
+            s = launch_path(device, path, variant, bf16, a, st);
         }
         if (s == FPK_OK) {
             step = "convert output";
@@ -615,8 +636,9 @@ static fpk_status conv_self_check(int device, cudaStream_t st, const fpk_gpu_scr
     double rel = den > 0 ? sqrt(num / den) : INFINITY;
     *ok = rel <= 1e-2 && touched == 0; /* NaN (an output never written) fails too */
     if (!*ok)
-        snprintf(why, nwhy, "%s kernel differs from the reference on the self-check (%s): relative L2 %g (at most 1e-2), "
-                 "%lld guard elements written", conv_path_name(path), bf16 ? "bf16" : "f16", rel, (long long)touched);
+        snprintf(why, nwhy, "%s kernel (variant %d) differs from the reference on the self-check (%s): relative L2 %g "
+                 "(at most 1e-2), %lld guard elements written", conv_path_name(path), variant, bf16 ? "bf16" : "f16", rel,
+                 (long long)touched);
     return FPK_OK;
 }
 
@@ -653,11 +675,11 @@ static fpk_status conv_probe(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scra
 #endif
 }
 
-/* The path for a call of dtype dt (CONV_PATH_NONE: decline). The first call on a device probes
- * it; the first call of each dtype self-checks it (one stream sync); a failure disables it on
- * that device for the process. */
-static fpk_status conv_matrix_path(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int dt, int *path,
-                                   char *why, size_t nwhy) {
+/* The path for a call of dtype dt in that variant (CONV_PATH_NONE: decline). The first call on a
+ * device probes it; the first call of each dtype and variant self-checks it (one stream sync); a
+ * failure disables the path on that device for the process. */
+static fpk_status conv_matrix_path(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int dt, int variant,
+                                   int *path, char *why, size_t nwhy) {
     *path = CONV_PATH_NONE;
     snprintf(why, nwhy, "device %d out of range", c->device);
     if (c->device < 0 || c->device >= CONV_MAX_DEVICES) return FPK_OK;
@@ -666,18 +688,18 @@ static fpk_status conv_matrix_path(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gp
     fpk_status s = FPK_OK;
     if (!d->probed) s = conv_probe(c, st, sf, d);
     int bf = dt == FPK_BF16;
-    if (s == FPK_OK && d->probed && d->path != CONV_PATH_NONE && !d->disabled && !d->passed[bf]) {
+    if (s == FPK_OK && d->probed && d->path != CONV_PATH_NONE && !d->disabled && !d->passed[bf][variant]) {
         bool ok = false;
         char w[256] = "";
-        s = conv_self_check(c->device, st, sf, d->path, dt, &ok, w, sizeof w);
+        s = conv_self_check(c->device, st, sf, d->path, variant, dt, &ok, w, sizeof w);
         if (s == FPK_OK && ok) {
-            d->passed[bf] = 1;
+            d->passed[bf][variant] = 1;
         } else if (s == FPK_OK) {
             snprintf(d->why, sizeof d->why, "%s on %s: %s", conv_path_name(d->path), c->arch, w);
             d->disabled = 1;
         }
     }
-    int use = d->probed && !d->disabled && d->passed[bf] ? d->path : CONV_PATH_NONE;
+    int use = d->probed && !d->disabled && d->passed[bf][variant] ? d->path : CONV_PATH_NONE;
     int refused = d->disabled && d->path != CONV_PATH_NONE;
     if (!d->probed) snprintf(why, nwhy, "not probed yet (no scratch memory)");
     else if (use == CONV_PATH_NONE && !d->disabled && d->path != CONV_PATH_NONE)
@@ -734,11 +756,11 @@ fpk_status fpk_gpu_conv_ndhwc_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
                                  "kernel's indexing", (long long)M, (long long)K, (long long)R);
     if (((uintptr_t)x & 15) || ((uintptr_t)w & 15) || ((uintptr_t)y & 15))
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d (matrix units): x, w and y must be 16-byte aligned");
-    int path = CONV_PATH_NONE;
+    int path = CONV_PATH_NONE, variant = conv_variant();
     char why[320];
-    FPK_TRY(conv_matrix_path(c, st, sf, dt, &path, why, sizeof why));
+    FPK_TRY(conv_matrix_path(c, st, sf, dt, variant, &path, why, sizeof why));
     if (path == CONV_PATH_NONE)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d (matrix units): unavailable on this device: %s", why);
     convmma_args a = conv_args(N, C, Tp, Hp, Wp, x, K, kT, kH, kW, w, sT, sH, sW, To, Ho, Wo, y);
-    return launch_path(c->device, path, dt == FPK_BF16, a, st);
+    return launch_path(c->device, path, variant, dt == FPK_BF16, a, st);
 }
