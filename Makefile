@@ -177,30 +177,42 @@ $(NATIVE_OUT)/hip/%.o: native/gpu/%.cu $(GPU_HDR)
 native-hip-check:
 	@command -v $(HIPCC) >/dev/null || { echo "native-hip-check: $(HIPCC) not found (make setup-gpu installs Debian's hipcc)"; exit 1; }
 	@$(MAKE) --no-print-directory -j2 $(NATIVE_OUT)/libfpk-hip.so $(NATIVE_OUT)/hip/vendor-cuda.o $(NATIVE_OUT)/hip/vendor-sdpa-cuda.o \
-		$(foreach c,$(HIP_MATRIX_CHECK),$(NATIVE_OUT)/hip/attention-$(word 1,$(subst :, ,$(c))).s)
+		$(foreach c,$(HIP_MATRIX_CHECK),$(NATIVE_OUT)/hip/attention-$(word 1,$(subst :, ,$(c))).s \
+			$(NATIVE_OUT)/hip/conv-mma-$(word 1,$(subst :, ,$(c))).s)
 	@echo "native-hip-check: libfpk-hip.so links for $(HIP_ARCHS)"
 	@for c in $(HIP_MATRIX_CHECK); do \
-		arch=$${c%%:*}; ins=$${c#*:}; s=$(NATIVE_OUT)/hip/attention-$$arch.s; \
-		f16=$$(grep -c "$${ins}_\?f16" $$s); bf16=$$(grep -c "$${ins}_\?bf16" $$s); \
-		if [ "$$f16" -eq 0 ] || [ "$$bf16" -eq 0 ]; then \
-			echo "native-hip-check: the flash kernel's $$ins path is missing for $$arch (f16 $$f16, bf16 $$bf16 instructions)"; exit 1; fi; \
-		echo "native-hip-check: flash $$ins path compiles for $$arch ($$f16 f16, $$bf16 bf16 instructions)"; \
+		arch=$${c%%:*}; ins=$${c#*:}; \
+		for k in attention:flash conv-mma:conv; do \
+			s=$(NATIVE_OUT)/hip/$${k%%:*}-$$arch.s; what=$${k#*:}; \
+			f16=$$(grep -c "$${ins}_\?f16" $$s); bf16=$$(grep -c "$${ins}_\?bf16" $$s); \
+			if [ "$$f16" -eq 0 ] || [ "$$bf16" -eq 0 ]; then \
+				echo "native-hip-check: the $$what kernel's $$ins path is missing for $$arch (f16 $$f16, bf16 $$bf16 instructions)"; exit 1; fi; \
+			echo "native-hip-check: $$what $$ins path compiles for $$arch ($$f16 f16, $$bf16 bf16 instructions)"; \
+		done; \
 	done
 
-# The flash kernel's AMD matrix-core paths (fpk_gpu_attention.cu), compile-checked where Debian's
-# clang 15 has them, device code of that one file only: MFMA for gfx90a (CDNA2, also in the
-# library) and gfx940 (CDNA3; clang 15 does not know gfx942), WMMA for gfx1100 (RDNA3; Debian has
-# no gfx11 device libraries: -nogpulib, no link). Each must contain its f16 and bf16 instructions,
-# so a path that compiles away (a builtin the compiler lacks) fails the check.
+# The AMD matrix-core paths of the flash kernel (fpk_gpu_attention.cu) and of the channels-last
+# conv (fpk_gpu_conv_mma.cu), compile-checked where Debian's clang 15 has them, device code of
+# each file alone: MFMA for gfx90a (CDNA2, also in the library) and gfx940 (CDNA3; clang 15 does
+# not know gfx942), WMMA for gfx1100 (RDNA3; Debian has no gfx11 device libraries: -nogpulib, no
+# link). Each must contain its f16 and bf16 instructions, so a path that compiles away (a builtin
+# the compiler lacks) fails the check.
 HIP_MATRIX_CHECK := gfx90a:v_mfma_f32_16x16x16 gfx940:v_mfma_f32_16x16x16 gfx1100:v_wmma_f32_16x16x16
 
-# The same kernels' device code run on the host (scripts/amdflashemu): one thread per lane, the
-# matrix instructions emulated from the fragment layouts the kernels assume, against a float64
-# reference — their logic, not the hardware's layouts (the on-device self-check covers those).
-native-hip-emu: ## host emulation of the AMD matrix-core flash kernels (clang++-15, no GPU)
+# The same kernels' device code run on the host (scripts/amdflashemu, scripts/convmmaemu; the
+# conv's for its mma.sync path too): a thread (or fiber) per lane, the matrix instructions
+# emulated from the fragment layouts the kernels assume, against a float64 reference — their
+# logic, not the hardware's layouts (the on-device self-checks cover those).
+native-hip-emu: ## host emulation of the matrix-core flash and conv kernels (clang++-15, no GPU)
 	scripts/amdflashemu/run.sh
+	scripts/convmmaemu/run.sh
 
 $(NATIVE_OUT)/hip/attention-%.s: native/gpu/fpk_gpu_attention.cu $(GPU_HDR)
+	@mkdir -p $(@D)
+	$(HIPCC) -x hip -std=c++17 $(GPU_CFLAGS) -DFPK_HIP -Wall -Werror -Wno-unused-command-line-argument \
+		--offload-arch=$* $(if $(filter gfx11%,$*),-nogpulib) --cuda-device-only -S $< -o $@
+
+$(NATIVE_OUT)/hip/conv-mma-%.s: native/gpu/fpk_gpu_conv_mma.cu $(GPU_HDR)
 	@mkdir -p $(@D)
 	$(HIPCC) -x hip -std=c++17 $(GPU_CFLAGS) -DFPK_HIP -Wall -Werror -Wno-unused-command-line-argument \
 		--offload-arch=$* $(if $(filter gfx11%,$*),-nogpulib) --cuda-device-only -S $< -o $@

@@ -41,7 +41,7 @@
  * here (the core serves it by a host round trip); FPK_ATTN_TIER_AUTO tries vendor, flash, then
  * chunked.
  */
-#include "fpk_gpu_internal.h"
+#include "fpk_gpu_mma.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -193,22 +193,6 @@ __global__ void __launch_bounds__(128) k_flash_fma(flash_args a, int bk) {
 #define FPK_FLASH_MMA 1
 #define MMA_BK 64
 
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, bool bf16) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    if (bf16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#else
-    (void)c, (void)a, (void)b0, (void)b1, (void)bf16;
-    __trap();
-#endif
-}
-
 /* Two floats as a packed pair of 16-bit values, lo in the low half (round to nearest even). */
 __device__ __forceinline__ uint32_t pack2(float lo, float hi, bool bf16) {
     uint32_t r = 0;
@@ -254,29 +238,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
     (void)x;
 #endif
     return y;
-}
-
-/* 16 bytes global → shared without registers; pred false writes zeros (reads nothing). */
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, bool pred) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
-    int n = pred ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(n));
-#else
-    (void)smem, (void)gmem, (void)pred;
-#endif
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;");
-#endif
-}
-
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-#endif
 }
 
 /* HDP: the head dim padded to a multiple of 16 (D = Dv <= HDP, D a multiple of 8). NW warps of
@@ -476,17 +437,6 @@ static int env_int(const char *name, int def) {
     return e && *e ? atoi(e) : def;
 }
 
-/* Whether this device has mma.sync for bf16/f16 (compute capability 8.0 and later). */
-static int mma_device(fpk_gpu_ctx *c) {
-    static int cc[64];
-    int dev = c->device < 64 ? c->device : 0;
-    if (!cc[dev]) {
-        int major = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess) major = 0;
-        cc[dev] = major + 1;
-    }
-    return cc[dev] - 1 >= 8;
-}
 #endif /* !FPK_HIP */
 
 /* FRAMEPACK_GPU_FLASH_FMA=1: the FMA kernel even where a matrix kernel applies (tests; on HIP
@@ -546,25 +496,7 @@ static fpk_status launch_fma(const flash_args &a, dim3 grid, cudaStream_t st) {
 
 #if defined(FPK_HIP)
 #define AMD_NW 4 /* waves per block, 16 query rows each */
-enum { AMD_PATH_NONE = 0, AMD_PATH_MFMA = 1, AMD_PATH_WMMA = 2 };
-
-/* Which path this device pass compiles: the target's arch macro and the compiler's builtins. */
-#if (defined(__gfx90a__) || defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)) &&                     \
-    __has_builtin(__builtin_amdgcn_mfma_f32_16x16x16bf16_1k) && __has_builtin(__builtin_amdgcn_mfma_f32_16x16x16f16)
-#define FPK_AMD_MFMA 1
-#endif
-#if (defined(__gfx1100__) || defined(__gfx1101__) || defined(__gfx1102__) || defined(__gfx1150__) ||                   \
-     defined(__gfx1151__)) &&                                                                                        \
-    __has_builtin(__builtin_amdgcn_wmma_f32_16x16x16_f16_w32) && __has_builtin(__builtin_amdgcn_wmma_f32_16x16x16_bf16_w32)
-#define FPK_AMD_WMMA 1
-#endif
-
 #if defined(FPK_AMD_MFMA) || defined(FPK_AMD_WMMA)
-typedef unsigned int amd_u2 __attribute__((ext_vector_type(2)));
-typedef unsigned int amd_u4 __attribute__((ext_vector_type(4)));
-typedef unsigned int amd_u8 __attribute__((ext_vector_type(8)));
-typedef unsigned short amd_us8 __attribute__((ext_vector_type(8)));
-
 /* 2^x as one v_exp_f32 (LLVM's exp2 intrinsic; -inf gives +0), as k_flash_mma's ex2.approx. */
 __device__ __forceinline__ float amd_exp2(float x) { return __builtin_exp2f(x); }
 
@@ -573,10 +505,6 @@ __device__ __forceinline__ short amd_bits(float x, bool bf16) { return (short)(b
 #endif
 
 #if defined(FPK_AMD_MFMA)
-typedef short amd_v4s __attribute__((ext_vector_type(4)));
-typedef _Float16 amd_v4h __attribute__((ext_vector_type(4)));
-typedef float amd_v4f __attribute__((ext_vector_type(4)));
-
 struct amd_mfma {
     static constexpr int WAVE = 64, NE = 4, BK = 64; /* lanes, accumulator elements a lane, keys a tile */
     typedef amd_v4s ab;
@@ -588,9 +516,7 @@ struct amd_mfma {
         return __builtin_bit_cast(ab, *(const amd_u2 *)(p + 4 * g));
     }
     static __device__ __forceinline__ acc mma(ab a, ab b, acc c, bool bf16) {
-        if (bf16) return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, 0, 0, 0);
-        return __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(amd_v4h, a), __builtin_bit_cast(amd_v4h, b), c, 0,
-                                                     0, 0);
+        return amd_mfma16(a, b, c, bf16);
     }
     /* Pᵀ's B operand from this lane's probabilities (keys 4g + e): its own, no exchange. */
     static __device__ __forceinline__ ab probs(acc p, int g, bool bf16) {
@@ -604,10 +530,6 @@ struct amd_mfma {
 #endif
 
 #if defined(FPK_AMD_WMMA)
-typedef short amd_v16s __attribute__((ext_vector_type(16)));
-typedef _Float16 amd_v16h __attribute__((ext_vector_type(16)));
-typedef float amd_v8f __attribute__((ext_vector_type(8)));
-
 struct amd_wmma {
     static constexpr int WAVE = 32, NE = 8, BK = 32; /* 32 keys a tile: LLVM 15 gives gfx11 128 VGPRs */
     typedef amd_v16s ab;
@@ -619,9 +541,7 @@ struct amd_wmma {
         return __builtin_bit_cast(ab, (amd_u8)__builtin_shufflevector(lo, hi, 0, 1, 2, 3, 4, 5, 6, 7));
     }
     static __device__ __forceinline__ acc mma(ab a, ab b, acc c, bool bf16) {
-        if (bf16) return __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a, b, c);
-        return __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(__builtin_bit_cast(amd_v16h, a), __builtin_bit_cast(amd_v16h, b),
-                                                          c);
+        return amd_wmma16(a, b, c, bf16);
     }
     /* Pᵀ's B operand: all 16 keys of this lane's query; keys 2e + g are this lane's, keys
      * 2e + 1 − g those of lane ^ 16 (same query). */
@@ -1048,7 +968,7 @@ static fpk_status flash(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_f
     grid.y = (unsigned)H;
     grid.z = (unsigned)B;
 #ifdef FPK_FLASH_MMA
-    if (matrix_eligible(a) && mma_device(c)) {
+    if (matrix_eligible(a) && fpk_gpu_mma_device(c)) {
         int hdp = (int)((D + 15) / 16 * 16);
         if (hdp == 128) {
             int nw = env_int("FRAMEPACK_GPU_FLASH_WARPS", 8), stages = env_int("FRAMEPACK_GPU_FLASH_STAGES", 2);

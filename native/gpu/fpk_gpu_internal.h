@@ -185,6 +185,27 @@ fpk_status fpk_gpu_softmax_rows(cudaStream_t st, const float *s, void *p, int pd
 fpk_status fpk_gpu_copy2d(cudaStream_t st, const void *src, int64_t spitch, void *dst, int64_t dpitch, int64_t rows,
                           int64_t width, size_t es);
 
+/* ---- conv3d on the matrix units, channels-last (fpk_gpu_conv_mma.cu) ----------------------- */
+
+/* y = conv3d of x with w, channels-last, no padding (x is already padded), no bias, one group:
+ *   x [N][Tp][Hp][Wp][C]   (NDHWC, dtype dt)
+ *   w [K][kT][kH][kW][C]   (dt)
+ *   y [N][To][Ho][Wo][K]   (NDHWC, dt), To = (Tp - kT) / sT + 1 etc. (the caller passes them)
+ * dt FPK_F16 or FPK_BF16, f32 accumulation, each output rounded once; nothing to do (M or K 0)
+ * is FPK_OK. Runs on mma.sync (CUDA, compute capability 8.0+) or MFMA/WMMA (HIP, CDNA2/3 and
+ * RDNA3 code objects), each self-checked on the device before its first use per dtype (one
+ * stream sync). FPK_ERR_UNAVAILABLE, with the reason as the last error and nothing launched
+ * but that first self-check, when the device has no matrix path or it failed its self-check,
+ * FRAMEPACK_GPU_CONV_FMA is set, or the call is not eligible: C not a multiple of 16; x, w or
+ * y not 16-byte aligned; M = N·To·Ho·Wo or the reduction kT·kH·kW·C beyond 2^31 - 128; K
+ * beyond 2^30; on HIP, more than 2^24 blocks (128 rows × 64 channels each). The caller then
+ * runs k_conv3d. FPK_ERR_INVALID_ARGUMENT when an output window would read past x;
+ * FPK_ERR_BACKEND when FRAMEPACK_GPU_CONV_SELFCHECK=strict and the path failed its self-check. */
+fpk_status fpk_gpu_conv_ndhwc_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int dt, int64_t N,
+                                  int64_t C, int64_t Tp, int64_t Hp, int64_t Wp, const void *x, int64_t K, int64_t kT,
+                                  int64_t kH, int64_t kW, const void *w, int64_t sT, int64_t sH, int64_t sW, int64_t To,
+                                  int64_t Ho, int64_t Wo, void *y);
+
 /* ---- GEMM (fpk_gpu_gemm.cu) ---------------------------------------------------------------- */
 
 /* Row-major batched GEMM: vendor BLAS when loaded and the operand types fit, else our kernel.
