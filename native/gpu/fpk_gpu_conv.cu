@@ -2,8 +2,10 @@
  * fpk_gpu_conv.cu — conv3d tiers of the gpu backend:
  *   vendor tuned   cuDNN FindEx / MIOpen Find (fpk_gpu_vendor.cu), choice kept per shape;
  *   vendor default cuDNN GetConvolutionForwardAlgorithm_v7 / MIOpen immediate mode;
- *   own kernel     implicit-GEMM conv3d below (any float dtypes, f32 accumulation, 64-bit
- *                  indexing, groups, strides, zero padding), bias fused;
+ *   own kernel     16-bit, one group, channels a multiple of 16: the matrix-unit implicit GEMM
+ *                  (fpk_gpu_conv_mma.cu) on the channels-last slabs below; else the FMA
+ *                  implicit-GEMM conv3d below (any float dtypes, f32 accumulation, 64-bit
+ *                  indexing, groups, strides, zero padding, the input view), bias fused;
  *   cpu            not here: FPK_ERR_UNAVAILABLE makes the core serve it (host round trip).
  * Vendor libraries take 32-bit dims and element counts: a conv with a larger tensor and no
  * temporal padding runs in slabs of output frames (input frames copied into scratch, the
@@ -208,18 +210,20 @@ static fpk_status transpose_rc(cudaStream_t st, const transpose_desc &d, int64_t
 }
 
 /* dst[n][r][c] = the view of src [N][C][T][H][W] (upsampled by u, replicate padded by b before,
- * as conv_desc's view) at view position r of the frames [t0, t0 + R/(vH*vW)), channel c: one
- * slab of the conv's input, channels-last (NDHWC), read in place of a padded copy. A block takes
- * 32 positions, finds their source offset once (32-bit: the slab is within 32-bit counts) and
- * moves every channel through a 32 x 32 shared tile, so both sides go in whole rows. Values
- * pass through f32 unchanged. */
+ * as conv_desc's view, to vT x vH x vW, then zero padded by z on every side) at position r of its
+ * frames [t0, t0 + R/(pH*pW)) (pH = vH + 2zH, pW = vW + 2zW), channel c: one slab of the conv's
+ * input, channels-last (NDHWC), read in place of a padded copy. A block takes 32 positions, finds
+ * their source offset once (32-bit: the slab is within 32-bit counts) and moves every channel
+ * through a 32 x 32 shared tile, so both sides go in whole rows. Values pass through f32
+ * unchanged. */
 struct gather_desc {
     const void *src;
     void *dst;
     int dt;
     int64_t C, T, H, W, sN; /* source dims and its elements per sample */
-    int32_t R, vH, vW;      /* positions of the slab, the view's H and W */
+    int32_t R, pH, pW;      /* positions of the slab; H and W with the zero padding */
     int32_t t0, uT, uH, uW, bT, bH, bW;
+    int32_t vT, vH, vW, zT, zH, zW; /* the view's extent; zero padding before (and after) it */
 };
 
 __device__ __forceinline__ int32_t view_src32(int32_t i, int32_t u, int32_t b, int32_t n) {
@@ -234,9 +238,11 @@ __global__ void __launch_bounds__(256) k_gather_ndhwc(gather_desc d) {
     const int64_t n = blockIdx.z;
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     int64_t off = -1;
+    bool zero = false;
     if (r0 + tx < d.R) {
-        int32_t r = r0 + tx, hw = d.vH * d.vW;
-        int32_t tv = d.t0 + r / hw, hv = (r % hw) / d.vW, wv = r % d.vW;
+        int32_t r = r0 + tx, hw = d.pH * d.pW;
+        int32_t tv = d.t0 + r / hw - d.zT, hv = (r % hw) / d.pW - d.zH, wv = r % d.pW - d.zW;
+        zero = tv < 0 || tv >= d.vT || hv < 0 || hv >= d.vH || wv < 0 || wv >= d.vW;
         int64_t ts = view_src32(tv, d.uT, d.bT, (int32_t)d.T), hs = view_src32(hv, d.uH, d.bH, (int32_t)d.H),
                 ws = view_src32(wv, d.uW, d.bW, (int32_t)d.W);
         off = n * d.sN + (ts * d.H + hs) * d.W + ws;
@@ -244,7 +250,7 @@ __global__ void __launch_bounds__(256) k_gather_ndhwc(gather_desc d) {
     const int64_t THW = d.T * d.H * d.W;
     for (int64_t c0 = 0; c0 < d.C; c0 += 32) {
         for (int i = ty; i < 32; i += 8)
-            if (off >= 0 && c0 + i < d.C) t[i][tx] = fpk_ld(d.src, d.dt, off + (c0 + i) * THW);
+            if (off >= 0 && c0 + i < d.C) t[i][tx] = zero ? 0.f : fpk_ld(d.src, d.dt, off + (c0 + i) * THW);
         __syncthreads();
         for (int i = ty; i < 32; i += 8) {
             int64_t r = r0 + i, c = c0 + tx;
@@ -276,19 +282,26 @@ static fpk_status vendor_once(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
  * output (at most FRAMEPACK_CUDNN_SLAB_MB, and within 32-bit element counts, so no tensor is too big),
  * the weights, and the conv's own workspace (small: no layout transforms inside cuDNN). A conv
  * with temporal padding runs as one slab. */
-static fpk_status conv_vendor_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int tuned, int dt,
-                                   const fpk_conv3d_params *p, const fpk_gt *x, const void *wp, const fpk_gt *w,
-                                   const fpk_gt *bias, const fpk_gt *out) {
+enum nhwc_engine { NHWC_CUDNN_TUNED, NHWC_CUDNN_DEFAULT, NHWC_OWN };
+
+static fpk_status conv_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, nhwc_engine engine, int dt,
+                            const fpk_conv3d_params *p, const fpk_gt *x, const void *wp, const fpk_gt *w,
+                            const fpk_gt *bias, const fpk_gt *out) {
     size_t es = fpk_dt_size(dt);
-    /* T, H, W: the input as the conv reads it (its view) */
-    int64_t vH = fpk_conv_view_dim(p, 1, x->shape[3]), vW = fpk_conv_view_dim(p, 2, x->shape[4]);
-    int64_t N = x->shape[0], Cin = x->shape[1], T = fpk_conv_view_dim(p, 0, x->shape[2]), HW = vH * vW;
+    /* the input as the conv reads it (its view); the own engine also gathers the zero padding
+     * (its kernel reads a padded input), cuDNN applies it from the descriptor */
+    const int own = engine == NHWC_OWN;
+    int64_t vT = fpk_conv_view_dim(p, 0, x->shape[2]), vH = fpk_conv_view_dim(p, 1, x->shape[3]),
+            vW = fpk_conv_view_dim(p, 2, x->shape[4]);
+    int64_t zT = own ? p->padding[0] : 0, zH = own ? p->padding[1] : 0, zW = own ? p->padding[2] : 0;
+    int64_t pH = vH + 2 * zH, pW = vW + 2 * zW;
+    int64_t N = x->shape[0], Cin = x->shape[1], T = vT + 2 * zT, HW = pH * pW;
     int64_t K = w->shape[0], Cg = w->shape[1], kT = w->shape[2], kvol = kT * w->shape[3] * w->shape[4];
     int64_t To = out->shape[2], oHW = out->shape[3] * out->shape[4];
     int64_t sT = p->stride[0] ? p->stride[0] : 1;
     /* output frames per slab: the most whose input and output fit the slab bytes (and 32 bits) */
     int64_t frames = To;
-    if (p->padding[0] == 0) {
+    if (own || p->padding[0] == 0) {
         /* FRAMEPACK_CUDNN_SLAB_MB (default 1024), at least one output frame */
         int64_t lim = fpk_env_mib("FRAMEPACK_CUDNN_SLAB_MB", 1024, 16) / (int64_t)es;
         for (frames = 1; frames < To; frames++) {
@@ -319,14 +332,21 @@ static fpk_status conv_vendor_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gp
         if (frames == To) ti0 = 0, tin = T;
         if (ti0 + tin > T) tin = T - ti0;
         gather_desc g = {x->data, sx.ptr, dt, Cin, x->shape[2], x->shape[3], x->shape[4],
-                         Cin * x->shape[2] * x->shape[3] * x->shape[4], (int32_t)(tin * HW), (int32_t)vH, (int32_t)vW,
+                         Cin * x->shape[2] * x->shape[3] * x->shape[4], (int32_t)(tin * HW), (int32_t)pH, (int32_t)pW,
                          (int32_t)ti0, (int32_t)(p->upsample[0] > 1 ? p->upsample[0] : 1),
                          (int32_t)(p->upsample[1] > 1 ? p->upsample[1] : 1), (int32_t)(p->upsample[2] > 1 ? p->upsample[2] : 1),
-                         (int32_t)p->replicate_before[0], (int32_t)p->replicate_before[1], (int32_t)p->replicate_before[2]};
+                         (int32_t)p->replicate_before[0], (int32_t)p->replicate_before[1], (int32_t)p->replicate_before[2],
+                         (int32_t)vT, (int32_t)vH, (int32_t)vW, (int32_t)zT, (int32_t)zH, (int32_t)zW};
         k_gather_ndhwc<<<dim3((unsigned)((g.R + 31) / 32), 1, (unsigned)N), 256, 0, st>>>(g);
         FPK_TRY(fpk_gpu_launched("conv3d channels-last gather"));
-        int64_t sxs[5] = {N, Cin, tin, vH, vW}, sys[5] = {N, K, tn, out->shape[3], out->shape[4]};
-        FPK_TRY(vendor_once(c, st, sf, tuned, dt, sxs, sx.ptr, ws, sw.ptr, sys, sy.ptr, p, 1));
+        if (own) {
+            FPK_TRY(fpk_gpu_conv_ndhwc_mma(c, st, sf, dt, N, Cin, tin, pH, pW, sx.ptr, K, kT, w->shape[3], w->shape[4],
+                                           sw.ptr, sT, p->stride[1] ? p->stride[1] : 1, p->stride[2] ? p->stride[2] : 1, tn,
+                                           out->shape[3], out->shape[4], sy.ptr));
+        } else {
+            int64_t sxs[5] = {N, Cin, tin, pH, pW}, sys[5] = {N, K, tn, out->shape[3], out->shape[4]};
+            FPK_TRY(vendor_once(c, st, sf, engine == NHWC_CUDNN_TUNED, dt, sxs, sx.ptr, ws, sw.ptr, sys, sy.ptr, p, 1));
+        }
         char *ys0 = (char *)out->data + (size_t)(t0 * oHW) * es;
         FPK_TRY(transpose_rc(st, {sy.ptr, ys0, bias ? bias->data : nullptr, dt, bias ? bias->dtype : 0, tn * oHW, K,
                                   tn * oHW * K, K, K * To * oHW, To * oHW}, N));
@@ -354,7 +374,7 @@ static fpk_status conv_vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
         FPK_TRY(fpk_gpu_convert(st, sw.ptr, dt, w->data, w->dtype, w->numel));
         wp = sw.ptr;
     }
-    if (nhwc) return conv_vendor_nhwc(c, st, sf, tuned, dt, p, x, wp, w, bias, out);
+    if (nhwc) return conv_nhwc(c, st, sf, tuned ? NHWC_CUDNN_TUNED : NHWC_CUDNN_DEFAULT, dt, p, x, wp, w, bias, out);
     int64_t xs[5], ws[5], ys[5];
     for (int i = 0; i < 5; i++) {
         xs[i] = x->shape[i];
@@ -449,7 +469,17 @@ extern "C" fpk_status fpk_gpu_conv3d(fpk_gpu_ctx *c, void *s, const fpk_gpu_scra
         if (K == 0) break; /* an empty reduction: the own kernel writes the bias */
         return conv_vendor(c, st, sf, tier == FPK_CONV_TIER_VENDOR_TUNED, p, x, w, bias, out);
     }
-    case FPK_CONV_TIER_OWN_KERNEL: break;
+    case FPK_CONV_TIER_OWN_KERNEL:
+        /* 16-bit operands of one dtype, channels a multiple of 16, one group: the matrix-unit
+         * kernel (fpk_gpu_conv_mma.cu) on the channels-last slabs of the vendor path, with the
+         * zero padding gathered in too; a device or shape it declines falls to the FMA kernel
+         * below, as does FRAMEPACK_GPU_CONV_FMA=1. */
+        if (x->dtype != FPK_F32 && x->dtype == w->dtype && x->dtype == out->dtype && p->groups <= 1 &&
+            x->shape[1] % 16 == 0 && !fpk_gpu_conv_mma_off()) {
+            fpk_status s2 = conv_nhwc(c, st, sf, NHWC_OWN, x->dtype, p, x, w->data, w, bias, out);
+            if (s2 != FPK_ERR_UNAVAILABLE) return s2;
+        }
+        break;
     default: return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: the %s backend serves no tier %d itself", FPK_GPU_NAME, (int)tier);
     }
     conv_desc d;

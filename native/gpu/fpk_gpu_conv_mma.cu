@@ -715,7 +715,7 @@ static fpk_status conv_matrix_path(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gp
 }
 
 /* FRAMEPACK_GPU_CONV_FMA=1: decline every call (k_conv3d serves; tests and comparisons). */
-static int conv_force_fma(void) {
+int fpk_gpu_conv_mma_off(void) {
     const char *e = getenv("FRAMEPACK_GPU_CONV_FMA");
     return e && *e && strcmp(e, "0") != 0;
 }
@@ -726,7 +726,7 @@ fpk_status fpk_gpu_conv_ndhwc_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
                                   int64_t Ho, int64_t Wo, void *y) {
     if (dt != FPK_F16 && dt != FPK_BF16)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d (matrix units): f16 or bf16 only, got dtype %d", dt);
-    if (conv_force_fma())
+    if (fpk_gpu_conv_mma_off())
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d (matrix units): FRAMEPACK_GPU_CONV_FMA is set");
     if (N < 0 || C < 1 || Tp < 1 || Hp < 1 || Wp < 1 || K < 0 || kT < 1 || kH < 1 || kW < 1 || sT < 1 || sH < 1 || sW < 1 ||
         To < 0 || Ho < 0 || Wo < 0 || (To > 0 && (To - 1) * sT + kT > Tp) || (Ho > 0 && (Ho - 1) * sH + kH > Hp) ||
