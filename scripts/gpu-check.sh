@@ -242,11 +242,13 @@ for phase in "${phases[@]}"; do
 		export PYTHONUNBUFFERED=1
 		VS=${VAE_STAGES:-vae_decode,vae_decode_tiled,vae_decode_tiled256,vae_encode}
 		run "bench manifests" 300 python3 scripts/gpubench/torch_bench.py --out "$B" --manifests-only
-		run "bench ours (channels-last)" 400 "$BIN/gpubench" -dir "$B" -stages "$VS"
-		cp "$B"/ours.json "$OUT"/ours.json
-		run "bench pytorch" 400 python3 scripts/gpubench/torch_bench.py --out "$B" --stages "${VS//,vae_decode_tiled256/}"
-		cp "$B"/torch.json "$OUT"/
-		python3 scripts/gpubench/table.py "$B" "$OUT/bench.json" "${BENCH_COMMIT:-}" | tee "$OUT/table.md" >>"$SUMMARY"
+		if [ "${VAE_BASE:-1}" = 1 ]; then # VAE_BASE=0: only the variants
+			run "bench ours (channels-last)" 400 "$BIN/gpubench" -dir "$B" -stages "$VS"
+			cp "$B"/ours.json "$OUT"/ours.json
+			run "bench pytorch" 400 python3 scripts/gpubench/torch_bench.py --out "$B" --stages "${VS//,vae_decode_tiled256/}"
+			cp "$B"/torch.json "$OUT"/
+			python3 scripts/gpubench/table.py "$B" "$OUT/bench.json" "${BENCH_COMMIT:-}" | tee "$OUT/table.md" >>"$SUMMARY"
+		fi
 		for v in ${VAE_VARIANTS:-ncdhw heuristic}; do
 			case $v in
 			ncdhw) FRAMEPACK_CUDNN_LAYOUT=ncdhw run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode_tiled256 ;;
@@ -254,6 +256,7 @@ for phase in "${phases[@]}"; do
 			# the own conv tier alone (a driver without vendor convs): its matrix-core kernel,
 			# and its FMA kernel on the encode only (minutes on a decode)
 			own) FRAMEPACK_CONV_TIER=own_kernel run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode,vae_decode_tiled,vae_encode ;;
+			own4) FRAMEPACK_CONV_TIER=own_kernel FRAMEPACK_GPU_CONV_MMA_WARPS=4 run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode,vae_decode_tiled,vae_encode ;;
 			ownfma) FRAMEPACK_CONV_TIER=own_kernel FRAMEPACK_GPU_CONV_FMA=1 run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_encode ;;
 			esac
 			cp "$B"/ours.json "$OUT/ours-$v.json"
