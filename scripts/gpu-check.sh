@@ -256,7 +256,7 @@ for phase in "${phases[@]}"; do
 			# the own conv tier alone (a driver without vendor convs): its matrix-core kernel,
 			# and its FMA kernel on the encode only (minutes on a decode)
 			own) FRAMEPACK_CONV_TIER=own_kernel run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode,vae_decode_tiled,vae_encode ;;
-			own4) FRAMEPACK_CONV_TIER=own_kernel FRAMEPACK_GPU_CONV_MMA_WARPS=4 run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode,vae_decode_tiled,vae_encode ;;
+			own8) FRAMEPACK_CONV_TIER=own_kernel FRAMEPACK_GPU_CONV_MMA_WARPS=8 run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_decode,vae_decode_tiled,vae_encode ;;
 			ownfma) FRAMEPACK_CONV_TIER=own_kernel FRAMEPACK_GPU_CONV_FMA=1 run "bench ours ($v)" 300 "$BIN/gpubench" -dir "$B" -stages vae_encode ;;
 			esac
 			cp "$B"/ours.json "$OUT/ours-$v.json"
