@@ -753,13 +753,6 @@ static int amd_strict(void) {
 
 /* A failed runtime call during the probe or self-check: a sticky error (the device is lost) is
  * returned as such; anything else only disables the path (reason in why). */
-static fpk_status amd_check_error(cudaError_t e, const char *what, char *why, size_t nwhy) {
-    fpk_status s = fpk_gpu_error(e, what);
-    snprintf(why, nwhy, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-    (void)cudaGetLastError();
-    return s == FPK_ERR_DEVICE_LOST ? s : FPK_OK;
-}
-
 /* Runs the matrix kernel of path and the FMA kernel on one small deterministic problem of the
  * call's dtype and head dim — B 2, H 2 over one key head (grouped), Lq 37 and Lk 83 (partial
  * query blocks and key tiles), a mask of key padding with holes, a causal band and one fully
@@ -852,16 +845,10 @@ static fpk_status amd_self_check(cudaStream_t st, const fpk_gpu_scratch_fn *sf, 
         char what[64];
         snprintf(what, sizeof what, "attention self-check (%s)", step);
         free(host);
-        return amd_check_error(e, what, why, nwhy);
+        return fpk_gpu_check_error(e, what, why, nwhy);
     }
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < nq; i++) {
-        double d = (double)ho2[i] - (double)ho1[i];
-        num += d * d;
-        den += (double)ho1[i] * ho1[i];
-    }
+    double rel = fpk_rel_l2_host(ho2, ho1, nq);
     free(host);
-    double rel = den > 0 ? sqrt(num / den) : INFINITY;
     *ok = rel <= 1e-2; /* NaN (an output the kernel never wrote) fails too */
     if (!*ok)
         snprintf(why, nwhy, "%s kernel differs from the fma kernel on the self-check (%s, head dim %d): relative L2 %g > 1e-2",
@@ -890,7 +877,7 @@ static fpk_status amd_matrix_path(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
             if (e == cudaSuccess) e = cudaMemcpyAsync(got, sc.ptr, sizeof got, cudaMemcpyDeviceToHost, st);
             if (e == cudaSuccess) e = cudaStreamSynchronize(st);
             if (e != cudaSuccess) {
-                s = amd_check_error(e, "attention: matrix path probe", d->why, sizeof d->why);
+                s = fpk_gpu_check_error(e, "attention: matrix path probe", d->why, sizeof d->why);
                 d->disabled = 1;
             }
         }

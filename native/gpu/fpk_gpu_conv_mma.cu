@@ -536,13 +536,6 @@ static int conv_strict(void) {
 
 /* A failed runtime call during the probe or the self-check: a sticky error (the device is lost)
  * is returned as such; anything else only disables the path (the reason in why). */
-static fpk_status conv_check_error(cudaError_t e, const char *what, char *why, size_t nwhy) {
-    fpk_status s = fpk_gpu_error(e, what);
-    snprintf(why, nwhy, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
-    (void)cudaGetLastError();
-    return s == FPK_ERR_DEVICE_LOST ? s : FPK_OK;
-}
-
 /* The self-check's conv: N 2, C 48 (taps straddle the 32-wide reduction steps), 5 × 13 × 15
  * padded frames, K 136 (a partial channel tile), 3x3x3 taps, stride (1, 2, 2): To 3, Ho 6, Wo 7,
  * M 252 (a partial row tile). */
@@ -623,18 +616,12 @@ static fpk_status conv_self_check(int device, cudaStream_t st, const fpk_gpu_scr
         char what[64];
         snprintf(what, sizeof what, "conv3d self-check (%s)", step);
         free(host);
-        return conv_check_error(e, what, why, nwhy);
+        return fpk_gpu_check_error(e, what, why, nwhy);
     }
-    double num = 0, den = 0;
-    for (int64_t i = 0; i < ny; i++) {
-        double d = (double)hy[i] - (double)hr[i];
-        num += d * d;
-        den += (double)hr[i] * hr[i];
-    }
+    double rel = fpk_rel_l2_host(hy, hr, ny);
     int64_t touched = 0;
     for (int64_t i = 0; i < SC_GUARD; i++) touched += (hg[i] != 0xffffu) + (hg[SC_GUARD + ny + i] != 0xffffu);
     free(host);
-    double rel = den > 0 ? sqrt(num / den) : INFINITY;
     *ok = rel <= 1e-2 && touched == 0; /* NaN (an output never written) fails too */
     if (!*ok)
         snprintf(why, nwhy, "%s kernel (variant %d) differs from the reference on the self-check (%s): relative L2 %g "
@@ -664,7 +651,7 @@ static fpk_status conv_probe(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scra
     d->probed = 1;
     if (e != cudaSuccess) {
         d->disabled = 1;
-        return conv_check_error(e, "conv3d: matrix path probe", d->why, sizeof d->why);
+        return fpk_gpu_check_error(e, "conv3d: matrix path probe", d->why, sizeof d->why);
     }
     d->path = got[0];
     if ((d->path == CONV_PATH_MFMA && got[1] != 64) || (d->path == CONV_PATH_WMMA && got[1] != 32)) {

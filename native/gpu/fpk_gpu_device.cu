@@ -5,6 +5,7 @@
  */
 #include "fpk_gpu_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,23 @@ fpk_status fpk_gpu_error(cudaError_t e, const char *what) {
         return st;
     }
     return fpk_gpu_set_error(st, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+}
+
+fpk_status fpk_gpu_check_error(cudaError_t e, const char *what, char *why, size_t nwhy) {
+    fpk_status s = fpk_gpu_error(e, what);
+    snprintf(why, nwhy, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    (void)cudaGetLastError();
+    return s == FPK_ERR_DEVICE_LOST ? s : FPK_OK;
+}
+
+double fpk_rel_l2_host(const float *got, const float *want, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)got[i] - (double)want[i];
+        num += d * d;
+        den += (double)want[i] * want[i];
+    }
+    return den > 0 ? sqrt(num / den) : INFINITY;
 }
 
 fpk_status fpk_gpu_launched(const char *what) {

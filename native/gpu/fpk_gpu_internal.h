@@ -107,6 +107,13 @@ static inline cudaStream_t fpk_stream(fpk_gpu_ctx *c, void *s) {
 /* Sets the thread's last error for a failed runtime call and returns the status it maps to
  * (out of memory, device lost for sticky errors, backend error otherwise). */
 fpk_status fpk_gpu_error(cudaError_t e, const char *what);
+/* A device self-check's runtime error (the matrix kernels' checks before first use): taken as
+ * fpk_gpu_error does, and said in why; FPK_OK unless the device is lost, so the check disables
+ * its path rather than failing the call. */
+fpk_status fpk_gpu_check_error(cudaError_t e, const char *what, char *why, size_t nwhy);
+/* ‖got − want‖ / ‖want‖ over n host floats (infinite when want is all zeros; NaN anywhere in got
+ * makes it NaN, which fails any bound). */
+double fpk_rel_l2_host(const float *got, const float *want, int64_t n);
 
 /* Status of the launches just queued (a launch error or an earlier sticky one). */
 fpk_status fpk_gpu_launched(const char *what);
