@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "fpk_half.h"
+
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
@@ -32,30 +34,11 @@ thread_local int emu_lane, emu_wave;
 enum { FPK_F32 = 0, FPK_F16 = 1, FPK_BF16 = 2 };
 #define AMD_NW 4
 
-static float bf16_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint16_t fpk_f32_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float f16_f32(uint16_t h) {
-    _Float16 x;
-    memcpy(&x, &h, 2);
-    return (float)x;
-}
-static uint16_t fpk_f32_f16(float f) {
-    _Float16 x = (_Float16)f;
-    uint16_t h;
-    memcpy(&h, &x, 2);
-    return h;
-}
+// the library's exact conversions (native/src/fpk_half.h), under the names the kernels use
+static float bf16_f32(uint16_t h) { return fpk_bf16_to_f32(h); }
+static uint16_t fpk_f32_bf16(float f) { return fpk_f32_to_bf16(f); }
+static float f16_f32(uint16_t h) { return fpk_f16_to_f32(h); }
+static uint16_t fpk_f32_f16(float f) { return fpk_f32_to_f16(f); }
 static void fpk_st(void *p, int dt, int64_t i, float v) {
     if (dt != FPK_F32) abort();
     ((float *)p)[i] = v;

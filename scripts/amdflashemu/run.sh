@@ -20,5 +20,5 @@ grep -q 'flash_amd_body' "$out/kernel.inc" || { echo "amdflashemu: kernel text n
 awk '/^struct flash_args \{$/ {on=1} on {print} on && /^\};$/ {exit}' "$src" >"$out/flash_args.inc"
 grep -q 'scale_log2' "$out/flash_args.inc" || { echo "amdflashemu: struct flash_args not found in $src"; exit 1; }
 cp "$here/emu.cpp" "$out/"
-${CXX:-clang++-15} -std=c++20 -O2 -pthread -Wall -Wno-unused-function -Wno-psabi -o "$out/emu" "$out/emu.cpp"
+${CXX:-clang++-15} -std=c++20 -I"$root/native/src" -O2 -pthread -Wall -Wno-unused-function -Wno-psabi -o "$out/emu" "$out/emu.cpp"
 "$out/emu"

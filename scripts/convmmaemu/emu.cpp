@@ -24,6 +24,8 @@
 #include <functional>
 #include <vector>
 
+#include "fpk_half.h"
+
 #define __device__
 #define __forceinline__ inline
 #define __shared__ static
@@ -35,36 +37,11 @@ struct alignas(16) uint4 {
 };
 static uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return uint4{x, y, z, w}; }
 
-static float fpk_bf16_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint16_t fpk_f32_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-// f16 → f32 through a table (the compiler's _Float16 conversion is a library call here)
-static float f16_table[65536];
-static void init_f16_table() {
-    for (uint32_t h = 0; h < 65536; h++) {
-        _Float16 x;
-        uint16_t b = (uint16_t)h;
-        memcpy(&x, &b, 2);
-        f16_table[h] = (float)x;
-    }
-}
-static float fpk_f16_f32(uint16_t h) { return f16_table[h]; }
-static uint16_t fpk_f32_f16(float f) {
-    _Float16 x = (_Float16)f;
-    uint16_t h;
-    memcpy(&h, &x, 2);
-    return h;
-}
+// the library's exact conversions (native/src/fpk_half.h), under the names the kernel uses
+static float fpk_bf16_f32(uint16_t h) { return fpk_bf16_to_f32(h); }
+static uint16_t fpk_f32_bf16(float f) { return fpk_f32_to_bf16(f); }
+static float fpk_f16_f32(uint16_t h) { return fpk_f16_to_f32(h); }
+static uint16_t fpk_f32_f16(float f) { return fpk_f32_to_f16(f); }
 
 static void die(const char *what) {
     fprintf(stderr, "convmmaemu: %s\n", what);
@@ -456,7 +433,6 @@ template <class MM, int ST> static int run_policy(const char *name, const conv_c
 }
 
 int main() {
-    init_f16_table();
     // N C T H W (padded input) K, kernel, stride
     const conv_case cases[] = {
         {2, 48, 5, 13, 15, 136, 3, 3, 3, 1, 2, 2}, // the self-check's conv: partial tiles, taps across steps

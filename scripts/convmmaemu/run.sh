@@ -15,5 +15,5 @@ grep -q 'amd_wmma16' "$out/kernel.inc" || { echo "convmmaemu: the AMD block not 
 awk '/^\/\* ---- the kernel body/ {on=1} /^\/\* ---- end of the kernel body/ {on=0} on' "$src" >>"$out/kernel.inc"
 grep -q 'convmma_body' "$out/kernel.inc" || { echo "convmmaemu: kernel text not found in $src"; exit 1; }
 cp "$here/emu.cpp" "$out/"
-${CXX:-clang++-15} -std=c++20 -O2 -Wall -Wno-unused-function -Wno-psabi -Wno-deprecated-declarations -o "$out/emu" "$out/emu.cpp"
+${CXX:-clang++-15} -std=c++20 -I"$root/native/src" -O2 -Wall -Wno-unused-function -Wno-psabi -Wno-deprecated-declarations -o "$out/emu" "$out/emu.cpp"
 "$out/emu"
