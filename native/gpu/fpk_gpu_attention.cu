@@ -751,8 +751,6 @@ static int amd_strict(void) {
     return e && strcmp(e, "strict") == 0;
 }
 
-/* A failed runtime call during the probe or self-check: a sticky error (the device is lost) is
- * returned as such; anything else only disables the path (reason in why). */
 /* Runs the matrix kernel of path and the FMA kernel on one small deterministic problem of the
  * call's dtype and head dim — B 2, H 2 over one key head (grouped), Lq 37 and Lk 83 (partial
  * query blocks and key tiles), a mask of key padding with holes, a causal band and one fully

@@ -7,9 +7,11 @@
  *                  implicit-GEMM conv3d below (any float dtypes, f32 accumulation, 64-bit
  *                  indexing, groups, strides, zero padding, the input view), bias fused;
  *   cpu            not here: FPK_ERR_UNAVAILABLE makes the core serve it (host round trip).
- * Vendor libraries take 32-bit dims and element counts: a conv with a larger tensor and no
- * temporal padding runs in slabs of output frames (input frames copied into scratch, the
- * output slab copied into place), so the VAE's full-resolution convs stay on the vendor tiers.
+ * Vendor libraries take 32-bit dims and element counts: a 16-bit conv on cuDNN runs
+ * channels-last in slabs of output frames (conv_nhwc, which the own tier's matrix kernel shares),
+ * and an NCDHW one with a larger tensor and no temporal padding in slabs too (input frames copied
+ * into scratch, the output slab copied into place), so the VAE's full-resolution convs stay on
+ * the vendor tiers.
  */
 #include "fpk_gpu_internal.h"
 
@@ -34,8 +36,8 @@ struct conv_desc {
 
 /* The source index of view coordinate i (0 <= i < the view's extent) of a dim of n elements
  * upsampled by u and replicate padded by b before. */
-__device__ __forceinline__ int64_t view_src(int64_t i, int64_t u, int64_t b, int64_t n) {
-    int64_t j = i - b;
+template <typename I> __device__ __forceinline__ I view_src(I i, I u, I b, I n) {
+    I j = i - b;
     j = j < 0 ? 0 : j >= u * n ? u * n - 1 : j;
     return u == 1 ? j : j / u;
 }
@@ -144,9 +146,9 @@ static void fill_desc(conv_desc *d, const fpk_conv3d_params *p, const fpk_gt *x,
     d->pH = p->padding[1];
     d->pW = p->padding[2];
     d->G = p->groups ? p->groups : 1;
-    d->uT = p->upsample[0] > 1 ? p->upsample[0] : 1;
-    d->uH = p->upsample[1] > 1 ? p->upsample[1] : 1;
-    d->uW = p->upsample[2] > 1 ? p->upsample[2] : 1;
+    d->uT = fpk_conv_view_scale(p, 0);
+    d->uH = fpk_conv_view_scale(p, 1);
+    d->uW = fpk_conv_view_scale(p, 2);
     d->bT = p->replicate_before[0];
     d->bH = p->replicate_before[1];
     d->bW = p->replicate_before[2];
@@ -159,7 +161,7 @@ static fpk_status conv_own(cudaStream_t st, const conv_desc *d) {
     int64_t P = d->To * d->Ho * d->Wo, Cog = d->Cout / d->G;
     int64_t gx = (P + CP - 1) / CP, gy = (Cog + CM - 1) / CM, gz = d->N * d->G;
     if (gx > INT_MAX || gy > 65535)
-        return fpk_gpu_set_error(FPK_ERR_UNSUPPORTED, "conv3d own kernel: grid %lld x %lld", (long long)gx, (long long)gy);
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d own kernel: grid %lld x %lld", (long long)gx, (long long)gy);
     k_conv3d<<<dim3((unsigned)gx, (unsigned)gy, (unsigned)(gz < 65535 ? gz : 65535)), 256, 0, st>>>(*d);
     return fpk_gpu_launched("conv3d (own kernel)");
 }
@@ -226,12 +228,6 @@ struct gather_desc {
     int32_t vT, vH, vW, zT, zH, zW; /* the view's extent; zero padding before (and after) it */
 };
 
-__device__ __forceinline__ int32_t view_src32(int32_t i, int32_t u, int32_t b, int32_t n) {
-    int32_t j = i - b;
-    j = j < 0 ? 0 : j >= u * n ? u * n - 1 : j;
-    return u == 1 ? j : j / u;
-}
-
 __global__ void __launch_bounds__(256) k_gather_ndhwc(gather_desc d) {
     __shared__ float t[32][33];
     const int32_t r0 = blockIdx.x * 32;
@@ -243,8 +239,8 @@ __global__ void __launch_bounds__(256) k_gather_ndhwc(gather_desc d) {
         int32_t r = r0 + tx, hw = d.pH * d.pW;
         int32_t tv = d.t0 + r / hw - d.zT, hv = (r % hw) / d.pW - d.zH, wv = r % d.pW - d.zW;
         zero = tv < 0 || tv >= d.vT || hv < 0 || hv >= d.vH || wv < 0 || wv >= d.vW;
-        int64_t ts = view_src32(tv, d.uT, d.bT, (int32_t)d.T), hs = view_src32(hv, d.uH, d.bH, (int32_t)d.H),
-                ws = view_src32(wv, d.uW, d.bW, (int32_t)d.W);
+        int64_t ts = view_src<int32_t>(tv, d.uT, d.bT, (int32_t)d.T),
+                hs = view_src<int32_t>(hv, d.uH, d.bH, (int32_t)d.H), ws = view_src<int32_t>(wv, d.uW, d.bW, (int32_t)d.W);
         off = n * d.sN + (ts * d.H + hs) * d.W + ws;
     }
     const int64_t THW = d.T * d.H * d.W;
@@ -275,13 +271,16 @@ static fpk_status vendor_once(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
     return fpk_vendor_conv(c, st, sf, tuned, dt, nhwc, xd, x, wd, w, yd, y, p);
 }
 
-/* The vendor conv channels-last (fpk_vendor_conv_nhwc), in slabs of output frames: per slab,
- * its input frames transposed into scratch (NCDHW -> NDHWC; frames are contiguous there), the
- * conv, and its NDHWC output transposed into place in out with the bias added on the way. The
- * weights are transposed once (K C kT kH kW -> K kT kH kW C). Scratch: one slab's input and
- * output (at most FRAMEPACK_CUDNN_SLAB_MB, and within 32-bit element counts, so no tensor is too big),
- * the weights, and the conv's own workspace (small: no layout transforms inside cuDNN). A conv
- * with temporal padding runs as one slab. */
+/* A 16-bit conv channels-last, in slabs of output frames, by cuDNN (fpk_vendor_conv_nhwc) or
+ * by the own tier's matrix kernel (fpk_gpu_conv_ndhwc_mma): per slab, its input frames gathered
+ * into scratch (NCDHW -> NDHWC, through the input view; frames are contiguous there), the conv,
+ * and its NDHWC output transposed into place in out with the bias added on the way. The weights
+ * are transposed once (K C kT kH kW -> K kT kH kW C). Scratch: one slab's input and output (at
+ * most FRAMEPACK_CUDNN_SLAB_MB, for both engines, and within 32-bit element counts, so no
+ * tensor is too big), the weights, and cuDNN's own workspace (small: no layout transforms
+ * inside it). cuDNN applies the zero padding from its descriptor, so a conv with temporal zero
+ * padding runs there as one slab; the own engine gathers the zero padding in and slabs any
+ * conv. An empty input is FPK_ERR_UNAVAILABLE (the FMA kernel writes the bias). */
 enum nhwc_engine { NHWC_CUDNN_TUNED, NHWC_CUDNN_DEFAULT, NHWC_OWN };
 
 static fpk_status conv_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, nhwc_engine engine, int dt,
@@ -298,6 +297,11 @@ static fpk_status conv_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
     int64_t N = x->shape[0], Cin = x->shape[1], T = vT + 2 * zT, HW = pH * pW;
     int64_t K = w->shape[0], Cg = w->shape[1], kT = w->shape[2], kvol = kT * w->shape[3] * w->shape[4];
     int64_t To = out->shape[2], oHW = out->shape[3] * out->shape[4];
+    if (x->numel == 0)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d channels-last: an empty input");
+    if (T > INT_MAX || HW > INT_MAX)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d channels-last: input view %lld x %lld x %lld beyond 32 bits",
+                                 (long long)T, (long long)pH, (long long)pW);
     int64_t sT = p->stride[0] ? p->stride[0] : 1;
     /* output frames per slab: the most whose input and output fit the slab bytes (and 32 bits) */
     int64_t frames = To;
@@ -318,7 +322,7 @@ static fpk_status conv_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
     if (N * Cin * HW * tin_max > INT_MAX || N * K * oHW * frames > INT_MAX || N > 65535 ||
         x->shape[2] * x->shape[3] * x->shape[4] > INT_MAX)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE,
-                                 "conv3d vendor tier: tensor beyond 32-bit element counts with temporal padding");
+                                 "conv3d channels-last: a slab beyond 32-bit element counts (or more than 65535 samples)");
     fpk_scratch sw(sf), sx(sf), sy(sf);
     FPK_TRY(sw.alloc((size_t)w->numel * es));
     FPK_TRY(transpose_rc(st, {wp, sw.ptr, nullptr, dt, 0, Cg, kvol, Cg * kvol, kvol, kvol * Cg, Cg}, K));
@@ -333,8 +337,8 @@ static fpk_status conv_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
         if (ti0 + tin > T) tin = T - ti0;
         gather_desc g = {x->data, sx.ptr, dt, Cin, x->shape[2], x->shape[3], x->shape[4],
                          Cin * x->shape[2] * x->shape[3] * x->shape[4], (int32_t)(tin * HW), (int32_t)pH, (int32_t)pW,
-                         (int32_t)ti0, (int32_t)(p->upsample[0] > 1 ? p->upsample[0] : 1),
-                         (int32_t)(p->upsample[1] > 1 ? p->upsample[1] : 1), (int32_t)(p->upsample[2] > 1 ? p->upsample[2] : 1),
+                         (int32_t)ti0, (int32_t)fpk_conv_view_scale(p, 0), (int32_t)fpk_conv_view_scale(p, 1),
+                         (int32_t)fpk_conv_view_scale(p, 2),
                          (int32_t)p->replicate_before[0], (int32_t)p->replicate_before[1], (int32_t)p->replicate_before[2],
                          (int32_t)vT, (int32_t)vH, (int32_t)vW, (int32_t)zT, (int32_t)zH, (int32_t)zW};
         k_gather_ndhwc<<<dim3((unsigned)((g.R + 31) / 32), 1, (unsigned)N), 256, 0, st>>>(g);
@@ -472,12 +476,18 @@ extern "C" fpk_status fpk_gpu_conv3d(fpk_gpu_ctx *c, void *s, const fpk_gpu_scra
     case FPK_CONV_TIER_OWN_KERNEL:
         /* 16-bit operands of one dtype, channels a multiple of 16, one group: the matrix-unit
          * kernel (fpk_gpu_conv_mma.cu) on the channels-last slabs of the vendor path, with the
-         * zero padding gathered in too; a device or shape it declines falls to the FMA kernel
-         * below, as does FRAMEPACK_GPU_CONV_FMA=1. */
+         * zero padding gathered in too; a device without a working matrix path (checked
+         * before any slab is built), a shape the kernel declines or scratch the slabs cannot
+         * get falls to the FMA kernel below, as does FRAMEPACK_GPU_CONV_FMA=1. */
         if (x->dtype != FPK_F32 && x->dtype == w->dtype && x->dtype == out->dtype && p->groups <= 1 &&
-            x->shape[1] % 16 == 0 && !fpk_gpu_conv_mma_off()) {
-            fpk_status s2 = conv_nhwc(c, st, sf, NHWC_OWN, x->dtype, p, x, w->data, w, bias, out);
-            if (s2 != FPK_ERR_UNAVAILABLE) return s2;
+            x->shape[1] % 16 == 0 && x->numel > 0) {
+            int ready = 0;
+            FPK_TRY(fpk_gpu_conv_mma_ready(c, st, sf, x->dtype, &ready));
+            if (ready) {
+                /* scratch the slabs cannot get: the FMA kernel needs none */
+                fpk_status s2 = conv_nhwc(c, st, sf, NHWC_OWN, x->dtype, p, x, w->data, w, bias, out);
+                if (s2 != FPK_ERR_UNAVAILABLE && s2 != FPK_ERR_OUT_OF_MEMORY) return s2;
+            }
         }
         break;
     default: return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d: the %s backend serves no tier %d itself", FPK_GPU_NAME, (int)tier);

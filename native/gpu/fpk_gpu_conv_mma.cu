@@ -11,9 +11,10 @@
  * output rounded once to the dtype.
  *
  * One kernel body, convmma_body, templated on a matrix-instruction policy:
- *   cmma_sync  NVIDIA mma.sync m16n8k16 (sm_80 and later): 8 warps as 2 × 4, a warp 64 rows ×
- *              32 channels; the tiles come in with cp.async (x through L1, whose neighbouring
- *              taps overlap; w through L2 only), ST stages (default 3).
+ *   cmma_sync  NVIDIA mma.sync m16n8k16 (sm_80 and later): 4 warps as 2 × 2, a warp 64 rows ×
+ *              64 channels (the default), or 8 warps as 2 × 4 of 64 × 32; the tiles come in
+ *              with cp.async (x through L1, whose neighbouring taps overlap; w through L2
+ *              only), ST stages (default 3).
  *   cmma_mfma  AMD MFMA 16x16x16 (CDNA2/3, wave64): 4 waves as 2 × 2, a wave 64 × 64.
  *   cmma_wmma  AMD WMMA 16x16x16 (RDNA3, wave32): 64 channels a block, 8 waves as 4 × 2, a
  *              wave 32 × 32.
@@ -534,8 +535,6 @@ static int conv_strict(void) {
     return e && strcmp(e, "strict") == 0;
 }
 
-/* A failed runtime call during the probe or the self-check: a sticky error (the device is lost)
- * is returned as such; anything else only disables the path (the reason in why). */
 /* The self-check's conv: N 2, C 48 (taps straddle the 32-wide reduction steps), 5 × 13 × 15
  * padded frames, K 136 (a partial channel tile), 3x3x3 taps, stride (1, 2, 2): To 3, Ho 6, Wo 7,
  * M 252 (a partial row tile). */
@@ -703,7 +702,7 @@ static fpk_status conv_matrix_path(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gp
 }
 
 /* FRAMEPACK_GPU_CONV_FMA=1: decline every call (k_conv3d serves; tests and comparisons). */
-int fpk_gpu_conv_mma_off(void) {
+static int conv_mma_off(void) {
     const char *e = getenv("FRAMEPACK_GPU_CONV_FMA");
     return e && *e && strcmp(e, "0") != 0;
 }
@@ -714,7 +713,7 @@ fpk_status fpk_gpu_conv_ndhwc_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
                                   int64_t Ho, int64_t Wo, void *y) {
     if (dt != FPK_F16 && dt != FPK_BF16)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d (matrix units): f16 or bf16 only, got dtype %d", dt);
-    if (fpk_gpu_conv_mma_off())
+    if (conv_mma_off())
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d (matrix units): FRAMEPACK_GPU_CONV_FMA is set");
     if (N < 0 || C < 1 || Tp < 1 || Hp < 1 || Wp < 1 || K < 0 || kT < 1 || kH < 1 || kW < 1 || sT < 1 || sH < 1 || sW < 1 ||
         To < 0 || Ho < 0 || Wo < 0 || (To > 0 && (To - 1) * sT + kT > Tp) || (Ho > 0 && (Ho - 1) * sH + kH > Hp) ||
@@ -751,4 +750,14 @@ fpk_status fpk_gpu_conv_ndhwc_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d (matrix units): unavailable on this device: %s", why);
     convmma_args a = conv_args(N, C, Tp, Hp, Wp, x, K, kT, kH, kW, w, sT, sH, sW, To, Ho, Wo, y);
     return launch_path(c->device, path, variant, dt == FPK_BF16, a, st);
+}
+
+fpk_status fpk_gpu_conv_mma_ready(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int dt, int *ready) {
+    *ready = 0;
+    if ((dt != FPK_F16 && dt != FPK_BF16) || conv_mma_off()) return FPK_OK;
+    int path = CONV_PATH_NONE;
+    char why[320];
+    FPK_TRY(conv_matrix_path(c, st, sf, dt, conv_variant(), &path, why, sizeof why));
+    *ready = path != CONV_PATH_NONE;
+    return FPK_OK;
 }

@@ -208,12 +208,14 @@ fpk_status fpk_gpu_copy2d(cudaStream_t st, const void *src, int64_t spitch, void
  * beyond 2^30; on HIP, more than 2^24 blocks (128 rows × 64 channels each). The caller then
  * runs k_conv3d. FPK_ERR_INVALID_ARGUMENT when an output window would read past x;
  * FPK_ERR_BACKEND when FRAMEPACK_GPU_CONV_SELFCHECK=strict and the path failed its self-check. */
-/* Whether FRAMEPACK_GPU_CONV_FMA turns the matrix-unit conv off (it then declines every call). */
-int fpk_gpu_conv_mma_off(void);
 fpk_status fpk_gpu_conv_ndhwc_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int dt, int64_t N,
                                   int64_t C, int64_t Tp, int64_t Hp, int64_t Wp, const void *x, int64_t K, int64_t kT,
                                   int64_t kH, int64_t kW, const void *w, int64_t sT, int64_t sH, int64_t sW, int64_t To,
                                   int64_t Ho, int64_t Wo, void *y);
+/* *ready: whether fpk_gpu_conv_ndhwc_mma has a path for dt on this device now (probed and
+ * self-checked here on first use, as the conv itself would; FRAMEPACK_GPU_CONV_FMA=1 says no), so
+ * the caller builds its slabs only for a kernel that will run. Errors as the conv's. */
+fpk_status fpk_gpu_conv_mma_ready(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int dt, int *ready);
 
 /* ---- GEMM (fpk_gpu_gemm.cu) ---------------------------------------------------------------- */
 

@@ -294,8 +294,11 @@ static inline int fpk_conv_has_view(const fpk_conv3d_params *p) {
         if (p->upsample[i] > 1 || p->replicate_before[i] != 0 || p->replicate_after[i] != 0) return 1;
     return 0;
 }
+static inline int64_t fpk_conv_view_scale(const fpk_conv3d_params *p, int i) {
+    return p->upsample[i] > 1 ? p->upsample[i] : 1;
+}
 static inline int64_t fpk_conv_view_dim(const fpk_conv3d_params *p, int i, int64_t n) {
-    return p->replicate_before[i] + (p->upsample[i] > 1 ? p->upsample[i] : 1) * n + p->replicate_after[i];
+    return p->replicate_before[i] + fpk_conv_view_scale(p, i) * n + p->replicate_after[i];
 }
 fpk_status fpk_op_conv3d(fpk_stream_t stream, fpk_conv_tier tier, const fpk_conv3d_params *params,
                          fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out);

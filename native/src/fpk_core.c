@@ -933,7 +933,8 @@ static fpk_status conv_out_dims(const char *op, const fpk_conv3d_params *p, fpk_
         int64_t st = p->stride[i] ? p->stride[i] : 1;
         CHECK(st > 0 && p->padding[i] >= 0, "%s: stride %lld and padding %lld of dim %d", op,
               (long long)st, (long long)p->padding[i], i);
-        CHECK(p->upsample[i] >= 0 && p->replicate_before[i] >= 0 && p->replicate_after[i] >= 0,
+        CHECK(p->upsample[i] >= 0 && p->upsample[i] <= 1024 && p->replicate_before[i] >= 0 &&
+                  p->replicate_before[i] <= INT32_MAX && p->replicate_after[i] >= 0 && p->replicate_after[i] <= INT32_MAX,
               "%s: upsample %lld and replicate padding %lld, %lld of dim %d", op, (long long)p->upsample[i],
               (long long)p->replicate_before[i], (long long)p->replicate_after[i], i);
         CHECK(x->shape[2 + i] > 0 || (p->replicate_before[i] == 0 && p->replicate_after[i] == 0),
@@ -1022,23 +1023,25 @@ static fpk_status conv3d_host_bounce(fpk_stream_t s, const fpk_conv3d_params *p,
 
 /* Serves a conv whose backend cannot read its input's view (upsampling, replicate padding)
  * in place for this call: the view made as a tensor of the backend (counted against its cap),
- * convolved, and freed (stream-ordered, as the callers' own temporaries). */
+ * convolved, and freed right after the conv is queued — safe as the callers' own temporaries
+ * are: a backend's ops run in the order of its one stream, and a freed block is reused only by
+ * work queued after it. */
 static fpk_status conv3d_view_made(fpk_stream_t s, fpk_conv_tier tier, const fpk_conv3d_params *p,
                                    fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out) {
     int64_t shape[5] = {x->shape[0], x->shape[1], 0, 0, 0}, scale[3], before[3], after[3];
+    int64_t b5[5] = {0}, a5[5] = {0}; /* the pads over all five dims, for fpk_op_pad */
     int up = 0;
     for (int i = 0; i < 3; i++) {
         shape[2 + i] = fpk_conv_view_dim(p, i, x->shape[2 + i]);
-        scale[i] = p->upsample[i] > 1 ? p->upsample[i] : 1;
-        before[i] = p->replicate_before[i];
-        after[i] = p->replicate_after[i];
+        scale[i] = fpk_conv_view_scale(p, i);
+        b5[2 + i] = before[i] = p->replicate_before[i];
+        a5[2 + i] = after[i] = p->replicate_after[i];
         up |= scale[i] > 1;
     }
     fpk_tensor_t v = NULL;
     TRY(fpk_tensor_new(s->backend, x->dtype, 5, shape, &v));
     fpk_status st;
     if (!up) {
-        int64_t b5[5] = {0, 0, before[0], before[1], before[2]}, a5[5] = {0, 0, after[0], after[1], after[2]};
         st = fpk_op_pad(s, FPK_PAD_REPLICATE, b5, a5, x, v);
     } else {
         st = fpk_op_upsample_pad(s, scale, before, after, x, v);
@@ -1049,7 +1052,6 @@ static fpk_status conv3d_view_made(fpk_stream_t s, fpk_conv_tier tier, const fpk
             fpk_tensor_t u = NULL;
             st = fpk_tensor_new(s->backend, x->dtype, 5, us, &u);
             if (st == FPK_OK) st = fpk_op_upsample_nearest3d(s, scale, x, u);
-            int64_t b5[5] = {0, 0, before[0], before[1], before[2]}, a5[5] = {0, 0, after[0], after[1], after[2]};
             if (st == FPK_OK) st = fpk_op_pad(s, FPK_PAD_REPLICATE, b5, a5, u, v);
             fpk_tensor_free(u);
         }
