@@ -120,14 +120,11 @@ func NewConv3d(l *Loader, name string, cin, cout int, kernel, stride [3]int) Con
 
 // Forward: x [B, Cin, T, H, W] → [B, Cout, (T−kT)/sT+1, (H−kH)/sH+1, (W−kW)/sW+1].
 func (c Conv3d) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
-	if !p.OK() {
-		return nil
-	}
 	return c.ForwardInput(p, x, runtime.ConvInput{})
 }
 
-// ForwardInput is Forward on the tensor in makes of x (upsampled and replicate padded, read in
-// place where the backend can: runtime.ConvInput).
+// ForwardInput is Forward on the input in describes: x upsampled (nearest) and replicate
+// padded, read in place where the backend can (runtime.ConvInput).
 func (c Conv3d) ForwardInput(p *Pass, x *runtime.Tensor, in runtime.ConvInput) *runtime.Tensor {
 	if !p.OK() {
 		return nil

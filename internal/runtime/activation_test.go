@@ -228,6 +228,7 @@ func TestFusedTernary(t *testing.T) {
 // the same slabs, with the zero padding gathered in).
 func TestConv3dHalfSlabs(t *testing.T) {
 	t.Setenv("FRAMEPACK_CUDNN_SLAB_MB", "16")
+	matrixConvStrict(t)
 	base := newTestRuntime(t, Options{})
 	for _, tier := range base.Backend().ConvTiers {
 		if tier == TierCPU && !base.Backend().IsHost {
@@ -237,6 +238,14 @@ func TestConv3dHalfSlabs(t *testing.T) {
 			convHalfSlabs(t, newTestRuntime(t, Options{ConvPolicy: ConvPolicy{FirstTier: tier, Only: true}}))
 		})
 	}
+}
+
+// matrixConvStrict makes the gpu backend's matrix-unit conv (the own tier's kernel) fail a
+// call when its self-check has turned it off, rather than fall to the FMA kernel, so a test
+// forcing the own tier runs the kernel it names (no effect on the cpu backend).
+func matrixConvStrict(t *testing.T) {
+	t.Setenv("FRAMEPACK_GPU_CONV_SELFCHECK", "strict")
+	t.Setenv("FRAMEPACK_GPU_CONV_FMA", "0")
 }
 
 func convHalfSlabs(t *testing.T, rt *Runtime) {
@@ -250,6 +259,8 @@ func convHalfSlabs(t *testing.T, rt *Runtime) {
 		{"k3 spatial pad", []int{1, 32, 9, 128, 160}, []int{32, 32, 3, 3, 3}, Conv3dParams{Padding: [3]int{0, 1, 1}}},
 		{"stride 2", []int{1, 32, 11, 128, 160}, []int{24, 32, 3, 3, 3}, Conv3dParams{Stride: [3]int{2, 2, 2}}},
 		{"temporal pad", []int{1, 16, 5, 64, 64}, []int{16, 16, 3, 3, 3}, Conv3dParams{Padding: [3]int{1, 1, 1}}},
+		// several slabs on the own tier (it gathers the zero padding; cuDNN keeps one slab)
+		{"temporal pad, slabs", []int{1, 32, 9, 128, 160}, []int{32, 32, 3, 3, 3}, Conv3dParams{Padding: [3]int{1, 1, 1}}},
 		{"pointwise", []int{1, 48, 9, 128, 128}, []int{16, 48, 1, 1, 1}, Conv3dParams{}},
 	} {
 		for _, dt := range []DType{F16, BF16} {
@@ -281,88 +292,42 @@ func convHalfSlabs(t *testing.T, rt *Runtime) {
 // bf16: bit for bit on the cpu backend (the core makes the tensor there), within a 16-bit
 // rounding on a GPU (the cuda backend gathers the view into its channels-last slabs, the own
 // kernel reads it in place, other paths get the tensor from the core). On a GPU the larger
-// cases run in several slabs (FRAMEPACK_CUDNN_SLAB_MB=16).
+// cases run in several slabs (FRAMEPACK_CUDNN_SLAB_MB=16). One case adds zero padding around
+// the view (the own tier's slabs gather it too).
 func TestConv3dInputView(t *testing.T) {
 	t.Setenv("FRAMEPACK_CUDNN_SLAB_MB", "16")
+	matrixConvStrict(t)
 	base := newTestRuntime(t, Options{})
 	host := base.Backend().IsHost
 	causal := Pad3d{Before: [3]int{2, 1, 1}, After: [3]int{0, 1, 1}}
-	cases := []struct {
-		name   string
-		xs, ws []int
-		stride [3]int
-		in     ConvInput
-		device bool // only on a GPU backend (large: slabs)
-	}{
-		{"causal k3", []int{1, 8, 5, 12, 20}, []int{8, 8, 3, 3, 3}, [3]int{}, ConvInput{Replicate: causal}, false},
-		{"causal k3 stride 2", []int{1, 8, 7, 13, 18}, []int{16, 8, 3, 3, 3}, [3]int{2, 2, 2}, ConvInput{Replicate: causal}, false},
-		{"upsample 2x2x2", []int{1, 8, 3, 6, 10}, []int{8, 8, 3, 3, 3}, [3]int{},
-			ConvInput{Upsample: [3]int{2, 2, 2}, Replicate: Pad3d{Before: [3]int{1, 1, 1}, After: [3]int{0, 1, 1}}}, false},
-		{"upsample 1x2x2", []int{1, 8, 3, 6, 10}, []int{8, 8, 3, 3, 3}, [3]int{},
-			ConvInput{Upsample: [3]int{1, 2, 2}, Replicate: causal}, false},
-		{"causal k3 slabs", []int{1, 32, 9, 150, 200}, []int{32, 32, 3, 3, 3}, [3]int{}, ConvInput{Replicate: causal}, true},
-		{"upsample slabs", []int{1, 32, 5, 75, 100}, []int{32, 32, 3, 3, 3}, [3]int{},
-			ConvInput{Upsample: [3]int{2, 2, 2}, Replicate: Pad3d{Before: [3]int{1, 1, 1}, After: [3]int{0, 1, 1}}}, true},
+	upPad := Pad3d{Before: [3]int{1, 1, 1}, After: [3]int{0, 1, 1}}
+	cases := []viewCase{
+		{"causal k3", []int{1, 8, 5, 12, 20}, []int{8, 8, 3, 3, 3}, Conv3dParams{Input: ConvInput{Replicate: causal}}, false},
+		{"causal k3 stride 2", []int{1, 8, 7, 13, 18}, []int{16, 8, 3, 3, 3},
+			Conv3dParams{Stride: [3]int{2, 2, 2}, Input: ConvInput{Replicate: causal}}, false},
+		{"upsample 2x2x2", []int{1, 8, 3, 6, 10}, []int{8, 8, 3, 3, 3},
+			Conv3dParams{Input: ConvInput{Upsample: [3]int{2, 2, 2}, Replicate: upPad}}, false},
+		{"upsample 1x2x2", []int{1, 8, 3, 6, 10}, []int{8, 8, 3, 3, 3},
+			Conv3dParams{Input: ConvInput{Upsample: [3]int{1, 2, 2}, Replicate: causal}}, false},
+		{"view and zero padding", []int{1, 16, 4, 9, 11}, []int{16, 16, 3, 3, 3},
+			Conv3dParams{Padding: [3]int{1, 1, 2}, Input: ConvInput{Upsample: [3]int{1, 2, 1}, Replicate: causal}}, false},
+		{"causal k3 slabs", []int{1, 32, 9, 150, 200}, []int{32, 32, 3, 3, 3}, Conv3dParams{Input: ConvInput{Replicate: causal}}, true},
+		{"upsample slabs", []int{1, 32, 5, 75, 100}, []int{32, 32, 3, 3, 3},
+			Conv3dParams{Input: ConvInput{Upsample: [3]int{2, 2, 2}, Replicate: upPad}}, true},
 	}
 	for _, tier := range base.Backend().ConvTiers {
-		rt := newTestRuntime(t, Options{ConvPolicy: ConvPolicy{FirstTier: tier, Only: true}})
-		r := rand.New(rand.NewPCG(5, uint64(tier)))
-		for _, c := range cases {
-			if c.device && (host || tier == TierCPU) {
-				continue
+		t.Run(tier.String(), func(t *testing.T) {
+			rt := newTestRuntime(t, Options{ConvPolicy: ConvPolicy{FirstTier: tier, Only: true}})
+			r := rand.New(rand.NewPCG(5, uint64(tier)))
+			for _, c := range cases {
+				if c.device && (host || tier == TierCPU) {
+					continue
+				}
+				for _, dt := range []DType{F32, F16, BF16} {
+					c.check(t, rt, r, dt, host)
+				}
 			}
-			for _, dt := range []DType{F32, F16, BF16} {
-				name := fmt.Sprintf("%s %s tier %s", c.name, dt, tier)
-				x, _, _ := halfTensor(t, rt, r, dt, c.xs...)
-				w, _, _ := halfTensor(t, rt, r, dt, c.ws...)
-				b, _, _ := halfTensor(t, rt, r, dt, c.ws[0])
-				if dt == F32 {
-					x, _ = randTensor(t, rt, r, c.xs...)
-					w, _ = randTensor(t, rt, r, c.ws...)
-					b, _ = randTensor(t, rt, r, c.ws[0])
-				}
-				got, err := rt.Conv3d(x, w, b, Conv3dParams{Stride: c.stride, Input: c.in})
-				if err != nil {
-					t.Fatalf("%s: %v", name, err)
-				}
-				up := c.in.Upsample
-				if up == [3]int{} {
-					up = [3]int{1, 1, 1}
-				}
-				made, err := rt.UpsamplePad(x, up, c.in.Replicate)
-				if err != nil {
-					t.Fatalf("%s: upsample pad: %v", name, err)
-				}
-				want, err := rt.Conv3d(made, w, b, Conv3dParams{Stride: c.stride})
-				made.Free()
-				if err != nil {
-					t.Fatalf("%s: conv of the made input: %v", name, err)
-				}
-				if !equalInts(got.Shape(), want.Shape()) {
-					t.Fatalf("%s: shape %v, want %v", name, got.Shape(), want.Shape())
-				}
-				g, wv := values(t, got), values(t, want)
-				ref := make([]float64, len(wv))
-				same := true
-				for i := range wv {
-					ref[i] = float64(wv[i])
-					if math.IsNaN(float64(g[i])) {
-						t.Fatalf("%s: element %d not written", name, i)
-					}
-					same = same && math.Float32bits(g[i]) == math.Float32bits(wv[i])
-				}
-				tol := 1e-5
-				if dt != F32 {
-					tol = 4e-3
-				}
-				if e := relL2(g, ref); e > tol || (host && !same) {
-					t.Errorf("%s: rel L2 %.3g against the conv of the made input (tolerance %g; bit for bit on the cpu: %v)",
-						name, e, tol, same)
-				}
-				got.Free()
-				want.Free()
-			}
-		}
+		})
 	}
 	x, _ := randTensor(t, base, rand.New(rand.NewPCG(1, 1)), 1, 4, 0, 5, 5)
 	w, _ := randTensor(t, base, rand.New(rand.NewPCG(1, 2)), 4, 4, 1, 3, 3)
@@ -371,5 +336,75 @@ func TestConv3dInputView(t *testing.T) {
 			y.Free()
 		}
 		t.Errorf("replicate padding of an empty dim: %v, want invalid argument", err)
+	}
+}
+
+// viewCase is one conv of TestConv3dInputView: x and w shapes, the conv's params (with an
+// input view), and whether it runs only on a GPU backend (large: slabs).
+type viewCase struct {
+	name   string
+	xs, ws []int
+	p      Conv3dParams
+	device bool
+}
+
+// check runs the case in dt on rt and compares with the conv of the tensor UpsamplePad makes.
+func (c viewCase) check(t *testing.T, rt *Runtime, r *rand.Rand, dt DType, host bool) {
+	t.Helper()
+	name := fmt.Sprintf("%s %s", c.name, dt)
+	var x, w, b *Tensor
+	if dt == F32 {
+		x, _ = randTensor(t, rt, r, c.xs...)
+		w, _ = randTensor(t, rt, r, c.ws...)
+		b, _ = randTensor(t, rt, r, c.ws[0])
+	} else {
+		x, _, _ = halfTensor(t, rt, r, dt, c.xs...)
+		w, _, _ = halfTensor(t, rt, r, dt, c.ws...)
+		b, _, _ = halfTensor(t, rt, r, dt, c.ws[0])
+	}
+	defer x.Free()
+	defer w.Free()
+	defer b.Free()
+	got, err := rt.Conv3d(x, w, b, c.p)
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	defer got.Free()
+	up := c.p.Input.Upsample
+	if up == [3]int{} {
+		up = [3]int{1, 1, 1}
+	}
+	made, err := rt.UpsamplePad(x, up, c.p.Input.Replicate)
+	if err != nil {
+		t.Fatalf("%s: upsample pad: %v", name, err)
+	}
+	plain := c.p
+	plain.Input = ConvInput{}
+	want, err := rt.Conv3d(made, w, b, plain)
+	made.Free()
+	if err != nil {
+		t.Fatalf("%s: conv of the made input: %v", name, err)
+	}
+	defer want.Free()
+	if !equalInts(got.Shape(), want.Shape()) {
+		t.Fatalf("%s: shape %v, want %v", name, got.Shape(), want.Shape())
+	}
+	g, wv := values(t, got), values(t, want)
+	ref := make([]float64, len(wv))
+	same := true
+	for i := range wv {
+		ref[i] = float64(wv[i])
+		if math.IsNaN(float64(g[i])) {
+			t.Fatalf("%s: element %d not written", name, i)
+		}
+		same = same && math.Float32bits(g[i]) == math.Float32bits(wv[i])
+	}
+	tol := 1e-5
+	if dt != F32 {
+		tol = 4e-3
+	}
+	if e := relL2(g, ref); e > tol || (host && !same) {
+		t.Errorf("%s: rel L2 %.3g against the conv of the made input (tolerance %g; bit for bit on the cpu: %v)",
+			name, e, tol, same)
 	}
 }

@@ -582,3 +582,26 @@ func TestPCIBusIDOption(t *testing.T) {
 		t.Fatalf("backend %q", rt.info.Name)
 	}
 }
+
+// TestConvKeyInputView: a conv without an input view keeps the decision-cache key it had before
+// views existed (an unset and a unit upsampling alike), and different views get different keys.
+func TestConvKeyInputView(t *testing.T) {
+	xs, ws := []int{1, 8, 5, 12, 20}, []int{8, 8, 3, 3, 3}
+	key := func(p Conv3dParams) string { return convKey("cpu", 0, xs, ws, F32, F32, p.norm()) }
+	const old = "conv3d x=1x8x5x12x20 w=8x8x3x3x3 s=1x1x1 p=0x0x0 g=1 f32/f32 cpu:0"
+	if got := key(Conv3dParams{}); got != old {
+		t.Errorf("no view: %q, want %q", got, old)
+	}
+	if got := key(Conv3dParams{Input: ConvInput{Upsample: [3]int{1, 1, 1}}}); got != old {
+		t.Errorf("unit upsampling: %q, want %q", got, old)
+	}
+	causal := ConvInput{Replicate: Pad3d{Before: [3]int{2, 1, 1}, After: [3]int{0, 1, 1}}}
+	up := ConvInput{Upsample: [3]int{2, 2, 2}, Replicate: Pad3d{Before: [3]int{1, 1, 1}, After: [3]int{0, 1, 1}}}
+	kc, ku := key(Conv3dParams{Input: causal}), key(Conv3dParams{Input: up})
+	if want := "conv3d x=1x8x5x12x20 w=8x8x3x3x3 s=1x1x1 p=0x0x0 g=1 up=1x1x1 rb=2x1x1 ra=0x1x1 f32/f32 cpu:0"; kc != want {
+		t.Errorf("causal view: %q, want %q", kc, want)
+	}
+	if kc == ku || kc == old || ku == old {
+		t.Errorf("views share a key: %q, %q, %q", old, kc, ku)
+	}
+}

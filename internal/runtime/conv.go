@@ -388,8 +388,9 @@ func (c *convChain) fault(key string, t Tier) (ConvFault, bool) {
 	return ConvFault{}, false
 }
 
-// ConvKey returns the decision-cache key of a conv: dims, dtype, stride, padding, groups,
-// backend and device.
+// ConvKey returns the decision-cache key of a conv: dims, dtype, stride, padding, groups, the
+// input view when there is one (" up=… rb=… ra=…": a conv without one keeps the key it had
+// before views existed), backend and device.
 func (rt *Runtime) ConvKey(x, w *Tensor, p Conv3dParams) string {
 	return convKey(rt.info.Name, rt.info.Device, x.shape, w.shape, x.dtype, w.dtype, p.norm())
 }
@@ -434,10 +435,14 @@ func (rt *Runtime) Conv3d(x, w, bias *Tensor, p Conv3dParams) (*Tensor, error) {
 			return nil, argError(op, "stride %v padding %v", p.Stride, p.Padding)
 		}
 		v := p.Input
-		if v.Upsample[i] < 1 || v.Replicate.Before[i] < 0 || v.Replicate.After[i] < 0 ||
-			(x.Dim(2+i) == 0 && v.Replicate.Before[i]+v.Replicate.After[i] > 0) {
-			return nil, argError(op, "input upsampling %v and replicate padding %v, %v of %s", v.Upsample,
-				v.Replicate.Before, v.Replicate.After, x)
+		switch {
+		case v.Upsample[i] < 1:
+			return nil, argError(op, "input upsampling %v: factors must be at least 1", v.Upsample)
+		case v.Replicate.Before[i] < 0 || v.Replicate.After[i] < 0:
+			return nil, argError(op, "input replicate padding %v before, %v after: must not be negative",
+				v.Replicate.Before, v.Replicate.After)
+		case x.Dim(2+i) == 0 && v.Replicate.Before[i]+v.Replicate.After[i] > 0:
+			return nil, argError(op, "replicate padding of x %s, empty in dim %d", x, 2+i)
 		}
 		span := v.dim(i, x.Dim(2+i)) + 2*p.Padding[i] - w.Dim(2+i)
 		if span < 0 {

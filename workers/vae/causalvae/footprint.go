@@ -14,9 +14,11 @@ import (
 // bands, converted weights, algorithm workspace, attention scores). The footprint estimate
 // adds it, transiently, to the tensors a tile holds.
 type Scratch struct {
-	// Conv is the scratch of one conv3d: kernel k (kT, kH, kW), cin → cout channels, output
-	// shape out [B, Cout, T, H, W], activation element size elem, weight element size welem.
-	Conv func(k [3]int, cin, cout int, out [5]int, elem, welem int) int64
+	// Conv is the scratch of one conv3d: kernel k (kT, kH, kW), input shape in [B, Cin, T, H,
+	// W] (as the conv reads it, before its own padding: upsampled for an upsampler's conv),
+	// output shape out [B, Cout, T', H', W'], activation element size elem, weight element size
+	// welem.
+	Conv func(k [3]int, in, out [5]int, elem, welem int) int64
 	// Attention is the scratch of one attention call of lq queries and lk keys of width d.
 	Attention func(lq, lk, d, elem int) int64
 	// ReadsInPlace reports whether a conv of elem-byte activations and welem-byte weights
@@ -25,10 +27,6 @@ type Scratch struct {
 	ReadsInPlace func(elem, welem int) bool
 }
 
-// inPlace is Scratch.ReadsInPlace for the walk's dtypes.
-func (s *memSim) inPlace() bool {
-	return s.o.Scratch.ReadsInPlace != nil && s.o.Scratch.ReadsInPlace(s.o.ActivationBytes, s.o.WeightBytes)
-}
 
 // CPUScratch is the cpu backend's scratch (native/cpu): one im2col band of at most 32 MiB
 // per conv plus a widened (f32) copy of a 16-bit weight, and chunks of 4 MiB-of-floats
@@ -37,16 +35,16 @@ func CPUScratch() Scratch {
 	const colBudget = 32 << 20
 	const scoreBudget = 4 << 20
 	return Scratch{
-		Conv: func(k [3]int, cin, cout int, out [5]int, _, welem int) int64 {
+		Conv: func(k [3]int, in, out [5]int, _, welem int) int64 {
 			var n int64
-			K := int64(cin) * int64(k[0]*k[1]*k[2])
+			K := int64(in[1]) * int64(k[0]*k[1]*k[2])
 			if k != unit {
 				wo := int64(out[4])
 				rows := max(min(int64(colBudget)/(K*wo*4), int64(out[3])), 1)
 				n += charged(K * rows * wo * 4)
 			}
 			if welem != 4 {
-				n += charged(int64(cout) * K * 4)
+				n += charged(int64(out[1]) * K * 4)
 			}
 			return n
 		},
@@ -72,13 +70,12 @@ func GPUScratch() Scratch {
 	const scoreBudget = 1 << 30
 	most := envMiB("FRAMEPACK_CUDNN_WORKSPACE_MB", 8192)
 	return Scratch{
-		Conv: func(k [3]int, cin, cout int, out [5]int, elem, welem int) int64 {
-			// the input as the output's extent with cin channels (stride 1 and the padding
-			// ignored: within a few percent for the decoder's convs)
-			io := int64(cin+cout) * int64(out[0]) * int64(out[2]) * int64(out[3]) * int64(out[4]) * int64(elem)
+		Conv: func(k [3]int, in, out [5]int, elem, welem int) int64 {
+			// the input without the conv's padding: within a few percent for the decoder's convs
+			io := convIOBytes(in, out, elem)
 			n := min(max(2*io, 16<<20), most)
 			if welem != elem {
-				n += convWeightBytes(k, cin, cout, elem)
+				n += convWeightBytes(k, in[1], out[1], elem)
 			}
 			return n
 		},
@@ -104,14 +101,13 @@ func CUDAScratch() Scratch {
 	}
 	most, slab := envMiB("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB", 256), envMiB("FRAMEPACK_CUDNN_SLAB_MB", 1024)
 	ncdhw := s.Conv
-	s.Conv = func(k [3]int, cin, cout int, out [5]int, elem, welem int) int64 {
+	s.Conv = func(k [3]int, in, out [5]int, elem, welem int) int64 {
 		if elem != 2 || welem != elem {
 			// f32, or a weight of another dtype: the conv computes in f32, NCDHW
-			return ncdhw(k, cin, cout, out, elem, welem)
+			return ncdhw(k, in, out, elem, welem)
 		}
-		vox := int64(out[0]) * int64(out[2]) * int64(out[3]) * int64(out[4])
-		io := min(int64(cin+cout)*vox*int64(elem), slab)
-		return convWeightBytes(k, cin, cout, elem) + charged(io) + min(max(io/2, 16<<20), most)
+		io := min(convIOBytes(in, out, elem), slab)
+		return convWeightBytes(k, in[1], out[1], elem) + charged(io) + min(max(io/2, 16<<20), most)
 	}
 	s.ReadsInPlace = func(elem, welem int) bool { return elem == 2 && welem == elem }
 	return s
@@ -124,6 +120,11 @@ func envMiB(name string, defMiB int64) int64 {
 		return mb << 20
 	}
 	return defMiB << 20
+}
+
+// convIOBytes is the bytes of a conv's input and output.
+func convIOBytes(in, out [5]int, elem int) int64 {
+	return (int64(numel5(in)) + int64(numel5(out))) * int64(elem)
 }
 
 // convWeightBytes is what a conv weight [cout, cin, k] in elem-byte elements is charged.
@@ -175,6 +176,11 @@ func (s *memSim) mark(n int64) {
 
 func (s *memSim) free(sh [5]int) { s.live -= s.bytes(sh) }
 
+// inPlace is Scratch.ReadsInPlace for the walk's dtypes.
+func (s *memSim) inPlace() bool {
+	return s.o.Scratch.ReadsInPlace != nil && s.o.Scratch.ReadsInPlace(s.o.ActivationBytes, s.o.WeightBytes)
+}
+
 // transient accounts n bytes held only during one op.
 func (s *memSim) transient(n int64) {
 	s.mark(s.live + n)
@@ -185,8 +191,9 @@ func withC(sh [5]int, c int) [5]int {
 	return sh
 }
 
-// conv is CausalConv3d.Forward on x (x stays live): replicate pad (kT−1 before, k/2 around),
-// then the conv. Returns the output shape (allocated).
+// conv is CausalConv3d.Forward on x (x stays live): the conv of x replicate padded (kT−1
+// before, k/2 around), with a padded copy made for it unless the backend reads the padding in
+// place (Scratch.ReadsInPlace). Returns the output shape (allocated).
 func (s *memSim) conv(x [5]int, cout int, k int, stride [3]int) [5]int {
 	kk := [3]int{k, k, k}
 	out := x
@@ -195,13 +202,8 @@ func (s *memSim) conv(x [5]int, cout int, k int, stride [3]int) [5]int {
 		st := max(stride[i], 1)
 		out[2+i] = (x[2+i]-1)/st + 1
 	}
-	scratch := s.o.Scratch.Conv(kk, x[1], cout, out, s.o.ActivationBytes, s.o.WeightBytes)
-	if k == 1 {
-		s.alloc(out)
-		s.transient(scratch)
-		return out
-	}
-	if s.inPlace() {
+	scratch := s.o.Scratch.Conv(kk, x, out, s.o.ActivationBytes, s.o.WeightBytes)
+	if k == 1 || s.inPlace() {
 		s.alloc(out)
 		s.transient(scratch)
 		return out
@@ -342,14 +344,16 @@ func (s *memSim) upBlock(x [5]int, b blockPlan) [5]int {
 	if !b.resampled() {
 		return h
 	}
-	// upsampling and causal padding in one op (UpsampleCausal3D), then the conv
+	// UpsampleCausal3D: the conv of h upsampled and causally padded, read in place where the
+	// backend can (else the core makes that tensor for the call)
 	s.at = fmt.Sprintf("upsampler %d at %v", h[1], h[2:])
 	out := h
 	out[1] = b.out
 	out[2] = 1 + b.stride[0]*(h[2]-1)
 	out[3] *= b.stride[1]
 	out[4] *= b.stride[2]
-	scratch := s.o.Scratch.Conv([3]int{3, 3, 3}, h[1], b.out, out, s.o.ActivationBytes, s.o.WeightBytes)
+	// the conv reads h upsampled: an input of the output's extent
+	scratch := s.o.Scratch.Conv([3]int{3, 3, 3}, withC(out, h[1]), out, s.o.ActivationBytes, s.o.WeightBytes)
 	if s.inPlace() {
 		s.alloc(out)
 		s.transient(scratch)

@@ -245,21 +245,21 @@ func TestGPUScratchWorkspace(t *testing.T) {
 	out := [5]int{1, 128, 9, 272, 352} // a decoder resnet conv at half resolution
 	io := int64(256) * 9 * 272 * 352 * 2
 	conv := GPUScratch().Conv
-	if got := conv(k, 128, 128, out, 2, 2); got != 2*io {
+	if got := conv(k, withC(out, 128), out, 2, 2); got != 2*io {
 		t.Errorf("16-bit conv: %d, want %d", got, 2*io)
 	}
-	if got := conv(k, 4, 4, [5]int{1, 4, 1, 8, 8}, 2, 2); got != 16<<20 {
+	if got := conv(k, [5]int{1, 4, 1, 8, 8}, [5]int{1, 4, 1, 8, 8}, 2, 2); got != 16<<20 {
 		t.Errorf("small conv: %d, want the 16 MiB floor", got)
 	}
 	big := [5]int{1, 512, 17, 544, 704}
-	if got := conv(k, 512, 512, big, 2, 2); got != 8<<30 {
+	if got := conv(k, withC(big, 512), big, 2, 2); got != 8<<30 {
 		t.Errorf("huge conv: %d, want the 8 GiB ceiling", got)
 	}
-	if got := conv(k, 128, 128, out, 2, 4); got != 2*io+charged(128*128*27*2) {
+	if got := conv(k, withC(out, 128), out, 2, 4); got != 2*io+charged(128*128*27*2) {
 		t.Errorf("f32 weight, 16-bit activations: %d", got)
 	}
 	t.Setenv("FRAMEPACK_CUDNN_WORKSPACE_MB", "1024")
-	if got := GPUScratch().Conv(k, 512, 512, big, 2, 2); got != 1<<30 {
+	if got := GPUScratch().Conv(k, withC(big, 512), big, 2, 2); got != 1<<30 {
 		t.Errorf("FRAMEPACK_CUDNN_WORKSPACE_MB=1024: %d", got)
 	}
 }
@@ -274,26 +274,39 @@ func TestCUDAScratchChannelsLast(t *testing.T) {
 	io := int64(256) * 4 * 272 * 352 * 2 // input and output bytes, under a slab
 	w := charged(128 * 128 * 27 * 2)
 	conv := CUDAScratch().Conv
-	if got, want := conv(k, 128, 128, small, 2, 2), w+charged(io)+io/2; got != want {
+	if got, want := conv(k, withC(small, 128), small, 2, 2), w+charged(io)+io/2; got != want {
 		t.Errorf("16-bit conv: %d, want %d", got, want)
 	}
-	if got, want := conv(k, 128, 128, small, 2, 4), GPUScratch().Conv(k, 128, 128, small, 2, 4); got != want {
+	if got, want := conv(k, withC(small, 128), small, 2, 4), GPUScratch().Conv(k, withC(small, 128), small, 2, 4); got != want {
 		t.Errorf("f32 weight, 16-bit activations (computed in f32, NCDHW): %d, want GPUScratch's %d", got, want)
 	}
 	big := [5]int{1, 128, 17, 544, 704} // 3.3 GB of input and output: slabs of 1 GiB
-	if got, want := conv(k, 128, 128, big, 2, 2), w+1<<30+256<<20; got != want {
+	if got, want := conv(k, withC(big, 128), big, 2, 2), w+1<<30+256<<20; got != want {
 		t.Errorf("full-resolution conv: %d, want %d", got, want)
 	}
-	if got, want := conv(k, 128, 128, small, 4, 4), GPUScratch().Conv(k, 128, 128, small, 4, 4); got != want {
+	if got, want := conv(k, withC(small, 128), small, 4, 4), GPUScratch().Conv(k, withC(small, 128), small, 4, 4); got != want {
 		t.Errorf("f32 conv: %d, want GPUScratch's %d", got, want)
+	}
+	// a strided conv (a downsampler's 2×2 in space): the slab holds its input, 4× its output
+	in, out := [5]int{1, 128, 3, 544, 704}, [5]int{1, 128, 3, 272, 352}
+	sio := int64(128) * 3 * (544*704 + 272*352) * 2
+	if got, want := conv(k, in, out, 2, 2), w+charged(sio)+sio/2; got != want {
+		t.Errorf("strided 16-bit conv: %d, want %d (its input counted)", got, want)
+	}
+	// the channels-last convs read their padded, upsampled input in place; the f32 path does not
+	if rp := CUDAScratch().ReadsInPlace; rp == nil || !rp(2, 2) || rp(4, 4) || rp(2, 4) {
+		t.Errorf("ReadsInPlace: in place only for 16-bit activations with 16-bit weights")
 	}
 	t.Setenv("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB", "64")
 	t.Setenv("FRAMEPACK_CUDNN_SLAB_MB", "512")
-	if got, want := CUDAScratch().Conv(k, 128, 128, big, 2, 2), w+512<<20+64<<20; got != want {
+	if got, want := CUDAScratch().Conv(k, withC(big, 128), big, 2, 2), w+512<<20+64<<20; got != want {
 		t.Errorf("FRAMEPACK_CUDNN_SLAB_MB=512, FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB=64: %d, want %d", got, want)
 	}
 	t.Setenv("FRAMEPACK_CUDNN_LAYOUT", "ncdhw")
-	if got, want := CUDAScratch().Conv(k, 128, 128, small, 2, 2), GPUScratch().Conv(k, 128, 128, small, 2, 2); got != want {
+	if got, want := CUDAScratch().Conv(k, withC(small, 128), small, 2, 2), GPUScratch().Conv(k, withC(small, 128), small, 2, 2); got != want {
 		t.Errorf("FRAMEPACK_CUDNN_LAYOUT=ncdhw: %d, want GPUScratch's %d", got, want)
+	}
+	if CUDAScratch().ReadsInPlace != nil {
+		t.Errorf("FRAMEPACK_CUDNN_LAYOUT=ncdhw: the NCDHW path reads no padding in place")
 	}
 }

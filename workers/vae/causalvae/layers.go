@@ -345,7 +345,9 @@ func (u *UpsampleCausal3D) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tenso
 	// every other frame sT times: cat(first_frame, interpolate(other_frames)). The dropped
 	// copies of frame 0 are what the conv's causal padding would put back (replicates of frame
 	// 0), so they stay and serve as part of it, and the conv reads the upsampled, padded input
-	// in place (runtime.ConvInput): neither the upsampled nor a sliced copy is made.
+	// in place (runtime.ConvInput): neither the upsampled nor a sliced copy is made (where the
+	// backend cannot read it in place — cpu, MIOpen, f32 on cuda — the native core makes the
+	// upsampled, padded tensor once for the call).
 	extra := u.Factor[0] - 1
 	if extra <= u.Conv.Conv.Kernel[0]-1 {
 		return u.Conv.Conv.ForwardInput(p, x, runtime.ConvInput{Upsample: u.Factor, Replicate: u.Conv.padding(extra)})
