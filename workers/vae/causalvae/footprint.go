@@ -27,7 +27,6 @@ type Scratch struct {
 	ReadsInPlace func(elem, welem int) bool
 }
 
-
 // CPUScratch is the cpu backend's scratch (native/cpu): one im2col band of at most 32 MiB
 // per conv plus a widened (f32) copy of a 16-bit weight, and chunks of 4 MiB-of-floats
 // of scores per attention call.
