@@ -1040,22 +1040,9 @@ static fpk_status conv3d_view_made(fpk_stream_t s, fpk_conv_tier tier, const fpk
     }
     fpk_tensor_t v = NULL;
     TRY(fpk_tensor_new(s->backend, x->dtype, 5, shape, &v));
-    fpk_status st;
-    if (!up) {
-        st = fpk_op_pad(s, FPK_PAD_REPLICATE, b5, a5, x, v);
-    } else {
-        st = fpk_op_upsample_pad(s, scale, before, after, x, v);
-        if (st == FPK_ERR_UNSUPPORTED) { /* a backend without the fused slot: the two ops */
-            fpk_clear_error();
-            int64_t us[5] = {x->shape[0], x->shape[1], x->shape[2] * scale[0], x->shape[3] * scale[1],
-                             x->shape[4] * scale[2]};
-            fpk_tensor_t u = NULL;
-            st = fpk_tensor_new(s->backend, x->dtype, 5, us, &u);
-            if (st == FPK_OK) st = fpk_op_upsample_nearest3d(s, scale, x, u);
-            if (st == FPK_OK) st = fpk_op_pad(s, FPK_PAD_REPLICATE, b5, a5, u, v);
-            fpk_tensor_free(u);
-        }
-    }
+    /* every backend built for this API version has both slots (cpu, cuda, hip) */
+    fpk_status st = up ? fpk_op_upsample_pad(s, scale, before, after, x, v)
+                       : fpk_op_pad(s, FPK_PAD_REPLICATE, b5, a5, x, v);
     fpk_conv3d_params plain = *p;
     for (int i = 0; i < 3; i++) plain.upsample[i] = plain.replicate_before[i] = plain.replicate_after[i] = 0;
     if (st == FPK_OK) st = fpk_op_conv3d(s, tier, &plain, v, w, bias, out);
