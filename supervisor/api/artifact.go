@@ -22,29 +22,51 @@ import (
 // ArtifactChunkBytes is the most file bytes one GetArtifactResponse carries.
 const ArtifactChunkBytes = 1 << 20
 
-// artifactPath returns the video of job: the final one of a succeeded job, else the newest
-// section video. It must lie inside the job's directory.
-func (s *Server) artifactPath(job *framepackv1.Job) (string, error) {
+// artifactPath returns the file of job that kind names, what to call it in messages and the
+// name a client should save it as. A video is the final one of a succeeded job, else the
+// newest section video; it must lie inside the job's directory.
+func (s *Server) artifactPath(job *framepackv1.Job, kind framepackv1.ArtifactKind) (path, what, name string, err error) {
+	id := job.GetId()
+	switch kind {
+	case framepackv1.ArtifactKind_ARTIFACT_KIND_IMAGE:
+		p, err := s.cfg.Store.InputPath(id)
+		if err != nil {
+			return "", "", "", jobStatus(err, id)
+		}
+		return p, "start image", id + "-start" + filepath.Ext(p), nil
+	case framepackv1.ArtifactKind_ARTIFACT_KIND_END_IMAGE:
+		p, err := s.cfg.Store.EndImagePath(id)
+		if err != nil {
+			return "", "", "", jobStatus(err, id)
+		}
+		if p == "" {
+			return "", "", "", status.Errorf(codes.NotFound, "job %s has no end image", id)
+		}
+		return p, "end image", id + "-end" + filepath.Ext(p), nil
+	case framepackv1.ArtifactKind_ARTIFACT_KIND_THUMBNAIL:
+		return s.cfg.Store.JobDir(id).Thumbnail(), "thumbnail", id + "-thumbnail.jpg", nil
+	}
 	p := job.GetResult().GetVideoPath()
 	if p == "" {
 		p = job.GetProgress().GetLatestVideoPath()
 	}
 	if p == "" {
-		return "", status.Errorf(codes.NotFound, "job %s has no video yet (it is %s)", job.GetId(), stateText(job.GetState()))
+		return "", "", "", status.Errorf(codes.NotFound, "job %s has no video yet (it is %s)", id, stateText(job.GetState()))
 	}
-	dir := s.cfg.Store.JobDir(job.GetId()).Path()
+	dir := s.cfg.Store.JobDir(id).Path()
 	rel, err := filepath.Rel(dir, p)
 	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
-		return "", status.Errorf(codes.Internal, "job %s: its video %s is outside the job directory", job.GetId(), p)
+		return "", "", "", status.Errorf(codes.Internal, "job %s: its video %s is outside the job directory", id, p)
 	}
-	return p, nil
+	return p, "video", id + filepath.Ext(p), nil
 }
 
 func stateText(st framepackv1.JobState) string {
 	return strings.ToLower(strings.TrimPrefix(st.String(), "JOB_STATE_"))
 }
 
-// GetArtifact streams a job's video in chunks of up to ArtifactChunkBytes, from req.offset.
+// GetArtifact streams a job's video (or, by kind, its start or end image or thumbnail) in
+// chunks of up to ArtifactChunkBytes, from req.offset.
 func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.ServerStreamingServer[framepackv1.GetArtifactResponse]) error {
 	id := req.GetJobId()
 	if err := requireID(id); err != nil {
@@ -55,7 +77,9 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 		v.Add("offset", "must be 0 or more, got %d", req.GetOffset())
 	}
 	switch req.GetKind() {
-	case framepackv1.ArtifactKind_ARTIFACT_KIND_UNSPECIFIED, framepackv1.ArtifactKind_ARTIFACT_KIND_VIDEO:
+	case framepackv1.ArtifactKind_ARTIFACT_KIND_UNSPECIFIED, framepackv1.ArtifactKind_ARTIFACT_KIND_VIDEO,
+		framepackv1.ArtifactKind_ARTIFACT_KIND_IMAGE, framepackv1.ArtifactKind_ARTIFACT_KIND_END_IMAGE,
+		framepackv1.ArtifactKind_ARTIFACT_KIND_THUMBNAIL:
 	default:
 		v.Add("kind", "unknown artifact kind %d", req.GetKind())
 	}
@@ -66,21 +90,24 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 	if err != nil {
 		return jobStatus(err, id)
 	}
-	path, err := s.artifactPath(job)
+	path, what, name, err := s.artifactPath(job, req.GetKind())
 	if err != nil {
 		return err
 	}
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
-		return status.Errorf(codes.NotFound, "job %s: its video is gone from the server (deleted by retention or rm)", id)
+		if what == "thumbnail" {
+			return status.Errorf(codes.NotFound, "job %s has no thumbnail yet (one is written with every section video; it is %s)", id, stateText(job.GetState()))
+		}
+		return status.Errorf(codes.NotFound, "job %s: its %s is gone from the server (deleted by retention or rm)", id, what)
 	}
 	if err != nil {
-		return status.Errorf(codes.Internal, "job %s: open video: %v", id, err)
+		return status.Errorf(codes.Internal, "job %s: open %s: %v", id, what, err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return status.Errorf(codes.Internal, "job %s: stat video: %v", id, err)
+		return status.Errorf(codes.Internal, "job %s: stat %s: %v", id, what, err)
 	}
 	if st.IsDir() {
 		return status.Errorf(codes.FailedPrecondition, "job %s: the video was kept as PNG frames in %s (ffmpeg was missing on the server)", id, path)
@@ -98,7 +125,7 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 		if n > 0 || first {
 			resp := &framepackv1.GetArtifactResponse{Offset: off, Data: buf[:n]}
 			if first {
-				resp.Name, resp.TotalSize = id+filepath.Ext(path), size
+				resp.Name, resp.TotalSize = name, size
 				first = false
 			}
 			if err := stream.Send(resp); err != nil {
@@ -110,7 +137,7 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 			return nil
 		}
 		if rerr != nil {
-			return status.Errorf(codes.Internal, "job %s: read video: %v", id, rerr)
+			return status.Errorf(codes.Internal, "job %s: read %s: %v", id, what, rerr)
 		}
 		if err := stream.Context().Err(); err != nil {
 			return statusOf(err)
