@@ -102,8 +102,8 @@ type gfResult struct {
 	JobS           float64   `json:"job_s"`
 	FaultAtS       float64   `json:"fault_at_s,omitempty"` // the signal, or the failed attempt's Retry event
 	WorkerPID      int       `json:"worker_pid,omitempty"`
-	WorkerGoneS    *float64  `json:"worker_gone_s,omitempty"` // signal to the process gone (a SIGSTOP: the watchdog's kill)
-	MemoryBackS    *float64  `json:"memory_back_s,omitempty"` // process gone to NVML within the margin of the idle baseline
+	WorkerGoneS    *float64  `json:"worker_gone_s,omitempty"`   // signal to the process gone (a SIGSTOP: the watchdog's kill)
+	MemoryBackS    *float64  `json:"memory_back_s,omitempty"`   // process gone to NVML within the margin of the idle baseline
 	BaselineGiB    float64   `json:"baseline_gib,omitempty"`    // NVML used before the job
 	PeakBeforeGiB  float64   `json:"peak_before_gib,omitempty"` // NVML used just before the fault
 	Retries        []gfRetry `json:"retries"`
@@ -330,8 +330,8 @@ func TestGPUFaults(t *testing.T) {
 	dl.OpMin, dl.OpFraction = *gfOpDeadline, 1e-9
 	wd, err := watchdog.New(watchdog.Config{Lane: *gfLane, LaneBackend: backend, Deadlines: dl, ConvCache: cache,
 		Recovery: &watchdog.Recovery{Memory: mem, Timeout: 20 * time.Second},
-		Probe: watchdog.ProbeWorker(workerkit.Config{Path: bins["probe"], Log: logrus.NewEntry(log)}, backend, uint32(idx), watchdog.DefaultProbeAllocate),
-		Log:   logrus.NewEntry(log),
+		Probe:    watchdog.ProbeWorker(workerkit.Config{Path: bins["probe"], Log: logrus.NewEntry(log)}, backend, uint32(idx), watchdog.DefaultProbeAllocate),
+		Log:      logrus.NewEntry(log),
 		FaultPlan: func(a watchdog.AttemptInfo) *workerkit.Fault {
 			mu.Lock()
 			sc := plans[a.JobID]
