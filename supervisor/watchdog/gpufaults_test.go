@@ -47,7 +47,7 @@ var (
 	gfTiny       = flag.Bool("gpufaults.tiny", false, "TestGPUFaults: a 96 px job for the tiny models (dry run)")
 	gfOut        = flag.String("gpufaults.out", "", "TestGPUFaults: the JSON record to write")
 	gfOnly       = flag.String("gpufaults.scenarios", "", "TestGPUFaults: comma-separated scenarios to run after the reference (default all)")
-	gfOpDeadline = flag.Duration("gpufaults.op-deadline", 30*time.Second, "TestGPUFaults: the watchdog's op deadline, how long a stopped worker goes unnoticed")
+	gfOpDeadline = flag.Duration("gpufaults.op-deadline", 30*time.Second, "TestGPUFaults: the watchdog's op deadline and stall limit, how long a stopped worker goes unnoticed")
 	gfMargin     = flag.Uint64("gpufaults.margin-mib", 256, "TestGPUFaults: device memory within this of the idle baseline counts as back")
 )
 
@@ -327,7 +327,10 @@ func TestGPUFaults(t *testing.T) {
 	var mu sync.Mutex
 	plans := map[string]*gfScenario{} // job id -> its scenario
 	dl := watchdog.DefaultDeadlines()
-	dl.OpMin, dl.OpFraction = *gfOpDeadline, 1e-9
+	// A stopped worker is seen by the age of its op in flight, or between ops (a GPU worker
+	// mostly waits on the device outside an op) by no beacon update at all: both limits are
+	// the op deadline.
+	dl.OpMin, dl.OpFraction, dl.Stall = *gfOpDeadline, 1e-9, *gfOpDeadline
 	wd, err := watchdog.New(watchdog.Config{Lane: *gfLane, LaneBackend: backend, Deadlines: dl, ConvCache: cache,
 		Recovery: &watchdog.Recovery{Memory: mem, Timeout: 20 * time.Second},
 		Probe:    watchdog.ProbeWorker(workerkit.Config{Path: bins["probe"], Log: logrus.NewEntry(log)}, backend, uint32(idx), watchdog.DefaultProbeAllocate),
@@ -506,8 +509,8 @@ func TestGPUFaults(t *testing.T) {
 
 	ref := run(nil)
 	rec.Results = append(rec.Results, ref)
-	if ref.State != "succeeded" {
-		t.Fatalf("reference job: %s", ref.State)
+	if ref.State != "succeeded" || len(ref.Retries) > 0 {
+		t.Fatalf("reference job: %s, retries %+v", ref.State, ref.Retries)
 	}
 	for i := range scenarios {
 		sc := &scenarios[i]
