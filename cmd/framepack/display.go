@@ -224,17 +224,7 @@ func (d *display) show(ev *framepackv1.JobEvent) {
 		if s.GetEta() != nil {
 			d.eta = s.GetEta().AsDuration()
 		}
-		if !d.tty && !d.quiet {
-			now := d.now()
-			if d.step == d.steps || now.Sub(d.lastStepLine) >= stepEvery {
-				d.lastStepLine = now
-				msg := fmt.Sprintf("%s: step %d/%d, %.0f%% done", d.sectionLabel(), d.step, d.steps, 100*d.fraction)
-				if d.eta > 0 {
-					msg += ", ETA " + roundDur(d.eta).String()
-				}
-				d.line("%s", msg)
-			}
-		}
+		d.plainProgress(d.step == d.steps, fmt.Sprintf("step %d/%d", d.step, d.steps))
 		d.draw()
 	case *framepackv1.JobEvent_StageProgress:
 		p := e.StageProgress
@@ -247,17 +237,7 @@ func (d *display) show(ev *framepackv1.JobEvent) {
 		if p.GetEta() != nil {
 			d.eta = p.GetEta().AsDuration()
 		}
-		if !d.tty && !d.quiet {
-			now := d.now()
-			if d.runs == d.runsTotal || now.Sub(d.lastStepLine) >= stepEvery {
-				d.lastStepLine = now
-				msg := fmt.Sprintf("%s: %s %d/%d, %.0f%% done", d.sectionLabel(), stageName(d.stage), d.runs, d.runsTotal, 100*d.fraction)
-				if d.eta > 0 {
-					msg += ", ETA " + roundDur(d.eta).String()
-				}
-				d.line("%s", msg)
-			}
-		}
+		d.plainProgress(d.runs == d.runsTotal, fmt.Sprintf("%s %d/%d", stageName(d.stage), d.runs, d.runsTotal))
 		d.draw()
 	case *framepackv1.JobEvent_SectionVideo:
 		v := e.SectionVideo
@@ -300,6 +280,24 @@ func (d *display) show(ev *framepackv1.JobEvent) {
 		d.line("job %s cancelled", ev.GetJobId())
 		d.done()
 	}
+}
+
+// plainProgress prints a progress line without a terminal ("section 1/2: what, 40% done, ETA
+// 1m"): when last (the stage's final step or run), else at most every stepEvery.
+func (d *display) plainProgress(last bool, what string) {
+	if d.tty || d.quiet {
+		return
+	}
+	now := d.now()
+	if !last && now.Sub(d.lastStepLine) < stepEvery {
+		return
+	}
+	d.lastStepLine = now
+	msg := fmt.Sprintf("%s: %s, %.0f%% done", d.sectionLabel(), what, 100*d.fraction)
+	if d.eta > 0 {
+		msg += ", ETA " + roundDur(d.eta).String()
+	}
+	d.line("%s", msg)
 }
 
 // isTerminal reports whether f is a terminal.

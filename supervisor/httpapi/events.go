@@ -42,13 +42,8 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 		previews = b
 	}
 	stream, err := h.jobs.WatchJob(r.Context(), &framepackv1.WatchJobRequest{JobId: id, IncludePreviews: previews})
-	if err != nil {
-		h.writeError(w, r, err)
-		return
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		h.writeError(w, r, err)
+	first, ok := openStream(h, w, r, stream, err)
+	if !ok {
 		return
 	}
 	sse := strings.Contains(r.Header.Get("Accept"), "text/event-stream")

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -105,13 +106,8 @@ func (h *handler) artifact(name string) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("jobId")
 		stream, err := h.jobs.GetArtifact(r.Context(), &framepackv1.GetArtifactRequest{JobId: id, Kind: kind})
-		if err != nil {
-			h.writeError(w, r, err)
-			return
-		}
-		first, err := stream.Recv()
-		if err != nil {
-			h.writeError(w, r, err)
+		first, ok := openStream(h, w, r, stream, err)
+		if !ok {
 			return
 		}
 		w.Header().Set("Content-Type", http.DetectContentType(first.GetData()))
@@ -134,4 +130,16 @@ func (h *handler) artifact(name string) http.HandlerFunc {
 			}
 		}
 	}
+}
+
+// openStream takes the opening of a server stream: the call's error, else its first message.
+// An error from either is written as the HTTP error and ok is false.
+func openStream[T any](h *handler, w http.ResponseWriter, r *http.Request, stream grpc.ServerStreamingClient[T], err error) (first *T, ok bool) {
+	if err == nil {
+		if first, err = stream.Recv(); err == nil {
+			return first, true
+		}
+	}
+	h.writeError(w, r, err)
+	return nil, false
 }
