@@ -299,4 +299,3 @@ func TestTelemetrySamplesRSS(t *testing.T) {
 		t.Fatalf("alloc peak %d", rep.AllocPeakBytes)
 	}
 }
-
