@@ -14,6 +14,7 @@ const state = {
   lastVideo: '',    // URL the <video> shows
   previewURL: '',   // object URL of the preview image
   gallery: '',      // ids the gallery shows, joined (re-rendered only when they change)
+  galleryJobs: new Map(), // id -> Job of the gallery (finished jobs beyond the queue's page too)
 };
 
 // ---- API ------------------------------------------------------------------------------------
@@ -255,7 +256,7 @@ function select(id) {
   const v = $('video');
   v.hidden = true; v.removeAttribute('src'); v.load();
   $('download').hidden = true;
-  const job = state.jobs.get(id);
+  const job = state.jobs.get(id) || state.galleryJobs.get(id);
   if (job) showJob(job);
   renderJobs();
   watch(id);
@@ -518,7 +519,10 @@ function clearLive() {
 
 $('live-cancel').addEventListener('click', () => { if (state.selected) cancel(state.selected); });
 $('live-delete').addEventListener('click', () => { if (state.selected) deleteJob(state.selected); });
-$('live-reuse').addEventListener('click', () => { const j = state.jobs.get(state.selected); if (j) reuse(j); });
+$('live-reuse').addEventListener('click', () => {
+  const j = state.jobs.get(state.selected) || state.galleryJobs.get(state.selected);
+  if (j) reuse(j);
+});
 
 // ---- re-use a job's settings ------------------------------------------------------------------
 
@@ -584,7 +588,7 @@ async function refreshGallery() {
   try { r = await api('/v1/jobs?states=JOB_STATE_SUCCEEDED&page_size=60'); } catch (_) { return; }
   const jobs = (r && r.jobs) || [];
   const key = jobs.map((j) => j.id).join(' ');
-  for (const j of jobs) if (!state.jobs.has(j.id)) state.jobs.set(j.id, j);
+  state.galleryJobs = new Map(jobs.map((j) => [j.id, j]));
   if (key === state.gallery) return;
   state.gallery = key;
   const box = $('gallery-items');
