@@ -42,7 +42,7 @@ var (
 	gfModels     = flag.String("gpufaults.models", "", "TestGPUFaults: the models folder (mkmodels' full-size random checkpoints; testdata/parity/models with -gpufaults.tiny); empty skips the test")
 	gfWorkers    = flag.String("gpufaults.workers", "", "TestGPUFaults: folder of the textenc, vae, clipvision, transformer and probe binaries; empty builds them")
 	gfLane       = flag.String("gpufaults.lane", "cuda:0", "TestGPUFaults: the lane, cuda:N (its memory read through NVML) or cpu (a dry run)")
-	gfCapGiB     = flag.Float64("gpufaults.cap-gib", 16, "TestGPUFaults: the workers' memory cap in GiB (the job's preservation is set to leave it)")
+	gfCapGiB     = flag.Float64("gpufaults.cap-gib", 16, "TestGPUFaults: the workers' memory cap in GiB (the lane's memory limit)")
 	gfSteps      = flag.Int("gpufaults.steps", 8, "TestGPUFaults: sampling steps of the one-section job")
 	gfTiny       = flag.Bool("gpufaults.tiny", false, "TestGPUFaults: a 96 px job for the tiny models (dry run)")
 	gfOut        = flag.String("gpufaults.out", "", "TestGPUFaults: the JSON record to write")
@@ -301,10 +301,9 @@ func TestGPUFaults(t *testing.T) {
 		}
 		mem = r
 	}
-	capBytes := uint64(*gfCapGiB * (1 << 30))
-	preserveGiB := float64(devMem-lanes.DefaultReserve-capBytes) / (1 << 30)
+	// The workers' cap is the lane's memory limit (framepackd --lane-memory-gb).
 	lane, err := lanes.New(lanes.Config{Name: *gfLane, Backend: backend, DeviceIndex: uint32(idx), PCIBusID: bus,
-		DeviceMemory: devMem, Budget: devMem / 10 * 8, Log: logrus.NewEntry(log), WorkerPath: func(m lanes.Model) (string, error) {
+		DeviceMemory: devMem, MemoryLimit: uint64(*gfCapGiB * (1 << 30)), Log: logrus.NewEntry(log), WorkerPath: func(m lanes.Model) (string, error) {
 			if p, ok := bins[m]; ok {
 				return p, nil
 			}
@@ -381,7 +380,7 @@ func TestGPUFaults(t *testing.T) {
 	img := demoImage(t)
 	spec := &framepackv1.JobSpec{Prompt: "The girl dances gracefully, with clear movements, full of charm.", Seed: 31337,
 		TotalSecondLength: 1, LatentWindowSize: 9, Steps: uint32(*gfSteps), Cfg: 1, Gs: 10, UseTeacache: proto.Bool(false),
-		Resolution: 640, GpuMemoryPreservationGb: proto.Float32(float32(preserveGiB)), ImageFilename: "start.png"}
+		Resolution: 640, ImageFilename: "start.png"}
 	rec.Job = fmt.Sprintf("640 bucket, window 9, %d steps, 1 s (one section), TeaCache off", *gfSteps)
 	if *gfTiny {
 		spec.Resolution, spec.LatentWindowSize, spec.TotalSecondLength = 96, 3, 0.5
