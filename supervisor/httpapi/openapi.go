@@ -98,7 +98,7 @@ func (h *handler) routes() []route {
 			op: fileOp("HTTP_GetEndImage", "the job's end image, as submitted", "NOT_FOUND for a job without one.", []string{"image/png", "image/jpeg", "image/webp"})},
 		{pattern: "GET /v1/jobs/{jobId}/thumbnail", handler: h.artifact("thumbnail"),
 			op: fileOp("HTTP_GetThumbnail", "a small JPEG of the job's video so far",
-				"The middle frame of the newest section video, at most 320 pixels on a side; NOT_FOUND before the first section is done.",
+				"The middle one of the frames the newest section added, at most 320 pixels on a side; NOT_FOUND before the first section is done.",
 				[]string{"image/jpeg"})},
 		{pattern: "POST /v1/session", handler: h.session, op: map[string]any{
 			"summary":     "turn the bearer token into a session cookie",

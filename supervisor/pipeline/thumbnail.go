@@ -16,10 +16,17 @@ import (
 // thumbnailSide bounds a thumbnail's longer side, in pixels.
 const thumbnailSide = 320
 
-// writeThumbnail writes the middle frame of f ([T, H, W, 3]), scaled down to fit
-// thumbnailSide (never up), as a JPEG at path: written to path.partial and renamed, so a
+// writeThumbnail writes the middle frame of pixels (a section's newest frames), scaled down to
+// fit thumbnailSide (never up), as a JPEG at path: written to path.partial and renamed, so a
 // reader never sees half a file. It is what the page's gallery shows (jobs.Dir.Thumbnail).
-func writeThumbnail(path string, f imageproc.Frames) error {
+func writeThumbnail(path string, pixels vol) error {
+	if pixels.T < 1 {
+		return errors.New("thumbnail: no frames")
+	}
+	f, err := imageproc.VideoFrames(sliceT(pixels, pixels.T/2, pixels.T/2+1))
+	if err != nil {
+		return fmt.Errorf("thumbnail: %w", err)
+	}
 	if f.T < 1 || f.H < 1 || f.W < 1 || f.C != 3 || len(f.Pix) < f.T*f.H*f.W*3 {
 		return errors.New("thumbnail: no RGB frames")
 	}

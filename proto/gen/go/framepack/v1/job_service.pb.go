@@ -37,9 +37,10 @@ const (
 	// ARTIFACT_KIND_END_IMAGE is the end image as it was submitted; NOT_FOUND
 	// for a job without one.
 	ArtifactKind_ARTIFACT_KIND_END_IMAGE ArtifactKind = 3
-	// ARTIFACT_KIND_THUMBNAIL is a small JPEG of the video so far (its middle
-	// frame, at most 320 pixels on a side), written with every section video;
-	// NOT_FOUND before the first section is done.
+	// ARTIFACT_KIND_THUMBNAIL is a small JPEG of the video so far (the middle
+	// one of the frames its newest section added, at most 320 pixels on a
+	// side), written with every section; NOT_FOUND before the first section is
+	// done.
 	ArtifactKind_ARTIFACT_KIND_THUMBNAIL ArtifactKind = 4
 )
 
