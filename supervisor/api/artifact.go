@@ -96,8 +96,10 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 		return err
 	}
 	// The video so far of a running job is joined from its segments when first read.
-	if _, err := (&video.Writer{}).Materialize(stream.Context(), path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return status.Errorf(codes.Internal, "job %s: join its video so far: %v", id, err)
+	if what == "video" {
+		if _, err := (&video.Writer{}).Materialize(stream.Context(), path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return status.Errorf(codes.Internal, "job %s: join its video so far: %v", id, err)
+		}
 	}
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {
