@@ -525,7 +525,11 @@ func TestGPUFaults(t *testing.T) {
 				classes = append(classes, rt.Class)
 			}
 		}
-		if len(classes) == 0 || classes[0] != sc.wantClass.String() {
+		switch {
+		case len(classes) == 0 && sc.signal != 0:
+			r.Problems = append(r.Problems, fmt.Sprintf("no %s retry: the %v came after the stage's work was done "+
+				"(its steps outran the events that trigger the signal: give more -gpufaults.steps)", sc.stage, sc.signal))
+		case len(classes) == 0 || classes[0] != sc.wantClass.String():
 			r.Problems = append(r.Problems, fmt.Sprintf("%s retries %v, want the first %s", sc.stage, classes, sc.wantClass))
 		}
 		if r.ExpectBitEqual && (!eqL || !eqP) {
