@@ -106,8 +106,9 @@ for phase in "${phases[@]}"; do
 		rec="$D/out/$(date -u +%F)-${short:-gpu}-faults.json"
 		args=(-gpufaults.models "$MODELS" -gpufaults.steps "${STEPS:-8}" -gpufaults.op-deadline "${OP_DEADLINE:-30s}")
 		if [ -n "${TINY:-}" ]; then
-			# 100 steps of a few ms: long enough that a signal after half of them lands mid-sampling, events lag included
-			args=(-gpufaults.models "$ROOT/testdata/parity/models" -gpufaults.tiny -gpufaults.steps "${STEPS:-100}" -gpufaults.op-deadline "${OP_DEADLINE:-5s}")
+			# the tiny steps take milliseconds and the step events lag behind them (each is stored
+			# before it is sent): the signal goes after step 2 of 50, still mid-sampling
+			args=(-gpufaults.models "$ROOT/testdata/parity/models" -gpufaults.tiny -gpufaults.steps "${STEPS:-50}" -gpufaults.signal-step 2 -gpufaults.op-deadline "${OP_DEADLINE:-5s}")
 		fi
 		gpu && nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader | tee "$D/out/gpu.txt"
 		# the test binary reads nothing relative to its folder but runs from its package's, as go test does

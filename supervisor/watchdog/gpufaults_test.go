@@ -48,6 +48,7 @@ var (
 	gfOut        = flag.String("gpufaults.out", "", "TestGPUFaults: the JSON record to write")
 	gfOnly       = flag.String("gpufaults.scenarios", "", "TestGPUFaults: comma-separated scenarios to run after the reference (default all)")
 	gfOpDeadline = flag.Duration("gpufaults.op-deadline", 30*time.Second, "TestGPUFaults: the watchdog's op deadline and stall limit, how long a stopped worker goes unnoticed")
+	gfSignalStep = flag.Int("gpufaults.signal-step", 0, "TestGPUFaults: the sampling step after which the transformer worker is signalled; 0: half the steps")
 	gfMargin     = flag.Uint64("gpufaults.margin-mib", 256, "TestGPUFaults: device memory within this of the idle baseline counts as back")
 )
 
@@ -63,8 +64,11 @@ type gfScenario struct {
 	wantClass framepackv1.AttemptClass
 }
 
-func gfScenarios(steps int) []gfScenario {
+func gfScenarios(steps, signalStep int) []gfScenario {
 	mid := max(steps/2, 1)
+	if signalStep > 0 {
+		mid = signalStep
+	}
 	tr, dec := framepackv1.Stage_STAGE_TRANSFORMER, framepackv1.Stage_STAGE_VAE_DECODE
 	return []gfScenario{
 		{Name: "transformer-sigkill", What: fmt.Sprintf("SIGKILL of the transformer worker after sampling step %d", mid),
@@ -318,7 +322,7 @@ func TestGPUFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	scenarios := gfScenarios(*gfSteps)
+	scenarios := gfScenarios(*gfSteps, *gfSignalStep)
 	if *gfOnly != "" {
 		keep := strings.Split(*gfOnly, ",")
 		scenarios = slices.DeleteFunc(scenarios, func(s gfScenario) bool { return !slices.Contains(keep, s.Name) })
@@ -528,7 +532,7 @@ func TestGPUFaults(t *testing.T) {
 		switch {
 		case len(classes) == 0 && sc.signal != 0:
 			r.Problems = append(r.Problems, fmt.Sprintf("no %s retry: the %v came after the stage's work was done "+
-				"(its steps outran the events that trigger the signal: give more -gpufaults.steps)", sc.stage, sc.signal))
+				"(its steps outran the events that trigger the signal: a smaller -gpufaults.signal-step or more -gpufaults.steps)", sc.stage, sc.signal))
 		case len(classes) == 0 || classes[0] != sc.wantClass.String():
 			r.Problems = append(r.Problems, fmt.Sprintf("%s retries %v, want the first %s", sc.stage, classes, sc.wantClass))
 		}
