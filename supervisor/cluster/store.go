@@ -37,7 +37,7 @@ type record struct {
 	End        string    `json:"end,omitempty"`
 	FirstStart time.Time `json:"first_start,omitzero"`
 	// Checkpoint is the resume point; its VideoPath is relative to the job directory.
-	Checkpoint *jobs.Checkpoint    `json:"checkpoint,omitempty"`
+	Checkpoint *jobs.Checkpoint   `json:"checkpoint,omitempty"`
 	Request    jobs.ClientRequest `json:"request,omitzero"`
 	// Owner is the token of the daemon's lease that runs (or last ran) the job.
 	Owner string `json:"owner,omitempty"`
