@@ -367,6 +367,9 @@ func (s *Store) Update(id string, fn func(*framepackv1.Job) error) (*framepackv1
 		if err := fn(j); err != nil {
 			return err
 		}
+		if s.holds(id) && j.GetLane() != "" && !strings.Contains(j.GetLane(), "/") {
+			j.Lane = s.cfg.Node + "/" + j.GetLane() // in a cluster a lane is named with its daemon's
+		}
 		j.UpdateTime = timestampNow(s.cfg.Now())
 		job = j
 		return s.encode(rec, j)
@@ -947,6 +950,14 @@ func (s *Store) claim(id, token string) (ok bool, err error) {
 }
 
 var errFinished = errors.New("cluster: job has ended")
+
+// holds reports whether this daemon holds a lease on job id.
+func (s *Store) holds(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.leases[id]
+	return ok
+}
 
 // unlease forgets this daemon's lease on job id (given back or done), if token is still it.
 func (s *Store) unlease(id, token string) {
