@@ -182,7 +182,9 @@ func Join(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 		nats.Name("framepackd " + cfg.Node),
 		nats.MaxReconnects(-1),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			log.WithError(err).Warn("disconnected from the cluster's NATS server; reconnecting")
+			if err != nil { // nil when the connection is closed on purpose
+				log.WithError(err).Warn("disconnected from the cluster's NATS server; reconnecting")
+			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) { log.WithField("server", nc.ConnectedUrl()).Info("reconnected to the cluster") }),
 	}, cfg.Options...)
