@@ -140,7 +140,9 @@ for phase in "${phases[@]}"; do
 		for i in "${!LANE_LIST[@]}"; do
 			start_nvml "$M/out/alone-$i-nvml.csv"
 			ts=$(date +%s.%N)
-			id=$(submit "alone-$i" --lane "${LANE_LIST[$i]}") || { status=1; stop_nvml; continue; }
+			pin=(--lane "${LANE_LIST[$i]}")
+			[ -n "${TINY:-}" ] && pin=() # the daemon refuses jobs pinned to cpu:N lanes (no probed device)
+			id=$(submit "alone-$i" "${pin[@]}") || { status=1; stop_nvml; continue; }
 			finish "alone-$i" "$id" "$ts" "$M/alone"
 			stop_nvml
 		done
@@ -153,8 +155,12 @@ for phase in "${phases[@]}"; do
 		ts=$(date +%s.%N)
 		ids=()
 		for i in "${!LANE_LIST[@]}"; do ids+=("$(submit "together-$i")") || status=1; done
-		for i in "${!ids[@]}"; do finish "together-$i" "${ids[$i]}" "$ts" "$M/together" & done
-		wait
+		fpids=()
+		for i in "${!ids[@]}"; do
+			finish "together-$i" "${ids[$i]}" "$ts" "$M/together" &
+			fpids+=($!)
+		done
+		wait "${fpids[@]}" # not the daemon's pid
 		stop_nvml
 		stop_daemon
 		;;
