@@ -122,7 +122,10 @@ func TestLeaseTakeOverAndFencing(t *testing.T) {
 	if id != job.GetId() {
 		t.Fatalf("took %s, want %s", id, job.GetId())
 	}
-	if _, err := a.store.Update(id, func(j *framepackv1.Job) error { j.State, j.Lane = framepackv1.JobState_JOB_STATE_RUNNING, "cpu"; return nil }); err != nil {
+	if _, err := a.store.Update(id, func(j *framepackv1.Job) error {
+		j.State, j.Lane = framepackv1.JobState_JOB_STATE_RUNNING, "cpu"
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if j, _ := b.store.Get(id); j.GetLane() != "a/cpu" {
