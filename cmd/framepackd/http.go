@@ -102,7 +102,7 @@ func startHTTP(o *options, d *api.Daemon, parts httpParts, log *logrus.Logger) (
 	if h.noPage {
 		page = nil
 	}
-	handler, err := httpapi.New(httpapi.Config{Conn: conn, JobDir: func(id string) string { return d.Store().JobDir(id).Path() },
+	handler, err := httpapi.New(httpapi.Config{Conn: conn, JobDir: func(id string) string { return d.Jobs().JobDir(id).Path() },
 		Metrics: parts.metrics, Page: page, Token: sec.Token, SecureCookie: sec.TLS != nil, Log: log})
 	if err != nil {
 		conn.Close()
@@ -147,7 +147,7 @@ func newMetrics(devices func(context.Context) ([]*framepackv1.Device, error), lo
 			if d == nil {
 				return map[framepackv1.JobState]int{}, nil
 			}
-			return metrics.CountJobs(d.Store())
+			return metrics.CountJobs(d.Jobs())
 		},
 		Devices: func(ctx context.Context) ([]*framepackv1.Device, error) {
 			devs, err := devices(ctx)

@@ -68,7 +68,12 @@ type DaemonConfig struct {
 	// Log is the daemon's logger; nil discards.
 	Log logrus.FieldLogger
 	// OnEvent, when set, sees every job event the hub publishes (events.Config.Observe).
+	// A cluster's events are observed by the cluster (supervisor/cluster.Config.Observe).
 	OnEvent func(*framepackv1.JobEvent)
+	// Cluster, when set, makes the daemon one of a cluster of daemons sharing one queue
+	// (supervisor/cluster): jobs, their files and events live in the cluster, and StateDir
+	// only holds this daemon's working copies of the jobs it runs. Nil on a single host.
+	Cluster Cluster
 }
 
 // Daemon is a running framepackd: the job store, the event hub, the queue and the gRPC
@@ -76,8 +81,9 @@ type DaemonConfig struct {
 type Daemon struct {
 	cfg      DaemonConfig
 	log      logrus.FieldLogger
-	store    *jobs.Store
-	hub      *events.Hub
+	local    *jobs.Store // the single host's store; nil in a cluster
+	store    Store
+	hub      Events
 	queue    *jobs.Queue
 	server   *Server
 	grpc     *grpc.Server
@@ -116,15 +122,26 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 			}
 		}
 	}()
-	if d.store, err = jobs.Open(cfg.StateDir); err != nil {
-		return nil, fmt.Errorf("start daemon: %w", err)
+	qcfg := jobs.Config{Lanes: cfg.Lanes, Run: cfg.Run, Placement: cfg.Placement, Log: log}
+	if c := cfg.Cluster; c != nil {
+		cs := c.Store()
+		d.store, d.hub, qcfg.Store, qcfg.Shared = cs, c.Events(), cs, c.Queue()
+	} else {
+		if d.local, err = jobs.Open(cfg.StateDir); err != nil {
+			return nil, fmt.Errorf("start daemon: %w", err)
+		}
+		d.store, qcfg.Store = LocalStore{d.local}, d.local
+		hub, err := events.New(events.Config{Persist: d.local.AppendEvent, Load: d.local.Events, Log: log, Observe: cfg.OnEvent})
+		if err != nil {
+			_ = d.local.Close()
+			return nil, fmt.Errorf("start daemon: %w", err)
+		}
+		d.hub = hub
 	}
 	cleanup = append(cleanup, func() { d.store.Close() })
-	if d.hub, err = events.New(events.Config{Persist: d.store.AppendEvent, Load: d.store.Events, Log: log, Observe: cfg.OnEvent}); err != nil {
-		return nil, fmt.Errorf("start daemon: %w", err)
-	}
 	cleanup = append(cleanup, d.hub.Close)
-	if d.queue, err = jobs.NewQueue(jobs.Config{Store: d.store, Lanes: cfg.Lanes, Run: cfg.Run, Publish: d.hub.Publish, Placement: cfg.Placement, Log: log}); err != nil {
+	qcfg.Publish = d.hub.Publish
+	if d.queue, err = jobs.NewQueue(qcfg); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, Unload: cfg.Unload, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log,
@@ -179,8 +196,11 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 // Addrs returns the addresses the daemon listens on (a TCP port 0 resolved).
 func (d *Daemon) Addrs() []net.Addr { return d.addrs }
 
-// Store returns the job store.
-func (d *Daemon) Store() *jobs.Store { return d.store }
+// Store returns the single host's job store; nil in a cluster (Jobs serves both).
+func (d *Daemon) Store() *jobs.Store { return d.local }
+
+// Jobs returns the store the API reads jobs from: the single host's, or the cluster's.
+func (d *Daemon) Jobs() Store { return d.store }
 
 // Queue returns the job queue.
 func (d *Daemon) Queue() *jobs.Queue { return d.queue }

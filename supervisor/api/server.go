@@ -43,12 +43,12 @@ type Queue interface {
 
 // Config holds the server's dependencies. The function fields are what tests replace.
 type Config struct {
-	// Store reads jobs; required.
-	Store *jobs.Store
+	// Store reads jobs (LocalStore of a jobs.Store on a single host); required.
+	Store Store
 	// Queue takes and cancels jobs; required.
 	Queue Queue
-	// Hub streams job events; required.
-	Hub *events.Hub
+	// Hub streams job events (an *events.Hub on a single host); required.
+	Hub Events
 	// Devices lists the devices, one per lane (current_job_id is filled in from the queue);
 	// nil lists each lane with only its name and backend.
 	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
@@ -411,7 +411,7 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 	if err := requireID(id); err != nil {
 		return err
 	}
-	history, sub, err := s.cfg.Hub.Subscribe(id, events.SubscribeOptions{Previews: req.GetIncludePreviews()})
+	history, sub, err := s.cfg.Hub.Watch(id, events.SubscribeOptions{Previews: req.GetIncludePreviews()})
 	if err != nil {
 		return jobStatus(err, id)
 	}
