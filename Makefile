@@ -27,7 +27,7 @@ APT_GPU_PACKAGES := hipcc libamdhip64-dev rocm-device-libs clang-15 lld-15
 # The headless browser supervisor/web's page test drives (chromedp); `make setup-dev` installs it.
 APT_TEST_PACKAGES := chromium
 
-.PHONY: setup setup-test setup-dev setup-gpu build test soak bench proto lint fuzz demo clean
+.PHONY: setup setup-test setup-dev setup-gpu build test soak long-cpu bench proto lint fuzz demo clean
 
 # apt-install runs apt-get only for packages that are missing (sudo unless root).
 define apt-install
@@ -65,6 +65,9 @@ test: native-hip-check native-hip-emu deploy-check ## the whole suite (after mak
 
 soak: ## the 50-job fault soak (make test runs 8 jobs of it)
 	$(GO) test -count=1 -timeout 60m -run '^TestFaultSoak$$' ./supervisor/watchdog -soak.jobs 50 -v
+
+long-cpu: ## a 120-second job on the tiny models: the bytes each section writes stay flat (issue 30)
+	$(GO) test -count=1 -timeout 120m -run '^TestLongJobLinearWrites$$' ./supervisor/pipeline -long.seconds 120 -v
 
 bench: ## benchmark tables
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...

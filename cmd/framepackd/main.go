@@ -339,7 +339,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Admit:                ready.admit,
 		MaxImagePixels:       o.limits.maxPixels,
 		MaxConcurrentDecodes: o.limits.maxDecodes,
-		Placement:            newPlacement(guards, devs, lanes, o.minJobGB).jobs(),
+		Placement:            o.pipeline.placement(newPlacement(guards, devs, lanes, o.minJobGB)).jobs(),
 		// JobSpec.variant at submit: f1 needs its transformer (issue 19).
 		CheckVariant: o.pipeline.checkVariant,
 		// metrics from the event hub, the gRPC TCP listener's TLS and token (http.go)

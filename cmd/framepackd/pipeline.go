@@ -289,3 +289,20 @@ func (p *pipelineOptions) unload(lane string, models []string) ([]*framepackv1.U
 	}
 	return out, nil
 }
+
+// placement makes p count the memory a lane's kept workers hold as free: the lane gives it back
+// to the job's stages that need it.
+func (po *pipelineOptions) placement(p *placement) *placement {
+	p.kept = func(lane string) uint64 {
+		l := po.lanes[lane]
+		if l == nil {
+			return 0
+		}
+		var n uint64
+		for _, r := range l.Residents() {
+			n += r.CapBytes + l.WorkerOverhead()
+		}
+		return n
+	}
+	return p
+}
