@@ -129,7 +129,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		ImageFilename:           filepath.Base(image),
 		Prompt:                  prompt,
 		NegativePrompt:          negative,
-		Seed:                    seed,
+		Seed:                    proto.Int64(seed),
 		TotalSecondLength:       float32(seconds),
 		LatentWindowSize:        uint32(min(window, 1<<31)),
 		Steps:                   uint32(min(steps, 1<<31)),

@@ -19,11 +19,16 @@ const (
 	DefaultUseTeaCache             = true
 	DefaultLoraStrength            = 1.0
 	DefaultEndStrength             = 1.0
+	// DefaultSeed is demo_gradio.py's seed, which the CLI and the page offer too.
+	DefaultSeed = 31337
 )
 
 // WithDefaults returns a copy of spec with every default filled in, as the Job stores it.
 func WithDefaults(spec *framepackv1.JobSpec) *framepackv1.JobSpec {
 	s := proto.Clone(spec).(*framepackv1.JobSpec)
+	if s.Seed == nil {
+		s.Seed = proto.Int64(DefaultSeed)
+	}
 	if s.LatentWindowSize == 0 {
 		s.LatentWindowSize = DefaultLatentWindowSize
 	}

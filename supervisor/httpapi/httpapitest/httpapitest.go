@@ -18,6 +18,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/shm"
@@ -108,9 +109,8 @@ func Start(tb testing.TB, o Options) *Daemon {
 	var d *api.Daemon
 	m := metrics.New(metrics.Config{Log: log,
 		Jobs: func() (map[framepackv1.JobState]int, error) { return metrics.CountJobs(d.Store()) },
-		Devices: func(ctx context.Context) ([]*framepackv1.Device, error) {
-			resp, err := devices.ListDevices(ctx, &framepackv1.ListDevicesRequest{})
-			return resp.GetDevices(), err
+		Devices: func(ctx context.Context) (*framepackv1.ListDevicesResponse, error) {
+			return devices.ListDevices(ctx, &framepackv1.ListDevicesRequest{})
 		}})
 	runner, err := pipeline.New(pipeline.Config{Models: models, Shm: shmRoot, Log: log,
 		// Every section's MP4 stays, so tests can fetch section 0 after the job (the daemon's
@@ -160,7 +160,7 @@ func Start(tb testing.TB, o Options) *Daemon {
 func TinySpec(seconds float32, steps uint32) *framepackv1.JobSpec {
 	off := false
 	return &framepackv1.JobSpec{Prompt: "The girl dances gracefully, with clear movements, full of charm.", TotalSecondLength: seconds,
-		LatentWindowSize: 3, Steps: steps, Resolution: 96, UseTeacache: &off, Seed: 31337}
+		LatentWindowSize: 3, Steps: steps, Resolution: 96, UseTeacache: &off, Seed: proto.Int64(31337)}
 }
 
 // DemoImage returns testdata/demo/start.png's path.

@@ -39,6 +39,24 @@ func KnownTable(resolution int) ([]imageproc.Bucket, bool) {
 	return imageproc.BucketTable(resolution)
 }
 
+// FramePackResolution names FramePack's own bucket table (bucket_options[640]), the default of
+// its full-size models.
+const FramePackResolution = 640
+
+// KnownResolutions lists the resolutions KnownTable has a table for.
+func KnownResolutions() []int { return []int{FramePackResolution, TinyResolution} }
+
+// TableLabel says whose bucket table a known resolution names.
+func TableLabel(resolution int) string {
+	switch resolution {
+	case FramePackResolution:
+		return "FramePack"
+	case TinyResolution:
+		return "tiny test models"
+	}
+	return ""
+}
+
 // Violation is one bad field of a spec.
 type Violation struct {
 	// Field is the field's path ("spec.buckets[1].width").

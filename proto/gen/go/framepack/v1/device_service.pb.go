@@ -63,9 +63,13 @@ func (*ListDevicesRequest) Descriptor() ([]byte, []int) {
 type ListDevicesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// devices are the devices, ordered by lane.
-	Devices       []*Device `protobuf:"bytes,1,rep,name=devices,proto3" json:"devices,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Devices []*Device `protobuf:"bytes,1,rep,name=devices,proto3" json:"devices,omitempty"`
+	// not_serving_reason says why the server does not run jobs now (gRPC health
+	// NOT_SERVING: model files missing or broken, the shared-memory folder
+	// unusable, the server stopping); empty while it serves.
+	NotServingReason string `protobuf:"bytes,2,opt,name=not_serving_reason,json=notServingReason,proto3" json:"not_serving_reason,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListDevicesResponse) Reset() {
@@ -105,14 +109,22 @@ func (x *ListDevicesResponse) GetDevices() []*Device {
 	return nil
 }
 
+func (x *ListDevicesResponse) GetNotServingReason() string {
+	if x != nil {
+		return x.NotServingReason
+	}
+	return ""
+}
+
 var File_framepack_v1_device_service_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_device_service_proto_rawDesc = "" +
 	"\n" +
 	"!framepack/v1/device_service.proto\x12\fframepack.v1\x1a\x19framepack/v1/device.proto\x1a\x1cgoogle/api/annotations.proto\"\x14\n" +
-	"\x12ListDevicesRequest\"E\n" +
+	"\x12ListDevicesRequest\"s\n" +
 	"\x13ListDevicesResponse\x12.\n" +
-	"\adevices\x18\x01 \x03(\v2\x14.framepack.v1.DeviceR\adevices2x\n" +
+	"\adevices\x18\x01 \x03(\v2\x14.framepack.v1.DeviceR\adevices\x12,\n" +
+	"\x12not_serving_reason\x18\x02 \x01(\tR\x10notServingReason2x\n" +
 	"\rDeviceService\x12g\n" +
 	"\vListDevices\x12 .framepack.v1.ListDevicesRequest\x1a!.framepack.v1.ListDevicesResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\v/v1/devicesB\xbf\x01\n" +
 	"\x10com.framepack.v1B\x12DeviceServiceProtoP\x01ZFgithub.com/framepackd/framepackd/proto/gen/go/framepack/v1;framepackv1\xa2\x02\x03FXX\xaa\x02\fFramepack.V1\xca\x02\fFramepack\\V1\xe2\x02\x18Framepack\\V1\\GPBMetadata\xea\x02\rFramepack::V1b\x06proto3"
