@@ -63,8 +63,8 @@ type DaemonConfig struct {
 	Admit                func(spec *framepackv1.JobSpec) error
 	// Models says what the served models take (Config.Models); nil: FramePack's.
 	Models        func() ModelFit
-	ReadyInterval        time.Duration
-	Retention            jobs.Retention
+	ReadyInterval time.Duration
+	Retention     jobs.Retention
 	// Log is the daemon's logger; nil discards.
 	Log logrus.FieldLogger
 	// OnEvent, when set, sees every job event the hub publishes (events.Config.Observe).

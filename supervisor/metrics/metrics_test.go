@@ -163,8 +163,10 @@ framepack_serving 0
 
 func TestScrapeErrors(t *testing.T) {
 	m := metrics.New(metrics.Config{
-		Jobs:    func() (map[framepackv1.JobState]int, error) { return nil, errors.New("store closed") },
-		Devices: func(context.Context) (*framepackv1.ListDevicesResponse, error) { return nil, errors.New("probe failed") },
+		Jobs: func() (map[framepackv1.JobState]int, error) { return nil, errors.New("store closed") },
+		Devices: func(context.Context) (*framepackv1.ListDevicesResponse, error) {
+			return nil, errors.New("probe failed")
+		},
 	})
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
