@@ -320,13 +320,21 @@ func (s *Server) logSubmitted(job *framepackv1.Job, requestID string, created bo
 // connection, which is worth retrying.
 const ReasonNotReady = "NOT_READY"
 
+// ReasonJobNotFinished is the ErrorInfo reason of DeleteJob's FAILED_PRECONDITION refusal of
+// a job that is queued or running, so that a client can say how to cancel it.
+const ReasonJobNotFinished = "JOB_NOT_FINISHED"
+
 // ErrorDomain is the ErrorInfo domain of the server's errors.
 const ErrorDomain = "framepackd"
 
 func notReady(reason string) error {
-	st := status.Newf(codes.Unavailable, "the server cannot run jobs now: %s", reason)
-	withInfo, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonNotReady, Domain: ErrorDomain})
-	if derr != nil {
+	return withReason(status.Newf(codes.Unavailable, "the server cannot run jobs now: %s", reason), ReasonNotReady)
+}
+
+// withReason is st with an ErrorInfo detail of reason, as an error.
+func withReason(st *status.Status, reason string) error {
+	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain})
+	if err != nil {
 		return st.Err()
 	}
 	return withInfo.Err()

@@ -1,6 +1,7 @@
 // Package httpapitest starts a real framepackd for HTTP tests: the job store, queue and gRPC
 // server on a unix socket (supervisor/api), one cpu lane whose stages run in the real worker
-// binaries on the tiny test models (testdata/parity/models), the metrics, and the HTTP API
+// binaries on the tiny test models (testdata/parity/models, whose resolution, 96, is the
+// default and the only bucket table they take), the metrics, and the HTTP API
 // (supervisor/httpapi) on a loopback port, as cmd/framepackd assembles them. It is test code:
 // only _test.go files import it, from a TestMain that runs workertest.Main.
 package httpapitest
@@ -40,6 +41,8 @@ type Options struct {
 	Token string
 	// MaxUploadBytes bounds a submitted image; 0 is the default.
 	MaxUploadBytes int64
+	// Ready is the daemon's readiness (api.DaemonConfig.Ready); nil: always ready.
+	Ready func() error
 }
 
 // Daemon is a running test daemon.
@@ -83,6 +86,10 @@ func Start(tb testing.TB, o Options) *Daemon {
 		log.SetLevel(logrus.DebugLevel)
 	}
 	models, err := pipeline.ResolveModels(filepath.Join(root, "models"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	info, err := pipeline.CheckModels(models) // the tiny models: 96 is their resolution
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -134,7 +141,8 @@ func Start(tb testing.TB, o Options) *Daemon {
 		tb.Fatal(err)
 	}
 	d, err = api.StartDaemon(api.DaemonConfig{StateDir: filepath.Join(dir, "state"), Listen: []api.Addr{{Network: "unix", Address: socket}},
-		Lanes: []string{"cpu"}, Run: runner.Run, Grace: time.Second, Log: log, OnEvent: m.Observe})
+		Lanes: []string{"cpu"}, Run: runner.Run, Grace: time.Second, Log: log, OnEvent: m.Observe,
+		Ready: o.Ready, Models: func() api.ModelFit { return info }})
 	if err != nil {
 		tb.Fatal(err)
 	}
