@@ -4,22 +4,28 @@
 //
 //	framepack [--addr ADDR] [--timeout 30s] COMMAND …   (global flags before or after the command)
 //	framepack --version
-//	framepack generate --image IN (--prompt "…" | --prompt-file F) --out OUT.mp4 [--seconds 5] [--seed 31337]
-//	                   [--steps 25] [--window 9] [--cfg 1] [--gs 10] [--rs 0] [--teacache=true]
-//	                   [--resolution 640] [--crf 16] [--gpu-preserve 6] [--negative-prompt …]
-//	                   [--lane LANE] [--detach] [--quiet]
+//	framepack generate --image IN (--prompt "…" | --prompt-file F) --out OUT.mp4 [--force] [--seconds 5]
+//	                   [--seed 31337] [--steps 25] [--window 9] [--cfg 1] [--gs 10] [--rs 0]
+//	                   [--teacache=true] [--resolution N] [--crf 16] [--gpu-preserve 6]
+//	                   [--negative-prompt …] [--lane LANE] [--detach] [--quiet]
 //	framepack jobs [--state queued,running,…] [--limit 20]
-//	framepack watch ID [--previews DIR] [--out OUT.mp4]
+//	framepack watch ID [--previews DIR] [--out OUT.mp4 [--force]]
 //	framepack cancel ID [--reason …]
 //	framepack devices
-//	framepack get ID [-o OUT.mp4]
+//	framepack get ID [-o OUT.mp4] [--force]
 //	framepack rm ID…
 //	framepack pull [--variant i2v,f1] [--cache DIR]     (pull.go)
 //	framepack models [verify] [--cache DIR]             (models.go)
 //	framepack health [--service NAME] [--timeout 5s]
 //
 // Every command takes --addr (default: the daemon's default socket, see framepackd; or
-// $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port.
+// $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port. A server not reached
+// within a few seconds fails the command (exit 3, naming the address); one reached earlier in
+// the command and then lost (a daemon restart) is waited for.
+//
+// generate's defaults are the server's (supervisor/jobs), which it gives every client that
+// leaves a setting unset; --resolution is left to the server, whose models decide it (640 for
+// FramePack's, 96 for the tiny test models).
 //
 // generate submits the job, shows its progress (a progress bar on a terminal, plain lines
 // otherwise, on stderr) and, when the job has finished, copies the video to --out and prints
