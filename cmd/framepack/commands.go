@@ -19,7 +19,6 @@ import (
 
 	"github.com/framepackd/framepackd/internal/imageproc"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
-	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"github.com/framepackd/framepackd/supervisor/video"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -52,26 +51,26 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&negative, "negative-prompt", "", "negative prompt (used when --cfg > 1)")
 	fs.StringVar(&out, "out", "", "where to save the MP4 (required unless --detach); an existing file only with --force")
 	fs.BoolVar(&force, "force", false, "overwrite --out if it exists")
-	// The defaults are the server's (supervisor/jobs), which it also gives jobs that leave a
-	// setting unset; the resolution is left to the server, whose models decide it.
+	// The defaults are the server's (supervisor/pipeline/plan), which it also gives jobs that
+	// leave a setting unset; the resolution is left to the server, whose models decide it.
 	fs.Float64Var(&seconds, "seconds", 5, "video length in seconds, (0, 120]")
-	fs.Int64Var(&seed, "seed", jobs.DefaultSeed, "sampler seed")
-	fs.UintVar(&steps, "steps", jobs.DefaultSteps, "sampling steps per section, 1–100")
-	fs.UintVar(&window, "window", jobs.DefaultLatentWindowSize, "latent window size, 1–33")
-	fs.Float64Var(&cfg, "cfg", jobs.DefaultCFG, "real guidance scale, 1–32 (1: no negative pass)")
-	fs.Float64Var(&gs, "gs", jobs.DefaultGS, "distilled guidance scale, 1–32")
+	fs.Int64Var(&seed, "seed", plan.DefaultSeed, "sampler seed")
+	fs.UintVar(&steps, "steps", plan.DefaultSteps, "sampling steps per section, 1–100")
+	fs.UintVar(&window, "window", plan.DefaultLatentWindowSize, "latent window size, 1–33")
+	fs.Float64Var(&cfg, "cfg", plan.DefaultCFG, "real guidance scale, 1–32 (1: no negative pass)")
+	fs.Float64Var(&gs, "gs", plan.DefaultGS, "distilled guidance scale, 1–32")
 	fs.Float64Var(&rs, "rs", 0, "guidance rescale, 0–1")
-	fs.BoolVar(&teacache, "teacache", jobs.DefaultUseTeaCache, "use TeaCache (faster, slightly different output)")
+	fs.BoolVar(&teacache, "teacache", plan.DefaultUseTeaCache, "use TeaCache (faster, slightly different output)")
 	fs.UintVar(&resolution, "resolution", 0, "bucket resolution: 640 (FramePack's table) or 96 (the tiny test models'); default: the served models' own")
-	fs.UintVar(&crf, "crf", jobs.DefaultMP4CRF, "H.264 constant rate factor, 0–51")
-	fs.Float64Var(&gpuPreserve, "gpu-preserve", jobs.DefaultGPUMemoryPreservationGB, "GB of GPU memory to leave free, 0–128")
+	fs.UintVar(&crf, "crf", plan.DefaultMP4CRF, "H.264 constant rate factor, 0–51")
+	fs.Float64Var(&gpuPreserve, "gpu-preserve", plan.DefaultGPUMemoryPreservationGB, "GB of GPU memory to leave free, 0–128")
 	fs.StringVar(&lane, "lane", "", "run on this lane (see framepack devices)")
 	fs.BoolVar(&detach, "detach", false, "submit, print the job id and return")
 	fs.BoolVar(&quiet, "quiet", false, "no progress output")
 	fs.Var(&loras, "lora", "LoRA file merged into the transformer, PATH or PATH:STRENGTH (strength -4–4, default 1); repeat to stack")
 	fs.StringVar(&variant, "variant", "i2v", "sampling loop: i2v (FramePack, backwards in time) or f1 (FramePack-F1, forwards)")
 	fs.StringVar(&endImage, "end-image", "", "end frame the video should reach: PNG, JPEG or WebP (FramePack-Studio's end frame; i2v only)")
-	fs.Float64Var(&endStrength, "end-strength", jobs.DefaultEndStrength, "how strongly the end frame pulls, 0–1 (with --end-image)")
+	fs.Float64Var(&endStrength, "end-strength", plan.DefaultEndStrength, "how strongly the end frame pulls, 0–1 (with --end-image)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err

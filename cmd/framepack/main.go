@@ -23,7 +23,7 @@
 // within a few seconds fails the command (exit 3, naming the address); one reached earlier in
 // the command and then lost (a daemon restart) is waited for.
 //
-// generate's defaults are the server's (supervisor/jobs), which it gives every client that
+// generate's defaults are the server's (supervisor/pipeline/plan), which it gives every client that
 // leaves a setting unset; --resolution is left to the server, whose models decide it (640 for
 // FramePack's, 96 for the tiny test models).
 //

@@ -130,6 +130,21 @@ func Buckets(spec *framepackv1.JobSpec) ([]imageproc.Bucket, error) {
 // DefaultLatentWindowSize is latent_window_size when a spec leaves it 0 (demo_gradio.py's 9).
 const DefaultLatentWindowSize = 9
 
+// Defaults of the other JobSpec fields whose absence (or zero) means "the default":
+// demo_gradio.py's values. The server fills them in (jobs.WithDefaults); clients (the CLI)
+// show them, and this package is the one both may import.
+const (
+	DefaultSeed                    = 31337
+	DefaultSteps                   = 25
+	DefaultCFG                     = 1.0
+	DefaultGS                      = 10.0
+	DefaultMP4CRF                  = 16
+	DefaultGPUMemoryPreservationGB = 6.0
+	DefaultUseTeaCache             = true
+	DefaultLoraStrength            = 1.0
+	DefaultEndStrength             = 1.0
+)
+
 // TotalSections is FramePack's section count for a spec with defaults filled in:
 // int(max(round(total_second_length·30 / (latent_window_size·4)), 1)), with Python's round
 // (halves to even). The float32 length is read as the shortest decimal that prints it ("4.2",
