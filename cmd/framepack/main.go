@@ -69,6 +69,7 @@ import (
 	"github.com/framepackd/framepackd/internal/buildinfo"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
@@ -356,6 +357,9 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 // away, is given reconnectFor (a restart).
 const unreachableAfter = 3 * time.Second
 
+// connectTimeout bounds one attempt to connect (TCP and TLS handshakes).
+const connectTimeout = 5 * time.Second
+
 // server is the connection to the daemon and what this command has seen of it.
 type server struct {
 	*grpc.ClientConn
@@ -414,6 +418,10 @@ func dial(e *env, c *common) (*server, error) {
 	if err != nil {
 		return nil, fail(exitUsage, "%v", err)
 	}
+	// A TCP address that never answers (a firewall dropping packets) fails a connection
+	// attempt after connectTimeout instead of gRPC's 20 s, so that unreachableAfter holds
+	// there too.
+	opts = append(opts, grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: connectTimeout}))
 	conn, err := grpc.NewClient(a.Target(), opts...)
 	if err != nil {
 		return nil, fail(exitUnreachable, "connect to %s: %v", a, err)
