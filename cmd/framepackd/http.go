@@ -149,18 +149,17 @@ func newMetrics(devices func(context.Context) ([]*framepackv1.Device, error), lo
 			}
 			return metrics.CountJobs(d.Jobs())
 		},
-		Devices: func(ctx context.Context) ([]*framepackv1.Device, error) {
+		// As ListDevices answers (with the jobs running and whether the daemon serves) once
+		// the daemon is attached; before, the devices alone.
+		Devices: func(ctx context.Context) (*framepackv1.ListDevicesResponse, error) {
+			if d := dm.d.Load(); d != nil {
+				return d.ListDevices(ctx)
+			}
 			devs, err := devices(ctx)
 			if err != nil {
 				return nil, err
 			}
-			if d := dm.d.Load(); d != nil {
-				running := d.Queue().Running()
-				for _, dev := range devs {
-					dev.CurrentJobId = running[dev.GetLane()]
-				}
-			}
-			return devs, nil
+			return &framepackv1.ListDevicesResponse{Devices: devs}, nil
 		}})
 	return dm
 }

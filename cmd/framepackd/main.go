@@ -337,6 +337,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Retention:            jobs.Retention{MaxAge: o.limits.retentionAge, MaxBytes: int64(o.limits.retentionBytes)},
 		Ready:                ready.ready,
 		Admit:                ready.admit,
+		Models:               ready.fit,
 		MaxImagePixels:       o.limits.maxPixels,
 		MaxConcurrentDecodes: o.limits.maxDecodes,
 		Placement:            o.pipeline.placement(newPlacement(guards, devs, lanes, o.minJobGB)).jobs(),

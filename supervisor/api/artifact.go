@@ -126,7 +126,11 @@ func (s *Server) DeleteJob(_ context.Context, req *framepackv1.DeleteJobRequest)
 	}
 	n, err := s.cfg.Store.Delete(id)
 	if errors.Is(err, jobs.ErrNotFinished) {
-		return nil, status.Errorf(codes.FailedPrecondition, "job %s %v", id, strings.TrimPrefix(errors.Unwrap(err).Error(), "jobs: "))
+		state := "queued or running"
+		if job, gerr := s.cfg.Store.Get(id); gerr == nil {
+			state = stateText(job.GetState())
+		}
+		return nil, withReason(status.Newf(codes.FailedPrecondition, "job %s has not finished (it is %s); cancel it first", id, state), ReasonJobNotFinished)
 	}
 	if err != nil {
 		return nil, jobStatus(err, id)

@@ -63,8 +63,10 @@ type DaemonConfig struct {
 	MaxConcurrentDecodes int
 	Ready                func() error
 	Admit                func(spec *framepackv1.JobSpec) error
-	ReadyInterval        time.Duration
-	Retention            jobs.Retention
+	// Models says what the served models take (Config.Models); nil: FramePack's.
+	Models        func() ModelFit
+	ReadyInterval time.Duration
+	Retention     jobs.Retention
 	// Log is the daemon's logger; nil discards.
 	Log logrus.FieldLogger
 	// OnEvent, when set, sees every job event the hub publishes (events.Config.Observe).
@@ -93,10 +95,6 @@ type Daemon struct {
 	wg       sync.WaitGroup
 	stopOnce sync.Once
 	stopErr  error
-
-	readyMu      sync.Mutex // readyMu protects readyChecked and notReady (housekeeping.go)
-	readyChecked bool
-	notReady     string // why the daemon is not ready; empty when it is
 }
 
 // StartDaemon opens the store, takes up unfinished jobs, and starts serving.
@@ -145,7 +143,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, Unload: cfg.Unload, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log,
-		DiskBudget: cfg.DiskBudget, MinFreeBytes: cfg.MinFreeBytes, Ready: cfg.Ready, Admit: cfg.Admit,
+		DiskBudget: cfg.DiskBudget, MinFreeBytes: cfg.MinFreeBytes, Ready: cfg.Ready, Admit: cfg.Admit, Models: cfg.Models,
 		MaxImagePixels: cfg.MaxImagePixels, MaxConcurrentDecodes: cfg.MaxConcurrentDecodes}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
@@ -171,14 +169,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	d.grpc = d.server.GRPCServer(cfg.ServerOptions...)
-	if cfg.Ready != nil {
-		// Health says the truth from the first call on.
-		reason := ""
-		if err := cfg.Ready(); err != nil {
-			reason = err.Error()
-		}
-		d.setReady(reason)
-	}
+	d.server.refreshReady() // health says the truth from the first call on
 	go d.housekeep(qctx)
 	for _, l := range listeners {
 		d.wg.Add(1)
@@ -205,6 +196,11 @@ func (d *Daemon) Jobs() Store { return d.store }
 // Queue returns the job queue.
 func (d *Daemon) Queue() *jobs.Queue { return d.queue }
 
+// ListDevices lists the devices as DeviceService.ListDevices answers (the metrics read it).
+func (d *Daemon) ListDevices(ctx context.Context) (*framepackv1.ListDevicesResponse, error) {
+	return d.server.ListDevices(ctx, &framepackv1.ListDevicesRequest{})
+}
+
 // Err is sent an error when a listener fails.
 func (d *Daemon) Err() <-chan error { return d.serveErr }
 
@@ -215,7 +211,7 @@ func (d *Daemon) Err() <-chan error { return d.serveErr }
 // when it ends first, the rest is done without waiting.
 func (d *Daemon) Stop(ctx context.Context) error {
 	d.stopOnce.Do(func() {
-		d.server.SetServing(false)
+		d.server.Stopping()
 		d.log.WithField("grace", d.cfg.Grace).Info("stopping: draining the job queue")
 		if err := d.queue.Drain(ctx, d.cfg.Grace); err != nil {
 			d.log.WithError(err).Warn("drain did not finish; stopping the queue")

@@ -101,7 +101,7 @@ func startDaemons(t *testing.T, url string, n int) []*daemon {
 
 // e2eSpec is a two-section job on the tiny models at resolution 96 with two steps a section.
 func e2eSpec() *framepackv1.JobSpec {
-	return &framepackv1.JobSpec{Prompt: "a cat walks on the grass", Seed: 31337, TotalSecondLength: 0.8, LatentWindowSize: 3,
+	return &framepackv1.JobSpec{Prompt: "a cat walks on the grass", Seed: proto.Int64(31337), TotalSecondLength: 0.8, LatentWindowSize: 3,
 		Steps: 2, Resolution: 96, UseTeacache: proto.Bool(false)}
 }
 

@@ -534,6 +534,9 @@ func (s *Store) fetchCheckpoint(ctx context.Context, id string, cp *jobs.Checkpo
 	}
 	if cp.VideoPath != "" {
 		videos, err := s.objectsUnder(ctx, id, cp.VideoPath)
+		if errors.Is(err, jetstream.ErrObjectNotFound) && slices.Contains(rels, filepath.ToSlash(video.PartsPath(cp.VideoPath))) {
+			videos, err = nil, nil // a video so far not joined yet: its parts and segments are among the files
+		}
 		if err != nil {
 			return err
 		}
