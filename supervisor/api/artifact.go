@@ -23,43 +23,74 @@ import (
 // ArtifactChunkBytes is the most file bytes one GetArtifactResponse carries.
 const ArtifactChunkBytes = 1 << 20
 
-// artifactPath returns the file of job that kind names, what to call it in messages and the
-// name a client should save it as. A video is the final one of a succeeded job, else the
-// newest section video; it must lie inside the job's directory.
-func (s *Server) artifactPath(job *framepackv1.Job, kind framepackv1.ArtifactKind) (path, what, name string, err error) {
-	id := job.GetId()
-	switch kind {
-	case framepackv1.ArtifactKind_ARTIFACT_KIND_IMAGE:
-		p, err := s.cfg.Store.InputPath(id)
-		if err != nil {
-			return "", "", "", jobStatus(err, id)
-		}
-		return p, "start image", id + "-start" + filepath.Ext(p), nil
-	case framepackv1.ArtifactKind_ARTIFACT_KIND_END_IMAGE:
-		p, err := s.cfg.Store.EndImagePath(id)
-		if err != nil {
-			return "", "", "", jobStatus(err, id)
-		}
-		if p == "" {
-			return "", "", "", status.Errorf(codes.NotFound, "job %s has no end image", id)
-		}
-		return p, "end image", id + "-end" + filepath.Ext(p), nil
-	case framepackv1.ArtifactKind_ARTIFACT_KIND_THUMBNAIL:
-		return s.cfg.Store.JobDir(id).Thumbnail(), "thumbnail", id + "-thumbnail.jpg", nil
-	}
+// artifactPath returns the video of job: the final one of a succeeded job, else the newest
+// section video.
+func (s *Server) artifactPath(job *framepackv1.Job) (string, error) {
 	p := job.GetResult().GetVideoPath()
 	if p == "" {
 		p = job.GetProgress().GetLatestVideoPath()
 	}
 	if p == "" {
-		return "", "", "", status.Errorf(codes.NotFound, "job %s has no video yet (it is %s)", id, stateText(job.GetState()))
+		return "", status.Errorf(codes.NotFound, "job %s has no video yet (it is %s)", job.GetId(), stateText(job.GetState()))
 	}
-	dir := s.cfg.Store.JobDir(id).Path()
-	rel, err := filepath.Rel(dir, p)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
-		return "", "", "", status.Errorf(codes.Internal, "job %s: its video %s is outside the job directory", id, p)
+	return p, nil
+}
+
+// imageExts are the names the store gives a submitted image (jobs.ImageExt).
+var imageExts = []string{".png", ".jpg", ".webp", ".img"}
+
+// openArtifact opens the file of job that kind names, through the store (which fetches it
+// where the job ran on another daemon), and says what it is in messages and the name a client
+// should save it as: the video (kind unspecified or video), the start image, the end image or
+// the thumbnail. An error is a status.
+func (s *Server) openArtifact(ctx context.Context, job *framepackv1.Job, kind framepackv1.ArtifactKind) (f *os.File, path, what, name string, err error) {
+	id := job.GetId()
+	dir := s.cfg.Store.JobDir(id)
+	var candidates []string
+	switch kind {
+	case framepackv1.ArtifactKind_ARTIFACT_KIND_IMAGE, framepackv1.ArtifactKind_ARTIFACT_KIND_END_IMAGE:
+		base, suffix := "input", "-start"
+		what = "start image"
+		if kind == framepackv1.ArtifactKind_ARTIFACT_KIND_END_IMAGE {
+			if job.GetSpec().GetEndImageSha256() == "" {
+				return nil, "", "", "", status.Errorf(codes.NotFound, "job %s has no end image", id)
+			}
+			base, suffix, what = "end", "-end", "end image"
+		}
+		for _, ext := range imageExts {
+			candidates = append(candidates, filepath.Join(dir.Path(), base+ext))
+		}
+		name = id + suffix
+	case framepackv1.ArtifactKind_ARTIFACT_KIND_THUMBNAIL:
+		candidates, what, name = []string{dir.Thumbnail()}, "thumbnail", id+"-thumbnail.jpg"
+	default:
+		p, err := s.artifactPath(job)
+		if err != nil {
+			return nil, "", "", "", err
+		}
+		// The video so far of a running job is joined from its segments when first read.
+		if _, err := (&video.Writer{}).Materialize(ctx, p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, "", "", "", status.Errorf(codes.Internal, "job %s: join its video so far: %v", id, err)
+		}
+		candidates, what, name = []string{p}, "video", id+filepath.Ext(p)
 	}
-	return p, "video", id + filepath.Ext(p), nil
+	for _, p := range candidates {
+		f, err = s.cfg.Store.OpenVideo(id, p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, "", "", "", status.Errorf(codes.Internal, "job %s: open %s: %v", id, what, err)
+		}
+		if what == "start image" || what == "end image" {
+			name += filepath.Ext(p)
+		}
+		return f, p, what, name, nil
+	}
+	if what == "thumbnail" {
+		return nil, "", "", "", status.Errorf(codes.NotFound, "job %s has no thumbnail yet (one is written with every section; it is %s)", id, stateText(job.GetState()))
+	}
+	return nil, "", "", "", status.Errorf(codes.NotFound, "job %s: its %s is gone from the server (deleted by retention or rm)", id, what)
 }
 
 func stateText(st framepackv1.JobState) string {
@@ -91,25 +122,9 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 	if err != nil {
 		return jobStatus(err, id)
 	}
-	path, what, name, err := s.artifactPath(job, req.GetKind())
+	f, path, what, name, err := s.openArtifact(stream.Context(), job, req.GetKind())
 	if err != nil {
 		return err
-	}
-	// The video so far of a running job is joined from its segments when first read.
-	if what == "video" {
-		if _, err := (&video.Writer{}).Materialize(stream.Context(), path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return status.Errorf(codes.Internal, "job %s: join its video so far: %v", id, err)
-		}
-	}
-	f, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		if what == "thumbnail" {
-			return status.Errorf(codes.NotFound, "job %s has no thumbnail yet (one is written with every section video; it is %s)", id, stateText(job.GetState()))
-		}
-		return status.Errorf(codes.NotFound, "job %s: its %s is gone from the server (deleted by retention or rm)", id, what)
-	}
-	if err != nil {
-		return status.Errorf(codes.Internal, "job %s: open %s: %v", id, what, err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
@@ -160,7 +175,11 @@ func (s *Server) DeleteJob(_ context.Context, req *framepackv1.DeleteJobRequest)
 	}
 	n, err := s.cfg.Store.Delete(id)
 	if errors.Is(err, jobs.ErrNotFinished) {
-		return nil, status.Errorf(codes.FailedPrecondition, "job %s %v", id, strings.TrimPrefix(errors.Unwrap(err).Error(), "jobs: "))
+		state := "queued or running"
+		if job, gerr := s.cfg.Store.Get(id); gerr == nil {
+			state = stateText(job.GetState())
+		}
+		return nil, withReason(status.Newf(codes.FailedPrecondition, "job %s has not finished (it is %s); cancel it first", id, state), ReasonJobNotFinished)
 	}
 	if err != nil {
 		return nil, jobStatus(err, id)

@@ -12,6 +12,8 @@
 //	                                         "spec" part holding the JobSpec as JSON and an
 //	                                         optional "end_image" file part
 //	GET    /v1/jobs                          list (page_size, page_token, states)
+//	GET    /v1/jobs:defaults                 the JobSpec defaults and the bucket tables the
+//	                                         served models take
 //	GET    /v1/jobs/{id}                     get
 //	DELETE /v1/jobs/{id}                     delete a finished job and its files
 //	POST   /v1/jobs/{id}:cancel              cancel ({"reason": "..."} optional)
@@ -25,7 +27,8 @@
 //	GET    /v1/jobs/{id}/image               the start image as submitted
 //	GET    /v1/jobs/{id}/end-image           the end image as submitted
 //	GET    /v1/jobs/{id}/thumbnail           a small JPEG of the video so far
-//	GET    /v1/devices                       devices and lanes
+//	GET    /v1/devices                       devices and lanes, and why the server does not
+//	                                         serve when it does not
 //	POST   /v1/session                       bearer token to session cookie (the page)
 //	GET    /v1/openapi.json                  the OpenAPI v2 document
 //	GET    /metrics                          Prometheus metrics (when configured)

@@ -417,6 +417,21 @@ func (j *jobRun) saveSection(ctx context.Context, h *history, pending, final vol
 	}
 	cp := jobs.Checkpoint{Section: h.section, Sections: j.total, Variant: j.variant.Name(), VideoPath: out.Path, FrameCount: out.Frames,
 		Files: map[string]string{cpConditioning: filepath.Join(filepath.Base(dir.History()), ConditioningFile), cpSection: rel}}
+	// The segments the video is joined from, and its parts file (a store that moves checkpoints
+	// between daemons carries them along: supervisor/cluster); after the last section the
+	// joined video holds them.
+	videos := filepath.Base(dir.Videos())
+	if h.section == j.total-1 {
+		segments = nil
+	} else if _, err := os.Stat(video.PartsPath(name)); err == nil {
+		cp.Files[cpParts] = filepath.Join(videos, filepath.Base(video.PartsPath(name)))
+	}
+	for _, seg := range segments {
+		if strings.HasSuffix(seg, video.FramesDirExt) {
+			continue // a PNG folder: the store checks files
+		}
+		cp.Files[cpSegment+seg] = filepath.Join(videos, seg)
+	}
 	if err := j.job.SaveCheckpoint(cp); err != nil {
 		return video.Output{}, fmt.Errorf("checkpoint: %w", err)
 	}

@@ -382,7 +382,7 @@ func TestGPUFaults(t *testing.T) {
 	}
 	jobs := framepackv1.NewJobServiceClient(conn(t, socket))
 	img := demoImage(t)
-	spec := &framepackv1.JobSpec{Prompt: "The girl dances gracefully, with clear movements, full of charm.", Seed: 31337,
+	spec := &framepackv1.JobSpec{Prompt: "The girl dances gracefully, with clear movements, full of charm.", Seed: proto.Int64(31337),
 		TotalSecondLength: 1, LatentWindowSize: 9, Steps: uint32(*gfSteps), Cfg: 1, Gs: 10, UseTeacache: proto.Bool(false),
 		Resolution: 640, ImageFilename: "start.png"}
 	rec.Job = fmt.Sprintf("640 bucket, window 9, %d steps, 1 s (one section), TeaCache off", *gfSteps)
