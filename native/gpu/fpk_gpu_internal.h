@@ -171,7 +171,7 @@ struct fpk_scratch {
     fpk_scratch &operator=(const fpk_scratch &) = delete;
 };
 
-static inline size_t fpk_dt_size(int dt) { return dt == 0 || dt == 4 ? 4 : dt == 1 || dt == 2 ? 2 : 1; }
+static inline size_t fpk_dt_size(int dt) { return fpk_dtype_bytes(dt); }
 
 /* ---- shared kernels (fpk_gpu_ops.cu) -------------------------------------------------------- */
 
