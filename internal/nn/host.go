@@ -31,8 +31,8 @@ type HostSource struct {
 	size    int64    // the bytes recorded so far (the buffer's size once filled)
 	buf     []byte   // the filled buffer (nil before EndHost, after Free and when empty)
 	mem     *hostBuffer
-	allocs  int  // buffer allocations (one for a filled non-empty copy: never regrown)
-	freed   bool // Free ran
+	allocs  int         // buffer allocations (one for a filled non-empty copy: never regrown)
+	freed   bool        // Free ran
 	quant   *fp8.Layout // the 8-bit Linear weights it holds, with their scales' names
 }
 
