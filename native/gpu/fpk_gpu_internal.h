@@ -226,6 +226,13 @@ fpk_status fpk_gpu_gemm_run(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
 /* Our own batched GEMM kernel (any float dtypes, f32 accumulation). */
 fpk_status fpk_gpu_gemm_own(cudaStream_t st, const fpk_gemm_desc *d);
 
+/* fpk_op_gemm_q with act_quant per tensor or per token: activations quantized to e4m3 and
+ * fp8 × fp8 products on the matrix units (fpk_gpu_gemm_q_mma.cu). FPK_ERR_UNAVAILABLE, with the
+ * reason as the last error, where the device or the call has no such path. */
+fpk_status fpk_gpu_gemm_q_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_q_params *p,
+                              const fpk_gt *a, const fpk_gt *w, const fpk_gt *w_scale, const fpk_gt *bias,
+                              const fpk_gt *out);
+
 /* ---- vendor shims (fpk_gpu_vendor.cu) ----------------------------------------------------- */
 
 void fpk_vendor_open(fpk_gpu_ctx *c);

@@ -154,6 +154,10 @@ type Stage struct {
 	// Loras are LoadRequest.Loras: LoRAs the transformer merges at load. A resident worker
 	// serves only stages with the same list.
 	Loras []workerkit.LoraSpec
+	// Checkpoint, Weights and FP8Compute are the LoadRequest fields of the same names (the
+	// transformer's weights file, quantization at load, fp8 compute mode); a resident worker
+	// serves only stages with the same ones.
+	Checkpoint, Weights, FP8Compute string
 	// Workload is LoadRequest.Workload: the job's frame size and window, from which the
 	// transformer estimates its activations and plans how many blocks stay resident.
 	Workload *workerkit.Workload
@@ -208,7 +212,7 @@ type LoadSettings struct {
 func (l *Lane) loadRequest(st Stage) *workerkit.LoadRequest {
 	req := &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
 		DeviceIndex: l.cfg.DeviceIndex, PCIBusID: l.cfg.PCIBusID, MemoryCapBytes: st.MemoryCap, Env: st.Env, Loras: st.Loras,
-		Workload: st.Workload}
+		Workload: st.Workload, Checkpoint: st.Checkpoint, Weights: st.Weights, FP8Compute: st.FP8Compute}
 	s := st.Load
 	req.MaxResidentBlocks = s.MaxResidentBlocks
 	if s.Backend != "" && s.Backend != req.Backend {
@@ -383,6 +387,9 @@ func loadKey(st Stage) string {
 	keys = append(keys, fmt.Sprintf("load=%d/%s/%d/%d/%s/%v", st.MemoryCap, s.Backend, s.MemoryCap, s.ConvFirstTier, s.ConvCachePath, s.Fault != nil))
 	for _, l := range st.Loras {
 		keys = append(keys, fmt.Sprintf("lora=%s@%v", l.Path, l.Strength)) // in order: they stack
+	}
+	if st.Checkpoint != "" || st.Weights != "" || st.FP8Compute != "" {
+		keys = append(keys, "weights="+st.Checkpoint+"\x00"+st.Weights+"\x00"+st.FP8Compute)
 	}
 	return st.DType + "\x00" + strings.Join(keys, "\x00")
 }

@@ -97,6 +97,7 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	steps := &stepTracker{j: j, section: i, last: time.Now()}
 	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, lanes.Stage{
 		Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, KeepWith: j.keepWith(), Loras: jobLoras(spec),
+		Checkpoint: spec.GetTransformerCheckpoint(), Weights: spec.GetWeights(), FP8Compute: spec.GetFp8Compute(),
 		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window),
 			ReserveBytes: j.reserveBytes()},
 		OnEvent: steps.onEvent,
@@ -106,6 +107,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	}
 	if l := loadedLoras(rep); len(l) > 0 {
 		j.lorasApplied = l
+	}
+	if rep.Loaded != nil && rep.Loaded.WeightsFormat != "" {
+		j.weightsFormat, j.fp8Compute = rep.Loaded.WeightsFormat, rep.Loaded.FP8Compute
 	}
 	generated, err := readSegmentVol(latSeg, "latents")
 	if err == nil {
