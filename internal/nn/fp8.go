@@ -23,12 +23,13 @@ func detectFP8(src Source, errs []error) (*fp8.Layout, []error) {
 }
 
 // FP8Format is the 8-bit format of the loader's source (fp8.None when it has no 8-bit
-// weights; fp8.Quantized when it quantizes at load and the source has none).
+// weights; fp8.Quantized when it quantizes at load and the source has none; a source whose
+// every 8-bit weight a LoRA changed reports none here, its weights quantized again).
 func (l *Loader) FP8Format() fp8.Format {
 	if l.quant != nil {
 		return l.quant.Format
 	}
-	if l.quantize {
+	if l.quantize || l.requantized {
 		return fp8.Quantized
 	}
 	return fp8.None
@@ -68,10 +69,11 @@ func (l *Loader) LinearWeight(name string, out, in int) (w, scale *runtime.Tenso
 		return l.quantizeBind(full, t, shape)
 	}
 	qw := l.quant.Weight(full)
-	if qw == nil && !l.quantize {
+	if qw == nil && !l.quantize && !requantize(l.src, full) {
 		return l.Weight(name, out, in), nil
 	}
-	if qw == nil { // quantize at load: a 16- or 32-bit weight
+	if qw == nil { // quantize at load: a 16- or 32-bit weight (or an 8-bit one a LoRA changed)
+		l.requantized = l.requantized || !l.quantize
 		if _, ok := l.check(full, shape); !ok || len(l.errs) > 0 {
 			return nil, nil
 		}
@@ -103,6 +105,13 @@ func (l *Loader) LinearWeight(name string, out, in int) (w, scale *runtime.Tenso
 		return w, nil
 	}
 	return w, l.bindScale(full, qw.DType, qw.Shape, s, qw.Rows, qw.Blocks)
+}
+
+// requantize reports whether src hands on name, stored in 8 bits, in 16 or 32 bits for the loader
+// to quantize again (a LoRA merged into it: lora.Merged).
+func requantize(src Source, name string) bool {
+	r, ok := src.(interface{ Requantize(string) bool })
+	return ok && r.Requantize(name)
 }
 
 // quantizeBind quantizes the f32 weight t per output channel and binds q and its scales under

@@ -95,9 +95,10 @@ type Loader struct {
 	ring        *stagingRing // made at the first staged tensor, freed by Finish and Free
 	stagedBytes int64
 
-	quant    *fp8.Layout     // the source's 8-bit weights (nil: none)
-	quantize bool            // Options.QuantizeLinear
-	linear   map[string]bool // shape mode: the names LinearWeight bound
+	quant       *fp8.Layout     // the source's 8-bit weights (nil: none)
+	quantize    bool            // Options.QuantizeLinear
+	requantized bool            // LinearWeight quantized an 8-bit weight a LoRA changed
+	linear      map[string]bool // shape mode: the names LinearWeight bound
 }
 
 // Options are the dtypes a model's weights are uploaded in (every model package's load options).
@@ -477,7 +478,8 @@ func (l *Loader) ShapeBytes(src Source, prefix string) int64 {
 			if w := layout.Weight(prefix + name); w.Scaled() {
 				scales = int64(w.Rows * w.Blocks)
 			}
-		case l.linear[name] && dt.IsFP8(): // quantized at load: one scale per output channel
+		case l.linear[name] && (dt.IsFP8() || requantize(src, prefix+name)): // quantized at load: a scale per output channel
+			dt = runtime.F8E4M3
 			scales = int64(shape[0])
 		case dt == runtime.AsStored && stored && info.DType.IsFP8():
 			dt = runtime.BF16
