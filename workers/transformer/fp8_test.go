@@ -10,10 +10,10 @@ import (
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
-	"github.com/framepackd/framepackd/workers/transformer/lora"
 	"github.com/framepackd/framepackd/internal/shm/shmtest"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/workertest"
+	"github.com/framepackd/framepackd/workers/transformer/lora"
 )
 
 // opForwardWeights is the fp8 fixture's op: the forward with the weights of a single-file

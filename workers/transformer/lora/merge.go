@@ -121,7 +121,9 @@ func Merge(base Source, specs []Spec, opts Options) (*Merged, []Applied, error) 
 
 // Requantize reports whether name is an 8-bit weight of base that a LoRA changed: Bytes hands it
 // on in f32, for the loader to quantize again.
-func (m *Merged) Requantize(name string) bool { return len(m.patches[name]) > 0 && m.quant.Weight(name) != nil }
+func (m *Merged) Requantize(name string) bool {
+	return len(m.patches[name]) > 0 && m.quant.Weight(name) != nil
+}
 
 // Changed lists the names of the weights the LoRAs change, sorted.
 func (m *Merged) Changed() []string {
