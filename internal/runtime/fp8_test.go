@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"math"
+	"math/rand/v2"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -148,4 +149,147 @@ func TestFP8CastMatchesTorch(t *testing.T) {
 	if compared == 0 {
 		t.Fatal("no e4m3 weights in the plain fixture checkpoint")
 	}
+}
+
+// TestLinearQ checks LinearQ in every compute mode against float64: a weight [N, K] in e4m3 with
+// per-channel and block-wise scales, activations taken as they are (weight-only) or quantized to
+// e4m3 per tensor or per token with s = max|x|/448 in f32 and q = e4m3(clamp(x/s, ±448)), the
+// bias and GELU epilogue, f32 and bf16 activations; and the stats count the mode that served.
+func TestLinearQ(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	r := rand.New(rand.NewPCG(7, 8))
+	const M, N, K, block = 6, 20, 64, 16
+	xv := make([]float32, 2*M*K) // [2, M, K]: the batch dims flatten
+	for i := range xv {
+		xv[i] = float32(r.NormFloat64() * (1 + float64(i%K)/8))
+	}
+	wq := make([]byte, N*K)
+	for i := range wq {
+		wq[i] = byte(r.IntN(256))
+		if wq[i]&0x7f == 0x7f { // no NaN weights
+			wq[i] = 0x3c
+		}
+	}
+	bias := make([]float32, N)
+	for i := range bias {
+		bias[i] = float32(r.NormFloat64())
+	}
+	quant := func(v []float32, s float32) []float64 {
+		c := make([]float32, len(v))
+		for i, x := range v {
+			c[i] = max(-448, min(448, x/s))
+		}
+		q, err := rt.FromFloat32As(F8E4M3, c, len(c))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer q.Free()
+		b, _ := q.Bytes()
+		out := make([]float64, len(b))
+		for i, x := range b {
+			out[i] = float64(safetensors.E4M3ToF32(x)) * float64(s)
+		}
+		return out
+	}
+	scaleOf := func(v []float32) float32 {
+		m := float32(0)
+		for _, x := range v {
+			m = max(m, float32(math.Abs(float64(x))))
+		}
+		if m == 0 {
+			return 1
+		}
+		return m / 448
+	}
+	for _, sc := range []struct {
+		name string
+		nb   int
+	}{{"per channel", 1}, {"block-wise", K / block}} {
+		sv := make([]float32, N*sc.nb)
+		for i := range sv {
+			sv[i] = float32(0.01 + r.Float64())
+		}
+		w, err := rt.FromBytes(F8E4M3, F8E4M3, wq, N, K)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := rt.FromFloat32(sv, N, sc.nb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		deqw := make([]float64, N*K)
+		for n := range N {
+			for k := range K {
+				deqw[n*K+k] = float64(safetensors.E4M3ToF32(wq[n*K+k])) * float64(sv[n*sc.nb+k/(K/sc.nb)])
+			}
+		}
+		for _, mode := range []FP8Compute{FP8WeightOnly, FP8ActPerTensor, FP8ActPerToken} {
+			for _, adt := range []DType{F32, BF16} {
+				xin := xv
+				if adt == BF16 { // the reference sees the bf16 values
+					xin = make([]float32, len(xv))
+					for i, x := range xv {
+						xin[i] = safetensors.BF16ToF32(safetensors.F32ToBF16(x))
+					}
+				}
+				var xq []float64
+				switch mode {
+				case FP8WeightOnly:
+					xq = toF64(xin)
+				case FP8ActPerTensor:
+					xq = quant(xin, scaleOf(xin))
+				case FP8ActPerToken:
+					for row := range 2 * M {
+						xq = append(xq, quant(xin[row*K:(row+1)*K], scaleOf(xin[row*K:(row+1)*K]))...)
+					}
+				}
+				want := make([]float64, 2*M*N)
+				for row := range 2 * M {
+					for n := range N {
+						acc := float64(bias[n])
+						for k := range K {
+							acc += xq[row*K+k] * deqw[n*K+k]
+						}
+						want[row*N+n] = 0.5 * acc * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(acc+0.044715*acc*acc*acc)))
+					}
+				}
+				x, err := rt.FromFloat32As(adt, xin, 2, M, K)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := rt.FromFloat32As(adt, bias, N)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rt.SetFP8Compute(mode)
+				before := rt.FP8Stats()
+				y, err := rt.LinearQ(x, w, s, b, EpilogueGELUTanh)
+				x.Free()
+				b.Free()
+				if err != nil {
+					t.Fatalf("%s %s %s: %v", sc.name, mode, adt, err)
+				}
+				if y.DType() != adt || !equalInts(y.Shape(), []int{2, M, N}) {
+					t.Fatalf("%s %s %s: out %s", sc.name, mode, adt, y)
+				}
+				got := values(t, y)
+				y.Free()
+				tol := 1e-6
+				if adt == BF16 {
+					tol = 8e-3 // one bf16 rounding of the output
+				}
+				if d := relL2(got, want); d > tol {
+					t.Errorf("%s %s %s: rel L2 %.3g > %g", sc.name, mode, adt, d, tol)
+				}
+				after := rt.FP8Stats()
+				served := [3]uint64{after.WeightOnly - before.WeightOnly, after.PerTensor - before.PerTensor, after.PerToken - before.PerToken}
+				if served[mode] != 1 || after.FellBack != before.FellBack {
+					t.Errorf("%s %s: stats %+v → %+v", sc.name, mode, before, after)
+				}
+			}
+		}
+		w.Free()
+		s.Free()
+	}
+	rt.SetFP8Compute(FP8WeightOnly)
 }

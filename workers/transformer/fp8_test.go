@@ -2,7 +2,9 @@ package main
 
 import (
 	"encoding/binary"
+	"errors"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -385,6 +387,42 @@ func TestWorkerFP8Lora(t *testing.T) {
 			if d := parity.RelL2(got, without); d < 1e-3 {
 				t.Errorf("the lora moved the output by %.3g only", d)
 			}
+		})
+	}
+}
+
+// TestParityFP8Reference runs the cases of the project's own fp8 reference
+// (testdata/reference/cases/fp8_reference, made by testdata/reference/gen_fp8.py in float64 with
+// PyTorch: quantize at load, with a LoRA, a LoRA on ComfyUI's scaled fp8, fp8 activations per
+// tensor and per token) through a worker loaded as each case's params say, within its tolerance.
+// It skips until the generator has run (it needs PyTorch); TestWorkerQuantizeAtLoad and
+// TestWorkerFP8Lora check the same rules against weights computed here meanwhile.
+func TestParityFP8Reference(t *testing.T) {
+	root, err := parity.ReferenceRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "cases", "fp8_reference.json")); errors.Is(err, os.ErrNotExist) {
+		t.Skip("testdata/reference/cases/fp8_reference.json does not exist yet: run testdata/reference/gen_fp8.py on a machine with PyTorch")
+	}
+	fx := parity.LoadReference(t, "fp8_reference")
+	for _, c := range fx.Cases {
+		t.Run(c.Name, func(t *testing.T) {
+			if c.Op != opForwardWeights {
+				t.Fatalf("unknown op %q", c.Op)
+			}
+			dir, ck := weightsCase(t, fx, c)
+			req := &workerkit.LoadRequest{ModelDir: dir, Checkpoint: ck}
+			c.Param(t, "quantize", &req.Weights)
+			c.Param(t, "fp8_compute", &req.FP8Compute)
+			var ls []fixtureLora
+			c.Param(t, "loras", &ls)
+			for _, l := range ls {
+				req.Loras = append(req.Loras, workerkit.LoraSpec{Path: filepath.Join(fx.Root, l.Path), Strength: l.Strength})
+			}
+			got, resp := forwardOf(t, req, c)
+			cc := c.ForActivations(workertest.HalfActivations(t, resp))
+			cc.Check(t, "sample", got, c.Input(t, "hidden_states").Shape, cc.Output(t, "sample"))
 		})
 	}
 }
