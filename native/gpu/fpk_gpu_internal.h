@@ -244,6 +244,13 @@ fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc 
  * FPK_ERR_UNAVAILABLE when the library is missing or declines the shape (the caller then runs
  * the GEMM and adds the epilogue itself). */
 fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_desc *d);
+/* d [M, N] f32 = aq [M, K] (e4m3) · wq [N, K]ᵀ (e4m3 or e5m2, wdt) with unit scales: cuBLASLt's
+ * FP8 matmul (NVIDIA, compute capability 8.9+). FPK_ERR_UNAVAILABLE with the reason when the
+ * library, the device or the shape (K a multiple of 16, 16-byte aligned operands) does not allow it. */
+fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const uint8_t *aq,
+                                  const uint8_t *wq, int wdt, int64_t M, int64_t N, int64_t K, float *d);
+/* Whether cuBLASLt loaded (the fp8 matmul's library). */
+int fpk_vendor_has_fp8_lt(fpk_gpu_ctx *c);
 /* Conv through the vendor DNN library: tuned (Find) or default (heuristic / immediate).
  * x, w, y share dtype dt and have 32-bit dims given as NCDHW (w: K C kT kH kW). They are
  * contiguous NCDHW, or with nhwc contiguous channels-last: x and y NDHWC, w K kT kH kW C
