@@ -317,3 +317,46 @@ func TestLinearQ(t *testing.T) {
 	}
 	rt.SetFP8Compute(FP8WeightOnly)
 }
+
+// TestLinearQBadArgs checks LinearQ and MatMul refuse what fpk_op_gemm_q's contract does not
+// allow, naming the problem: a scale that is not f32 [1 or out, a divisor of in], a 16-bit weight
+// in LinearQ, an 8-bit operand in MatMul, an 8-bit activation.
+func TestLinearQBadArgs(t *testing.T) {
+	rt := newTestRuntime(t, Options{})
+	w, err := rt.FromBytes(F8E4M3, F8E4M3, make([]byte, 4*6), 4, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Free()
+	x, _ := rt.FromFloat32(make([]float32, 2*6), 2, 6)
+	defer x.Free()
+	mk := func(dt DType, shape ...int) *Tensor {
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		tt, err := rt.FromFloat32As(dt, make([]float32, n), shape...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(tt.Free)
+		return tt
+	}
+	for _, c := range []struct {
+		name string
+		run  func() error
+		want string
+	}{
+		{"scale blocks do not divide", func() error { _, err := rt.LinearQ(x, w, mk(F32, 4, 4), nil, EpilogueNone); return err }, "w_scale"},
+		{"scale rows", func() error { _, err := rt.LinearQ(x, w, mk(F32, 3, 1), nil, EpilogueNone); return err }, "w_scale"},
+		{"scale dtype", func() error { _, err := rt.LinearQ(x, w, mk(BF16, 4, 1), nil, EpilogueNone); return err }, "w_scale"},
+		{"16-bit weight", func() error { _, err := rt.LinearQ(x, mk(BF16, 4, 6), nil, nil, EpilogueNone); return err }, "8-bit"},
+		{"8-bit activations", func() error { _, err := rt.LinearQ(mk(F8E4M3, 2, 6), w, nil, nil, EpilogueNone); return err }, "16- or 32-bit"},
+		{"matmul with an 8-bit b", func() error { _, err := rt.MatMul(x, w, GemmParams{TransB: true}); return err }, "fpk_op_gemm_q"},
+	} {
+		err := c.run()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err %v, want one saying %q", c.name, err, c.want)
+		}
+	}
+}

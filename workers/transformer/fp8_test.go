@@ -3,8 +3,8 @@ package main
 import (
 	"cmp"
 	"encoding/binary"
-	"flag"
 	"errors"
+	"flag"
 	"math"
 	"os"
 	"path/filepath"
