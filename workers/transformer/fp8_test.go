@@ -437,3 +437,44 @@ func TestParityFP8Reference(t *testing.T) {
 		})
 	}
 }
+
+// TestEstimateFP8 asks the worker's pre-spawn estimate for the bf16 folder, the plain fp8 file
+// and the folder quantized at load: the 8-bit ones need fewer weight bytes, by exactly as many as
+// a load of the same request saves (the estimate and a load differ by the same few kilobytes in
+// every case, which is not about 8 bits).
+func TestEstimateFP8(t *testing.T) {
+	fx := parity.Load(t, "fp8")
+	dir, _ := weightsCase(t, fx, fx.Cases[0])
+	plain := filepath.Join(fx.Root, "models", "fp8", "fp8_plain_e4m3fn.safetensors")
+	reqs := map[string]workerkit.LoadRequest{
+		"bf16":      {ModelDir: dir, DType: "auto"},
+		"plain fp8": {ModelDir: dir, DType: "auto", Checkpoint: plain},
+		"quantized": {ModelDir: dir, DType: "auto", Weights: "fp8"},
+	}
+	est, held := map[string]uint64{}, map[string]uint64{}
+	for name, lr := range reqs {
+		p, _ := workertest.Start(t, "transformer")
+		resp, err := p.Estimate(workertest.Ctx(t), &workerkit.EstimateRequest{Load: lr})
+		if err != nil {
+			t.Fatalf("%s: estimate: %v", name, err)
+		}
+		est[name] = resp.WeightBytes
+		lr.Backend = "cpu"
+		lr.ActivationDType = "bf16" // as the estimate assumes for a GPU
+		p2, _ := workertest.Start(t, "transformer")
+		loaded, err := p2.Load(workertest.Ctx(t), &lr)
+		if err != nil {
+			t.Fatalf("%s: load: %v", name, err)
+		}
+		held[name] = loaded.WeightBytes
+	}
+	t.Logf("weight bytes estimated %v, held %v", est, held)
+	for _, name := range []string{"plain fp8", "quantized"} {
+		if est["bf16"]-est[name] != held["bf16"]-held[name] {
+			t.Errorf("%s: the estimate saves %d bytes against bf16, a load %d", name, est["bf16"]-est[name], held["bf16"]-held[name])
+		}
+	}
+	if est["plain fp8"] >= est["bf16"] || est["quantized"] >= est["bf16"] {
+		t.Errorf("8-bit estimates %v not below bf16's", est)
+	}
+}
