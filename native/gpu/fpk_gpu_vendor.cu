@@ -414,6 +414,32 @@ struct lt_call {
     }
 };
 
+/* The cached plan for key's shape and types (the heuristic asked once, with k's descriptors and
+ * key->align as every buffer's alignment; ok 0 when it refused), NULL when out of memory. */
+static struct fpk_lt_plan *lt_plan(fpk_vendor_blaslt *lt, lt_call &k, const struct fpk_lt_plan *key) {
+    struct fpk_lt_plan *pl = lt->plans;
+    for (; pl; pl = pl->next)
+        if (pl->M == key->M && pl->N == key->N && pl->K == key->K && pl->ta == key->ta && pl->tb == key->tb && pl->at == key->at &&
+            pl->ct == key->ct && pl->epi == key->epi && pl->align == key->align)
+            return pl;
+    pl = (struct fpk_lt_plan *)calloc(1, sizeof *pl);
+    if (!pl) return NULL;
+    *pl = *key;
+    pl->ok = 0;
+    uint64_t ws = LT_WORKSPACE;
+    uint32_t align = (uint32_t)key->align;
+    int n = 0;
+    lt_set_t pset = (lt_set_t)lt->fn[LT_PREF_SET];
+    bool pref_ok = ((lt_pref_create_t)lt->fn[LT_PREF_CREATE])(&k.pref) == 0 && pset(k.pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0;
+    for (int i = 0; i < 4 && pref_ok; i++) pref_ok = pset(k.pref, LT_PREF_MIN_ALIGNMENT_A_BYTES + i, &align, sizeof align) == 0;
+    if (pref_ok && ((lt_heuristic_fn_t)lt->fn[LT_HEURISTIC])(lt->handle, k.desc, k.la, k.lb, k.lc, k.lc, k.pref, 1, &pl->h, &n) == 0 &&
+        n > 0 && pl->h.state == 0)
+        pl->ok = 1;
+    pl->next = lt->plans;
+    lt->plans = pl;
+    return pl;
+}
+
 fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_desc *d) {
     fpk_vendor_blaslt *lt = &c->blaslt;
     if (!lt->handle) return FPK_ERR_UNAVAILABLE;
@@ -457,32 +483,9 @@ fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
     if (lc(&k.la, at, ar, ac, d->ldb) != 0 || lc(&k.lb, at, br, bc, d->lda) != 0 ||
         lc(&k.lc, ct, (uint64_t)d->N, (uint64_t)d->M, d->ldc) != 0)
         return FPK_ERR_UNAVAILABLE;
-    struct fpk_lt_plan *pl = lt->plans;
-    for (; pl; pl = pl->next)
-        if (pl->M == d->M && pl->N == d->N && pl->K == d->K && pl->ta == ta && pl->tb == tb && pl->at == at &&
-            pl->ct == ct && pl->epi == epi && pl->align == (int)align)
-            break;
-    if (!pl) {
-        pl = (struct fpk_lt_plan *)calloc(1, sizeof *pl);
-        if (!pl) return FPK_ERR_UNAVAILABLE;
-        pl->M = d->M, pl->N = d->N, pl->K = d->K, pl->ta = ta, pl->tb = tb, pl->at = at, pl->ct = ct, pl->epi = epi;
-        pl->align = (int)align;
-        uint64_t ws = LT_WORKSPACE;
-        int n = 0;
-        lt_set_t pset = (lt_set_t)lt->fn[LT_PREF_SET];
-        bool pref_ok = ((lt_pref_create_t)lt->fn[LT_PREF_CREATE])(&k.pref) == 0 &&
-                       pset(k.pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0;
-        for (int i = 0; i < 4 && pref_ok; i++)
-            pref_ok = pset(k.pref, LT_PREF_MIN_ALIGNMENT_A_BYTES + i, &align, sizeof align) == 0;
-        if (pref_ok &&
-            ((lt_heuristic_fn_t)lt->fn[LT_HEURISTIC])(lt->handle, k.desc, k.la, k.lb, k.lc, k.lc, k.pref, 1, &pl->h,
-                                                      &n) == 0 &&
-            n > 0 && pl->h.state == 0)
-            pl->ok = 1;
-        pl->next = lt->plans;
-        lt->plans = pl;
-    }
-    if (!pl->ok) return FPK_ERR_UNAVAILABLE;
+    struct fpk_lt_plan key = {d->M, d->N, d->K, ta, tb, at, ct, epi, (int)align, 0, {}, NULL};
+    struct fpk_lt_plan *pl = lt_plan(lt, k, &key);
+    if (!pl || !pl->ok) return FPK_ERR_UNAVAILABLE;
     fpk_scratch ws(sf);
     if (pl->h.workspace) FPK_TRY(ws.alloc(pl->h.workspace));
     float alpha = d->alpha, beta = 0.f;
@@ -522,30 +525,9 @@ fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
         while (((uintptr_t)ptrs[i] % align) != 0) align /= 2;
     if (align < 16) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt fp8 wants 16-byte aligned operands");
     const int plan_at = 1000 + bt; /* fp8 plans apart from the 16-bit ones in the cache */
-    struct fpk_lt_plan *pl = lt->plans;
-    for (; pl; pl = pl->next)
-        if (pl->M == M && pl->N == N && pl->K == K && pl->ta == ta && pl->tb == tb && pl->at == plan_at && pl->ct == FPK_CUDA_R_32F &&
-            pl->epi == LT_EPILOGUE_DEFAULT && pl->align == (int)align)
-            break;
-    if (!pl) {
-        pl = (struct fpk_lt_plan *)calloc(1, sizeof *pl);
-        if (!pl) return fpk_gpu_set_oom(sizeof *pl, 0, "cuBLASLt plan");
-        pl->M = M, pl->N = N, pl->K = K, pl->ta = ta, pl->tb = tb, pl->at = plan_at, pl->ct = FPK_CUDA_R_32F;
-        pl->epi = LT_EPILOGUE_DEFAULT, pl->align = (int)align;
-        uint64_t ws = LT_WORKSPACE;
-        int n = 0;
-        lt_set_t pset = (lt_set_t)lt->fn[LT_PREF_SET];
-        bool pref_ok = ((lt_pref_create_t)lt->fn[LT_PREF_CREATE])(&k.pref) == 0 &&
-                       pset(k.pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0;
-        for (int i = 0; i < 4 && pref_ok; i++)
-            pref_ok = pset(k.pref, LT_PREF_MIN_ALIGNMENT_A_BYTES + i, &align, sizeof align) == 0;
-        if (pref_ok &&
-            ((lt_heuristic_fn_t)lt->fn[LT_HEURISTIC])(lt->handle, k.desc, k.la, k.lb, k.lc, k.lc, k.pref, 1, &pl->h, &n) == 0 &&
-            n > 0 && pl->h.state == 0)
-            pl->ok = 1;
-        pl->next = lt->plans;
-        lt->plans = pl;
-    }
+    struct fpk_lt_plan key = {M, N, K, ta, tb, plan_at, FPK_CUDA_R_32F, LT_EPILOGUE_DEFAULT, (int)align, 0, {}, NULL};
+    struct fpk_lt_plan *pl = lt_plan(lt, k, &key);
+    if (!pl) return fpk_gpu_set_oom(sizeof *pl, 0, "cuBLASLt plan");
     if (!pl->ok)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt has no fp8 algorithm for %lld x %lld x %lld", (long long)M,
                                  (long long)N, (long long)K);

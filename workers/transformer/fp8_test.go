@@ -129,6 +129,25 @@ func quantRow(t *testing.T, rt *runtime.Runtime, dt runtime.DType, w []float32, 
 	return raw, deq
 }
 
+// quantizedTwin is the Linear weight info (raw bytes) quantized by the quantize-at-load rule, per
+// output channel s = max(max|w|/448, 1e-8) in float32, and dequantized: q·s as float32.
+func quantizedTwin(t *testing.T, rt *runtime.Runtime, info safetensors.TensorInfo, raw []byte) safetensors.Tensor {
+	t.Helper()
+	w := floatsOf(t, info, raw)
+	out, in := int(info.Shape[0]), int(info.Shape[1])
+	deq := make([]float64, 0, len(w))
+	for o := range out {
+		row := w[o*in : (o+1)*in]
+		m := float32(0)
+		for _, x := range row {
+			m = max(m, float32(math.Abs(float64(x))))
+		}
+		_, d := quantRow(t, rt, runtime.F8E4M3, row, []float64{float64(max(m/448, 1e-8))}, in)
+		deq = append(deq, d...)
+	}
+	return safetensors.FromFloat32(info.Name, info.Shape, f64to32(deq))
+}
+
 // rewrite writes a copy of src to a new file in dir with edit applied to every tensor (edit
 // returns the tensors to write instead; nil keeps it), and returns the path.
 func rewrite(t *testing.T, dir, name string, src interface {
@@ -242,19 +261,7 @@ func TestWorkerQuantizeAtLoad(t *testing.T) {
 		if !isLinear(info) {
 			return nil
 		}
-		w := floatsOf(t, info, raw)
-		out, in := int(info.Shape[0]), int(info.Shape[1])
-		deq := make([]float64, 0, len(w))
-		for o := range out {
-			row := w[o*in : (o+1)*in]
-			m := float32(0)
-			for _, x := range row {
-				m = max(m, float32(math.Abs(float64(x))))
-			}
-			_, d := quantRow(t, rt, runtime.F8E4M3, row, []float64{float64(max(m/448, 1e-8))}, in)
-			deq = append(deq, d...)
-		}
-		return []safetensors.Tensor{safetensors.FromFloat32(info.Name, info.Shape, f64to32(deq))}
+		return []safetensors.Tensor{quantizedTwin(t, rt, info, raw)}
 	})
 	got, resp := forwardOf(t, &workerkit.LoadRequest{ModelDir: dir, Weights: "fp8"}, c)
 	if resp.WeightsFormat != "quantized" {
@@ -369,19 +376,7 @@ func TestWorkerFP8Lora(t *testing.T) {
 			twin := rewrite(t, t.TempDir(), "merged.safetensors", merged, func(info safetensors.TensorInfo, raw []byte) []safetensors.Tensor {
 				switch {
 				case merged.Requantize(info.Name):
-					w := floatsOf(t, info, raw)
-					out, in := int(info.Shape[0]), int(info.Shape[1])
-					deq := make([]float64, 0, len(w))
-					for o := range out {
-						row := w[o*in : (o+1)*in]
-						m := float32(0)
-						for _, x := range row {
-							m = max(m, float32(math.Abs(float64(x))))
-						}
-						_, d := quantRow(t, rt, runtime.F8E4M3, row, []float64{float64(max(m/448, 1e-8))}, in)
-						deq = append(deq, d...)
-					}
-					return []safetensors.Tensor{safetensors.FromFloat32(info.Name, info.Shape, f64to32(deq))}
+					return []safetensors.Tensor{quantizedTwin(t, rt, info, raw)}
 				case info.DType.IsFP8():
 					return nil // an 8-bit weight the LoRA does not touch stays as it is
 				}
