@@ -44,6 +44,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		loras                              loraFlags
 		variant, endImage                  string
 		endStrength                        float64
+		weights, checkpoint, fp8Compute    string
 		keepAlive                          time.Duration
 	)
 	fs.StringVar(&image, "image", "", "start frame: PNG, JPEG or WebP (required)")
@@ -73,6 +74,9 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&variant, "variant", "i2v", "sampling loop: i2v (FramePack, backwards in time) or f1 (FramePack-F1, forwards)")
 	fs.StringVar(&endImage, "end-image", "", "end frame the video should reach: PNG, JPEG or WebP (FramePack-Studio's end frame; i2v only)")
 	fs.Float64Var(&endStrength, "end-strength", plan.DefaultEndStrength, "how strongly the end frame pulls, 0–1 (with --end-image)")
+	fs.StringVar(&weights, "weights", "", "transformer weights: empty as stored, or fp8 to quantize them to float8 at load (half the memory)")
+	fs.StringVar(&checkpoint, "transformer-checkpoint", "", "single-file transformer weights on the server (FramePack's, or an fp8 file from ComfyUI or musubi-tuner)")
+	fs.StringVar(&fp8Compute, "fp8-compute", "", "products with fp8 weights: weight_only (default), tensor or token (fp8 activations on the matrix units)")
 	fs.DurationVar(&keepAlive, "keep-alive", -1, "how long the job's model workers stay alive after it for the next job (0: killed at once; default: the server's --keep-alive)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -149,6 +153,9 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		Lane:                    lane,
 		Loras:                   loras,
 		Variant:                 variant,
+		Weights:                 weights,
+		TransformerCheckpoint:   absPath(checkpoint),
+		Fp8Compute:              fp8Compute,
 	}
 	if imageproc.Sniff(img) == "" {
 		// Say it here, with the file name; the server would say "image: not a usable image".
@@ -779,6 +786,17 @@ func copyDir(src, dst string) error {
 		}
 	}
 	return nil
+}
+
+// absPath is p made absolute (the server reads it), empty for empty.
+func absPath(p string) string {
+	if p == "" {
+		return ""
+	}
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
 }
 
 // loraFlags collects repeated --lora PATH[:STRENGTH] flags; paths are made absolute, as the

@@ -301,6 +301,9 @@ func flagOf(field string) string {
 		"spec.loras":                      "--lora",
 		"spec.end_image":                  "--end-image",
 		"spec.end_strength":               "--end-strength",
+		"spec.weights":                    "--weights",
+		"spec.transformer_checkpoint":     "--transformer-checkpoint",
+		"spec.fp8_compute":                "--fp8-compute",
 		"reason":                          "--reason",
 	}
 	if f, ok := flags[field]; ok {

@@ -102,6 +102,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	if l := loadedLoras(rep); len(l) > 0 {
 		j.lorasApplied = l
 	}
+	if rep.Loaded != nil && rep.Loaded.WeightsFormat != "" {
+		j.weightsFormat, j.fp8Compute = rep.Loaded.WeightsFormat, rep.Loaded.FP8Compute
+	}
 	generated, err := readSegmentVol(latSeg, "latents")
 	if err == nil {
 		err = checkTransformerFacts(rep.Loaded, generated)
@@ -155,7 +158,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 // transformerStage is the section loop's transformer stage for req (nil: for its estimate),
 // with the residency plan's cap.
 func (j *jobRun) transformerStage(req workerkit.Stage) lanes.Stage {
-	st := lanes.Stage{Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, Loras: jobLoras(j.job.Spec),
+	spec := j.job.Spec
+	st := lanes.Stage{Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, Loras: jobLoras(spec),
+		Checkpoint: spec.GetTransformerCheckpoint(), Weights: spec.GetWeights(), FP8Compute: spec.GetFp8Compute(),
 		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window),
 			ReserveBytes: j.reserveBytes()}}
 	if p := j.section0; p != nil {

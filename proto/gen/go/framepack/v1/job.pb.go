@@ -372,6 +372,23 @@ type JobSpec struct {
 	// end_image_sha256 is the hex SHA-256 of the job's end image, set by the
 	// server. OUTPUT ONLY: a spec sent with it and no end_image is refused.
 	EndImageSha256 string `protobuf:"bytes,21,opt,name=end_image_sha256,json=endImageSha256,proto3" json:"end_image_sha256,omitempty"`
+	// weights is how the transformer's Linear weights are held: empty as the
+	// checkpoint stores them (16 bits, or 8 bits for an fp8 checkpoint), or
+	// "fp8" to quantize 16-bit weights to float8_e4m3fn at load, one scale per
+	// output channel (about half the memory; the video differs slightly).
+	Weights string `protobuf:"bytes,31,opt,name=weights,proto3" json:"weights,omitempty"`
+	// transformer_checkpoint is a single safetensors file on the server (an
+	// absolute path) holding the transformer's weights instead of the model
+	// folder's: FramePack's weights as one file, or the fp8 files ComfyUI and
+	// musubi-tuner users have (plain float8 casts, ComfyUI scaled_fp8,
+	// musubi-tuner fp8_scaled), told apart from their tensors. The model
+	// folder's config.json still describes the model. Empty: the folder's.
+	TransformerCheckpoint string `protobuf:"bytes,32,opt,name=transformer_checkpoint,json=transformerCheckpoint,proto3" json:"transformer_checkpoint,omitempty"`
+	// fp8_compute is how products with 8-bit weights run: "weight_only" (also
+	// empty), "tensor" or "token" (activations quantized to float8_e4m3fn per
+	// tensor or per token, fp8 x fp8 on the matrix units where the GPU has them;
+	// weight-only elsewhere).
+	Fp8Compute string `protobuf:"bytes,33,opt,name=fp8_compute,json=fp8Compute,proto3" json:"fp8_compute,omitempty"`
 	// keep_alive is how long the job's model workers stay alive after it ends,
 	// for the next job that wants the same models with the same LoRAs and
 	// dtype (Ollama's keep_alive), 0 to 24 h; 0 kills them when the job ends.
@@ -557,6 +574,27 @@ func (x *JobSpec) GetEndStrength() float32 {
 func (x *JobSpec) GetEndImageSha256() string {
 	if x != nil {
 		return x.EndImageSha256
+	}
+	return ""
+}
+
+func (x *JobSpec) GetWeights() string {
+	if x != nil {
+		return x.Weights
+	}
+	return ""
+}
+
+func (x *JobSpec) GetTransformerCheckpoint() string {
+	if x != nil {
+		return x.TransformerCheckpoint
+	}
+	return ""
+}
+
+func (x *JobSpec) GetFp8Compute() string {
+	if x != nil {
+		return x.Fp8Compute
 	}
 	return ""
 }
@@ -1253,7 +1291,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdf\x06\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\a\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -1278,7 +1316,11 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\avariant\x18\x12 \x01(\tR\avariant\x12\x1b\n" +
 	"\tend_image\x18\x13 \x01(\fR\bendImage\x12&\n" +
 	"\fend_strength\x18\x14 \x01(\x02H\x04R\vendStrength\x88\x01\x01\x12(\n" +
-	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256\x128\n" +
+	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256\x12\x18\n" +
+	"\aweights\x18\x1f \x01(\tR\aweights\x125\n" +
+	"\x16transformer_checkpoint\x18  \x01(\tR\x15transformerCheckpoint\x12\x1f\n" +
+	"\vfp8_compute\x18! \x01(\tR\n" +
+	"fp8Compute\x128\n" +
 	"\n" +
 	"keep_alive\x18( \x01(\v2\x19.google.protobuf.DurationR\tkeepAliveB\a\n" +
 	"\x05_seedB\x0f\n" +
