@@ -438,4 +438,5 @@ if __name__ == "__main__":
         ROWS.append({"mode": MODE, "budget_gb": ARGS.budget, "stage": "job", "seconds": 0.0, "peak_gib": 0.0,
                      "nvml_peak_gib": 0.0, "load_s": 0.0, "load_gbps": 0.0, "error": f"{type(e).__name__}: {e}"[:500]})
         save()
+        print("framepack", json.dumps(ROWS[-1]), flush=True)
         sys.exit(1)

@@ -50,9 +50,17 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$PWD
 D=${D:-/tmp/fpk-e2e}
 LANE=${LANE:-cuda:0}
-STEPS=${STEPS:-25}
 cpu_lane() { [ "${LANE%%:*}" = cpu ]; }
 mkdir -p "$D/parts" "$D/out" "$D/lib" "$D/bg"
+# Knobs given to an earlier call (the one that started the conductor) hold for the later ones
+# (a later `bg extra+report` runs at the same steps); a knob given again wins.
+KNOBS="STEPS JOB_SECONDS LONG_SECONDS LONG_GB LONG_STEPS LONG_TIMEOUT BUDGETS EXTRA_BUDGETS TWICE FP_MODES FP_BUDGETS FP_TIMEOUT FP_WRITE_VIDEO"
+# shellcheck disable=SC1091
+[ -e "$D/knobs" ] && . "$D/knobs"
+for k in $KNOBS; do
+	if [ -n "${!k+x}" ]; then printf ': "${%s:=%s}"; export %s\n' "$k" "${!k}" "$k"; fi
+done >"$D/knobs.$$" && mv "$D/knobs.$$" "$D/knobs"
+STEPS=${STEPS:-25}
 status=0
 say() { echo "gpu-e2e: $(date -u +%T) $*"; }
 SRC=$D/src
@@ -78,13 +86,16 @@ progress() {
 		if [ -e "$D/bg/$n.rc" ]; then echo "bg $n: ended, exit $(cat "$D/bg/$n.rc")"; else echo "bg $n: running since $(date -u -r "$p" +%T)"; fi
 	done
 	ls "$D"/out/budget-*.json 2>/dev/null | sed 's|.*/|done: |'
-	[ -e "$D/out/framepack.json" ] && grep -o '"mode": "[a-z_]*",[^}]*"stage": "job"' "$D/out/framepack.json" | sed 's/^/framepack: /'
+	[ -e "$D/out/framepack.json" ] && echo "framepack: $(grep -c '"stage": "job"' "$D/out/framepack.json") job rows"
+	[ -e "$D/knobs" ] && echo "knobs: $(grep -o '[A-Z_]*:=[^}]*' "$D/knobs" | tr '\n' ' ')"
 	return 0
 }
 
 env_setup() {
 	# the workers link OpenBLAS, which only their cpu paths call: a stub on the GPU machine
-	cpu_lane || [ -e "$D/lib/libopenblas.so.0" ] || cc -O2 -shared -fPIC -o "$D/lib/libopenblas.so.0" "$ROOT/scripts/gpucarry/blas_stub.c" || return 1
+	# (built under a name of its own and renamed: two background runs may ask at once)
+	cpu_lane || [ -e "$D/lib/libopenblas.so.0" ] || { cc -O2 -shared -fPIC -o "$D/lib/.blas.$$" "$ROOT/scripts/gpucarry/blas_stub.c" &&
+		mv "$D/lib/.blas.$$" "$D/lib/libopenblas.so.0"; } || return 1
 	export LD_LIBRARY_PATH="$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 	if NV=$(python3 -c 'import nvidia, os; print(list(nvidia.__path__)[0])' 2>/dev/null); then
 		for d in $(find "$NV" -name 'libcudnn.so.9' -o -name 'libcublas.so.1[23]' -o -name 'libnvrtc.so*' 2>/dev/null | xargs -r -n1 dirname | sort -u); do
@@ -278,13 +289,14 @@ run_phase() {
 		"$D/pkg/bin/e2e" -out "$D/out" -budgets "keep,all,24,16,8,6,cold,${BUDGETS:-},${EXTRA_BUDGETS:-},long" -report "$f" "${fp[@]}" -gpu "$gpu" >"$D/out/table.md"
 		[ "${PIPESTATUS[0]}" = 0 ] || status=1
 		head -c 6000 "$D/out/table.md"
+		echo
 		;;
 	*)
 		say "unknown phase $phase"
 		exit 2
 		;;
 	esac
-	say "$phase done in $((SECONDS - t0)) s${status:+, status $status}"
+	say "$phase done in $((SECONDS - t0)) s$([ "$status" = 0 ] || echo ", status $status")"
 	[ "$status" = 0 ] && status=$outer
 }
 
