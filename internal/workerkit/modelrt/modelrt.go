@@ -35,8 +35,9 @@ type Config struct {
 	// ConvFallback events (DrainConvEvents). Without it the conv policy is ignored and a
 	// hang_conv fault is refused.
 	Conv bool
-	// Loras says the worker merges LoadRequest.loras into its model (the transformer); the
-	// others refuse a request that names LoRAs.
+	// Loras says the worker merges LoadRequest.loras into its model and takes the
+	// transformer's other load fields (checkpoint, weights); the others refuse a request that
+	// names LoRAs, a checkpoint file or a weights choice.
 	Loras bool
 }
 
@@ -181,6 +182,9 @@ func (b *Base) NewRuntime(req *workerkit.LoadRequest, opts runtime.Options) (*ru
 	}
 	if len(req.Loras) > 0 && !b.loras {
 		return nil, workerkit.InvalidArgumentf("the %s worker does not take LoRAs (only the transformer does)", b.name)
+	}
+	if (req.Checkpoint != "" || req.Weights != "") && !b.loras {
+		return nil, workerkit.InvalidArgumentf("the %s worker does not take a checkpoint file or a weights choice (only the transformer does)", b.name)
 	}
 	opts.MemoryCap = int64(req.MemoryCapBytes)
 	inj, err := faults.New(req.Fault, faults.Caps{Conv: b.conv}, b.Beacon, b.Log)
