@@ -4,13 +4,15 @@
 # (bundle.sh): seven binaries that each carry gRPC, protobuf and the runtime weigh ≈ 14 MB
 # compressed, one that carries them once about half, and every call can carry only ≈ 0.5 MB.
 #
-# Each command's package main is copied (its non-test files) into build/multicall/<name>/ as
+# Each command's package main is copied (its non-test files) into build/_multicall/<name>/ as
 # package <name> with main renamed Main, and a generated main calls the one named by
-# filepath.Base(os.Args[0]). The sources are not changed; the copies are rebuilt every time.
+# filepath.Base(os.Args[0]). The sources are not changed; the copies are made for the build and
+# removed after it (the leading underscore also keeps them out of ./... patterns meanwhile).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=$1
-M=build/multicall
+M=build/_multicall
+trap 'rm -rf "$M"' EXIT
 CMDS=(cmd/framepackd cmd/framepack workers/textenc workers/vae workers/clipvision workers/transformer workers/probe scripts/gpue2e/e2e)
 rm -rf "$M"
 mkdir -p "$M/fpk"
