@@ -28,7 +28,7 @@ start)
 			args=(--third-party "$tp" --out "$out")
 			[ "$g" = gen_pipeline_features ] && args+=(--studio "$D/studio")
 			echo "== $g $(date -u +%T)"
-			nice -n 19 python3 "testdata/reference/$g.py" "${args[@]}" >"$D/out/testdata/reference/$g.log" 2>&1
+			OMP_NUM_THREADS=${REF_THREADS:-4} MKL_NUM_THREADS=${REF_THREADS:-4} nice -n 19 python3 "testdata/reference/$g.py" "${args[@]}" >"$D/out/testdata/reference/$g.log" 2>&1
 			echo "== $g exit $? $(date -u +%T)"
 		done
 	' "$ROOT" "$tp" "$out" "$D" >"$D/progress.txt" 2>&1 </dev/null &
