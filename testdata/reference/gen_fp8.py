@@ -230,7 +230,8 @@ def main():
             hooks=[(m, hook) for m in fp8_mods])
 
     os.makedirs(ARGS.out, exist_ok=True)
-    save_file(tensors, os.path.join(ARGS.out, "fp8_reference.safetensors"))
+    # every case reads the same inputs: one copy each, so no two names share memory
+    save_file({k: v.detach().clone().contiguous() for k, v in tensors.items()}, os.path.join(ARGS.out, "fp8_reference.safetensors"))
     fx_out = {"fixture": "fp8_reference", "reference": dict(fx["reference"], generator="testdata/reference/gen_fp8.py"),
               "models": {"transformer": MODELS_REL + "/framepack_i2v", "root": MODELS_REL},
               "tensors": "fp8_reference.safetensors", "cases": cases}
