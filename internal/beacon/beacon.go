@@ -161,13 +161,6 @@ func mapFile(f *os.File, prot int) (words, error) {
 func (m words) load(i int) uint64     { return atomic.LoadUint64(&m.w[i]) }
 func (m words) store(i int, v uint64) { atomic.StoreUint64(&m.w[i], v) }
 
-func unixNano(t time.Time) uint64 {
-	if t.IsZero() {
-		return 0
-	}
-	return uint64(t.UnixNano())
-}
-
 func timeOf(v uint64) time.Time {
 	if v == 0 {
 		return time.Time{}

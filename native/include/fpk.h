@@ -1,7 +1,8 @@
 /*
  * fpk.h — the C ABI of the framepackd native tensor runtime.
  *
- * One ABI for every backend (cpu now; cuda and hip as dlopen'ed shared libraries later).
+ * One ABI for every backend: cpu (built in), and cuda and hip (shared libraries, dlopen'ed by
+ * fpk_backend_open).
  * Rules:
  *   - Opaque handles only: fpk_backend_t (one device of one backend library), fpk_stream_t
  *     (an ordered queue of work on that device), fpk_tensor_t (an n-d array in the backend's

@@ -29,7 +29,6 @@ type worker struct {
 	mu    sync.RWMutex
 	rt    *runtime.Runtime
 	model *causalvae.Model
-	env   envPlan
 }
 
 var _ workerkit.Worker = (*worker)(nil)
@@ -78,15 +77,16 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	default:
 		return nil, workerkit.InvalidArgumentf("backend %q (cpu, cuda, hip or auto)", req.Backend)
 	}
-	env, err := planEnv(backend, req.Env)
+	if err := modelrt.ApplyEnv(req.Env); err != nil {
+		return nil, err
+	}
+	cache := ""
+	if req.ConvPolicy != nil {
+		cache = req.ConvPolicy.DecisionCachePath
+	}
+	findDB, err := applyFindDB(backend, cache, req.Env)
 	if err != nil {
 		return nil, workerkit.InvalidArgumentf("%w", err)
-	}
-	if req.ConvPolicy != nil {
-		env = env.withFindDB(backend, req.ConvPolicy.DecisionCachePath)
-	}
-	if err := env.apply(); err != nil {
-		return nil, err
 	}
 	rt, err := w.base.NewRuntime(req, runtime.Options{Backend: backend, Device: int(req.DeviceIndex)})
 	if err != nil {
@@ -106,11 +106,11 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 		return nil, err
 	}
 	w.mu.Lock()
-	w.rt, w.model, w.env = rt, model, env
+	w.rt, w.model = rt, model
 	w.mu.Unlock()
 	resp := w.base.Loaded(rt, start, model.Info.WeightBytes)
 	resp.VAE = vaeInfo(model.Config)
-	w.logLoad(req, model, env)
+	w.logLoad(req, model, findDB)
 	return resp, nil
 }
 
@@ -127,28 +127,19 @@ func vaeInfo(c causalvae.Config) *workerkit.VAEInfo {
 	}
 }
 
-func (w *worker) logLoad(req *workerkit.LoadRequest, m *causalvae.Model, env envPlan) {
+func (w *worker) logLoad(req *workerkit.LoadRequest, m *causalvae.Model, findDB string) {
 	c := m.Config
 	w.log.WithFields(logrus.Fields{
 		"model_dir": req.ModelDir, "block_out_channels": fmt.Sprint(c.BlockOutChannels),
 		"latent_channels": c.LatentChannels, "layers_per_block": c.LayersPerBlock,
 		"mid_block_attention": c.MidBlockAddAttention, "weight_bytes": m.Info.WeightBytes, "staged_bytes": m.Info.StagedBytes,
-		"scaling_factor": c.ScalingFactor,
+		"scaling_factor": c.ScalingFactor, "cudnn_find_db": findDB,
 	}).Info("vae loaded")
 	for _, n := range m.Info.Unexpected {
 		w.log.WithField("tensor", n).Warn("unexpected tensor in checkpoint")
 	}
 	for _, k := range m.Info.UnknownConfigKeys {
 		w.log.WithField("key", k).Debug("config key ignored")
-	}
-	for k, v := range env.Ignored {
-		w.log.WithFields(logrus.Fields{"env": k, "value": v}).Info("miopen setting recorded, not applied on this backend")
-	}
-	for k, why := range env.Dropped {
-		w.log.WithFields(logrus.Fields{"env": k, "reason": why}).Warn("env setting dropped")
-	}
-	for k, v := range env.Apply {
-		w.log.WithFields(logrus.Fields{"env": k, "value": v}).Debug("env applied")
 	}
 }
 
