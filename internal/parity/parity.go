@@ -77,7 +77,8 @@ func rootOf(env, dir string) (string, error) {
 
 // EnvReferenceRoot names the environment variable that points at the project's own reference
 // fixtures (testdata/reference: cases made with the reference code by generator scripts kept
-// beside them, for what testdata/parity does not cover). They use the models of Root().
+// beside them, for what testdata/parity does not cover). Each names the models it was made
+// from (its "models", relative to its own set: testdata/parity/models for the project's).
 const EnvReferenceRoot = "FRAMEPACK_REFERENCE_FIXTURES"
 
 // ReferenceRoot returns the project's own fixture set: $FRAMEPACK_REFERENCE_FIXTURES, or
@@ -286,6 +287,10 @@ func (c Case) Output(t testing.TB, name string) Array { return c.tensor(t, c.Out
 func (c Case) Intermediate(t testing.TB, name string) Array {
 	return c.tensor(t, c.Intermediates, "intermediate", name)
 }
+
+// ModelPath returns the absolute folder of model key as the case's fixture names it: the models
+// the case was made from.
+func (c Case) ModelPath(key string) (string, error) { return c.fx.ModelPath(key) }
 
 // HasInput reports whether the case has an input called name.
 func (c Case) HasInput(name string) bool { _, ok := c.Inputs[name]; return ok }

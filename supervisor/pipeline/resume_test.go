@@ -131,6 +131,7 @@ func resumeAfterKill(t *testing.T, jc i2vCase) {
 
 	// The uninterrupted run, in this process.
 	ref := newOpts(t, workers)
+	ref.Models = jc.models
 	ref.KeepHistory = false
 	d, err := newDaemon(ref, testLogger())
 	if err != nil {
@@ -146,6 +147,7 @@ func resumeAfterKill(t *testing.T, jc i2vCase) {
 
 	// The killed run, in a daemon process.
 	o := newOpts(t, workers)
+	o.Models = jc.models
 	o.KeepHistory = false
 	proc := startDaemonProcess(t, o)
 	ctx, cancel := context.WithTimeout(t.Context(), jobTimeout)
