@@ -11,6 +11,7 @@ import (
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/events"
 	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 )
@@ -122,7 +123,8 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	cleanup = append(cleanup, d.hub.Close)
-	if d.queue, err = jobs.NewQueue(jobs.Config{Store: d.store, Lanes: cfg.Lanes, Run: cfg.Run, Publish: d.hub.Publish, Placement: cfg.Placement, Log: log}); err != nil {
+	if d.queue, err = jobs.NewQueue(jobs.Config{Store: d.store, Lanes: cfg.Lanes, Run: cfg.Run, Publish: d.hub.Publish, Placement: cfg.Placement, Log: log,
+		Sections: plan.TotalSections}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log,

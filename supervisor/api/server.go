@@ -250,7 +250,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 		}
 		// A request without a spec has no job to look up: validateSubmit refuses it below.
 		if req.GetSpec() != nil {
-			spec = jobs.WithDefaults(req.GetSpec())
+			spec = WithDefaults(req.GetSpec())
 			hash, err := jobs.RequestHash(spec, req.GetImage())
 			if err != nil {
 				return nil, statusOf(err)
@@ -282,11 +282,11 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	if err := v.Err("SubmitJobRequest"); err != nil {
 		return nil, err
 	}
-	if err := s.admit(req.GetSpec(), len(req.GetImage())+len(req.GetSpec().GetEndImage())); err != nil {
-		return nil, err
-	}
 	if spec == nil {
-		spec = jobs.WithDefaults(req.GetSpec())
+		spec = WithDefaults(req.GetSpec())
+	}
+	if err := s.admit(spec, len(req.GetImage())+len(spec.GetEndImage())); err != nil {
+		return nil, err
 	}
 	var job *framepackv1.Job
 	var err error

@@ -272,11 +272,9 @@ func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepack
 		return nil, err
 	}
 	// Every worker of the job runs under the lane's cap less the job's preservation
-	// (FramePack's "GPU inference preserved memory", in GiB as torch counts it).
-	preserve := float64(jobs.DefaultGPUMemoryPreservationGB)
-	if spec.GpuMemoryPreservationGb != nil {
-		preserve = float64(spec.GetGpuMemoryPreservationGb())
-	}
+	// (FramePack's "GPU inference preserved memory", in GiB as torch counts it; the API filled
+	// in its default).
+	preserve := float64(spec.GetGpuMemoryPreservationGb())
 	memCap, err := lane.MemoryCap(uint64(preserve * (1 << 30)))
 	if err != nil {
 		return nil, fmt.Errorf("gpu_memory_preservation_gb %g: %w", preserve, err)

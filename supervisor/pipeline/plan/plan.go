@@ -207,3 +207,19 @@ func DecodeFrames(w int, last bool) int {
 // Overlap is the number of pixel frames soft-blended between a section and the history
 // (w·4 − 3).
 func Overlap(w int) int { return w*4 - 3 }
+
+// DiskBytes is about the most disk a job of spec (every default filled in) holds at once: its
+// checkpoint (history pixels as float32, the bulk, plus the latents) and its video, each
+// twice, because the next one is written before the previous one is removed. The frame size is
+// the largest of the spec's buckets, or resolution² for a server table.
+func DiskBytes(spec *framepackv1.JobSpec) int64 {
+	area := int64(spec.GetResolution()) * int64(spec.GetResolution())
+	for _, b := range spec.GetBuckets() {
+		area = max(area, int64(b.GetHeight())*int64(b.GetWidth()))
+	}
+	frames := int64(TotalSections(spec))*int64(spec.GetLatentWindowSize())*4 + 1
+	pixels := frames * area * 3 * 4                   // float32 RGB history
+	latents := (frames/4 + 20) * 16 * (area / 64) * 4 // float32, 16 channels at 1/8 size
+	video := frames * area / 2                        // H.264 at high quality: under 4 bits a pixel
+	return 2*(pixels+latents) + 2*video + 1<<20       // + spec, events, conditioning slack
+}

@@ -1,15 +1,17 @@
-package jobs
+package api
 
 import (
-	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
-	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"google.golang.org/protobuf/proto"
+
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 )
 
 // Defaults of JobSpec fields whose zero value (or absence) means "the documented default";
-// they are FramePack's demo_gradio.py defaults.
+// they are FramePack's demo_gradio.py defaults. They are applied once, here at the API edge
+// (WithDefaults, before a spec is validated and stored): the queue, the store and the pipeline
+// see only specs with every default filled in.
 const (
-	DefaultLatentWindowSize        = plan.DefaultLatentWindowSize
+	DefaultLatentWindowSize        = 9
 	DefaultSteps                   = 25
 	DefaultCFG                     = 1.0
 	DefaultGS                      = 10.0
