@@ -109,7 +109,7 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 	r, err := pipeline.New(pipeline.Config{
 		Models: models, Shm: root, Log: log, WorkerEnv: env, Watchdog: p.watchdog,
 		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency, OnStage: p.onStage,
-		KeepSectionVideos: o.limits.keepVideos, FreeBytes: api.FreeBytes,
+		KeepSectionVideos: o.limits.keepVideos, FreeBytes: api.FreeBytes, MaxImagePixels: o.limits.maxPixels,
 		Lane: func(name string) (*lanes.Lane, error) {
 			if l, ok := byName[name]; ok {
 				return l, nil

@@ -75,7 +75,7 @@ func (j *jobRun) settings(i int) Settings {
 		}
 	}
 	if j.job.EndImagePath != "" {
-		s.EndFrame = &SettingsEndFrame{SHA256: spec.GetEndImageSha256(), Image: j.job.EndImagePath, Strength: jobEndStrength(spec)}
+		s.EndFrame = &SettingsEndFrame{SHA256: spec.GetEndImageSha256(), Image: j.job.EndImagePath, Strength: spec.GetEndStrength()}
 	}
 	for k, l := range jobLoras(spec) {
 		sl := SettingsLora{Path: l.Path, Strength: l.Strength}

@@ -46,9 +46,6 @@ import (
 	"github.com/framepackd/framepackd/supervisor/watchdog"
 )
 
-// MaxInputPixels bounds the decoded input image (the API checks the same limit on submit).
-const MaxInputPixels = 40_000_000
-
 // Config holds a Runner's dependencies. The function fields are what tests replace.
 type Config struct {
 	// Models are the model folders (ResolveModels); required.
@@ -59,6 +56,9 @@ type Config struct {
 	Shm *shm.Root
 	// Video writes the section videos; nil means a zero video.Writer (ffmpeg from PATH).
 	Video *video.Writer
+	// MaxImagePixels bounds the decoded start and end images, width × height: the daemon's
+	// --max-image-pixels, which the API checks at submit; 0 means plan.DefaultMaxImagePixels.
+	MaxImagePixels int64
 	// NoPreviews turns off the per-step preview tensors and Preview events.
 	NoPreviews bool
 	// VAETiling forces the VAE's tiling; nil lets the VAE worker choose it from its memory cap
@@ -112,6 +112,9 @@ func New(cfg Config) (*Runner, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.MaxImagePixels <= 0 {
+		cfg.MaxImagePixels = plan.DefaultMaxImagePixels
 	}
 	log := cfg.Log
 	if log == nil {
@@ -255,14 +258,10 @@ func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepack
 	if err != nil {
 		return nil, err
 	}
-	w := int(spec.GetLatentWindowSize())
-	if w < 1 || w > 33 {
-		return nil, fmt.Errorf("latent_window_size %d (1 to 33)", w)
+	if err := plan.CheckRun(spec); err != nil {
+		return nil, err
 	}
-	steps := int(spec.GetSteps())
-	if steps < 1 || steps > 100 {
-		return nil, fmt.Errorf("steps %d (1 to 100)", steps)
-	}
+	w, steps := int(spec.GetLatentWindowSize()), int(spec.GetSteps())
 	total := job.TotalSections
 	if total < 1 {
 		total = plan.TotalSections(spec)

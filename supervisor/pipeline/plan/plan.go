@@ -85,8 +85,8 @@ func CheckBuckets(spec *framepackv1.JobSpec) []Violation {
 	return v
 }
 
-// Buckets returns the bucket table of a spec: spec.buckets, else the known table of its
-// resolution (0 means 640).
+// Buckets returns the bucket table of a spec with defaults filled in (api.WithDefaults):
+// spec.buckets, else the known table of its resolution.
 func Buckets(spec *framepackv1.JobSpec) ([]imageproc.Bucket, error) {
 	if v := CheckBuckets(spec); len(v) > 0 {
 		return nil, fmt.Errorf("bucket table: %s: %s", v[0].Field, v[0].Description)
@@ -99,9 +99,6 @@ func Buckets(spec *framepackv1.JobSpec) ([]imageproc.Bucket, error) {
 		return out, nil
 	}
 	r := int(spec.GetResolution())
-	if r == 0 {
-		r = 640
-	}
 	t, ok := KnownTable(r)
 	if !ok {
 		return nil, fmt.Errorf("bucket table: no table for resolution %d", r)
@@ -109,18 +106,16 @@ func Buckets(spec *framepackv1.JobSpec) ([]imageproc.Bucket, error) {
 	return t, nil
 }
 
-// DefaultLatentWindowSize is latent_window_size when a spec leaves it 0 (demo_gradio.py's 9).
-const DefaultLatentWindowSize = 9
-
-// TotalSections is FramePack's section count for a spec with defaults filled in:
-// int(max(round(total_second_length·30 / (latent_window_size·4)), 1)), with Python's round
-// (halves to even). The float32 length is read as the shortest decimal that prints it ("4.2",
-// not 4.19999980926…) and computed in float64, so a length typed as a decimal gives the count
-// the reference computes from the same decimal.
+// TotalSections is FramePack's section count for a spec with defaults filled in
+// (api.WithDefaults): int(max(round(total_second_length·30 / (latent_window_size·4)), 1)),
+// with Python's round (halves to even). The float32 length is read as the shortest decimal
+// that prints it ("4.2", not 4.19999980926…) and computed in float64, so a length typed as a
+// decimal gives the count the reference computes from the same decimal. A spec without a
+// window (no defaults) counts one section.
 func TotalSections(spec *framepackv1.JobSpec) int {
 	w := spec.GetLatentWindowSize()
 	if w == 0 {
-		w = DefaultLatentWindowSize
+		return 1
 	}
 	seconds, err := strconv.ParseFloat(strconv.FormatFloat(float64(spec.GetTotalSecondLength()), 'g', -1, 32), 64)
 	if err != nil {
