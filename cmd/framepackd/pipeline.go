@@ -7,12 +7,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"strings"
 
 	"github.com/sirupsen/logrus"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/supervisor/devices"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
@@ -46,41 +46,33 @@ func addPipelineFlags(fs *flag.FlagSet) *pipelineOptions {
 	return p
 }
 
-// laneBackend splits a lane name ("cpu", "cpu:1", "cuda:0", "hip:1") into backend and device index.
-func laneBackend(lane string) (string, uint32, error) {
-	backend, _, _ := strings.Cut(lane, ":")
-	idx, err := laneIndexOf(lane) // lanes.go: "cpu:N" lanes share the host CPU
-	return backend, idx, err
-}
-
 // newRunner builds the lanes and the pipeline Runner. When the models cannot be found the
 // daemon still starts, and jobs fail saying why.
-func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger) (run func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error), closeFn func(), err error) {
+func newRunner(o *options, devs *devices.Prober, laneNames []string, log *logrus.Logger) (run func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error), closeFn func(), err error) {
 	p := o.pipeline
 	root := o.shm.Root()
 	byName := map[string]*lanes.Lane{}
 	for _, name := range laneNames {
-		backend, idx, err := laneBackend(name)
+		lane, err := devices.ParseLane(name)
 		if err != nil {
 			return nil, nil, err
 		}
 		// The lane's device memory: the probed device's total (a GPU's memory; the host's RAM
 		// for cpu, which --cpu-device-memory-gb replaces). Each job's worker cap is taken
 		// from it (lanes.Lane.MemoryCap).
-		devs.mu.Lock()
-		devMem, bus := devs.last[name].GetTotalMemoryBytes(), devs.last[name].GetPciBusId()
-		devs.mu.Unlock()
-		if backend == "cpu" && p.cpuMemGB > 0 {
+		dev := devs.Device(name)
+		devMem, bus := dev.GetTotalMemoryBytes(), dev.GetPciBusId()
+		if !lane.GPU() && p.cpuMemGB > 0 {
 			devMem = uint64(p.cpuMemGB * (1 << 30))
 		}
 		budget := uint64(p.budgetGB * (1 << 30))
 		if budget == 0 {
 			budget = devMem / 10 * 8
 		}
-		if backend == "cpu" {
+		if !lane.GPU() {
 			bus = ""
 		}
-		l, err := lanes.New(lanes.Config{Name: name, Backend: backend, DeviceIndex: idx, PCIBusID: bus, WorkerPath: lanes.BinDir(o.workersDir),
+		l, err := lanes.New(lanes.Config{Name: name, Backend: lane.Backend, DeviceIndex: lane.Device(), PCIBusID: bus, WorkerPath: lanes.BinDir(o.workersDir),
 			DeviceMemory: devMem, Residency: p.residency, Budget: budget, Log: logrus.NewEntry(log)})
 		if err != nil {
 			return nil, nil, err

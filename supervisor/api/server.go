@@ -17,6 +17,7 @@ import (
 	"time"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/devices"
 	"github.com/framepackd/framepackd/supervisor/events"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/sirupsen/logrus"
@@ -479,31 +480,13 @@ func (s *Server) ListDevices(ctx context.Context, _ *framepackv1.ListDevicesRequ
 		}
 	} else {
 		for _, lane := range s.cfg.Queue.Lanes() {
-			devs = append(devs, &framepackv1.Device{Lane: lane, Backend: LaneBackend(lane), LaneState: framepackv1.LaneState_LANE_STATE_HEALTHY})
+			devs = append(devs, &framepackv1.Device{Lane: lane, Backend: devices.BackendOf(lane), LaneState: framepackv1.LaneState_LANE_STATE_HEALTHY})
 		}
 	}
 	running := s.cfg.Queue.Running()
 	for _, d := range devs {
 		d.CurrentJobId = running[d.GetLane()]
 	}
-	slices.SortFunc(devs, func(a, b *framepackv1.Device) int {
-		switch {
-		case a.GetLane() < b.GetLane():
-			return -1
-		case a.GetLane() > b.GetLane():
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(devs, func(a, b *framepackv1.Device) int { return devices.CompareNames(a.GetLane(), b.GetLane()) })
 	return &framepackv1.ListDevicesResponse{Devices: devs}, nil
-}
-
-// LaneBackend is the backend part of a lane name: "cuda" of "cuda:0", "cpu" of "cpu".
-func LaneBackend(lane string) string {
-	for i := 0; i < len(lane); i++ {
-		if lane[i] == ':' {
-			return lane[:i]
-		}
-	}
-	return lane
 }
