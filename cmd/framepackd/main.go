@@ -7,7 +7,8 @@
 //	framepackd [--models DIR] [--state DIR] [--socket PATH] [--listen tcp://HOST:PORT]
 //	           [--backend auto|cpu|cuda|hip] [--workers-dir DIR] [--lanes LANE,…]
 //	           [--grace 30s] [--log-level info] [--log-format text|json] [--shm-root DIR]
-//	           [--residency] [--memory-budget-gb N] [--cpu-device-memory-gb N] [--no-previews]
+//	           [--residency=false] [--keep-alive auto|DURATION] [--lane-memory-gb N|LANE=N,…]
+//	           [--cpu-device-memory-gb N] [--no-previews]
 //	           [--keep-section-history] [--siglip-processor torchvision|pil]
 //	           [--pull-missing [--pull-variants i2v,f1]]
 //
@@ -29,9 +30,12 @@
 // lanes (cpu, cuda:N, hip:N), and takes up the jobs it had queued or running (running ones
 // resume after their last finished section).
 //
-// Every worker of a job runs under one memory cap: the lane's device memory (a GPU's total;
-// on a cpu lane the host's RAM, or --cpu-device-memory-gb) less the job's
-// gpu_memory_preservation_gb and a 1 GiB reserve.
+// A job's workers share one budget on their lane: the lane's device memory (a GPU's total; on
+// a cpu lane the host's RAM, or --cpu-device-memory-gb) less the job's
+// gpu_memory_preservation_gb and a 1 GiB reserve, at most --lane-memory-gb. Each worker runs
+// under a cap of its own from that budget, sized by its model's estimate for the job; workers
+// whose caps fit the budget together stay alive between stages and, for --keep-alive, between
+// jobs (supervisor/lanes).
 //
 // SIGINT or SIGTERM stops it gracefully: no new job starts, a running job gets the grace
 // period (--grace) to reach a stage boundary and is then cancelled — it stays queued and
@@ -286,6 +290,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		guardsHook(guards) // tests hold a lane here (lanes_test.go)
 	}
 	o.pipeline.watchdog = guards.lookup
+	o.pipeline.recovery = guards.recovery
 	mets := newMetrics(guards.devices(devs.List), log) // /metrics (http.go)
 	o.pipeline.onStage = mets.stage
 	runJob, closeRunner, err := newRunner(o, devs, lanes, log)
@@ -300,7 +305,8 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Listen:   listen,
 		Lanes:    lanes,
 		Run:      runJob,
-		Devices:  ready.devices(guards.devices(devs.List)),
+		Devices:  ready.devices(guards.devices(o.pipeline.devices(devs.List))),
+		Unload:   o.pipeline.unload,
 		Grace:    o.grace,
 		Log:      log,
 

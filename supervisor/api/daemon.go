@@ -42,6 +42,8 @@ type DaemonConfig struct {
 	Run func(ctx context.Context, job *jobs.Job, emit func(*framepackv1.JobEvent)) (jobs.Result, error)
 	// Devices lists the devices; nil lists the lanes only.
 	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
+	// Unload serves UnloadModels (Config.Unload).
+	Unload func(lane string, models []string) ([]*framepackv1.UnloadedWorker, error)
 	// DecodeImage checks submitted images; nil means DecodeImage.
 	DecodeImage func([]byte) (int, int, error)
 	// Placement chooses among the lanes (their health, free device memory); the zero value
@@ -127,7 +129,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		Sections: plan.TotalSections}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
-	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log,
+	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, Unload: cfg.Unload, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log,
 		DiskBudget: cfg.DiskBudget, MinFreeBytes: cfg.MinFreeBytes, Ready: cfg.Ready, Admit: cfg.Admit,
 		MaxImagePixels: cfg.MaxImagePixels, MaxConcurrentDecodes: cfg.MaxConcurrentDecodes}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
@@ -52,6 +53,10 @@ type Config struct {
 	// Devices lists the devices, one per lane (current_job_id is filled in from the queue);
 	// nil lists each lane with only its name and backend.
 	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
+	// Unload kills the kept workers of lane ("": every lane) whose model is in models (empty:
+	// every one) and lists them (DeviceService.UnloadModels); nil: no worker is ever kept,
+	// nothing to unload.
+	Unload func(lane string, models []string) ([]*framepackv1.UnloadedWorker, error)
 	// DecodeImage checks a submitted image; nil means a full decode that refuses images over
 	// MaxImagePixels from their header.
 	DecodeImage func([]byte) (width, height int, err error)
@@ -489,4 +494,31 @@ func (s *Server) ListDevices(ctx context.Context, _ *framepackv1.ListDevicesRequ
 	}
 	slices.SortFunc(devs, func(a, b *framepackv1.Device) int { return devices.CompareNames(a.GetLane(), b.GetLane()) })
 	return &framepackv1.ListDevicesResponse{Devices: devs}, nil
+}
+
+// workerModels are the model workers UnloadModels can name.
+var workerModels = []string{"textenc", "vae", "clipvision", "transformer"}
+
+// UnloadModels kills the model workers the lanes keep alive between jobs.
+func (s *Server) UnloadModels(_ context.Context, req *framepackv1.UnloadModelsRequest) (*framepackv1.UnloadModelsResponse, error) {
+	var v Violations
+	if l := req.GetLane(); l != "" && !slices.Contains(s.cfg.Queue.Lanes(), l) {
+		v.Add("lane", "no lane %q; the lanes are %s", l, strings.Join(s.cfg.Queue.Lanes(), ", "))
+	}
+	for i, m := range req.GetModels() {
+		if !slices.Contains(workerModels, m) {
+			v.Add(fmt.Sprintf("models[%d]", i), "unknown model %q (want %s)", m, strings.Join(workerModels, ", "))
+		}
+	}
+	if err := v.Err("UnloadModelsRequest"); err != nil {
+		return nil, err
+	}
+	if s.cfg.Unload == nil {
+		return &framepackv1.UnloadModelsResponse{}, nil
+	}
+	out, err := s.cfg.Unload(req.GetLane(), req.GetModels())
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "unload models: %v", err)
+	}
+	return &framepackv1.UnloadModelsResponse{Unloaded: out}, nil
 }

@@ -55,6 +55,10 @@ type daemonOpts struct {
 	// MaxImagePixels is the pipeline's image limit (pipeline.Config.MaxImagePixels); 0: the
 	// default, as the API's.
 	MaxImagePixels int64 `json:"max_image_pixels"`
+	// KeepAlive is the runner's keep-alive for jobs without their own (pipeline.Config), and
+	// LaneKeepAlive the lane's for KeepAliveAuto (lanes.Config).
+	KeepAlive     time.Duration `json:"keep_alive"`
+	LaneKeepAlive time.Duration `json:"lane_keep_alive"`
 
 	onStage func(pipeline.StageRecord)
 }
@@ -118,7 +122,7 @@ func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
 	}
 	laneName, backend := testLane()
 	lane, err := lanes.New(lanes.Config{Name: laneName, Backend: backend, Log: logrus.NewEntry(log),
-		Residency: o.Residency, Budget: 8 << 30, DeviceMemory: o.DeviceMemory,
+		Residency: o.Residency, DeviceMemory: o.DeviceMemory, KeepAlive: o.LaneKeepAlive,
 		WorkerPath: func(m lanes.Model) (string, error) {
 			if p, ok := o.Workers[m]; ok {
 				return p, nil
@@ -135,7 +139,7 @@ func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
 			}
 			return lane, nil
 		},
-		KeepSectionHistory: o.KeepHistory, Residency: o.Residency, NoPreviews: o.NoPreviews, OnStage: o.onStage,
+		KeepSectionHistory: o.KeepHistory, Residency: o.Residency, KeepAlive: o.KeepAlive, NoPreviews: o.NoPreviews, OnStage: o.onStage,
 		MaxImagePixels: o.MaxImagePixels})
 	if err != nil {
 		return nil, err

@@ -25,10 +25,6 @@ import (
 	"github.com/framepackd/framepackd/supervisor/video"
 )
 
-// sectionPair is what alternates on the lane during the section loop; residency keeps both
-// when they fit.
-var sectionPair = []lanes.Model{lanes.Transformer, lanes.VAE}
-
 // section runs section i: sample, decode, blend, write the MP4, checkpoint.
 func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Result, error) {
 	sectionStart := time.Now()
@@ -95,12 +91,10 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 		StepPreviews: previews,
 	}
 	steps := &stepTracker{j: j, section: i, last: time.Now()}
-	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, lanes.Stage{
-		Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, KeepWith: j.keepWith(), Loras: jobLoras(spec),
-		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window),
-			ReserveBytes: j.reserveBytes()},
-		OnEvent: steps.onEvent,
-	})
+	j.planResidency(ctx)
+	tst := j.transformerStage(req)
+	tst.OnEvent = steps.onEvent
+	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_TRANSFORMER, i, tst)
 	if err != nil {
 		return jobs.Result{}, err
 	}
@@ -140,11 +134,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	if _, err := shm.WriteSegment(decIn, []safetensors.Tensor{f32Tensor("latents", divided(toDecode, j.cond.scalingFactor))}); err != nil {
 		return jobs.Result{}, fmt.Errorf("section %d: decode input: %w", i, err)
 	}
-	decRep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_DECODE, i, lanes.Stage{
-		Model: lanes.VAE, ModelDir: j.r.cfg.Models.VAE(), KeepWith: j.keepWith(),
-		Request: &workerkit.VAEDecodeRequest{Latents: workerkit.TensorRef{Path: decIn, Name: "latents"}, Tiling: j.vaeTiling(),
-			Pixels: workerkit.TensorRef{Path: decOut, Name: "pixels"}},
-	})
+	decRep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_DECODE, i, j.decodeStage(
+		&workerkit.VAEDecodeRequest{Latents: workerkit.TensorRef{Path: decIn, Name: "latents"}, Tiling: j.vaeTiling(),
+			Pixels: workerkit.TensorRef{Path: decOut, Name: "pixels"}}))
 	if err != nil {
 		return jobs.Result{}, err
 	}
@@ -180,12 +172,33 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	return res, nil
 }
 
-// keepWith is the section loop's residency pair, when residency is on.
-func (j *jobRun) keepWith() []lanes.Model {
-	if !j.r.cfg.Residency {
-		return nil
+// transformerStage is the section loop's transformer stage for req (nil: for its estimate),
+// with the residency plan's cap.
+func (j *jobRun) transformerStage(req workerkit.Stage) lanes.Stage {
+	st := lanes.Stage{Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, Loras: jobLoras(j.job.Spec),
+		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window),
+			ReserveBytes: j.reserveBytes()}}
+	if p := j.section0; p != nil {
+		st.Cap, st.Keep = p.transformer, p.keep
 	}
-	return sectionPair
+	return st
+}
+
+// vaeStage is a VAE stage for req. Encode and decode carry the same workload, so one worker
+// loaded for the job serves both, and its estimate covers the largest decode.
+func (j *jobRun) vaeStage(req workerkit.Stage) lanes.Stage {
+	return lanes.Stage{Model: lanes.VAE, ModelDir: j.r.cfg.Models.VAE(), Request: req,
+		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window)}}
+}
+
+// decodeStage is the section loop's VAE decode for req (nil: for its estimate), with the
+// residency plan's cap.
+func (j *jobRun) decodeStage(req workerkit.Stage) lanes.Stage {
+	st := j.vaeStage(req)
+	if p := j.section0; p != nil {
+		st.Cap, st.Keep = p.vae, p.keep
+	}
+	return st
 }
 
 // saveSection writes the section's history file and MP4, then records the checkpoint; only

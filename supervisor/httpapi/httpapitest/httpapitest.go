@@ -85,7 +85,7 @@ func Start(tb testing.TB, o Options) *Daemon {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	lane, err := lanes.New(lanes.Config{Name: "cpu", Backend: "cpu", Log: logrus.NewEntry(log), Budget: 8 << 30,
+	lane, err := lanes.New(lanes.Config{Name: "cpu", Backend: "cpu", Log: logrus.NewEntry(log),
 		WorkerPath: func(m lanes.Model) (string, error) {
 			if p, ok := workers[m]; ok {
 				return p, nil

@@ -368,8 +368,16 @@ type JobSpec struct {
 	// end_image_sha256 is the hex SHA-256 of the job's end image, set by the
 	// server. OUTPUT ONLY: a spec sent with it and no end_image is refused.
 	EndImageSha256 string `protobuf:"bytes,21,opt,name=end_image_sha256,json=endImageSha256,proto3" json:"end_image_sha256,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// keep_alive is how long the job's model workers stay alive after it ends,
+	// for the next job that wants the same models with the same LoRAs and
+	// dtype (Ollama's keep_alive), 0 to 24 h; 0 kills them when the job ends.
+	// Unset means the server's default (framepackd --keep-alive: a few minutes
+	// where the lane's budget held every worker of the job, 0 where a worker
+	// had to be killed for another's memory). A kept worker is killed when its
+	// time runs out, when a stage needs its memory, or on UnloadModels.
+	KeepAlive     *durationpb.Duration `protobuf:"bytes,40,opt,name=keep_alive,json=keepAlive,proto3" json:"keep_alive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -547,6 +555,13 @@ func (x *JobSpec) GetEndImageSha256() string {
 		return x.EndImageSha256
 	}
 	return ""
+}
+
+func (x *JobSpec) GetKeepAlive() *durationpb.Duration {
+	if x != nil {
+		return x.KeepAlive
+	}
+	return nil
 }
 
 // Lora is one LoRA file and the strength it is merged with.
@@ -1234,7 +1249,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x06\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\x06\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -1259,7 +1274,9 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\avariant\x18\x12 \x01(\tR\avariant\x12\x1b\n" +
 	"\tend_image\x18\x13 \x01(\fR\bendImage\x12&\n" +
 	"\fend_strength\x18\x14 \x01(\x02H\x03R\vendStrength\x88\x01\x01\x12(\n" +
-	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256B\x0f\n" +
+	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256\x128\n" +
+	"\n" +
+	"keep_alive\x18( \x01(\v2\x19.google.protobuf.DurationR\tkeepAliveB\x0f\n" +
 	"\r_use_teacacheB\n" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +
@@ -1383,34 +1400,35 @@ var file_framepack_v1_job_proto_goTypes = []any{
 	(*JobResult)(nil),             // 10: framepack.v1.JobResult
 	(*JobFailure)(nil),            // 11: framepack.v1.JobFailure
 	(*Attempt)(nil),               // 12: framepack.v1.Attempt
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
+	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
 }
 var file_framepack_v1_job_proto_depIdxs = []int32{
 	7,  // 0: framepack.v1.JobSpec.buckets:type_name -> framepack.v1.Bucket
 	5,  // 1: framepack.v1.JobSpec.loras:type_name -> framepack.v1.Lora
-	0,  // 2: framepack.v1.Job.state:type_name -> framepack.v1.JobState
-	4,  // 3: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
-	13, // 4: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
-	13, // 5: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
-	9,  // 6: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
-	10, // 7: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
-	11, // 8: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
-	6,  // 9: framepack.v1.Job.loras_applied:type_name -> framepack.v1.LoraApplied
-	1,  // 10: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
-	14, // 11: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
-	14, // 12: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
-	1,  // 13: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
-	12, // 14: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
-	1,  // 15: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
-	2,  // 16: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
-	13, // 17: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	14, // 18: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	13, // 2: framepack.v1.JobSpec.keep_alive:type_name -> google.protobuf.Duration
+	0,  // 3: framepack.v1.Job.state:type_name -> framepack.v1.JobState
+	4,  // 4: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
+	14, // 5: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
+	14, // 6: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
+	9,  // 7: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
+	10, // 8: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
+	11, // 9: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
+	6,  // 10: framepack.v1.Job.loras_applied:type_name -> framepack.v1.LoraApplied
+	1,  // 11: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
+	13, // 12: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
+	13, // 13: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
+	1,  // 14: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
+	12, // 15: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
+	1,  // 16: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
+	2,  // 17: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
+	14, // 18: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	13, // 19: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_job_proto_init() }
