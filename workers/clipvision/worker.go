@@ -76,27 +76,19 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if w.enc != nil {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: already loaded")
 	}
-	if err := modelrt.ApplyEnv(req.Env); err != nil {
+	rt, err := w.base.Open(req)
+	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	opts, err := modelrt.RuntimeOptions(req)
+	backend, err := siglip.ParseBackend(os.Getenv(EnvProcessorBackend)) // after Open applied LoadRequest.env
 	if err != nil {
-		return nil, fmt.Errorf("load: %w", err)
-	}
-	if err := modelrt.CheckDTypes(req); err != nil {
-		return nil, classify(fmt.Errorf("load: %w", err))
-	}
-	backend, err := siglip.ParseBackend(os.Getenv(EnvProcessorBackend))
-	if err != nil {
+		rt.Close()
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: %v", err)
 	}
 	encDir, feDir, err := modelDirs(req.ModelDir)
 	if err != nil {
+		rt.Close()
 		return nil, err
-	}
-	rt, err := w.base.NewRuntime(req, opts)
-	if err != nil {
-		return nil, classify(fmt.Errorf("load: %w", err))
 	}
 	// Activations in fp16 on a GPU (FramePack's image encoder dtype), fp32 on the cpu, unless
 	// the request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight

@@ -58,14 +58,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if req.ModelDir == "" {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: model_dir is required")
 	}
-	opts, err := modelrt.RuntimeOptions(req)
-	if err != nil {
-		return nil, fmt.Errorf("load: %w", err)
-	}
-	if err := modelrt.ApplyEnv(req.Env); err != nil {
-		return nil, classify(fmt.Errorf("load: %w", err))
-	}
-	rt, err := w.base.NewRuntime(req, opts)
+	rt, err := w.base.Open(req)
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}

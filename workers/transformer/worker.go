@@ -35,7 +35,7 @@ type worker struct {
 var _ workerkit.Worker = (*worker)(nil)
 
 func newWorker(k *workerkit.Kit) *worker {
-	base := modelrt.New(k, modelrt.Config{Name: "transformer", Loras: true})
+	base := modelrt.New(k, modelrt.Config{Name: "transformer", Conv: true, Loras: true}) // x_embedder is a Conv3d
 	return &worker{base: base, log: base.Log}
 }
 
@@ -55,14 +55,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if req.ModelDir == "" {
 		return nil, classify(workerkit.InvalidArgumentf("load: model_dir is required"))
 	}
-	opts, err := modelrt.RuntimeOptions(req)
-	if err != nil {
-		return nil, fmt.Errorf("load: %w", err)
-	}
-	if err := modelrt.ApplyEnv(req.Env); err != nil {
-		return nil, classify(fmt.Errorf("load: %w", err))
-	}
-	rt, err := w.base.NewRuntime(req, opts)
+	rt, err := w.base.Open(req)
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}

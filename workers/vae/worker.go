@@ -69,26 +69,7 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	if req.ModelDir == "" {
 		return nil, workerkit.InvalidArgumentf("model_dir is required")
 	}
-	backend := req.Backend
-	switch backend {
-	case "", "auto", "cpu":
-		backend = "cpu" // the only backend of this build; auto falls back to it
-	case "hip", "cuda":
-	default:
-		return nil, workerkit.InvalidArgumentf("backend %q (cpu, cuda, hip or auto)", req.Backend)
-	}
-	if err := modelrt.ApplyEnv(req.Env); err != nil {
-		return nil, err
-	}
-	cache := ""
-	if req.ConvPolicy != nil {
-		cache = req.ConvPolicy.DecisionCachePath
-	}
-	findDB, err := applyFindDB(backend, cache, req.Env)
-	if err != nil {
-		return nil, workerkit.InvalidArgumentf("%w", err)
-	}
-	rt, err := w.base.NewRuntime(req, runtime.Options{Backend: backend, Device: int(req.DeviceIndex)})
+	rt, err := w.base.Open(req)
 	if err != nil {
 		return nil, err
 	}
@@ -110,7 +91,7 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	w.mu.Unlock()
 	resp := w.base.Loaded(rt, start, model.Info.WeightBytes)
 	resp.VAE = vaeInfo(model.Config)
-	w.logLoad(req, model, findDB)
+	w.logLoad(req, model)
 	return resp, nil
 }
 
@@ -127,13 +108,13 @@ func vaeInfo(c causalvae.Config) *workerkit.VAEInfo {
 	}
 }
 
-func (w *worker) logLoad(req *workerkit.LoadRequest, m *causalvae.Model, findDB string) {
+func (w *worker) logLoad(req *workerkit.LoadRequest, m *causalvae.Model) {
 	c := m.Config
 	w.log.WithFields(logrus.Fields{
 		"model_dir": req.ModelDir, "block_out_channels": fmt.Sprint(c.BlockOutChannels),
 		"latent_channels": c.LatentChannels, "layers_per_block": c.LayersPerBlock,
 		"mid_block_attention": c.MidBlockAddAttention, "weight_bytes": m.Info.WeightBytes, "staged_bytes": m.Info.StagedBytes,
-		"scaling_factor": c.ScalingFactor, "cudnn_find_db": findDB,
+		"scaling_factor": c.ScalingFactor,
 	}).Info("vae loaded")
 	for _, n := range m.Info.Unexpected {
 		w.log.WithField("tensor", n).Warn("unexpected tensor in checkpoint")

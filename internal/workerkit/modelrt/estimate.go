@@ -23,7 +23,7 @@ func EstimateDTypes(req *workerkit.LoadRequest, gpuDefault runtime.DType) (act, 
 	if err := CheckDTypes(req); err != nil {
 		return 0, 0, err
 	}
-	if err := ApplyEnv(req.Env); err != nil {
+	if err := applyEnv(req.Env); err != nil {
 		return 0, 0, err
 	}
 	return chooseDTypes(req, os.Getenv(ActivationEnv), !EstimatesDevice(req), gpuDefault)

@@ -1,6 +1,7 @@
 // Package modelrt is what the model workers (textenc, vae, clipvision, transformer) share on
-// top of internal/runtime: the runtime a LoadRequest asks for (memory cap, conv policy and
-// decision cache, test faults), the op observer that keeps the beacon current and counts ops,
+// top of internal/runtime: the one path from a LoadRequest to a runtime (Base.Open: backend,
+// device and PCI bus id, the worker's environment, memory cap, conv policy, decision cache and
+// vendor Find database, test faults), the op observer that keeps the beacon current and counts ops,
 // the LoadResponse and Stats built from the runtime, and the error codes the supervisor acts on.
 // It is apart from workerkit because it links the native runtime, which the supervisor does not.
 package modelrt
@@ -31,9 +32,9 @@ type Config struct {
 	Name string
 	// Conv says the model runs convolutions through the runtime's conv chain and the worker
 	// honours what is about them: LoadRequest.conv_policy (forced tier, per-shape overrides,
-	// decision cache), the hang_conv faults, the shape and tier of a conv on the beacon, and
-	// ConvFallback events (DrainConvEvents). Without it the conv policy is ignored and a
-	// hang_conv fault is refused.
+	// decision cache), the vendor Find database beside the cache (FindDB), the hang_conv
+	// faults, the shape and tier of a conv on the beacon, and ConvFallback events
+	// (DrainConvEvents). Without it the conv policy is ignored and a hang_conv fault is refused.
 	Conv bool
 	// Loras says the worker merges LoadRequest.loras into its model (the transformer); the
 	// others refuse a request that names LoRAs.
@@ -79,22 +80,6 @@ func New(k *workerkit.Kit, cfg Config) *Base {
 	inj, _ := faults.New(nil, faults.Caps{}, k.Beacon, b.Log) // no fault: never fails
 	b.inj.Store(inj)
 	return b
-}
-
-// RuntimeOptions returns the runtime options for req's backend and device: "cpu", "cuda" and
-// "hip" as named, "auto" the first of cuda, hip and cpu that opens, "" the runtime's default
-// ($FRAMEPACK_BACKEND, cpu when unset); req.DeviceIndex is the device on it. Any other backend
-// name is an invalid argument.
-func RuntimeOptions(req *workerkit.LoadRequest) (runtime.Options, error) {
-	switch req.Backend {
-	case "", "auto", "cpu", "cuda", "hip":
-	default:
-		return runtime.Options{}, workerkit.InvalidArgumentf("backend %q (cpu, cuda, hip or auto)", req.Backend)
-	}
-	if req.DeviceIndex > math.MaxInt32 {
-		return runtime.Options{}, workerkit.InvalidArgumentf("device index %d", req.DeviceIndex)
-	}
-	return runtime.Options{Backend: req.Backend, Device: int(req.DeviceIndex), PCIBusID: req.PCIBusID}, nil
 }
 
 // CheckDTypes checks req's dtype names (LoadRequest.dtype and activation_dtype) before
@@ -159,43 +144,6 @@ func chooseDTypes(req *workerkit.LoadRequest, env string, host bool, gpuDefault 
 		}
 	}
 	return act, weights, nil
-}
-
-// ApplyEnv sets LoadRequest.env in the process's environment, before the runtime starts.
-func ApplyEnv(env map[string]string) error {
-	for k, v := range env {
-		if err := os.Setenv(k, v); err != nil {
-			return workerkit.InvalidArgumentf("env %s: %v", k, err)
-		}
-	}
-	return nil
-}
-
-// NewRuntime starts the runtime for req with opts (the worker's backend and device choice):
-// it adds the memory cap, the conv policy, decision cache and hang faults (Config.Conv), and
-// the op observer and fault hook, after installing req.Fault's injector. Errors that are the
-// request's wrap workerkit.ErrInvalidArgument.
-func (b *Base) NewRuntime(req *workerkit.LoadRequest, opts runtime.Options) (*runtime.Runtime, error) {
-	if req.MemoryCapBytes > math.MaxInt64 {
-		return nil, workerkit.InvalidArgumentf("memory cap %d too large", req.MemoryCapBytes)
-	}
-	if len(req.Loras) > 0 && !b.loras {
-		return nil, workerkit.InvalidArgumentf("the %s worker does not take LoRAs (only the transformer does)", b.name)
-	}
-	opts.MemoryCap = int64(req.MemoryCapBytes)
-	inj, err := faults.New(req.Fault, faults.Caps{Conv: b.conv}, b.Beacon, b.Log)
-	if err != nil {
-		return nil, workerkit.InvalidArgumentf("%v", err)
-	}
-	b.inj.Store(inj) // read by the op observer from the first op on
-	if b.conv {
-		if err := b.convOptions(req, &opts); err != nil {
-			return nil, err
-		}
-	}
-	opts.OpObserver = b.Observe
-	opts.OpFault = b.opFault
-	return runtime.New(opts)
 }
 
 // convOptions maps req's conv policy and hang_conv fault onto opts.
