@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // reconnectFor is how long watching keeps trying to reach a server that went away (a daemon
@@ -43,6 +44,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		loras                              loraFlags
 		variant, endImage                  string
 		endStrength                        float64
+		keepAlive                          time.Duration
 	)
 	fs.StringVar(&image, "image", "", "start frame: PNG, JPEG or WebP (required)")
 	fs.StringVar(&prompt, "prompt", "", "what should happen (this or --prompt-file is required)")
@@ -68,6 +70,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&variant, "variant", "i2v", "sampling loop: i2v (FramePack, backwards in time) or f1 (FramePack-F1, forwards)")
 	fs.StringVar(&endImage, "end-image", "", "end frame the video should reach: PNG, JPEG or WebP (FramePack-Studio's end frame; i2v only)")
 	fs.Float64Var(&endStrength, "end-strength", 1, "how strongly the end frame pulls, 0–1 (with --end-image)")
+	fs.DurationVar(&keepAlive, "keep-alive", -1, "how long the job's model workers stay alive after it for the next job (0: killed at once; default: the server's --keep-alive)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -157,6 +160,9 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 			return fail(exitRejected, "%s is not a PNG, JPEG or WebP image", endImage)
 		}
 		spec.EndImage, spec.EndStrength = end, proto.Float32(float32(endStrength))
+	}
+	if keepAlive >= 0 {
+		spec.KeepAlive = durationpb.New(keepAlive)
 	}
 	conn, err := dial(&c)
 	if err != nil {
@@ -625,14 +631,18 @@ func cmdDevices(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "LANE\tBACKEND\tNAME\tARCH\tMEMORY USED/TOTAL\tSTATE\tJOB")
+	fmt.Fprintln(tw, "LANE\tBACKEND\tNAME\tARCH\tMEMORY USED/TOTAL\tSTATE\tJOB\tKEPT WORKERS")
 	for _, d := range resp.GetDevices() {
 		st := strings.ToLower(strings.TrimPrefix(d.GetLaneState().String(), "LANE_STATE_"))
 		if d.GetLaneStateReason() != "" {
 			st += " (" + d.GetLaneStateReason() + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%s\t%s\t%s\n", d.GetLane(), d.GetBackend(), orDash(d.GetName()), orDash(d.GetArch()),
-			gib(d.GetUsedMemoryBytes()), gib(d.GetTotalMemoryBytes()), st, orDash(d.GetCurrentJobId()))
+		mem := gib(d.GetUsedMemoryBytes()) + "/" + gib(d.GetTotalMemoryBytes())
+		if l := d.GetMemoryLimitBytes(); l > 0 {
+			mem += " (lane limit " + gib(l) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.GetLane(), d.GetBackend(), orDash(d.GetName()), orDash(d.GetArch()),
+			mem, st, orDash(d.GetCurrentJobId()), orDash(keptWorkers(d.GetKeptWorkers(), time.Now())))
 	}
 	return tw.Flush()
 }

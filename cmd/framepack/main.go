@@ -123,7 +123,8 @@ commands:
   jobs       list jobs
   watch      follow a job's progress
   cancel     cancel a job
-  devices    list the server's devices and lanes
+  devices    list the server's devices and lanes, with the model workers they keep
+  unload     kill the model workers the server keeps alive between jobs
   get        download a job's video (works with a remote server)
   rm         delete finished jobs and their files on the server
   pull       download the models from the Hugging Face hub (no daemon needed)
@@ -145,6 +146,7 @@ func run(ctx context.Context, e *env, args []string) int {
 		"watch":    cmdWatch,
 		"cancel":   cmdCancel,
 		"devices":  cmdDevices,
+		"unload":   cmdUnload,
 		"get":      cmdGet,
 		"rm":       cmdRm,
 		"pull":     cmdPull,

@@ -24,6 +24,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 func baseSpec() *framepackv1.JobSpec {
@@ -261,6 +262,8 @@ func TestSubmitValidation(t *testing.T) {
 		{name: "gpu preservation negative", spec: with(func(s *framepackv1.JobSpec) { s.GpuMemoryPreservationGb = proto.Float32(-1) }), field: "spec.gpu_memory_preservation_gb"},
 		{name: "gpu preservation 129", spec: with(func(s *framepackv1.JobSpec) { s.GpuMemoryPreservationGb = proto.Float32(129) }), field: "spec.gpu_memory_preservation_gb"},
 		{name: "gpu preservation NaN", spec: with(func(s *framepackv1.JobSpec) { s.GpuMemoryPreservationGb = proto.Float32(nan) }), field: "spec.gpu_memory_preservation_gb"},
+		{name: "keep alive negative", spec: with(func(s *framepackv1.JobSpec) { s.KeepAlive = durationpb.New(-time.Second) }), field: "spec.keep_alive"},
+		{name: "keep alive two days", spec: with(func(s *framepackv1.JobSpec) { s.KeepAlive = durationpb.New(48 * time.Hour) }), field: "spec.keep_alive"},
 		{name: "unknown lane", spec: with(func(s *framepackv1.JobSpec) { s.Lane = "cuda:7" }), field: "spec.lane"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
