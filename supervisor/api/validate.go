@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -171,8 +170,8 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 		}
 	}
 	if ka := s.GetKeepAlive(); ka != nil {
-		if err := ka.CheckValid(); err != nil || ka.AsDuration() < 0 || ka.AsDuration() > MaxKeepAlive {
-			v.Add("spec.keep_alive", "must be 0 to %v, got %v", MaxKeepAlive, ka.AsDuration())
+		if err := ka.CheckValid(); err != nil || ka.AsDuration() < 0 || ka.AsDuration() > plan.MaxKeepAlive {
+			v.Add("spec.keep_alive", "must be 0 to %v, got %v", plan.MaxKeepAlive, ka.AsDuration())
 		}
 	}
 	checkLoras(&v, s.GetLoras())
@@ -183,8 +182,6 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	return v
 }
 
-// MaxKeepAlive bounds JobSpec.keep_alive: a day.
-const MaxKeepAlive = 24 * time.Hour
 
 // checkEndFrame checks JobSpec.end_image and end_strength: an image the pipeline can decode,
 // a strength from 0 to 1 (FramePack-Studio's range) only with an image, and the i2v variant

@@ -2,6 +2,7 @@ package plan
 
 import (
 	"fmt"
+	"time"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 )
@@ -20,6 +21,8 @@ const (
 	MaxMP4CRF = 51
 	// MaxGPUMemoryPreservationGB bounds gpu_memory_preservation_gb.
 	MaxGPUMemoryPreservationGB = 128
+	// MaxKeepAlive bounds keep_alive: a day.
+	MaxKeepAlive = 24 * time.Hour
 	// DefaultMaxImagePixels is the largest start or end image (width × height) a daemon takes
 	// unless told otherwise (framepackd --max-image-pixels): the API checks it from the
 	// header before decoding and the pipeline's decoder holds the job's images to the same.
