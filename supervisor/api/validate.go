@@ -182,7 +182,6 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	return v
 }
 
-
 // checkEndFrame checks JobSpec.end_image and end_strength: an image the pipeline can decode,
 // a strength from 0 to 1 (FramePack-Studio's range) only with an image, and the i2v variant
 // (FramePack-F1 has no end frame in the reference apps).
