@@ -209,7 +209,7 @@ func toLoadResponse(r *LoadResponse) *pb.LoadResponse {
 		Backend: r.Backend, Dtype: r.DType, WeightBytes: r.WeightBytes,
 		DeviceAllocatedBytes: r.DeviceAllocatedBytes, LoadDuration: toDuration(r.LoadDuration),
 		Vae: toVAEInfo(r.VAE), Transformer: toTransformerInfo(r.Transformer), TextEncoder: toTextEncoderInfo(r.TextEncoder),
-		ResidentBlocks: r.ResidentBlocks, StreamedBlocks: r.StreamedBlocks,
+		ResidentBlocks: r.ResidentBlocks, StreamedBlocks: r.StreamedBlocks, Traits: toModelTraits(r.Traits),
 	}
 	if r.Device != nil {
 		out.Device = toDevice(*r.Device)
@@ -228,7 +228,7 @@ func fromLoadResponse(r *pb.LoadResponse) *LoadResponse {
 		Backend: r.GetBackend(), DType: r.GetDtype(), WeightBytes: r.GetWeightBytes(),
 		DeviceAllocatedBytes: r.GetDeviceAllocatedBytes(), LoadDuration: fromDuration(r.GetLoadDuration()),
 		VAE: fromVAEInfo(r.GetVae()), Transformer: fromTransformerInfo(r.GetTransformer()), TextEncoder: fromTextEncoderInfo(r.GetTextEncoder()),
-		ResidentBlocks: r.GetResidentBlocks(), StreamedBlocks: r.GetStreamedBlocks(),
+		ResidentBlocks: r.GetResidentBlocks(), StreamedBlocks: r.GetStreamedBlocks(), Traits: fromModelTraits(r.GetTraits()),
 	}
 	if r.GetDevice() != nil {
 		d := fromDevice(r.GetDevice())
@@ -236,6 +236,22 @@ func fromLoadResponse(r *pb.LoadResponse) *LoadResponse {
 	}
 	out.Loras = fromLorasApplied(r.GetTransformer().GetLoras())
 	return out
+}
+
+func toModelTraits(t *ModelTraits) *pb.ModelTraits {
+	if t == nil {
+		return nil
+	}
+	return &pb.ModelTraits{BlockStack: t.BlockStack, Blocks: t.Blocks, Convolves: t.Convolves, Tiles: t.Tiles,
+		FallbackDtypes: append([]string(nil), t.FallbackDTypes...)}
+}
+
+func fromModelTraits(t *pb.ModelTraits) *ModelTraits {
+	if t == nil {
+		return nil
+	}
+	return &ModelTraits{BlockStack: t.GetBlockStack(), Blocks: t.GetBlocks(), Convolves: t.GetConvolves(), Tiles: t.GetTiles(),
+		FallbackDTypes: append([]string(nil), t.GetFallbackDtypes()...)}
 }
 
 func toVAEInfo(v *VAEInfo) *pb.VaeInfo {

@@ -217,6 +217,26 @@ type LoadResponse struct {
 	// ResidentBlocks and StreamedBlocks are the transformer blocks (textenc: Llama layers)
 	// kept on the device and streamed from host memory.
 	ResidentBlocks, StreamedBlocks uint32
+	// Traits is what the model has that a retry can change (nil: not reported).
+	Traits *ModelTraits
+}
+
+// ModelTraits is what a model has that a retry of its stage can change, declared by its worker
+// (LoadResponse): the supervisor's degradation ladder reads it instead of knowing the models.
+type ModelTraits struct {
+	// BlockStack names the stack of repeated blocks the worker keeps on the device up to
+	// LoadRequest.MaxResidentBlocks, streaming the rest from host memory ("transformer
+	// blocks", "llama layers"); "" for a model without one.
+	BlockStack string
+	// Blocks is the stack's length: the blocks one forward runs.
+	Blocks uint32
+	// Convolves says the model runs convolutions through the conv chain (ConvPolicy applies).
+	Convolves bool
+	// Tiles says the model's stages take spatial tiles (the VAE's tiling).
+	Tiles bool
+	// FallbackDTypes are the activation dtypes narrower than the loaded one that the model can
+	// run in instead, widest first (LoadRequest.ActivationDType names one).
+	FallbackDTypes []string
 }
 
 // VAEInfo holds a loaded VAE's constants, so the supervisor need not read its config.json.
@@ -611,4 +631,9 @@ func asError(err error) *Error {
 		return &out
 	}
 	return &Error{Code: CodeOf(err), Message: err.Error()}
+}
+
+// IsZero reports whether t declares nothing (not reported).
+func (t ModelTraits) IsZero() bool {
+	return t.BlockStack == "" && t.Blocks == 0 && !t.Convolves && !t.Tiles && len(t.FallbackDTypes) == 0
 }

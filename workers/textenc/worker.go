@@ -37,7 +37,7 @@ type worker struct {
 var _ workerkit.Worker = (*worker)(nil)
 
 func newWorker(k *workerkit.Kit) *worker {
-	base := modelrt.New(k, modelrt.Config{Name: "textenc"})
+	base := modelrt.New(k, modelrt.Config{Name: "textenc", BlockStack: "llama layers"})
 	return &worker{base: base, log: base.Log}
 }
 
@@ -81,7 +81,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	w.mu.Unlock()
 	resp := w.base.Loaded(rt, start, enc.WeightBytes())
 	resp.TextEncoder = textEncoderInfo(enc)
-	resp.ResidentBlocks, resp.StreamedBlocks = modelrt.Uint32(enc.Llama.ResidentLayers()), modelrt.Uint32(enc.Llama.StreamedLayers())
+	modelrt.SetResidency(resp, enc.Llama.ResidentLayers(), enc.Llama.StreamedLayers())
 	w.logReport(enc)
 	w.log.WithFields(logrus.Fields{"dtype": req.DType, "weights": wdt.String(), "activations": act.String()}).Info("dtypes")
 	return resp, nil

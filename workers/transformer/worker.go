@@ -35,7 +35,7 @@ type worker struct {
 var _ workerkit.Worker = (*worker)(nil)
 
 func newWorker(k *workerkit.Kit) *worker {
-	base := modelrt.New(k, modelrt.Config{Name: "transformer", Conv: true, Loras: true}) // x_embedder is a Conv3d
+	base := modelrt.New(k, modelrt.Config{Name: "transformer", Conv: true, Loras: true, BlockStack: "transformer blocks"}) // x_embedder is a Conv3d
 	return &worker{base: base, log: base.Log}
 }
 
@@ -91,7 +91,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	resp := w.base.Loaded(rt, start, m.WeightBytes())
 	resp.Transformer = transformerInfo(m)
 	resp.Loras = applied
-	resp.ResidentBlocks, resp.StreamedBlocks = modelrt.Uint32(m.ResidentBlocks()), modelrt.Uint32(m.StreamedBlocks())
+	modelrt.SetResidency(resp, m.ResidentBlocks(), m.StreamedBlocks())
 	for _, a := range applied {
 		w.log.WithFields(logrus.Fields{"lora": a.Path, "strength": a.Strength, "format": a.Format,
 			"weights_changed": a.WeightsChanged}).Info("lora merged")

@@ -34,7 +34,7 @@ type worker struct {
 var _ workerkit.Worker = (*worker)(nil)
 
 func newWorker(k *workerkit.Kit) *worker {
-	base := modelrt.New(k, modelrt.Config{Name: "vae", Conv: true})
+	base := modelrt.New(k, modelrt.Config{Name: "vae", Conv: true, Tiles: true})
 	return &worker{base: base, log: base.Log}
 }
 

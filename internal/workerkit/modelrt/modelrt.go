@@ -39,6 +39,12 @@ type Config struct {
 	// Loras says the worker merges LoadRequest.loras into its model (the transformer); the
 	// others refuse a request that names LoRAs.
 	Loras bool
+	// BlockStack names the model's stack of blocks that stream from host memory beyond
+	// LoadRequest.max_resident_blocks ("transformer blocks"); "" for a model without one. Its
+	// length comes with the residency (SetResidency).
+	BlockStack string
+	// Tiles says the model's stages take spatial tiles (the VAE).
+	Tiles bool
 }
 
 // Base is the part of a model worker that is the same in every one: its logger and beacon, the
@@ -53,6 +59,8 @@ type Base struct {
 	conv  bool
 	loras bool
 	name  string
+	stack string
+	tiles bool
 	// inj keeps the beacon and fires the test faults of LoadRequest.Fault; NewRuntime replaces
 	// it before the first op.
 	inj atomic.Pointer[faults.Injector]
@@ -60,8 +68,10 @@ type Base struct {
 	rt           atomic.Pointer[runtime.Runtime]
 	loadNanos    atomic.Int64
 	computeNanos atomic.Int64
-	// act is the activation dtype Activation chose (0 before; Loaded reports it).
-	act atomic.Int32
+	// act is the activation dtype Activation chose (0 before; Loaded reports it), and
+	// narrower the dtype it could run in instead (0: none; a GPU at f32 runs the model's own).
+	act      atomic.Int32
+	narrower atomic.Int32
 
 	// mu protects ops, convEvents and lastFailed (written by the op observer).
 	mu         sync.Mutex
@@ -76,7 +86,8 @@ func New(k *workerkit.Kit, cfg Config) *Base {
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
 	}
-	b := &Base{Log: log.WithField("worker", cfg.Name), Beacon: k.Beacon, conv: cfg.Conv, loras: cfg.Loras, name: cfg.Name, ops: map[string]uint64{}}
+	b := &Base{Log: log.WithField("worker", cfg.Name), Beacon: k.Beacon, conv: cfg.Conv, loras: cfg.Loras, name: cfg.Name,
+		stack: cfg.BlockStack, tiles: cfg.Tiles, ops: map[string]uint64{}}
 	inj, _ := faults.New(nil, faults.Caps{}, k.Beacon, b.Log) // no fault: never fails
 	b.inj.Store(inj)
 	return b
@@ -117,6 +128,9 @@ func (b *Base) Activation(req *workerkit.LoadRequest, rt *runtime.Runtime, gpuDe
 			Warn("weights and activations differ in dtype: products run in f32")
 	}
 	b.act.Store(int32(act))
+	if !rt.Backend().IsHost && act == runtime.F32 && gpuDefault != runtime.F32 {
+		b.narrower.Store(int32(gpuDefault)) // the model's own 16-bit dtype, on the matrix units
+	}
 	return act, weights, nil
 }
 
@@ -196,7 +210,8 @@ func (b *Base) convOptions(req *workerkit.LoadRequest, opts *runtime.Options) er
 // Loaded records rt as the worker's loaded runtime (for Stats) and the load time since start,
 // puts the allocator's bytes on the beacon, and returns the LoadResponse's common fields: the
 // backend, the activation dtype (Activation's, fp32 when it was not called), the device,
-// weightBytes and the allocator's bytes.
+// weightBytes, the allocator's bytes and the model's traits (Config; the stack's length comes
+// with SetResidency; a GPU load at f32 declares the model's own 16-bit dtype as its fallback).
 func (b *Base) Loaded(rt *runtime.Runtime, start time.Time, weightBytes int64) *workerkit.LoadResponse {
 	d := time.Since(start)
 	b.loadNanos.Store(int64(d))
@@ -208,12 +223,26 @@ func (b *Base) Loaded(rt *runtime.Runtime, start time.Time, weightBytes int64) *
 	if act == 0 {
 		act = runtime.F32
 	}
+	traits := &workerkit.ModelTraits{BlockStack: b.stack, Convolves: b.conv, Tiles: b.tiles}
+	if n := runtime.DType(b.narrower.Load()); n != 0 {
+		traits.FallbackDTypes = []string{n.ProtoName()}
+	}
 	return &workerkit.LoadResponse{
 		Backend: info.Name, DType: act.ProtoName(),
 		Device:               Device(info),
 		WeightBytes:          uint64(max(weightBytes, 0)),
 		DeviceAllocatedBytes: mem.Allocated,
 		LoadDuration:         d,
+		Traits:               traits,
+	}
+}
+
+// SetResidency records in resp the blocks of the model's stack (Config.BlockStack) kept on the
+// device and streamed from host memory; their sum is the stack's length (ModelTraits.Blocks).
+func SetResidency(resp *workerkit.LoadResponse, resident, streamed int) {
+	resp.ResidentBlocks, resp.StreamedBlocks = Uint32(resident), Uint32(streamed)
+	if resp.Traits != nil {
+		resp.Traits.Blocks = Uint32(resident + streamed)
 	}
 }
 

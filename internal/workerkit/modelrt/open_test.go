@@ -85,3 +85,49 @@ func TestOpenLaneDevice(t *testing.T) { // short names: the test temp dir holds 
 		}
 	}
 }
+
+// TestWorkersDeclareTraits: each worker, as a real process, declares in its LoadResponse what a
+// retry can change (workerkit.ModelTraits): its stack of blocks and their number, whether it
+// convolves and tiles, and, loaded at f32 on a GPU, its own 16-bit dtype as the fallback; on
+// the cpu no fallback.
+func TestWorkersDeclareTraits(t *testing.T) {
+	dir := t.TempDir()
+	root := fakeBackends(t, dir)
+	models := filepath.Join(root, "testdata", "parity", "models")
+	for _, tc := range []struct {
+		worker, dir, stack, fallback string
+		convolves, tiles             bool
+	}{
+		{worker: "textenc", dir: "hunyuanvideo", stack: "llama layers", fallback: "fp16"},
+		{worker: "vae", dir: "hunyuanvideo/vae", convolves: true, tiles: true, fallback: "fp16"},
+		{worker: "clipvision", dir: "flux_redux_bfl", convolves: true, fallback: "fp16"},
+		{worker: "transformer", dir: "framepack_i2v", stack: "transformer blocks", convolves: true, fallback: "bf16"},
+	} {
+		for _, backend := range []string{"cuda", "cpu"} {
+			t.Run(tc.worker+"/"+backend, func(t *testing.T) {
+				p, _ := workertest.Start(t, tc.worker, "FRAMEPACK_NATIVE_DIR="+dir, "FRAMEPACK_ACTIVATION_DTYPE=f32")
+				resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: filepath.Join(models, tc.dir), Backend: backend})
+				if err != nil {
+					t.Fatal(err)
+				}
+				tr := resp.Traits
+				if tr == nil {
+					t.Fatal("no traits in the LoadResponse")
+				}
+				if tr.BlockStack != tc.stack || tr.Convolves != tc.convolves || tr.Tiles != tc.tiles {
+					t.Errorf("traits %+v", tr)
+				}
+				if n := resp.ResidentBlocks + resp.StreamedBlocks; tr.Blocks != n || (tc.stack != "") != (n > 0) {
+					t.Errorf("a stack of %d blocks, %d resident and %d streamed", tr.Blocks, resp.ResidentBlocks, resp.StreamedBlocks)
+				}
+				want := []string{tc.fallback}
+				if backend == "cpu" {
+					want = nil
+				}
+				if fmt.Sprint(tr.FallbackDTypes) != fmt.Sprint(want) || resp.DType != "fp32" {
+					t.Errorf("loaded %s with fallback dtypes %v, want fp32 with %v", resp.DType, tr.FallbackDTypes, want)
+				}
+			})
+		}
+	}
+}

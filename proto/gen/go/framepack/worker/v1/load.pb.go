@@ -575,8 +575,11 @@ type LoadResponse struct {
 	// streamed_blocks is the number of transformer blocks (textenc: Llama
 	// layers) kept in host memory and copied to the device for every forward.
 	StreamedBlocks uint32 `protobuf:"varint,11,opt,name=streamed_blocks,json=streamedBlocks,proto3" json:"streamed_blocks,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// traits says what the loaded model has that a retry can change; the
+	// supervisor's degradation ladder reads it instead of knowing the models.
+	Traits        *ModelTraits `protobuf:"bytes,12,opt,name=traits,proto3" json:"traits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadResponse) Reset() {
@@ -686,6 +689,103 @@ func (x *LoadResponse) GetStreamedBlocks() uint32 {
 	return 0
 }
 
+func (x *LoadResponse) GetTraits() *ModelTraits {
+	if x != nil {
+		return x.Traits
+	}
+	return nil
+}
+
+// ModelTraits is what a model has that a retry of its stage can change: the
+// worker declares it in its LoadResponse, so the supervisor's degradation
+// ladder needs no knowledge of the models.
+type ModelTraits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// block_stack names the stack of repeated blocks the worker keeps on the
+	// device up to max_resident_blocks, streaming the rest from host memory
+	// ("transformer blocks", "llama layers"); empty: the model has none.
+	BlockStack string `protobuf:"bytes,1,opt,name=block_stack,json=blockStack,proto3" json:"block_stack,omitempty"`
+	// blocks is the stack's length: the blocks one forward runs.
+	Blocks uint32 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	// convolves says the model runs convolutions through the conv chain, so
+	// conv_policy (a first tier further down the chain) changes it.
+	Convolves bool `protobuf:"varint,3,opt,name=convolves,proto3" json:"convolves,omitempty"`
+	// tiles says the model's stages take spatial tiles (the VAE's tiling),
+	// which a retry can make smaller.
+	Tiles bool `protobuf:"varint,4,opt,name=tiles,proto3" json:"tiles,omitempty"`
+	// fallback_dtypes are the activation dtypes narrower than the one loaded
+	// that the model can run in instead ("bf16"), widest first; empty when it
+	// already runs in its narrowest.
+	FallbackDtypes []string `protobuf:"bytes,5,rep,name=fallback_dtypes,json=fallbackDtypes,proto3" json:"fallback_dtypes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ModelTraits) Reset() {
+	*x = ModelTraits{}
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelTraits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelTraits) ProtoMessage() {}
+
+func (x *ModelTraits) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelTraits.ProtoReflect.Descriptor instead.
+func (*ModelTraits) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ModelTraits) GetBlockStack() string {
+	if x != nil {
+		return x.BlockStack
+	}
+	return ""
+}
+
+func (x *ModelTraits) GetBlocks() uint32 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *ModelTraits) GetConvolves() bool {
+	if x != nil {
+		return x.Convolves
+	}
+	return false
+}
+
+func (x *ModelTraits) GetTiles() bool {
+	if x != nil {
+		return x.Tiles
+	}
+	return false
+}
+
+func (x *ModelTraits) GetFallbackDtypes() []string {
+	if x != nil {
+		return x.FallbackDtypes
+	}
+	return nil
+}
+
 // VaeInfo is what the supervisor needs to know about a loaded VAE
 // (AutoencoderKLHunyuanVideo config.json), so that it never reads the
 // config itself.
@@ -716,7 +816,7 @@ type VaeInfo struct {
 
 func (x *VaeInfo) Reset() {
 	*x = VaeInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -728,7 +828,7 @@ func (x *VaeInfo) String() string {
 func (*VaeInfo) ProtoMessage() {}
 
 func (x *VaeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -741,7 +841,7 @@ func (x *VaeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VaeInfo.ProtoReflect.Descriptor instead.
 func (*VaeInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{6}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *VaeInfo) GetScalingFactor() float64 {
@@ -824,7 +924,7 @@ type TransformerInfo struct {
 
 func (x *TransformerInfo) Reset() {
 	*x = TransformerInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +936,7 @@ func (x *TransformerInfo) String() string {
 func (*TransformerInfo) ProtoMessage() {}
 
 func (x *TransformerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +949,7 @@ func (x *TransformerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransformerInfo.ProtoReflect.Descriptor instead.
 func (*TransformerInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{7}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TransformerInfo) GetInChannels() uint32 {
@@ -954,7 +1054,7 @@ type TextEncoderInfo struct {
 
 func (x *TextEncoderInfo) Reset() {
 	*x = TextEncoderInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[8]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -966,7 +1066,7 @@ func (x *TextEncoderInfo) String() string {
 func (*TextEncoderInfo) ProtoMessage() {}
 
 func (x *TextEncoderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[8]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -979,7 +1079,7 @@ func (x *TextEncoderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TextEncoderInfo.ProtoReflect.Descriptor instead.
 func (*TextEncoderInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{8}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TextEncoderInfo) GetLlamaHiddenSize() uint32 {
@@ -1068,7 +1168,7 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x13hang_conv_shape_key\x18\x05 \x01(\tR\x10hangConvShapeKey\x12C\n" +
 	"\x0ehang_conv_tier\x18\x06 \x01(\x0e2\x1d.framepack.worker.v1.ConvTierR\fhangConvTier\x12&\n" +
 	"\x0fhold_vram_bytes\x18\a \x01(\x04R\rholdVramBytes\x12*\n" +
-	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\"\x9f\x04\n" +
+	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\"\xd9\x04\n" +
 	"\fLoadResponse\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x123\n" +
@@ -1081,7 +1181,15 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\ftext_encoder\x18\t \x01(\v2$.framepack.worker.v1.TextEncoderInfoR\vtextEncoder\x12'\n" +
 	"\x0fresident_blocks\x18\n" +
 	" \x01(\rR\x0eresidentBlocks\x12'\n" +
-	"\x0fstreamed_blocks\x18\v \x01(\rR\x0estreamedBlocks\"\x97\x02\n" +
+	"\x0fstreamed_blocks\x18\v \x01(\rR\x0estreamedBlocks\x128\n" +
+	"\x06traits\x18\f \x01(\v2 .framepack.worker.v1.ModelTraitsR\x06traits\"\xa3\x01\n" +
+	"\vModelTraits\x12\x1f\n" +
+	"\vblock_stack\x18\x01 \x01(\tR\n" +
+	"blockStack\x12\x16\n" +
+	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x1c\n" +
+	"\tconvolves\x18\x03 \x01(\bR\tconvolves\x12\x14\n" +
+	"\x05tiles\x18\x04 \x01(\bR\x05tiles\x12'\n" +
+	"\x0ffallback_dtypes\x18\x05 \x03(\tR\x0efallbackDtypes\"\x97\x02\n" +
 	"\aVaeInfo\x12%\n" +
 	"\x0escaling_factor\x18\x01 \x01(\x01R\rscalingFactor\x12'\n" +
 	"\x0flatent_channels\x18\x02 \x01(\rR\x0elatentChannels\x12:\n" +
@@ -1127,7 +1235,7 @@ func file_framepack_worker_v1_load_proto_rawDescGZIP() []byte {
 	return file_framepack_worker_v1_load_proto_rawDescData
 }
 
-var file_framepack_worker_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_framepack_worker_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_framepack_worker_v1_load_proto_goTypes = []any{
 	(*LoadRequest)(nil),         // 0: framepack.worker.v1.LoadRequest
 	(*Workload)(nil),            // 1: framepack.worker.v1.Workload
@@ -1135,33 +1243,35 @@ var file_framepack_worker_v1_load_proto_goTypes = []any{
 	(*LoraApplied)(nil),         // 3: framepack.worker.v1.LoraApplied
 	(*Fault)(nil),               // 4: framepack.worker.v1.Fault
 	(*LoadResponse)(nil),        // 5: framepack.worker.v1.LoadResponse
-	(*VaeInfo)(nil),             // 6: framepack.worker.v1.VaeInfo
-	(*TransformerInfo)(nil),     // 7: framepack.worker.v1.TransformerInfo
-	(*TextEncoderInfo)(nil),     // 8: framepack.worker.v1.TextEncoderInfo
-	nil,                         // 9: framepack.worker.v1.LoadRequest.EnvEntry
-	(*ConvPolicy)(nil),          // 10: framepack.worker.v1.ConvPolicy
-	(ConvTier)(0),               // 11: framepack.worker.v1.ConvTier
-	(*Device)(nil),              // 12: framepack.worker.v1.Device
-	(*durationpb.Duration)(nil), // 13: google.protobuf.Duration
+	(*ModelTraits)(nil),         // 6: framepack.worker.v1.ModelTraits
+	(*VaeInfo)(nil),             // 7: framepack.worker.v1.VaeInfo
+	(*TransformerInfo)(nil),     // 8: framepack.worker.v1.TransformerInfo
+	(*TextEncoderInfo)(nil),     // 9: framepack.worker.v1.TextEncoderInfo
+	nil,                         // 10: framepack.worker.v1.LoadRequest.EnvEntry
+	(*ConvPolicy)(nil),          // 11: framepack.worker.v1.ConvPolicy
+	(ConvTier)(0),               // 12: framepack.worker.v1.ConvTier
+	(*Device)(nil),              // 13: framepack.worker.v1.Device
+	(*durationpb.Duration)(nil), // 14: google.protobuf.Duration
 }
 var file_framepack_worker_v1_load_proto_depIdxs = []int32{
-	10, // 0: framepack.worker.v1.LoadRequest.conv_policy:type_name -> framepack.worker.v1.ConvPolicy
-	9,  // 1: framepack.worker.v1.LoadRequest.env:type_name -> framepack.worker.v1.LoadRequest.EnvEntry
+	11, // 0: framepack.worker.v1.LoadRequest.conv_policy:type_name -> framepack.worker.v1.ConvPolicy
+	10, // 1: framepack.worker.v1.LoadRequest.env:type_name -> framepack.worker.v1.LoadRequest.EnvEntry
 	4,  // 2: framepack.worker.v1.LoadRequest.fault:type_name -> framepack.worker.v1.Fault
 	2,  // 3: framepack.worker.v1.LoadRequest.loras:type_name -> framepack.worker.v1.LoraSpec
 	1,  // 4: framepack.worker.v1.LoadRequest.workload:type_name -> framepack.worker.v1.Workload
-	11, // 5: framepack.worker.v1.Fault.hang_conv_tier:type_name -> framepack.worker.v1.ConvTier
-	12, // 6: framepack.worker.v1.LoadResponse.device:type_name -> framepack.worker.v1.Device
-	13, // 7: framepack.worker.v1.LoadResponse.load_duration:type_name -> google.protobuf.Duration
-	6,  // 8: framepack.worker.v1.LoadResponse.vae:type_name -> framepack.worker.v1.VaeInfo
-	7,  // 9: framepack.worker.v1.LoadResponse.transformer:type_name -> framepack.worker.v1.TransformerInfo
-	8,  // 10: framepack.worker.v1.LoadResponse.text_encoder:type_name -> framepack.worker.v1.TextEncoderInfo
-	3,  // 11: framepack.worker.v1.TransformerInfo.loras:type_name -> framepack.worker.v1.LoraApplied
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	12, // 5: framepack.worker.v1.Fault.hang_conv_tier:type_name -> framepack.worker.v1.ConvTier
+	13, // 6: framepack.worker.v1.LoadResponse.device:type_name -> framepack.worker.v1.Device
+	14, // 7: framepack.worker.v1.LoadResponse.load_duration:type_name -> google.protobuf.Duration
+	7,  // 8: framepack.worker.v1.LoadResponse.vae:type_name -> framepack.worker.v1.VaeInfo
+	8,  // 9: framepack.worker.v1.LoadResponse.transformer:type_name -> framepack.worker.v1.TransformerInfo
+	9,  // 10: framepack.worker.v1.LoadResponse.text_encoder:type_name -> framepack.worker.v1.TextEncoderInfo
+	6,  // 11: framepack.worker.v1.LoadResponse.traits:type_name -> framepack.worker.v1.ModelTraits
+	3,  // 12: framepack.worker.v1.TransformerInfo.loras:type_name -> framepack.worker.v1.LoraApplied
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_load_proto_init() }
@@ -1177,7 +1287,7 @@ func file_framepack_worker_v1_load_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_worker_v1_load_proto_rawDesc), len(file_framepack_worker_v1_load_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
