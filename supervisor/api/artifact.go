@@ -18,6 +18,7 @@ import (
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
+	"github.com/framepackd/framepackd/supervisor/video"
 )
 
 // ArtifactChunkBytes is the most file bytes one GetArtifactResponse carries.
@@ -70,6 +71,10 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 	path, err := s.artifactPath(job)
 	if err != nil {
 		return err
+	}
+	// The video so far of a running job is joined from its segments when first read.
+	if _, err := (&video.Writer{}).Materialize(stream.Context(), path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return status.Errorf(codes.Internal, "job %s: join its video so far: %v", id, err)
 	}
 	f, err := os.Open(path)
 	if errors.Is(err, os.ErrNotExist) {

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/video"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -111,6 +112,7 @@ type Checkpoint struct {
 	// directory. Every file must exist when the checkpoint is saved.
 	Files map[string]string `json:"files,omitempty"`
 	// VideoPath is the MP4 (or PNG directory) written after this section, absolute; optional.
+	// It exists, or its parts file does (supervisor/video: joined when first read).
 	VideoPath string `json:"video_path,omitempty"`
 	// FrameCount is the number of frames of that video.
 	FrameCount int `json:"frame_count,omitempty"`
@@ -669,8 +671,11 @@ func (s *Store) SaveCheckpoint(id string, cp Checkpoint) error {
 		}
 	}
 	if cp.VideoPath != "" {
+		// A video so far may be made from its parts file when first read (video.Materialize).
 		if _, err := os.Stat(cp.VideoPath); err != nil {
-			return fmt.Errorf("save checkpoint of job %s: %w: video: %w", id, ErrBadCheckpoint, err)
+			if _, perr := os.Stat(video.PartsPath(cp.VideoPath)); perr != nil {
+				return fmt.Errorf("save checkpoint of job %s: %w: video: %w", id, ErrBadCheckpoint, err)
+			}
 		}
 	}
 	cp.Time = s.now()

@@ -336,6 +336,11 @@ func (j *jobRun) run(ctx context.Context) (jobs.Result, error) {
 			return res, nil
 		default:
 			start = next
+			if j.hist.pixels == nil {
+				if err := j.restorePending(ctx); err != nil {
+					return jobs.Result{}, err
+				}
+			}
 		}
 	}
 	if start == 0 {
@@ -405,6 +410,14 @@ func (j *jobRun) resume(cp *jobs.Checkpoint) (res jobs.Result, next int, done bo
 		j.log.WithFields(logrus.Fields{"checkpoint": variant.Name(), "spec": j.variant.Name()}).Warn("resuming with the checkpoint's sampling variant")
 	}
 	j.cond, j.hist, j.variant = cond, hist, variant
+	if hist.segments == nil && hist.pixels != nil && hist.pixels.T > 0 {
+		// A checkpoint from before segments: its history holds every frame, which the videos
+		// so far were each written from whole. The frames no later section touches become the
+		// first segment, the rest stays to be blended, as if the job had been written this way.
+		if err := j.legacySegment(hist); err != nil {
+			return res, 0, false, fmt.Errorf("checkpoint without segments: %w", err)
+		}
+	}
 	j.log.WithFields(logrus.Fields{"after_section": cp.Section, "sections": j.total, "variant": variant.Name()}).Info("resuming job")
 	return res, cp.Section + 1, false, nil
 }
