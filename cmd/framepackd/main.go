@@ -62,6 +62,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/apiaddr"
 	"github.com/framepackd/framepackd/internal/buildinfo"
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/devices"
@@ -151,6 +152,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
 		fs.PrintDefaults()
+		envconfig.Usage(fs.Output(), envconfig.Daemon, envconfig.Native, envconfig.Test)
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

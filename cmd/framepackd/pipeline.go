@@ -206,10 +206,6 @@ func newRunner(o *options, devs *devices.Prober, laneNames []string, log *logrus
 			_ = l.Close()
 		}
 	}
-	env := map[string]string{}
-	if p.siglip != "" {
-		env["FRAMEPACK_SIGLIP_PROCESSOR"] = p.siglip
-	}
 	models, err := pipeline.ResolveModels(o.models)
 	if err != nil {
 		log.WithError(err).Warn("model folders not found; jobs will fail until they exist (restart the daemon after downloading)")
@@ -221,7 +217,7 @@ func newRunner(o *options, devs *devices.Prober, laneNames []string, log *logrus
 	log.WithFields(logrus.Fields{"hunyuanvideo": models.HunyuanVideo, "flux_redux": models.FluxRedux, "transformer": models.Transformer,
 		"transformer_f1": models.TransformerF1}).Info("models found")
 	r, err := pipeline.New(pipeline.Config{
-		Models: models, Shm: root, Log: log, WorkerEnv: env, Watchdog: p.watchdog,
+		Models: models, Shm: root, Log: log, SiglipProcessor: p.siglip, Watchdog: p.watchdog,
 		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency, KeepAlive: p.keepAlive.value(), OnStage: p.onStage,
 		KeepSectionVideos: o.limits.keepVideos, FreeBytes: api.FreeBytes, MaxImagePixels: o.limits.maxPixels,
 		Lane: func(name string) (*lanes.Lane, error) {

@@ -23,6 +23,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/framepackd/framepackd/internal/envconfig"
 )
 
 // PageSize is the size of a beacon page in bytes.
@@ -40,7 +42,7 @@ const MaxConvTier = 32
 
 // EnvFD names the environment variable that carries the beacon's file descriptor number in a
 // worker process.
-const EnvFD = "FRAMEPACK_BEACON_FD"
+var EnvFD = envconfig.BeaconFD.Name
 
 // magic identifies a beacon page and its layout version ("FPKBCN01" little-endian).
 const magic = 0x3130_4e43_424b_5046

@@ -114,6 +114,7 @@ func toLoadRequest(r *LoadRequest) *pb.LoadRequest {
 		MemoryCapBytes: r.MemoryCapBytes, ConvPolicy: toConvPolicy(r.ConvPolicy), Env: r.Env,
 		BeaconPath: r.BeaconPath, MaxResidentBlocks: r.MaxResidentBlocks, Fault: toFault(r.Fault), PciBusId: r.PCIBusID,
 		Loras: toLoraSpecs(r.Loras), Workload: toWorkload(r.Workload), ActivationDtype: r.ActivationDType,
+		SiglipProcessor: r.SiglipProcessor,
 	}
 }
 
@@ -187,6 +188,7 @@ func fromLoadRequest(r *pb.LoadRequest) *LoadRequest {
 		MemoryCapBytes: r.GetMemoryCapBytes(), ConvPolicy: fromConvPolicy(r.GetConvPolicy()), Env: r.GetEnv(),
 		BeaconPath: r.GetBeaconPath(), MaxResidentBlocks: r.GetMaxResidentBlocks(), Fault: fromFault(r.GetFault()), PCIBusID: r.GetPciBusId(),
 		Loras: fromLoraSpecs(r.GetLoras()), Workload: fromWorkload(r.GetWorkload()), ActivationDType: r.GetActivationDtype(),
+		SiglipProcessor: r.GetSiglipProcessor(),
 	}
 }
 

@@ -20,6 +20,9 @@ type Override struct {
 	VAETilePx uint32
 	// ActivationDType is one of ModelTraits.FallbackDTypes (LoadRequest.ActivationDType).
 	ActivationDType string
+	// SiglipProcessor is LoadRequest.SiglipProcessor (the daemon's --siglip-processor, which
+	// the pipeline sets on its clipvision stage).
+	SiglipProcessor string
 	// ConvFirstTier makes every convolution start at this tier (ModelTraits.Convolves).
 	ConvFirstTier ConvTier
 	// ConvCachePath is the conv decision cache the worker reads and the watchdog marks hung
@@ -50,6 +53,9 @@ func (o Override) String() string {
 	if o.ActivationDType != "" {
 		add("activations %s", o.ActivationDType)
 	}
+	if o.SiglipProcessor != "" {
+		add("siglip processor %s", o.SiglipProcessor)
+	}
 	if o.Backend != "" {
 		add("backend %s", o.Backend)
 	}
@@ -62,6 +68,39 @@ func (o Override) String() string {
 	return s
 }
 
+// Merge returns o with the fields set in over replacing its own: a stage's own override (the
+// pipeline's, e.g. its SigLIP processor) under an attempt's (the watchdog's).
+func (o Override) Merge(over Override) Override {
+	if over.Backend != "" {
+		o.Backend = over.Backend
+	}
+	if over.MemoryCap != 0 {
+		o.MemoryCap = over.MemoryCap
+	}
+	if over.MaxResidentBlocks != 0 {
+		o.MaxResidentBlocks = over.MaxResidentBlocks
+	}
+	if over.VAETilePx != 0 {
+		o.VAETilePx = over.VAETilePx
+	}
+	if over.ActivationDType != "" {
+		o.ActivationDType = over.ActivationDType
+	}
+	if over.SiglipProcessor != "" {
+		o.SiglipProcessor = over.SiglipProcessor
+	}
+	if over.ConvFirstTier != ConvTierUnspecified {
+		o.ConvFirstTier = over.ConvFirstTier
+	}
+	if over.ConvCachePath != "" {
+		o.ConvCachePath = over.ConvCachePath
+	}
+	if over.Fault != nil {
+		o.Fault = over.Fault
+	}
+	return o
+}
+
 // ApplyLoad writes the override into req, the lane's LoadRequest for the stage. The memory cap
 // is the lane's to settle (it never raises a stage's cap) and is left alone.
 func (o Override) ApplyLoad(req *LoadRequest) {
@@ -70,6 +109,9 @@ func (o Override) ApplyLoad(req *LoadRequest) {
 	}
 	if o.ActivationDType != "" {
 		req.ActivationDType = o.ActivationDType
+	}
+	if o.SiglipProcessor != "" {
+		req.SiglipProcessor = o.SiglipProcessor
 	}
 	if o.Backend != "" && o.Backend != req.Backend {
 		req.Backend, req.DeviceIndex, req.PCIBusID = o.Backend, 0, ""

@@ -17,12 +17,12 @@ func TestOverrideApplyLoad(t *testing.T) {
 		t.Fatalf("the zero override changed the request: %+v", req)
 	}
 	fault := &Fault{OOMAtOp: 3}
-	o := Override{Backend: "cpu", MemoryCap: 1 << 30, MaxResidentBlocks: 7, ActivationDType: "bf16",
+	o := Override{Backend: "cpu", MemoryCap: 1 << 30, MaxResidentBlocks: 7, ActivationDType: "bf16", SiglipProcessor: "pil",
 		ConvFirstTier: ConvTierVendorDefault, ConvCachePath: "/var/cache/conv.json", Fault: fault}
 	req = base()
 	o.ApplyLoad(req)
 	if req.Backend != "cpu" || req.DeviceIndex != 0 || req.PCIBusID != "" || req.MaxResidentBlocks != 7 || req.ActivationDType != "bf16" ||
-		req.MemoryCapBytes != 8<<30 {
+		req.SiglipProcessor != "pil" || req.MemoryCapBytes != 8<<30 {
 		t.Errorf("request %+v", req)
 	}
 	if p := req.ConvPolicy; p.ForcedTier != ConvTierVendorDefault || p.DecisionCachePath != "/var/cache/conv.json" || len(p.TierOverrides) != 1 {
@@ -31,7 +31,8 @@ func TestOverrideApplyLoad(t *testing.T) {
 	if req.Fault == nil || req.Fault == fault || *req.Fault != *fault {
 		t.Errorf("fault %+v: want a copy of the override's", req.Fault)
 	}
-	if o.String() != "7 resident blocks, memory cap 1073741824 bytes, activations bf16, backend cpu, conv from tier 2" || (Override{}).String() != "defaults" {
+	if o.String() != "7 resident blocks, memory cap 1073741824 bytes, activations bf16, siglip processor pil, backend cpu, conv from tier 2" ||
+		(Override{}).String() != "defaults" {
 		t.Errorf("String %q", o.String())
 	}
 }
@@ -58,5 +59,22 @@ func TestOverrideApplyStage(t *testing.T) {
 	te := &TextEncodeRequest{}
 	if got := (Override{VAETilePx: 64}).ApplyStage(te); got != te {
 		t.Error("a text request was changed")
+	}
+}
+
+// TestOverrideMerge: an attempt's override goes over the stage's own: what it sets wins, what it
+// leaves unset (the stage's SigLIP processor) stays.
+func TestOverrideMerge(t *testing.T) {
+	stage := Override{SiglipProcessor: "pil", MaxResidentBlocks: 9}
+	f := &Fault{HangAtOp: 2}
+	got := stage.Merge(Override{MaxResidentBlocks: 4, Backend: "cpu", ConvCachePath: "/c", Fault: f, VAETilePx: 128,
+		ActivationDType: "bf16", MemoryCap: 5, ConvFirstTier: ConvTierCPU})
+	want := Override{SiglipProcessor: "pil", MaxResidentBlocks: 4, Backend: "cpu", ConvCachePath: "/c", Fault: f, VAETilePx: 128,
+		ActivationDType: "bf16", MemoryCap: 5, ConvFirstTier: ConvTierCPU}
+	if got != want {
+		t.Fatalf("merged %+v, want %+v", got, want)
+	}
+	if got := stage.Merge(Override{}); got != stage {
+		t.Errorf("merging nothing changed %+v into %+v", stage, got)
 	}
 }

@@ -160,9 +160,12 @@ type LoadRequest struct {
 	// residency is planned around); nil: none reserved.
 	Workload *Workload
 	// ActivationDType is the dtype activations are computed in: "fp32", "bf16", "fp16"; empty:
-	// $FRAMEPACK_ACTIVATION_DTYPE, else the model's default for the backend
+	// the test knob envconfig.ActivationDType, else the model's default for the backend
 	// (modelrt.Base.Activation).
 	ActivationDType string
+	// SiglipProcessor is the clipvision worker's SiglipImageProcessor: "torchvision" (empty)
+	// or "pil".
+	SiglipProcessor string
 }
 
 // Workload is the size of the job a worker is loaded for (worker.proto Workload).

@@ -43,8 +43,10 @@ extern "C" {
  *    fpk_gemm_params.epilogue (bias + GELU(tanh) fused into the GEMM) and
  *    fpk_attention_params.causal.
  * 9: fpk_conv3d_params.upsample, replicate_before and replicate_after (the conv reads its input
- *    through nearest upsampling and replicate padding without a padded copy where it can). */
-#define FPK_API_VERSION 9
+ *    through nearest upsampling and replicate padding without a padded copy where it can).
+ * 10: fpk_backend_config.find_db_path (the cuDNN find database, which the backend read from the
+ *    environment before). */
+#define FPK_API_VERSION 10
 
 /* Most dimensions a tensor may have. */
 #define FPK_MAX_DIMS 8
@@ -116,6 +118,10 @@ typedef struct fpk_backend_config {
      * with this bus id and device is ignored, so a lane drives the GPU the driver's tools name
      * by that id even where the runtime numbers devices differently. "" = by index. */
     char pci_bus_id[32];
+    /* The cuDNN find database: a text file shared by the workers where the cuda backend keeps
+     * the algorithm FindEx chose per conv shape, read when cuDNN opens and appended to after a
+     * Find, so a later worker skips the benchmark. "" = none (Find results live in the process). */
+    char find_db_path[512];
 } fpk_backend_config;
 
 /* Conv tiers, in chain order. A backend reports which it has in fpk_backend_props.conv_tiers. */

@@ -468,7 +468,7 @@ func LoadKey(st Stage) string {
 	}
 	slices.Sort(keys)
 	s := st.Load
-	keys = append(keys, fmt.Sprintf("load=%s/%d/%d/%s/%d/%s/%v", s.Backend, s.MemoryCap, s.MaxResidentBlocks, s.ActivationDType, s.ConvFirstTier, s.ConvCachePath, s.Fault != nil))
+	keys = append(keys, fmt.Sprintf("load=%s/%d/%d/%s/%s/%d/%s/%v", s.Backend, s.MemoryCap, s.MaxResidentBlocks, s.ActivationDType, s.SiglipProcessor, s.ConvFirstTier, s.ConvCachePath, s.Fault != nil))
 	if w := st.Workload; w != nil {
 		keys = append(keys, fmt.Sprintf("workload=%dx%d/%d/%d", w.Width, w.Height, w.LatentWindowSize, w.ReserveBytes))
 	}

@@ -161,7 +161,8 @@ func (j *jobRun) encode(ctx context.Context) error {
 	}
 	sst := lanes.Stage{Model: lanes.ClipVision, ModelDir: j.r.cfg.Models.FluxRedux, Keep: j.r.cfg.Residency,
 		Request: &workerkit.ImageEncodeRequest{Image: workerkit.TensorRef{Path: imgSeg, Name: "image"},
-			LastHiddenState: workerkit.TensorRef{Path: sigSeg, Name: tImageHidden}}}
+			LastHiddenState: workerkit.TensorRef{Path: sigSeg, Name: tImageHidden}},
+		Load: workerkit.Override{SiglipProcessor: j.r.cfg.SiglipProcessor}}
 	sst.Need = j.need(ctx, sst, 0)
 	if _, err := j.workerStage(ctx, framepackv1.Stage_STAGE_IMAGE_ENCODE, -1, sst); err != nil {
 		return err

@@ -64,9 +64,9 @@ type Config struct {
 	// VAETiling forces the VAE's tiling; nil lets the VAE worker choose it from its memory cap
 	// (framewise in time, spatial tiles only as small as the cap needs).
 	VAETiling *workerkit.VAETiling
-	// WorkerEnv holds LoadRequest.Env entries for every worker (e.g.
-	// FRAMEPACK_SIGLIP_PROCESSOR=pil for transformers 4's SigLIP preprocessing).
-	WorkerEnv map[string]string
+	// SiglipProcessor is the clipvision worker's SiglipImageProcessor ("pil" for transformers
+	// 4's; "" transformers 5's torchvision, the default): LoadRequest.siglip_processor.
+	SiglipProcessor string
 	// KeepSectionHistory keeps every section's history file instead of only the newest.
 	KeepSectionHistory bool
 	// KeepSectionVideos keeps every section's MP4; by default a section's MP4 is removed once
@@ -508,7 +508,6 @@ func (j *jobRun) record(rec StageRecord) {
 // workerStage runs one model stage on the lane with its events and records.
 func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, section int, st lanes.Stage) (lanes.Report, error) {
 	st.JobID, st.MemoryCap = j.job.ID, j.memCap
-	st.Env = j.stageEnv(st.Env)
 	if st.OnEvent == nil {
 		st.OnEvent = j.workerEvent(stage)
 	}

@@ -48,7 +48,7 @@ func (j *jobRun) runOnLane(ctx context.Context, stage framepackv1.Stage, section
 			}
 			return func() {}
 		}
-		att.Load = a.Override()
+		att.Load = st.Load.Merge(a.Override())
 		att.Request = att.Load.ApplyStage(st.Request)
 		var err error
 		rep, err = j.lane.Run(ctx, att)

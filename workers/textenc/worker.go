@@ -63,7 +63,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
 	// Activations in fp16 on a GPU (FramePack's text encoder dtype), fp32 on the cpu, unless the
-	// request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight matrices
+	// request or the activation test knob says otherwise; dtype says what the weight matrices
 	// are kept in ("fp16"/"bf16", or "auto": the checkpoints' own dtype).
 	act, wdt, err := w.base.Activation(req, rt, llama.FramePackDType) // CLIP-L too: clip.FramePackDType is the same
 	if err != nil {

@@ -60,7 +60,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
 	// Activations in bf16 on a GPU (FramePack's transformer dtype), fp32 on the cpu, unless the
-	// request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight matrices
+	// request or the activation test knob says otherwise; dtype says what the weight matrices
 	// are kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype). fm_wrapper rounds the
 	// model's inputs (x, timestep, guidance) to the activation dtype, as the reference does to
 	// its model dtype; in fp32 there is nothing to round. The sampler's state stays float32.

@@ -74,7 +74,7 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 		return nil, err
 	}
 	// Activations in fp16 on a GPU (FramePack's vae dtype), fp32 on the cpu, unless the request
-	// or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the conv and linear weights
+	// or the activation test knob says otherwise; dtype says what the conv and linear weights
 	// are kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
 	act, wdt, err := w.base.Activation(req, rt, causalvae.FramePackDType)
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	"errors"
 	"maps"
 	"math"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/beacon"
 	"github.com/framepackd/framepackd/internal/convcache"
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/faults"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/workerkit"
@@ -107,18 +107,18 @@ func CheckDTypes(req *workerkit.LoadRequest) error {
 	return nil
 }
 
-// ActivationEnv names the environment variable that forces every model's activation dtype
-// ("fp32"/"f32", "bf16", "fp16"/"f16") where LoadRequest.activation_dtype is empty: the f32
-// parity runs on a GPU set it to f32.
-const ActivationEnv = "FRAMEPACK_ACTIVATION_DTYPE"
+// ActivationEnv names the test knob (envconfig.ActivationDType) that sets every model's
+// activation dtype ("fp32"/"f32", "bf16", "fp16"/"f16") where LoadRequest.activation_dtype is
+// empty: the f32 parity runs on a GPU set it to f32.
+var ActivationEnv = envconfig.ActivationDType.Name
 
 // Activation returns the activation dtype and the weight-matrix dtype a model is loaded with
-// on rt: req.ActivationDType, else $FRAMEPACK_ACTIVATION_DTYPE, else F32 on a host backend and
+// on rt: req.ActivationDType, else the test knob ActivationEnv, else F32 on a host backend and
 // gpuDefault (the dtype FramePack runs that model in) on a GPU; the weights as req.DType says,
 // empty following the activation dtype (FramePack casts each model whole). It records the
 // activation dtype for Loaded. Bad names are invalid arguments.
 func (b *Base) Activation(req *workerkit.LoadRequest, rt *runtime.Runtime, gpuDefault runtime.DType) (act, weights runtime.DType, err error) {
-	act, weights, err = chooseDTypes(req, os.Getenv(ActivationEnv), rt.Backend().IsHost, gpuDefault)
+	act, weights, err = chooseDTypes(req, envconfig.ActivationDType.Get(), rt.Backend().IsHost, gpuDefault)
 	if err != nil {
 		return 0, 0, err
 	}

@@ -229,34 +229,23 @@ func TestRuntimeOptions(t *testing.T) {
 }
 
 // TestFindDB: a worker that convolves keeps its cuDNN Find results beside the conv decision
-// cache unless a find database is set (it must be absolute); the cpu and a worker without a
-// cache get none.
+// cache; the cpu and a worker without a cache get none. The runtime gets it in its options (the
+// backend's config), not from the environment.
 func TestFindDB(t *testing.T) {
 	policy := &workerkit.ConvPolicy{DecisionCachePath: "/var/cache/fp/conv.json"}
 	for _, tc := range []struct {
-		name      string
-		req       workerkit.LoadRequest
-		set       string
-		want, err string
+		name string
+		req  workerkit.LoadRequest
+		want string
 	}{
 		{name: "beside the cache", req: workerkit.LoadRequest{Backend: "cuda", ConvPolicy: policy}, want: "/var/cache/fp/conv.json.cudnn-find"},
 		{name: "auto may be cuda", req: workerkit.LoadRequest{Backend: "auto", ConvPolicy: policy}, want: "/var/cache/fp/conv.json.cudnn-find"},
-		{name: "set wins", req: workerkit.LoadRequest{Backend: "cuda", ConvPolicy: policy}, set: "/x/db", want: "/x/db"},
-		{name: "set without a cache", req: workerkit.LoadRequest{Backend: "cuda"}, set: "/x/db", want: "/x/db"},
-		{name: "relative", req: workerkit.LoadRequest{Backend: "cuda"}, set: "find", err: "absolute"},
 		{name: "no cache", req: workerkit.LoadRequest{Backend: "cuda"}},
 		{name: "cpu", req: workerkit.LoadRequest{Backend: "cpu", ConvPolicy: policy}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := FindDB(&tc.req, tc.set)
-			if tc.err != "" {
-				if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("error %v, want an invalid argument mentioning %q", err, tc.err)
-				}
-				return
-			}
-			if err != nil || got != tc.want {
-				t.Errorf("find db %q, %v; want %q", got, err, tc.want)
+			if got := FindDB(&tc.req); got != tc.want {
+				t.Errorf("find db %q, want %q", got, tc.want)
 			}
 		})
 	}

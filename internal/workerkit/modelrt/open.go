@@ -1,10 +1,8 @@
 package modelrt
 
 import (
-	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 
 	"github.com/framepackd/framepackd/internal/faults"
 	"github.com/framepackd/framepackd/internal/runtime"
@@ -12,14 +10,14 @@ import (
 )
 
 // Open is where every model worker's Load starts, the one path from a LoadRequest to a
-// runtime. It checks the request's backend, device and dtype names; sets the worker's
-// environment (LoadRequest.env, and for a worker that convolves the vendor Find database beside
-// the conv decision cache); and opens the runtime on the device the request names: "cpu",
-// "cuda" and "hip" as named, "auto" the first of cuda, hip and cpu that opens, "" the runtime's
-// default ($FRAMEPACK_BACKEND, cpu when unset), at req.DeviceIndex or, when req.PCIBusID is
-// set, the GPU at that PCI address. The runtime has the memory cap, for Config.Conv the conv
-// policy, decision cache and hang faults, and the op observer and fault hook. Errors that are
-// the request's are invalid arguments.
+// runtime. It checks the request's backend, device and dtype names; sets the vendor
+// libraries' environment (LoadRequest.env); and opens the runtime on the device the request
+// names: "cpu", "cuda" and "hip" as named, "auto" the first of cuda, hip and cpu that opens, ""
+// the runtime's default (the test knob envconfig.Backend, cpu when unset), at req.DeviceIndex
+// or, when req.PCIBusID is set, the GPU at that PCI address. The runtime has the memory cap,
+// for Config.Conv the conv policy, decision cache, vendor Find database beside the cache
+// (FindDB) and hang faults, and the op observer and fault hook. Errors that are the request's
+// are invalid arguments.
 func (b *Base) Open(req *workerkit.LoadRequest) (*runtime.Runtime, error) {
 	opts, err := runtimeOptions(req)
 	if err != nil {
@@ -30,11 +28,6 @@ func (b *Base) Open(req *workerkit.LoadRequest) (*runtime.Runtime, error) {
 	}
 	if err := applyEnv(req.Env); err != nil {
 		return nil, err
-	}
-	if b.conv {
-		if err := b.applyFindDB(req); err != nil {
-			return nil, err
-		}
 	}
 	return b.newRuntime(req, opts)
 }
@@ -63,45 +56,19 @@ func applyEnv(env map[string]string) error {
 	return nil
 }
 
-// EnvCudnnFindDB names the cuDNN find database the cuda backend reads and appends to
-// (native/gpu/fpk_gpu_vendor.cu): the algorithms FindEx chose, so a later worker skips Find.
-const EnvCudnnFindDB = "FRAMEPACK_CUDNN_FIND_DB"
-
-// cudnnFindDBSuffix is appended to the conv decision cache's path for the default find database.
+// cudnnFindDBSuffix is appended to the conv decision cache's path for the find database.
 const cudnnFindDBSuffix = ".cudnn-find"
 
-// FindDB returns the cuDNN find database a worker that convolves keeps its Find results in:
-// the one set (by LoadRequest.env or the daemon's environment; it must be absolute), else the
-// request's conv decision cache + ".cudnn-find", beside the cache and shared by the workers as
-// it is; "" without either, or on the cpu, which has no vendor Find. Only the cuda backend
-// reads it; MIOpen keeps its own Find database (MIOPEN_USER_DB_PATH, the daemon's environment).
-func FindDB(req *workerkit.LoadRequest, set string) (string, error) {
-	if req.Backend == "cpu" {
-		return "", nil
+// FindDB returns the cuDNN find database a worker that convolves keeps its Find results in
+// (runtime.Options.FindDB, the backend's config): the request's conv decision cache +
+// ".cudnn-find", beside the cache and shared by the workers as it is; "" without a cache, or on
+// the cpu, which has no vendor Find. Only the cuda backend reads it; MIOpen keeps its own Find
+// database (MIOPEN_USER_DB_PATH, the daemon's environment).
+func FindDB(req *workerkit.LoadRequest) string {
+	if req.Backend == "cpu" || req.ConvPolicy == nil || req.ConvPolicy.DecisionCachePath == "" {
+		return ""
 	}
-	if set != "" {
-		if !filepath.IsAbs(set) {
-			return "", workerkit.InvalidArgumentf("%s=%q: want an absolute path", EnvCudnnFindDB, set)
-		}
-		return set, nil
-	}
-	if req.ConvPolicy == nil || req.ConvPolicy.DecisionCachePath == "" {
-		return "", nil
-	}
-	return req.ConvPolicy.DecisionCachePath + cudnnFindDBSuffix, nil
-}
-
-// applyFindDB sets the find database FindDB names for the backend to read.
-func (b *Base) applyFindDB(req *workerkit.LoadRequest) error {
-	p, err := FindDB(req, os.Getenv(EnvCudnnFindDB))
-	if err != nil || p == "" {
-		return err
-	}
-	if err := os.Setenv(EnvCudnnFindDB, p); err != nil {
-		return fmt.Errorf("env %s: %w", EnvCudnnFindDB, err)
-	}
-	b.Log.WithField("cudnn_find_db", p).Debug("find database")
-	return nil
+	return req.ConvPolicy.DecisionCachePath + cudnnFindDBSuffix
 }
 
 // newRuntime starts the runtime for req with opts (its backend and device): it adds the memory
@@ -124,6 +91,7 @@ func (b *Base) newRuntime(req *workerkit.LoadRequest, opts runtime.Options) (*ru
 		if err := b.convOptions(req, &opts); err != nil {
 			return nil, err
 		}
+		opts.FindDB = FindDB(req)
 	}
 	opts.OpObserver = b.Observe
 	opts.OpFault = b.opFault

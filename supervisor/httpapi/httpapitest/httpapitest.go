@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/shm/shmtest"
@@ -78,7 +79,7 @@ func Start(tb testing.TB, o Options) *Daemon {
 	}
 	log := logrus.New()
 	log.SetLevel(logrus.WarnLevel)
-	if os.Getenv("FRAMEPACK_TEST_LOG") != "" {
+	if envconfig.TestLog.Get() != "" {
 		log.SetLevel(logrus.DebugLevel)
 	}
 	models, err := pipeline.ResolveModels(filepath.Join(root, "models"))

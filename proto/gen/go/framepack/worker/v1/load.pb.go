@@ -44,9 +44,9 @@ type LoadRequest struct {
 	MemoryCapBytes uint64 `protobuf:"varint,5,opt,name=memory_cap_bytes,json=memoryCapBytes,proto3" json:"memory_cap_bytes,omitempty"`
 	// conv_policy chooses convolution tiers; unset means the full chain.
 	ConvPolicy *ConvPolicy `protobuf:"bytes,6,opt,name=conv_policy,json=convPolicy,proto3" json:"conv_policy,omitempty"`
-	// env holds environment variables set before the backend and vendor
-	// libraries are initialised (MIOPEN_FIND_MODE, MIOPEN_USER_DB_PATH,
-	// MIOPEN_CUSTOM_CACHE_DIR, MIOPEN_DEBUG_FORCE_IMMED_MODE_FALLBACK, ...).
+	// env holds environment variables of vendor libraries, set before the
+	// backend and the libraries are initialised (MIOPEN_FIND_MODE, ...).
+	// Settings of the worker itself are fields of this request, not variables.
 	Env map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// beacon_path is optional. The beacon (pid, phase, op sequence, op name,
 	// op start, step i/n, bytes allocated, read by the watchdog) is normally a
@@ -79,11 +79,16 @@ type LoadRequest struct {
 	Workload *Workload `protobuf:"bytes,13,opt,name=workload,proto3" json:"workload,omitempty"`
 	// activation_dtype is the dtype the model's activations are computed in:
 	// "fp32", "bf16" or "fp16" (accumulation is fp32 in every case). Empty
-	// means $FRAMEPACK_ACTIVATION_DTYPE in the worker's environment, else the
-	// model's default: fp32 on the cpu backend; on a GPU the dtype FramePack
-	// runs the model in (transformer bf16; VAE, text encoders and SigLIP
-	// fp16). LoadResponse.dtype reports the one in use.
+	// means the test knob ActivationDType of internal/envconfig when set, else
+	// the model's default: fp32 on the cpu backend; on a GPU the dtype
+	// FramePack runs the model in (transformer bf16; VAE, text encoders and
+	// SigLIP fp16). LoadResponse.dtype reports the one in use.
 	ActivationDtype string `protobuf:"bytes,14,opt,name=activation_dtype,json=activationDtype,proto3" json:"activation_dtype,omitempty"`
+	// siglip_processor chooses the SiglipImageProcessor the clipvision worker
+	// reproduces: "torchvision" (transformers 5, which made the parity
+	// fixtures; empty means it) or "pil" (transformers 4's Pillow path, which
+	// the original FramePack used). Other workers ignore it.
+	SiglipProcessor string `protobuf:"bytes,15,opt,name=siglip_processor,json=siglipProcessor,proto3" json:"siglip_processor,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -212,6 +217,13 @@ func (x *LoadRequest) GetWorkload() *Workload {
 func (x *LoadRequest) GetActivationDtype() string {
 	if x != nil {
 		return x.ActivationDtype
+	}
+	return ""
+}
+
+func (x *LoadRequest) GetSiglipProcessor() string {
+	if x != nil {
+		return x.SiglipProcessor
 	}
 	return ""
 }
@@ -1121,7 +1133,7 @@ var File_framepack_worker_v1_load_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\n" +
-	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\x9a\x05\n" +
+	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xc5\x05\n" +
 	"\vLoadRequest\x12\x1b\n" +
 	"\tmodel_dir\x18\x01 \x01(\tR\bmodelDir\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x18\n" +
@@ -1140,7 +1152,8 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"pci_bus_id\x18\v \x01(\tR\bpciBusId\x123\n" +
 	"\x05loras\x18\f \x03(\v2\x1d.framepack.worker.v1.LoraSpecR\x05loras\x129\n" +
 	"\bworkload\x18\r \x01(\v2\x1d.framepack.worker.v1.WorkloadR\bworkload\x12)\n" +
-	"\x10activation_dtype\x18\x0e \x01(\tR\x0factivationDtype\x1a6\n" +
+	"\x10activation_dtype\x18\x0e \x01(\tR\x0factivationDtype\x12)\n" +
+	"\x10siglip_processor\x18\x0f \x01(\tR\x0fsiglipProcessor\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x01\n" +
