@@ -27,7 +27,7 @@ APT_GPU_PACKAGES := hipcc libamdhip64-dev rocm-device-libs clang-15 lld-15
 # The headless browser supervisor/web's page test drives (chromedp); `make setup-dev` installs it.
 APT_TEST_PACKAGES := chromium
 
-.PHONY: setup setup-test setup-dev setup-gpu build test soak bench proto lint fuzz demo clean
+.PHONY: setup setup-test setup-dev setup-gpu build cli test soak long-cpu bench proto lint fuzz demo clean
 
 # apt-install runs apt-get only for packages that are missing (sudo unless root).
 define apt-install
@@ -56,15 +56,35 @@ setup-dev: setup-test ## also what make proto and make lint need: buf and the pr
 	$(GO) install github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@$(GRPC_GATEWAY_VERSION) \
 		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2@$(GRPC_GATEWAY_VERSION)
 
+# The build's stamps (`framepack --version`, internal/buildinfo), from git: the version is
+# `git describe` at a v* tag, else a Go pseudo-version (v0.0.0-<commit time>-<commit>); "+dirty"
+# marks a tree with uncommitted changes. Without git they stay empty and the binaries fall back
+# on what the Go toolchain embeds. Recursive (=): git runs only for the targets that build.
+BUILDINFO := github.com/framepackd/framepackd/internal/buildinfo
+GIT_DIRTY = $(shell git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo +dirty)
+GIT_COMMIT = $(shell git rev-parse HEAD 2>/dev/null)
+GIT_TIME = $(shell git log -1 --format=%cI 2>/dev/null)
+VERSION ?= $(shell git describe --tags --match 'v*' 2>/dev/null || TZ=UTC git log -1 --abbrev=12 \
+	--date=format-local:%Y%m%d%H%M%S --format=v0.0.0-%cd-%h 2>/dev/null)
+GO_LDFLAGS = -X $(BUILDINFO).Version=$(VERSION)$(GIT_DIRTY) -X $(BUILDINFO).Commit=$(GIT_COMMIT)$(GIT_DIRTY) \
+	-X $(BUILDINFO).CommitTime=$(GIT_TIME)
+
 build: ## every binary into bin/
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/... ./workers/...
+	$(GO) build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ ./cmd/... ./workers/...
+
+cli: ## the CLI alone into bin/ (framepack: no daemon, no workers)
+	@mkdir -p $(BIN)
+	$(GO) build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ ./cmd/framepack
 
 test: native-hip-check native-hip-emu deploy-check ## the whole suite (after make setup-test)
 	$(GO) test -count=1 -timeout 30m ./...
 
 soak: ## the 50-job fault soak (make test runs 8 jobs of it)
 	$(GO) test -count=1 -timeout 60m -run '^TestFaultSoak$$' ./supervisor/watchdog -soak.jobs 50 -v
+
+long-cpu: ## a 120-second job on the tiny models: the bytes each section writes stay flat (issue 30)
+	$(GO) test -count=1 -timeout 120m -run '^TestLongJobLinearWrites$$' ./supervisor/pipeline -long.seconds 120 -v
 
 bench: ## benchmark tables
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...
@@ -178,8 +198,11 @@ native-hip-check:
 	@command -v $(HIPCC) >/dev/null || { echo "native-hip-check: $(HIPCC) not found (make setup-gpu installs Debian's hipcc)"; exit 1; }
 	@$(MAKE) --no-print-directory -j2 $(NATIVE_OUT)/libfpk-hip.so $(NATIVE_OUT)/hip/vendor-cuda.o $(NATIVE_OUT)/hip/vendor-sdpa-cuda.o \
 		$(foreach c,$(HIP_MATRIX_CHECK),$(NATIVE_OUT)/hip/attention-$(word 1,$(subst :, ,$(c))).s \
-			$(NATIVE_OUT)/hip/conv-mma-$(word 1,$(subst :, ,$(c))).s)
+			$(NATIVE_OUT)/hip/conv-mma-$(word 1,$(subst :, ,$(c))).s) $(NATIVE_OUT)/hip/gemm-q-mma-gfx940.s
 	@echo "native-hip-check: libfpk-hip.so links for $(HIP_ARCHS)"
+	@s=$(NATIVE_OUT)/hip/gemm-q-mma-gfx940.s; e4=$$(grep -c "v_mfma_f32_16x16x32_fp8_fp8" $$s); e5=$$(grep -c "v_mfma_f32_16x16x32_fp8_bf8" $$s); \
+		if [ "$$e4" -eq 0 ] || [ "$$e5" -eq 0 ]; then echo "native-hip-check: the fp8 x fp8 MFMA path is missing for gfx940 (fp8 $$e4, bf8 $$e5 instructions)"; exit 1; fi; \
+		echo "native-hip-check: fp8 x fp8 v_mfma_f32_16x16x32 path compiles for gfx940 ($$e4 e4m3, $$e5 e5m2 weight instructions)"
 	@for c in $(HIP_MATRIX_CHECK); do \
 		arch=$${c%%:*}; ins=$${c#*:}; \
 		for k in attention:flash conv-mma:conv; do \
@@ -203,9 +226,10 @@ HIP_MATRIX_CHECK := gfx90a:v_mfma_f32_16x16x16 gfx940:v_mfma_f32_16x16x16 gfx110
 # conv's for its mma.sync path too): a thread (or fiber) per lane, the matrix instructions
 # emulated from the fragment layouts the kernels assume, against a float64 reference — their
 # logic, not the hardware's layouts (the on-device self-checks cover those).
-native-hip-emu: ## host emulation of the matrix-core flash and conv kernels (clang++-15, no GPU)
+native-hip-emu: ## host emulation of the matrix-core flash, conv and fp8 kernels (clang++-15, no GPU)
 	scripts/amdflashemu/run.sh
 	scripts/convmmaemu/run.sh
+	scripts/fp8mmaemu/run.sh
 
 $(NATIVE_OUT)/hip/attention-%.s: native/gpu/fpk_gpu_attention.cu $(GPU_HDR)
 	@mkdir -p $(@D)
@@ -216,6 +240,13 @@ $(NATIVE_OUT)/hip/conv-mma-%.s: native/gpu/fpk_gpu_conv_mma.cu $(GPU_HDR)
 	@mkdir -p $(@D)
 	$(HIPCC) -x hip -std=c++17 $(GPU_CFLAGS) -DFPK_HIP -Wall -Werror -Wno-unused-command-line-argument \
 		--offload-arch=$* $(if $(filter gfx11%,$*),-nogpulib) --cuda-device-only -S $< -o $@
+
+# The fp8 x fp8 GEMM's CDNA3 path (fpk_gpu_gemm_q_mma.cu): MFMA 16x16x32 fp8/bf8, gfx940 (clang 15
+# has the instructions but not gfx942; the code object for gfx942 needs a full ROCm's hipcc).
+$(NATIVE_OUT)/hip/gemm-q-mma-%.s: native/gpu/fpk_gpu_gemm_q_mma.cu $(GPU_HDR)
+	@mkdir -p $(@D)
+	$(HIPCC) -x hip -std=c++17 $(GPU_CFLAGS) -DFPK_HIP -Wall -Werror -Wno-unused-command-line-argument \
+		--offload-arch=$* -nogpulib --cuda-device-only -S $< -o $@
 
 $(NATIVE_OUT)/hip/vendor-cuda.o: native/gpu/fpk_gpu_vendor.cu $(GPU_HDR)
 	@mkdir -p $(NATIVE_OUT)/hip

@@ -40,10 +40,11 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		seconds, cfg, gs, rs, gpuPreserve  float64
 		seed                               int64
 		steps, window, resolution, crf     uint
-		teacache, detach, quiet            bool
+		teacache, detach, quiet, force     bool
 		loras                              loraFlags
 		variant, endImage                  string
 		endStrength                        float64
+		weights, checkpoint, fp8Compute    string
 		keepAlive                          time.Duration
 	)
 	fs.StringVar(&image, "image", "", "start frame: PNG, JPEG or WebP (required)")
@@ -51,25 +52,31 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	var promptFile string
 	fs.StringVar(&promptFile, "prompt-file", "", "read the prompt from this file ('-': standard input)")
 	fs.StringVar(&negative, "negative-prompt", "", "negative prompt (used when --cfg > 1)")
-	fs.StringVar(&out, "out", "", "where to save the MP4 (required unless --detach)")
+	fs.StringVar(&out, "out", "", "where to save the MP4 (required unless --detach); an existing file only with --force")
+	fs.BoolVar(&force, "force", false, "overwrite --out if it exists")
+	// The defaults are the server's (supervisor/pipeline/plan), which it also gives jobs that
+	// leave a setting unset; the resolution is left to the server, whose models decide it.
 	fs.Float64Var(&seconds, "seconds", 5, "video length in seconds, (0, 120]")
-	fs.Int64Var(&seed, "seed", 31337, "sampler seed")
-	fs.UintVar(&steps, "steps", 25, "sampling steps per section, 1–100")
-	fs.UintVar(&window, "window", 9, "latent window size, 1–33")
-	fs.Float64Var(&cfg, "cfg", 1, "real guidance scale, 1–32 (1: no negative pass)")
-	fs.Float64Var(&gs, "gs", 10, "distilled guidance scale, 1–32")
+	fs.Int64Var(&seed, "seed", plan.DefaultSeed, "sampler seed")
+	fs.UintVar(&steps, "steps", plan.DefaultSteps, "sampling steps per section, 1–100")
+	fs.UintVar(&window, "window", plan.DefaultLatentWindowSize, "latent window size, 1–33")
+	fs.Float64Var(&cfg, "cfg", plan.DefaultCFG, "real guidance scale, 1–32 (1: no negative pass)")
+	fs.Float64Var(&gs, "gs", plan.DefaultGS, "distilled guidance scale, 1–32")
 	fs.Float64Var(&rs, "rs", 0, "guidance rescale, 0–1")
-	fs.BoolVar(&teacache, "teacache", true, "use TeaCache (faster, slightly different output)")
-	fs.UintVar(&resolution, "resolution", 640, "bucket resolution")
-	fs.UintVar(&crf, "crf", 16, "H.264 constant rate factor, 0–51")
-	fs.Float64Var(&gpuPreserve, "gpu-preserve", 6, "GB of GPU memory to leave free, 0–128")
+	fs.BoolVar(&teacache, "teacache", plan.DefaultUseTeaCache, "use TeaCache (faster, slightly different output)")
+	fs.UintVar(&resolution, "resolution", 0, "bucket resolution: 640 (FramePack's table) or 96 (the tiny test models'); default: the served models' own")
+	fs.UintVar(&crf, "crf", plan.DefaultMP4CRF, "H.264 constant rate factor, 0–51")
+	fs.Float64Var(&gpuPreserve, "gpu-preserve", plan.DefaultGPUMemoryPreservationGB, "GB of GPU memory to leave free, 0–128")
 	fs.StringVar(&lane, "lane", "", "run on this lane (see framepack devices)")
 	fs.BoolVar(&detach, "detach", false, "submit, print the job id and return")
 	fs.BoolVar(&quiet, "quiet", false, "no progress output")
 	fs.Var(&loras, "lora", "LoRA file merged into the transformer, PATH or PATH:STRENGTH (strength -4–4, default 1); repeat to stack")
 	fs.StringVar(&variant, "variant", "i2v", "sampling loop: i2v (FramePack, backwards in time) or f1 (FramePack-F1, forwards)")
 	fs.StringVar(&endImage, "end-image", "", "end frame the video should reach: PNG, JPEG or WebP (FramePack-Studio's end frame; i2v only)")
-	fs.Float64Var(&endStrength, "end-strength", 1, "how strongly the end frame pulls, 0–1 (with --end-image)")
+	fs.Float64Var(&endStrength, "end-strength", plan.DefaultEndStrength, "how strongly the end frame pulls, 0–1 (with --end-image)")
+	fs.StringVar(&weights, "weights", "", "transformer weights: empty as stored, or fp8 to quantize them to float8 at load (half the memory)")
+	fs.StringVar(&checkpoint, "transformer-checkpoint", "", "single-file transformer weights on the server (FramePack's, or an fp8 file from ComfyUI or musubi-tuner)")
+	fs.StringVar(&fp8Compute, "fp8-compute", "", "products with fp8 weights: weight_only (default), tensor or token (fp8 activations on the matrix units)")
 	fs.DurationVar(&keepAlive, "keep-alive", -1, "how long the job's model workers stay alive after it for the next job (0: killed at once; default: the server's --keep-alive)")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -78,9 +85,9 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	if len(pos) > 0 {
 		return fail(exitUsage, "generate: unexpected arguments %q", pos)
 	}
-	strengthSet := false
-	fs.Visit(func(f *flag.Flag) { strengthSet = strengthSet || f.Name == "end-strength" })
-	if strengthSet && endImage == "" {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["end-strength"] && endImage == "" {
 		return fail(exitUsage, "generate: --end-strength needs --end-image")
 	}
 	// The API reads 0 as "the default" for these; on the command line 0 is a mistake, refused
@@ -90,7 +97,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		v        float64
 		min, max float64
 	}{{"--steps", float64(steps), 1, 100}, {"--window", float64(window), 1, 33}, {"--cfg", cfg, 1, 32}, {"--gs", gs, 1, 32}, {"--resolution", float64(resolution), 16, 2048}} {
-		if r.v == 0 {
+		if r.v == 0 && (r.flag != "--resolution" || set["resolution"]) {
 			return fail(exitUsage, "generate: %s must be %g to %g, got 0", r.flag, r.min, r.max)
 		}
 	}
@@ -120,7 +127,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		return fail(exitUsage, "generate: --out %q: give the file an extension (.mp4)", out)
 	}
 	if out != "" {
-		if err := checkOut(out); err != nil {
+		if err := checkOut(out, force); err != nil {
 			return err
 		}
 	}
@@ -132,7 +139,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		ImageFilename:           filepath.Base(image),
 		Prompt:                  prompt,
 		NegativePrompt:          negative,
-		Seed:                    seed,
+		Seed:                    proto.Int64(seed),
 		TotalSecondLength:       float32(seconds),
 		LatentWindowSize:        uint32(min(window, 1<<31)),
 		Steps:                   uint32(min(steps, 1<<31)),
@@ -146,6 +153,9 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		Lane:                    lane,
 		Loras:                   loras,
 		Variant:                 variant,
+		Weights:                 weights,
+		TransformerCheckpoint:   absPath(checkpoint),
+		Fp8Compute:              fp8Compute,
 	}
 	if imageproc.Sniff(img) == "" {
 		// Say it here, with the file name; the server would say "image: not a usable image".
@@ -164,7 +174,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	if keepAlive >= 0 {
 		spec.KeepAlive = durationpb.New(keepAlive)
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -175,7 +185,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		return fail(exitError, "%v", err)
 	}
 	d := newDisplay(e, quiet)
-	job, err := submit(ctx, client, &framepackv1.SubmitJobRequest{Image: img, Spec: spec, ClientRequestId: requestID}, c.timeout, d)
+	job, err := submit(ctx, client, conn, &framepackv1.SubmitJobRequest{Image: img, Spec: spec, ClientRequestId: requestID}, c.timeout, d)
 	if err != nil {
 		return err
 	}
@@ -185,8 +195,10 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		return nil
 	}
 	if !quiet {
-		fmt.Fprintf(e.stderr, "job %s queued (%d sections)\n", id, sectionsOf(job))
+		fmt.Fprintf(e.stderr, "job %s queued (%d sections at resolution %d)\n", id, sectionsOf(job), job.GetSpec().GetResolution())
 	}
+	d.getHint = "framepack get " + id + conn.addrFlag()
+	reattach := "framepack watch " + id + conn.addrFlag() + outHint(out, force)
 
 	// Ctrl-C cancels the job; the stream then ends with job_cancelled. A second one leaves.
 	// SIGTERM (a closed session, a service manager) leaves the job running and says how to
@@ -214,7 +226,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 				fmt.Fprintf(e.stderr, "\ncancelling job %s (Ctrl-C again to leave without waiting)\n", id)
 				cctx, cancel := context.WithTimeout(ctx, c.timeout)
 				if _, err := client.CancelJob(cctx, &framepackv1.CancelJobRequest{JobId: id, Reason: "interrupted from the command line"}); err != nil {
-					_, msg := describe(err)
+					_, msg := describeAt(err, conn)
 					fmt.Fprintln(e.stderr, "framepack: cancel: "+msg)
 				}
 				cancel()
@@ -224,31 +236,40 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		}
 	}()
 
-	last, err := follow(wctx, client, id, d, "")
+	last, err := follow(wctx, client, conn, id, d, "")
 	if err != nil {
 		select {
 		case <-detached:
-			return fail(exitDetached, "detached from job %s; it keeps running on the server. Re-attach with: framepack watch %s%s", id, id, outHint(out))
+			if !conn.connected() {
+				// The job is stored on the server, which is not there now: it goes on
+				// only when the daemon runs again.
+				return fail(exitDetached, "detached from job %s while the server at %s cannot be reached; the job resumes from its last finished section when the daemon runs again. Re-attach with: %s", id, conn.addr, reattach)
+			}
+			return fail(exitDetached, "detached from job %s; it keeps running on the server. Re-attach with: %s", id, reattach)
 		default:
 		}
 		if wctx.Err() != nil && ctx.Err() == nil {
-			return fail(exitCancelled, "left job %s without waiting for it; re-attach with: framepack watch %s%s", id, id, outHint(out))
+			return fail(exitCancelled, "left job %s without waiting for it; re-attach with: %s", id, reattach)
 		}
 		if status.Code(err) == codes.Unavailable {
-			_, msg := describe(err)
-			return fail(exitUnreachable, "%s\nthe job may still be running: re-attach with: framepack watch %s%s", msg, id, outHint(out))
+			_, msg := describeAt(err, conn)
+			return fail(exitUnreachable, "%s\nthe job is stored on the server and runs when it is back: re-attach with: %s", msg, reattach)
 		}
 		return err
 	}
 	return finish(ctx, e, client, last, out)
 }
 
-// outHint is the --out part of a re-attach command.
-func outHint(out string) string {
+// outHint is the --out (and --force) part of a re-attach command.
+func outHint(out string, force bool) string {
 	if out == "" {
 		return ""
 	}
-	return " --out " + out
+	h := " --out " + shellQuote(out)
+	if force {
+		h += " --force"
+	}
+	return h
 }
 
 // finish reports a job's terminal event and saves its video to out (when out is set): a copy
@@ -337,13 +358,14 @@ func newClientRequestID() (string, error) {
 // submit sends req, whose client_request_id makes a repeat return the first one's job. When
 // the connection is lost (UNAVAILABLE: a daemon that died or restarts, maybe after it stored
 // the job) it sends req again the way follow reconnects, until the server answers or timeout
-// has passed since the first try. A server that is up but cannot run jobs now is not retried.
-func submit(ctx context.Context, client framepackv1.JobServiceClient, req *framepackv1.SubmitJobRequest, timeout time.Duration, d *display) (*framepackv1.Job, error) {
+// has passed since the first try. A server that is up but cannot run jobs now is not retried,
+// nor, beyond unreachableAfter, one that was never reached.
+func submit(ctx context.Context, client framepackv1.JobServiceClient, srv *server, req *framepackv1.SubmitJobRequest, timeout time.Duration, d *display) (*framepackv1.Job, error) {
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	lost := func(err error) bool { return status.Code(err) == codes.Unavailable && !notReady(err) }
 	var job *framepackv1.Job
-	err := retryLost(sctx, d, timeout, func() error {
+	err := retryLost(sctx, d, srv, timeout, func() error {
 		resp, err := client.SubmitJob(sctx, req)
 		job = resp.GetJob()
 		return err
@@ -359,11 +381,14 @@ func submit(ctx context.Context, client framepackv1.JobServiceClient, req *frame
 }
 
 // retryLost calls try until it succeeds or fails with an error that lost does not take for a
-// lost connection, and returns that error. After a lost connection it shows the connectionLost
-// note (the first time), waits a second and tries again; it returns the lost connection's error
-// once budget has passed since the first one, or when ctx ends during a wait.
-func retryLost(ctx context.Context, d *display, budget time.Duration, try func() error, lost func(error) bool) error {
+// lost connection, and returns that error. After a lost connection it waits a second and tries
+// again; it returns the lost connection's error once budget has passed since the first one, or
+// when ctx ends during a wait. A server this command never reached (srv) is given only
+// unreachableAfter (a daemon still starting), and the connectionLost note is shown only for a
+// server that was there.
+func retryLost(ctx context.Context, d *display, srv *server, budget time.Duration, try func() error, lost func(error) bool) error {
 	var lostSince time.Time
+	noted := false
 	for {
 		err := try()
 		if err == nil || !lost(err) {
@@ -371,9 +396,15 @@ func retryLost(ctx context.Context, d *display, budget time.Duration, try func()
 		}
 		if lostSince.IsZero() {
 			lostSince = time.Now()
+		}
+		limit := budget
+		if !srv.reached() {
+			limit = min(budget, unreachableAfter)
+		} else if !noted {
+			noted = true
 			d.note(connectionLost)
 		}
-		if time.Since(lostSince) > budget {
+		if time.Since(lostSince) > limit {
 			return err
 		}
 		select {
@@ -384,12 +415,23 @@ func retryLost(ctx context.Context, d *display, budget time.Duration, try func()
 	}
 }
 
+// Reasons of the server's ErrorInfo details (supervisor/api) the CLI acts on.
+const (
+	// reasonNotReady: the server is up but cannot run jobs now (api.ReasonNotReady).
+	reasonNotReady = "NOT_READY"
+	// reasonJobNotFinished: DeleteJob of a queued or running job (api.ReasonJobNotFinished).
+	reasonJobNotFinished = "JOB_NOT_FINISHED"
+)
+
 // notReady reports whether err is the server's refusal to take jobs while it cannot run them
 // (supervisor/api.ReasonNotReady), as opposed to a lost connection.
-func notReady(err error) bool {
+func notReady(err error) bool { return hasReason(err, reasonNotReady) }
+
+// hasReason reports whether err is a status from the server with an ErrorInfo of reason.
+func hasReason(err error, reason string) bool {
 	st, _ := status.FromError(err)
 	for _, detail := range st.Details() {
-		if info, ok := detail.(*errdetails.ErrorInfo); ok && info.GetReason() == "NOT_READY" {
+		if info, ok := detail.(*errdetails.ErrorInfo); ok && info.GetReason() == reason {
 			return true
 		}
 	}
@@ -398,11 +440,12 @@ func notReady(err error) bool {
 
 // follow streams job id's events into d until the terminal event, which it returns. When the
 // stream breaks because the server went away it reconnects (the server replays the history)
-// for up to reconnectFor. previews, when set, is a directory for preview PNGs.
-func follow(ctx context.Context, client framepackv1.JobServiceClient, id string, d *display, previews string) (*framepackv1.JobEvent, error) {
+// for up to reconnectFor; a server never reached is given up after unreachableAfter. previews,
+// when set, is a directory for preview PNGs.
+func follow(ctx context.Context, client framepackv1.JobServiceClient, srv *server, id string, d *display, previews string) (*framepackv1.JobEvent, error) {
 	defer d.done()
 	var last *framepackv1.JobEvent
-	err := retryLost(ctx, d, reconnectFor, func() error {
+	err := retryLost(ctx, d, srv, reconnectFor, func() error {
 		ev, err := followOnce(ctx, client, id, d, previews)
 		if err != nil && ctx.Err() != nil {
 			return ctx.Err()
@@ -449,9 +492,10 @@ func cmdWatch(ctx context.Context, e *env, args []string) error {
 	var c common
 	fs := newFlags("watch", e, &c)
 	var previews, out string
-	var quiet bool
+	var quiet, force bool
 	fs.StringVar(&previews, "previews", "", "directory to save preview PNGs into")
-	fs.StringVar(&out, "out", "", "when the job finishes, save its video here")
+	fs.StringVar(&out, "out", "", "when the job finishes, save its video here; an existing file only with --force")
+	fs.BoolVar(&force, "force", false, "overwrite --out if it exists")
 	fs.BoolVar(&quiet, "quiet", false, "no progress output")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -460,18 +504,25 @@ func cmdWatch(ctx context.Context, e *env, args []string) error {
 	if len(pos) != 1 {
 		return fail(exitUsage, "watch: want one job id")
 	}
+	if out != "" {
+		if err := checkOut(out, force); err != nil {
+			return err
+		}
+	}
 	if previews != "" {
 		if err := os.MkdirAll(previews, 0o755); err != nil {
 			return fail(exitError, "previews: %v", err)
 		}
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	client := framepackv1.NewJobServiceClient(conn)
-	last, err := follow(ctx, client, pos[0], newDisplay(e, quiet), previews)
+	d := newDisplay(e, quiet)
+	d.getHint = "framepack get " + pos[0] + conn.addrFlag()
+	last, err := follow(ctx, client, conn, pos[0], d, previews)
 	if err != nil {
 		return err
 	}
@@ -490,7 +541,7 @@ func cmdCancel(ctx context.Context, e *env, args []string) error {
 	if len(pos) != 1 {
 		return fail(exitUsage, "cancel: want one job id")
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -563,7 +614,7 @@ func cmdJobs(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -619,7 +670,7 @@ func cmdDevices(ctx context.Context, e *env, args []string) error {
 	if len(pos) > 0 {
 		return fail(exitUsage, "devices: unexpected arguments %q", pos)
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -629,6 +680,9 @@ func cmdDevices(ctx context.Context, e *env, args []string) error {
 	resp, err := framepackv1.NewDeviceServiceClient(conn).ListDevices(dctx, &framepackv1.ListDevicesRequest{})
 	if err != nil {
 		return err
+	}
+	if r := resp.GetNotServingReason(); r != "" {
+		fmt.Fprintln(e.stderr, "framepack: the server does not run jobs now: "+r)
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "LANE\tBACKEND\tNAME\tARCH\tMEMORY USED/TOTAL\tSTATE\tJOB\tKEPT WORKERS")
@@ -732,6 +786,17 @@ func copyDir(src, dst string) error {
 		}
 	}
 	return nil
+}
+
+// absPath is p made absolute (the server reads it), empty for empty.
+func absPath(p string) string {
+	if p == "" {
+		return ""
+	}
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
 }
 
 // loraFlags collects repeated --lora PATH[:STRENGTH] flags; paths are made absolute, as the

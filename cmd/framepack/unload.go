@@ -21,7 +21,7 @@ func cmdUnload(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}

@@ -93,8 +93,9 @@ type options struct {
 	minJobGB   float64
 	// allowMismatch keeps lanes whose GPU runtime the host driver cannot serve (runtime.go).
 	allowMismatch bool
-	http          *httpOptions // the HTTP listener's flags (http.go)
-	ops           *opsOptions  // watchdog deadlines, retries, recovery wait (ops.go)
+	http          *httpOptions    // the HTTP listener's flags (http.go)
+	ops           *opsOptions     // watchdog deadlines, retries, recovery wait (ops.go)
+	cluster       *clusterOptions // --cluster: daemons sharing one queue (cluster.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -148,6 +149,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.pull = addPullFlags(fs)
 	o.http = addHTTPFlags(fs)
 	o.ops = addOpsFlags(fs)
+	o.cluster = addClusterFlags(fs)
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
@@ -178,6 +180,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	case "text", "json":
 	default:
 		fmt.Fprintf(stderr, "framepackd: --log-format %q: want text or json\n", o.logFormat)
+		return nil, errUsage
+	}
+	if err := o.cluster.check(); err != nil {
+		fmt.Fprintln(stderr, "framepackd:", err)
 		return nil, errUsage
 	}
 	if err := o.ops.check(); err != nil {
@@ -302,6 +308,21 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	defer closeRunner()
 
 	ready := newReadiness(inst, o.models, devs, log)
+	// --cluster: jobs, files and events live in the cluster (cluster.go); left after the
+	// daemon has stopped, its running jobs given back.
+	clu, err := o.cluster.join(ctx, o.state, mets.Observe, log)
+	if err != nil {
+		return err
+	}
+	var daemonCluster api.Cluster
+	if clu != nil {
+		daemonCluster = clu
+		defer func() {
+			if err := clu.Close(); err != nil {
+				log.WithError(err).Warn("leave the cluster")
+			}
+		}()
+	}
 	d, err := api.StartDaemon(api.DaemonConfig{
 		StateDir: o.state,
 		Listen:   listen,
@@ -317,15 +338,17 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Retention:            jobs.Retention{MaxAge: o.limits.retentionAge, MaxBytes: int64(o.limits.retentionBytes)},
 		Ready:                ready.ready,
 		Admit:                ready.admit,
+		Models:               ready.fit,
 		MaxImagePixels:       o.limits.maxPixels,
 		MaxConcurrentDecodes: o.limits.maxDecodes,
-		Placement:            devices.Placement(devs, lanes, guards.health, uint64(o.minJobGB*(1<<30))),
+		Placement:            devices.Placement(devs, lanes, guards.health, o.pipeline.keptBytes, uint64(o.minJobGB*(1<<30))),
 		// JobSpec.variant at submit: f1 needs its transformer (issue 19).
 		CheckVariant: o.pipeline.checkVariant,
 		// metrics from the event hub, the gRPC TCP listener's TLS and token (http.go)
 		OnEvent:       mets.Observe,
 		Listeners:     tcpGRPC,
 		ServerOptions: grpcAuth,
+		Cluster:       daemonCluster,
 	})
 	if err != nil {
 		return err

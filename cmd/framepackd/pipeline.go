@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
@@ -206,33 +207,85 @@ func newRunner(o *options, devs *devices.Prober, laneNames []string, log *logrus
 			_ = l.Close()
 		}
 	}
+	build := func(models pipeline.Models) (*pipeline.Runner, error) {
+		log.WithFields(logrus.Fields{"hunyuanvideo": models.HunyuanVideo, "flux_redux": models.FluxRedux, "transformer": models.Transformer,
+			"transformer_f1": models.TransformerF1}).Info("models found")
+		return pipeline.New(pipeline.Config{
+			Models: models, Shm: root, Log: log, SiglipProcessor: p.siglip, Watchdog: p.watchdog,
+			NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency, KeepAlive: p.keepAlive.value(), OnStage: p.onStage,
+			KeepSectionVideos: o.limits.keepVideos, FreeBytes: api.FreeBytes, MaxImagePixels: o.limits.maxPixels,
+			Lane: func(name string) (*lanes.Lane, error) {
+				if l, ok := byName[name]; ok {
+					return l, nil
+				}
+				return nil, fmt.Errorf("no lane %q", name)
+			},
+		})
+	}
 	models, err := pipeline.ResolveModels(o.models)
 	if err != nil {
-		log.WithError(err).Warn("model folders not found; jobs will fail until they exist (restart the daemon after downloading)")
-		msg := "no pipeline can run: " + err.Error()
-		return func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error) {
-			return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{Message: msg}}
-		}, closeAll, nil
+		// The folder may appear later (a download still running): the readiness check sees it
+		// within seconds, and the first job after it builds the runner.
+		log.WithError(err).Warn("model folders not found; jobs are refused until they exist (checked every few seconds)")
+		lazy := &lazyRunner{models: o.models, build: build}
+		p.checkVariant = lazy.checkVariant
+		return lazy.run, closeAll, nil
 	}
-	log.WithFields(logrus.Fields{"hunyuanvideo": models.HunyuanVideo, "flux_redux": models.FluxRedux, "transformer": models.Transformer,
-		"transformer_f1": models.TransformerF1}).Info("models found")
-	r, err := pipeline.New(pipeline.Config{
-		Models: models, Shm: root, Log: log, SiglipProcessor: p.siglip, Watchdog: p.watchdog,
-		NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency, KeepAlive: p.keepAlive.value(), OnStage: p.onStage,
-		KeepSectionVideos: o.limits.keepVideos, FreeBytes: api.FreeBytes, MaxImagePixels: o.limits.maxPixels,
-		Lane: func(name string) (*lanes.Lane, error) {
-			if l, ok := byName[name]; ok {
-				return l, nil
-			}
-			return nil, fmt.Errorf("no lane %q", name)
-		},
-	})
+	r, err := build(models)
 	if err != nil {
 		closeAll()
 		return nil, nil, err
 	}
 	p.checkVariant = r.CheckVariant
 	return r.Run, closeAll, nil
+}
+
+// lazyRunner is the pipeline of a daemon that started before its model folders existed: the
+// first job (or variant check) after they appear builds the Runner.
+type lazyRunner struct {
+	models string // --models
+	build  func(pipeline.Models) (*pipeline.Runner, error)
+
+	mu sync.Mutex // mu protects r
+	r  *pipeline.Runner
+}
+
+// runner returns the Runner, built on the first call that finds the model folders.
+func (l *lazyRunner) runner() (*pipeline.Runner, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.r != nil {
+		return l.r, nil
+	}
+	models, err := pipeline.ResolveModels(l.models)
+	if err != nil {
+		return nil, err
+	}
+	if l.r, err = l.build(models); err != nil {
+		return nil, err
+	}
+	return l.r, nil
+}
+
+func (l *lazyRunner) run(ctx context.Context, job *jobs.Job, emit func(*framepackv1.JobEvent)) (jobs.Result, error) {
+	r, err := l.runner()
+	if err != nil {
+		return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{Message: "no pipeline can run: " + err.Error()}}
+	}
+	return r.Run(ctx, job, emit)
+}
+
+// checkVariant is Runner.CheckVariant once the models are there; before, only i2v (the
+// readiness check refuses every job until then anyway).
+func (l *lazyRunner) checkVariant(name string) error {
+	r, err := l.runner()
+	if err != nil {
+		if name == "" || name == pipeline.VariantI2V {
+			return nil
+		}
+		return fmt.Errorf("the model folders are not there yet, so variant %q cannot be checked: %v", name, err)
+	}
+	return r.CheckVariant(name)
 }
 
 // devices adds each lane's kept workers and memory limit to the device list.
@@ -277,4 +330,18 @@ func (p *pipelineOptions) unload(lane string, models []string) ([]*framepackv1.U
 		}
 	}
 	return out, nil
+}
+
+// keptBytes is the memory a lane's kept workers hold (their caps and overheads), which the
+// placement counts as free: the lane gives it back to the job's stages that need it.
+func (po *pipelineOptions) keptBytes(lane string) uint64 {
+	l := po.lanes[lane]
+	if l == nil {
+		return 0
+	}
+	var n uint64
+	for _, r := range l.Residents() {
+		n += r.CapBytes + l.WorkerOverhead()
+	}
+	return n
 }

@@ -115,6 +115,7 @@ func toLoadRequest(r *LoadRequest) *pb.LoadRequest {
 		BeaconPath: r.BeaconPath, MaxResidentBlocks: r.MaxResidentBlocks, Fault: toFault(r.Fault), PciBusId: r.PCIBusID,
 		Loras: toLoraSpecs(r.Loras), Workload: toWorkload(r.Workload), ActivationDtype: r.ActivationDType,
 		SiglipProcessor: r.SiglipProcessor,
+		Checkpoint: r.Checkpoint, Weights: r.Weights, Fp8Compute: r.FP8Compute,
 	}
 }
 
@@ -189,6 +190,7 @@ func fromLoadRequest(r *pb.LoadRequest) *LoadRequest {
 		BeaconPath: r.GetBeaconPath(), MaxResidentBlocks: r.GetMaxResidentBlocks(), Fault: fromFault(r.GetFault()), PCIBusID: r.GetPciBusId(),
 		Loras: fromLoraSpecs(r.GetLoras()), Workload: fromWorkload(r.GetWorkload()), ActivationDType: r.GetActivationDtype(),
 		SiglipProcessor: r.GetSiglipProcessor(),
+		Checkpoint: r.GetCheckpoint(), Weights: r.GetWeights(), FP8Compute: r.GetFp8Compute(),
 	}
 }
 
@@ -211,7 +213,7 @@ func toLoadResponse(r *LoadResponse) *pb.LoadResponse {
 		Backend: r.Backend, Dtype: r.DType, WeightBytes: r.WeightBytes,
 		DeviceAllocatedBytes: r.DeviceAllocatedBytes, LoadDuration: toDuration(r.LoadDuration),
 		Vae: toVAEInfo(r.VAE), Transformer: toTransformerInfo(r.Transformer), TextEncoder: toTextEncoderInfo(r.TextEncoder),
-		ResidentBlocks: r.ResidentBlocks, StreamedBlocks: r.StreamedBlocks, Traits: toModelTraits(r.Traits),
+		ResidentBlocks: r.ResidentBlocks, StreamedBlocks: r.StreamedBlocks, WeightsFormat: r.WeightsFormat, Fp8Compute: r.FP8Compute, Traits: toModelTraits(r.Traits),
 	}
 	if r.Device != nil {
 		out.Device = toDevice(*r.Device)
@@ -230,7 +232,8 @@ func fromLoadResponse(r *pb.LoadResponse) *LoadResponse {
 		Backend: r.GetBackend(), DType: r.GetDtype(), WeightBytes: r.GetWeightBytes(),
 		DeviceAllocatedBytes: r.GetDeviceAllocatedBytes(), LoadDuration: fromDuration(r.GetLoadDuration()),
 		VAE: fromVAEInfo(r.GetVae()), Transformer: fromTransformerInfo(r.GetTransformer()), TextEncoder: fromTextEncoderInfo(r.GetTextEncoder()),
-		ResidentBlocks: r.GetResidentBlocks(), StreamedBlocks: r.GetStreamedBlocks(), Traits: fromModelTraits(r.GetTraits()),
+		ResidentBlocks: r.GetResidentBlocks(), StreamedBlocks: r.GetStreamedBlocks(), WeightsFormat: r.GetWeightsFormat(), FP8Compute: r.GetFp8Compute(),
+		Traits: fromModelTraits(r.GetTraits()),
 	}
 	if r.GetDevice() != nil {
 		d := fromDevice(r.GetDevice())

@@ -223,7 +223,7 @@ func TestSubmitValidation(t *testing.T) {
 	}{
 		{name: "valid", spec: baseSpec()},
 		{name: "valid bounds", spec: &framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 120, LatentWindowSize: 33, Steps: 100, Cfg: 32, Gs: 1, Rs: 1,
-			Resolution: 640, Mp4Crf: proto.Uint32(0), GpuMemoryPreservationGb: proto.Float32(0), UseTeacache: proto.Bool(false), Lane: "cuda:0", Seed: math.MinInt64, ImageFilename: "start frame.png"}},
+			Resolution: 640, Mp4Crf: proto.Uint32(0), GpuMemoryPreservationGb: proto.Float32(0), UseTeacache: proto.Bool(false), Lane: "cuda:0", Seed: proto.Int64(math.MinInt64), ImageFilename: "start frame.png"}},
 		{name: "valid upper bounds", spec: &framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 0.01, LatentWindowSize: 1, Steps: 1, Cfg: 1, Gs: 32, Rs: 0,
 			Mp4Crf: proto.Uint32(51), GpuMemoryPreservationGb: proto.Float32(128), NegativePrompt: strings.Repeat("n", api.MaxPromptBytes)}},
 		{name: "no image", image: []byte{}, spec: baseSpec(), field: "image"},

@@ -4,28 +4,35 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 )
 
 // Defaults of JobSpec fields whose zero value (or absence) means "the documented default";
-// they are FramePack's demo_gradio.py defaults. They are applied once, here at the API edge
-// (WithDefaults, before a spec is validated and stored): the queue, the store and the pipeline
-// see only specs with every default filled in.
+// they are FramePack's demo_gradio.py defaults, declared in supervisor/pipeline/plan (which
+// clients may import) and applied once, here at the API edge (Server.withDefaults, before a spec
+// is validated and stored): the queue, the store and the pipeline see only specs with every
+// default filled in. DefaultResolution is FramePack's models' own; the API gives the served
+// models' own.
 const (
-	DefaultLatentWindowSize        = 9
-	DefaultSteps                   = 25
-	DefaultCFG                     = 1.0
-	DefaultGS                      = 10.0
-	DefaultResolution              = 640
-	DefaultMP4CRF                  = 16
-	DefaultGPUMemoryPreservationGB = 6.0
-	DefaultUseTeaCache             = true
-	DefaultLoraStrength            = 1.0
-	DefaultEndStrength             = 1.0
+	DefaultLatentWindowSize        = plan.DefaultLatentWindowSize
+	DefaultSteps                   = plan.DefaultSteps
+	DefaultCFG                     = plan.DefaultCFG
+	DefaultGS                      = plan.DefaultGS
+	DefaultResolution              = plan.FramePackResolution
+	DefaultMP4CRF                  = plan.DefaultMP4CRF
+	DefaultGPUMemoryPreservationGB = plan.DefaultGPUMemoryPreservationGB
+	DefaultUseTeaCache             = plan.DefaultUseTeaCache
+	DefaultLoraStrength            = plan.DefaultLoraStrength
+	DefaultEndStrength             = plan.DefaultEndStrength
+	DefaultSeed                    = plan.DefaultSeed
 )
 
 // WithDefaults returns a copy of spec with every default filled in, as the Job stores it.
 func WithDefaults(spec *framepackv1.JobSpec) *framepackv1.JobSpec {
 	s := proto.Clone(spec).(*framepackv1.JobSpec)
+	if s.Seed == nil {
+		s.Seed = proto.Int64(DefaultSeed)
+	}
 	if s.LatentWindowSize == 0 {
 		s.LatentWindowSize = DefaultLatentWindowSize
 	}

@@ -13,9 +13,10 @@ const readTimeout = 2 * time.Second
 
 // Placement returns the job queue's view of lanes: their health (health, the lanes'
 // watchdogs; nil for a lane without one), the free device memory of each GPU lane read from
-// the driver by the PCI bus id the probe found (none on the cpu), and the memory a job needs:
-// minNeed bytes besides its gpu_memory_preservation_gb.
-func Placement(p *Prober, lanes []string, health func(lane string) jobs.LaneHealth, minNeed uint64) jobs.Placement {
+// the driver by the PCI bus id the probe found (none on the cpu), counting what the lane's kept
+// workers hold (kept; nil: none) as free since the lane kills them when a stage needs it, and
+// the memory a job needs: minNeed bytes besides its gpu_memory_preservation_gb.
+func Placement(p *Prober, lanes []string, health func(lane string) jobs.LaneHealth, kept func(lane string) uint64, minNeed uint64) jobs.Placement {
 	readers, total := map[string]Reader{}, map[string]uint64{}
 	for _, name := range lanes {
 		lane, err := ParseLane(name)
@@ -45,7 +46,11 @@ func Placement(p *Prober, lanes []string, health func(lane string) jobs.LaneHeal
 			if err != nil {
 				return 0, false
 			}
-			return total[lane] - min(used, total[lane]), true
+			free := total[lane] - min(used, total[lane])
+			if kept != nil {
+				free = min(free+kept(lane), total[lane])
+			}
+			return free, true
 		},
 		TotalBytes: func(lane string) (uint64, bool) {
 			t, ok := total[lane]

@@ -220,8 +220,8 @@ func (s *Store) removeOrphanDirs() error {
 // idAlphabet is Crockford's base32 in lower case: no i, l, o, u, easy to read back and type.
 const idAlphabet = "0123456789abcdefghjkmnpqrstvwxyz"
 
-// newID returns a random 10-character job id (50 bits).
-func newID() (string, error) {
+// NewID returns a random 10-character job id (50 bits).
+func NewID() (string, error) {
 	var b [10]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", fmt.Errorf("new job id: %w", err)
@@ -245,7 +245,9 @@ func ValidID(id string) bool {
 	return true
 }
 
-func imageExt(image []byte) string {
+// ImageExt is the file extension a stored image gets from its content: .png, .jpg, .webp
+// (.img for anything else).
+func ImageExt(image []byte) string {
 	switch http.DetectContentType(image) {
 	case "image/png":
 		return ".png"
@@ -317,7 +319,7 @@ func (s *Store) CreateOnce(req ClientRequest, spec *framepackv1.JobSpec, image [
 // directory and returns that job and false (ErrRequestMismatch when its hash differs). bbolt runs
 // one Update at a time, so of concurrent calls with one id only the first creates a job.
 func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientRequest) (*framepackv1.Job, bool, error) {
-	id, err := newID()
+	id, err := NewID()
 	if err != nil {
 		return nil, false, err
 	}
@@ -330,27 +332,23 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 		_ = os.RemoveAll(dir.Path())
 		return nil, false, fmt.Errorf("create job %s: %w", id, err)
 	}
-	input := "input" + imageExt(image)
-	if err := writeFileAtomic(filepath.Join(dir.Path(), input), image); err != nil {
+	input := "input" + ImageExt(image)
+	if err := WriteFileAtomic(filepath.Join(dir.Path(), input), image); err != nil {
 		return fail(err)
 	}
-	// The end image is kept beside the input, not in the stored spec: the spec names it by
-	// its SHA-256.
+	spec, endImage := StoredSpec(spec)
 	var end string
-	if e := spec.GetEndImage(); len(e) > 0 {
-		end = "end" + imageExt(e)
-		if err := writeFileAtomic(filepath.Join(dir.Path(), end), e); err != nil {
+	if len(endImage) > 0 {
+		end = "end" + ImageExt(endImage)
+		if err := WriteFileAtomic(filepath.Join(dir.Path(), end), endImage); err != nil {
 			return fail(err)
 		}
-		sum := sha256.Sum256(e)
-		spec = proto.Clone(spec).(*framepackv1.JobSpec)
-		spec.EndImage, spec.EndImageSha256 = nil, hex.EncodeToString(sum[:])
 	}
 	specJSON, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(spec)
 	if err != nil {
 		return fail(err)
 	}
-	if err := writeFileAtomic(dir.Spec(), append(specJSON, '\n')); err != nil {
+	if err := WriteFileAtomic(dir.Spec(), append(specJSON, '\n')); err != nil {
 		return fail(err)
 	}
 	for _, sub := range []string{dir.History(), dir.Videos()} {
@@ -358,14 +356,7 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 			return fail(err)
 		}
 	}
-	now := timestamppb.New(s.now())
-	job := &framepackv1.Job{
-		Id:         id,
-		State:      framepackv1.JobState_JOB_STATE_QUEUED,
-		Spec:       spec,
-		CreateTime: now,
-		UpdateTime: now,
-	}
+	job := NewJob(id, spec, s.now())
 	var stored *framepackv1.Job // the job a repeated client request id names
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		if req.ID != "" && tx.Bucket(bucketRequests).Get([]byte(req.ID)) != nil {
@@ -406,7 +397,27 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 	return job, true, nil
 }
 
-func writeFileAtomic(name string, data []byte) error {
+// StoredSpec returns spec as a store keeps it, and its end image: the end image is kept beside
+// the input, not in the stored spec, which names it by its SHA-256.
+func StoredSpec(spec *framepackv1.JobSpec) (*framepackv1.JobSpec, []byte) {
+	e := spec.GetEndImage()
+	if len(e) == 0 {
+		return spec, nil
+	}
+	sum := sha256.Sum256(e)
+	spec = proto.Clone(spec).(*framepackv1.JobSpec)
+	spec.EndImage, spec.EndImageSha256 = nil, hex.EncodeToString(sum[:])
+	return spec, e
+}
+
+// NewJob is a new job's record in JOB_STATE_QUEUED, created now.
+func NewJob(id string, spec *framepackv1.JobSpec, now time.Time) *framepackv1.Job {
+	ts := timestamppb.New(now)
+	return &framepackv1.Job{Id: id, State: framepackv1.JobState_JOB_STATE_QUEUED, Spec: spec, CreateTime: ts, UpdateTime: ts}
+}
+
+// WriteFileAtomic writes name through name.partial, synced, then renamed into place.
+func WriteFileAtomic(name string, data []byte) error {
 	tmp := name + ".partial"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -776,7 +787,15 @@ func (s *Store) Events(id string) ([]*framepackv1.JobEvent, uint64, error) {
 // RemovePartials removes every "*.partial" file or directory under job id's directory, what
 // an interrupted writer leaves; complete outputs are only ever renamed into place.
 func (s *Store) RemovePartials(id string) ([]string, error) {
-	root := s.JobDir(id).Path()
+	removed, err := RemovePartialFiles(s.JobDir(id).Path())
+	if err != nil {
+		return removed, fmt.Errorf("remove partial files of job %s: %w", id, err)
+	}
+	return removed, nil
+}
+
+// RemovePartialFiles removes every "*.partial" file or directory under root.
+func RemovePartialFiles(root string) ([]string, error) {
 	var partial []string
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -802,8 +821,5 @@ func (s *Store) RemovePartials(id string) ([]string, error) {
 			errs = append(errs, err)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return partial, fmt.Errorf("remove partial files of job %s: %w", id, err)
-	}
-	return partial, nil
+	return partial, errors.Join(errs...)
 }

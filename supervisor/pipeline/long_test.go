@@ -3,17 +3,22 @@ package pipeline_test
 import (
 	"bytes"
 	"context"
+	"flag"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/video"
 )
+
+// longSeconds is TestLongJobLinearWrites' video length (make long-cpu: 120).
+var longSeconds = flag.Float64("long.seconds", 4, "TestLongJobLinearWrites: the job's length in seconds (10 sections at 4)")
 
 // fileSizes maps every regular file under dir to its size and modification time.
 func fileSizes(t *testing.T, dir string) map[string][2]int64 {
@@ -42,7 +47,7 @@ func fileSizes(t *testing.T, dir string) map[string][2]int64 {
 func TestLongJobLinearWrites(t *testing.T) {
 	jc := firstCase(t)
 	jc.spec = proto.Clone(jc.spec).(*framepackv1.JobSpec)
-	jc.spec.TotalSecondLength, jc.spec.LatentWindowSize, jc.spec.Steps = 4, 3, 1 // 10 sections
+	jc.spec.TotalSecondLength, jc.spec.LatentWindowSize, jc.spec.Steps = float32(*longSeconds), 3, 1 // 4 s: 10 sections
 	workers := buildWorkers(t)
 	o := newOpts(t, workers)
 	o.KeepHistory, o.NoPreviews, o.Residency, o.DeviceMemory = false, true, true, residencyMemory
@@ -51,7 +56,7 @@ func TestLongJobLinearWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Kill()
-	ctx, cancel := context.WithTimeout(t.Context(), 2*jobTimeout)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*jobTimeout+time.Duration(*longSeconds*float64(30*time.Second)))
 	defer cancel()
 	c := client(t, o.Socket)
 	resp, err := c.SubmitJob(ctx, &framepackv1.SubmitJobRequest{Image: jc.image, Spec: jc.spec})

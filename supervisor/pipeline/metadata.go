@@ -32,6 +32,7 @@ type Settings struct {
 	Height         int               `json:"height"`
 	Loras          []SettingsLora    `json:"loras,omitempty"`
 	EndFrame       *SettingsEndFrame `json:"end_frame,omitempty"`
+	Weights        *SettingsWeights  `json:"weights,omitempty"`
 	Models         map[string]string `json:"models"` // model → revision (hub snapshot) or folder
 }
 
@@ -47,6 +48,15 @@ type SettingsEndFrame struct {
 	SHA256   string  `json:"sha256"`
 	Image    string  `json:"image"`
 	Strength float32 `json:"strength"`
+}
+
+// SettingsWeights is how a job's transformer held its weights when they were not the model
+// folder's 16-bit ones: the job's choices and the 8-bit format the transformer reported.
+type SettingsWeights struct {
+	Checkpoint string `json:"checkpoint,omitempty"` // JobSpec.transformer_checkpoint
+	Quantize   string `json:"quantize,omitempty"`   // JobSpec.weights ("fp8")
+	Format     string `json:"format,omitempty"`     // plain, comfy, musubi, quantized
+	FP8Compute string `json:"fp8_compute,omitempty"`
 }
 
 // SettingsLora is one LoRA of a job, with what the transformer reported merging.
@@ -73,6 +83,10 @@ func (j *jobRun) settings(i int) Settings {
 				s.Prompts = append(s.Prompts, SettingsPrompt{Start: p.Start, Prompt: p.Prompt})
 			}
 		}
+	}
+	if spec.GetTransformerCheckpoint() != "" || spec.GetWeights() != "" || j.weightsFormat != "" {
+		s.Weights = &SettingsWeights{Checkpoint: spec.GetTransformerCheckpoint(), Quantize: spec.GetWeights(), Format: j.weightsFormat,
+			FP8Compute: j.fp8Compute}
 	}
 	if j.job.EndImagePath != "" {
 		s.EndFrame = &SettingsEndFrame{SHA256: spec.GetEndImageSha256(), Image: j.job.EndImagePath, Strength: spec.GetEndStrength()}

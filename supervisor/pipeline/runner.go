@@ -244,6 +244,9 @@ type jobRun struct {
 	variant Variant
 	// lorasApplied is what the transformer last reported merging (metadata.go).
 	lorasApplied []workerkit.LoraApplied
+	// weightsFormat and fp8Compute are the transformer's 8-bit weights as it last reported them
+	// (empty: none).
+	weightsFormat, fp8Compute string
 	// memCap is the memory cap of every worker of the job (lanes.Lane.MemoryCap; 0: none).
 	memCap uint64
 	// preserve is the job's gpu_memory_preservation_gb in bytes, the default filled in.

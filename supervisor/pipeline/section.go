@@ -102,6 +102,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	if l := loadedLoras(rep); len(l) > 0 {
 		j.lorasApplied = l
 	}
+	if rep.Loaded != nil && rep.Loaded.WeightsFormat != "" {
+		j.weightsFormat, j.fp8Compute = rep.Loaded.WeightsFormat, rep.Loaded.FP8Compute
+	}
 	generated, err := readSegmentVol(latSeg, "latents")
 	if err == nil {
 		err = checkTransformerFacts(rep.Loaded, generated)
@@ -155,7 +158,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 // transformerStage is the section loop's transformer stage for req (nil: for its estimate),
 // with the residency plan's cap.
 func (j *jobRun) transformerStage(req workerkit.Stage) lanes.Stage {
-	st := lanes.Stage{Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, Loras: jobLoras(j.job.Spec),
+	spec := j.job.Spec
+	st := lanes.Stage{Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, Loras: jobLoras(spec),
+		Checkpoint: spec.GetTransformerCheckpoint(), Weights: spec.GetWeights(), FP8Compute: spec.GetFp8Compute(),
 		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window),
 			ReserveBytes: j.reserveBytes()}}
 	if p := j.section0; p != nil {
@@ -416,6 +421,21 @@ func (j *jobRun) saveSection(ctx context.Context, h *history, pending, final vol
 	}
 	cp := jobs.Checkpoint{Section: h.section, Sections: j.total, Variant: j.variant.Name(), VideoPath: out.Path, FrameCount: out.Frames,
 		Files: map[string]string{cpConditioning: filepath.Join(filepath.Base(dir.History()), ConditioningFile), cpSection: rel}}
+	// The segments the video is joined from, and its parts file (a store that moves checkpoints
+	// between daemons carries them along: supervisor/cluster); after the last section the
+	// joined video holds them.
+	videos := filepath.Base(dir.Videos())
+	if h.section == j.total-1 {
+		segments = nil
+	} else if _, err := os.Stat(video.PartsPath(name)); err == nil {
+		cp.Files[cpParts] = filepath.Join(videos, filepath.Base(video.PartsPath(name)))
+	}
+	for _, seg := range segments {
+		if strings.HasSuffix(seg, video.FramesDirExt) {
+			continue // a PNG folder: the store checks files
+		}
+		cp.Files[cpSegment+seg] = filepath.Join(videos, seg)
+	}
 	if err := j.job.SaveCheckpoint(cp); err != nil {
 		return video.Output{}, fmt.Errorf("checkpoint: %w", err)
 	}

@@ -24,6 +24,9 @@ const (
 const (
 	cpConditioning = "conditioning"
 	cpSection      = "section"
+	// cpParts is the parts file of the video so far; cpSegment+name each of its segments.
+	cpParts   = "parts"
+	cpSegment = "segment:"
 )
 
 // Tensor names of the conditioning file and of the transformer's conditioning segment.

@@ -251,7 +251,7 @@ func demoImage(t testing.TB) []byte {
 
 // demoSpec is a tiny two-section job: 32×32 frames, 3 steps, window 3.
 func demoSpec(seed int64) *framepackv1.JobSpec {
-	return &framepackv1.JobSpec{Prompt: "a cat walks on the grass", Seed: seed, TotalSecondLength: 0.8, LatentWindowSize: 3,
+	return &framepackv1.JobSpec{Prompt: "a cat walks on the grass", Seed: proto.Int64(seed), TotalSecondLength: 0.8, LatentWindowSize: 3,
 		Steps: 3, Cfg: 1, Gs: 10, Rs: 0, Resolution: 32, UseTeacache: proto.Bool(false), ImageFilename: "start.png",
 		Buckets: []*framepackv1.Bucket{{Height: 32, Width: 32}}}
 }

@@ -36,8 +36,9 @@ type Config struct {
 	// faults, the shape and tier of a conv on the beacon, and ConvFallback events
 	// (DrainConvEvents). Without it the conv policy is ignored and a hang_conv fault is refused.
 	Conv bool
-	// Loras says the worker merges LoadRequest.loras into its model (the transformer); the
-	// others refuse a request that names LoRAs.
+	// Loras says the worker merges LoadRequest.loras into its model and takes the
+	// transformer's other load fields (checkpoint, weights); the others refuse a request that
+	// names LoRAs, a checkpoint file or a weights choice.
 	Loras bool
 	// BlockStack names the model's stack of blocks that stream from host memory beyond
 	// LoadRequest.max_resident_blocks ("transformer blocks"); "" for a model without one. Its

@@ -81,6 +81,9 @@ func (b *Base) newRuntime(req *workerkit.LoadRequest, opts runtime.Options) (*ru
 	if len(req.Loras) > 0 && !b.loras {
 		return nil, workerkit.InvalidArgumentf("the %s worker does not take LoRAs (only the transformer does)", b.name)
 	}
+	if (req.Checkpoint != "" || req.Weights != "") && !b.loras {
+		return nil, workerkit.InvalidArgumentf("the %s worker does not take a checkpoint file or a weights choice (only the transformer does)", b.name)
+	}
 	opts.MemoryCap = int64(req.MemoryCapBytes)
 	inj, err := faults.New(req.Fault, faults.Caps{Conv: b.conv}, b.Beacon, b.Log)
 	if err != nil {

@@ -39,6 +39,24 @@ func KnownTable(resolution int) ([]imageproc.Bucket, bool) {
 	return imageproc.BucketTable(resolution)
 }
 
+// FramePackResolution names FramePack's own bucket table (bucket_options[640]), the default of
+// its full-size models.
+const FramePackResolution = 640
+
+// KnownResolutions lists the resolutions KnownTable has a table for.
+func KnownResolutions() []int { return []int{FramePackResolution, TinyResolution} }
+
+// TableLabel says whose bucket table a known resolution names.
+func TableLabel(resolution int) string {
+	switch resolution {
+	case FramePackResolution:
+		return "FramePack"
+	case TinyResolution:
+		return "tiny test models"
+	}
+	return ""
+}
+
 // Violation is one bad field of a spec.
 type Violation struct {
 	// Field is the field's path ("spec.buckets[1].width").
@@ -105,6 +123,24 @@ func Buckets(spec *framepackv1.JobSpec) ([]imageproc.Bucket, error) {
 	}
 	return t, nil
 }
+
+// DefaultLatentWindowSize is latent_window_size when a spec leaves it 0 (demo_gradio.py's 9).
+const DefaultLatentWindowSize = 9
+
+// Defaults of the other JobSpec fields whose absence (or zero) means "the default":
+// demo_gradio.py's values. The API fills them in, once (api.WithDefaults); clients (the CLI)
+// show them, and this package is the one both may import.
+const (
+	DefaultSeed                    = 31337
+	DefaultSteps                   = 25
+	DefaultCFG                     = 1.0
+	DefaultGS                      = 10.0
+	DefaultMP4CRF                  = 16
+	DefaultGPUMemoryPreservationGB = 6.0
+	DefaultUseTeaCache             = true
+	DefaultLoraStrength            = 1.0
+	DefaultEndStrength             = 1.0
+)
 
 // TotalSections is FramePack's section count for a spec with defaults filled in
 // (api.WithDefaults): int(max(round(total_second_length·30 / (latent_window_size·4)), 1)),

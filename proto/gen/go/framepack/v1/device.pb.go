@@ -36,6 +36,10 @@ const (
 	// LANE_STATE_HELD means the lane takes no work until an operator releases
 	// it (e.g. VRAM did not come back after a worker exited).
 	LaneState_LANE_STATE_HELD LaneState = 3
+	// LANE_STATE_NOT_SERVING means the device is usable but the server cannot
+	// run jobs now (its model files are missing or broken, or it is stopping):
+	// lane_state_reason and ListDevicesResponse.not_serving_reason say why.
+	LaneState_LANE_STATE_NOT_SERVING LaneState = 4
 )
 
 // Enum value maps for LaneState.
@@ -45,12 +49,14 @@ var (
 		1: "LANE_STATE_HEALTHY",
 		2: "LANE_STATE_DEGRADED",
 		3: "LANE_STATE_HELD",
+		4: "LANE_STATE_NOT_SERVING",
 	}
 	LaneState_value = map[string]int32{
 		"LANE_STATE_UNSPECIFIED": 0,
 		"LANE_STATE_HEALTHY":     1,
 		"LANE_STATE_DEGRADED":    2,
 		"LANE_STATE_HELD":        3,
+		"LANE_STATE_NOT_SERVING": 4,
 	}
 )
 
@@ -103,8 +109,8 @@ type Device struct {
 	PciBusId string `protobuf:"bytes,8,opt,name=pci_bus_id,json=pciBusId,proto3" json:"pci_bus_id,omitempty"`
 	// lane_state says whether the lane takes work.
 	LaneState LaneState `protobuf:"varint,9,opt,name=lane_state,json=laneState,proto3,enum=framepack.v1.LaneState" json:"lane_state,omitempty"`
-	// lane_state_reason says why the lane is degraded or held; empty when
-	// healthy.
+	// lane_state_reason says why the lane is degraded, held or not serving;
+	// empty when healthy.
 	LaneStateReason string `protobuf:"bytes,10,opt,name=lane_state_reason,json=laneStateReason,proto3" json:"lane_state_reason,omitempty"`
 	// current_job_id is the job the lane runs now; empty when idle.
 	CurrentJobId string `protobuf:"bytes,11,opt,name=current_job_id,json=currentJobId,proto3" json:"current_job_id,omitempty"`
@@ -352,12 +358,13 @@ const file_framepack_v1_device_proto_rawDesc = "" +
 	"\tcap_bytes\x18\x03 \x01(\x04R\bcapBytes\x12\x15\n" +
 	"\x06job_id\x18\x04 \x01(\tR\x05jobId\x12;\n" +
 	"\vexpire_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"expireTime*m\n" +
+	"expireTime*\x89\x01\n" +
 	"\tLaneState\x12\x1a\n" +
 	"\x16LANE_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12LANE_STATE_HEALTHY\x10\x01\x12\x17\n" +
 	"\x13LANE_STATE_DEGRADED\x10\x02\x12\x13\n" +
-	"\x0fLANE_STATE_HELD\x10\x03B\xb8\x01\n" +
+	"\x0fLANE_STATE_HELD\x10\x03\x12\x1a\n" +
+	"\x16LANE_STATE_NOT_SERVING\x10\x04B\xb8\x01\n" +
 	"\x10com.framepack.v1B\vDeviceProtoP\x01ZFgithub.com/framepackd/framepackd/proto/gen/go/framepack/v1;framepackv1\xa2\x02\x03FXX\xaa\x02\fFramepack.V1\xca\x02\fFramepack\\V1\xe2\x02\x18Framepack\\V1\\GPBMetadata\xea\x02\rFramepack::V1b\x06proto3"
 
 var (

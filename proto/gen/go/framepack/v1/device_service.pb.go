@@ -220,9 +220,13 @@ func (*ListDevicesRequest) Descriptor() ([]byte, []int) {
 type ListDevicesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// devices are the devices, ordered by lane.
-	Devices       []*Device `protobuf:"bytes,1,rep,name=devices,proto3" json:"devices,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Devices []*Device `protobuf:"bytes,1,rep,name=devices,proto3" json:"devices,omitempty"`
+	// not_serving_reason says why the server does not run jobs now (gRPC health
+	// NOT_SERVING: model files missing or broken, the shared-memory folder
+	// unusable, the server stopping); empty while it serves.
+	NotServingReason string `protobuf:"bytes,2,opt,name=not_serving_reason,json=notServingReason,proto3" json:"not_serving_reason,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListDevicesResponse) Reset() {
@@ -262,6 +266,13 @@ func (x *ListDevicesResponse) GetDevices() []*Device {
 	return nil
 }
 
+func (x *ListDevicesResponse) GetNotServingReason() string {
+	if x != nil {
+		return x.NotServingReason
+	}
+	return ""
+}
+
 var File_framepack_v1_device_service_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_device_service_proto_rawDesc = "" +
@@ -275,9 +286,10 @@ const file_framepack_v1_device_service_proto_rawDesc = "" +
 	"\x0eUnloadedWorker\x12\x12\n" +
 	"\x04lane\x18\x01 \x01(\tR\x04lane\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\"\x14\n" +
-	"\x12ListDevicesRequest\"E\n" +
+	"\x12ListDevicesRequest\"s\n" +
 	"\x13ListDevicesResponse\x12.\n" +
-	"\adevices\x18\x01 \x03(\v2\x14.framepack.v1.DeviceR\adevices2\xed\x01\n" +
+	"\adevices\x18\x01 \x03(\v2\x14.framepack.v1.DeviceR\adevices\x12,\n" +
+	"\x12not_serving_reason\x18\x02 \x01(\tR\x10notServingReason2\xed\x01\n" +
 	"\rDeviceService\x12g\n" +
 	"\vListDevices\x12 .framepack.v1.ListDevicesRequest\x1a!.framepack.v1.ListDevicesResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\v/v1/devices\x12s\n" +
 	"\fUnloadModels\x12!.framepack.v1.UnloadModelsRequest\x1a\".framepack.v1.UnloadModelsResponse\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/v1/models:unloadB\xbf\x01\n" +

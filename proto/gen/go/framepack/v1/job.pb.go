@@ -304,8 +304,9 @@ type JobSpec struct {
 	// negative_prompt is used only when cfg > 1.
 	NegativePrompt string `protobuf:"bytes,3,opt,name=negative_prompt,json=negativePrompt,proto3" json:"negative_prompt,omitempty"`
 	// seed seeds the sampler's generator; the same seed and spec give the same
-	// video.
-	Seed int64 `protobuf:"varint,4,opt,name=seed,proto3" json:"seed,omitempty"`
+	// video. Unset means 31337 (FramePack's default); every int64 is a seed, 0
+	// included.
+	Seed *int64 `protobuf:"varint,4,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
 	// total_second_length is the video length in seconds, in (0, 120].
 	// REQUIRED.
 	TotalSecondLength float32 `protobuf:"fixed32,5,opt,name=total_second_length,json=totalSecondLength,proto3" json:"total_second_length,omitempty"`
@@ -325,7 +326,10 @@ type JobSpec struct {
 	UseTeacache *bool `protobuf:"varint,11,opt,name=use_teacache,json=useTeacache,proto3,oneof" json:"use_teacache,omitempty"`
 	// resolution is the bucket size in pixels that the image is fitted to; it
 	// names a bucket table the server knows: 640 (FramePack's) or 96 (the tiny
-	// test models'); 0 means 640. With buckets set it only labels that table.
+	// test models'); 0 means the served models' own resolution (640 for
+	// FramePack's, 96 for the tiny test models: GetJobDefaults says which). A
+	// table the served models cannot take (640 on the tiny models) is refused
+	// with FAILED_PRECONDITION. With buckets set it only labels that table.
 	Resolution uint32 `protobuf:"varint,12,opt,name=resolution,proto3" json:"resolution,omitempty"`
 	// mp4_crf is the H.264 constant rate factor, 0 (lossless) to 51; unset
 	// means 16.
@@ -368,6 +372,23 @@ type JobSpec struct {
 	// end_image_sha256 is the hex SHA-256 of the job's end image, set by the
 	// server. OUTPUT ONLY: a spec sent with it and no end_image is refused.
 	EndImageSha256 string `protobuf:"bytes,21,opt,name=end_image_sha256,json=endImageSha256,proto3" json:"end_image_sha256,omitempty"`
+	// weights is how the transformer's Linear weights are held: empty as the
+	// checkpoint stores them (16 bits, or 8 bits for an fp8 checkpoint), or
+	// "fp8" to quantize 16-bit weights to float8_e4m3fn at load, one scale per
+	// output channel (about half the memory; the video differs slightly).
+	Weights string `protobuf:"bytes,31,opt,name=weights,proto3" json:"weights,omitempty"`
+	// transformer_checkpoint is a single safetensors file on the server (an
+	// absolute path) holding the transformer's weights instead of the model
+	// folder's: FramePack's weights as one file, or the fp8 files ComfyUI and
+	// musubi-tuner users have (plain float8 casts, ComfyUI scaled_fp8,
+	// musubi-tuner fp8_scaled), told apart from their tensors. The model
+	// folder's config.json still describes the model. Empty: the folder's.
+	TransformerCheckpoint string `protobuf:"bytes,32,opt,name=transformer_checkpoint,json=transformerCheckpoint,proto3" json:"transformer_checkpoint,omitempty"`
+	// fp8_compute is how products with 8-bit weights run: "weight_only" (also
+	// empty), "tensor" or "token" (activations quantized to float8_e4m3fn per
+	// tensor or per token, fp8 x fp8 on the matrix units where the GPU has them;
+	// weight-only elsewhere).
+	Fp8Compute string `protobuf:"bytes,33,opt,name=fp8_compute,json=fp8Compute,proto3" json:"fp8_compute,omitempty"`
 	// keep_alive is how long the job's model workers stay alive after it ends,
 	// for the next job that wants the same models with the same LoRAs and
 	// dtype (Ollama's keep_alive), 0 to 24 h; 0 kills them when the job ends.
@@ -432,8 +453,8 @@ func (x *JobSpec) GetNegativePrompt() string {
 }
 
 func (x *JobSpec) GetSeed() int64 {
-	if x != nil {
-		return x.Seed
+	if x != nil && x.Seed != nil {
+		return *x.Seed
 	}
 	return 0
 }
@@ -553,6 +574,27 @@ func (x *JobSpec) GetEndStrength() float32 {
 func (x *JobSpec) GetEndImageSha256() string {
 	if x != nil {
 		return x.EndImageSha256
+	}
+	return ""
+}
+
+func (x *JobSpec) GetWeights() string {
+	if x != nil {
+		return x.Weights
+	}
+	return ""
+}
+
+func (x *JobSpec) GetTransformerCheckpoint() string {
+	if x != nil {
+		return x.TransformerCheckpoint
+	}
+	return ""
+}
+
+func (x *JobSpec) GetFp8Compute() string {
+	if x != nil {
+		return x.Fp8Compute
 	}
 	return ""
 }
@@ -1249,12 +1291,12 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\x06\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\a\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
-	"\x0fnegative_prompt\x18\x03 \x01(\tR\x0enegativePrompt\x12\x12\n" +
-	"\x04seed\x18\x04 \x01(\x03R\x04seed\x12.\n" +
+	"\x0fnegative_prompt\x18\x03 \x01(\tR\x0enegativePrompt\x12\x17\n" +
+	"\x04seed\x18\x04 \x01(\x03H\x00R\x04seed\x88\x01\x01\x12.\n" +
 	"\x13total_second_length\x18\x05 \x01(\x02R\x11totalSecondLength\x12,\n" +
 	"\x12latent_window_size\x18\x06 \x01(\rR\x10latentWindowSize\x12\x14\n" +
 	"\x05steps\x18\a \x01(\rR\x05steps\x12\x10\n" +
@@ -1262,21 +1304,26 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\x02gs\x18\t \x01(\x02R\x02gs\x12\x0e\n" +
 	"\x02rs\x18\n" +
 	" \x01(\x02R\x02rs\x12&\n" +
-	"\fuse_teacache\x18\v \x01(\bH\x00R\vuseTeacache\x88\x01\x01\x12\x1e\n" +
+	"\fuse_teacache\x18\v \x01(\bH\x01R\vuseTeacache\x88\x01\x01\x12\x1e\n" +
 	"\n" +
 	"resolution\x18\f \x01(\rR\n" +
 	"resolution\x12\x1c\n" +
-	"\amp4_crf\x18\r \x01(\rH\x01R\x06mp4Crf\x88\x01\x01\x12@\n" +
-	"\x1agpu_memory_preservation_gb\x18\x0e \x01(\x02H\x02R\x17gpuMemoryPreservationGb\x88\x01\x01\x12\x12\n" +
+	"\amp4_crf\x18\r \x01(\rH\x02R\x06mp4Crf\x88\x01\x01\x12@\n" +
+	"\x1agpu_memory_preservation_gb\x18\x0e \x01(\x02H\x03R\x17gpuMemoryPreservationGb\x88\x01\x01\x12\x12\n" +
 	"\x04lane\x18\x0f \x01(\tR\x04lane\x12.\n" +
 	"\abuckets\x18\x10 \x03(\v2\x14.framepack.v1.BucketR\abuckets\x12(\n" +
 	"\x05loras\x18\x11 \x03(\v2\x12.framepack.v1.LoraR\x05loras\x12\x18\n" +
 	"\avariant\x18\x12 \x01(\tR\avariant\x12\x1b\n" +
 	"\tend_image\x18\x13 \x01(\fR\bendImage\x12&\n" +
-	"\fend_strength\x18\x14 \x01(\x02H\x03R\vendStrength\x88\x01\x01\x12(\n" +
-	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256\x128\n" +
+	"\fend_strength\x18\x14 \x01(\x02H\x04R\vendStrength\x88\x01\x01\x12(\n" +
+	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256\x12\x18\n" +
+	"\aweights\x18\x1f \x01(\tR\aweights\x125\n" +
+	"\x16transformer_checkpoint\x18  \x01(\tR\x15transformerCheckpoint\x12\x1f\n" +
+	"\vfp8_compute\x18! \x01(\tR\n" +
+	"fp8Compute\x128\n" +
 	"\n" +
-	"keep_alive\x18( \x01(\v2\x19.google.protobuf.DurationR\tkeepAliveB\x0f\n" +
+	"keep_alive\x18( \x01(\v2\x19.google.protobuf.DurationR\tkeepAliveB\a\n" +
+	"\x05_seedB\x0f\n" +
 	"\r_use_teacacheB\n" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +

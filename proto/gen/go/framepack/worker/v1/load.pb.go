@@ -89,8 +89,25 @@ type LoadRequest struct {
 	// fixtures; empty means it) or "pil" (transformers 4's Pillow path, which
 	// the original FramePack used). Other workers ignore it.
 	SiglipProcessor string `protobuf:"bytes,15,opt,name=siglip_processor,json=siglipProcessor,proto3" json:"siglip_processor,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// checkpoint, when set, is a single safetensors file whose weights are
+	// loaded instead of model_dir's (config.json still comes from model_dir):
+	// the single-file checkpoints users have, in 16 bits or in 8 bits (plain
+	// float8 casts, ComfyUI's scaled_fp8, musubi-tuner's fp8_scaled; told from
+	// the tensors' names and dtypes). Transformer worker only.
+	Checkpoint string `protobuf:"bytes,31,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// weights is "fp8" to quantize the Linear weights stored in 16 or 32 bits
+	// to float8_e4m3fn at load, one scale per output channel; empty keeps
+	// them as dtype says. Weights stored in 8 bits stay in 8 bits either way.
+	// Transformer worker only.
+	Weights string `protobuf:"bytes,32,opt,name=weights,proto3" json:"weights,omitempty"`
+	// fp8_compute is how products with 8-bit weights run: "weight_only"
+	// (also empty: the weight widened inside the GEMM), "tensor" or "token"
+	// (activations quantized to float8_e4m3fn with one scale per tensor or
+	// per token, fp8 x fp8 on the matrix units where the device has them and
+	// their self-check passed; weight-only elsewhere).
+	Fp8Compute    string `protobuf:"bytes,33,opt,name=fp8_compute,json=fp8Compute,proto3" json:"fp8_compute,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadRequest) Reset() {
@@ -224,6 +241,27 @@ func (x *LoadRequest) GetActivationDtype() string {
 func (x *LoadRequest) GetSiglipProcessor() string {
 	if x != nil {
 		return x.SiglipProcessor
+	}
+	return ""
+}
+
+func (x *LoadRequest) GetCheckpoint() string {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return ""
+}
+
+func (x *LoadRequest) GetWeights() string {
+	if x != nil {
+		return x.Weights
+	}
+	return ""
+}
+
+func (x *LoadRequest) GetFp8Compute() string {
+	if x != nil {
+		return x.Fp8Compute
 	}
 	return ""
 }
@@ -589,7 +627,14 @@ type LoadResponse struct {
 	StreamedBlocks uint32 `protobuf:"varint,11,opt,name=streamed_blocks,json=streamedBlocks,proto3" json:"streamed_blocks,omitempty"`
 	// traits says what the loaded model has that a retry can change; the
 	// supervisor's degradation ladder reads it instead of knowing the models.
-	Traits        *ModelTraits `protobuf:"bytes,12,opt,name=traits,proto3" json:"traits,omitempty"`
+	Traits *ModelTraits `protobuf:"bytes,12,opt,name=traits,proto3" json:"traits,omitempty"`
+	// weights_format is the format of the model's 8-bit weights: "" (none),
+	// "plain", "comfy", "musubi" (as the checkpoint stores them) or
+	// "quantized" (quantized at load, LoadRequest.weights "fp8").
+	WeightsFormat string `protobuf:"bytes,31,opt,name=weights_format,json=weightsFormat,proto3" json:"weights_format,omitempty"`
+	// fp8_compute is the fp8 compute mode in use ("weight_only", "tensor",
+	// "token"); empty without 8-bit weights.
+	Fp8Compute    string `protobuf:"bytes,32,opt,name=fp8_compute,json=fp8Compute,proto3" json:"fp8_compute,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -706,6 +751,20 @@ func (x *LoadResponse) GetTraits() *ModelTraits {
 		return x.Traits
 	}
 	return nil
+}
+
+func (x *LoadResponse) GetWeightsFormat() string {
+	if x != nil {
+		return x.WeightsFormat
+	}
+	return ""
+}
+
+func (x *LoadResponse) GetFp8Compute() string {
+	if x != nil {
+		return x.Fp8Compute
+	}
+	return ""
 }
 
 // ModelTraits is what a model has that a retry of its stage can change: the
@@ -1133,7 +1192,7 @@ var File_framepack_worker_v1_load_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\n" +
-	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xc5\x05\n" +
+	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xa0\x06\n" +
 	"\vLoadRequest\x12\x1b\n" +
 	"\tmodel_dir\x18\x01 \x01(\tR\bmodelDir\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x18\n" +
@@ -1153,7 +1212,13 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x05loras\x18\f \x03(\v2\x1d.framepack.worker.v1.LoraSpecR\x05loras\x129\n" +
 	"\bworkload\x18\r \x01(\v2\x1d.framepack.worker.v1.WorkloadR\bworkload\x12)\n" +
 	"\x10activation_dtype\x18\x0e \x01(\tR\x0factivationDtype\x12)\n" +
-	"\x10siglip_processor\x18\x0f \x01(\tR\x0fsiglipProcessor\x1a6\n" +
+	"\x10siglip_processor\x18\x0f \x01(\tR\x0fsiglipProcessor\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x1f \x01(\tR\n" +
+	"checkpoint\x12\x18\n" +
+	"\aweights\x18  \x01(\tR\aweights\x12\x1f\n" +
+	"\vfp8_compute\x18! \x01(\tR\n" +
+	"fp8Compute\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x01\n" +
@@ -1181,7 +1246,7 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x13hang_conv_shape_key\x18\x05 \x01(\tR\x10hangConvShapeKey\x12C\n" +
 	"\x0ehang_conv_tier\x18\x06 \x01(\x0e2\x1d.framepack.worker.v1.ConvTierR\fhangConvTier\x12&\n" +
 	"\x0fhold_vram_bytes\x18\a \x01(\x04R\rholdVramBytes\x12*\n" +
-	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\"\xd9\x04\n" +
+	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\"\xa1\x05\n" +
 	"\fLoadResponse\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x123\n" +
@@ -1195,7 +1260,10 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x0fresident_blocks\x18\n" +
 	" \x01(\rR\x0eresidentBlocks\x12'\n" +
 	"\x0fstreamed_blocks\x18\v \x01(\rR\x0estreamedBlocks\x128\n" +
-	"\x06traits\x18\f \x01(\v2 .framepack.worker.v1.ModelTraitsR\x06traits\"\xa3\x01\n" +
+	"\x06traits\x18\f \x01(\v2 .framepack.worker.v1.ModelTraitsR\x06traits\x12%\n" +
+	"\x0eweights_format\x18\x1f \x01(\tR\rweightsFormat\x12\x1f\n" +
+	"\vfp8_compute\x18  \x01(\tR\n" +
+	"fp8Compute\"\xa3\x01\n" +
 	"\vModelTraits\x12\x1f\n" +
 	"\vblock_stack\x18\x01 \x01(\tR\n" +
 	"blockStack\x12\x16\n" +
