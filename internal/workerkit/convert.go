@@ -115,7 +115,7 @@ func toLoadRequest(r *LoadRequest) *pb.LoadRequest {
 		BeaconPath: r.BeaconPath, MaxResidentBlocks: r.MaxResidentBlocks, Fault: toFault(r.Fault), PciBusId: r.PCIBusID,
 		Loras: toLoraSpecs(r.Loras), Workload: toWorkload(r.Workload), ActivationDtype: r.ActivationDType,
 		SiglipProcessor: r.SiglipProcessor,
-		Checkpoint: r.Checkpoint, Weights: r.Weights, Fp8Compute: r.FP8Compute,
+		Checkpoint:      r.Checkpoint, Weights: r.Weights, Fp8Compute: r.FP8Compute,
 	}
 }
 
@@ -190,7 +190,7 @@ func fromLoadRequest(r *pb.LoadRequest) *LoadRequest {
 		BeaconPath: r.GetBeaconPath(), MaxResidentBlocks: r.GetMaxResidentBlocks(), Fault: fromFault(r.GetFault()), PCIBusID: r.GetPciBusId(),
 		Loras: fromLoraSpecs(r.GetLoras()), Workload: fromWorkload(r.GetWorkload()), ActivationDType: r.GetActivationDtype(),
 		SiglipProcessor: r.GetSiglipProcessor(),
-		Checkpoint: r.GetCheckpoint(), Weights: r.GetWeights(), FP8Compute: r.GetFp8Compute(),
+		Checkpoint:      r.GetCheckpoint(), Weights: r.GetWeights(), FP8Compute: r.GetFp8Compute(),
 	}
 }
 
