@@ -281,13 +281,20 @@ deploy-check: ## validate the rendered Kubernetes overlays with kubeconform (off
 		-schema-location '$(DEPLOY_OUT)/schemas/{{.NormalizedKubernetesVersion}}-standalone{{.StrictSuffix}}/{{.ResourceKind}}{{.KindSuffix}}.json' \
 		-schema-location 'deploy/kubernetes/schemas/{{.ResourceKind}}{{.KindSuffix}}.json' $(DEPLOY_OUT)/*.yaml
 
-# ---- end-to-end memory benchmark (issue 17; scripts/gpue2e/README.md) ------------------------
-.PHONY: gpu-e2e gpu-e2e-bundle e2e-cpu
-gpu-e2e-bundle: ## here (with Go): the binaries and sources gpu-e2e needs, in carry-sized parts under build/e2e/
+# ---- end-to-end benchmark (issues 17 and 30; scripts/gpue2e/README.md) ------------------------
+.PHONY: gpu-e2e gpu-e2e-bundle gpu-e2e-dry e2e-cpu
+E2E_DRY ?= /tmp/fpk-e2e-dry
+gpu-e2e-bundle: ## here (with Go): the binaries and sources gpu-e2e needs, in carry-sized parts under build/e2e/ (prints the device calls)
 	scripts/gpue2e/bundle.sh
 
-gpu-e2e: ## on the GPU machine, once the bundle is staged: random full-size models, our job at each budget, FramePack's modes, the report
+gpu-e2e: ## on the GPU machine, once the bundle is staged: random full-size models, FramePack's modes, our budgets, the 60 s job, the report
 	bash scripts/gpue2e/gpu-e2e.sh all
 
-e2e-cpu: ## the same harness on the tiny models on a cpu lane at two budgets (TestE2ECPU)
+gpu-e2e-dry: gpu-e2e-bundle ## here: the device calls' sequence (stage every part, background runs, wait) on a cpu lane with the tiny models
+	rm -rf $(E2E_DRY)
+	D=$(E2E_DRY) LANE=cpu DEVICE_GIB=3 TINY=1 BUDGETS=keep,all,0.25 bash build/e2e/1/gpu-e2e.sh stage bg build bg models bg ours+long+report
+	for n in $$(ls build/e2e | grep -E '^[0-9]+$$' | sort -n | tail -n +2); do D=$(E2E_DRY) bash build/e2e/$$n/gpu-e2e.sh stage || exit 1; done
+	D=$(E2E_DRY) bash $(E2E_DRY)/gpu-e2e.sh wait 900
+
+e2e-cpu: ## the same harness on the tiny models on a cpu lane: keep, all, a lane limit and a 5-section job (TestE2ECPU)
 	$(GO) test -count=1 -run '^TestE2ECPU$$' -v ./scripts/gpue2e/e2e

@@ -93,7 +93,7 @@ func toFault(f *Fault) *pb.Fault {
 	return &pb.Fault{
 		ExitAtOp: f.ExitAtOp, ExitSignal: f.ExitSignal, HangAtOp: f.HangAtOp, OomAtOp: f.OOMAtOp,
 		HangConvShapeKey: f.HangConvShapeKey, HangConvTier: pb.ConvTier(f.HangConvTier),
-		HoldVramBytes: f.HoldVRAMBytes, HoldVramSeconds: f.HoldVRAMSeconds,
+		HoldVramBytes: f.HoldVRAMBytes, HoldVramSeconds: f.HoldVRAMSeconds, OomAtLoad: f.OOMAtLoad,
 	}
 }
 
@@ -104,7 +104,7 @@ func fromFault(f *pb.Fault) *Fault {
 	return &Fault{
 		ExitAtOp: f.GetExitAtOp(), ExitSignal: f.GetExitSignal(), HangAtOp: f.GetHangAtOp(), OOMAtOp: f.GetOomAtOp(),
 		HangConvShapeKey: f.GetHangConvShapeKey(), HangConvTier: ConvTier(f.GetHangConvTier()),
-		HoldVRAMBytes: f.GetHoldVramBytes(), HoldVRAMSeconds: f.GetHoldVramSeconds(),
+		HoldVRAMBytes: f.GetHoldVramBytes(), HoldVRAMSeconds: f.GetHoldVramSeconds(), OOMAtLoad: f.GetOomAtLoad(),
 	}
 }
 

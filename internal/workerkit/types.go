@@ -209,6 +209,7 @@ type Fault struct {
 	HangConvTier     ConvTier
 	HoldVRAMBytes    uint64
 	HoldVRAMSeconds  uint32
+	OOMAtLoad        bool
 }
 
 // LoadResponse says what a worker loaded and where. The model's constants come in the field of

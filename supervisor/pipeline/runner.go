@@ -100,6 +100,8 @@ type Config struct {
 type Runner struct {
 	cfg Config
 	log logrus.FieldLogger
+	// rests is what the lanes' last jobs measured of a section besides sampling (eta.go).
+	rests restMemo
 }
 
 var _ jobs.Runner = (*Runner)(nil)
@@ -366,6 +368,7 @@ func (j *jobRun) run(ctx context.Context) (jobs.Result, error) {
 	if _, err := shm.WriteSegment(condSeg, j.cond.transformerTensors()); err != nil {
 		return jobs.Result{}, fmt.Errorf("job %s: conditioning segment: %w", j.job.ID, err)
 	}
+	j.eta.setPrior(j.r.rests.get(j.restKey()))
 	var res jobs.Result
 	for i := start; i < j.total; i++ {
 		if i > start && j.draining() {

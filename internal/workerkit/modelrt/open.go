@@ -1,6 +1,7 @@
 package modelrt
 
 import (
+	"fmt"
 	"math"
 	"os"
 
@@ -98,5 +99,16 @@ func (b *Base) newRuntime(req *workerkit.LoadRequest, opts runtime.Options) (*ru
 	}
 	opts.OpObserver = b.Observe
 	opts.OpFault = b.opFault
-	return runtime.New(opts)
+	rt, err := runtime.New(opts)
+	if err != nil || req.Fault == nil || !req.Fault.OOMAtLoad {
+		return rt, err
+	}
+	// Fault.oom_at_load: the allocator's own cap check fails the Load's first allocation with
+	// the runtime's typed out of memory, as a device too full for the weights would.
+	b.Log.Warn("fault: out of memory at load (allocator capped at one byte)")
+	if err := rt.SetMemoryCap(1); err != nil {
+		_ = rt.Close()
+		return nil, fmt.Errorf("fault: oom_at_load: %w", err)
+	}
+	return rt, nil
 }

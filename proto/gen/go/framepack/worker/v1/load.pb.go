@@ -503,8 +503,12 @@ type Fault struct {
 	// hold_vram_seconds is how long hold_vram_bytes stays reported as used
 	// after the worker exits, to exercise the VRAM recovery check.
 	HoldVramSeconds uint32 `protobuf:"varint,8,opt,name=hold_vram_seconds,json=holdVramSeconds,proto3" json:"hold_vram_seconds,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// oom_at_load makes Load fail with ERROR_CODE_OUT_OF_MEMORY as a device
+	// too full for the weights does: the runtime's allocator is capped at one
+	// byte for this Load, so its first allocation fails the cap check.
+	OomAtLoad     bool `protobuf:"varint,9,opt,name=oom_at_load,json=oomAtLoad,proto3" json:"oom_at_load,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Fault) Reset() {
@@ -591,6 +595,13 @@ func (x *Fault) GetHoldVramSeconds() uint32 {
 		return x.HoldVramSeconds
 	}
 	return 0
+}
+
+func (x *Fault) GetOomAtLoad() bool {
+	if x != nil {
+		return x.OomAtLoad
+	}
+	return false
 }
 
 // LoadResponse says what a worker loaded and where.
@@ -1234,7 +1245,7 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
 	"\bstrength\x18\x02 \x01(\x01R\bstrength\x12\x16\n" +
 	"\x06format\x18\x03 \x01(\tR\x06format\x12'\n" +
-	"\x0fweights_changed\x18\x04 \x01(\rR\x0eweightsChanged\"\xc8\x02\n" +
+	"\x0fweights_changed\x18\x04 \x01(\rR\x0eweightsChanged\"\xe8\x02\n" +
 	"\x05Fault\x12\x1c\n" +
 	"\n" +
 	"exit_at_op\x18\x01 \x01(\x04R\bexitAtOp\x12\x1f\n" +
@@ -1246,7 +1257,8 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x13hang_conv_shape_key\x18\x05 \x01(\tR\x10hangConvShapeKey\x12C\n" +
 	"\x0ehang_conv_tier\x18\x06 \x01(\x0e2\x1d.framepack.worker.v1.ConvTierR\fhangConvTier\x12&\n" +
 	"\x0fhold_vram_bytes\x18\a \x01(\x04R\rholdVramBytes\x12*\n" +
-	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\"\xa1\x05\n" +
+	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\x12\x1e\n" +
+	"\voom_at_load\x18\t \x01(\bR\toomAtLoad\"\xa1\x05\n" +
 	"\fLoadResponse\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x123\n" +
