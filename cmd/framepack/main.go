@@ -67,6 +67,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/apiaddr"
 	"github.com/framepackd/framepackd/internal/buildinfo"
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -322,7 +323,7 @@ type common struct {
 }
 
 func defaultAddr() string {
-	if a := os.Getenv("FRAMEPACK_ADDR"); a != "" {
+	if a := envconfig.Addr.Get(); a != "" {
 		return a
 	}
 	return apiaddr.DefaultSocketPath()
@@ -331,7 +332,7 @@ func defaultAddr() string {
 func newFlags(name string, e *env, c *common) *flag.FlagSet {
 	fs := flag.NewFlagSet("framepack "+name, flag.ContinueOnError)
 	fs.SetOutput(e.stderr)
-	fs.StringVar(&c.addr, "addr", defaultAddr(), "server address: socket path, unix:///path or tcp://host:port ($FRAMEPACK_ADDR)")
+	fs.StringVar(&c.addr, "addr", defaultAddr(), "server address: socket path, unix:///path or tcp://host:port ($"+envconfig.Addr.Name+")")
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "deadline of each request (not of watching)")
 	return fs
 }

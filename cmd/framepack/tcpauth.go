@@ -2,12 +2,9 @@ package main
 
 // TLS and the bearer token for a framepackd --listen beyond loopback (--tls-cert, --tls-key,
 // --token-file on the daemon). The CLI reads them from the environment so that every command
-// takes them without new flags:
-//
-//	FRAMEPACK_TLS_CA      PEM file of the CA (or the self-signed certificate) to trust; set, TCP
-//	                      connections use TLS
-//	FRAMEPACK_TLS         "1": TLS with the system's roots
-//	FRAMEPACK_TOKEN_FILE  file holding the bearer token sent on TCP connections
+// takes them without new flags: envconfig.TLSCA (a CA to trust), envconfig.TLS (the system's
+// roots) and envconfig.TokenFile (the bearer token), declared with their docs in
+// internal/envconfig.
 
 import (
 	"context"
@@ -22,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/framepackd/framepackd/internal/apiaddr"
+	"github.com/framepackd/framepackd/internal/envconfig"
 )
 
 // transportOptions are the dial options for a: plain text on a unix socket, TLS and the token on
@@ -32,28 +30,28 @@ func transportOptions(a apiaddr.Addr) ([]grpc.DialOption, error) {
 	}
 	var opts []grpc.DialOption
 	secure := false
-	switch ca := os.Getenv("FRAMEPACK_TLS_CA"); {
+	switch ca := envconfig.TLSCA.Get(); {
 	case ca != "":
 		pem, err := os.ReadFile(ca)
 		if err != nil {
-			return nil, fmt.Errorf("FRAMEPACK_TLS_CA: %w", err)
+			return nil, fmt.Errorf("%s: %w", envconfig.TLSCA, err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("FRAMEPACK_TLS_CA %s: no PEM certificate in it", ca)
+			return nil, fmt.Errorf("%s %s: no PEM certificate in it", envconfig.TLSCA, ca)
 		}
 		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})))
 		secure = true
-	case os.Getenv("FRAMEPACK_TLS") == "1":
+	case envconfig.TLS.On():
 		opts = append(opts, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})))
 		secure = true
 	default:
 		opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
-	if f := os.Getenv("FRAMEPACK_TOKEN_FILE"); f != "" {
+	if f := envconfig.TokenFile.Get(); f != "" {
 		raw, err := os.ReadFile(f)
 		if err != nil {
-			return nil, fmt.Errorf("FRAMEPACK_TOKEN_FILE: %w", err)
+			return nil, fmt.Errorf("%s: %w", envconfig.TokenFile, err)
 		}
 		opts = append(opts, grpc.WithPerRPCCredentials(bearer{token: strings.TrimSpace(string(raw)), secure: secure}))
 	}

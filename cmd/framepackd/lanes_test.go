@@ -22,45 +22,6 @@ import (
 	"github.com/framepackd/framepackd/supervisor/api"
 )
 
-func TestResolveLanes(t *testing.T) {
-	found := map[string]*framepackv1.Device{
-		"cuda:0": {Lane: "cuda:0", PciBusId: "00000000:3B:00.0"},
-		"cuda:1": {Lane: "cuda:1", PciBusId: "0000:86:00.0"},
-	}
-	cpuOnly := map[string]*framepackv1.Device{"cpu": {Lane: "cpu"}}
-	for _, tc := range []struct {
-		name, spec string
-		found      map[string]*framepackv1.Device
-		want       string
-		err        string
-	}{
-		{"auto gpus", "auto", found, "cuda:0,cuda:1", ""},
-		{"empty is auto", "", found, "cuda:0,cuda:1", ""},
-		{"auto cpu", "auto", cpuOnly, "cpu", ""},
-		{"bus ids", "86:00.0, 0000:3b:00.0", found, "cuda:1,cuda:0", ""},
-		{"cpu lanes", "cpu:0,cpu:1", cpuOnly, "cpu:0,cpu:1", ""},
-		{"index", "cuda:1", found, "cuda:1", ""},
-		{"twice", "cuda:1,0000:86:00.0", found, "", "named twice"},
-		{"unknown bus", "0000:01:00.0", found, "", "no probed GPU at PCI address"},
-		{"bad", "tpu:0", found, "", "is not a lane"},
-		{"bad index", "cuda:x", found, "", "bad device index"},
-		{"none", " , ", found, "", "names no lane"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := resolveLanes(tc.spec, tc.found)
-			if tc.err != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.err) {
-					t.Fatalf("got %v, %v; want error with %q", got, err, tc.err)
-				}
-				return
-			}
-			if err != nil || strings.Join(got, ",") != tc.want {
-				t.Fatalf("got %v, %v; want %s", got, err, tc.want)
-			}
-		})
-	}
-}
-
 // laneDaemon runs the daemon in this process (run, as main does) on the tiny test models with
 // real worker processes, and returns a client connection once it serves.
 func laneDaemon(t *testing.T, hook func(*guards), extra ...string) *grpc.ClientConn {

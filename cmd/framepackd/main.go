@@ -62,8 +62,10 @@ import (
 
 	"github.com/framepackd/framepackd/internal/apiaddr"
 	"github.com/framepackd/framepackd/internal/buildinfo"
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/supervisor/devices"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/video"
 	"github.com/framepackd/framepackd/supervisor/web"
@@ -152,6 +154,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
 		fs.PrintDefaults()
+		envconfig.Usage(fs.Output(), envconfig.Daemon, envconfig.Native, envconfig.Test)
 	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -272,19 +275,17 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		log.WithError(err).Warn("ffmpeg not found: videos will be kept as PNG frames (make setup installs ffmpeg)")
 	}
 
-	useBusOrder() // cuda:N is the N-th GPU in PCI bus order, for the workers too (lanes.go)
-	devs := &devices{workersDir: o.workersDir, backend: o.backend, log: logrus.NewEntry(log)}
-	if _, err := devs.discover(ctx); err != nil {
+	devices.UseBusOrder() // cuda:N is the N-th GPU in PCI bus order, for the workers too
+	devs := devices.NewProber(o.workersDir, o.backend, logrus.NewEntry(log))
+	if _, err := devs.Discover(ctx); err != nil {
 		return err
 	}
-	devs.mu.Lock()
-	lanes, err := resolveLanes(o.lanes, devs.last)
-	devs.mu.Unlock()
+	lanes, err := devices.ResolveLanes(o.lanes, devs.Found())
 	if err != nil {
 		fmt.Fprintln(stderr, "framepackd:", err)
 		return errUsage
 	}
-	devs.lanes = lanes
+	devs.SetLanes(lanes)
 
 	// The lanes' watchdogs (watchdog.go), then the FramePack pipeline and its lanes (pipeline.go).
 	guards, err := newGuards(o, devs, lanes, log)
@@ -292,13 +293,13 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		return err
 	}
 	defer guards.close()
-	checkRuntime(devs, guards, lanes, o.allowMismatch, logrus.NewEntry(log)) // runtime.go
+	devices.CheckRuntime(devs, lanes, o.allowMismatch, guards.hold, logrus.NewEntry(log))
 	if guardsHook != nil {
 		guardsHook(guards) // tests hold a lane here (lanes_test.go)
 	}
 	o.pipeline.watchdog = guards.lookup
 	o.pipeline.recovery = guards.recovery
-	mets := newMetrics(guards.devices(devs.list), log) // /metrics (http.go)
+	mets := newMetrics(guards.devices(devs.List), log) // /metrics (http.go)
 	o.pipeline.onStage = mets.stage
 	runJob, closeRunner, err := newRunner(o, devs, lanes, log)
 	if err != nil {
@@ -327,7 +328,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Listen:   listen,
 		Lanes:    lanes,
 		Run:      runJob,
-		Devices:  ready.devices(guards.devices(o.pipeline.devices(devs.list))),
+		Devices:  ready.devices(guards.devices(o.pipeline.devices(devs.List))),
 		Unload:   o.pipeline.unload,
 		Grace:    o.grace,
 		Log:      log,
@@ -340,7 +341,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Models:               ready.fit,
 		MaxImagePixels:       o.limits.maxPixels,
 		MaxConcurrentDecodes: o.limits.maxDecodes,
-		Placement:            o.pipeline.placement(newPlacement(guards, devs, lanes, o.minJobGB)).jobs(),
+		Placement:            devices.Placement(devs, lanes, guards.health, o.pipeline.keptBytes, uint64(o.minJobGB*(1<<30))),
 		// JobSpec.variant at submit: f1 needs its transformer (issue 19).
 		CheckVariant: o.pipeline.checkVariant,
 		// metrics from the event hub, the gRPC TCP listener's TLS and token (http.go)

@@ -237,11 +237,3 @@ func TestDaemonCommandLine(t *testing.T) {
 		})
 	}
 }
-
-func TestSortLanes(t *testing.T) {
-	lanes := []string{"cuda:10", "hip:0", "cpu", "cuda:2", "cuda:0"}
-	sortLanes(lanes)
-	if got := strings.Join(lanes, " "); got != "cpu cuda:0 cuda:2 cuda:10 hip:0" {
-		t.Fatalf("sorted %s", got)
-	}
-}

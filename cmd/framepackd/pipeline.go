@@ -20,6 +20,7 @@ import (
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/supervisor/devices"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
@@ -163,16 +164,9 @@ func (f laneMemoryFlag) check(laneNames []string) error {
 	return nil
 }
 
-// laneBackend splits a lane name ("cpu", "cpu:1", "cuda:0", "hip:1") into backend and device index.
-func laneBackend(lane string) (string, uint32, error) {
-	backend, _, _ := strings.Cut(lane, ":")
-	idx, err := laneIndexOf(lane) // lanes.go: "cpu:N" lanes share the host CPU
-	return backend, idx, err
-}
-
 // newRunner builds the lanes and the pipeline Runner. When the models cannot be found the
 // daemon still starts, and jobs fail saying why.
-func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger) (run func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error), closeFn func(), err error) {
+func newRunner(o *options, devs *devices.Prober, laneNames []string, log *logrus.Logger) (run func(context.Context, *jobs.Job, func(*framepackv1.JobEvent)) (jobs.Result, error), closeFn func(), err error) {
 	p := o.pipeline
 	root := o.shm.Root()
 	byName := map[string]*lanes.Lane{}
@@ -180,27 +174,26 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		return nil, nil, err
 	}
 	for _, name := range laneNames {
-		backend, idx, err := laneBackend(name)
+		lane, err := devices.ParseLane(name)
 		if err != nil {
 			return nil, nil, err
 		}
 		// The lane's device memory: the probed device's total (a GPU's memory; the host's RAM
 		// for cpu, which --cpu-device-memory-gb replaces). Each job's worker cap is taken
 		// from it (lanes.Lane.MemoryCap).
-		devs.mu.Lock()
-		devMem, bus := devs.last[name].GetTotalMemoryBytes(), devs.last[name].GetPciBusId()
-		devs.mu.Unlock()
-		if backend == "cpu" && p.cpuMemGB > 0 {
+		dev := devs.Device(name)
+		devMem, bus := dev.GetTotalMemoryBytes(), dev.GetPciBusId()
+		if !lane.GPU() && p.cpuMemGB > 0 {
 			devMem = uint64(p.cpuMemGB * (1 << 30))
 		}
-		if backend == "cpu" {
+		if !lane.GPU() {
 			bus = ""
 		}
 		var rec lanes.Recovery
 		if p.recovery != nil {
 			rec = p.recovery(name)
 		}
-		l, err := lanes.New(lanes.Config{Name: name, Backend: backend, DeviceIndex: idx, PCIBusID: bus, WorkerPath: lanes.BinDir(o.workersDir),
+		l, err := lanes.New(lanes.Config{Name: name, Backend: lane.Backend, DeviceIndex: lane.Device(), PCIBusID: bus, WorkerPath: lanes.BinDir(o.workersDir),
 			DeviceMemory: devMem, MemoryLimit: p.laneMemory.bytes(name), Residency: p.residency, KeepAlive: DefaultKeepAlive,
 			Recovery: rec, Log: logrus.NewEntry(log)})
 		if err != nil {
@@ -214,17 +207,13 @@ func newRunner(o *options, devs *devices, laneNames []string, log *logrus.Logger
 			_ = l.Close()
 		}
 	}
-	env := map[string]string{}
-	if p.siglip != "" {
-		env["FRAMEPACK_SIGLIP_PROCESSOR"] = p.siglip
-	}
 	build := func(models pipeline.Models) (*pipeline.Runner, error) {
 		log.WithFields(logrus.Fields{"hunyuanvideo": models.HunyuanVideo, "flux_redux": models.FluxRedux, "transformer": models.Transformer,
 			"transformer_f1": models.TransformerF1}).Info("models found")
 		return pipeline.New(pipeline.Config{
-			Models: models, Shm: root, Log: log, WorkerEnv: env, Watchdog: p.watchdog,
+			Models: models, Shm: root, Log: log, SiglipProcessor: p.siglip, Watchdog: p.watchdog,
 			NoPreviews: p.noPreviews, KeepSectionHistory: p.keepHistory, Residency: p.residency, KeepAlive: p.keepAlive.value(), OnStage: p.onStage,
-			KeepSectionVideos: o.limits.keepVideos, FreeBytes: api.FreeBytes,
+			KeepSectionVideos: o.limits.keepVideos, FreeBytes: api.FreeBytes, MaxImagePixels: o.limits.maxPixels,
 			Lane: func(name string) (*lanes.Lane, error) {
 				if l, ok := byName[name]; ok {
 					return l, nil
@@ -343,19 +332,16 @@ func (p *pipelineOptions) unload(lane string, models []string) ([]*framepackv1.U
 	return out, nil
 }
 
-// placement makes p count the memory a lane's kept workers hold as free: the lane gives it back
-// to the job's stages that need it.
-func (po *pipelineOptions) placement(p *placement) *placement {
-	p.kept = func(lane string) uint64 {
-		l := po.lanes[lane]
-		if l == nil {
-			return 0
-		}
-		var n uint64
-		for _, r := range l.Residents() {
-			n += r.CapBytes + l.WorkerOverhead()
-		}
-		return n
+// keptBytes is the memory a lane's kept workers hold (their caps and overheads), which the
+// placement counts as free: the lane gives it back to the job's stages that need it.
+func (po *pipelineOptions) keptBytes(lane string) uint64 {
+	l := po.lanes[lane]
+	if l == nil {
+		return 0
 	}
-	return p
+	var n uint64
+	for _, r := range l.Residents() {
+		n += r.CapBytes + l.WorkerOverhead()
+	}
+	return n
 }

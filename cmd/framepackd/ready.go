@@ -14,6 +14,7 @@ import (
 	"github.com/framepackd/framepackd/internal/shm"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/supervisor/devices"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
 )
 
@@ -31,10 +32,10 @@ type readiness struct {
 	laneErr   map[string]string // lane → why it is unusable; absent when usable
 }
 
-func newReadiness(inst *shm.Instance, models string, devs *devices, log logrus.FieldLogger) *readiness {
+func newReadiness(inst *shm.Instance, models string, devs *devices.Prober, log logrus.FieldLogger) *readiness {
 	r := &readiness{shm: inst, models: models, log: log, laneErr: map[string]string{}}
 	r.checkModels()
-	r.observeDevices(devs.known())
+	r.observeDevices(devs.Known())
 	return r
 }
 
@@ -119,20 +120,4 @@ func (r *readiness) fit() api.ModelFit {
 		return nil
 	}
 	return r.info
-}
-
-// known lists the daemon's lanes with the devices of the last probe, without probing again.
-func (d *devices) known() []*framepackv1.Device {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	out := make([]*framepackv1.Device, 0, len(d.lanes))
-	for _, lane := range d.lanes {
-		dev, ok := d.last[lane]
-		if !ok {
-			dev = &framepackv1.Device{Lane: lane, LaneState: framepackv1.LaneState_LANE_STATE_DEGRADED,
-				LaneStateReason: "no device for this lane in the last probe"}
-		}
-		out = append(out, dev)
-	}
-	return out
 }

@@ -8,16 +8,16 @@ package main
 import (
 	"context"
 	"errors"
-	"fmt"
 	"path/filepath"
 
 	"github.com/sirupsen/logrus"
 
 	"github.com/framepackd/framepackd/internal/convcache"
-	gpudevices "github.com/framepackd/framepackd/internal/devices"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/supervisor/devices"
+	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/watchdog"
 )
@@ -54,9 +54,9 @@ func (l laneRecovery) Check(ctx context.Context, baseline uint64, pgid int) (boo
 }
 
 // newGuards makes one watchdog per lane, with the lane's device memory read through
-// laneMemory, none on the CPU (the recovery check then waits for the worker's process group to
+// devices.MemoryReader, none on the CPU (the recovery check then waits for the worker's process group to
 // be gone), and the probe worker to check a device after a crash.
-func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger) (*guards, error) {
+func newGuards(o *options, devs *devices.Prober, laneNames []string, log *logrus.Logger) (*guards, error) {
 	cache, err := convcache.Open(filepath.Join(o.state, convCacheFile))
 	if err != nil {
 		return nil, err
@@ -66,26 +66,26 @@ func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger
 	}
 	g := &guards{byLane: map[string]*watchdog.Watchdog{}, checks: map[string]*watchdog.Recovery{}, log: logrus.NewEntry(log)}
 	for _, name := range laneNames {
-		backend, idx, err := laneBackend(name)
+		lane, err := devices.ParseLane(name)
 		if err != nil {
 			g.close()
 			return nil, err
 		}
-		devs.mu.Lock()
-		dev := devs.last[name]
-		devs.mu.Unlock()
+		dev := devs.Device(name)
 		var mem watchdog.Memory
 		if dev == nil {
 			// No device for this lane in the probe: the lane stays (ListDevices shows it
 			// degraded, readiness refuses jobs pinned to it) but has no memory to watch.
 			g.log.WithField("lane", name).Warn("no device for this lane in the probe: it takes no jobs until one is found")
-		} else if mem, err = laneMemory(name, backend, dev); err != nil {
+		} else if r, err := devices.MemoryReader(lane, dev); err != nil {
 			g.close()
 			return nil, err
+		} else if r != nil {
+			mem = r
 		}
 		probe := watchdog.ProbeWorker(workerkit.Config{Name: "probe", Path: filepath.Join(o.workersDir, "probe"), Log: g.log},
-			backend, idx, watchdog.DefaultProbeAllocate)
-		cfg := watchdog.Config{Lane: name, LaneBackend: backend, ConvCache: cache,
+			lane.Backend, lane.Device(), watchdog.DefaultProbeAllocate)
+		cfg := watchdog.Config{Lane: name, LaneBackend: lane.Backend, ConvCache: cache,
 			Recovery: &watchdog.Recovery{Memory: mem}, Probe: probe, Log: g.log}
 		o.ops.apply(&cfg) // --hang-deadline-scale, --retries-per-*, --vram-recovery-wait (ops.go)
 		g.checks[name] = cfg.Recovery
@@ -105,47 +105,28 @@ func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger
 	return g, nil
 }
 
-// laneMemory returns the used-memory reader of a GPU lane's device (nil on the CPU).
-//
-// Devices are read through two deliberate paths and no third:
-//   - what devices exist (name, arch, total memory, PCI bus id) comes from the probe worker
-//     (devices.go), in a throwaway process: initialising a vendor runtime may crash, and a crash
-//     there must not take the daemon down (ARCHITECTURE.md §6);
-//   - the used-memory figure the VRAM recovery check polls every 250 ms comes from
-//     internal/devices in this process, by the bus id the probe reported: NVML's
-//     nvmlDeviceGetHandleByPciBusId_v2 on cuda, amdgpu's sysfs files on hip. Reading a figure
-//     creates no context and loads no kernel code onto the device, so it cannot crash the way
-//     vendor initialisation can, and spawning a process four times a second would cost more
-//     than the figure. By bus id, the lane reads the GPU its workers run on even on a host
-//     whose GPUs the runtime and the driver number differently.
-//
-// A GPU device without a bus id is a configuration error, not a reason to guess by index.
-func laneMemory(lane, backend string, dev *framepackv1.Device) (watchdog.Memory, error) {
-	if backend != gpudevices.BackendCUDA && backend != gpudevices.BackendHIP {
-		return nil, nil
-	}
-	bus := dev.GetPciBusId()
-	if bus == "" {
-		return nil, fmt.Errorf("lane %s: the probe reported no PCI bus id for this device, so its memory cannot be watched (is the lane's device present?)", lane)
-	}
-	r, err := gpudevices.NewReader(gpudevices.Device{Backend: backend, PCIBusID: bus}, gpudevices.Options{})
-	if err != nil {
-		return nil, fmt.Errorf("lane %s: %w", lane, err)
-	}
-	return namedReader{r, fmt.Sprintf("%s %s", backend, bus)}, nil
-}
-
-// namedReader gives an internal/devices reader the name the watchdog logs.
-type namedReader struct {
-	gpudevices.Reader
-	name string
-}
-
-// Name says where the figure comes from.
-func (r namedReader) Name() string { return r.name }
-
 // lookup returns the watchdog of a lane (nil for an unknown lane: its stages run once).
 func (g *guards) lookup(lane string) *watchdog.Watchdog { return g.byLane[lane] }
+
+// health returns the health of a lane's watchdog for the job queue's placement (nil for a
+// lane without one: always ready).
+func (g *guards) health(lane string) jobs.LaneHealth {
+	if w := g.lookup(lane); w != nil {
+		return w.Health()
+	}
+	return nil
+}
+
+// hold holds a lane (its watchdog's health) for reason; a lane without a watchdog has none.
+func (g *guards) hold(lane, reason string) {
+	if w := g.lookup(lane); w != nil {
+		w.Health().Hold(reason)
+	}
+}
+
+// guardsHook, when set (by tests of this package only), is called with the lanes' watchdogs
+// before the daemon takes jobs.
+var guardsHook func(*guards)
 
 // close stops the watchdogs' monitors.
 func (g *guards) close() {

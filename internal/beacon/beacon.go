@@ -23,6 +23,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/framepackd/framepackd/internal/envconfig"
 )
 
 // PageSize is the size of a beacon page in bytes.
@@ -40,7 +42,7 @@ const MaxConvTier = 32
 
 // EnvFD names the environment variable that carries the beacon's file descriptor number in a
 // worker process.
-const EnvFD = "FRAMEPACK_BEACON_FD"
+var EnvFD = envconfig.BeaconFD.Name
 
 // magic identifies a beacon page and its layout version ("FPKBCN01" little-endian).
 const magic = 0x3130_4e43_424b_5046
@@ -160,13 +162,6 @@ func mapFile(f *os.File, prot int) (words, error) {
 
 func (m words) load(i int) uint64     { return atomic.LoadUint64(&m.w[i]) }
 func (m words) store(i int, v uint64) { atomic.StoreUint64(&m.w[i], v) }
-
-func unixNano(t time.Time) uint64 {
-	if t.IsZero() {
-		return 0
-	}
-	return uint64(t.UnixNano())
-}
 
 func timeOf(v uint64) time.Time {
 	if v == 0 {

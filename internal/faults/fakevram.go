@@ -11,11 +11,13 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/framepackd/framepackd/internal/envconfig"
 )
 
 // EnvFakeVRAMDir names the environment variable that gives a worker the directory of the fake
 // device-memory ledger. The supervisor sets it (workerkit.Config.Env) only in tests.
-const EnvFakeVRAMDir = "FRAMEPACK_FAKE_VRAM_DIR"
+var EnvFakeVRAMDir = envconfig.FakeVRAMDir.Name
 
 // holdSuffix ends the name of a ledger entry.
 const holdSuffix = ".hold"

@@ -27,6 +27,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/framepackd/framepackd/internal/beacon"
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/workerkit"
 )
 
@@ -85,7 +86,7 @@ func New(f *workerkit.Fault, caps Caps, bw *beacon.Writer, log *logrus.Entry) (*
 		}
 	}
 	if f.HoldVRAMBytes != 0 {
-		dir := os.Getenv(EnvFakeVRAMDir)
+		dir := envconfig.FakeVRAMDir.Get()
 		if dir == "" {
 			return nil, fmt.Errorf("%w: hold_vram_bytes needs the fake device ledger (%s unset)", ErrInvalid, EnvFakeVRAMDir)
 		}

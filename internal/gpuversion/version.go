@@ -13,11 +13,13 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/framepackd/framepackd/internal/envconfig"
 )
 
 // EnvFake names the environment variable that fakes the versions Read returns, for tests
 // only: "<backend>:<runtime>/<driver>", e.g. "hip:6.4.1/6.1" or "cuda:12.8/12.4".
-const EnvFake = "FRAMEPACK_TEST_FAKE_GPU_VERSIONS"
+var EnvFake = envconfig.FakeGPUVersions.Name
 
 // Version is a major.minor[.patch] version; the zero value is unknown.
 type Version struct{ Major, Minor, Patch int }

@@ -3,10 +3,10 @@ package nn
 import (
 	"errors"
 	"fmt"
-	"os"
 	goruntime "runtime"
 	"strconv"
 
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
@@ -30,11 +30,11 @@ import (
 // H200, the transformer's load went from ~3.7 s to ~2.1 s and the text encoder's from 2.6 s to
 // 1.4 s) and off for the cpu backend, where a tensor's "upload" is one host copy already and
 // the slots would only add host memory.
-const EnvStagedUpload = "FRAMEPACK_STAGED_UPLOAD"
+var EnvStagedUpload = envconfig.StagedUpload.Name
 
 // EnvStagedUploadSlotBytes sets the size of each staging slot in bytes (default
 // DefaultStagingSlotBytes; tests use a few hundred bytes so tensors are larger than a slot).
-const EnvStagedUploadSlotBytes = "FRAMEPACK_STAGED_UPLOAD_SLOT_BYTES"
+var EnvStagedUploadSlotBytes = envconfig.StagedUploadSlotBytes.Name
 
 const (
 	// DefaultStagingSlots is how many slots the ring has: the host fills one or two while
@@ -64,7 +64,7 @@ type Staging struct {
 // backend whose tensors are host memory (hostTensors) or not: the variable's value when it
 // reads as a bool, else on for a device backend and off for a host one.
 func StagingFromEnv(hostTensors bool) Staging {
-	on, err := strconv.ParseBool(os.Getenv(EnvStagedUpload))
+	on, err := strconv.ParseBool(envconfig.StagedUpload.Get())
 	if err != nil {
 		on = !hostTensors
 	}
@@ -72,7 +72,7 @@ func StagingFromEnv(hostTensors bool) Staging {
 		return Staging{}
 	}
 	s := Staging{Slots: DefaultStagingSlots, SlotBytes: DefaultStagingSlotBytes}
-	if n, err := strconv.Atoi(os.Getenv(EnvStagedUploadSlotBytes)); err == nil && n > 0 {
+	if n, err := strconv.Atoi(envconfig.StagedUploadSlotBytes.Get()); err == nil && n > 0 {
 		s.SlotBytes = n
 	}
 	return s

@@ -1,5 +1,5 @@
 // Package parity loads the reference fixtures in testdata/parity (or any fixture set in the same
-// format, chosen with FRAMEPACK_FIXTURES) and compares results with them by relative L2 error.
+// format, chosen with the test knob envconfig.Fixtures) and compares results with them by relative L2 error.
 //
 // A fixture set is a folder with models/ and cases/<fixture>.json + cases/<fixture>.safetensors;
 // see testdata/parity/README.md. Parity tests iterate over every case of a fixture by its op and
@@ -17,11 +17,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
 // EnvRoot names the environment variable that points at a fixture set.
-const EnvRoot = "FRAMEPACK_FIXTURES"
+var EnvRoot = envconfig.Fixtures.Name
 
 var (
 	moduleRootOnce sync.Once
@@ -57,7 +58,7 @@ func ModuleRoot() (string, error) {
 	return moduleRoot, nil
 }
 
-// Root returns the fixture set in use: $FRAMEPACK_FIXTURES, or testdata/parity of the module.
+// Root returns the fixture set in use: $EnvRoot, or testdata/parity of the module.
 func Root() (string, error) {
 	return rootOf(EnvRoot, "parity")
 }
@@ -77,10 +78,11 @@ func rootOf(env, dir string) (string, error) {
 
 // EnvReferenceRoot names the environment variable that points at the project's own reference
 // fixtures (testdata/reference: cases made with the reference code by generator scripts kept
-// beside them, for what testdata/parity does not cover). They use the models of Root().
-const EnvReferenceRoot = "FRAMEPACK_REFERENCE_FIXTURES"
+// beside them, for what testdata/parity does not cover). Each names the models it was made
+// from (its "models", relative to its own set: testdata/parity/models for the project's).
+var EnvReferenceRoot = envconfig.ReferenceFixtures.Name
 
-// ReferenceRoot returns the project's own fixture set: $FRAMEPACK_REFERENCE_FIXTURES, or
+// ReferenceRoot returns the project's own fixture set: $EnvReferenceRoot, or
 // testdata/reference of the module.
 func ReferenceRoot() (string, error) {
 	return rootOf(EnvReferenceRoot, "reference")
@@ -113,10 +115,10 @@ func (c Case) ForActivations(half bool) Case {
 }
 
 // HalfActivations returns the 16-bit activation dtype a half parity run uses: the one
-// $FRAMEPACK_ACTIVATION_DTYPE names ("bf16"/"bfloat16", "fp16"/"f16"/"float16"), else def (the
+// the test knob envconfig.ActivationDType names ("bf16"/"bfloat16", "fp16"/"f16"/"float16"), else def (the
 // dtype FramePack runs the model in).
 func HalfActivations(def string) string {
-	switch v := os.Getenv("FRAMEPACK_ACTIVATION_DTYPE"); v {
+	switch v := envconfig.ActivationDType.Get(); v {
 	case "bf16", "bfloat16", "fp16", "f16", "float16":
 		return v
 	}
@@ -286,6 +288,10 @@ func (c Case) Output(t testing.TB, name string) Array { return c.tensor(t, c.Out
 func (c Case) Intermediate(t testing.TB, name string) Array {
 	return c.tensor(t, c.Intermediates, "intermediate", name)
 }
+
+// ModelPath returns the absolute folder of model key as the case's fixture names it: the models
+// the case was made from.
+func (c Case) ModelPath(key string) (string, error) { return c.fx.ModelPath(key) }
 
 // HasInput reports whether the case has an input called name.
 func (c Case) HasInput(name string) bool { _, ok := c.Inputs[name]; return ok }

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"strings"
 	"sync/atomic"
+
+	"github.com/framepackd/framepackd/internal/envconfig"
 )
 
 // AttentionLayout is how Attention's operands lay out their heads and positions.
@@ -68,7 +70,7 @@ func ParseAttentionTier(s string) (AttentionTier, error) {
 
 // EnvAttentionTier forces one attention tier ("vendor", "flash", "chunked", "cpu") when
 // Options.AttentionTier is AttentionAuto: only that tier is tried (tests of each tier).
-const EnvAttentionTier = "FRAMEPACK_ATTENTION_TIER"
+var EnvAttentionTier = envconfig.AttentionTier.Name
 
 // AttentionStats counts the attentions each tier served and the tiers that answered
 // unavailable (indexed by AttentionTier; AttentionAuto unused).
@@ -115,7 +117,7 @@ type AttentionParams struct {
 // GEMM + softmax path, the cpu backend's flash attention — and the first that is available for
 // these operands serves; a tier's real failure (out of memory, a kernel error) is returned,
 // not hidden by the next tier. A forced tier (AttentionParams.Tier, Options.AttentionTier,
-// FRAMEPACK_ATTENTION_TIER) is tried alone: unavailable is then an error.
+// EnvAttentionTier) is tried alone: unavailable is then an error.
 func (rt *Runtime) Attention(q, k, v, mask *Tensor, p AttentionParams) (*Tensor, error) {
 	const op = "attention"
 	if err := required(op, q, k, v); err != nil {

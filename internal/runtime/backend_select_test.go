@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -111,5 +112,14 @@ func TestPinAndDeviceMemoryOnCPU(t *testing.T) {
 	}
 	if _, _, err := rt.DeviceMemory(); !errors.Is(err, ErrUnsupported) {
 		t.Fatalf("device memory on cpu: got %v, want ErrUnsupported", err)
+	}
+}
+
+// TestFindDBOption: the cuDNN find database travels in the backend's config (a cpu backend
+// takes it and has no use for it); a path the config cannot hold is an invalid argument.
+func TestFindDBOption(t *testing.T) {
+	newTestRuntime(t, Options{Backend: "cpu", FindDB: "/var/cache/fp/conv.json.cudnn-find"})
+	if _, err := New(Options{Backend: "cpu", FindDB: "/" + strings.Repeat("x", 600)}); !errors.Is(err, ErrInvalidArgument) {
+		t.Fatalf("a 601-byte find database path: %v, want an invalid argument", err)
 	}
 }

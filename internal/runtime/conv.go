@@ -171,7 +171,7 @@ type ConvPolicy struct {
 	// they are skipped, as hung ones always are).
 	RetryFailed bool
 	// Only tries FirstTier and no later one: a conv that tier cannot serve fails (tests that
-	// force each tier in turn; FRAMEPACK_CONV_TIER sets it).
+	// force each tier in turn; EnvConvTier sets it).
 	Only bool
 	// TierOverrides sets, per conv shape key (Runtime.ConvKey), the first tier to try for that
 	// shape (LoadRequest.conv_policy.tier_overrides). FirstTier still skips the tiers above it

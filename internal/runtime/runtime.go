@@ -35,24 +35,29 @@ import (
 	"unsafe"
 
 	"github.com/framepackd/framepackd/internal/convcache"
+	"github.com/framepackd/framepackd/internal/envconfig"
 )
 
 // Options configure a Runtime. The zero value is a cpu backend on every core without a cap.
 type Options struct {
 	// Backend names the backend: "cpu" (built in), the name of a backend library ("cuda",
 	// "hip"), opened from LibraryPath or BackendDir/libfpk-<Backend>.so, or "auto": cuda, then
-	// hip, then cpu, the first that opens. "" means $FRAMEPACK_BACKEND, or "cpu" when unset.
+	// hip, then cpu, the first that opens. "" means envconfig.Backend's value, or "cpu" when
+	// unset.
 	Backend string
 	// LibraryPath is the backend library to open (overrides BackendDir).
 	LibraryPath string
-	// BackendDir holds backend libraries; "" means $FRAMEPACK_NATIVE_DIR, or the directory of
-	// the executable when unset.
+	// BackendDir holds backend libraries; "" means envconfig.NativeDir's value, or the
+	// directory of the executable when unset.
 	BackendDir string
 	// Device is the device index on the backend (0 for cpu).
 	Device int
 	// PCIBusID, when set, opens the GPU with this PCI bus id ("0000:65:00.0") instead of
 	// Device; ignored on cpu.
 	PCIBusID string
+	// FindDB is the cuDNN find database the cuda backend keeps its Find choices in, shared by
+	// the workers (fpk_backend_config.find_db_path); "" keeps them in this process.
+	FindDB string
 	// Threads is the number of threads for the cpu backend's loops and BLAS (0 = every core).
 	Threads int
 	// MemoryCap is the most bytes the runtime may hold at once (tensors and scratch); 0 means
@@ -71,7 +76,7 @@ type Options struct {
 	// ConvPolicy adjusts the conv fallback chain.
 	ConvPolicy ConvPolicy
 	// AttentionTier forces one attention tier for every Attention (AttentionAuto, the zero
-	// value, runs the chain; FRAMEPACK_ATTENTION_TIER sets it when zero).
+	// value, runs the chain; the test knob envconfig.AttentionTier sets it when zero).
 	AttentionTier AttentionTier
 	// ConvFaults inject failures and hangs into chosen conv tiers and shapes (tests).
 	ConvFaults []ConvFault
@@ -141,28 +146,28 @@ type Stats struct {
 	Ops     uint64 // ops run so far
 }
 
-// Environment variables that set defaults of Options (tests and benchmarks on a GPU machine run
-// the same binaries with FRAMEPACK_BACKEND=cuda).
-const (
+// Environment variables that set defaults of Options (internal/envconfig declares them: tests
+// and benchmarks on a GPU machine run the same binaries with its Backend set to cuda).
+var (
 	// EnvBackend is the backend when Options.Backend is "" ("cpu", "cuda", "hip", "auto").
-	EnvBackend = "FRAMEPACK_BACKEND"
+	EnvBackend = envconfig.Backend.Name
 	// EnvNativeDir is the directory of backend libraries when Options.BackendDir is "".
-	EnvNativeDir = "FRAMEPACK_NATIVE_DIR"
+	EnvNativeDir = envconfig.NativeDir.Name
 	// EnvConvTier forces one conv tier ("vendor_tuned", "vendor_default", "own_kernel", "cpu")
 	// when Options.ConvPolicy is the zero value: only that tier is tried (tests of each tier).
-	EnvConvTier = "FRAMEPACK_CONV_TIER"
+	EnvConvTier = envconfig.ConvTier.Name
 )
 
 // New opens a backend.
 func New(opts Options) (*Runtime, error) {
 	if opts.Backend == "" {
-		opts.Backend = os.Getenv(EnvBackend)
+		opts.Backend = envconfig.Backend.Get()
 	}
 	if opts.Backend == "" {
 		opts.Backend = "cpu"
 	}
 	if opts.ConvPolicy.isZero() {
-		if v := os.Getenv(EnvConvTier); v != "" {
+		if v := envconfig.ConvTier.Get(); v != "" {
 			t, err := ParseTier(v)
 			if err != nil {
 				return nil, argError("new runtime", "%s: %v", EnvConvTier, err)
@@ -171,7 +176,7 @@ func New(opts Options) (*Runtime, error) {
 		}
 	}
 	if opts.AttentionTier == AttentionAuto {
-		if v := os.Getenv(EnvAttentionTier); v != "" {
+		if v := envconfig.AttentionTier.Get(); v != "" {
 			t, err := ParseAttentionTier(v)
 			if err != nil {
 				return nil, argError("new runtime", "%s: %v", EnvAttentionTier, err)
@@ -208,6 +213,12 @@ func New(opts Options) (*Runtime, error) {
 	}
 	for i := range len(opts.PCIBusID) {
 		cfg.pci_bus_id[i] = C.char(opts.PCIBusID[i])
+	}
+	if len(opts.FindDB) >= len(cfg.find_db_path) || strings.ContainsRune(opts.FindDB, 0) {
+		return nil, argError("new runtime", "find database path %q: at most %d bytes", opts.FindDB, len(cfg.find_db_path)-1)
+	}
+	for i := range len(opts.FindDB) {
+		cfg.find_db_path[i] = C.char(opts.FindDB[i])
 	}
 	if opts.Poison {
 		cfg.flags |= C.FPK_BACKEND_FLAG_POISON
@@ -293,7 +304,7 @@ func libraryPath(opts Options) (string, error) {
 	}
 	dir := opts.BackendDir
 	if dir == "" {
-		dir = os.Getenv(EnvNativeDir)
+		dir = envconfig.NativeDir.Get()
 	}
 	if dir == "" {
 		exe, err := os.Executable()

@@ -114,7 +114,8 @@ func toLoadRequest(r *LoadRequest) *pb.LoadRequest {
 		MemoryCapBytes: r.MemoryCapBytes, ConvPolicy: toConvPolicy(r.ConvPolicy), Env: r.Env,
 		BeaconPath: r.BeaconPath, MaxResidentBlocks: r.MaxResidentBlocks, Fault: toFault(r.Fault), PciBusId: r.PCIBusID,
 		Loras: toLoraSpecs(r.Loras), Workload: toWorkload(r.Workload), ActivationDtype: r.ActivationDType,
-		Checkpoint: r.Checkpoint, Weights: r.Weights, Fp8Compute: r.FP8Compute,
+		SiglipProcessor: r.SiglipProcessor,
+		Checkpoint:      r.Checkpoint, Weights: r.Weights, Fp8Compute: r.FP8Compute,
 	}
 }
 
@@ -188,7 +189,8 @@ func fromLoadRequest(r *pb.LoadRequest) *LoadRequest {
 		MemoryCapBytes: r.GetMemoryCapBytes(), ConvPolicy: fromConvPolicy(r.GetConvPolicy()), Env: r.GetEnv(),
 		BeaconPath: r.GetBeaconPath(), MaxResidentBlocks: r.GetMaxResidentBlocks(), Fault: fromFault(r.GetFault()), PCIBusID: r.GetPciBusId(),
 		Loras: fromLoraSpecs(r.GetLoras()), Workload: fromWorkload(r.GetWorkload()), ActivationDType: r.GetActivationDtype(),
-		Checkpoint: r.GetCheckpoint(), Weights: r.GetWeights(), FP8Compute: r.GetFp8Compute(),
+		SiglipProcessor: r.GetSiglipProcessor(),
+		Checkpoint:      r.GetCheckpoint(), Weights: r.GetWeights(), FP8Compute: r.GetFp8Compute(),
 	}
 }
 
@@ -211,7 +213,7 @@ func toLoadResponse(r *LoadResponse) *pb.LoadResponse {
 		Backend: r.Backend, Dtype: r.DType, WeightBytes: r.WeightBytes,
 		DeviceAllocatedBytes: r.DeviceAllocatedBytes, LoadDuration: toDuration(r.LoadDuration),
 		Vae: toVAEInfo(r.VAE), Transformer: toTransformerInfo(r.Transformer), TextEncoder: toTextEncoderInfo(r.TextEncoder),
-		ResidentBlocks: r.ResidentBlocks, StreamedBlocks: r.StreamedBlocks, WeightsFormat: r.WeightsFormat, Fp8Compute: r.FP8Compute,
+		ResidentBlocks: r.ResidentBlocks, StreamedBlocks: r.StreamedBlocks, WeightsFormat: r.WeightsFormat, Fp8Compute: r.FP8Compute, Traits: toModelTraits(r.Traits),
 	}
 	if r.Device != nil {
 		out.Device = toDevice(*r.Device)
@@ -231,6 +233,7 @@ func fromLoadResponse(r *pb.LoadResponse) *LoadResponse {
 		DeviceAllocatedBytes: r.GetDeviceAllocatedBytes(), LoadDuration: fromDuration(r.GetLoadDuration()),
 		VAE: fromVAEInfo(r.GetVae()), Transformer: fromTransformerInfo(r.GetTransformer()), TextEncoder: fromTextEncoderInfo(r.GetTextEncoder()),
 		ResidentBlocks: r.GetResidentBlocks(), StreamedBlocks: r.GetStreamedBlocks(), WeightsFormat: r.GetWeightsFormat(), FP8Compute: r.GetFp8Compute(),
+		Traits: fromModelTraits(r.GetTraits()),
 	}
 	if r.GetDevice() != nil {
 		d := fromDevice(r.GetDevice())
@@ -238,6 +241,22 @@ func fromLoadResponse(r *pb.LoadResponse) *LoadResponse {
 	}
 	out.Loras = fromLorasApplied(r.GetTransformer().GetLoras())
 	return out
+}
+
+func toModelTraits(t *ModelTraits) *pb.ModelTraits {
+	if t == nil {
+		return nil
+	}
+	return &pb.ModelTraits{BlockStack: t.BlockStack, Blocks: t.Blocks, Convolves: t.Convolves, Tiles: t.Tiles,
+		FallbackDtypes: append([]string(nil), t.FallbackDTypes...)}
+}
+
+func fromModelTraits(t *pb.ModelTraits) *ModelTraits {
+	if t == nil {
+		return nil
+	}
+	return &ModelTraits{BlockStack: t.GetBlockStack(), Blocks: t.GetBlocks(), Convolves: t.GetConvolves(), Tiles: t.GetTiles(),
+		FallbackDTypes: append([]string(nil), t.GetFallbackDtypes()...)}
 }
 
 func toVAEInfo(v *VAEInfo) *pb.VaeInfo {

@@ -14,17 +14,18 @@ import (
 	"github.com/sirupsen/logrus"
 
 	"github.com/framepackd/framepackd/internal/beacon"
+	"github.com/framepackd/framepackd/internal/envconfig"
 )
 
-// Environment variables the supervisor sets for a worker.
-const (
+// Environment variables the supervisor sets for a worker (declared in internal/envconfig).
+var (
 	// EnvParentPID carries the supervisor's pid; the worker exits when its parent is another.
-	EnvParentPID = "FRAMEPACK_PARENT_PID"
+	EnvParentPID = envconfig.ParentPID.Name
 	// EnvLogLevel sets the worker's log level (logrus names; default info).
-	EnvLogLevel = "FRAMEPACK_LOG_LEVEL"
+	EnvLogLevel = envconfig.LogLevel.Name
 	// EnvTestIgnoreSIGTERM, set to 1, makes the worker ignore SIGTERM. Tests use it to check
 	// that the supervisor's kill does not depend on the worker's cooperation.
-	EnvTestIgnoreSIGTERM = "FRAMEPACK_TEST_IGNORE_SIGTERM"
+	EnvTestIgnoreSIGTERM = envconfig.IgnoreSIGTERM.Name
 )
 
 // ErrOrphaned is the cause of a worker's exit when its supervisor is gone.
@@ -62,7 +63,7 @@ func Main(name string, newWorker func(*Kit) (Worker, error)) {
 
 // signalContext is cancelled by SIGTERM (unless EnvTestIgnoreSIGTERM asks to ignore it).
 func signalContext() (context.Context, context.CancelFunc) {
-	if os.Getenv(EnvTestIgnoreSIGTERM) == "1" {
+	if envconfig.IgnoreSIGTERM.On() {
 		signal.Ignore(syscall.SIGTERM)
 		return context.WithCancel(context.Background())
 	}
@@ -76,7 +77,7 @@ func newWorkerLogger() *logrus.Entry {
 	l.SetOutput(os.Stderr) // the real stderr: plugin.Serve later swaps the os.Stderr variable
 	l.SetFormatter(workerFormatter{})
 	l.SetLevel(logrus.InfoLevel)
-	if lv, err := logrus.ParseLevel(os.Getenv(EnvLogLevel)); err == nil {
+	if lv, err := logrus.ParseLevel(envconfig.LogLevel.Get()); err == nil {
 		l.SetLevel(lv)
 	}
 	return logrus.NewEntry(l)
@@ -125,7 +126,7 @@ func Serve(ctx context.Context, name string, log *logrus.Entry, newWorker func(*
 // parentPID returns the pid the worker's parent must keep: EnvParentPID, else the parent at
 // start.
 func parentPID() int {
-	if pid, err := strconv.Atoi(os.Getenv(EnvParentPID)); err == nil && pid > 0 {
+	if pid, err := strconv.Atoi(envconfig.ParentPID.Get()); err == nil && pid > 0 {
 		return pid
 	}
 	return os.Getppid()

@@ -160,9 +160,12 @@ type LoadRequest struct {
 	// residency is planned around); nil: none reserved.
 	Workload *Workload
 	// ActivationDType is the dtype activations are computed in: "fp32", "bf16", "fp16"; empty:
-	// $FRAMEPACK_ACTIVATION_DTYPE, else the model's default for the backend
+	// the test knob envconfig.ActivationDType, else the model's default for the backend
 	// (modelrt.Base.Activation).
 	ActivationDType string
+	// SiglipProcessor is the clipvision worker's SiglipImageProcessor: "torchvision" (empty)
+	// or "pil".
+	SiglipProcessor string
 	// Checkpoint is a single safetensors file loaded instead of ModelDir's weights (config from
 	// ModelDir), 16- or 8-bit (internal/fp8 tells the format); empty: ModelDir's. Transformer only.
 	Checkpoint string
@@ -229,6 +232,26 @@ type LoadResponse struct {
 	// WeightsFormat is the 8-bit weights' format ("" none, "plain", "comfy", "musubi",
 	// "quantized"); FP8Compute the fp8 compute mode in use (empty without 8-bit weights).
 	WeightsFormat, FP8Compute string
+	// Traits is what the model has that a retry can change (nil: not reported).
+	Traits *ModelTraits
+}
+
+// ModelTraits is what a model has that a retry of its stage can change, declared by its worker
+// (LoadResponse): the supervisor's degradation ladder reads it instead of knowing the models.
+type ModelTraits struct {
+	// BlockStack names the stack of repeated blocks the worker keeps on the device up to
+	// LoadRequest.MaxResidentBlocks, streaming the rest from host memory ("transformer
+	// blocks", "llama layers"); "" for a model without one.
+	BlockStack string
+	// Blocks is the stack's length: the blocks one forward runs.
+	Blocks uint32
+	// Convolves says the model runs convolutions through the conv chain (ConvPolicy applies).
+	Convolves bool
+	// Tiles says the model's stages take spatial tiles (the VAE's tiling).
+	Tiles bool
+	// FallbackDTypes are the activation dtypes narrower than the loaded one that the model can
+	// run in instead, widest first (LoadRequest.ActivationDType names one).
+	FallbackDTypes []string
 }
 
 // VAEInfo holds a loaded VAE's constants, so the supervisor need not read its config.json.
@@ -623,4 +646,9 @@ func asError(err error) *Error {
 		return &out
 	}
 	return &Error{Code: CodeOf(err), Message: err.Error()}
+}
+
+// IsZero reports whether t declares nothing (not reported).
+func (t ModelTraits) IsZero() bool {
+	return t.BlockStack == "" && t.Blocks == 0 && !t.Convolves && !t.Tiles && len(t.FallbackDTypes) == 0
 }

@@ -26,15 +26,15 @@
  *            dtype and head dim, the launcher runs it and the FMA kernel on a small problem with
  *            odd lengths and a mask (amd_self_check) and compares; a mismatch or an error turns
  *            the path off on that device for the process and the FMA kernel serves instead.
- *            FRAMEPACK_GPU_FLASH_SELFCHECK=strict makes a disabled path fail the call with the
- *            reason (to see it on a new card); FRAMEPACK_GPU_FLASH_FMA=1 skips them altogether.
+ *            fpk_gpu_cfg.flash_selfcheck_strict makes a disabled path fail the call with the
+ *            reason (to see it on a new card); fpk_gpu_cfg.flash_fma skips them altogether.
  *          - FMA (every build, HIP included, and every dtype): f32 arithmetic on any dims up to
  *            256, for the f32 parity runs and where the matrix path does not apply.
  *          16-bit q, k, v come from the activation dtype chosen at Load.
  * chunked  Per batch, query group of a key head and chunk of queries, S = scale·Q Kᵀ for every
  *          key head in one strided batched GEMM (f32 scores), a masked row softmax into P (the
  *          values' dtype when 16-bit), then O = P V written in place. Scratch is one chunk of
- *          scores, at most FRAMEPACK_GPU_ATTENTION_MIB (default 1024) MiB at any length.
+ *          scores, at most fpk_gpu_cfg.attention_score_bytes (default 1 GiB) at any length.
  *
  * Both read q, k, v and write out through element strides (batch, position, head), so the
  * [B, H, L, D] and [B, L, H, D] layouts need no copies. The cpu tier answers FPK_ERR_UNAVAILABLE
@@ -50,7 +50,7 @@
 
 static const void *elem(const void *p, int dt, int64_t i) { return (const char *)p + (size_t)i * fpk_dt_size(dt); }
 
-static int64_t score_budget(void) { return fpk_env_mib("FRAMEPACK_GPU_ATTENTION_MIB", 1024, 1); }
+static int64_t score_budget(void) { return fpk_gpu_cfg.attention_score_bytes; }
 
 /* Element strides (batch, position, head) of a 4-d operand in the given layout. */
 static void attn_strides(const fpk_gt *t, int layout, int64_t st[3]) {
@@ -425,26 +425,19 @@ static fpk_status launch_mma(const flash_args &a, dim3 grid, cudaStream_t st) {
     return fpk_gpu_launched("attention (flash, matrix units)");
 }
 
-/* Variant of the matrix kernel for head dim 128 (benchmarks): FRAMEPACK_GPU_FLASH_WARPS (4 or 8,
- * default 8) and FRAMEPACK_GPU_FLASH_STAGES (1 or 2, default 2); other head dims run 4 warps, 2
+/* Variant of the matrix kernel for head dim 128 (benchmarks): fpk_gpu_cfg.flash_warps (4 or 8,
+ * default 8) and flash_stages (1 or 2, default 2); other head dims run 4 warps, 2
  * stages. On an H100 at the transformer's 18,083 tokens × 24 heads (2026-11-25): 4/1 28.0 ms,
  * 4/2 28.9 ms, 8/1 27.8 ms, 8/2 24.9 ms a call (PyTorch SDPA 6.6 ms); with the exponent as one
  * FMA + ex2 and no per-score checks on full unmasked tiles, 8/2 20.1 ms (200 TFLOP/s, 244
  * registers, one block per multiprocessor). Forcing 2 blocks (128 registers) gave 21.7 ms and 4
  * warps × 3 blocks (168 registers) 20.9 ms: occupancy is not what holds it back. */
-static int env_int(const char *name, int def) {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : def;
-}
 
 #endif /* !FPK_HIP */
 
-/* FRAMEPACK_GPU_FLASH_FMA=1: the FMA kernel even where a matrix kernel applies (tests; on HIP
- * it also skips the matrix kernels' self-check). */
-static int force_fma(void) {
-    const char *e = getenv("FRAMEPACK_GPU_FLASH_FMA");
-    return e && *e && strcmp(e, "0") != 0;
-}
+/* fpk_gpu_cfg.flash_fma: the FMA kernel even where a matrix kernel applies (tests; on HIP it
+ * also skips the matrix kernels' self-check). */
+static int force_fma(void) { return fpk_gpu_cfg.flash_fma; }
 
 static int aligned16(const void *p, const int64_t st[3]) {
     return ((uintptr_t)p & 15) == 0 && st[0] % 8 == 0 && st[1] % 8 == 0 && st[2] % 8 == 0;
@@ -737,19 +730,16 @@ struct amd_device_state {
     int probed;
     int path;
     int disabled;
-    char why[320]; /* why the path is off (probe or failed check), for FRAMEPACK_GPU_FLASH_SELFCHECK=strict */
+    char why[320]; /* why the path is off (probe or failed check), for fpk_gpu_cfg.flash_selfcheck_strict */
     unsigned char passed[2][17];
 };
 static amd_device_state amd_devices[AMD_MAX_DEVICES];
 static pthread_mutex_t amd_devices_mu = PTHREAD_MUTEX_INITIALIZER; /* protects amd_devices */
 
-/* FRAMEPACK_GPU_FLASH_SELFCHECK=strict: a matrix path that fails its self-check fails the call
+/* fpk_gpu_cfg.flash_selfcheck_strict: a matrix path that fails its self-check fails the call
  * with the reason (the first one, and every call after that it would have served) instead of
  * falling back to the FMA kernel, so a test run on a new AMD card shows it. */
-static int amd_strict(void) {
-    const char *e = getenv("FRAMEPACK_GPU_FLASH_SELFCHECK");
-    return e && strcmp(e, "strict") == 0;
-}
+static int amd_strict(void) { return fpk_gpu_cfg.flash_selfcheck_strict; }
 
 /* Runs the matrix kernel of path and the FMA kernel on one small deterministic problem of the
  * call's dtype and head dim — B 2, H 2 over one key head (grouped), Lq 37 and Lk 83 (partial
@@ -956,7 +946,7 @@ static fpk_status flash(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_f
     if (matrix_eligible(a) && fpk_gpu_mma_device(c)) {
         int hdp = (int)((D + 15) / 16 * 16);
         if (hdp == 128) {
-            int nw = env_int("FRAMEPACK_GPU_FLASH_WARPS", 8), stages = env_int("FRAMEPACK_GPU_FLASH_STAGES", 2);
+            int nw = fpk_gpu_cfg.flash_warps, stages = fpk_gpu_cfg.flash_stages;
             if (nw == 8 && stages == 2) return launch_mma<128, 8, 2>(a, grid, st);
             if (nw == 8) return launch_mma<128, 8, 1>(a, grid, st);
             if (stages == 1) return launch_mma<128, 4, 1>(a, grid, st);

@@ -276,7 +276,7 @@ static fpk_status vendor_once(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
  * into scratch (NCDHW -> NDHWC, through the input view; frames are contiguous there), the conv,
  * and its NDHWC output transposed into place in out with the bias added on the way. The weights
  * are transposed once (K C kT kH kW -> K kT kH kW C). Scratch: one slab's input and output (at
- * most FRAMEPACK_CUDNN_SLAB_MB, for both engines, and within 32-bit element counts, so no
+ * most fpk_gpu_cfg.cudnn_slab_bytes, for both engines, and within 32-bit element counts, so no
  * tensor is too big), the weights, and cuDNN's own workspace (small: no layout transforms
  * inside it). cuDNN applies the zero padding from its descriptor, so a conv with temporal zero
  * padding runs there as one slab; the own engine gathers the zero padding in and slabs any
@@ -306,8 +306,8 @@ static fpk_status conv_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
     /* output frames per slab: the most whose input and output fit the slab bytes (and 32 bits) */
     int64_t frames = To;
     if (own || p->padding[0] == 0) {
-        /* FRAMEPACK_CUDNN_SLAB_MB (default 1024), at least one output frame */
-        int64_t lim = fpk_env_mib("FRAMEPACK_CUDNN_SLAB_MB", 1024, 16) / (int64_t)es;
+        /* fpk_gpu_cfg.cudnn_slab_bytes (default 1 GiB), at least one output frame */
+        int64_t lim = fpk_gpu_cfg.cudnn_slab_bytes / (int64_t)es;
         for (frames = 1; frames < To; frames++) {
             int64_t n1 = frames + 1, tin = (n1 - 1) * sT + kT;
             if (tin > T) tin = T;
@@ -478,7 +478,7 @@ extern "C" fpk_status fpk_gpu_conv3d(fpk_gpu_ctx *c, void *s, const fpk_gpu_scra
          * kernel (fpk_gpu_conv_mma.cu) on the channels-last slabs of the vendor path, with the
          * zero padding gathered in too; a device without a working matrix path (checked
          * before any slab is built), a shape the kernel declines or scratch the slabs cannot
-         * get falls to the FMA kernel below, as does FRAMEPACK_GPU_CONV_FMA=1. */
+         * get falls to the FMA kernel below, as does fpk_gpu_cfg.conv_fma. */
         if (x->dtype != FPK_F32 && x->dtype == w->dtype && x->dtype == out->dtype && p->groups <= 1 &&
             x->shape[1] % 16 == 0 && x->numel > 0) {
             int ready = 0;

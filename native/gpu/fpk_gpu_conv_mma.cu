@@ -33,8 +33,8 @@
  * first uses its path for a dtype, the launcher runs it and a plain f32 kernel on a small conv
  * with partial M and K tiles, taps straddling reduction steps and a stride of 2, NaN-prefilled
  * output and guard elements around it, and compares (relative L2 ≤ 1e-2, guards untouched). A mismatch or an error turns the path off on that device for the
- * process (FPK_ERR_UNAVAILABLE: k_conv3d serves). FRAMEPACK_GPU_CONV_SELFCHECK=strict makes such
- * calls fail with the reason instead; FRAMEPACK_GPU_CONV_FMA=1 declines every call.
+ * process (FPK_ERR_UNAVAILABLE: k_conv3d serves). fpk_gpu_cfg.conv_selfcheck_strict makes such
+ * calls fail with the reason instead; fpk_gpu_cfg.conv_fma declines every call.
  */
 #include "fpk_gpu_mma.h"
 
@@ -376,11 +376,6 @@ static const char *conv_path_name(int path) {
 }
 
 #if !defined(FPK_HIP)
-static int env_int(const char *name, int def) {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : def;
-}
-
 template <int NW, int ST, bool BF> __global__ void __launch_bounds__(NW * 32, 2) k_conv_mma(convmma_args a) {
     extern __shared__ __align__(16) uint16_t cmma_smem[];
     convmma_body<cmma_sync<NW>, ST, BF>(a, cmma_smem);
@@ -419,14 +414,14 @@ static fpk_status launch_sync(int device, int variant, const convmma_args &a, un
 #endif
 
 /* The kernel variant a call runs, each self-checked on its own: on CUDA the warps a block
- * (FRAMEPACK_GPU_CONV_MMA_WARPS: 4 of 64 × 64, the default, or 8 of 64 × 32) and the stages
- * (FRAMEPACK_GPU_CONV_MMA_STAGES: 2, 3 (default) or 4 of 20 KiB), for benchmarks; one on AMD.
+ * (fpk_gpu_cfg.conv_mma_warps: 4 of 64 × 64, the default, or 8 of 64 × 32) and the stages
+ * (conv_mma_stages: 2, 3 (default) or 4 of 20 KiB), for benchmarks; one on AMD.
  * On an H100 (2026-11-28, the full-size VAE decode with the own tier forced) 4 warps took 3.34 s
  * and 8 warps 3.78 s (cuDNN 2.18 s). */
 #define CONV_VARIANTS 6
 static int conv_variant(void) {
 #if !defined(FPK_HIP)
-    int warps = env_int("FRAMEPACK_GPU_CONV_MMA_WARPS", 4), stages = env_int("FRAMEPACK_GPU_CONV_MMA_STAGES", 3);
+    int warps = fpk_gpu_cfg.conv_mma_warps, stages = fpk_gpu_cfg.conv_mma_stages;
     if (stages < 2 || stages > 4) stages = 3;
     return (warps == 4 ? 3 : 0) + stages - 2;
 #else
@@ -524,16 +519,13 @@ struct conv_device_state {
     int probed;
     int path;
     int disabled;
-    char why[320]; /* why the path is off, for FRAMEPACK_GPU_CONV_SELFCHECK=strict and the error */
+    char why[320]; /* why the path is off, for fpk_gpu_cfg.conv_selfcheck_strict and the error */
     unsigned char passed[2][CONV_VARIANTS];
 };
 static conv_device_state conv_devices[CONV_MAX_DEVICES];
 static pthread_mutex_t conv_devices_mu = PTHREAD_MUTEX_INITIALIZER; /* protects conv_devices */
 
-static int conv_strict(void) {
-    const char *e = getenv("FRAMEPACK_GPU_CONV_SELFCHECK");
-    return e && strcmp(e, "strict") == 0;
-}
+static int conv_strict(void) { return fpk_gpu_cfg.conv_selfcheck_strict; }
 
 /* The self-check's conv: N 2, C 48 (taps straddle the 32-wide reduction steps), 5 × 13 × 15
  * padded frames, K 136 (a partial channel tile), 3x3x3 taps, stride (1, 2, 2): To 3, Ho 6, Wo 7,
@@ -701,11 +693,8 @@ static fpk_status conv_matrix_path(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gp
     return FPK_OK;
 }
 
-/* FRAMEPACK_GPU_CONV_FMA=1: decline every call (k_conv3d serves; tests and comparisons). */
-static int conv_mma_off(void) {
-    const char *e = getenv("FRAMEPACK_GPU_CONV_FMA");
-    return e && *e && strcmp(e, "0") != 0;
-}
+/* fpk_gpu_cfg.conv_fma: decline every call (k_conv3d serves; tests and comparisons). */
+static int conv_mma_off(void) { return fpk_gpu_cfg.conv_fma; }
 
 fpk_status fpk_gpu_conv_ndhwc_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int dt, int64_t N,
                                   int64_t C, int64_t Tp, int64_t Hp, int64_t Wp, const void *x, int64_t K, int64_t kT,
@@ -714,7 +703,7 @@ fpk_status fpk_gpu_conv_ndhwc_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
     if (dt != FPK_F16 && dt != FPK_BF16)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d (matrix units): f16 or bf16 only, got dtype %d", dt);
     if (conv_mma_off())
-        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d (matrix units): FRAMEPACK_GPU_CONV_FMA is set");
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d (matrix units): the FMA kernel is asked for (conv_fma)");
     if (N < 0 || C < 1 || Tp < 1 || Hp < 1 || Wp < 1 || K < 0 || kT < 1 || kH < 1 || kW < 1 || sT < 1 || sH < 1 || sW < 1 ||
         To < 0 || Ho < 0 || Wo < 0 || (To > 0 && (To - 1) * sT + kT > Tp) || (Ho > 0 && (Ho - 1) * sH + kH > Hp) ||
         (Wo > 0 && (Wo - 1) * sW + kW > Wp))

@@ -92,6 +92,7 @@ fpk_status fpk_gpu_launched(const char *what) {
 }
 
 extern "C" fpk_status fpk_gpu_create(const fpk_backend_config *config, fpk_gpu_ctx **out) {
+    fpk_gpu_settings_load();
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
@@ -138,8 +139,8 @@ extern "C" fpk_status fpk_gpu_create(const fpk_backend_config *config, fpk_gpu_c
         free(c);
         return fpk_gpu_error(e, "create stream");
     }
-    const char *nb = getenv("FRAMEPACK_GPU_NO_BLAS");
-    c->no_blas = nb && *nb && strcmp(nb, "0") != 0;
+    c->no_blas = fpk_gpu_cfg.no_blas;
+    if (config->find_db_path[0]) memcpy(c->find_db, config->find_db_path, sizeof c->find_db - 1);
     pthread_mutex_init(&c->mu, NULL);
     c->small = new (std::nothrow) fpk_small_cache();
     fpk_vendor_open(c);

@@ -57,7 +57,7 @@ typedef struct fpk_vendor_blas {
 } fpk_vendor_blas;
 
 /* The vendor BLAS's matmul with epilogues (cuBLASLt), opened beside the BLAS; NULL handle =
- * unavailable (FRAMEPACK_GPU_NO_BLASLT=1 disables it). plans caches the heuristic's choice per
+ * unavailable (fpk_gpu_cfg.no_blaslt disables it). plans caches the heuristic's choice per
  * shape (this process). */
 typedef struct fpk_vendor_blaslt {
     void *dl;
@@ -90,7 +90,8 @@ struct fpk_gpu_ctx {
     char arch[64];
     uint64_t total_memory;
     int multiprocessors;
-    int no_blas;      /* FRAMEPACK_GPU_NO_BLAS: own GEMM even where the vendor BLAS loaded */
+    int no_blas;      /* fpk_gpu_cfg.no_blas: own GEMM even where the vendor BLAS loaded */
+    char find_db[512]; /* fpk_backend_config.find_db_path: the cuDNN find database ("" none) */
     pthread_mutex_t mu; /* op submission, see fpk_gpu_lock */
     struct fpk_small_cache *small; /* freed blocks under 1 MiB (fpk_gpu_device.cu) */
     fpk_vendor_blas blas;
@@ -130,13 +131,32 @@ fpk_status fpk_gpu_launched(const char *what);
         if (e_ != cudaSuccess) return fpk_gpu_error(e_, what);                                  \
     } while (0)
 
-/* A size in MiB from the environment variable name, in bytes: def_mib when it is unset, not a
- * number or below least_mib. Read per call, so a test or a bench may change it. */
-static inline int64_t fpk_env_mib(const char *name, int64_t def_mib, int64_t least_mib) {
-    const char *v = getenv(name);
-    long long mib = v && *v ? atoll(v) : 0;
-    return (int64_t)(mib >= least_mib ? mib : def_mib) << 20;
-}
+/* The backend's knobs for tests and benchmarks, read from the environment once per backend
+ * (fpk_gpu_settings_load, called when a device opens) by fpk_gpu_settings.cu, the one file that
+ * names the variables (internal/envconfig documents them). */
+typedef struct fpk_gpu_settings {
+    int no_blas;     /* the own GEMM kernel even where the vendor BLAS loaded */
+    int no_blas_lib; /* the vendor BLAS is not opened */
+    int no_blaslt;   /* cuBLASLt is not opened (bias and GELU run as separate ops) */
+    int no_dnn;      /* the vendor DNN library is not opened */
+    int64_t cudnn_workspace_bytes;      /* most workspace of an NCDHW cuDNN conv (8 GiB) */
+    int64_t cudnn_nhwc_workspace_bytes; /* most workspace of a channels-last cuDNN conv (256 MiB) */
+    int64_t cudnn_slab_bytes;           /* most bytes of one channels-last slab (1 GiB) */
+    int cudnn_ncdhw;                    /* cuDNN convs in NCDHW instead of channels-last */
+    int conv_fma;                       /* the own conv tier's FMA kernel, not the matrix-unit one */
+    int conv_selfcheck_strict;          /* a matrix-unit conv path that failed its check fails */
+    int conv_mma_warps, conv_mma_stages; /* the matrix-unit conv kernel's variant (4, 3) */
+    int64_t attention_score_bytes;      /* most score bytes of the chunked attention (1 GiB) */
+    int flash_fma;                      /* the flash attention's FMA kernel alone */
+    int flash_selfcheck_strict;         /* a matrix-unit attention path that failed its check fails */
+    int flash_warps, flash_stages;      /* the matrix flash kernel's variant at head dim 128 (8, 2) */
+    const char *cuda_root, *rocm_root;  /* vendor library roots (NULL: the usual search) */
+} fpk_gpu_settings;
+
+extern fpk_gpu_settings fpk_gpu_cfg;
+/* Reads the knobs into fpk_gpu_cfg (fpk_gpu_create calls it, so a test may set them before it
+ * opens a backend). */
+void fpk_gpu_settings_load(void);
 
 /* Blocks for n elements with FPK_BLOCK threads, capped (kernels loop over the rest). */
 static inline unsigned fpk_blocks(int64_t n) {
@@ -203,17 +223,17 @@ fpk_status fpk_gpu_copy2d(cudaStream_t st, const void *src, int64_t spitch, void
  * RDNA3 code objects), each self-checked on the device before its first use per dtype (one
  * stream sync). FPK_ERR_UNAVAILABLE, with the reason as the last error and nothing launched
  * but that first self-check, when the device has no matrix path or it failed its self-check,
- * FRAMEPACK_GPU_CONV_FMA is set, or the call is not eligible: C not a multiple of 16; x, w or
+ * fpk_gpu_cfg.conv_fma is set, or the call is not eligible: C not a multiple of 16; x, w or
  * y not 16-byte aligned; M = N·To·Ho·Wo or the reduction kT·kH·kW·C beyond 2^31 - 128; K
  * beyond 2^30; on HIP, more than 2^24 blocks (128 rows × 64 channels each). The caller then
  * runs k_conv3d. FPK_ERR_INVALID_ARGUMENT when an output window would read past x;
- * FPK_ERR_BACKEND when FRAMEPACK_GPU_CONV_SELFCHECK=strict and the path failed its self-check. */
+ * FPK_ERR_BACKEND when fpk_gpu_cfg.conv_selfcheck_strict is set and the path failed its self-check. */
 fpk_status fpk_gpu_conv_ndhwc_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int dt, int64_t N,
                                   int64_t C, int64_t Tp, int64_t Hp, int64_t Wp, const void *x, int64_t K, int64_t kT,
                                   int64_t kH, int64_t kW, const void *w, int64_t sT, int64_t sH, int64_t sW, int64_t To,
                                   int64_t Ho, int64_t Wo, void *y);
 /* *ready: whether fpk_gpu_conv_ndhwc_mma has a path for dt on this device now (probed and
- * self-checked here on first use, as the conv itself would; FRAMEPACK_GPU_CONV_FMA=1 says no), so
+ * self-checked here on first use, as the conv itself would; fpk_gpu_cfg.conv_fma says no), so
  * the caller builds its slabs only for a kernel that will run. Errors as the conv's. */
 fpk_status fpk_gpu_conv_mma_ready(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, int dt, int *ready);
 
@@ -261,7 +281,7 @@ fpk_status fpk_vendor_conv(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratc
 /* Whether the vendor conv of dtype dt runs channels-last (the caller transposes around it):
  * cuDNN's matrix-unit 3-D kernels want NDHWC, and a conv handed NCDHW makes cuDNN transform
  * both tensors itself inside a workspace of twice their size. cuDNN and 16-bit dt only, unless
- * FRAMEPACK_CUDNN_LAYOUT=ncdhw; MIOpen stays NCDHW (its NDHWC 3-D solvers are untested here). */
+ * fpk_gpu_cfg.cudnn_ncdhw; MIOpen stays NCDHW (its NDHWC 3-D solvers are untested here). */
 int fpk_vendor_conv_nhwc(fpk_gpu_ctx *c, int dt);
 /* Whether the vendor DNN library loaded. */
 int fpk_vendor_has_dnn(fpk_gpu_ctx *c);

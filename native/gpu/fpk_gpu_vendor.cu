@@ -3,14 +3,14 @@
  * needed to build): cuBLAS + cuDNN 9 (legacy conv API; its graph API for fused attention in
  * fpk_gpu_vendor_sdpa.cu) on CUDA, rocBLAS + MIOpen on ROCm.
  *
- * Search: sonames newest first, in one root — FRAMEPACK_CUDA_ROOT / CUDA_HOME / CUDA_PATH or
- * /usr/local/cuda (lib64, lib, targets/x86_64-linux/lib), FRAMEPACK_ROCM_ROOT / ROCM_PATH or
+ * Search: sonames newest first, in one root — fpk_gpu_cfg.cuda_root / CUDA_HOME / CUDA_PATH or
+ * /usr/local/cuda (lib64, lib, targets/x86_64-linux/lib), fpk_gpu_cfg.rocm_root / ROCM_PATH or
  * /opt/rocm (lib, lib64) — and then the loader's own path (LD_LIBRARY_PATH, ldconfig). Once a
  * library is found, the next one is looked for first in the same directory, so the set comes
  * from one install. A library that is missing or fails to start disables its tiers (BLAS: our
- * own GEMM kernel; DNN: the vendor conv tiers), never the backend. FRAMEPACK_GPU_NO_DNN=1 and
- * FRAMEPACK_GPU_NO_BLAS=1 disable them for tests. cuBLASLt (the GEMM's bias and GELU epilogues)
- * is opened beside cuBLAS; FRAMEPACK_GPU_NO_BLASLT=1 leaves it out (bias and GELU then run as
+ * own GEMM kernel; DNN: the vendor conv tiers), never the backend. fpk_gpu_cfg.no_dnn and
+ * no_blas disable them for tests. cuBLASLt (the GEMM's bias and GELU epilogues)
+ * is opened beside cuBLAS; fpk_gpu_cfg.no_blaslt leaves it out (bias and GELU then run as
  * kernels after the GEMM).
  */
 #include "fpk_gpu_internal.h"
@@ -25,24 +25,21 @@
 
 /* ---- library search -------------------------------------------------------------------------- */
 
-static int env_on(const char *name) {
-    const char *v = getenv(name);
-    return v && *v && strcmp(v, "0") != 0;
-}
-
 /* Opens the first of names (newest first) found in pref (a directory, may be ""), then in the
  * install roots, then by the loader's search. Writes the path opened into found. */
 static void *open_first(const char *const *names, const char *pref, char *found, size_t n) {
 #ifdef FPK_VENDOR_ROCM
-    const char *envs[] = {"FRAMEPACK_ROCM_ROOT", "ROCM_PATH", NULL};
+    const char *own = fpk_gpu_cfg.rocm_root;
+    const char *envs[] = {"ROCM_PATH", NULL};
     const char *def = "/opt/rocm";
     const char *subs[] = {"lib", "lib64", NULL};
 #else
-    const char *envs[] = {"FRAMEPACK_CUDA_ROOT", "CUDA_HOME", "CUDA_PATH", NULL};
+    const char *own = fpk_gpu_cfg.cuda_root;
+    const char *envs[] = {"CUDA_HOME", "CUDA_PATH", NULL};
     const char *def = "/usr/local/cuda";
     const char *subs[] = {"lib64", "lib", "targets/x86_64-linux/lib", NULL};
 #endif
-    const char *root = NULL;
+    const char *root = own;
     for (int i = 0; envs[i] && !root; i++) {
         const char *v = getenv(envs[i]);
         if (v && *v) root = v;
@@ -168,26 +165,24 @@ static size_t find_workspace(fpk_scratch &ws, size_t want) {
 
 /* What Find may offer cuDNN as workspace for a conv whose input and output take io_bytes: twice
  * that (room for cuDNN to transform both into the channels-last layout its matrix-unit kernels
- * want for our NCDHW tensors), at least 16 MiB, at most FRAMEPACK_CUDNN_WORKSPACE_MB (default
- * 8192), and never more than fits under the memory cap (find_workspace halves down to what does).
+ * want for our NCDHW tensors), at least 16 MiB, at most fpk_gpu_cfg.cudnn_workspace_bytes
+ * (default 8 GiB), and never more than fits under the memory cap (find_workspace halves down to what does).
  * Measured on an H100 (docs/bench/notes/2026-11-25-16bit-activations.md): the full-size VAE
  * decode took 18.7 s with a 1 GiB ceiling (cuDNN fell back to kernels without the matrix units)
  * and 3.8 s with 8 GiB; a small conv (SigLIP's patch embedding) no longer holds a 1 GiB block
  * that outweighs its model. */
 static size_t find_workspace_want(size_t io_bytes, int nhwc) {
     /* channels-last: no layout transforms, so the workspace is the algorithm's own (split-K and
-     * the like): half the input's and output's bytes, at most FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB
-     * (default 256) */
+     * the like): half the input's and output's bytes, at most
+     * fpk_gpu_cfg.cudnn_nhwc_workspace_bytes (default 256 MiB) */
     size_t want = nhwc ? io_bytes / 2 : 2 * io_bytes, least = (size_t)16 << 20;
-    size_t most = (size_t)(nhwc ? fpk_env_mib("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB", 256, 16)
-                                : fpk_env_mib("FRAMEPACK_CUDNN_WORKSPACE_MB", 8192, 16));
+    size_t most = (size_t)(nhwc ? fpk_gpu_cfg.cudnn_nhwc_workspace_bytes : fpk_gpu_cfg.cudnn_workspace_bytes);
     if (want < least) want = least;
     return want < most ? want : most;
 }
 
 int fpk_vendor_conv_nhwc(fpk_gpu_ctx *c, int dt) {
-    const char *v = getenv("FRAMEPACK_CUDNN_LAYOUT"); /* per conv: a test or a bench may set it */
-    return c->dnn.handle != NULL && dt != FPK_F32 && !(v && strcmp(v, "ncdhw") == 0);
+    return c->dnn.handle != NULL && dt != FPK_F32 && !fpk_gpu_cfg.cudnn_ncdhw;
 }
 
 enum { FPK_CUDA_R_32F = 0, FPK_CUDA_R_16F = 2, FPK_CUDA_R_16BF = 14, FPK_CUDA_R_8F_E4M3 = 28, FPK_CUDA_R_8F_E5M2 = 29 };
@@ -247,8 +242,8 @@ typedef int (*fn_fwd)(void *, const void *, void *, const void *, void *, const 
 
 /* ---- cuDNN find database ----------------------------------------------------------------------
  * FindEx benchmarks every algorithm of a shape, which a fresh worker process would repeat for
- * each shape of every stage. FRAMEPACK_CUDNN_FIND_DB names a text file shared by the workers
- * (the VAE worker puts it beside the conv decision cache): one line per tuned choice, appended
+ * each shape of every stage. fpk_backend_config.find_db_path names a text file shared by the
+ * workers (every worker that convolves puts it beside the conv decision cache): one line per tuned choice, appended
  * after a Find (one write of a short line with O_APPEND, so concurrent workers do not tear
  * lines), read when the library opens. A line holds the device name and cuDNN version it was
  * found on (others are skipped), the shape key (dtype, dims, padding, strides, groups) and the
@@ -270,9 +265,9 @@ static size_t find_db_version(const fpk_vendor_dnn *d) {
 }
 
 static void find_db_load(fpk_gpu_ctx *c) {
-    const char *path = getenv("FRAMEPACK_CUDNN_FIND_DB");
+    const char *path = c->find_db;
     fpk_vendor_dnn *d = &c->dnn;
-    if (!path || !*path || !d->handle) return;
+    if (!*path || !d->handle) return;
     FILE *f = fopen(path, "r");
     if (!f) return;
     char dev[128], want[128], line[1024];
@@ -308,8 +303,8 @@ static void find_db_load(fpk_gpu_ctx *c) {
 }
 
 static void find_db_append(fpk_gpu_ctx *c, const struct fpk_conv_algo *a) {
-    const char *path = getenv("FRAMEPACK_CUDNN_FIND_DB");
-    if (!path || !*path) return;
+    const char *path = c->find_db;
+    if (!*path) return;
     char dev[128], line[1024];
     find_db_device(c, dev, sizeof dev);
     int n = snprintf(line, sizeof line,
@@ -902,13 +897,13 @@ static void vendor_lib_open(const char *const *names, const char *const *syms, c
 
 void fpk_vendor_open(fpk_gpu_ctx *c) {
     char dir[PATH_MAX] = "";
-    if (!env_on("FRAMEPACK_GPU_NO_BLAS_LIB")) {
+    if (!fpk_gpu_cfg.no_blas_lib) {
         fpk_vendor_blas *b = &c->blas;
         vendor_lib_open(blas_names, blas_syms, "", &b->dl, b->fn, &b->handle, b->library, sizeof b->library);
         if (b->handle) dir_of(b->library, dir, sizeof dir); /* the DNN library from the same root */
-        if (b->handle && !env_on("FRAMEPACK_GPU_NO_BLASLT")) lt_open(c, dir);
+        if (b->handle && !fpk_gpu_cfg.no_blaslt) lt_open(c, dir);
     }
-    if (!env_on("FRAMEPACK_GPU_NO_DNN")) {
+    if (!fpk_gpu_cfg.no_dnn) {
         fpk_vendor_dnn *d = &c->dnn;
         vendor_lib_open(dnn_names, dnn_syms, dir, &d->dl, d->fn, &d->handle, d->library, sizeof d->library);
         fpk_vendor_sdpa_open(c);

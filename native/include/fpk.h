@@ -1,7 +1,8 @@
 /*
  * fpk.h — the C ABI of the framepackd native tensor runtime.
  *
- * One ABI for every backend (cpu now; cuda and hip as dlopen'ed shared libraries later).
+ * One ABI for every backend: cpu (built in), and cuda and hip (shared libraries, dlopen'ed by
+ * fpk_backend_open).
  * Rules:
  *   - Opaque handles only: fpk_backend_t (one device of one backend library), fpk_stream_t
  *     (an ordered queue of work on that device), fpk_tensor_t (an n-d array in the backend's
@@ -44,8 +45,10 @@ extern "C" {
  * 9: fpk_conv3d_params.upsample, replicate_before and replicate_after (the conv reads its input
  *    through nearest upsampling and replicate padding without a padded copy where it can).
  * 10: the 8-bit float dtypes FPK_F8E4M3 and FPK_F8E5M2 and fpk_op_gemm_q (a GEMM with an 8-bit
- *    float weight and its scales), its optional slot after the version-8 one. */
-#define FPK_API_VERSION 10
+ *    float weight and its scales), its optional slot after the version-8 one.
+ * 11: fpk_backend_config.find_db_path (the cuDNN find database, which the backend read from the
+ *    environment before). */
+#define FPK_API_VERSION 11
 
 /* Most dimensions a tensor may have. */
 #define FPK_MAX_DIMS 8
@@ -121,6 +124,10 @@ typedef struct fpk_backend_config {
      * with this bus id and device is ignored, so a lane drives the GPU the driver's tools name
      * by that id even where the runtime numbers devices differently. "" = by index. */
     char pci_bus_id[32];
+    /* The cuDNN find database: a text file shared by the workers where the cuda backend keeps
+     * the algorithm FindEx chose per conv shape, read when cuDNN opens and appended to after a
+     * Find, so a later worker skips the benchmark. "" = none (Find results live in the process). */
+    char find_db_path[512];
 } fpk_backend_config;
 
 /* Conv tiers, in chain order. A backend reports which it has in fpk_backend_props.conv_tiers. */

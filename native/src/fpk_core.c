@@ -1,6 +1,7 @@
 /*
  * fpk_core.c — handles, errors, memory accounting, dtype conversion and argument checks.
- * Backends (native/cpu, GPU libraries later) implement struct fpk_backend_iface.
+ * Backends (native/cpu built in; native/gpu as libfpk-cuda.so / libfpk-hip.so) implement
+ * struct fpk_backend_iface.
  */
 #include "fpk_impl.h"
 

@@ -27,10 +27,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
-	"github.com/framepackd/framepackd/internal/workerkit/modelrt"
 	"github.com/framepackd/framepackd/workers/clipvision/siglip"
 	"github.com/framepackd/framepackd/workers/textenc/clip"
 	"github.com/framepackd/framepackd/workers/textenc/llama"
@@ -197,10 +197,10 @@ func timed(rt *runtime.Runtime, res *result, warm, reps int, fn func() error) er
 }
 
 // stageActivation is the activation (and weight) dtype FramePack runs a stage's model in (each
-// model package's FramePackDType); $FRAMEPACK_ACTIVATION_DTYPE (modelrt.ActivationEnv) overrides
+// model package's FramePackDType); the test knob envconfig.ActivationDType overrides
 // it for every stage, as it does in the workers.
 func stageActivation(stage string) (runtime.DType, error) {
-	if v := os.Getenv(modelrt.ActivationEnv); v != "" {
+	if v := envconfig.ActivationDType.Get(); v != "" {
 		return runtime.ParseActivationDType(v)
 	}
 	switch {

@@ -17,6 +17,7 @@ import (
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"github.com/framepackd/framepackd/supervisor/video"
 )
 
@@ -188,14 +189,14 @@ func (s *Server) DeleteJob(_ context.Context, req *framepackv1.DeleteJobRequest)
 	return &framepackv1.DeleteJobResponse{FreedBytes: n}, nil
 }
 
-// admit refuses a job the disk cannot hold: the budget (Config.DiskBudget) counts every job
+// admit refuses a job of spec (defaults filled in) the disk cannot hold: the budget (Config.DiskBudget) counts every job
 // directory plus what the unfinished jobs and this one will still write.
 func (s *Server) admit(spec *framepackv1.JobSpec, imageBytes int) error {
 	if s.cfg.DiskBudget <= 0 && s.cfg.MinFreeBytes <= 0 {
 		return nil
 	}
-	need := jobs.EstimateBytes(spec) + int64(imageBytes)
-	pending, err := s.cfg.Store.PendingBytes()
+	need := plan.DiskBytes(spec) + int64(imageBytes)
+	pending, err := s.cfg.Store.PendingBytes(plan.DiskBytes)
 	if err != nil {
 		return statusOf(fmt.Errorf("disk budget: %w", err))
 	}

@@ -22,8 +22,10 @@ type Store interface {
 	JobForRequest(req jobs.ClientRequest) (*framepackv1.Job, error)
 	// Delete removes a finished job and its files and returns the bytes freed.
 	Delete(id string) (int64, error)
-	// PendingBytes and UsedBytes are the disk budget's figures (jobs.Store).
-	PendingBytes() (int64, error)
+	// PendingBytes and UsedBytes are the disk budget's figures (jobs.Store): what the
+	// unfinished jobs will still write, each as estimate says a job of its spec holds at most,
+	// and what the job folders hold.
+	PendingBytes(estimate func(*framepackv1.JobSpec) int64) (int64, error)
 	UsedBytes() (int64, error)
 	// StateDir is this daemon's state directory (its free space is checked at submit).
 	StateDir() string

@@ -11,6 +11,7 @@ import (
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/events"
 	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 )
@@ -138,7 +139,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 	}
 	cleanup = append(cleanup, func() { d.store.Close() })
 	cleanup = append(cleanup, d.hub.Close)
-	qcfg.Publish = d.hub.Publish
+	qcfg.Publish, qcfg.Sections = d.hub.Publish, plan.TotalSections
 	if d.queue, err = jobs.NewQueue(qcfg); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}

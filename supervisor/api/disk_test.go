@@ -21,6 +21,7 @@ import (
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 )
 
 // videoRunner writes a 64 KiB "video" per job.
@@ -67,7 +68,7 @@ func TestDiskBudgetRefusesAtSubmit(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "disk budget") || !strings.Contains(err.Error(), "framepack rm") {
 		t.Fatalf("120 s job under a 1 GiB budget: %v", err)
 	}
-	if n := jobs.EstimateBytes(big); n < 10<<30 {
+	if n := plan.DiskBytes(api.WithDefaults(big)); n < 10<<30 {
 		t.Fatalf("estimate of a 120 s 640 job: %d bytes, want the ~16 GB of float32 history it holds", n)
 	}
 	small := td.submit(t, &framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 1})

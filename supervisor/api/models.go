@@ -5,7 +5,6 @@ import (
 	"slices"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
-	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"google.golang.org/protobuf/proto"
 )
@@ -30,10 +29,10 @@ func (s *Server) models() ModelFit {
 	return s.cfg.Models()
 }
 
-// withDefaults returns a copy of spec with every default filled in (jobs.WithDefaults), the
+// withDefaults returns a copy of spec with every default filled in (WithDefaults), the
 // resolution being the served models' own when spec names neither a resolution nor buckets.
 func (s *Server) withDefaults(spec *framepackv1.JobSpec) *framepackv1.JobSpec {
-	out := jobs.WithDefaults(spec)
+	out := WithDefaults(spec)
 	if m := s.models(); m != nil && spec.GetResolution() == 0 && len(spec.GetBuckets()) == 0 {
 		out.Resolution = m.NativeResolution()
 	}
@@ -55,7 +54,7 @@ func (s *Server) checkFit(spec *framepackv1.JobSpec) error {
 // models take it.
 func (s *Server) GetJobDefaults(context.Context, *framepackv1.GetJobDefaultsRequest) (*framepackv1.GetJobDefaultsResponse, error) {
 	spec := s.withDefaults(&framepackv1.JobSpec{})
-	spec.EndStrength = proto.Float32(jobs.DefaultEndStrength) // filled in only with an end image
+	spec.EndStrength = proto.Float32(DefaultEndStrength) // filled in only with an end image
 	resp := &framepackv1.GetJobDefaultsResponse{Spec: spec}
 	m := s.models()
 	for _, r := range plan.KnownResolutions() {

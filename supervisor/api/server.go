@@ -18,6 +18,7 @@ import (
 	"time"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/devices"
 	"github.com/framepackd/framepackd/supervisor/events"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/sirupsen/logrus"
@@ -288,7 +289,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	if err := v.Err("SubmitJobRequest"); err != nil {
 		return nil, err
 	}
-	if err := s.admit(spec, len(req.GetImage())+len(req.GetSpec().GetEndImage())); err != nil {
+	if err := s.admit(spec, len(req.GetImage())+len(spec.GetEndImage())); err != nil {
 		return nil, err
 	}
 	var job *framepackv1.Job
@@ -498,7 +499,7 @@ func (s *Server) ListDevices(ctx context.Context, _ *framepackv1.ListDevicesRequ
 		}
 	} else {
 		for _, lane := range s.cfg.Queue.Lanes() {
-			devs = append(devs, &framepackv1.Device{Lane: lane, Backend: LaneBackend(lane), LaneState: framepackv1.LaneState_LANE_STATE_HEALTHY})
+			devs = append(devs, &framepackv1.Device{Lane: lane, Backend: devices.BackendOf(lane), LaneState: framepackv1.LaneState_LANE_STATE_HEALTHY})
 		}
 	}
 	// Asked after the devices: listing them re-checks the model files (cmd/framepackd).
@@ -510,15 +511,7 @@ func (s *Server) ListDevices(ctx context.Context, _ *framepackv1.ListDevicesRequ
 			d.LaneState, d.LaneStateReason = framepackv1.LaneState_LANE_STATE_NOT_SERVING, reason
 		}
 	}
-	slices.SortFunc(devs, func(a, b *framepackv1.Device) int {
-		switch {
-		case a.GetLane() < b.GetLane():
-			return -1
-		case a.GetLane() > b.GetLane():
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(devs, func(a, b *framepackv1.Device) int { return devices.CompareNames(a.GetLane(), b.GetLane()) })
 	return &framepackv1.ListDevicesResponse{Devices: devs, NotServingReason: reason}, nil
 }
 
@@ -547,14 +540,4 @@ func (s *Server) UnloadModels(_ context.Context, req *framepackv1.UnloadModelsRe
 		return nil, status.Errorf(codes.Internal, "unload models: %v", err)
 	}
 	return &framepackv1.UnloadModelsResponse{Unloaded: out}, nil
-}
-
-// LaneBackend is the backend part of a lane name: "cuda" of "cuda:0", "cpu" of "cpu".
-func LaneBackend(lane string) string {
-	for i := 0; i < len(lane); i++ {
-		if lane[i] == ':' {
-			return lane[:i]
-		}
-	}
-	return lane
 }

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -23,9 +22,9 @@ import (
 const (
 	// MaxImageBytes is the largest input image (job_service.proto: at most 64 MiB).
 	MaxImageBytes = 64 << 20
-	// MaxImagePixels is the largest input image in pixels (40 MP), checked from the header
-	// before decoding.
-	MaxImagePixels = 40_000_000
+	// MaxImagePixels is the largest input image in pixels unless the daemon says otherwise
+	// (plan's limits table), checked from the header before decoding.
+	MaxImagePixels = plan.DefaultMaxImagePixels
 	// MaxPromptBytes is the longest prompt or negative prompt, in bytes of UTF-8.
 	MaxPromptBytes = 64 << 10
 	// MaxFilenameBytes is the longest image_filename.
@@ -135,15 +134,16 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	case badFloat(secs):
 		v.Add("spec.total_second_length", "must be a finite number of seconds")
 	case secs == 0:
-		v.Add("spec.total_second_length", "required: the video length in seconds, in (0, 120]")
-	case secs < 0 || secs > 120:
-		v.Add("spec.total_second_length", "must be in (0, 120], got %g", secs)
+		v.Add("spec.total_second_length", "required: the video length in seconds, in (0, %d]", plan.MaxSecondLength)
+	case secs < 0 || secs > plan.MaxSecondLength:
+		v.Add("spec.total_second_length", "must be in (0, %d], got %g", plan.MaxSecondLength, secs)
 	}
-	if w := s.GetLatentWindowSize(); w > 33 {
-		v.Add("spec.latent_window_size", "must be 1 to 33 (0 means 9), got %d", w)
+	// The window and the step count: 0 means the default (WithDefaults), else the table's range.
+	if w := s.GetLatentWindowSize(); w != 0 && (w < plan.MinLatentWindowSize || w > plan.MaxLatentWindowSize) {
+		v.Add("spec.latent_window_size", "must be %d to %d (0 means %d), got %d", plan.MinLatentWindowSize, plan.MaxLatentWindowSize, DefaultLatentWindowSize, w)
 	}
-	if n := s.GetSteps(); n > 100 {
-		v.Add("spec.steps", "must be 1 to 100 (0 means 25), got %d", n)
+	if n := s.GetSteps(); n != 0 && (n < plan.MinSteps || n > plan.MaxSteps) {
+		v.Add("spec.steps", "must be %d to %d (0 means %d), got %d", plan.MinSteps, plan.MaxSteps, DefaultSteps, n)
 	}
 	checkScale(&v, "spec.cfg", s.GetCfg(), "0 means 1, no negative pass")
 	checkScale(&v, "spec.gs", s.GetGs(), "0 means 10")
@@ -158,20 +158,20 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	for _, fv := range plan.CheckBuckets(s) {
 		v.Add(fv.Field, "%s", fv.Description)
 	}
-	if s.Mp4Crf != nil && s.GetMp4Crf() > 51 {
-		v.Add("spec.mp4_crf", "must be 0 to 51, got %d", s.GetMp4Crf())
+	if s.Mp4Crf != nil && s.GetMp4Crf() > plan.MaxMP4CRF {
+		v.Add("spec.mp4_crf", "must be 0 to %d, got %d", plan.MaxMP4CRF, s.GetMp4Crf())
 	}
 	if s.GpuMemoryPreservationGb != nil {
 		switch g := s.GetGpuMemoryPreservationGb(); {
 		case badFloat(g):
 			v.Add("spec.gpu_memory_preservation_gb", "must be a finite number")
-		case g < 0 || g > 128:
-			v.Add("spec.gpu_memory_preservation_gb", "must be 0 to 128, got %g", g)
+		case g < 0 || g > plan.MaxGPUMemoryPreservationGB:
+			v.Add("spec.gpu_memory_preservation_gb", "must be 0 to %d, got %g", plan.MaxGPUMemoryPreservationGB, g)
 		}
 	}
 	if ka := s.GetKeepAlive(); ka != nil {
-		if err := ka.CheckValid(); err != nil || ka.AsDuration() < 0 || ka.AsDuration() > MaxKeepAlive {
-			v.Add("spec.keep_alive", "must be 0 to %v, got %v", MaxKeepAlive, ka.AsDuration())
+		if err := ka.CheckValid(); err != nil || ka.AsDuration() < 0 || ka.AsDuration() > plan.MaxKeepAlive {
+			v.Add("spec.keep_alive", "must be 0 to %v, got %v", plan.MaxKeepAlive, ka.AsDuration())
 		}
 	}
 	checkLoras(&v, s.GetLoras())
@@ -182,9 +182,6 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	}
 	return v
 }
-
-// MaxKeepAlive bounds JobSpec.keep_alive: a day.
-const MaxKeepAlive = 24 * time.Hour
 
 // checkEndFrame checks JobSpec.end_image and end_strength: an image the pipeline can decode,
 // a strength from 0 to 1 (FramePack-Studio's range) only with an image, and the i2v variant

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/events"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 )
@@ -22,7 +23,7 @@ import (
 var pngHeader = []byte("\x89PNG\r\n\x1a\n0000IHDR")
 
 func testSpec() *framepackv1.JobSpec {
-	return jobs.WithDefaults(&framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 1, Resolution: 96})
+	return api.WithDefaults(&framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 1, Resolution: 96})
 }
 
 // takeOne takes a job from c's queue, waiting up to 20 s.

@@ -825,9 +825,9 @@ func (s *Store) UsedBytes() (int64, error) {
 	return n, nil
 }
 
-// PendingBytes is what the cluster's unfinished jobs will still write (jobs.EstimateBytes less
-// what they hold).
-func (s *Store) PendingBytes() (int64, error) {
+// PendingBytes is what the cluster's unfinished jobs will still write (estimate less what they
+// hold).
+func (s *Store) PendingBytes(estimate func(*framepackv1.JobSpec) int64) (int64, error) {
 	unfinished, err := s.Unfinished()
 	if err != nil {
 		return 0, err
@@ -840,7 +840,7 @@ func (s *Store) PendingBytes() (int64, error) {
 	}
 	var n int64
 	for _, job := range unfinished {
-		n += max(0, jobs.EstimateBytes(job.GetSpec())-per[job.GetId()])
+		n += max(0, estimate(job.GetSpec())-per[job.GetId()])
 	}
 	return n, nil
 }

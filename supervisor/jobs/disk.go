@@ -12,7 +12,6 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
-	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 )
 
 // ErrNotFinished is returned by Delete for a job that is still queued or running.
@@ -189,26 +188,9 @@ func (r Retention) Victims(entries []RetentionEntry, now time.Time) []string {
 	return out
 }
 
-// EstimateBytes is about the most disk a job of spec (defaults filled in or not) holds at
-// once: its checkpoint (history pixels as float32, the bulk, plus the latents) and its video,
-// each twice, because the next one is written before the previous one is removed. The frame
-// size is the largest of the spec's buckets, or resolution² for a server table.
-func EstimateBytes(spec *framepackv1.JobSpec) int64 {
-	s := WithDefaults(spec)
-	area := int64(s.GetResolution()) * int64(s.GetResolution())
-	for _, b := range s.GetBuckets() {
-		area = max(area, int64(b.GetHeight())*int64(b.GetWidth()))
-	}
-	frames := int64(plan.TotalSections(s))*int64(s.GetLatentWindowSize())*4 + 1
-	pixels := frames * area * 3 * 4                   // float32 RGB history
-	latents := (frames/4 + 20) * 16 * (area / 64) * 4 // float32, 16 channels at 1/8 size
-	video := frames * area / 2                        // H.264 at high quality: under 4 bits a pixel
-	return 2*(pixels+latents) + 2*video + 1<<20       // + spec, events, conditioning slack
-}
-
-// PendingBytes is what the unfinished (queued or running) jobs will still write: their
-// EstimateBytes less what their directories hold already.
-func (s *Store) PendingBytes() (int64, error) {
+// PendingBytes is what the unfinished (queued or running) jobs will still write: the most
+// disk estimate says a job of their spec holds, less what their directories hold already.
+func (s *Store) PendingBytes(estimate func(*framepackv1.JobSpec) int64) (int64, error) {
 	unfinished, err := s.Unfinished()
 	if err != nil {
 		return 0, err
@@ -216,7 +198,7 @@ func (s *Store) PendingBytes() (int64, error) {
 	var n int64
 	for _, job := range unfinished {
 		have, _ := DirBytes(s.JobDir(job.GetId()).Path())
-		n += max(0, EstimateBytes(job.GetSpec())-have)
+		n += max(0, estimate(job.GetSpec())-have)
 	}
 	return n, nil
 }

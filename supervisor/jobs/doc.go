@@ -18,4 +18,8 @@
 // section and returns the final video; see Runner for the contract. Jobs that were RUNNING when
 // the daemon stopped are queued again at the next start and resume after their last
 // checkpointed section.
+//
+// The package knows nothing of FramePack's arithmetic: what it needs of it is handed in
+// (Config.Sections for a job's section count, an estimate function for Store.PendingBytes),
+// and the specs it stores already carry every default (api.WithDefaults).
 package jobs

@@ -55,7 +55,7 @@ func newPlacedEnv(t *testing.T, lanes []string, run runFunc, p jobs.Placement) *
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, err := jobs.NewQueue(jobs.Config{Store: s, Lanes: lanes, Run: run, Publish: hub.Publish, Placement: p})
+	q, err := jobs.NewQueue(jobs.Config{Store: s, Lanes: lanes, Run: run, Publish: hub.Publish, Placement: p, Sections: sections})
 	if err != nil {
 		t.Fatal(err)
 	}

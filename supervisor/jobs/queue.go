@@ -11,7 +11,6 @@ import (
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/events"
-	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -35,6 +34,9 @@ type Config struct {
 	Run func(ctx context.Context, job *Job, emit func(*framepackv1.JobEvent)) (Result, error)
 	// Publish hands an event to the event hub (events.Hub.Publish); required.
 	Publish func(*framepackv1.JobEvent) error
+	// Sections returns how many sections a job of spec runs (the pipeline's count), for the
+	// job's progress and Job.TotalSections; nil leaves them 0 (unknown).
+	Sections func(spec *framepackv1.JobSpec) int
 	// Placement chooses among several lanes (health, free memory); the zero value takes the
 	// first free lane (see Placement).
 	Placement Placement
@@ -564,7 +566,9 @@ func (q *Queue) startRun(st *loopState, lane string, p pendingJob) bool {
 		if j.GetState() != framepackv1.JobState_JOB_STATE_QUEUED && !taken {
 			return fmt.Errorf("job is %s, not queued", j.GetState())
 		}
-		total = plan.TotalSections(j.GetSpec())
+		if q.cfg.Sections != nil {
+			total = q.cfg.Sections(j.GetSpec())
+		}
 		j.State = framepackv1.JobState_JOB_STATE_RUNNING
 		j.Lane = lane
 		if j.Progress == nil {

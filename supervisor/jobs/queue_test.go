@@ -36,7 +36,7 @@ func newEnv(t *testing.T, dir string, lanes []string, run runFunc) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, err := jobs.NewQueue(jobs.Config{Store: s, Lanes: lanes, Run: run, Publish: hub.Publish})
+	q, err := jobs.NewQueue(jobs.Config{Store: s, Lanes: lanes, Run: run, Publish: hub.Publish, Sections: sections})
 	if err != nil {
 		t.Fatal(err)
 	}

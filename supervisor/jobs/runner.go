@@ -59,7 +59,7 @@ type Job struct {
 	InputPath string
 	// EndImagePath is the submitted end image (JobSpec.end_image), "" when the job has none.
 	EndImagePath string
-	// TotalSections is FramePack's section count for the spec.
+	// TotalSections is the job's section count (Config.Sections).
 	TotalSections int
 	// Resume is the last finished section when the job ran before (a restart, a graceful
 	// stop); nil to start from scratch.

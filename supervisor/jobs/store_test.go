@@ -6,6 +6,7 @@ import (
 	"image"
 	"image/color"
 	"image/png"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -33,8 +34,16 @@ func pngBytes(t testing.TB, w, h int) []byte {
 	return b.Bytes()
 }
 
+// spec is a one-second spec with the defaults the API fills in (window 9, 25 steps).
 func spec(prompt string) *framepackv1.JobSpec {
-	return jobs.WithDefaults(&framepackv1.JobSpec{Prompt: prompt, TotalSecondLength: 1})
+	return &framepackv1.JobSpec{Prompt: prompt, TotalSecondLength: 1, LatentWindowSize: 9, Steps: 25, Cfg: 1, Gs: 10,
+		Resolution: 640, UseTeacache: proto.Bool(true), Mp4Crf: proto.Uint32(16), GpuMemoryPreservationGb: proto.Float32(6)}
+}
+
+// sections is FramePack's section count, as the pipeline hands it to the queue:
+// round(seconds·30 / (window·4)) with halves to even, at least 1.
+func sections(s *framepackv1.JobSpec) int {
+	return max(1, int(math.RoundToEven(float64(s.GetTotalSecondLength())*30/float64(4*s.GetLatentWindowSize()))))
 }
 
 func openStore(t *testing.T, dir string) *jobs.Store {
@@ -321,21 +330,5 @@ func TestStoreEventsAndPartials(t *testing.T) {
 	}
 	if _, err := os.Stat(keep); err != nil {
 		t.Errorf("complete file removed: %v", err)
-	}
-}
-
-func TestWithDefaults(t *testing.T) {
-	in := &framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 5, Cfg: 3, Mp4Crf: proto.Uint32(0), UseTeacache: proto.Bool(false)}
-	got := jobs.WithDefaults(in)
-	if got.GetLatentWindowSize() != 9 || got.GetSteps() != 25 || got.GetCfg() != 3 || got.GetGs() != 10 ||
-		got.GetResolution() != 640 || got.GetMp4Crf() != 0 || got.GetUseTeacache() || got.GetGpuMemoryPreservationGb() != 6 || got.Rs != 0 {
-		t.Fatalf("defaults %v", got)
-	}
-	if in.LatentWindowSize != 0 {
-		t.Fatal("input modified")
-	}
-	d := jobs.WithDefaults(&framepackv1.JobSpec{})
-	if d.GetMp4Crf() != 16 || !d.GetUseTeacache() || d.GetCfg() != 1 {
-		t.Fatalf("empty defaults %v", d)
 	}
 }

@@ -251,28 +251,9 @@ type Stage struct {
 	// workers hold together, and the cap of a stage that states no Need; 0 means no cap.
 	MemoryCap uint64
 	// Load is this attempt's departures from the lane's load settings, as the watchdog
-	// decided them; the zero value loads with the lane's.
-	Load LoadSettings
-}
-
-// LoadSettings are one attempt's departures from the lane's load settings (zero fields: the
-// lane's). The lane turns them into the worker's LoadRequest.
-type LoadSettings struct {
-	// Backend overrides Config.Backend ("cpu" for the last rung of small stages); the device
-	// index then is 0.
-	Backend string
-	// MemoryCap lowers the stage's cap; a cap above it is ignored.
-	MemoryCap uint64
-	// MaxResidentBlocks is LoadRequest.MaxResidentBlocks: how many transformer blocks (textenc:
-	// Llama layers) stay on the device, the rest streaming from host memory (0: as many as the
-	// cap allows).
-	MaxResidentBlocks uint32
-	// ConvFirstTier makes every convolution start at this tier.
-	ConvFirstTier workerkit.ConvTier
-	// ConvCachePath is the conv decision cache file.
-	ConvCachePath string
-	// Fault is a test fault (nil in production).
-	Fault *workerkit.Fault
+	// decided them (its Attempt.Override); the zero value loads with the lane's. A lower
+	// MemoryCap lowers the stage's cap; a higher one is ignored.
+	Load workerkit.Override
 }
 
 // loadRequest is the LoadRequest of stage st on this lane, under cap (0: none).
@@ -280,18 +261,7 @@ func (l *Lane) loadRequest(st Stage, cap uint64) *workerkit.LoadRequest {
 	req := &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
 		DeviceIndex: l.cfg.DeviceIndex, PCIBusID: l.cfg.PCIBusID, MemoryCapBytes: cap, Env: st.Env, Loras: st.Loras,
 		Workload: st.Workload, Checkpoint: st.Checkpoint, Weights: st.Weights, FP8Compute: st.FP8Compute}
-	s := st.Load
-	req.MaxResidentBlocks = s.MaxResidentBlocks
-	if s.Backend != "" && s.Backend != req.Backend {
-		req.Backend, req.DeviceIndex, req.PCIBusID = s.Backend, 0, ""
-	}
-	if s.ConvCachePath != "" || s.ConvFirstTier != workerkit.ConvTierUnspecified {
-		req.ConvPolicy = &workerkit.ConvPolicy{DecisionCachePath: s.ConvCachePath, ForcedTier: s.ConvFirstTier}
-	}
-	if s.Fault != nil {
-		f := *s.Fault
-		req.Fault = &f
-	}
+	st.Load.ApplyLoad(req)
 	return req
 }
 
@@ -502,7 +472,7 @@ func LoadKey(st Stage) string {
 	}
 	slices.Sort(keys)
 	s := st.Load
-	keys = append(keys, fmt.Sprintf("load=%s/%d/%d/%d/%s/%v", s.Backend, s.MemoryCap, s.MaxResidentBlocks, s.ConvFirstTier, s.ConvCachePath, s.Fault != nil))
+	keys = append(keys, fmt.Sprintf("load=%s/%d/%d/%s/%s/%d/%s/%v", s.Backend, s.MemoryCap, s.MaxResidentBlocks, s.ActivationDType, s.SiglipProcessor, s.ConvFirstTier, s.ConvCachePath, s.Fault != nil))
 	if w := st.Workload; w != nil {
 		keys = append(keys, fmt.Sprintf("workload=%dx%d/%d/%d", w.Width, w.Height, w.LatentWindowSize, w.ReserveBytes))
 	}

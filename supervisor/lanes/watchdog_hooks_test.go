@@ -4,12 +4,13 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 )
 
 // TestWatchdogHooks: Attach sees the worker while it lives and is detached before teardown;
-// the attempt's LoadSettings reach the LoadRequest the worker gets (a lower cap does, a higher
-// one than the lane's does not).
+// the attempt's override (workerkit.Override) reaches the LoadRequest the worker gets (a lower
+// cap does, a higher one than the lane's does not).
 func TestWatchdogHooks(t *testing.T) {
 	l := newLane(t, nil)
 	st := stage(lanes.VAE, "ok")
@@ -36,7 +37,7 @@ func TestWatchdogHooks(t *testing.T) {
 	for _, tc := range []struct{ load, want uint64 }{{0, 1 << 30}, {1 << 20, 1 << 20}, {2 << 30, 1 << 30}} {
 		st = stage(lanes.VAE, "ok")
 		st.MemoryCap = 1 << 30
-		st.Load = lanes.LoadSettings{MemoryCap: tc.load, Backend: "cpu"}
+		st.Load = workerkit.Override{MemoryCap: tc.load, Backend: "cpu"}
 		rep, err := l.Run(t.Context(), st)
 		if err != nil {
 			t.Fatal(err)

@@ -22,6 +22,7 @@ import (
 	"github.com/sirupsen/logrus"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/devices"
 )
 
 // Namespace prefixes every metric.
@@ -235,8 +236,10 @@ func (m *Metrics) backendOf(id string) string {
 	if lane == "" {
 		return "unknown"
 	}
-	b, _, _ := strings.Cut(lane, ":")
-	return b
+	if b := devices.BackendOf(lane); b != "" {
+		return b
+	}
+	return "unknown"
 }
 
 func (m *Metrics) forget(id string) {

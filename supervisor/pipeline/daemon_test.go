@@ -52,6 +52,9 @@ type daemonOpts struct {
 	NoPreviews  bool                   `json:"no_previews"`
 	// DeviceMemory is the lane's device memory (lanes.Config.DeviceMemory); 0: no worker cap.
 	DeviceMemory uint64 `json:"device_memory"`
+	// MaxImagePixels is the pipeline's image limit (pipeline.Config.MaxImagePixels); 0: the
+	// default, as the API's.
+	MaxImagePixels int64 `json:"max_image_pixels"`
 	// KeepAlive is the runner's keep-alive for jobs without their own (pipeline.Config), and
 	// LaneKeepAlive the lane's for KeepAliveAuto (lanes.Config).
 	KeepAlive     time.Duration `json:"keep_alive"`
@@ -136,7 +139,8 @@ func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
 			}
 			return lane, nil
 		},
-		KeepSectionHistory: o.KeepHistory, Residency: o.Residency, KeepAlive: o.KeepAlive, NoPreviews: o.NoPreviews, OnStage: o.onStage})
+		KeepSectionHistory: o.KeepHistory, Residency: o.Residency, KeepAlive: o.KeepAlive, NoPreviews: o.NoPreviews, OnStage: o.onStage,
+		MaxImagePixels: o.MaxImagePixels})
 	if err != nil {
 		return nil, err
 	}

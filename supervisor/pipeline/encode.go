@@ -67,7 +67,7 @@ func (j *jobRun) encode(ctx context.Context) error {
 	// Prepare: nearest bucket, LANCZOS resize-to-cover + centre crop, [-1, 1].
 	var pixels vol
 	if err := j.hostStage(ctx, framepackv1.Stage_STAGE_PREPARE, -1, func() error {
-		img, _, err := imageproc.DecodeFile(j.job.InputPath, imageproc.Options{MaxPixels: MaxInputPixels})
+		img, _, err := imageproc.DecodeFile(j.job.InputPath, imageproc.Options{MaxPixels: j.r.cfg.MaxImagePixels})
 		if err != nil {
 			return fmt.Errorf("%w: input image: %w", errBadInput, err)
 		}
@@ -87,7 +87,7 @@ func (j *jobRun) encode(ctx context.Context) error {
 		}
 		// FramePack-Studio's end frame (original_with_endframe_pipeline.py preprocess_inputs):
 		// resized and cropped to the start frame's bucket, then VAE-encoded with it.
-		end, _, err := imageproc.DecodeFile(j.job.EndImagePath, imageproc.Options{MaxPixels: MaxInputPixels})
+		end, _, err := imageproc.DecodeFile(j.job.EndImagePath, imageproc.Options{MaxPixels: j.r.cfg.MaxImagePixels})
 		if err != nil {
 			return fmt.Errorf("%w: end image: %w", errBadInput, err)
 		}
@@ -95,7 +95,7 @@ func (j *jobRun) encode(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("%w: resize end image: %w", errBadInput, err)
 		}
-		c.endNP, c.endStrength = endNP.Pix, jobEndStrength(spec)
+		c.endNP, c.endStrength = endNP.Pix, spec.GetEndStrength()
 		if pixels, err = concatB(pixels, imageproc.ImageToVideo(endNP)); err != nil {
 			return err
 		}
@@ -161,7 +161,8 @@ func (j *jobRun) encode(ctx context.Context) error {
 	}
 	sst := lanes.Stage{Model: lanes.ClipVision, ModelDir: j.r.cfg.Models.FluxRedux, Keep: j.r.cfg.Residency,
 		Request: &workerkit.ImageEncodeRequest{Image: workerkit.TensorRef{Path: imgSeg, Name: "image"},
-			LastHiddenState: workerkit.TensorRef{Path: sigSeg, Name: tImageHidden}}}
+			LastHiddenState: workerkit.TensorRef{Path: sigSeg, Name: tImageHidden}},
+		Load: workerkit.Override{SiglipProcessor: j.r.cfg.SiglipProcessor}}
 	sst.Need = j.need(ctx, sst, 0)
 	if _, err := j.workerStage(ctx, framepackv1.Stage_STAGE_IMAGE_ENCODE, -1, sst); err != nil {
 		return err
@@ -183,14 +184,6 @@ func (j *jobRun) encode(ctx context.Context) error {
 		return jobs.ErrInterrupted
 	}
 	return nil
-}
-
-// jobEndStrength is JobSpec.end_strength, unset meaning 1.
-func jobEndStrength(spec *framepackv1.JobSpec) float32 {
-	if spec.EndStrength == nil {
-		return 1
-	}
-	return spec.GetEndStrength()
 }
 
 // readSegment maps a complete segment for fn.

@@ -45,18 +45,3 @@ func TestModelFacts(t *testing.T) {
 		t.Error("empty scaling factor accepted")
 	}
 }
-
-func TestWithTiling(t *testing.T) {
-	req := &workerkit.VAEDecodeRequest{Tiling: &workerkit.VAETiling{TileSampleMinNumFrames: 16}}
-	if got := withTiling(req, 0); got != req {
-		t.Fatal("no tile decision changed the request")
-	}
-	got := withTiling(req, 128).(*workerkit.VAEDecodeRequest)
-	tl := got.Tiling
-	if !tl.EnableSpatialTiling || tl.TileSampleMinWidth != 128 || tl.TileSampleStrideHeight != 96 || tl.TileSampleMinNumFrames != 16 {
-		t.Errorf("tiling %+v", tl)
-	}
-	if req.Tiling.EnableSpatialTiling {
-		t.Error("the stage's own request was edited")
-	}
-}

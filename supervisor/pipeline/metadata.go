@@ -89,7 +89,7 @@ func (j *jobRun) settings(i int) Settings {
 			FP8Compute: j.fp8Compute}
 	}
 	if j.job.EndImagePath != "" {
-		s.EndFrame = &SettingsEndFrame{SHA256: spec.GetEndImageSha256(), Image: j.job.EndImagePath, Strength: jobEndStrength(spec)}
+		s.EndFrame = &SettingsEndFrame{SHA256: spec.GetEndImageSha256(), Image: j.job.EndImagePath, Strength: spec.GetEndStrength()}
 	}
 	for k, l := range jobLoras(spec) {
 		sl := SettingsLora{Path: l.Path, Strength: l.Strength}

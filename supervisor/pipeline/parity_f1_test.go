@@ -58,7 +58,7 @@ func loadF1Case(t *testing.T, c parity.Case) (i2vCase, int) {
 	for _, b := range buckets {
 		spec.Buckets = append(spec.Buckets, &framepackv1.Bucket{Height: uint32(b[0]), Width: uint32(b[1])})
 	}
-	return i2vCase{c: c, spec: spec, image: pngOf(t, img.Ints, hw[0], hw[1]), window: window}, sections
+	return i2vCase{c: c, spec: spec, image: pngOf(t, img.Ints, hw[0], hw[1]), window: window, models: caseModels(t, c)}, sections
 }
 
 // TestParityPipelineF1 runs every case of the pipeline_f1 fixture (FramePack-F1's loop, sections

@@ -38,6 +38,9 @@ type i2vCase struct {
 	image    []byte
 	window   int
 	sections []int // the latent paddings the reference used
+	// models is the models folder the case was made from (its fixture's "root" model), which
+	// the job's daemon loads whatever fixture set is in use.
+	models string
 }
 
 func loadCase(t *testing.T, c parity.Case) i2vCase {
@@ -70,7 +73,17 @@ func loadCase(t *testing.T, c parity.Case) i2vCase {
 	for _, b := range buckets {
 		spec.Buckets = append(spec.Buckets, &framepackv1.Bucket{Height: uint32(b[0]), Width: uint32(b[1])})
 	}
-	return i2vCase{c: c, spec: spec, image: pngOf(t, img.Ints, hw[0], hw[1]), window: window, sections: sections}
+	return i2vCase{c: c, spec: spec, image: pngOf(t, img.Ints, hw[0], hw[1]), window: window, sections: sections, models: caseModels(t, c)}
+}
+
+// caseModels returns the models folder case c was made from: its fixture's "root" model.
+func caseModels(t *testing.T, c parity.Case) string {
+	t.Helper()
+	dir, err := c.ModelPath("root")
+	if err != nil {
+		t.Fatalf("case %s: %v", c.Name, err)
+	}
+	return dir
 }
 
 // checkChildren returns an OnStage hook that records every stage and any child process alive
@@ -253,6 +266,7 @@ func TestParityPipeline(t *testing.T) {
 func runParityJob(t *testing.T, workers map[lanes.Model]string, jc i2vCase) (daemonOpts, *framepackv1.Job, []*framepackv1.JobEvent) {
 	t.Helper()
 	opts := newOpts(t, workers)
+	opts.Models = jc.models
 	var stages stageLog
 	opts.onStage = stages.onStage
 	d, err := newDaemon(opts, testLogger())

@@ -73,7 +73,6 @@ func (j *jobRun) need(ctx context.Context, st lanes.Stage, decodeFrames uint32) 
 	if j.memCap == 0 {
 		return nil // nothing to plan against
 	}
-	st.Env = j.stageEnv(st.Env)
 	n, err := j.lane.Estimate(ctx, st, decodeFrames)
 	if err != nil {
 		f := j.log.WithError(err).WithField("worker", string(st.Model))
@@ -85,14 +84,6 @@ func (j *jobRun) need(ctx context.Context, st lanes.Stage, decodeFrames uint32) 
 		return nil
 	}
 	return &n
-}
-
-// stageEnv is a stage's LoadRequest.Env: its own, else the runner's WorkerEnv.
-func (j *jobRun) stageEnv(env map[string]string) map[string]string {
-	if env == nil && len(j.r.cfg.WorkerEnv) > 0 {
-		return j.r.cfg.WorkerEnv
-	}
-	return env
 }
 
 // maxDecodeFrames is the most latent frames one decode of a job of window w takes (the last

@@ -146,6 +146,7 @@ func resumeAfterKill(t *testing.T, jc i2vCase) {
 
 	// The uninterrupted run, in this process.
 	ref := newOpts(t, workers)
+	ref.Models = jc.models
 	ref.KeepHistory = false
 	d, err := newDaemon(ref, testLogger())
 	if err != nil {
@@ -161,6 +162,7 @@ func resumeAfterKill(t *testing.T, jc i2vCase) {
 
 	// The killed run, in a daemon process.
 	o := newOpts(t, workers)
+	o.Models = jc.models
 	o.KeepHistory = false
 	proc := startDaemonProcess(t, o)
 	ctx, cancel := context.WithTimeout(t.Context(), jobTimeout)
@@ -500,5 +502,44 @@ func forgetVariant(t *testing.T, state, id, want string) {
 	cp.Variant = ""
 	if err := st.SaveCheckpoint(id, *cp); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMaxImagePixels: the pipeline holds a job's image to the daemon's pixel limit
+// (Config.MaxImagePixels, framepackd --max-image-pixels), not to a fixed one: a daemon whose
+// pipeline takes fewer pixels than the start image has fails the job in its prepare stage,
+// saying so, and leaves nothing behind.
+func TestMaxImagePixels(t *testing.T) {
+	jc := firstCase(t)
+	var hw [2]int
+	jc.c.Param(t, "image_hw", &hw)
+	workers := buildWorkers(t)
+	o := newOpts(t, workers)
+	o.MaxImagePixels = int64(hw[0]*hw[1]) - 1
+	d, err := newDaemon(o, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Kill()
+	ctx, cancel := context.WithTimeout(t.Context(), jobTimeout)
+	defer cancel()
+	c := client(t, o.Socket)
+	resp, err := c.SubmitJob(ctx, &framepackv1.SubmitJobRequest{Image: jc.image, Spec: jc.spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := watch(ctx, c, resp.GetJob().GetId(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("limit %d", o.MaxImagePixels)
+	if f := last.GetJobFailed(); f == nil || !strings.Contains(f.GetFailure().GetMessage(), want) {
+		t.Fatalf("a %dx%d start image under a limit of %d pixels ended with %v, want a failure naming the limit", hw[1], hw[0], o.MaxImagePixels, last)
+	}
+	if err := waitNoWorkers(workers, 5*time.Second); err != nil {
+		t.Error(err)
+	}
+	if err := shmEmpty(o.Shm); err != nil {
+		t.Error(err)
 	}
 }

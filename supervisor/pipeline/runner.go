@@ -46,9 +46,6 @@ import (
 	"github.com/framepackd/framepackd/supervisor/watchdog"
 )
 
-// MaxInputPixels bounds the decoded input image (the API checks the same limit on submit).
-const MaxInputPixels = 40_000_000
-
 // Config holds a Runner's dependencies. The function fields are what tests replace.
 type Config struct {
 	// Models are the model folders (ResolveModels); required.
@@ -59,14 +56,17 @@ type Config struct {
 	Shm *shm.Root
 	// Video writes the section videos; nil means a zero video.Writer (ffmpeg from PATH).
 	Video *video.Writer
+	// MaxImagePixels bounds the decoded start and end images, width × height: the daemon's
+	// --max-image-pixels, which the API checks at submit; 0 means plan.DefaultMaxImagePixels.
+	MaxImagePixels int64
 	// NoPreviews turns off the per-step preview tensors and Preview events.
 	NoPreviews bool
 	// VAETiling forces the VAE's tiling; nil lets the VAE worker choose it from its memory cap
 	// (framewise in time, spatial tiles only as small as the cap needs).
 	VAETiling *workerkit.VAETiling
-	// WorkerEnv holds LoadRequest.Env entries for every worker (e.g.
-	// FRAMEPACK_SIGLIP_PROCESSOR=pil for transformers 4's SigLIP preprocessing).
-	WorkerEnv map[string]string
+	// SiglipProcessor is the clipvision worker's SiglipImageProcessor ("pil" for transformers
+	// 4's; "" transformers 5's torchvision, the default): LoadRequest.siglip_processor.
+	SiglipProcessor string
 	// KeepSectionHistory keeps every section's history file instead of only the newest.
 	KeepSectionHistory bool
 	// KeepSectionVideos keeps every section's MP4; by default a section's MP4 is removed once
@@ -119,6 +119,9 @@ func New(cfg Config) (*Runner, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.MaxImagePixels <= 0 {
+		cfg.MaxImagePixels = plan.DefaultMaxImagePixels
 	}
 	log := cfg.Log
 	if log == nil {
@@ -274,14 +277,10 @@ func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepack
 	if err != nil {
 		return nil, err
 	}
-	w := int(spec.GetLatentWindowSize())
-	if w < 1 || w > 33 {
-		return nil, fmt.Errorf("latent_window_size %d (1 to 33)", w)
+	if err := plan.CheckRun(spec); err != nil {
+		return nil, err
 	}
-	steps := int(spec.GetSteps())
-	if steps < 1 || steps > 100 {
-		return nil, fmt.Errorf("steps %d (1 to 100)", steps)
-	}
+	w, steps := int(spec.GetLatentWindowSize()), int(spec.GetSteps())
 	total := job.TotalSections
 	if total < 1 {
 		total = plan.TotalSections(spec)
@@ -291,11 +290,9 @@ func (r *Runner) newJobRun(job *jobs.Job, lane *lanes.Lane, emit func(*framepack
 		return nil, err
 	}
 	// Every worker of the job runs under the lane's cap less the job's preservation
-	// (FramePack's "GPU inference preserved memory", in GiB as torch counts it).
-	preserve := float64(jobs.DefaultGPUMemoryPreservationGB)
-	if spec.GpuMemoryPreservationGb != nil {
-		preserve = float64(spec.GetGpuMemoryPreservationGb())
-	}
+	// (FramePack's "GPU inference preserved memory", in GiB as torch counts it; the API filled
+	// in its default).
+	preserve := float64(spec.GetGpuMemoryPreservationGb())
 	memCap, err := lane.MemoryCap(uint64(preserve * (1 << 30)))
 	if err != nil {
 		return nil, fmt.Errorf("gpu_memory_preservation_gb %g: %w", preserve, err)
@@ -517,7 +514,6 @@ func (j *jobRun) record(rec StageRecord) {
 // workerStage runs one model stage on the lane with its events and records.
 func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, section int, st lanes.Stage) (lanes.Report, error) {
 	st.JobID, st.MemoryCap = j.job.ID, j.memCap
-	st.Env = j.stageEnv(st.Env)
 	if st.OnEvent == nil {
 		st.OnEvent = j.workerEvent(stage)
 	}

@@ -5,7 +5,6 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
@@ -14,7 +13,8 @@ import (
 
 // The glue between the section loop and the lane's watchdog (supervisor/watchdog, owned with
 // it): every worker stage runs as watchdog attempts — the worker attached to the watchdog as
-// soon as it exists, the attempt's load settings and VAE tiling applied — and a failed attempt
+// soon as it exists, the attempt's override (workerkit.Override) applied to its load and its
+// request — and a failed attempt
 // is classified, recovered from and retried down the degradation ladder, or the job fails with
 // every attempt in its story.
 
@@ -48,14 +48,15 @@ func (j *jobRun) runOnLane(ctx context.Context, stage framepackv1.Stage, section
 			}
 			return func() {}
 		}
-		d := a.Decision()
-		att.Load = lanes.LoadSettings{Backend: d.Backend, MemoryCap: d.MemoryCap, MaxResidentBlocks: d.MaxResidentBlocks,
-			ConvFirstTier: d.ConvFirstTier, ConvCachePath: d.ConvCachePath, Fault: d.Fault}
-		att.Request = withTiling(st.Request, d.VAETilePx)
+		att.Load = st.Load.Merge(a.Override())
+		att.Request = att.Load.ApplyStage(st.Request)
 		var err error
 		rep, err = j.lane.Run(ctx, att)
 		a.Kept = err == nil && rep.Kept
 		a.ResidentBlocks, a.StreamedBlocks = rep.ResidentBlocks, rep.StreamedBlocks
+		if rep.Loaded != nil {
+			a.Traits = rep.Loaded.Traits
+		}
 		return err
 	})
 	return rep, err
@@ -76,35 +77,6 @@ func (j *jobRun) stageSize(stage framepackv1.Stage) watchdog.Size {
 		return watchdog.Size{Frames: 1, Height: h, Width: w}
 	}
 	return watchdog.Size{}
-}
-
-// withTiling returns a VAE request with spatial tiles of px pixels and diffusers' 3/4 stride
-// (the request itself when px is 0 or the stage is not the VAE's).
-func withTiling(req workerkit.Stage, px uint32) workerkit.Stage {
-	if px == 0 {
-		return req
-	}
-	tiled := func(base *workerkit.VAETiling) *workerkit.VAETiling {
-		t := workerkit.VAETiling{}
-		if base != nil {
-			t = *base
-		}
-		t.EnableSpatialTiling = true
-		t.TileSampleMinHeight, t.TileSampleMinWidth = px, px
-		t.TileSampleStrideHeight, t.TileSampleStrideWidth = px*3/4, px*3/4
-		return &t
-	}
-	switch r := req.(type) {
-	case *workerkit.VAEEncodeRequest:
-		c := *r
-		c.Tiling = tiled(r.Tiling)
-		return &c
-	case *workerkit.VAEDecodeRequest:
-		c := *r
-		c.Tiling = tiled(r.Tiling)
-		return &c
-	}
-	return req
 }
 
 // retryEvent is the job's public Retry event for a watchdog retry.

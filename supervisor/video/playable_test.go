@@ -9,7 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/video"
 )
 
@@ -51,7 +51,7 @@ func topLevelBoxes(t *testing.T, path string) []string {
 func TestMP4PlaysEverywhere(t *testing.T) {
 	needTool(t, "ffmpeg")
 	needTool(t, "ffprobe")
-	for _, crf := range []int{jobs.DefaultMP4CRF, 0} {
+	for _, crf := range []int{api.DefaultMP4CRF, 0} {
 		path := filepath.Join(t.TempDir(), "v.mp4")
 		var w video.Writer
 		if _, err := w.Write(t.Context(), path, gradient(9, 48, 64), crf); err != nil {

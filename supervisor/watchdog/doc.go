@@ -19,18 +19,20 @@
 //
 // Retry. Job.Run runs a stage's attempts: bad input is never retried; otherwise the Ladder says
 // what the next attempt changes (a hang: mark the hung conv shape and tier in the decision cache
-// so the next worker skips it; out of memory: for a stage whose worker streams a stack of blocks
-// (StageInfo.Streams: the transformer's blocks, the text encoder's Llama layers) half the blocks
-// the failed attempt reported resident, down to 1, then a lower memory cap, then VAE tiles
-// 256 → 128 → 64 px, then convolutions one tier further down; finally CPU for small stages),
-// within a per-stage and per-job Budget. When it runs out, the job fails with a GiveUpError that
+// so the next worker skips it; out of memory: for a model with a stack of blocks (the
+// transformer's blocks, the text encoder's Llama layers) half the blocks the failed attempt
+// reported resident, down to 1, then a lower memory cap, then tiles 256 → 128 → 64 px for a
+// model that tiles, then a narrower activation dtype the model declared, then convolutions one
+// tier further down for a model that convolves; finally CPU for small stages), within a
+// per-stage and per-job Budget. What a model has is what its worker declared
+// (workerkit.ModelTraits, in its LoadResponse), never the stage's name. When it runs out, the job fails with a GiveUpError that
 // carries every attempt, its class and what was changed; the service stays up.
 //
-// The watchdog returns decisions and edits no worker request: an Attempt's Decision (backend,
-// memory cap, resident blocks, conv tier, VAE tile, decision cache, test fault) is what the
-// pipeline hands the lane, and the lane builds the worker's LoadRequest from it
-// (supervisor/lanes.LoadSettings); the AttemptFunc hands back the residency the worker reported
-// (Attempt.ResidentBlocks, StreamedBlocks). The lane calls Attempt.Attach as soon as a worker
+// The watchdog returns decisions and edits no worker request: an Attempt's Override (backend,
+// memory cap, resident blocks, activation dtype, conv tier, tile, decision cache, test fault;
+// one type, workerkit.Override) is what the pipeline hands the lane, which applies it to the
+// worker's LoadRequest and the stage's request; the AttemptFunc hands back the residency and the
+// traits the worker reported (Attempt.ResidentBlocks, StreamedBlocks, Traits). The lane calls Attempt.Attach as soon as a worker
 // process exists. Retries are reported as Retry values; the pipeline makes the job's public
 // events of them. Fault injection for tests comes in through Config.FaultPlan only (see package
 // internal/faults for why nothing else can reach it). Notifier speaks sd_notify to systemd

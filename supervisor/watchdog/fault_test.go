@@ -64,7 +64,7 @@ func faultOnce(f workerkit.Fault) rigOpts {
 
 // oomAttempts injects an out-of-memory error at op atOp into the first n attempts of every
 // stage and records each attempt's knobs into *knobs.
-func oomAttempts(n int, atOp uint64, knobs *[]watchdog.Knobs) rigOpts {
+func oomAttempts(n int, atOp uint64, knobs *[]workerkit.Override) rigOpts {
 	var mu sync.Mutex
 	return func(c *watchdog.Config) {
 		c.FaultPlan = func(a watchdog.AttemptInfo) *workerkit.Fault {
@@ -166,7 +166,7 @@ func TestFaultOOMAtOp(t *testing.T) {
 	base := newRig(t)
 	st0, out0 := base.decodeStage(t, 2)
 	ops, want := opCount(t, base, st0, out0)
-	var knobs []watchdog.Knobs
+	var knobs []workerkit.Override
 	r := newRig(t, oomAttempts(2, ops/3, &knobs))
 	st, out := r.decodeStage(t, 2)
 	var rep lanes.Report
@@ -220,7 +220,7 @@ func TestFaultOOMLlamaLayers(t *testing.T) {
 	base := newRig(t)
 	st0, out0 := base.textStage(t, "a cat walks")
 	ops, want := opCount(t, base, st0, out0)
-	var knobs []watchdog.Knobs
+	var knobs []workerkit.Override
 	r := newRig(t, oomAttempts(2, ops-2, &knobs))
 	st, out := r.textStage(t, "a cat walks")
 	var rep lanes.Report
@@ -242,8 +242,8 @@ func TestFaultOOMLlamaLayers(t *testing.T) {
 		t.Fatalf("the first attempt ran %d resident and %d streamed layers; want 2 and 0", ran[0][0], ran[0][1])
 	}
 	lowered := uint64(float64(laneCap) * 0.85)
-	if len(knobs) != 3 || knobs[0] != (watchdog.Knobs{}) || knobs[1] != (watchdog.Knobs{ResidentBlocks: 1}) ||
-		knobs[2] != (watchdog.Knobs{ResidentBlocks: 1, MemoryCap: lowered}) {
+	if len(knobs) != 3 || knobs[0] != (workerkit.Override{}) || knobs[1] != (workerkit.Override{MaxResidentBlocks: 1}) ||
+		knobs[2] != (workerkit.Override{MaxResidentBlocks: 1, MemoryCap: lowered}) {
 		t.Fatalf("knobs of the attempts %+v", knobs)
 	}
 	if len(ran) != 3 || ran[1] != [2]uint32{1, 1} || ran[2] != [2]uint32{1, 1} {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/framepackd/framepackd/internal/beacon"
+	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 )
 
@@ -13,7 +14,7 @@ import (
 // convolution"; a hang in another op names the op.
 func TestHangChangeText(t *testing.T) {
 	l := DefaultLadder(0)
-	st := StageInfo{Kind: framepackv1.Stage_STAGE_VAE_DECODE}
+	st := StageInfo{Kind: framepackv1.Stage_STAGE_VAE_DECODE, Traits: vaeTraits}
 	for _, tc := range []struct {
 		name    string
 		b       beacon.Snapshot
@@ -26,7 +27,7 @@ func TestHangChangeText(t *testing.T) {
 		{"gemm", beacon.Snapshot{InOp: true, Op: "gemm"}, "op gemm, not in a convolution", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			step, ok := l.Next(st, ClassHang, 1, Knobs{}, &Verdict{Kind: VerdictOpOverdue, Beacon: tc.b})
+			step, ok := l.Next(st, ClassHang, 1, workerkit.Override{}, &Verdict{Kind: VerdictOpOverdue, Beacon: tc.b})
 			if !ok || !strings.Contains(step.Change, tc.want) || (tc.notWant != "" && strings.Contains(step.Change, tc.notWant)) {
 				t.Fatalf("change %q, want %q without %q", step.Change, tc.want, tc.notWant)
 			}

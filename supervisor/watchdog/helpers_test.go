@@ -133,25 +133,20 @@ func newRig(t *testing.T, opts ...rigOpts) *rig {
 }
 
 // attempt returns the AttemptFunc that runs st on the rig's lane, as the pipeline does (the
-// worker's reported residency kept on the attempt for the resident-block rung), and keeps the
+// worker's reported residency and traits kept on the attempt for the ladder), and keeps the
 // last report in *out.
 func (r *rig) attempt(st lanes.Stage, out *lanes.Report) watchdog.AttemptFunc {
 	return func(ctx context.Context, a *watchdog.Attempt) error {
 		att := st
 		att.Attach = func(p lanes.Proc) func() { return a.Attach(p.(watchdog.Target)) }
-		d := a.Decision()
-		att.Load = lanes.LoadSettings{Backend: d.Backend, MemoryCap: d.MemoryCap, MaxResidentBlocks: d.MaxResidentBlocks,
-			ConvFirstTier: d.ConvFirstTier, ConvCachePath: d.ConvCachePath, Fault: d.Fault}
-		if r, ok := st.Request.(*workerkit.VAEDecodeRequest); ok && d.VAETilePx != 0 {
-			c := *r
-			t := workerkit.VAETiling{EnableSpatialTiling: true, TileSampleMinHeight: d.VAETilePx, TileSampleMinWidth: d.VAETilePx,
-				TileSampleStrideHeight: d.VAETilePx * 3 / 4, TileSampleStrideWidth: d.VAETilePx * 3 / 4}
-			c.Tiling = &t
-			att.Request = &c
-		}
+		att.Load = a.Override()
+		att.Request = att.Load.ApplyStage(st.Request)
 		rep, err := r.lane.Run(ctx, att)
 		*out = rep
 		a.ResidentBlocks, a.StreamedBlocks = rep.ResidentBlocks, rep.StreamedBlocks
+		if rep.Loaded != nil {
+			a.Traits = rep.Loaded.Traits
+		}
 		return err
 	}
 }

@@ -1,35 +1,62 @@
 package watchdog
 
 import (
+	"strings"
 	"testing"
 
+	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 )
 
-// TestConvolves: the conv rungs are for the stages whose workers run convolutions.
-func TestConvolves(t *testing.T) {
-	want := map[framepackv1.Stage]bool{framepackv1.Stage_STAGE_VAE_ENCODE: true, framepackv1.Stage_STAGE_VAE_DECODE: true,
-		framepackv1.Stage_STAGE_IMAGE_ENCODE: true, framepackv1.Stage_STAGE_TRANSFORMER: true}
-	for v := range framepackv1.Stage_name {
-		kind := framepackv1.Stage(v)
-		if got := (StageInfo{Kind: kind}).Convolves(); got != want[kind] {
-			t.Errorf("%v convolves %v, want %v", kind, got, want[kind])
-		}
-	}
-}
+// The traits the four workers declare in their LoadResponse (workerkit.ModelTraits): the ladder
+// knows the models only through them.
+var (
+	textencTraits     = workerkit.ModelTraits{BlockStack: "llama layers", Blocks: 30}
+	transformerTraits = workerkit.ModelTraits{BlockStack: "transformer blocks", Blocks: 60, Convolves: true}
+	vaeTraits         = workerkit.ModelTraits{Convolves: true, Tiles: true}
+	siglipTraits      = workerkit.ModelTraits{Convolves: true}
+)
 
-// TestStreams: the stages whose worker streams a stack of blocks are the transformer (its
-// blocks) and the text encoder (Llama's layers); no other stage gets the resident-block rung.
-func TestStreams(t *testing.T) {
-	want := map[framepackv1.Stage]string{framepackv1.Stage_STAGE_TRANSFORMER: "transformer blocks",
-		framepackv1.Stage_STAGE_TEXT_ENCODE: "llama layers"}
-	for v := range framepackv1.Stage_name {
-		kind := framepackv1.Stage(v)
-		stack, ok := StageInfo{Kind: kind}.Streams()
-		name, streams := want[kind]
-		if ok != streams || stack.Blocks != name || ok && stack.FirstResident == 0 {
-			t.Errorf("%v streams %v %+v, want %v %q", kind, ok, stack, streams, name)
-		}
+// TestTraitsChooseRungs: which rungs an out-of-memory error climbs comes from what the model
+// declared, whatever the stage: a stack of blocks gets the resident rung (half the stack
+// first), tiles the tile rungs, fallback dtypes one dtype rung, convolutions the conv rungs; a
+// model that declared nothing (its Load never succeeded on the lane) only the cap rungs and the
+// cpu for a small stage.
+func TestTraitsChooseRungs(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		traits workerkit.ModelTraits
+		want   []string
+	}{
+		{"nothing declared", workerkit.ModelTraits{}, []string{"memory cap", "memory cap", "backend -> cpu"}},
+		{"a stack", workerkit.ModelTraits{BlockStack: "layers", Blocks: 8}, []string{"resident layers all -> 4", "resident layers 4 -> 2",
+			"resident layers 2 -> 1", "memory cap", "memory cap", "backend -> cpu"}},
+		{"tiles", workerkit.ModelTraits{Tiles: true}, []string{"memory cap", "memory cap", "vae tile untiled -> 256 px",
+			"vae tile 256 px -> 128 px", "vae tile 128 px -> 64 px", "backend -> cpu"}},
+		{"a fallback dtype", workerkit.ModelTraits{FallbackDTypes: []string{"bf16", "fp16"}}, []string{"memory cap", "memory cap",
+			"activations -> bf16", "backend -> cpu"}},
+		{"convolutions", siglipTraits, []string{"memory cap", "memory cap", "convolutions from tier 1 -> 2",
+			"convolutions from tier 2 -> 3", "convolutions from tier 3 -> 4", "backend -> cpu"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// the stage's kind says nothing: the text encoder's stage with the traits of the case
+			st := StageInfo{Kind: framepackv1.Stage_STAGE_TEXT_ENCODE, LaneBackend: "cuda", MemoryCap: 10 << 30, Small: true, Traits: tc.traits}
+			l := DefaultLadder(0)
+			var k workerkit.Override
+			var changes []string
+			for attempt := 1; attempt < 20; attempt++ {
+				s, ok := l.Next(st, ClassOOM, attempt, k, nil)
+				if !ok || strings.HasPrefix(s.Change, "retry as is") {
+					break
+				}
+				changes = append(changes, s.Change)
+				k = s.Knobs
+			}
+			checkRungs(t, tc.name, changes, tc.want)
+			if k.Backend != "cpu" || k.ActivationDType != "" || k.ConvFirstTier != workerkit.ConvTierUnspecified {
+				t.Errorf("the cpu rung keeps %+v; want the cpu's own dtype and convolutions", k)
+			}
+		})
 	}
 }
 
@@ -39,9 +66,9 @@ func TestStreams(t *testing.T) {
 // transformer's blocks. Each attempt's worker here honours max_resident_blocks: it keeps
 // min(the cap it was given, what fits its memory cap) of its blocks resident.
 func TestResidentBlockRung(t *testing.T) {
-	te := StageInfo{Kind: framepackv1.Stage_STAGE_TEXT_ENCODE, LaneBackend: "cuda", MemoryCap: 10 << 30, Small: true}
-	tr := StageInfo{Kind: framepackv1.Stage_STAGE_TRANSFORMER, LaneBackend: "cuda", MemoryCap: 10 << 30}
-	vae := StageInfo{Kind: framepackv1.Stage_STAGE_VAE_DECODE, LaneBackend: "cuda", MemoryCap: 10 << 30}
+	te := StageInfo{Kind: framepackv1.Stage_STAGE_TEXT_ENCODE, LaneBackend: "cuda", MemoryCap: 10 << 30, Small: true, Traits: textencTraits}
+	tr := StageInfo{Kind: framepackv1.Stage_STAGE_TRANSFORMER, LaneBackend: "cuda", MemoryCap: 10 << 30, Traits: transformerTraits}
+	vae := StageInfo{Kind: framepackv1.Stage_STAGE_VAE_DECODE, LaneBackend: "cuda", MemoryCap: 10 << 30, Traits: vaeTraits}
 	convThenCPU := []string{"convolutions from tier 1 -> 2", "convolutions from tier 2 -> 3", "convolutions from tier 3 -> 4",
 		"backend -> cpu"}
 	toCPU := convThenCPU[3:] // the text encoder runs no convolutions: no conv rungs
@@ -87,7 +114,7 @@ func TestResidentBlockRung(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			l := DefaultLadder(0)
 			l.FewerResidentBlocks = !tc.noRung
-			var k Knobs
+			var k workerkit.Override
 			var changes []string
 			for attempt := 1; ; attempt++ {
 				if attempt > 20 {
@@ -96,8 +123,8 @@ func TestResidentBlockRung(t *testing.T) {
 				var resident, streamed uint32
 				if attempt > tc.loadFails {
 					resident = tc.fit
-					if k.ResidentBlocks != 0 {
-						resident = min(resident, k.ResidentBlocks)
+					if k.MaxResidentBlocks != 0 {
+						resident = min(resident, k.MaxResidentBlocks)
 					}
 					streamed = tc.blocks - resident
 				}
@@ -113,8 +140,8 @@ func TestResidentBlockRung(t *testing.T) {
 				k = s.Knobs
 			}
 			checkRungs(t, tc.st.Name(), changes, tc.want)
-			if _, streams := tc.st.Streams(); streams && !tc.noRung && k.ResidentBlocks != 1 {
-				t.Errorf("ladder ends with %d resident blocks, want 1", k.ResidentBlocks)
+			if tc.st.Traits.BlockStack != "" && !tc.noRung && k.MaxResidentBlocks != 1 {
+				t.Errorf("ladder ends with %d resident blocks, want 1", k.MaxResidentBlocks)
 			}
 			capNow := float64(tc.st.MemoryCap)
 			if floor := uint64(float64(uint64(capNow*0.85)) * 0.85); k.MemoryCap != floor {

@@ -81,8 +81,13 @@ type StageInfo struct {
 	Size Size
 	// Small allows the CPU rung of the ladder.
 	Small bool
+	// Traits is what the stage's model has that a retry can change, as a worker of it declared
+	// it (LoadResponse); the zero value: not known yet. The watchdog fills it in from an
+	// earlier Load of the model on the lane and from each attempt's (Attempt.Traits); before
+	// any Load of the model succeeded only the model-free rungs (cap, cpu) apply.
+	Traits workerkit.ModelTraits
 	// Knobs are the first attempt's settings.
-	Knobs Knobs
+	Knobs workerkit.Override
 	// MemoryCap is the cap the stage's worker runs under (the lane's cap for the job), which
 	// the ladder lowers; 0 means Ladder.LaneCap.
 	MemoryCap uint64
@@ -104,7 +109,7 @@ type AttemptInfo struct {
 	JobID   string
 	Stage   StageInfo
 	Attempt int
-	Knobs   Knobs
+	Knobs   workerkit.Override
 	// OpsSeen is the fewest ops a successful attempt of this stage kind ran on the lane so far
 	// (0: none yet), so a plan can aim an op-numbered fault inside the stage.
 	OpsSeen uint64
@@ -146,11 +151,12 @@ type Watchdog struct {
 	ctx    context.Context // ends monitors at Close
 	cancel context.CancelFunc
 
-	// mu protects stats, monitoring and opsSeen.
+	// mu protects stats, monitoring, opsSeen and traits.
 	mu         sync.Mutex
 	stats      Stats
 	monitoring bool
 	opsSeen    map[framepackv1.Stage]uint64
+	traits     map[string]workerkit.ModelTraits // by StageInfo.Model: the last a worker declared
 }
 
 // New returns the watchdog of one lane.
@@ -186,7 +192,8 @@ func New(cfg Config) (*Watchdog, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Watchdog{cfg: cfg, log: log.WithField("lane", cfg.Lane), health: NewHealth(cfg.Lane), rec: rec,
-		ctx: ctx, cancel: cancel, stats: Stats{Classes: map[Class]Counts{}}, opsSeen: map[framepackv1.Stage]uint64{}}, nil
+		ctx: ctx, cancel: cancel, stats: Stats{Classes: map[Class]Counts{}}, opsSeen: map[framepackv1.Stage]uint64{},
+		traits: map[string]workerkit.ModelTraits{}}, nil
 }
 
 // Close stops the watchdog's background monitors.
@@ -333,7 +340,8 @@ type Attempt struct {
 	JobID  string
 	Stage  StageInfo
 	Number int
-	Knobs  Knobs
+	// Knobs are the ladder's settings for this attempt (Override adds the rest).
+	Knobs  workerkit.Override
 	Limits Limits
 	// Fault is the test fault to inject through LoadRequest.Fault (nil in production).
 	Fault *workerkit.Fault
@@ -341,10 +349,13 @@ type Attempt struct {
 	// (the recovery check is then skipped).
 	Kept bool
 	// ResidentBlocks and StreamedBlocks are set by the AttemptFunc from the LoadResponse of a
-	// worker that streams blocks (StageInfo.Streams: transformer blocks, Llama layers): the
+	// worker whose model has a stack of blocks (transformer blocks, Llama layers): the
 	// residency the attempt actually ran with, which the ladder's resident-block rung lowers
 	// from after an out-of-memory error.
 	ResidentBlocks, StreamedBlocks uint32
+	// Traits is set by the AttemptFunc from the worker's LoadResponse (nil: it did not load):
+	// what the model has that the next attempt can change.
+	Traits *workerkit.ModelTraits
 
 	w     *Watchdog
 	guard *Guard
@@ -365,47 +376,24 @@ func (a *Attempt) Attach(p Target) (stop func()) {
 // Verdict returns what the watchdog saw during the attempt so far (nil: nothing wrong).
 func (a *Attempt) Verdict() *Verdict { return a.guard.Verdict() }
 
-// Decision is what the watchdog decided one attempt of a stage runs with. The lane turns it
-// into the worker's LoadRequest (supervisor/lanes.LoadSettings) and the pipeline into the
-// stage's tiling; the watchdog edits no worker request itself. Zero fields mean the lane's and
-// the model's defaults.
-type Decision struct {
-	// Backend overrides the lane's backend ("cpu": the last rung for small stages).
-	Backend string
-	// MemoryCap caps the worker's device allocations below the lane's cap.
-	MemoryCap uint64
-	// ConvFirstTier makes every convolution start at this tier.
-	ConvFirstTier workerkit.ConvTier
-	// ConvCachePath is the conv decision cache the worker reads and the watchdog marks hung
-	// shapes in.
-	ConvCachePath string
-	// VAETilePx is the VAE's spatial tile size in pixels (0: the request's own tiling).
-	VAETilePx uint32
-	// MaxResidentBlocks caps the blocks kept on the device by a worker that streams them
-	// (transformer blocks, Llama layers; LoadRequest.MaxResidentBlocks; 0: as many as fit the
-	// cap).
-	MaxResidentBlocks uint32
-	// Fault is the test fault to inject (nil in production).
-	Fault *workerkit.Fault
-}
-
-// Decision returns the attempt's decision.
-func (a *Attempt) Decision() Decision {
-	k := a.Knobs
-	d := Decision{Backend: k.Backend, MemoryCap: k.MemoryCap, ConvFirstTier: k.ConvFirstTier, VAETilePx: k.VAETilePx,
-		MaxResidentBlocks: k.ResidentBlocks}
+// Override returns what the attempt runs with instead of the lane's and the model's defaults:
+// the ladder's settings, the conv decision cache the watchdog marks hung shapes in, and the test
+// fault. The pipeline hands it to the lane, which applies it to the worker's LoadRequest and
+// the stage's request (workerkit.Override); the watchdog edits no worker request itself.
+func (a *Attempt) Override() workerkit.Override {
+	o := a.Knobs
 	if a.w.cfg.ConvCache != nil {
-		d.ConvCachePath = a.w.cfg.ConvCache.Path()
+		o.ConvCachePath = a.w.cfg.ConvCache.Path()
 	}
 	if a.Fault != nil {
 		f := *a.Fault
-		d.Fault = &f
+		o.Fault = &f
 	}
-	return d
+	return o
 }
 
 // AttemptFunc runs one attempt of a stage on the lane: spawn the worker (attaching it with
-// a.Attach as soon as it exists), load and run it as a.Decision says, tear the worker down.
+// a.Attach as soon as it exists), load and run it as a.Override says, tear the worker down.
 // It returns the stage's error, nil on success.
 type AttemptFunc func(ctx context.Context, a *Attempt) error
 
@@ -459,6 +447,7 @@ func (j *Job) retryEvent(rec *framepackv1.Attempt, delay time.Duration) {
 func (j *Job) Run(ctx context.Context, st StageInfo, fn AttemptFunc) error {
 	w := j.w
 	st.LaneBackend = w.cfg.LaneBackend
+	st.Traits = w.knownTraits(st)
 	knobs := st.Knobs
 	log := w.log.WithFields(logrus.Fields{"job": j.id, "stage": st.Name()})
 	var pending []Class // failed attempts of this stage, for Recovered
@@ -484,6 +473,12 @@ func (j *Job) Run(ctx context.Context, st StageInfo, fn AttemptFunc) error {
 		dur := time.Since(start)
 		v := a.guard.Verdict()
 		class, why := Classify(ctx, err, v)
+		if a.Traits != nil { // what the worker declared at Load: the next attempts' rungs
+			st.Traits = *a.Traits
+			w.mu.Lock()
+			w.traits[st.Model] = *a.Traits
+			w.mu.Unlock()
+		}
 
 		if !a.Kept {
 			w.checkRecovery(ctx, a, baseline, berr == nil)
@@ -566,6 +561,17 @@ func (j *Job) Run(ctx context.Context, st StageInfo, fn AttemptFunc) error {
 		knobs = step.Knobs
 		log.WithFields(logrus.Fields{"next_attempt": n + 1, "change": step.Change}).Info("watchdog: retrying stage")
 	}
+}
+
+// knownTraits returns what st's model has that a retry can change: what the stage says (its
+// worker's estimate), else what a worker of the model declared at an earlier Load on this lane.
+func (w *Watchdog) knownTraits(st StageInfo) workerkit.ModelTraits {
+	if !st.Traits.IsZero() {
+		return st.Traits
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.traits[st.Model]
 }
 
 // checkRecovery runs the recovery check after an attempt's workers are gone and holds the

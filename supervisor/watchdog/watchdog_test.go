@@ -137,8 +137,8 @@ func TestDeadlines(t *testing.T) {
 
 func TestLadder(t *testing.T) {
 	l := DefaultLadder(20 << 30)
-	vae := StageInfo{Kind: framepackv1.Stage_STAGE_VAE_DECODE, Small: true, LaneBackend: "hip"}
-	var k Knobs
+	vae := StageInfo{Kind: framepackv1.Stage_STAGE_VAE_DECODE, Small: true, LaneBackend: "hip", Traits: vaeTraits}
+	var k workerkit.Override
 	var changes []string
 	for i := 1; ; i++ {
 		s, ok := l.Next(vae, ClassOOM, i, k, nil)
@@ -163,8 +163,8 @@ func TestLadder(t *testing.T) {
 	// The transformer: fewer resident blocks before a lower cap (issue 17), then the stage's
 	// own cap (the lane's for the job) is lowered; no cpu rung for a big stage (the text
 	// encoder's Llama layers: TestResidentBlockRung).
-	tr := StageInfo{Kind: framepackv1.Stage_STAGE_TRANSFORMER, LaneBackend: "cuda", MemoryCap: 10 << 30}
-	var tk Knobs
+	tr := StageInfo{Kind: framepackv1.Stage_STAGE_TRANSFORMER, LaneBackend: "cuda", MemoryCap: 10 << 30, Traits: transformerTraits}
+	var tk workerkit.Override
 	var trChanges []string
 	for i := 1; i <= 12; i++ {
 		s, ok := l.Next(tr, ClassOOM, i, tk, nil)
@@ -177,45 +177,45 @@ func TestLadder(t *testing.T) {
 	trWant := []string{"resident transformer blocks all -> 30", "resident transformer blocks 30 -> 15", "resident transformer blocks 15 -> 7",
 		"resident transformer blocks 7 -> 3", "resident transformer blocks 3 -> 1", "memory cap", "memory cap"}
 	checkRungs(t, "transformer", trChanges, trWant)
-	s, _ := l.Next(tr, ClassOOM, 1, Knobs{ResidentBlocks: 1}, nil)
-	if s.Knobs.MemoryCap != uint64(float64(10<<30)*0.85) || s.Knobs.ResidentBlocks != 1 {
+	s, _ := l.Next(tr, ClassOOM, 1, workerkit.Override{MaxResidentBlocks: 1}, nil)
+	if s.Knobs.MemoryCap != uint64(float64(10<<30)*0.85) || s.Knobs.MaxResidentBlocks != 1 {
 		t.Errorf("transformer's rung after one resident block %+v, want its own cap lowered", s)
 	}
 	capFloor := float64(10<<30) * 0.85 * 0.85
-	if s, ok := l.Next(tr, ClassOOM, 9, Knobs{ResidentBlocks: 1, ConvFirstTier: workerkit.ConvTierCPU, MemoryCap: uint64(capFloor)}, nil); !ok || s.Knobs.Backend == "cpu" ||
+	if s, ok := l.Next(tr, ClassOOM, 9, workerkit.Override{MaxResidentBlocks: 1, ConvFirstTier: workerkit.ConvTierCPU, MemoryCap: uint64(capFloor)}, nil); !ok || s.Knobs.Backend == "cpu" ||
 		!strings.HasPrefix(s.Change, "retry as is") {
 		t.Errorf("a big stage at the bottom of the ladder: %+v", s)
 	}
 	cpuVAE := vae
 	cpuVAE.LaneBackend = "cpu"
-	if s, _ := l.Next(cpuVAE, ClassOOM, 9, Knobs{VAETilePx: 64, MemoryCap: 1}, nil); s.Knobs.ConvFirstTier != 0 {
+	if s, _ := l.Next(cpuVAE, ClassOOM, 9, workerkit.Override{VAETilePx: 64, MemoryCap: 1}, nil); s.Knobs.ConvFirstTier != 0 {
 		t.Errorf("a cpu lane stepped conv tiers: %+v", s)
 	}
 
 	hung := &Verdict{Kind: VerdictOpOverdue, Beacon: beacon.Snapshot{InOp: true, Op: "conv3d", ConvKey: "K", ConvTier: "vendor_tuned"}}
-	s, ok := l.Next(vae, ClassHang, 1, Knobs{}, hung)
+	s, ok := l.Next(vae, ClassHang, 1, workerkit.Override{}, hung)
 	if !ok || s.MarkHung == nil || *s.MarkHung != (ConvMark{Key: "K", Tier: "vendor_tuned"}) {
 		t.Errorf("conv hang: %+v %v", s, ok)
 	}
-	if s, ok := l.Next(vae, ClassHang, 1, Knobs{}, &Verdict{Kind: VerdictStalled}); !ok || s.MarkHung != nil || s.Knobs != (Knobs{}) {
+	if s, ok := l.Next(vae, ClassHang, 1, workerkit.Override{}, &Verdict{Kind: VerdictStalled}); !ok || s.MarkHung != nil || s.Knobs != (workerkit.Override{}) {
 		t.Errorf("plain hang: %+v", s)
 	}
 	inCPU := &Verdict{Kind: VerdictOpOverdue, Beacon: beacon.Snapshot{InOp: true, Op: "conv3d", ConvKey: "K", ConvTier: LastConvTier}}
-	if s, ok := l.Next(vae, ClassHang, 1, Knobs{}, inCPU); !ok || s.MarkHung != nil {
+	if s, ok := l.Next(vae, ClassHang, 1, workerkit.Override{}, inCPU); !ok || s.MarkHung != nil {
 		t.Errorf("hang in the last conv tier marked: %+v", s)
 	}
-	if s, ok := l.Next(vae, ClassCrash, 1, Knobs{}, nil); !ok || s.Knobs != (Knobs{}) {
+	if s, ok := l.Next(vae, ClassCrash, 1, workerkit.Override{}, nil); !ok || s.Knobs != (workerkit.Override{}) {
 		t.Errorf("first crash: %+v", s)
 	}
-	if s, _ := l.Next(vae, ClassDeviceLost, 2, Knobs{}, nil); s.Knobs.Backend != "cpu" {
+	if s, _ := l.Next(vae, ClassDeviceLost, 2, workerkit.Override{}, nil); s.Knobs.Backend != "cpu" {
 		t.Errorf("second device loss of a small stage: %+v", s)
 	}
 	cpuLane := vae
 	cpuLane.LaneBackend = "cpu"
-	if s, _ := l.Next(cpuLane, ClassCrash, 3, Knobs{}, nil); s.Knobs.Backend != "" {
+	if s, _ := l.Next(cpuLane, ClassCrash, 3, workerkit.Override{}, nil); s.Knobs.Backend != "" {
 		t.Errorf("cpu lane has no cpu rung: %+v", s)
 	}
-	if _, ok := l.Next(vae, ClassBadInput, 1, Knobs{}, nil); ok {
+	if _, ok := l.Next(vae, ClassBadInput, 1, workerkit.Override{}, nil); ok {
 		t.Error("bad input retried")
 	}
 }
@@ -438,6 +438,7 @@ func TestJobRun(t *testing.T) {
 		var tiles []uint32
 		err := j.Run(t.Context(), vae, func(ctx context.Context, a *Attempt) error {
 			tiles = append(tiles, a.Knobs.VAETilePx)
+			a.Traits = &vaeTraits // the worker loaded, then ran out of memory
 			if a.Number < 3 {
 				return oom
 			}
@@ -464,17 +465,20 @@ func TestJobRun(t *testing.T) {
 		kind   framepackv1.Stage
 		blocks string
 		total  uint32
-	}{{framepackv1.Stage_STAGE_TRANSFORMER, "transformer blocks", 60}, {framepackv1.Stage_STAGE_TEXT_ENCODE, "llama layers", 30}} {
+		traits workerkit.ModelTraits
+	}{{framepackv1.Stage_STAGE_TRANSFORMER, "transformer blocks", 60, transformerTraits},
+		{framepackv1.Stage_STAGE_TEXT_ENCODE, "llama layers", 30, textencTraits}} {
 		t.Run(tc.blocks+": oom halves what ran", func(t *testing.T) {
 			w, _ := mk(t)
 			j := w.Job("jt", nil)
 			st := StageInfo{Kind: tc.kind, Model: tc.blocks}
 			var asked []uint32
 			err := j.Run(t.Context(), st, func(ctx context.Context, a *Attempt) error {
-				asked = append(asked, a.Knobs.ResidentBlocks)
-				if d := a.Decision(); d.MaxResidentBlocks != a.Knobs.ResidentBlocks {
-					t.Errorf("attempt %d: decision's max resident blocks %d, knobs %d", a.Number, d.MaxResidentBlocks, a.Knobs.ResidentBlocks)
+				asked = append(asked, a.Knobs.MaxResidentBlocks)
+				if o := a.Override(); o.MaxResidentBlocks != a.Knobs.MaxResidentBlocks {
+					t.Errorf("attempt %d: override's max resident blocks %d, knobs %d", a.Number, o.MaxResidentBlocks, a.Knobs.MaxResidentBlocks)
 				}
+				a.Traits = &tc.traits
 				switch a.Number {
 				case 1: // the worker planned 12 resident under its cap, then ran out
 					a.ResidentBlocks, a.StreamedBlocks = 12, tc.total-12
@@ -497,6 +501,37 @@ func TestJobRun(t *testing.T) {
 			}
 		})
 	}
+	t.Run("traits learned on the lane", func(t *testing.T) {
+		// A model's first Load on a lane fails: nothing is known of it, so only the cap rungs
+		// apply. Once one of its workers declared its traits, a later job's failed Load gets
+		// the model's rungs (half its stack resident first).
+		w, _ := mk(t)
+		st := StageInfo{Kind: framepackv1.Stage_STAGE_TRANSFORMER, Model: "transformer", MemoryCap: 10 << 30}
+		var first []string
+		err := w.Job("j-first", nil).Run(t.Context(), st, func(ctx context.Context, a *Attempt) error {
+			first = append(first, a.Knobs.String())
+			if a.Number == 1 {
+				return oom // in Load: no traits
+			}
+			a.Traits = &transformerTraits
+			a.ResidentBlocks, a.StreamedBlocks = 60, 0
+			return nil
+		})
+		if err != nil || len(first) != 2 || !strings.HasPrefix(first[1], "memory cap") {
+			t.Fatalf("first job: %v, attempts ran with %q; want the cap lowered (no traits known)", err, first)
+		}
+		var later []uint32
+		err = w.Job("j-later", nil).Run(t.Context(), st, func(ctx context.Context, a *Attempt) error {
+			later = append(later, a.Knobs.MaxResidentBlocks)
+			if a.Number == 1 {
+				return oom // in Load again
+			}
+			return nil
+		})
+		if err != nil || fmt.Sprint(later) != "[0 30]" {
+			t.Fatalf("later job: %v, max resident blocks %v; want [0 30] from the traits declared before", err, later)
+		}
+	})
 	t.Run("stage budget", func(t *testing.T) {
 		w, _ := mk(t)
 		j := w.Job("j2", nil)

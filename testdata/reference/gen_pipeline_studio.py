@@ -409,7 +409,9 @@ def generate(m, mode_note, check_results):
                         "precision": "float64 on CPU; sampler state float32; " + mode_note,
                         "generator": "testdata/reference/gen_pipeline_studio.py",
                         "check_i2v_two_sections": check_results},
-          "models": {"root": "../parity/models"}, "tensors": "pipeline_studio.safetensors", "cases": cases}
+          # the models it was made from, relative to this set's root (the folder above cases/)
+          "models": {"root": os.path.relpath(ARGS.models, os.path.dirname(os.path.abspath(ARGS.out)))},
+          "tensors": "pipeline_studio.safetensors", "cases": cases}
     with open(os.path.join(ARGS.out, "pipeline_studio.json"), "w") as f:
         json.dump(fx, f, indent=1)
     size = os.path.getsize(os.path.join(ARGS.out, "pipeline_studio.safetensors"))

@@ -18,12 +18,6 @@ import (
 	"github.com/framepackd/framepackd/workers/clipvision/siglip"
 )
 
-// EnvProcessorBackend chooses the SiglipImageProcessor implementation the worker reproduces:
-// "torchvision" (the default: transformers 5, which made the parity fixtures) or "pil"
-// (transformers 4's Pillow path, which the original FramePack used). It is read after Load has
-// applied LoadRequest.Env, so the supervisor can set it per load.
-const EnvProcessorBackend = "FRAMEPACK_SIGLIP_PROCESSOR"
-
 // worker is the clipvision worker. Load happens once, before any Run (workerkit enforces it).
 type worker struct {
 	base *modelrt.Base
@@ -76,30 +70,24 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if w.enc != nil {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: already loaded")
 	}
-	if err := modelrt.ApplyEnv(req.Env); err != nil {
+	rt, err := w.base.Open(req)
+	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
-	opts, err := modelrt.RuntimeOptions(req)
+	// the SiglipImageProcessor: transformers 5's torchvision one (the default, which made the
+	// parity fixtures) or transformers 4's Pillow path (the original FramePack's)
+	backend, err := siglip.ParseBackend(req.SiglipProcessor)
 	if err != nil {
-		return nil, fmt.Errorf("load: %w", err)
-	}
-	if err := modelrt.CheckDTypes(req); err != nil {
-		return nil, classify(fmt.Errorf("load: %w", err))
-	}
-	backend, err := siglip.ParseBackend(os.Getenv(EnvProcessorBackend))
-	if err != nil {
+		rt.Close()
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: %v", err)
 	}
 	encDir, feDir, err := modelDirs(req.ModelDir)
 	if err != nil {
+		rt.Close()
 		return nil, err
 	}
-	rt, err := w.base.NewRuntime(req, opts)
-	if err != nil {
-		return nil, classify(fmt.Errorf("load: %w", err))
-	}
 	// Activations in fp16 on a GPU (FramePack's image encoder dtype), fp32 on the cpu, unless
-	// the request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight
+	// the request or the activation test knob says otherwise; dtype says what the weight
 	// matrices are kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
 	act, wdt, err := w.base.Activation(req, rt, siglip.FramePackDType)
 	if err != nil {

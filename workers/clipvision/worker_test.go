@@ -23,18 +23,18 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 
-// startWorker starts the real clipvision binary and loads modelDir on workertest.Backend(); env
-// entries go into the LoadRequest's env.
-func startWorker(t *testing.T, modelDir string, env map[string]string) (*workerkit.Process, *workerkit.LoadResponse, *test.Hook) {
+// startWorker starts the real clipvision binary and loads modelDir on workertest.Backend() with
+// the SiglipImageProcessor processor ("" the default).
+func startWorker(t *testing.T, modelDir, processor string) (*workerkit.Process, *workerkit.LoadResponse, *test.Hook) {
 	t.Helper()
-	return startWorkerDType(t, modelDir, "", env)
+	return startWorkerDType(t, modelDir, "", processor)
 }
 
 // startWorkerDType is startWorker with the LoadRequest's dtype.
-func startWorkerDType(t *testing.T, modelDir, dtype string, env map[string]string) (*workerkit.Process, *workerkit.LoadResponse, *test.Hook) {
+func startWorkerDType(t *testing.T, modelDir, dtype, processor string) (*workerkit.Process, *workerkit.LoadResponse, *test.Hook) {
 	t.Helper()
 	p, hook := workertest.Start(t, "clipvision")
-	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: modelDir, Backend: workertest.Backend(), Env: env,
+	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: modelDir, Backend: workertest.Backend(), SiglipProcessor: processor,
 		MemoryCapBytes: 1 << 30, DType: dtype})
 	if err != nil {
 		t.Fatalf("load %s: %v", modelDir, err)
@@ -73,7 +73,7 @@ func TestParitySiglip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, resp, hook := startWorker(t, encDir, nil)
+	p, resp, hook := startWorker(t, encDir, "")
 	half := workertest.HalfActivations(t, resp)
 	if resp.Backend != workertest.Backend() || resp.WeightBytes == 0 || resp.DeviceAllocatedBytes < resp.WeightBytes {
 		t.Errorf("load response %+v", resp)
@@ -142,7 +142,7 @@ func TestOddAndBadInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	// the FLUX Redux layout: image_encoder/ and feature_extractor/ under one folder
-	p, _, _ := startWorker(t, filepath.Dir(encDir), nil)
+	p, _, _ := startWorker(t, filepath.Dir(encDir), "")
 	a := shmtest.Arena(t, "odd")
 	good := func(name string, shape []int64, pix []uint8) []float32 {
 		t.Helper()
@@ -251,7 +251,7 @@ func TestOutputDTypes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, _, _ := startWorker(t, encDir, map[string]string{EnvProcessorBackend: "pil"})
+	p, _, _ := startWorker(t, encDir, "pil")
 	a := shmtest.Arena(t, "dtypes")
 	pix := make([]uint8, 30*40*3)
 	for i := range pix {
@@ -294,8 +294,8 @@ func TestParitySiglipHalfWeights(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, full, _ := startWorker(t, encDir, nil)
-	p, resp, _ := startWorkerDType(t, encDir, "auto", nil)
+	_, full, _ := startWorker(t, encDir, "")
+	p, resp, _ := startWorkerDType(t, encDir, "auto", "")
 	t.Logf("weights: %d bytes as stored, %d in f32", resp.WeightBytes, full.WeightBytes)
 	if resp.WeightBytes == 0 || float64(resp.WeightBytes) > 0.6*float64(full.WeightBytes) {
 		t.Errorf("weights as stored take %d bytes, f32 %d: want about half", resp.WeightBytes, full.WeightBytes)
@@ -413,7 +413,7 @@ func TestLoadErrors(t *testing.T) {
 		{"no model dir", workerkit.LoadRequest{}, "model_dir is required"},
 		{"empty dir", workerkit.LoadRequest{ModelDir: empty}, "holds neither"},
 		{"bad dtype", workerkit.LoadRequest{ModelDir: empty, DType: "int8"}, `dtype "int8"`},
-		{"bad processor", workerkit.LoadRequest{ModelDir: empty, Env: map[string]string{EnvProcessorBackend: "opencv"}}, "opencv"},
+		{"bad processor", workerkit.LoadRequest{ModelDir: empty, SiglipProcessor: "opencv"}, "opencv"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

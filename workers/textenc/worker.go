@@ -37,7 +37,7 @@ type worker struct {
 var _ workerkit.Worker = (*worker)(nil)
 
 func newWorker(k *workerkit.Kit) *worker {
-	base := modelrt.New(k, modelrt.Config{Name: "textenc"})
+	base := modelrt.New(k, modelrt.Config{Name: "textenc", BlockStack: "llama layers"})
 	return &worker{base: base, log: base.Log}
 }
 
@@ -58,19 +58,12 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if req.ModelDir == "" {
 		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "load: model_dir is required")
 	}
-	opts, err := modelrt.RuntimeOptions(req)
-	if err != nil {
-		return nil, fmt.Errorf("load: %w", err)
-	}
-	if err := modelrt.ApplyEnv(req.Env); err != nil {
-		return nil, classify(fmt.Errorf("load: %w", err))
-	}
-	rt, err := w.base.NewRuntime(req, opts)
+	rt, err := w.base.Open(req)
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
 	// Activations in fp16 on a GPU (FramePack's text encoder dtype), fp32 on the cpu, unless the
-	// request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight matrices
+	// request or the activation test knob says otherwise; dtype says what the weight matrices
 	// are kept in ("fp16"/"bf16", or "auto": the checkpoints' own dtype).
 	act, wdt, err := w.base.Activation(req, rt, llama.FramePackDType) // CLIP-L too: clip.FramePackDType is the same
 	if err != nil {
@@ -88,7 +81,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	w.mu.Unlock()
 	resp := w.base.Loaded(rt, start, enc.WeightBytes())
 	resp.TextEncoder = textEncoderInfo(enc)
-	resp.ResidentBlocks, resp.StreamedBlocks = modelrt.Uint32(enc.Llama.ResidentLayers()), modelrt.Uint32(enc.Llama.StreamedLayers())
+	modelrt.SetResidency(resp, enc.Llama.ResidentLayers(), enc.Llama.StreamedLayers())
 	w.logReport(enc)
 	w.log.WithFields(logrus.Fields{"dtype": req.DType, "weights": wdt.String(), "activations": act.String()}).Info("dtypes")
 	return resp, nil

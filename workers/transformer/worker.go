@@ -36,7 +36,7 @@ type worker struct {
 var _ workerkit.Worker = (*worker)(nil)
 
 func newWorker(k *workerkit.Kit) *worker {
-	base := modelrt.New(k, modelrt.Config{Name: "transformer", Loras: true})
+	base := modelrt.New(k, modelrt.Config{Name: "transformer", Conv: true, Loras: true, BlockStack: "transformer blocks"}) // x_embedder is a Conv3d
 	return &worker{base: base, log: base.Log}
 }
 
@@ -56,19 +56,12 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	if req.ModelDir == "" {
 		return nil, classify(workerkit.InvalidArgumentf("load: model_dir is required"))
 	}
-	opts, err := modelrt.RuntimeOptions(req)
-	if err != nil {
-		return nil, fmt.Errorf("load: %w", err)
-	}
-	if err := modelrt.ApplyEnv(req.Env); err != nil {
-		return nil, classify(fmt.Errorf("load: %w", err))
-	}
-	rt, err := w.base.NewRuntime(req, opts)
+	rt, err := w.base.Open(req)
 	if err != nil {
 		return nil, classify(fmt.Errorf("load: %w", err))
 	}
 	// Activations in bf16 on a GPU (FramePack's transformer dtype), fp32 on the cpu, unless the
-	// request or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the weight matrices
+	// request or the activation test knob says otherwise; dtype says what the weight matrices
 	// are kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype). fm_wrapper rounds the
 	// model's inputs (x, timestep, guidance) to the activation dtype, as the reference does to
 	// its model dtype; in fp32 there is nothing to round. The sampler's state stays float32.
@@ -102,7 +95,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	resp := w.base.Loaded(rt, start, m.WeightBytes())
 	resp.Transformer = transformerInfo(m)
 	resp.Loras = applied
-	resp.ResidentBlocks, resp.StreamedBlocks = modelrt.Uint32(m.ResidentBlocks()), modelrt.Uint32(m.StreamedBlocks())
+	modelrt.SetResidency(resp, m.ResidentBlocks(), m.StreamedBlocks())
 	if m.FP8Format != fp8.None {
 		resp.WeightsFormat, resp.FP8Compute = string(m.FP8Format), req.FP8Compute
 		if resp.FP8Compute == "" {

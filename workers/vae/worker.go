@@ -29,13 +29,12 @@ type worker struct {
 	mu    sync.RWMutex
 	rt    *runtime.Runtime
 	model *causalvae.Model
-	env   envPlan
 }
 
 var _ workerkit.Worker = (*worker)(nil)
 
 func newWorker(k *workerkit.Kit) *worker {
-	base := modelrt.New(k, modelrt.Config{Name: "vae", Conv: true})
+	base := modelrt.New(k, modelrt.Config{Name: "vae", Conv: true, Tiles: true})
 	return &worker{base: base, log: base.Log}
 }
 
@@ -70,30 +69,12 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 	if req.ModelDir == "" {
 		return nil, workerkit.InvalidArgumentf("model_dir is required")
 	}
-	backend := req.Backend
-	switch backend {
-	case "", "auto", "cpu":
-		backend = "cpu" // the only backend of this build; auto falls back to it
-	case "hip", "cuda":
-	default:
-		return nil, workerkit.InvalidArgumentf("backend %q (cpu, cuda, hip or auto)", req.Backend)
-	}
-	env, err := planEnv(backend, req.Env)
-	if err != nil {
-		return nil, workerkit.InvalidArgumentf("%w", err)
-	}
-	if req.ConvPolicy != nil {
-		env = env.withFindDB(backend, req.ConvPolicy.DecisionCachePath)
-	}
-	if err := env.apply(); err != nil {
-		return nil, err
-	}
-	rt, err := w.base.NewRuntime(req, runtime.Options{Backend: backend, Device: int(req.DeviceIndex)})
+	rt, err := w.base.Open(req)
 	if err != nil {
 		return nil, err
 	}
 	// Activations in fp16 on a GPU (FramePack's vae dtype), fp32 on the cpu, unless the request
-	// or $FRAMEPACK_ACTIVATION_DTYPE says otherwise; dtype says what the conv and linear weights
+	// or the activation test knob says otherwise; dtype says what the conv and linear weights
 	// are kept in ("fp16"/"bf16", or "auto": the checkpoint's own dtype).
 	act, wdt, err := w.base.Activation(req, rt, causalvae.FramePackDType)
 	if err != nil {
@@ -106,11 +87,11 @@ func (w *worker) load(req *workerkit.LoadRequest) (*workerkit.LoadResponse, erro
 		return nil, err
 	}
 	w.mu.Lock()
-	w.rt, w.model, w.env = rt, model, env
+	w.rt, w.model = rt, model
 	w.mu.Unlock()
 	resp := w.base.Loaded(rt, start, model.Info.WeightBytes)
 	resp.VAE = vaeInfo(model.Config)
-	w.logLoad(req, model, env)
+	w.logLoad(req, model)
 	return resp, nil
 }
 
@@ -127,7 +108,7 @@ func vaeInfo(c causalvae.Config) *workerkit.VAEInfo {
 	}
 }
 
-func (w *worker) logLoad(req *workerkit.LoadRequest, m *causalvae.Model, env envPlan) {
+func (w *worker) logLoad(req *workerkit.LoadRequest, m *causalvae.Model) {
 	c := m.Config
 	w.log.WithFields(logrus.Fields{
 		"model_dir": req.ModelDir, "block_out_channels": fmt.Sprint(c.BlockOutChannels),
@@ -140,15 +121,6 @@ func (w *worker) logLoad(req *workerkit.LoadRequest, m *causalvae.Model, env env
 	}
 	for _, k := range m.Info.UnknownConfigKeys {
 		w.log.WithField("key", k).Debug("config key ignored")
-	}
-	for k, v := range env.Ignored {
-		w.log.WithFields(logrus.Fields{"env": k, "value": v}).Info("miopen setting recorded, not applied on this backend")
-	}
-	for k, why := range env.Dropped {
-		w.log.WithFields(logrus.Fields{"env": k, "reason": why}).Warn("env setting dropped")
-	}
-	for k, v := range env.Apply {
-		w.log.WithFields(logrus.Fields{"env": k, "value": v}).Debug("env applied")
 	}
 }
 

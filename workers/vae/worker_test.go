@@ -27,8 +27,7 @@ func TestMain(m *testing.M) { os.Exit(workertest.Main(m)) }
 // It reports whether the worker's activations are 16-bit.
 func loadVAE(t *testing.T, p *workerkit.Process, dir string, memCap uint64) bool {
 	t.Helper()
-	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: workertest.Backend(), MemoryCapBytes: memCap,
-		Env: map[string]string{"MIOPEN_FIND_MODE": "FAST", "MIOPEN_FIND_ENFORCE": "3", "MIOPEN_USER_DB_PATH": t.TempDir()}})
+	resp, err := p.Load(workertest.Ctx(t), &workerkit.LoadRequest{ModelDir: dir, Backend: workertest.Backend(), MemoryCapBytes: memCap})
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
@@ -195,16 +194,13 @@ func TestParityVAE(t *testing.T) {
 	}
 	t.Logf("worker stats: peak %d bytes, %d conv attempts at %v, %v computing", st.AllocatorPeakBytes,
 		st.ConvTiers[0].Attempts, st.ConvTiers[0].Tier, st.ComputeTime)
-	// The conv statistics block is logged after every stage, and the MIOpen settings were
-	// recorded (not applied) on cpu or cuda, FIND_ENFORCE dropped with FAST.
-	var convLog, recorded, dropped bool
+	// The conv statistics block is logged after every stage.
+	var convLog bool
 	for _, e := range hook.AllEntries() {
 		convLog = convLog || strings.Contains(e.Message, "conv fallback statistics")
-		recorded = recorded || (e.Data["env"] == "MIOPEN_FIND_MODE" && strings.Contains(e.Message, "recorded"))
-		dropped = dropped || (e.Data["env"] == "MIOPEN_FIND_ENFORCE" && strings.Contains(e.Message, "dropped"))
 	}
-	if !convLog || !recorded || !dropped {
-		t.Errorf("logs: conv statistics %v, miopen recorded %v, find_enforce dropped %v", convLog, recorded, dropped)
+	if !convLog {
+		t.Error("logs: no conv statistics")
 	}
 }
 

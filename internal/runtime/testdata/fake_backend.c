@@ -4,11 +4,13 @@
  * copies are memcpy, and it has only fill and unary SiLU/NEG. It has no conv tier, so the conv
  * chain falls to the core's host round trip, as a GPU backend whose vendor libraries are missing
  * would. Built by the Go test with gcc -shared; -DNO_ENTRY and -DWRONG_VERSION build broken
- * variants.
+ * variants; -DRECORD_PATH='"file"' appends the device and PCI bus id each backend instance is
+ * created for to that file (for tests of which device a worker process opens).
  */
 #include "fpk_impl.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -104,6 +106,13 @@ __attribute__((visibility("default"))) fpk_status fpk_backend_create_v1(
     fake_ctx *c = calloc(1, sizeof *c);
     if (!c) return h->set_oom(sizeof *c, 0, "fake backend context");
     c->device = config->device;
+#ifdef RECORD_PATH
+    FILE *f = fopen(RECORD_PATH, "a");
+    if (f) {
+        fprintf(f, "device=%d pci_bus_id=%s\n", config->device, config->pci_bus_id);
+        fclose(f);
+    }
+#endif
     *iface = &fake_iface;
     *ctx = c;
     return FPK_OK;

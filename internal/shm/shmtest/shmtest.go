@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/shm"
 )
 
@@ -19,10 +20,10 @@ const Prefix = "framepackd-test-"
 
 // EnvParent names an environment variable that moves test roots from /dev/shm to another
 // directory (a tmpfs mounted with other options, to compare them in benchmarks).
-const EnvParent = "FRAMEPACK_SHM_TEST_PARENT"
+var EnvParent = envconfig.ShmTestParent.Name
 
 func parent() string {
-	if p := os.Getenv(EnvParent); p != "" {
+	if p := envconfig.ShmTestParent.Get(); p != "" {
 		return p
 	}
 	return "/dev/shm"

@@ -2,9 +2,9 @@ package modelrt
 
 import (
 	"fmt"
-	"os"
 	"strings"
 
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/workerkit"
@@ -17,16 +17,16 @@ import (
 // EstimateDTypes is Activation's rule before any runtime exists: the backend req names stands
 // for the runtime ("cuda" and "hip" are devices; "cpu", "auto" and "" count as the host, whose
 // f32 activations are the larger estimate when the backend is not known yet). It checks the
-// dtype names and applies req.Env first, as Load does, so $FRAMEPACK_ACTIVATION_DTYPE set
-// there counts.
+// dtype names and applies req.Env first, as Load does, so the activation test knob
+// (ActivationEnv) set there counts.
 func EstimateDTypes(req *workerkit.LoadRequest, gpuDefault runtime.DType) (act, weights runtime.DType, err error) {
 	if err := CheckDTypes(req); err != nil {
 		return 0, 0, err
 	}
-	if err := ApplyEnv(req.Env); err != nil {
+	if err := applyEnv(req.Env); err != nil {
 		return 0, 0, err
 	}
-	return chooseDTypes(req, os.Getenv(ActivationEnv), !EstimatesDevice(req), gpuDefault)
+	return chooseDTypes(req, envconfig.ActivationDType.Get(), !EstimatesDevice(req), gpuDefault)
 }
 
 // EstimatesDevice reports whether an estimate for req is for a GPU backend.

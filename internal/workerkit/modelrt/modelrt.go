@@ -1,6 +1,7 @@
 // Package modelrt is what the model workers (textenc, vae, clipvision, transformer) share on
-// top of internal/runtime: the runtime a LoadRequest asks for (memory cap, conv policy and
-// decision cache, test faults), the op observer that keeps the beacon current and counts ops,
+// top of internal/runtime: the one path from a LoadRequest to a runtime (Base.Open: backend,
+// device and PCI bus id, the worker's environment, memory cap, conv policy, decision cache and
+// vendor Find database, test faults), the op observer that keeps the beacon current and counts ops,
 // the LoadResponse and Stats built from the runtime, and the error codes the supervisor acts on.
 // It is apart from workerkit because it links the native runtime, which the supervisor does not.
 package modelrt
@@ -8,10 +9,8 @@ package modelrt
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"math"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/framepackd/framepackd/internal/beacon"
 	"github.com/framepackd/framepackd/internal/convcache"
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/faults"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/workerkit"
@@ -32,14 +32,20 @@ type Config struct {
 	Name string
 	// Conv says the model runs convolutions through the runtime's conv chain and the worker
 	// honours what is about them: LoadRequest.conv_policy (forced tier, per-shape overrides,
-	// decision cache), the hang_conv faults, the shape and tier of a conv on the beacon, and
-	// ConvFallback events (DrainConvEvents). Without it the conv policy is ignored and a
-	// hang_conv fault is refused.
+	// decision cache), the vendor Find database beside the cache (FindDB), the hang_conv
+	// faults, the shape and tier of a conv on the beacon, and ConvFallback events
+	// (DrainConvEvents). Without it the conv policy is ignored and a hang_conv fault is refused.
 	Conv bool
 	// Loras says the worker merges LoadRequest.loras into its model and takes the
 	// transformer's other load fields (checkpoint, weights); the others refuse a request that
 	// names LoRAs, a checkpoint file or a weights choice.
 	Loras bool
+	// BlockStack names the model's stack of blocks that stream from host memory beyond
+	// LoadRequest.max_resident_blocks ("transformer blocks"); "" for a model without one. Its
+	// length comes with the residency (SetResidency).
+	BlockStack string
+	// Tiles says the model's stages take spatial tiles (the VAE).
+	Tiles bool
 }
 
 // Base is the part of a model worker that is the same in every one: its logger and beacon, the
@@ -54,6 +60,8 @@ type Base struct {
 	conv  bool
 	loras bool
 	name  string
+	stack string
+	tiles bool
 	// inj keeps the beacon and fires the test faults of LoadRequest.Fault; NewRuntime replaces
 	// it before the first op.
 	inj atomic.Pointer[faults.Injector]
@@ -61,8 +69,10 @@ type Base struct {
 	rt           atomic.Pointer[runtime.Runtime]
 	loadNanos    atomic.Int64
 	computeNanos atomic.Int64
-	// act is the activation dtype Activation chose (0 before; Loaded reports it).
-	act atomic.Int32
+	// act is the activation dtype Activation chose (0 before; Loaded reports it), and
+	// narrower the dtype it could run in instead (0: none; a GPU at f32 runs the model's own).
+	act      atomic.Int32
+	narrower atomic.Int32
 
 	// mu protects ops, convEvents and lastFailed (written by the op observer).
 	mu         sync.Mutex
@@ -77,26 +87,11 @@ func New(k *workerkit.Kit, cfg Config) *Base {
 	if log == nil {
 		log = logrus.NewEntry(logrus.StandardLogger())
 	}
-	b := &Base{Log: log.WithField("worker", cfg.Name), Beacon: k.Beacon, conv: cfg.Conv, loras: cfg.Loras, name: cfg.Name, ops: map[string]uint64{}}
+	b := &Base{Log: log.WithField("worker", cfg.Name), Beacon: k.Beacon, conv: cfg.Conv, loras: cfg.Loras, name: cfg.Name,
+		stack: cfg.BlockStack, tiles: cfg.Tiles, ops: map[string]uint64{}}
 	inj, _ := faults.New(nil, faults.Caps{}, k.Beacon, b.Log) // no fault: never fails
 	b.inj.Store(inj)
 	return b
-}
-
-// RuntimeOptions returns the runtime options for req's backend and device: "cpu", "cuda" and
-// "hip" as named, "auto" the first of cuda, hip and cpu that opens, "" the runtime's default
-// ($FRAMEPACK_BACKEND, cpu when unset); req.DeviceIndex is the device on it. Any other backend
-// name is an invalid argument.
-func RuntimeOptions(req *workerkit.LoadRequest) (runtime.Options, error) {
-	switch req.Backend {
-	case "", "auto", "cpu", "cuda", "hip":
-	default:
-		return runtime.Options{}, workerkit.InvalidArgumentf("backend %q (cpu, cuda, hip or auto)", req.Backend)
-	}
-	if req.DeviceIndex > math.MaxInt32 {
-		return runtime.Options{}, workerkit.InvalidArgumentf("device index %d", req.DeviceIndex)
-	}
-	return runtime.Options{Backend: req.Backend, Device: int(req.DeviceIndex), PCIBusID: req.PCIBusID}, nil
 }
 
 // CheckDTypes checks req's dtype names (LoadRequest.dtype and activation_dtype) before
@@ -113,18 +108,18 @@ func CheckDTypes(req *workerkit.LoadRequest) error {
 	return nil
 }
 
-// ActivationEnv names the environment variable that forces every model's activation dtype
-// ("fp32"/"f32", "bf16", "fp16"/"f16") where LoadRequest.activation_dtype is empty: the f32
-// parity runs on a GPU set it to f32.
-const ActivationEnv = "FRAMEPACK_ACTIVATION_DTYPE"
+// ActivationEnv names the test knob (envconfig.ActivationDType) that sets every model's
+// activation dtype ("fp32"/"f32", "bf16", "fp16"/"f16") where LoadRequest.activation_dtype is
+// empty: the f32 parity runs on a GPU set it to f32.
+var ActivationEnv = envconfig.ActivationDType.Name
 
 // Activation returns the activation dtype and the weight-matrix dtype a model is loaded with
-// on rt: req.ActivationDType, else $FRAMEPACK_ACTIVATION_DTYPE, else F32 on a host backend and
+// on rt: req.ActivationDType, else the test knob ActivationEnv, else F32 on a host backend and
 // gpuDefault (the dtype FramePack runs that model in) on a GPU; the weights as req.DType says,
 // empty following the activation dtype (FramePack casts each model whole). It records the
 // activation dtype for Loaded. Bad names are invalid arguments.
 func (b *Base) Activation(req *workerkit.LoadRequest, rt *runtime.Runtime, gpuDefault runtime.DType) (act, weights runtime.DType, err error) {
-	act, weights, err = chooseDTypes(req, os.Getenv(ActivationEnv), rt.Backend().IsHost, gpuDefault)
+	act, weights, err = chooseDTypes(req, envconfig.ActivationDType.Get(), rt.Backend().IsHost, gpuDefault)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -134,6 +129,9 @@ func (b *Base) Activation(req *workerkit.LoadRequest, rt *runtime.Runtime, gpuDe
 			Warn("weights and activations differ in dtype: products run in f32")
 	}
 	b.act.Store(int32(act))
+	if !rt.Backend().IsHost && act == runtime.F32 && gpuDefault != runtime.F32 {
+		b.narrower.Store(int32(gpuDefault)) // the model's own 16-bit dtype, on the matrix units
+	}
 	return act, weights, nil
 }
 
@@ -161,57 +159,6 @@ func chooseDTypes(req *workerkit.LoadRequest, env string, host bool, gpuDefault 
 		}
 	}
 	return act, weights, nil
-}
-
-// ApplyEnv sets LoadRequest.env in the process's environment, before the runtime starts.
-func ApplyEnv(env map[string]string) error {
-	for k, v := range env {
-		if err := os.Setenv(k, v); err != nil {
-			return workerkit.InvalidArgumentf("env %s: %v", k, err)
-		}
-	}
-	return nil
-}
-
-// NewRuntime starts the runtime for req with opts (the worker's backend and device choice):
-// it adds the memory cap, the conv policy, decision cache and hang faults (Config.Conv), and
-// the op observer and fault hook, after installing req.Fault's injector. Errors that are the
-// request's wrap workerkit.ErrInvalidArgument.
-func (b *Base) NewRuntime(req *workerkit.LoadRequest, opts runtime.Options) (*runtime.Runtime, error) {
-	if req.MemoryCapBytes > math.MaxInt64 {
-		return nil, workerkit.InvalidArgumentf("memory cap %d too large", req.MemoryCapBytes)
-	}
-	if len(req.Loras) > 0 && !b.loras {
-		return nil, workerkit.InvalidArgumentf("the %s worker does not take LoRAs (only the transformer does)", b.name)
-	}
-	if (req.Checkpoint != "" || req.Weights != "") && !b.loras {
-		return nil, workerkit.InvalidArgumentf("the %s worker does not take a checkpoint file or a weights choice (only the transformer does)", b.name)
-	}
-	opts.MemoryCap = int64(req.MemoryCapBytes)
-	inj, err := faults.New(req.Fault, faults.Caps{Conv: b.conv}, b.Beacon, b.Log)
-	if err != nil {
-		return nil, workerkit.InvalidArgumentf("%v", err)
-	}
-	b.inj.Store(inj) // read by the op observer from the first op on
-	if b.conv {
-		if err := b.convOptions(req, &opts); err != nil {
-			return nil, err
-		}
-	}
-	opts.OpObserver = b.Observe
-	opts.OpFault = b.opFault
-	rt, err := runtime.New(opts)
-	if err != nil || req.Fault == nil || !req.Fault.OOMAtLoad {
-		return rt, err
-	}
-	// Fault.oom_at_load: the allocator's own cap check fails the Load's first allocation with
-	// the runtime's typed out of memory, as a device too full for the weights would.
-	b.Log.Warn("fault: out of memory at load (allocator capped at one byte)")
-	if err := rt.SetMemoryCap(1); err != nil {
-		_ = rt.Close()
-		return nil, fmt.Errorf("fault: oom_at_load: %w", err)
-	}
-	return rt, nil
 }
 
 // convOptions maps req's conv policy and hang_conv fault onto opts.
@@ -264,7 +211,8 @@ func (b *Base) convOptions(req *workerkit.LoadRequest, opts *runtime.Options) er
 // Loaded records rt as the worker's loaded runtime (for Stats) and the load time since start,
 // puts the allocator's bytes on the beacon, and returns the LoadResponse's common fields: the
 // backend, the activation dtype (Activation's, fp32 when it was not called), the device,
-// weightBytes and the allocator's bytes.
+// weightBytes, the allocator's bytes and the model's traits (Config; the stack's length comes
+// with SetResidency; a GPU load at f32 declares the model's own 16-bit dtype as its fallback).
 func (b *Base) Loaded(rt *runtime.Runtime, start time.Time, weightBytes int64) *workerkit.LoadResponse {
 	d := time.Since(start)
 	b.loadNanos.Store(int64(d))
@@ -276,12 +224,26 @@ func (b *Base) Loaded(rt *runtime.Runtime, start time.Time, weightBytes int64) *
 	if act == 0 {
 		act = runtime.F32
 	}
+	traits := &workerkit.ModelTraits{BlockStack: b.stack, Convolves: b.conv, Tiles: b.tiles}
+	if n := runtime.DType(b.narrower.Load()); n != 0 {
+		traits.FallbackDTypes = []string{n.ProtoName()}
+	}
 	return &workerkit.LoadResponse{
 		Backend: info.Name, DType: act.ProtoName(),
 		Device:               Device(info),
 		WeightBytes:          uint64(max(weightBytes, 0)),
 		DeviceAllocatedBytes: mem.Allocated,
 		LoadDuration:         d,
+		Traits:               traits,
+	}
+}
+
+// SetResidency records in resp the blocks of the model's stack (Config.BlockStack) kept on the
+// device and streamed from host memory; their sum is the stack's length (ModelTraits.Blocks).
+func SetResidency(resp *workerkit.LoadResponse, resident, streamed int) {
+	resp.ResidentBlocks, resp.StreamedBlocks = Uint32(resident), Uint32(streamed)
+	if resp.Traits != nil {
+		resp.Traits.Blocks = Uint32(resident + streamed)
 	}
 }
 

@@ -71,7 +71,7 @@ func TestRuntimeAndStats(t *testing.T) {
 			req := &workerkit.LoadRequest{MemoryCapBytes: 1 << 30,
 				ConvPolicy: &workerkit.ConvPolicy{ForcedTier: workerkit.ConvTierCPU, DecisionCachePath: filepath.Join(t.TempDir(), "conv.json")}}
 			start := time.Now()
-			rt, err := b.NewRuntime(req, runtime.Options{Backend: "cpu"})
+			rt, err := b.newRuntime(req, runtime.Options{Backend: "cpu"})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -133,7 +133,7 @@ func TestNewRuntimeRefusals(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			b, _ := newBase(t, tc.conv)
-			rt, err := b.NewRuntime(&tc.req, runtime.Options{Backend: "cpu"})
+			rt, err := b.newRuntime(&tc.req, runtime.Options{Backend: "cpu"})
 			if err == nil {
 				rt.Close()
 				t.Fatal("runtime started")
@@ -212,16 +212,42 @@ func TestClassify(t *testing.T) {
 
 func TestRuntimeOptions(t *testing.T) {
 	for _, b := range []string{"", "auto", "cpu", "cuda", "hip"} {
-		opts, err := RuntimeOptions(&workerkit.LoadRequest{Backend: b, DeviceIndex: 2})
-		if err != nil || opts.Backend != b || opts.Device != 2 {
+		opts, err := runtimeOptions(&workerkit.LoadRequest{Backend: b, DeviceIndex: 2, PCIBusID: "0000:65:00.0"})
+		if err != nil || opts.Backend != b || opts.Device != 2 || opts.PCIBusID != "0000:65:00.0" {
 			t.Errorf("%q: %+v %v", b, opts, err)
 		}
 	}
 	for _, b := range []string{"vulkan", "../lib", "CPU"} {
-		_, err := RuntimeOptions(&workerkit.LoadRequest{Backend: b})
+		_, err := runtimeOptions(&workerkit.LoadRequest{Backend: b})
 		if workerkit.CodeOf(err) != workerkit.CodeInvalidArgument || !strings.Contains(err.Error(), fmt.Sprintf("%q", b)) {
 			t.Errorf("%q: %v", b, err)
 		}
+	}
+	if _, err := runtimeOptions(&workerkit.LoadRequest{DeviceIndex: math.MaxInt32 + 1}); workerkit.CodeOf(err) != workerkit.CodeInvalidArgument {
+		t.Errorf("device index beyond int32: %v", err)
+	}
+}
+
+// TestFindDB: a worker that convolves keeps its cuDNN Find results beside the conv decision
+// cache; the cpu and a worker without a cache get none. The runtime gets it in its options (the
+// backend's config), not from the environment.
+func TestFindDB(t *testing.T) {
+	policy := &workerkit.ConvPolicy{DecisionCachePath: "/var/cache/fp/conv.json"}
+	for _, tc := range []struct {
+		name string
+		req  workerkit.LoadRequest
+		want string
+	}{
+		{name: "beside the cache", req: workerkit.LoadRequest{Backend: "cuda", ConvPolicy: policy}, want: "/var/cache/fp/conv.json.cudnn-find"},
+		{name: "auto may be cuda", req: workerkit.LoadRequest{Backend: "auto", ConvPolicy: policy}, want: "/var/cache/fp/conv.json.cudnn-find"},
+		{name: "no cache", req: workerkit.LoadRequest{Backend: "cuda"}},
+		{name: "cpu", req: workerkit.LoadRequest{Backend: "cpu", ConvPolicy: policy}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := FindDB(&tc.req); got != tc.want {
+				t.Errorf("find db %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"github.com/sirupsen/logrus/hooks/test"
 
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/shm/shmtest"
@@ -42,19 +43,19 @@ func Main(m *testing.M) int {
 
 // EnvBackend is the variable that chooses the runtime's backend (runtime.EnvBackend, named here
 // so that supervisor tests need not link the native runtime).
-const EnvBackend = "FRAMEPACK_BACKEND"
+var EnvBackend = envconfig.Backend.Name
 
-// Backend is the backend worker tests load their models on: $FRAMEPACK_BACKEND ("cuda" when
+// Backend is the backend worker tests load their models on: the test knob envconfig.Backend ("cuda" when
 // scripts/gpu-check.sh runs them), or "cpu" when it is unset.
 func Backend() string {
-	if b := os.Getenv(EnvBackend); b != "" {
+	if b := envconfig.Backend.Get(); b != "" {
 		return b
 	}
 	return "cpu"
 }
 
 // HalfActivations checks the activation dtype a Load reported ("fp32", "bf16" or "fp16"; fp32
-// on the cpu backend unless $FRAMEPACK_ACTIVATION_DTYPE names another) and reports whether it
+// on the cpu backend unless the test knob envconfig.ActivationDType names another) and reports whether it
 // is 16-bit: parity checks then hold the case to parity.HalfRelL2 (Case.ForActivations).
 func HalfActivations(tb testing.TB, resp *workerkit.LoadResponse) bool {
 	tb.Helper()
@@ -63,7 +64,7 @@ func HalfActivations(tb testing.TB, resp *workerkit.LoadResponse) bool {
 	default:
 		tb.Fatalf("load reported activation dtype %q, want fp32, bf16 or fp16", resp.DType)
 	}
-	if Backend() == "cpu" && os.Getenv("FRAMEPACK_ACTIVATION_DTYPE") == "" && resp.DType != "fp32" {
+	if Backend() == "cpu" && envconfig.ActivationDType.Get() == "" && resp.DType != "fp32" {
 		tb.Fatalf("load on the cpu reported activations %s, want the cpu's default fp32", resp.DType)
 	}
 	return resp.DType != "fp32"

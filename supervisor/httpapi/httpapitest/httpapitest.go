@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/framepackd/framepackd/internal/envconfig"
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/shm"
 	"github.com/framepackd/framepackd/internal/shm/shmtest"
@@ -82,7 +83,7 @@ func Start(tb testing.TB, o Options) *Daemon {
 	}
 	log := logrus.New()
 	log.SetLevel(logrus.WarnLevel)
-	if os.Getenv("FRAMEPACK_TEST_LOG") != "" {
+	if envconfig.TestLog.Get() != "" {
 		log.SetLevel(logrus.DebugLevel)
 	}
 	models, err := pipeline.ResolveModels(filepath.Join(root, "models"))

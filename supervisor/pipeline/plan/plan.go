@@ -103,8 +103,8 @@ func CheckBuckets(spec *framepackv1.JobSpec) []Violation {
 	return v
 }
 
-// Buckets returns the bucket table of a spec: spec.buckets, else the known table of its
-// resolution (0 means 640).
+// Buckets returns the bucket table of a spec with defaults filled in (api.WithDefaults):
+// spec.buckets, else the known table of its resolution.
 func Buckets(spec *framepackv1.JobSpec) ([]imageproc.Bucket, error) {
 	if v := CheckBuckets(spec); len(v) > 0 {
 		return nil, fmt.Errorf("bucket table: %s: %s", v[0].Field, v[0].Description)
@@ -117,9 +117,6 @@ func Buckets(spec *framepackv1.JobSpec) ([]imageproc.Bucket, error) {
 		return out, nil
 	}
 	r := int(spec.GetResolution())
-	if r == 0 {
-		r = 640
-	}
 	t, ok := KnownTable(r)
 	if !ok {
 		return nil, fmt.Errorf("bucket table: no table for resolution %d", r)
@@ -131,7 +128,7 @@ func Buckets(spec *framepackv1.JobSpec) ([]imageproc.Bucket, error) {
 const DefaultLatentWindowSize = 9
 
 // Defaults of the other JobSpec fields whose absence (or zero) means "the default":
-// demo_gradio.py's values. The server fills them in (jobs.WithDefaults); clients (the CLI)
+// demo_gradio.py's values. The API fills them in, once (api.WithDefaults); clients (the CLI)
 // show them, and this package is the one both may import.
 const (
 	DefaultSeed                    = 31337
@@ -145,15 +142,16 @@ const (
 	DefaultEndStrength             = 1.0
 )
 
-// TotalSections is FramePack's section count for a spec with defaults filled in:
-// int(max(round(total_second_length·30 / (latent_window_size·4)), 1)), with Python's round
-// (halves to even). The float32 length is read as the shortest decimal that prints it ("4.2",
-// not 4.19999980926…) and computed in float64, so a length typed as a decimal gives the count
-// the reference computes from the same decimal.
+// TotalSections is FramePack's section count for a spec with defaults filled in
+// (api.WithDefaults): int(max(round(total_second_length·30 / (latent_window_size·4)), 1)),
+// with Python's round (halves to even). The float32 length is read as the shortest decimal
+// that prints it ("4.2", not 4.19999980926…) and computed in float64, so a length typed as a
+// decimal gives the count the reference computes from the same decimal. A spec without a
+// window (no defaults) counts one section.
 func TotalSections(spec *framepackv1.JobSpec) int {
 	w := spec.GetLatentWindowSize()
 	if w == 0 {
-		w = DefaultLatentWindowSize
+		return 1
 	}
 	seconds, err := strconv.ParseFloat(strconv.FormatFloat(float64(spec.GetTotalSecondLength()), 'g', -1, 32), 64)
 	if err != nil {
@@ -240,3 +238,19 @@ func DecodeFrames(w int, last bool) int {
 // Overlap is the number of pixel frames soft-blended between a section and the history
 // (w·4 − 3).
 func Overlap(w int) int { return w*4 - 3 }
+
+// DiskBytes is about the most disk a job of spec (every default filled in) holds at once: its
+// checkpoint (history pixels as float32, the bulk, plus the latents) and its video, each
+// twice, because the next one is written before the previous one is removed. The frame size is
+// the largest of the spec's buckets, or resolution² for a server table.
+func DiskBytes(spec *framepackv1.JobSpec) int64 {
+	area := int64(spec.GetResolution()) * int64(spec.GetResolution())
+	for _, b := range spec.GetBuckets() {
+		area = max(area, int64(b.GetHeight())*int64(b.GetWidth()))
+	}
+	frames := int64(TotalSections(spec))*int64(spec.GetLatentWindowSize())*4 + 1
+	pixels := frames * area * 3 * 4                   // float32 RGB history
+	latents := (frames/4 + 20) * 16 * (area / 64) * 4 // float32, 16 channels at 1/8 size
+	video := frames * area / 2                        // H.264 at high quality: under 4 bits a pixel
+	return 2*(pixels+latents) + 2*video + 1<<20       // + spec, events, conditioning slack
+}

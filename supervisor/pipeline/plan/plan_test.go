@@ -59,7 +59,6 @@ func TestBuckets(t *testing.T) {
 		first  imageproc.Bucket
 		n      int
 	}{
-		{name: "default 640", spec: &framepackv1.JobSpec{}, first: imageproc.Bucket{Height: 416, Width: 960}, n: 14},
 		{name: "640", spec: &framepackv1.JobSpec{Resolution: 640}, first: imageproc.Bucket{Height: 416, Width: 960}, n: 14},
 		{name: "tiny", spec: &framepackv1.JobSpec{Resolution: TinyResolution}, first: imageproc.Bucket{Height: 64, Width: 96}, n: 3},
 		{name: "unknown", spec: &framepackv1.JobSpec{Resolution: 512}, fields: []string{"spec.resolution"}},
@@ -71,6 +70,14 @@ func TestBuckets(t *testing.T) {
 			fields: []string{"spec.buckets[0].height", "spec.buckets[1].width", "spec.buckets[2].height", "spec.resolution"}},
 		{name: "too many", spec: &framepackv1.JobSpec{Buckets: slices.Repeat([]*framepackv1.Bucket{b(64, 64)}, MaxBuckets+1)},
 			fields: []string{"spec.buckets"}},
+	}
+	// A submitted spec may leave the resolution 0 (the API fills in 640); the pipeline's
+	// table comes only from a spec with its defaults.
+	if v := CheckBuckets(&framepackv1.JobSpec{}); len(v) > 0 {
+		t.Errorf("resolution 0 refused at submit: %v", v)
+	}
+	if _, err := Buckets(&framepackv1.JobSpec{}); err == nil {
+		t.Error("Buckets of a spec without defaults chose a table")
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -109,7 +116,7 @@ func TestTotalSections(t *testing.T) {
 		{120, 9, 100}, // the longest job
 		{120, 1, 900},
 		{2, 33, 0 + 1}, // 0.45
-		{5, 0, 4},      // 0 means 9
+		{5, 0, 1},      // no window: a spec without its defaults
 	} {
 		got := TotalSections(&framepackv1.JobSpec{TotalSecondLength: tc.seconds, LatentWindowSize: tc.window})
 		if got != tc.want {

@@ -5,9 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"slices"
 	"strconv"
+
+	"github.com/framepackd/framepackd/internal/envconfig"
 )
 
 // Scratch says how many bytes of scratch a backend's ops take beside their outputs (im2col
@@ -57,7 +58,7 @@ func CPUScratch() Scratch {
 // GPUScratch is the cuda and hip backends' scratch (native/gpu): a weight of another dtype
 // than the activations converted to theirs, plus the workspace the vendor's algorithm search
 // offers a conv (native/gpu/fpk_gpu_vendor.cu find_workspace_want: twice the bytes of its input
-// and output, at least 16 MiB, at most FRAMEPACK_CUDNN_WORKSPACE_MB, default 8 GiB), and the
+// and output, at least 16 MiB, at most envconfig.CUDNNWorkspaceMB, default 8 GiB), and the
 // chunked attention tier's scores (up to 1 GiB).
 //
 // The search halves its workspace down to what the cap leaves, so a tiling chosen without it
@@ -67,7 +68,7 @@ func CPUScratch() Scratch {
 // the untiled decode's estimate (15.0 GiB) is what it measured (15.5 GiB with the weights).
 func GPUScratch() Scratch {
 	const scoreBudget = 1 << 30
-	most := envMiB("FRAMEPACK_CUDNN_WORKSPACE_MB", 8192)
+	most := envMiB(envconfig.CUDNNWorkspaceMB, 8192)
 	return Scratch{
 		Conv: func(k [3]int, in, out [5]int, elem, welem int) int64 {
 			// the input without the conv's padding: within a few percent for the decoder's convs
@@ -86,19 +87,19 @@ func GPUScratch() Scratch {
 
 // CUDAScratch is the cuda backend's scratch: GPUScratch's, except for 16-bit convs with 16-bit
 // weights (a weight of another dtype makes native/gpu conv_vendor compute in f32), which run
-// channels-last (native/gpu fpk_vendor_conv_nhwc, unless FRAMEPACK_CUDNN_LAYOUT=ncdhw) in
+// channels-last (native/gpu fpk_vendor_conv_nhwc, unless envconfig.CUDNNLayout is ncdhw) in
 // slabs of output frames: one slab's input and output transposed into scratch (at most
-// FRAMEPACK_CUDNN_SLAB_MB, default 1024 MiB), the weights transposed, and the workspace cuDNN's
+// envconfig.CUDNNSlabMB, default 1024 MiB), the weights transposed, and the workspace cuDNN's
 // search offers then (find_workspace_want: half the slab's bytes, at least 16 MiB, at most
-// FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB, default 256 MiB; without layout transforms cuDNN's
+// envconfig.CUDNNNHWCWorkspaceMB, default 256 MiB; without layout transforms cuDNN's
 // matrix-unit kernels need little). Those convs gather their padded, upsampled input into the
 // slab (ReadsInPlace): no padded copy.
 func CUDAScratch() Scratch {
 	s := GPUScratch()
-	if os.Getenv("FRAMEPACK_CUDNN_LAYOUT") == "ncdhw" {
+	if envconfig.CUDNNLayout.Get() == "ncdhw" {
 		return s
 	}
-	most, slab := envMiB("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB", 256), envMiB("FRAMEPACK_CUDNN_SLAB_MB", 1024)
+	most, slab := envMiB(envconfig.CUDNNNHWCWorkspaceMB, 256), envMiB(envconfig.CUDNNSlabMB, 1024)
 	ncdhw := s.Conv
 	s.Conv = func(k [3]int, in, out [5]int, elem, welem int) int64 {
 		if elem != 2 || welem != elem {
@@ -112,10 +113,10 @@ func CUDAScratch() Scratch {
 	return s
 }
 
-// envMiB is the size the environment variable name gives in MiB, in bytes: defMiB when it is
-// unset, not a number or under 16, as the native side reads it (native/gpu fpk_env_mib).
-func envMiB(name string, defMiB int64) int64 {
-	if mb, err := strconv.ParseInt(os.Getenv(name), 10, 64); err == nil && mb >= 16 {
+// envMiB is the size the backend's knob v gives in MiB, in bytes: defMiB when it is unset, not
+// a number or under 16, as the native side reads it (native/gpu/fpk_gpu_settings.cu).
+func envMiB(v envconfig.Var, defMiB int64) int64 {
+	if mb, err := strconv.ParseInt(v.Get(), 10, 64); err == nil && mb >= 16 {
 		return mb << 20
 	}
 	return defMiB << 20

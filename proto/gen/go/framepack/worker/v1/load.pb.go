@@ -44,9 +44,9 @@ type LoadRequest struct {
 	MemoryCapBytes uint64 `protobuf:"varint,5,opt,name=memory_cap_bytes,json=memoryCapBytes,proto3" json:"memory_cap_bytes,omitempty"`
 	// conv_policy chooses convolution tiers; unset means the full chain.
 	ConvPolicy *ConvPolicy `protobuf:"bytes,6,opt,name=conv_policy,json=convPolicy,proto3" json:"conv_policy,omitempty"`
-	// env holds environment variables set before the backend and vendor
-	// libraries are initialised (MIOPEN_FIND_MODE, MIOPEN_USER_DB_PATH,
-	// MIOPEN_CUSTOM_CACHE_DIR, MIOPEN_DEBUG_FORCE_IMMED_MODE_FALLBACK, ...).
+	// env holds environment variables of vendor libraries, set before the
+	// backend and the libraries are initialised (MIOPEN_FIND_MODE, ...).
+	// Settings of the worker itself are fields of this request, not variables.
 	Env map[string]string `protobuf:"bytes,7,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// beacon_path is optional. The beacon (pid, phase, op sequence, op name,
 	// op start, step i/n, bytes allocated, read by the watchdog) is normally a
@@ -79,11 +79,16 @@ type LoadRequest struct {
 	Workload *Workload `protobuf:"bytes,13,opt,name=workload,proto3" json:"workload,omitempty"`
 	// activation_dtype is the dtype the model's activations are computed in:
 	// "fp32", "bf16" or "fp16" (accumulation is fp32 in every case). Empty
-	// means $FRAMEPACK_ACTIVATION_DTYPE in the worker's environment, else the
-	// model's default: fp32 on the cpu backend; on a GPU the dtype FramePack
-	// runs the model in (transformer bf16; VAE, text encoders and SigLIP
-	// fp16). LoadResponse.dtype reports the one in use.
+	// means the test knob ActivationDType of internal/envconfig when set, else
+	// the model's default: fp32 on the cpu backend; on a GPU the dtype
+	// FramePack runs the model in (transformer bf16; VAE, text encoders and
+	// SigLIP fp16). LoadResponse.dtype reports the one in use.
 	ActivationDtype string `protobuf:"bytes,14,opt,name=activation_dtype,json=activationDtype,proto3" json:"activation_dtype,omitempty"`
+	// siglip_processor chooses the SiglipImageProcessor the clipvision worker
+	// reproduces: "torchvision" (transformers 5, which made the parity
+	// fixtures; empty means it) or "pil" (transformers 4's Pillow path, which
+	// the original FramePack used). Other workers ignore it.
+	SiglipProcessor string `protobuf:"bytes,15,opt,name=siglip_processor,json=siglipProcessor,proto3" json:"siglip_processor,omitempty"`
 	// checkpoint, when set, is a single safetensors file whose weights are
 	// loaded instead of model_dir's (config.json still comes from model_dir):
 	// the single-file checkpoints users have, in 16 bits or in 8 bits (plain
@@ -229,6 +234,13 @@ func (x *LoadRequest) GetWorkload() *Workload {
 func (x *LoadRequest) GetActivationDtype() string {
 	if x != nil {
 		return x.ActivationDtype
+	}
+	return ""
+}
+
+func (x *LoadRequest) GetSiglipProcessor() string {
+	if x != nil {
+		return x.SiglipProcessor
 	}
 	return ""
 }
@@ -624,6 +636,9 @@ type LoadResponse struct {
 	// streamed_blocks is the number of transformer blocks (textenc: Llama
 	// layers) kept in host memory and copied to the device for every forward.
 	StreamedBlocks uint32 `protobuf:"varint,11,opt,name=streamed_blocks,json=streamedBlocks,proto3" json:"streamed_blocks,omitempty"`
+	// traits says what the loaded model has that a retry can change; the
+	// supervisor's degradation ladder reads it instead of knowing the models.
+	Traits *ModelTraits `protobuf:"bytes,12,opt,name=traits,proto3" json:"traits,omitempty"`
 	// weights_format is the format of the model's 8-bit weights: "" (none),
 	// "plain", "comfy", "musubi" (as the checkpoint stores them) or
 	// "quantized" (quantized at load, LoadRequest.weights "fp8").
@@ -742,6 +757,13 @@ func (x *LoadResponse) GetStreamedBlocks() uint32 {
 	return 0
 }
 
+func (x *LoadResponse) GetTraits() *ModelTraits {
+	if x != nil {
+		return x.Traits
+	}
+	return nil
+}
+
 func (x *LoadResponse) GetWeightsFormat() string {
 	if x != nil {
 		return x.WeightsFormat
@@ -754,6 +776,96 @@ func (x *LoadResponse) GetFp8Compute() string {
 		return x.Fp8Compute
 	}
 	return ""
+}
+
+// ModelTraits is what a model has that a retry of its stage can change: the
+// worker declares it in its LoadResponse, so the supervisor's degradation
+// ladder needs no knowledge of the models.
+type ModelTraits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// block_stack names the stack of repeated blocks the worker keeps on the
+	// device up to max_resident_blocks, streaming the rest from host memory
+	// ("transformer blocks", "llama layers"); empty: the model has none.
+	BlockStack string `protobuf:"bytes,1,opt,name=block_stack,json=blockStack,proto3" json:"block_stack,omitempty"`
+	// blocks is the stack's length: the blocks one forward runs.
+	Blocks uint32 `protobuf:"varint,2,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	// convolves says the model runs convolutions through the conv chain, so
+	// conv_policy (a first tier further down the chain) changes it.
+	Convolves bool `protobuf:"varint,3,opt,name=convolves,proto3" json:"convolves,omitempty"`
+	// tiles says the model's stages take spatial tiles (the VAE's tiling),
+	// which a retry can make smaller.
+	Tiles bool `protobuf:"varint,4,opt,name=tiles,proto3" json:"tiles,omitempty"`
+	// fallback_dtypes are the activation dtypes narrower than the one loaded
+	// that the model can run in instead ("bf16"), widest first; empty when it
+	// already runs in its narrowest.
+	FallbackDtypes []string `protobuf:"bytes,5,rep,name=fallback_dtypes,json=fallbackDtypes,proto3" json:"fallback_dtypes,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ModelTraits) Reset() {
+	*x = ModelTraits{}
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelTraits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelTraits) ProtoMessage() {}
+
+func (x *ModelTraits) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelTraits.ProtoReflect.Descriptor instead.
+func (*ModelTraits) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ModelTraits) GetBlockStack() string {
+	if x != nil {
+		return x.BlockStack
+	}
+	return ""
+}
+
+func (x *ModelTraits) GetBlocks() uint32 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *ModelTraits) GetConvolves() bool {
+	if x != nil {
+		return x.Convolves
+	}
+	return false
+}
+
+func (x *ModelTraits) GetTiles() bool {
+	if x != nil {
+		return x.Tiles
+	}
+	return false
+}
+
+func (x *ModelTraits) GetFallbackDtypes() []string {
+	if x != nil {
+		return x.FallbackDtypes
+	}
+	return nil
 }
 
 // VaeInfo is what the supervisor needs to know about a loaded VAE
@@ -786,7 +898,7 @@ type VaeInfo struct {
 
 func (x *VaeInfo) Reset() {
 	*x = VaeInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +910,7 @@ func (x *VaeInfo) String() string {
 func (*VaeInfo) ProtoMessage() {}
 
 func (x *VaeInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[6]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +923,7 @@ func (x *VaeInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VaeInfo.ProtoReflect.Descriptor instead.
 func (*VaeInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{6}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *VaeInfo) GetScalingFactor() float64 {
@@ -894,7 +1006,7 @@ type TransformerInfo struct {
 
 func (x *TransformerInfo) Reset() {
 	*x = TransformerInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +1018,7 @@ func (x *TransformerInfo) String() string {
 func (*TransformerInfo) ProtoMessage() {}
 
 func (x *TransformerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[7]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +1031,7 @@ func (x *TransformerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransformerInfo.ProtoReflect.Descriptor instead.
 func (*TransformerInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{7}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *TransformerInfo) GetInChannels() uint32 {
@@ -1024,7 +1136,7 @@ type TextEncoderInfo struct {
 
 func (x *TextEncoderInfo) Reset() {
 	*x = TextEncoderInfo{}
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[8]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1036,7 +1148,7 @@ func (x *TextEncoderInfo) String() string {
 func (*TextEncoderInfo) ProtoMessage() {}
 
 func (x *TextEncoderInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_load_proto_msgTypes[8]
+	mi := &file_framepack_worker_v1_load_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1049,7 +1161,7 @@ func (x *TextEncoderInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TextEncoderInfo.ProtoReflect.Descriptor instead.
 func (*TextEncoderInfo) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{8}
+	return file_framepack_worker_v1_load_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TextEncoderInfo) GetLlamaHiddenSize() uint32 {
@@ -1091,7 +1203,7 @@ var File_framepack_worker_v1_load_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\n" +
-	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xf5\x05\n" +
+	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xa0\x06\n" +
 	"\vLoadRequest\x12\x1b\n" +
 	"\tmodel_dir\x18\x01 \x01(\tR\bmodelDir\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x18\n" +
@@ -1110,7 +1222,8 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"pci_bus_id\x18\v \x01(\tR\bpciBusId\x123\n" +
 	"\x05loras\x18\f \x03(\v2\x1d.framepack.worker.v1.LoraSpecR\x05loras\x129\n" +
 	"\bworkload\x18\r \x01(\v2\x1d.framepack.worker.v1.WorkloadR\bworkload\x12)\n" +
-	"\x10activation_dtype\x18\x0e \x01(\tR\x0factivationDtype\x12\x1e\n" +
+	"\x10activation_dtype\x18\x0e \x01(\tR\x0factivationDtype\x12)\n" +
+	"\x10siglip_processor\x18\x0f \x01(\tR\x0fsiglipProcessor\x12\x1e\n" +
 	"\n" +
 	"checkpoint\x18\x1f \x01(\tR\n" +
 	"checkpoint\x12\x18\n" +
@@ -1145,7 +1258,7 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x0ehang_conv_tier\x18\x06 \x01(\x0e2\x1d.framepack.worker.v1.ConvTierR\fhangConvTier\x12&\n" +
 	"\x0fhold_vram_bytes\x18\a \x01(\x04R\rholdVramBytes\x12*\n" +
 	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\x12\x1e\n" +
-	"\voom_at_load\x18\t \x01(\bR\toomAtLoad\"\xe7\x04\n" +
+	"\voom_at_load\x18\t \x01(\bR\toomAtLoad\"\xa1\x05\n" +
 	"\fLoadResponse\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x123\n" +
@@ -1158,10 +1271,18 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\ftext_encoder\x18\t \x01(\v2$.framepack.worker.v1.TextEncoderInfoR\vtextEncoder\x12'\n" +
 	"\x0fresident_blocks\x18\n" +
 	" \x01(\rR\x0eresidentBlocks\x12'\n" +
-	"\x0fstreamed_blocks\x18\v \x01(\rR\x0estreamedBlocks\x12%\n" +
+	"\x0fstreamed_blocks\x18\v \x01(\rR\x0estreamedBlocks\x128\n" +
+	"\x06traits\x18\f \x01(\v2 .framepack.worker.v1.ModelTraitsR\x06traits\x12%\n" +
 	"\x0eweights_format\x18\x1f \x01(\tR\rweightsFormat\x12\x1f\n" +
 	"\vfp8_compute\x18  \x01(\tR\n" +
-	"fp8Compute\"\x97\x02\n" +
+	"fp8Compute\"\xa3\x01\n" +
+	"\vModelTraits\x12\x1f\n" +
+	"\vblock_stack\x18\x01 \x01(\tR\n" +
+	"blockStack\x12\x16\n" +
+	"\x06blocks\x18\x02 \x01(\rR\x06blocks\x12\x1c\n" +
+	"\tconvolves\x18\x03 \x01(\bR\tconvolves\x12\x14\n" +
+	"\x05tiles\x18\x04 \x01(\bR\x05tiles\x12'\n" +
+	"\x0ffallback_dtypes\x18\x05 \x03(\tR\x0efallbackDtypes\"\x97\x02\n" +
 	"\aVaeInfo\x12%\n" +
 	"\x0escaling_factor\x18\x01 \x01(\x01R\rscalingFactor\x12'\n" +
 	"\x0flatent_channels\x18\x02 \x01(\rR\x0elatentChannels\x12:\n" +
@@ -1207,7 +1328,7 @@ func file_framepack_worker_v1_load_proto_rawDescGZIP() []byte {
 	return file_framepack_worker_v1_load_proto_rawDescData
 }
 
-var file_framepack_worker_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_framepack_worker_v1_load_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_framepack_worker_v1_load_proto_goTypes = []any{
 	(*LoadRequest)(nil),         // 0: framepack.worker.v1.LoadRequest
 	(*Workload)(nil),            // 1: framepack.worker.v1.Workload
@@ -1215,33 +1336,35 @@ var file_framepack_worker_v1_load_proto_goTypes = []any{
 	(*LoraApplied)(nil),         // 3: framepack.worker.v1.LoraApplied
 	(*Fault)(nil),               // 4: framepack.worker.v1.Fault
 	(*LoadResponse)(nil),        // 5: framepack.worker.v1.LoadResponse
-	(*VaeInfo)(nil),             // 6: framepack.worker.v1.VaeInfo
-	(*TransformerInfo)(nil),     // 7: framepack.worker.v1.TransformerInfo
-	(*TextEncoderInfo)(nil),     // 8: framepack.worker.v1.TextEncoderInfo
-	nil,                         // 9: framepack.worker.v1.LoadRequest.EnvEntry
-	(*ConvPolicy)(nil),          // 10: framepack.worker.v1.ConvPolicy
-	(ConvTier)(0),               // 11: framepack.worker.v1.ConvTier
-	(*Device)(nil),              // 12: framepack.worker.v1.Device
-	(*durationpb.Duration)(nil), // 13: google.protobuf.Duration
+	(*ModelTraits)(nil),         // 6: framepack.worker.v1.ModelTraits
+	(*VaeInfo)(nil),             // 7: framepack.worker.v1.VaeInfo
+	(*TransformerInfo)(nil),     // 8: framepack.worker.v1.TransformerInfo
+	(*TextEncoderInfo)(nil),     // 9: framepack.worker.v1.TextEncoderInfo
+	nil,                         // 10: framepack.worker.v1.LoadRequest.EnvEntry
+	(*ConvPolicy)(nil),          // 11: framepack.worker.v1.ConvPolicy
+	(ConvTier)(0),               // 12: framepack.worker.v1.ConvTier
+	(*Device)(nil),              // 13: framepack.worker.v1.Device
+	(*durationpb.Duration)(nil), // 14: google.protobuf.Duration
 }
 var file_framepack_worker_v1_load_proto_depIdxs = []int32{
-	10, // 0: framepack.worker.v1.LoadRequest.conv_policy:type_name -> framepack.worker.v1.ConvPolicy
-	9,  // 1: framepack.worker.v1.LoadRequest.env:type_name -> framepack.worker.v1.LoadRequest.EnvEntry
+	11, // 0: framepack.worker.v1.LoadRequest.conv_policy:type_name -> framepack.worker.v1.ConvPolicy
+	10, // 1: framepack.worker.v1.LoadRequest.env:type_name -> framepack.worker.v1.LoadRequest.EnvEntry
 	4,  // 2: framepack.worker.v1.LoadRequest.fault:type_name -> framepack.worker.v1.Fault
 	2,  // 3: framepack.worker.v1.LoadRequest.loras:type_name -> framepack.worker.v1.LoraSpec
 	1,  // 4: framepack.worker.v1.LoadRequest.workload:type_name -> framepack.worker.v1.Workload
-	11, // 5: framepack.worker.v1.Fault.hang_conv_tier:type_name -> framepack.worker.v1.ConvTier
-	12, // 6: framepack.worker.v1.LoadResponse.device:type_name -> framepack.worker.v1.Device
-	13, // 7: framepack.worker.v1.LoadResponse.load_duration:type_name -> google.protobuf.Duration
-	6,  // 8: framepack.worker.v1.LoadResponse.vae:type_name -> framepack.worker.v1.VaeInfo
-	7,  // 9: framepack.worker.v1.LoadResponse.transformer:type_name -> framepack.worker.v1.TransformerInfo
-	8,  // 10: framepack.worker.v1.LoadResponse.text_encoder:type_name -> framepack.worker.v1.TextEncoderInfo
-	3,  // 11: framepack.worker.v1.TransformerInfo.loras:type_name -> framepack.worker.v1.LoraApplied
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	12, // 5: framepack.worker.v1.Fault.hang_conv_tier:type_name -> framepack.worker.v1.ConvTier
+	13, // 6: framepack.worker.v1.LoadResponse.device:type_name -> framepack.worker.v1.Device
+	14, // 7: framepack.worker.v1.LoadResponse.load_duration:type_name -> google.protobuf.Duration
+	7,  // 8: framepack.worker.v1.LoadResponse.vae:type_name -> framepack.worker.v1.VaeInfo
+	8,  // 9: framepack.worker.v1.LoadResponse.transformer:type_name -> framepack.worker.v1.TransformerInfo
+	9,  // 10: framepack.worker.v1.LoadResponse.text_encoder:type_name -> framepack.worker.v1.TextEncoderInfo
+	6,  // 11: framepack.worker.v1.LoadResponse.traits:type_name -> framepack.worker.v1.ModelTraits
+	3,  // 12: framepack.worker.v1.TransformerInfo.loras:type_name -> framepack.worker.v1.LoraApplied
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_load_proto_init() }
@@ -1257,7 +1380,7 @@ func file_framepack_worker_v1_load_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_worker_v1_load_proto_rawDesc), len(file_framepack_worker_v1_load_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

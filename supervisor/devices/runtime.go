@@ -1,4 +1,4 @@
-package main
+package devices
 
 // The host/container runtime check: the probe worker reports the GPU runtime it links (the
 // container's CUDA or ROCm) and what the host driver serves; a pair that cannot work holds the
@@ -21,12 +21,11 @@ func versionsOf(r *workerkit.RuntimeVersions) gpuversion.Versions {
 	return v
 }
 
-// checkRuntime judges the probed runtime/driver pair and holds every lane of its backend when
-// the pair cannot work (allow: log it and keep the lanes). Lanes of other backends go on.
-func checkRuntime(devs *devices, g *guards, laneNames []string, allow bool, log *logrus.Entry) {
-	devs.mu.Lock()
-	r := devs.runtime
-	devs.mu.Unlock()
+// CheckRuntime judges the runtime/driver pair of p's last probe and, when it cannot work,
+// holds every lane of its backend through hold (allow: log it and keep the lanes). Lanes of
+// other backends go on.
+func CheckRuntime(p *Prober, lanes []string, allow bool, hold func(lane, reason string), log *logrus.Entry) {
+	r := p.Runtime()
 	if r == nil {
 		return
 	}
@@ -42,14 +41,11 @@ func checkRuntime(devs *devices, g *guards, laneNames []string, allow bool, log 
 		f.WithError(err).Warn("gpu runtime mismatch; lanes kept (--allow-runtime-mismatch)")
 		return
 	}
-	for _, lane := range laneNames {
-		backend, _, _ := laneBackend(lane)
-		if backend != v.Backend {
+	for _, lane := range lanes {
+		if BackendOf(lane) != v.Backend {
 			continue
 		}
-		if w := g.lookup(lane); w != nil {
-			w.Health().Hold("runtime mismatch: " + err.Error() + " (or start with --allow-runtime-mismatch)")
-		}
+		hold(lane, "runtime mismatch: "+err.Error()+" (or start with --allow-runtime-mismatch)")
 		f.WithField("lane", lane).WithError(err).Error("gpu runtime mismatch: lane held")
 	}
 }

@@ -1,14 +1,18 @@
-package jobs
+package api
 
 import (
+	"google.golang.org/protobuf/proto"
+
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
-	"google.golang.org/protobuf/proto"
 )
 
 // Defaults of JobSpec fields whose zero value (or absence) means "the documented default";
-// they are FramePack's demo_gradio.py defaults (supervisor/pipeline/plan, which clients may
-// import). DefaultResolution is FramePack's models' own; the API gives the served models' own.
+// they are FramePack's demo_gradio.py defaults, declared in supervisor/pipeline/plan (which
+// clients may import) and applied once, here at the API edge (Server.withDefaults, before a spec
+// is validated and stored): the queue, the store and the pipeline see only specs with every
+// default filled in. DefaultResolution is FramePack's models' own; the API gives the served
+// models' own.
 const (
 	DefaultLatentWindowSize        = plan.DefaultLatentWindowSize
 	DefaultSteps                   = plan.DefaultSteps
