@@ -428,6 +428,27 @@ type TransformerSectionRequest struct {
 	Frames            uint32
 	Latents           TensorRef
 	StepPreviews      []TensorRef
+	MagCache          *MagCacheSettings // nil: MagCache off
+}
+
+// MagCacheCalibration names the magnitude-ratio table MagCache reads (worker.proto
+// MagCacheCalibration).
+type MagCacheCalibration int32
+
+// Calibrations (worker.proto MagCacheCalibration).
+const (
+	MagCacheUnspecified MagCacheCalibration = 0
+	MagCacheFramePack   MagCacheCalibration = 1 // FramePack's i2v transformer
+	MagCacheFramePackF1 MagCacheCalibration = 2 // the FramePack-F1 transformer
+)
+
+// MagCacheSettings are a section's MagCache settings (worker.proto MagCacheSettings); zero
+// Threshold and MaxConsecutiveSkips and a nil RetentionRatio mean the defaults.
+type MagCacheSettings struct {
+	Calibration         MagCacheCalibration
+	Threshold           float64
+	MaxConsecutiveSkips uint32
+	RetentionRatio      *float64
 }
 
 // TransformerForwardRequest runs one forward of the packed transformer (batch 1) and writes the
@@ -487,6 +508,9 @@ type Result struct {
 	Stats          *Stats
 	GeneratorState []byte
 	VAETiling      *VAETilingUsed // VAE stages: the tiling run
+	// CacheSkippedSteps are the sampling steps (0-based) TeaCache or MagCache skipped, positive
+	// branch (transformer sections).
+	CacheSkippedSteps []uint32
 }
 
 // VAETilingUsed is the tiling a VAE stage ran with (worker.proto VaeTilingUsed).

@@ -12,6 +12,7 @@ import (
 	"github.com/framepackd/framepackd/internal/imageproc"
 	"github.com/framepackd/framepackd/internal/safetensors"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -152,7 +153,7 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	case rs < 0 || rs > 1:
 		v.Add("spec.rs", "must be 0 to 1, got %g", rs)
 	}
-	// spec.use_teacache: true, false or unset (true) are all valid.
+	checkCache(&v, s)
 	// spec.resolution and spec.buckets: the pipeline's rules (supervisor/pipeline/plan).
 	for _, fv := range plan.CheckBuckets(s) {
 		v.Add(fv.Field, "%s", fv.Description)
@@ -202,6 +203,49 @@ func checkEndFrame(v *Violations, s *framepackv1.JobSpec, decode func([]byte) (i
 			v.Add("spec.end_strength", "set without spec.end_image: give the end image too, or leave the strength unset")
 		case badFloat(st) || st < 0 || st > 1:
 			v.Add("spec.end_strength", "must be a number from 0 to 1 (unset means 1), got %g", st)
+		}
+	}
+}
+
+// MaxMagCacheSkips bounds JobSpec.magcache_max_consecutive_skips (FramePack-Studio's slider).
+const MaxMagCacheSkips = 5
+
+// checkCache checks JobSpec.cache and MagCache's settings: a known cache, a use_teacache that
+// does not contradict it, and MagCache settings within Studio's ranges, only with MagCache.
+func checkCache(v *Violations, s *framepackv1.JobSpec) {
+	c := s.GetCache()
+	if c != "" && !slices.Contains(jobs.Caches, c) {
+		v.Add("spec.cache", "unknown cache %q (want %s, or empty for use_teacache's choice)", c, strings.Join(jobs.Caches, ", "))
+		return
+	}
+	if c != "" && s.UseTeacache != nil && s.GetUseTeacache() != (c == jobs.CacheTeaCache) {
+		v.Add("spec.use_teacache", "%v contradicts spec.cache %q: leave use_teacache unset and name the cache in spec.cache", s.GetUseTeacache(), c)
+	}
+	if jobs.SpecCache(s) != jobs.CacheMagCache {
+		for _, f := range []struct {
+			name string
+			set  bool
+		}{{"magcache_threshold", s.MagcacheThreshold != nil}, {"magcache_max_consecutive_skips", s.MagcacheMaxConsecutiveSkips != nil},
+			{"magcache_retention_ratio", s.MagcacheRetentionRatio != nil}} {
+			if f.set {
+				v.Add("spec."+f.name, "set without spec.cache \"magcache\": set the cache too, or leave it unset")
+			}
+		}
+		return
+	}
+	if s.MagcacheThreshold != nil {
+		if t := s.GetMagcacheThreshold(); math.IsNaN(t) || t < 0.01 || t > 1 {
+			v.Add("spec.magcache_threshold", "must be 0.01 to 1 (unset means %g), got %g", jobs.DefaultMagCacheThreshold, t)
+		}
+	}
+	if s.MagcacheMaxConsecutiveSkips != nil {
+		if k := s.GetMagcacheMaxConsecutiveSkips(); k < 1 || k > MaxMagCacheSkips {
+			v.Add("spec.magcache_max_consecutive_skips", "must be 1 to %d (unset means %d), got %d", MaxMagCacheSkips, jobs.DefaultMagCacheMaxSkips, k)
+		}
+	}
+	if s.MagcacheRetentionRatio != nil {
+		if r := s.GetMagcacheRetentionRatio(); math.IsNaN(r) || r < 0 || r > 1 {
+			v.Add("spec.magcache_retention_ratio", "must be 0 to 1 (unset means %g), got %g", jobs.DefaultMagCacheRetentionRatio, r)
 		}
 	}
 }

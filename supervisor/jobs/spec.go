@@ -19,7 +19,33 @@ const (
 	DefaultUseTeaCache             = true
 	DefaultLoraStrength            = 1.0
 	DefaultEndStrength             = 1.0
+	// FramePack-Studio's MagCache defaults (modules/interface.py).
+	DefaultMagCacheThreshold      = 0.1
+	DefaultMagCacheMaxSkips       = 2
+	DefaultMagCacheRetentionRatio = 0.25
 )
+
+// Step caches (JobSpec.cache).
+const (
+	CacheNone     = "none"
+	CacheTeaCache = "teacache"
+	CacheMagCache = "magcache"
+)
+
+// Caches lists the step caches a spec may name.
+var Caches = []string{CacheNone, CacheTeaCache, CacheMagCache}
+
+// SpecCache is the step cache a spec asks for: JobSpec.cache, or, when it is empty,
+// use_teacache's (unset meaning true).
+func SpecCache(spec *framepackv1.JobSpec) string {
+	if c := spec.GetCache(); c != "" {
+		return c
+	}
+	if spec.UseTeacache == nil || spec.GetUseTeacache() {
+		return CacheTeaCache
+	}
+	return CacheNone
+}
 
 // WithDefaults returns a copy of spec with every default filled in, as the Job stores it.
 func WithDefaults(spec *framepackv1.JobSpec) *framepackv1.JobSpec {
@@ -39,8 +65,19 @@ func WithDefaults(spec *framepackv1.JobSpec) *framepackv1.JobSpec {
 	if s.Resolution == 0 {
 		s.Resolution = DefaultResolution
 	}
-	if s.UseTeacache == nil {
-		s.UseTeacache = proto.Bool(DefaultUseTeaCache)
+	// The cache is named once: cache, with use_teacache saying the same.
+	s.Cache = SpecCache(s)
+	s.UseTeacache = proto.Bool(s.Cache == CacheTeaCache)
+	if s.Cache == CacheMagCache {
+		if s.MagcacheThreshold == nil {
+			s.MagcacheThreshold = proto.Float64(DefaultMagCacheThreshold)
+		}
+		if s.MagcacheMaxConsecutiveSkips == nil {
+			s.MagcacheMaxConsecutiveSkips = proto.Uint32(DefaultMagCacheMaxSkips)
+		}
+		if s.MagcacheRetentionRatio == nil {
+			s.MagcacheRetentionRatio = proto.Float64(DefaultMagCacheRetentionRatio)
+		}
 	}
 	if s.Mp4Crf == nil {
 		s.Mp4Crf = proto.Uint32(DefaultMP4CRF)

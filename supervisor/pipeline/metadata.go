@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/framepackd/framepackd/internal/workerkit"
+	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 )
 
@@ -27,6 +29,8 @@ type Settings struct {
 	GS             float32           `json:"gs"`
 	RS             float32           `json:"rs"`
 	TeaCache       bool              `json:"use_teacache"`
+	Cache          string            `json:"cache"`
+	MagCache       *SettingsMagCache `json:"magcache,omitempty"`
 	Resolution     uint32            `json:"resolution"`
 	Width          int               `json:"width"`
 	Height         int               `json:"height"`
@@ -39,6 +43,15 @@ type Settings struct {
 type SettingsPrompt struct {
 	Start  float64 `json:"start_seconds"`
 	Prompt string  `json:"prompt"`
+}
+
+// SettingsMagCache is a job's MagCache settings and the calibration table its transformer
+// reads.
+type SettingsMagCache struct {
+	Threshold           float64 `json:"threshold"`
+	MaxConsecutiveSkips uint32  `json:"max_consecutive_skips"`
+	RetentionRatio      float64 `json:"retention_ratio"`
+	Calibration         string  `json:"calibration"`
 }
 
 // SettingsEndFrame is a job's end frame (JobSpec.end_image): which image, where the server
@@ -63,7 +76,14 @@ func (j *jobRun) settings(i int) Settings {
 	s := Settings{Job: j.job.ID, Section: i, Sections: j.total, Variant: j.variant.Name(), Prompt: spec.GetPrompt(),
 		NegativePrompt: spec.GetNegativePrompt(), Seed: spec.GetSeed(), Seconds: spec.GetTotalSecondLength(),
 		Window: spec.GetLatentWindowSize(), Steps: spec.GetSteps(), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
-		TeaCache: spec.GetUseTeacache(), Resolution: spec.GetResolution(), Models: map[string]string{}}
+		Resolution: spec.GetResolution(), Models: map[string]string{}}
+	s.Cache = jobs.SpecCache(spec)
+	s.TeaCache = s.Cache == jobs.CacheTeaCache
+	if m := j.magCache(); m != nil {
+		s.MagCache = &SettingsMagCache{Threshold: m.Threshold, MaxConsecutiveSkips: m.MaxConsecutiveSkips,
+			RetentionRatio: spec.GetMagcacheRetentionRatio(), Calibration: map[workerkit.MagCacheCalibration]string{
+				workerkit.MagCacheFramePack: "framepack", workerkit.MagCacheFramePackF1: "framepack_f1"}[m.Calibration]}
+	}
 	if j.cond != nil {
 		s.Width, s.Height = j.cond.width, j.cond.height
 	}

@@ -178,6 +178,9 @@ type StageRecord struct {
 	// the worker kept on the device and streamed from host memory.
 	ResidentBlocks uint32 `json:"resident_blocks,omitempty"`
 	StreamedBlocks uint32 `json:"streamed_blocks,omitempty"`
+	// CacheSkippedSteps are the sampling steps (0-based) TeaCache or MagCache skipped
+	// (transformer stages).
+	CacheSkippedSteps []uint32 `json:"cache_skipped_steps,omitempty"`
 	// Err is the failure, empty on success.
 	Err string `json:"error,omitempty"`
 	// ConvTiers are the worker's convolution tier counts (metrics).
@@ -491,6 +494,9 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 		MemoryCapBytes: rep.MemoryCapBytes, ResidentBlocks: rep.ResidentBlocks, StreamedBlocks: rep.StreamedBlocks}
 	if !rep.Reused {
 		rec.WeightBytes = rep.WeightBytes
+	}
+	if rep.Result != nil {
+		rec.CacheSkippedSteps = rep.Result.CacheSkippedSteps
 	}
 	if rep.Result != nil && rep.Result.VAETiling != nil {
 		vt := rep.Result.VAETiling

@@ -88,7 +88,7 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 		},
 		Negative: workerkit.TransformerText{LlamaVec: cref(tLlamaVecN), LlamaMask: cref(tLlamaMaskN), ClipPooler: cref(tClipPoolerN)},
 		Steps:    uint32(j.steps), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
-		UseTeaCache: spec.GetUseTeacache(), Sampler: workerkit.SamplerUniPCBH1,
+		UseTeaCache: jobs.SpecCache(spec) == jobs.CacheTeaCache, MagCache: j.magCache(), Sampler: workerkit.SamplerUniPCBH1,
 		GeneratorState: hist.generator, Seed: spec.GetSeed(),
 		Width: uint32(j.cond.width), Height: uint32(j.cond.height), Frames: uint32(plan.Frames(j.window)),
 		Latents:      workerkit.TensorRef{Path: latSeg, Name: "latents"},
@@ -107,6 +107,7 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	if l := loadedLoras(rep); len(l) > 0 {
 		j.lorasApplied = l
 	}
+	j.logCacheSkips(i, rep.Result)
 	generated, err := readSegmentVol(latSeg, "latents")
 	if err == nil {
 		err = checkTransformerFacts(rep.Loaded, generated)

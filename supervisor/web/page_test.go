@@ -135,7 +135,7 @@ func TestPageInBrowser(t *testing.T) {
 		const set = (id, v) => { document.getElementById(id).value = v; };
 		set('seconds', '1'); set('steps', '2'); set('resolution', '96'); set('window', '3'); set('seed', '7');
 		set('end-strength', '0.5');
-		document.getElementById('teacache').checked = false;
+		set('cache', 'none');
 	})()`
 
 	start := time.Now()

@@ -33,6 +33,11 @@ async function api(path, opts = {}) {
   return body;
 }
 
+// Feature modules (features.js) hook in here: spec(spec) adds their fields to the spec a submit
+// sends, parts(form) their files to its multipart body, submit(spec) may take a submission over
+// (true when it did), settings(job) returns more [name, value] rows for the live view.
+const hooks = { spec: [], parts: [], submit: [], settings: [] };
+
 const shortState = (s) => (s || '').replace(/^(JOB_STATE_|LANE_STATE_)/, '');
 const seconds = (d) => (d ? parseFloat(d) : NaN); // protojson Duration: "12.5s"
 
@@ -119,7 +124,6 @@ function specFromForm() {
     gs: num('gs'),
     cfg: num('cfg'),
     rs: num('rs'),
-    useTeacache: $('teacache').checked,
     gpuMemoryPreservationGb: num('gpumem'),
     mp4Crf: num('crf'),
     resolution: num('resolution'),
@@ -130,6 +134,7 @@ function specFromForm() {
   const loras = parseLoras($('loras').value);
   if (loras.length) spec.loras = loras;
   if ($('end-image').files[0]) spec.endStrength = num('end-strength');
+  for (const f of hooks.spec) f(spec);
   return spec;
 }
 
@@ -140,10 +145,14 @@ $('job-form').addEventListener('submit', async (ev) => {
   if (!file) { $('submit-error').textContent = 'choose a start image'; return; }
   let spec;
   try { spec = specFromForm(); } catch (e) { $('submit-error').textContent = e.message; return; }
+  for (const f of hooks.submit) {
+    try { if (await f(spec)) return; } catch (e) { $('submit-error').textContent = e.message; return; }
+  }
   const form = new FormData();
   form.append('image', file, file.name);
   const end = $('end-image').files[0];
   if (end) form.append('end_image', end, end.name);
+  for (const f of hooks.parts) f(form);
   form.append('spec', JSON.stringify(spec));
   $('submit').disabled = true;
   try {
@@ -285,10 +294,11 @@ function showJob(job) {
   const rows = [
     ['prompt', s.prompt], ['negative prompt', s.negativePrompt], ['seconds', s.totalSecondLength],
     ['seed', s.seed || '0'], ['steps', s.steps], ['distilled CFG', s.gs], ['CFG', s.cfg], ['CFG rescale', s.rs || 0],
-    ['TeaCache', s.useTeacache === false ? 'off' : 'on'], ['GPU memory kept free', `${s.gpuMemoryPreservationGb} GB`],
+    ['GPU memory kept free', `${s.gpuMemoryPreservationGb} GB`],
     ['MP4 CRF', s.mp4Crf], ['resolution', s.resolution], ['latent window', s.latentWindowSize],
     ['image', s.imageFilename], ['lane', job.lane || s.lane || 'any'], ['submitted', job.createTime],
   ];
+  for (const f of hooks.settings) rows.push(...f(job));
   const dl = $('settings');
   dl.replaceChildren();
   for (const [k, v] of rows) {

@@ -368,8 +368,27 @@ type JobSpec struct {
 	// end_image_sha256 is the hex SHA-256 of the job's end image, set by the
 	// server. OUTPUT ONLY: a spec sent with it and no end_image is refused.
 	EndImageSha256 string `protobuf:"bytes,21,opt,name=end_image_sha256,json=endImageSha256,proto3" json:"end_image_sha256,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// cache is the transformer's step cache: "teacache" (FramePack's
+	// TeaCache), "magcache" (FramePack-Studio's MagCache: skips steps by the
+	// magnitude ratios calibrated for the i2v and F1 transformers) or "none".
+	// Empty means use_teacache decides ("teacache" when it is true or unset,
+	// "none" when false); the stored spec always has it. A use_teacache that
+	// contradicts it is refused.
+	Cache string `protobuf:"bytes,22,opt,name=cache,proto3" json:"cache,omitempty"`
+	// magcache_threshold is MagCache's accumulated-error threshold, 0.01 to 1;
+	// unset means 0.1 (Studio's default). Only with cache "magcache". A double:
+	// the reference compares it in float64, so a float would move the skipped
+	// steps.
+	MagcacheThreshold *float64 `protobuf:"fixed64,23,opt,name=magcache_threshold,json=magcacheThreshold,proto3,oneof" json:"magcache_threshold,omitempty"`
+	// magcache_max_consecutive_skips is the most steps MagCache skips in a
+	// row, 1 to 5; unset means 2. Only with cache "magcache".
+	MagcacheMaxConsecutiveSkips *uint32 `protobuf:"varint,24,opt,name=magcache_max_consecutive_skips,json=magcacheMaxConsecutiveSkips,proto3,oneof" json:"magcache_max_consecutive_skips,omitempty"`
+	// magcache_retention_ratio is the share of each section's first steps that
+	// always run, 0 to 1; unset means 0.25. Only with cache "magcache". A
+	// double, as magcache_threshold.
+	MagcacheRetentionRatio *float64 `protobuf:"fixed64,25,opt,name=magcache_retention_ratio,json=magcacheRetentionRatio,proto3,oneof" json:"magcache_retention_ratio,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -547,6 +566,34 @@ func (x *JobSpec) GetEndImageSha256() string {
 		return x.EndImageSha256
 	}
 	return ""
+}
+
+func (x *JobSpec) GetCache() string {
+	if x != nil {
+		return x.Cache
+	}
+	return ""
+}
+
+func (x *JobSpec) GetMagcacheThreshold() float64 {
+	if x != nil && x.MagcacheThreshold != nil {
+		return *x.MagcacheThreshold
+	}
+	return 0
+}
+
+func (x *JobSpec) GetMagcacheMaxConsecutiveSkips() uint32 {
+	if x != nil && x.MagcacheMaxConsecutiveSkips != nil {
+		return *x.MagcacheMaxConsecutiveSkips
+	}
+	return 0
+}
+
+func (x *JobSpec) GetMagcacheRetentionRatio() float64 {
+	if x != nil && x.MagcacheRetentionRatio != nil {
+		return *x.MagcacheRetentionRatio
+	}
+	return 0
 }
 
 // Lora is one LoRA file and the strength it is merged with.
@@ -1234,7 +1281,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x97\x06\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc1\b\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -1259,12 +1306,19 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\avariant\x18\x12 \x01(\tR\avariant\x12\x1b\n" +
 	"\tend_image\x18\x13 \x01(\fR\bendImage\x12&\n" +
 	"\fend_strength\x18\x14 \x01(\x02H\x03R\vendStrength\x88\x01\x01\x12(\n" +
-	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256B\x0f\n" +
+	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256\x12\x14\n" +
+	"\x05cache\x18\x16 \x01(\tR\x05cache\x122\n" +
+	"\x12magcache_threshold\x18\x17 \x01(\x01H\x04R\x11magcacheThreshold\x88\x01\x01\x12H\n" +
+	"\x1emagcache_max_consecutive_skips\x18\x18 \x01(\rH\x05R\x1bmagcacheMaxConsecutiveSkips\x88\x01\x01\x12=\n" +
+	"\x18magcache_retention_ratio\x18\x19 \x01(\x01H\x06R\x16magcacheRetentionRatio\x88\x01\x01B\x0f\n" +
 	"\r_use_teacacheB\n" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +
 	"\x1b_gpu_memory_preservation_gbB\x0f\n" +
-	"\r_end_strength\"6\n" +
+	"\r_end_strengthB\x15\n" +
+	"\x13_magcache_thresholdB!\n" +
+	"\x1f_magcache_max_consecutive_skipsB\x1b\n" +
+	"\x19_magcache_retention_ratio\"6\n" +
 	"\x04Lora\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
 	"\bstrength\x18\x02 \x01(\x02R\bstrength\"~\n" +

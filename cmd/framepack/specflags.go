@@ -1,0 +1,179 @@
+package main
+
+import (
+	"flag"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/framepackd/framepackd/internal/imageproc"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"google.golang.org/protobuf/proto"
+)
+
+// specFlags are the job settings flags generate and batch share, and the spec they build.
+type specFlags struct {
+	fs *flag.FlagSet
+
+	prompt, promptFile, negative, lane, variant, endImage, cache string
+	seconds, cfg, gs, rs, gpuPreserve, endStrength               float64
+	magThreshold, magRetention                                   float64
+	seed                                                         int64
+	steps, window, resolution, crf, magSkips                     uint
+	teacache                                                     bool
+	loras                                                        loraFlags
+}
+
+// register adds the settings flags to fs.
+func (f *specFlags) register(fs *flag.FlagSet) {
+	f.fs = fs
+	fs.StringVar(&f.prompt, "prompt", "", "what should happen (this or --prompt-file is required)")
+	fs.StringVar(&f.promptFile, "prompt-file", "", "read the prompt from this file ('-': standard input)")
+	fs.StringVar(&f.negative, "negative-prompt", "", "negative prompt (used when --cfg > 1)")
+	fs.Float64Var(&f.seconds, "seconds", 5, "video length in seconds, (0, 120]")
+	fs.Int64Var(&f.seed, "seed", 31337, "sampler seed")
+	fs.UintVar(&f.steps, "steps", 25, "sampling steps per section, 1–100")
+	fs.UintVar(&f.window, "window", 9, "latent window size, 1–33")
+	fs.Float64Var(&f.cfg, "cfg", 1, "real guidance scale, 1–32 (1: no negative pass)")
+	fs.Float64Var(&f.gs, "gs", 10, "distilled guidance scale, 1–32")
+	fs.Float64Var(&f.rs, "rs", 0, "guidance rescale, 0–1")
+	fs.BoolVar(&f.teacache, "teacache", true, "use TeaCache (faster, slightly different output); --teacache=false is --cache none")
+	fs.StringVar(&f.cache, "cache", "teacache", "step cache: teacache, magcache (FramePack-Studio's MagCache) or none")
+	fs.Float64Var(&f.magThreshold, "magcache-threshold", 0.1, "MagCache's error threshold, 0.01–1 (with --cache magcache)")
+	fs.UintVar(&f.magSkips, "magcache-max-skips", 2, "most steps MagCache skips in a row, 1–5 (with --cache magcache)")
+	fs.Float64Var(&f.magRetention, "magcache-retention", 0.25, "share of each section's first steps MagCache always runs, 0–1 (with --cache magcache)")
+	fs.UintVar(&f.resolution, "resolution", 640, "bucket resolution")
+	fs.UintVar(&f.crf, "crf", 16, "H.264 constant rate factor, 0–51")
+	fs.Float64Var(&f.gpuPreserve, "gpu-preserve", 6, "GB of GPU memory to leave free, 0–128")
+	fs.StringVar(&f.lane, "lane", "", "run on this lane (see framepack devices)")
+	fs.Var(&f.loras, "lora", "LoRA file merged into the transformer, PATH or PATH:STRENGTH (strength -4–4, default 1); repeat to stack")
+	fs.StringVar(&f.variant, "variant", "i2v", "sampling loop: i2v (FramePack, backwards in time) or f1 (FramePack-F1, forwards)")
+	fs.StringVar(&f.endImage, "end-image", "", "end frame the video should reach: PNG, JPEG or WebP (FramePack-Studio's end frame; i2v only)")
+	fs.Float64Var(&f.endStrength, "end-strength", 1, "how strongly the end frame pulls, 0–1 (with --end-image)")
+}
+
+// given reports whether the flag was on the command line.
+func (f *specFlags) given(name string) bool {
+	set := false
+	f.fs.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
+	return set
+}
+
+// readPrompt fills in the prompt from --prompt-file.
+func (f *specFlags) readPrompt(cmd string) error {
+	if f.promptFile == "" {
+		return nil
+	}
+	if f.prompt != "" {
+		return fail(exitUsage, "%s: give --prompt or --prompt-file, not both", cmd)
+	}
+	var raw []byte
+	var err error
+	if f.promptFile == "-" {
+		raw, err = io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
+	} else {
+		raw, err = os.ReadFile(f.promptFile)
+	}
+	if err != nil {
+		return fail(exitError, "read --prompt-file: %v", err)
+	}
+	f.prompt = strings.TrimSpace(string(raw))
+	if f.prompt == "" {
+		return fail(exitUsage, "%s: --prompt-file %s is empty", cmd, f.promptFile)
+	}
+	f.promptFile = "" // read once
+	return nil
+}
+
+// spec builds the job spec the flags ask for (the prompt read, the end image loaded).
+func (f *specFlags) spec(cmd string) (*framepackv1.JobSpec, error) {
+	if f.given("end-strength") && f.endImage == "" {
+		return nil, fail(exitUsage, "%s: --end-strength needs --end-image", cmd)
+	}
+	// The API reads 0 as "the default" for these; on the command line 0 is a mistake, refused
+	// here with the range (the server checks every other out-of-range value the same way).
+	for _, r := range []struct {
+		flag     string
+		v        float64
+		min, max float64
+	}{{"--steps", float64(f.steps), 1, 100}, {"--window", float64(f.window), 1, 33}, {"--cfg", f.cfg, 1, 32}, {"--gs", f.gs, 1, 32}, {"--resolution", float64(f.resolution), 16, 2048}} {
+		if r.v == 0 {
+			return nil, fail(exitUsage, "%s: %s must be %g to %g, got 0", cmd, r.flag, r.min, r.max)
+		}
+	}
+	if err := f.readPrompt(cmd); err != nil {
+		return nil, err
+	}
+	spec := &framepackv1.JobSpec{
+		Prompt:                  f.prompt,
+		NegativePrompt:          f.negative,
+		Seed:                    f.seed,
+		TotalSecondLength:       float32(f.seconds),
+		LatentWindowSize:        uint32(min(f.window, 1<<31)),
+		Steps:                   uint32(min(f.steps, 1<<31)),
+		Cfg:                     float32(f.cfg),
+		Gs:                      float32(f.gs),
+		Rs:                      float32(f.rs),
+		Resolution:              uint32(min(f.resolution, 1<<31)),
+		Mp4Crf:                  proto.Uint32(uint32(min(f.crf, 1<<31))),
+		GpuMemoryPreservationGb: proto.Float32(float32(f.gpuPreserve)),
+		Lane:                    f.lane,
+		Loras:                   f.loras,
+		Variant:                 f.variant,
+	}
+	if err := f.cacheSpec(cmd, spec); err != nil {
+		return nil, err
+	}
+	if f.endImage != "" {
+		end, err := readImageFile(f.endImage, "end image")
+		if err != nil {
+			return nil, err
+		}
+		spec.EndImage, spec.EndStrength = end, proto.Float32(float32(f.endStrength))
+	}
+	return spec, nil
+}
+
+// cacheSpec sets the spec's step cache from --cache, --teacache and the --magcache-* flags.
+func (f *specFlags) cacheSpec(cmd string, spec *framepackv1.JobSpec) error {
+	cache := f.cache
+	if f.given("teacache") {
+		switch {
+		case !f.given("cache"):
+			cache = "none"
+			if f.teacache {
+				cache = "teacache"
+			}
+		case f.teacache != (cache == "teacache"):
+			return fail(exitUsage, "%s: --teacache=%v contradicts --cache %s: give --cache alone", cmd, f.teacache, cache)
+		}
+	}
+	spec.Cache = cache
+	mag := false
+	for _, name := range []string{"magcache-threshold", "magcache-max-skips", "magcache-retention"} {
+		mag = mag || f.given(name)
+	}
+	if cache != "magcache" {
+		if mag {
+			return fail(exitUsage, "%s: the --magcache-* flags need --cache magcache", cmd)
+		}
+		return nil
+	}
+	spec.MagcacheThreshold = proto.Float64(f.magThreshold)
+	spec.MagcacheMaxConsecutiveSkips = proto.Uint32(uint32(min(f.magSkips, 1<<31)))
+	spec.MagcacheRetentionRatio = proto.Float64(f.magRetention)
+	return nil
+}
+
+// readImageFile reads a PNG, JPEG or WebP file, saying which (what) when it is not one.
+func readImageFile(path, what string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fail(exitError, "read %s: %v", what, err)
+	}
+	if imageproc.Sniff(b) == "" {
+		// Say it here, with the file name; the server would say "not a usable image".
+		return nil, fail(exitRejected, "%s is not a PNG, JPEG or WebP image", path)
+	}
+	return b, nil
+}

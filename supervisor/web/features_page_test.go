@@ -1,0 +1,170 @@
+package web_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/httpapi/httpapitest"
+	"github.com/framepackd/framepackd/supervisor/web"
+)
+
+// session is a headless chromium on the page of a test daemon, collecting console errors.
+type session struct {
+	t   *testing.T
+	d   *httpapitest.Daemon
+	ctx context.Context
+
+	mu       sync.Mutex
+	problems []string
+}
+
+// openPage starts chromium on a fresh daemon's page; console errors fail the test at its end.
+func openPage(t *testing.T, opts httpapitest.Options) *session {
+	t.Helper()
+	exe := browser(t)
+	opts.Page = web.Handler()
+	s := &session{t: t, d: httpapitest.Start(t, opts)}
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(exe), chromedp.NoSandbox, chromedp.DisableGPU)...)
+	t.Cleanup(cancelA)
+	ctx, cancel := chromedp.NewContext(actx)
+	t.Cleanup(cancel)
+	s.ctx = ctx
+	msgs := chromedp.Console(ctx)
+	go func() {
+		for m, err := range msgs {
+			if err != nil {
+				return
+			}
+			if m.IsException() || m.Type == "error" || strings.Contains(m.Text, "Content Security Policy") {
+				s.mu.Lock()
+				s.problems = append(s.problems, m.String())
+				s.mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, p := range s.problems {
+			t.Errorf("console: %s", p)
+		}
+	})
+	s.do("open the page", chromedp.Navigate(s.d.URL+"/"), 30*time.Second)
+	s.wait("queue loaded", `document.getElementById('conn').textContent === 'connected'`, 10*time.Second)
+	return s
+}
+
+// do runs one action within timeout, failing the test with what the page shows.
+func (s *session) do(what string, a chromedp.Action[chromedp.Void], timeout time.Duration) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(s.ctx, timeout)
+	defer cancel()
+	if _, err := chromedp.Run(ctx, a); err != nil {
+		page, _ := chromedp.Run(s.ctx, chromedp.Evaluate[string](`document.getElementById('progress-text').textContent + ' | ' +
+			document.getElementById('failure').textContent + ' | ' + document.getElementById('submit-error').textContent`))
+		s.t.Fatalf("%s: %v (page: %s)", what, err, page)
+	}
+}
+
+// js runs a script.
+func (s *session) js(what, script string) {
+	s.t.Helper()
+	s.do(what, chromedp.Evaluate[chromedp.Void](script), 5*time.Second)
+}
+
+// str evaluates a string expression.
+func (s *session) str(expr string) string {
+	s.t.Helper()
+	v, err := chromedp.Run(s.ctx, chromedp.Evaluate[string](expr))
+	if err != nil {
+		s.t.Fatalf("evaluate %s: %v", expr, err)
+	}
+	return v
+}
+
+// wait polls expr until it is true (an evaluation error counts as false).
+func (s *session) wait(what, expr string, timeout time.Duration) {
+	s.t.Helper()
+	s.do(what, func(ctx context.Context, tg *chromedp.Target) (chromedp.Void, error) {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		var last error
+		for {
+			ok, err := chromedp.Evaluate[bool](expr)(ctx, tg)
+			if err == nil && ok {
+				return chromedp.Void{}, nil
+			}
+			if err != nil {
+				last = err
+			}
+			select {
+			case <-ctx.Done():
+				return chromedp.Void{}, fmt.Errorf("%w (last evaluation error: %v)", ctx.Err(), last)
+			case <-tick.C:
+			}
+		}
+	}, timeout)
+}
+
+// upload sets the files of a file input.
+func (s *session) upload(selector string, files ...string) {
+	s.t.Helper()
+	s.do("upload to "+selector, chromedp.SetUploadFiles(chromedp.CSS(selector), files), 10*time.Second)
+}
+
+// job returns the job in the live view.
+func (s *session) job() *framepackv1.Job {
+	s.t.Helper()
+	id := s.str(`document.getElementById('live-id').textContent`)
+	resp, err := s.d.Jobs.GetJob(s.t.Context(), &framepackv1.GetJobRequest{JobId: id})
+	if err != nil {
+		s.t.Fatalf("job %q of the live view: %v", id, err)
+	}
+	return resp.GetJob()
+}
+
+// tinyJob fills the form for a quick job on the tiny models: one section of 3 steps.
+const tinyJob = `(() => {
+	const set = (id, v) => { document.getElementById(id).value = v; };
+	set('seconds', '0.4'); set('steps', '3'); set('resolution', '96'); set('window', '3'); set('seed', '7');
+})()`
+
+// TestPageMagCache submits a job with MagCache from the page: the MagCache settings appear with
+// the choice, reach the job's spec, the job runs to its video and the live view's settings name
+// the cache.
+func TestPageMagCache(t *testing.T) {
+	s := openPage(t, httpapitest.Options{})
+	img, err := httpapitest.DemoImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.upload("#image", img)
+	s.js("fill the form", tinyJob)
+	if s.str(`String(document.querySelector('#cache-box .magcache').hidden)`) != "true" {
+		t.Error("MagCache settings shown with TeaCache chosen")
+	}
+	s.js("choose MagCache", `(() => {
+		const c = document.getElementById('cache'); c.value = 'magcache'; c.dispatchEvent(new Event('change'));
+		document.getElementById('magcache-threshold').value = '0.3';
+		document.getElementById('magcache-max-skips').value = '3';
+		document.getElementById('magcache-retention').value = '0';
+	})()`)
+	s.wait("MagCache settings shown", `!document.querySelector('#cache-box .magcache').hidden`, 5*time.Second)
+	s.do("submit", chromedp.Click(chromedp.CSS("#submit")), 5*time.Second)
+	s.wait("job listed", `document.getElementById('live-id').textContent !== ''`, 20*time.Second)
+	s.wait("finished", `document.getElementById('live-state').dataset.state === 'SUCCEEDED'`, 3*time.Minute)
+	s.wait("settings name the cache", `document.getElementById('settings').textContent.includes('magcache')`, 10*time.Second)
+	spec := s.job().GetSpec()
+	if spec.GetCache() != "magcache" || spec.GetUseTeacache() || spec.GetMagcacheThreshold() != 0.3 ||
+		spec.GetMagcacheMaxConsecutiveSkips() != 3 || spec.GetMagcacheRetentionRatio() != 0 {
+		t.Errorf("the page's job spec: %v", spec)
+	}
+}
