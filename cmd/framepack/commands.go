@@ -51,8 +51,8 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	if err := sf.readPrompt("generate"); err != nil {
 		return err
 	}
-	if image == "" || sf.prompt == "" || (out == "" && !detach) {
-		return fail(exitUsage, "generate: --image, --prompt and --out are required (--out not with --detach)")
+	if image == "" || (sf.prompt == "" && sf.preset == "") || (out == "" && !detach) {
+		return fail(exitUsage, "generate: --image, --prompt (or a --preset with one) and --out are required (--out not with --detach)")
 	}
 	if out != "" && video.FramesDir(out) == out {
 		return fail(exitUsage, "generate: --out %q: give the file an extension (.mp4)", out)

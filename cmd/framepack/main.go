@@ -17,6 +17,7 @@
 //	framepack pull [--variant i2v,f1] [--cache DIR]     (pull.go)
 //	framepack models [verify] [--cache DIR]             (models.go)
 //	framepack health [--service NAME] [--timeout 5s]
+//	framepack presets save NAME [settings flags] | list | show NAME | rm NAME…   (presets.go)
 //
 // Every command takes --addr (default: the daemon's default socket, see framepackd; or
 // $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port.
@@ -129,6 +130,7 @@ commands:
   pull       download the models from the Hugging Face hub (no daemon needed)
   models     list the models in the Hugging Face cache; 'models verify' re-hashes them
   health     check the server's gRPC health (exit 0 when it serves)
+  presets    save, list, show and remove named job settings on the server
 
 Run 'framepack COMMAND -h' for a command's flags.
 `
@@ -150,6 +152,7 @@ func run(ctx context.Context, e *env, args []string) int {
 		"pull":     cmdPull,
 		"models":   cmdModels,
 		"health":   cmdHealth,
+		"presets":  cmdPresets,
 	}
 	// Global flags may come before the command: framepack --addr X jobs.
 	var global []string
@@ -252,25 +255,31 @@ func describe(err error) (int, string) {
 // reads "--steps (spec.steps)".
 func flagOf(field string) string {
 	flags := map[string]string{
-		"image":                           "--image",
-		"spec.prompt":                     "--prompt",
-		"spec.negative_prompt":            "--negative-prompt",
-		"spec.total_second_length":        "--seconds",
-		"spec.latent_window_size":         "--window",
-		"spec.steps":                      "--steps",
-		"spec.cfg":                        "--cfg",
-		"spec.gs":                         "--gs",
-		"spec.rs":                         "--rs",
-		"spec.resolution":                 "--resolution",
-		"spec.mp4_crf":                    "--crf",
-		"spec.gpu_memory_preservation_gb": "--gpu-preserve",
-		"spec.lane":                       "--lane",
-		"spec.image_filename":             "--image",
-		"spec.variant":                    "--variant",
-		"spec.loras":                      "--lora",
-		"spec.end_image":                  "--end-image",
-		"spec.end_strength":               "--end-strength",
-		"reason":                          "--reason",
+		"image":                               "--image",
+		"spec.prompt":                         "--prompt",
+		"spec.negative_prompt":                "--negative-prompt",
+		"spec.total_second_length":            "--seconds",
+		"spec.latent_window_size":             "--window",
+		"spec.steps":                          "--steps",
+		"spec.cfg":                            "--cfg",
+		"spec.gs":                             "--gs",
+		"spec.rs":                             "--rs",
+		"spec.resolution":                     "--resolution",
+		"spec.mp4_crf":                        "--crf",
+		"spec.gpu_memory_preservation_gb":     "--gpu-preserve",
+		"spec.lane":                           "--lane",
+		"spec.image_filename":                 "--image",
+		"spec.variant":                        "--variant",
+		"spec.loras":                          "--lora",
+		"spec.end_image":                      "--end-image",
+		"spec.end_strength":                   "--end-strength",
+		"reason":                              "--reason",
+		"spec.cache":                          "--cache",
+		"spec.use_teacache":                   "--teacache",
+		"spec.magcache_threshold":             "--magcache-threshold",
+		"spec.magcache_max_consecutive_skips": "--magcache-max-skips",
+		"spec.magcache_retention_ratio":       "--magcache-retention",
+		"spec.preset":                         "--preset",
 	}
 	if f, ok := flags[field]; ok {
 		return f + " (" + field + ")"

@@ -15,13 +15,13 @@ import (
 type specFlags struct {
 	fs *flag.FlagSet
 
-	prompt, promptFile, negative, lane, variant, endImage, cache string
-	seconds, cfg, gs, rs, gpuPreserve, endStrength               float64
-	magThreshold, magRetention                                   float64
-	seed                                                         int64
-	steps, window, resolution, crf, magSkips                     uint
-	teacache                                                     bool
-	loras                                                        loraFlags
+	prompt, promptFile, negative, lane, variant, endImage, cache, preset string
+	seconds, cfg, gs, rs, gpuPreserve, endStrength                       float64
+	magThreshold, magRetention                                           float64
+	seed                                                                 int64
+	steps, window, resolution, crf, magSkips                             uint
+	teacache                                                             bool
+	loras                                                                loraFlags
 }
 
 // register adds the settings flags to fs.
@@ -50,6 +50,7 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.variant, "variant", "i2v", "sampling loop: i2v (FramePack, backwards in time) or f1 (FramePack-F1, forwards)")
 	fs.StringVar(&f.endImage, "end-image", "", "end frame the video should reach: PNG, JPEG or WebP (FramePack-Studio's end frame; i2v only)")
 	fs.Float64Var(&f.endStrength, "end-strength", 1, "how strongly the end frame pulls, 0–1 (with --end-image)")
+	fs.StringVar(&f.preset, "preset", "", "start from this preset's settings (framepack presets list); the flags given override them")
 }
 
 // given reports whether the flag was on the command line.
@@ -124,6 +125,11 @@ func (f *specFlags) spec(cmd string) (*framepackv1.JobSpec, error) {
 	if err := f.cacheSpec(cmd, spec); err != nil {
 		return nil, err
 	}
+	if f.preset != "" {
+		// Only what the command line says: the server fills the rest from the preset.
+		f.keepGiven(spec)
+		spec.Preset = f.preset
+	}
 	if f.endImage != "" {
 		end, err := readImageFile(f.endImage, "end image")
 		if err != nil {
@@ -176,4 +182,57 @@ func readImageFile(path, what string) ([]byte, error) {
 		return nil, fail(exitRejected, "%s is not a PNG, JPEG or WebP image", path)
 	}
 	return b, nil
+}
+
+// settingFields names, for each settings flag, what it sets in a spec and how to unset it.
+var settingFields = []struct {
+	flags []string
+	clear func(*framepackv1.JobSpec)
+}{
+	{[]string{"prompt", "prompt-file"}, func(s *framepackv1.JobSpec) { s.Prompt = "" }},
+	{[]string{"negative-prompt"}, func(s *framepackv1.JobSpec) { s.NegativePrompt = "" }},
+	{[]string{"seconds"}, func(s *framepackv1.JobSpec) { s.TotalSecondLength = 0 }},
+	{[]string{"seed"}, func(s *framepackv1.JobSpec) { s.Seed = 0 }},
+	{[]string{"steps"}, func(s *framepackv1.JobSpec) { s.Steps = 0 }},
+	{[]string{"window"}, func(s *framepackv1.JobSpec) { s.LatentWindowSize = 0 }},
+	{[]string{"cfg"}, func(s *framepackv1.JobSpec) { s.Cfg = 0 }},
+	{[]string{"gs"}, func(s *framepackv1.JobSpec) { s.Gs = 0 }},
+	{[]string{"rs"}, func(s *framepackv1.JobSpec) { s.Rs = 0 }},
+	{[]string{"cache", "teacache"}, func(s *framepackv1.JobSpec) { s.Cache, s.UseTeacache = "", nil }},
+	{[]string{"magcache-threshold"}, func(s *framepackv1.JobSpec) { s.MagcacheThreshold = nil }},
+	{[]string{"magcache-max-skips"}, func(s *framepackv1.JobSpec) { s.MagcacheMaxConsecutiveSkips = nil }},
+	{[]string{"magcache-retention"}, func(s *framepackv1.JobSpec) { s.MagcacheRetentionRatio = nil }},
+	{[]string{"resolution"}, func(s *framepackv1.JobSpec) { s.Resolution = 0 }},
+	{[]string{"crf"}, func(s *framepackv1.JobSpec) { s.Mp4Crf = nil }},
+	{[]string{"gpu-preserve"}, func(s *framepackv1.JobSpec) { s.GpuMemoryPreservationGb = nil }},
+	{[]string{"lane"}, func(s *framepackv1.JobSpec) { s.Lane = "" }},
+	{[]string{"lora"}, func(s *framepackv1.JobSpec) { s.Loras = nil }},
+	{[]string{"variant"}, func(s *framepackv1.JobSpec) { s.Variant = "" }},
+	{[]string{"end-image"}, func(s *framepackv1.JobSpec) { s.EndImage = nil }},
+	{[]string{"end-strength"}, func(s *framepackv1.JobSpec) { s.EndStrength = nil }},
+}
+
+// keepGiven unsets every setting of spec whose flag was not on the command line.
+func (f *specFlags) keepGiven(spec *framepackv1.JobSpec) {
+	for _, sf := range settingFields {
+		given := false
+		for _, name := range sf.flags {
+			given = given || f.given(name)
+		}
+		if !given {
+			sf.clear(spec)
+		}
+	}
+}
+
+// anyGiven reports whether any settings flag was on the command line.
+func (f *specFlags) anyGiven() bool {
+	for _, sf := range settingFields {
+		for _, name := range sf.flags {
+			if f.given(name) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -88,6 +88,7 @@ type Config struct {
 type Server struct {
 	framepackv1.UnimplementedJobServiceServer
 	framepackv1.UnimplementedDeviceServiceServer
+	framepackv1.UnimplementedPresetServiceServer
 
 	cfg       Config
 	log       logrus.FieldLogger
@@ -129,7 +130,8 @@ type discard struct{}
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // ServiceNames are the services the server registers, as the health service knows them.
-var ServiceNames = []string{framepackv1.JobService_ServiceDesc.ServiceName, framepackv1.DeviceService_ServiceDesc.ServiceName}
+var ServiceNames = []string{framepackv1.JobService_ServiceDesc.ServiceName, framepackv1.DeviceService_ServiceDesc.ServiceName,
+	framepackv1.PresetService_ServiceDesc.ServiceName}
 
 // GRPCServer returns a gRPC server with the framepack.v1 services, health and reflection,
 // recovery and logging interceptors, and a receive limit that fits the largest image.
@@ -142,6 +144,7 @@ func (s *Server) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	g := grpc.NewServer(opts...)
 	framepackv1.RegisterJobServiceServer(g, s)
 	framepackv1.RegisterDeviceServiceServer(g, s)
+	framepackv1.RegisterPresetServiceServer(g, s)
 	healthpb.RegisterHealthServer(g, s.health)
 	reflection.Register(g)
 	s.SetServing(true)
@@ -240,6 +243,13 @@ func requireID(id string) error {
 // server can run jobs now); a repeat with another image or spec is ALREADY_EXISTS.
 func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
 	var once jobs.ClientRequest
+	// The request as sent identifies a repeat (its hash); the preset's settings join the spec
+	// for everything after that (presets.go).
+	sent := req.GetSpec()
+	req, err := s.withPreset(req)
+	if err != nil {
+		return nil, err
+	}
 	// spec is req's spec with the defaults filled in: WithDefaults clones it, end image and
 	// all, so it runs once, for the early lookup of a client request id or after validation.
 	var spec *framepackv1.JobSpec
@@ -251,7 +261,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 		// A request without a spec has no job to look up: validateSubmit refuses it below.
 		if req.GetSpec() != nil {
 			spec = jobs.WithDefaults(req.GetSpec())
-			hash, err := jobs.RequestHash(spec, req.GetImage())
+			hash, err := jobs.RequestHash(jobs.WithDefaults(sent), req.GetImage())
 			if err != nil {
 				return nil, statusOf(err)
 			}
@@ -289,7 +299,6 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 		spec = jobs.WithDefaults(req.GetSpec())
 	}
 	var job *framepackv1.Job
-	var err error
 	created := true
 	if once.ID == "" {
 		job, err = s.cfg.Queue.Submit(ctx, spec, req.GetImage())

@@ -116,6 +116,9 @@ func New(cfg Config) (http.Handler, error) {
 	if err := framepackv1.RegisterDeviceServiceHandlerClient(ctx, h.gw, framepackv1.NewDeviceServiceClient(cfg.Conn)); err != nil {
 		return nil, fmt.Errorf("new http api: %w", err)
 	}
+	if err := framepackv1.RegisterPresetServiceHandlerClient(ctx, h.gw, framepackv1.NewPresetServiceClient(cfg.Conn)); err != nil {
+		return nil, fmt.Errorf("new http api: %w", err)
+	}
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", h.gw)

@@ -164,7 +164,7 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("open job store %s: %w", dir, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketJobs, bucketMeta, bucketOrder, bucketEvents, bucketRequests} {
+		for _, b := range [][]byte{bucketJobs, bucketMeta, bucketOrder, bucketEvents, bucketRequests, bucketPresets} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

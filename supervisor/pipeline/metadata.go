@@ -18,6 +18,7 @@ type Settings struct {
 	Section        int               `json:"section"`
 	Sections       int               `json:"sections"`
 	Variant        string            `json:"variant"`
+	Preset         string            `json:"preset,omitempty"` // the preset the settings came from
 	Prompt         string            `json:"prompt"`
 	Prompts        []SettingsPrompt  `json:"prompts,omitempty"` // a timed prompt's entries
 	NegativePrompt string            `json:"negative_prompt,omitempty"`
@@ -77,6 +78,7 @@ func (j *jobRun) settings(i int) Settings {
 		NegativePrompt: spec.GetNegativePrompt(), Seed: spec.GetSeed(), Seconds: spec.GetTotalSecondLength(),
 		Window: spec.GetLatentWindowSize(), Steps: spec.GetSteps(), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
 		Resolution: spec.GetResolution(), Models: map[string]string{}}
+	s.Preset = spec.GetPreset()
 	s.Cache = jobs.SpecCache(spec)
 	s.TeaCache = s.Cache == jobs.CacheTeaCache
 	if m := j.magCache(); m != nil {

@@ -168,3 +168,39 @@ func TestPageMagCache(t *testing.T) {
 		t.Errorf("the page's job spec: %v", spec)
 	}
 }
+
+// TestPagePresets saves the form's settings as a preset from the page, loads them back into a
+// changed form by choosing the preset, submits a job that records it, and deletes it.
+func TestPagePresets(t *testing.T) {
+	s := openPage(t, httpapitest.Options{})
+	img, err := httpapitest.DemoImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.upload("#image", img)
+	s.js("fill the form", tinyJob)
+	s.js("name and save", `(() => {
+		document.getElementById('cache').value = 'none';
+		document.getElementById('preset-name').value = 'tiny quick';
+		document.getElementById('preset-save').click();
+	})()`)
+	s.wait("saved", `document.getElementById('preset-status').textContent === 'saved "tiny quick"' && document.getElementById('preset').value === 'tiny quick'`, 10*time.Second)
+	p, err := framepackv1.NewPresetServiceClient(s.d.Conn).GetPreset(t.Context(), &framepackv1.GetPresetRequest{Name: "tiny quick"})
+	if err != nil || p.GetPreset().GetSpec().GetSteps() != 3 || p.GetPreset().GetSpec().GetCache() != "none" || p.GetPreset().GetSpec().GetResolution() != 96 {
+		t.Fatalf("preset from the page: %v %v", p, err)
+	}
+	s.js("change the form, then choose the preset", `(() => {
+		document.getElementById('steps').value = '40'; document.getElementById('cache').value = 'teacache';
+		const sel = document.getElementById('preset'); sel.value = ''; sel.dispatchEvent(new Event('change'));
+		sel.value = 'tiny quick'; sel.dispatchEvent(new Event('change'));
+	})()`)
+	s.wait("form filled from the preset", `document.getElementById('steps').value === '3' && document.getElementById('cache').value === 'none'`, 10*time.Second)
+	s.do("submit", chromedp.Click(chromedp.CSS("#submit")), 5*time.Second)
+	s.wait("job listed", `document.getElementById('live-id').textContent !== ''`, 20*time.Second)
+	s.wait("settings name the preset", `document.getElementById('settings').textContent.includes('tiny quick')`, 10*time.Second)
+	if spec := s.job().GetSpec(); spec.GetPreset() != "tiny quick" || spec.GetSteps() != 3 || spec.GetCache() != "none" {
+		t.Errorf("the page's job: %v", spec)
+	}
+	s.js("delete", `document.getElementById('preset-delete').click()`)
+	s.wait("deleted", `document.getElementById('preset-status').textContent === 'deleted "tiny quick"' && document.querySelectorAll('#preset option').length === 1`, 10*time.Second)
+}

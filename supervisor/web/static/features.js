@@ -29,3 +29,69 @@ hooks.settings.push((job) => {
   }
   return rows;
 });
+
+// ---- presets --------------------------------------------------------------------------------
+
+// presetFields maps JobSpec's JSON names to the form's inputs.
+const presetFields = {
+  prompt: 'prompt', negativePrompt: 'negative', totalSecondLength: 'seconds', seed: 'seed', steps: 'steps', gs: 'gs',
+  cfg: 'cfg', rs: 'rs', gpuMemoryPreservationGb: 'gpumem', mp4Crf: 'crf', resolution: 'resolution',
+  latentWindowSize: 'window', variant: 'variant', cache: 'cache', magcacheThreshold: 'magcache-threshold',
+  magcacheMaxConsecutiveSkips: 'magcache-max-skips', magcacheRetentionRatio: 'magcache-retention',
+};
+
+async function refreshPresets(selected) {
+  const resp = await api('/v1/presets');
+  const sel = $('preset');
+  sel.replaceChildren(el('option', { value: '', textContent: 'none' }));
+  for (const p of (resp && resp.presets) || []) sel.append(el('option', { value: p.name, textContent: p.name }));
+  sel.value = selected || '';
+}
+
+// applyPreset fills the form with a preset's settings.
+function applyPreset(spec) {
+  for (const [k, id] of Object.entries(presetFields)) {
+    if (spec[k] === undefined) continue;
+    $(id).value = String(spec[k]);
+  }
+  if (spec.useTeacache === false && spec.cache === undefined) $('cache').value = 'none';
+  if (spec.loras) $('loras').value = spec.loras.map((l) => `${l.path} ${l.strength ?? 1}`).join('\n');
+  showMagCache();
+}
+
+$('preset').addEventListener('change', async () => {
+  const name = $('preset').value;
+  $('preset-status').textContent = '';
+  if (!name) return;
+  try {
+    const resp = await api('/v1/presets/' + encodeURIComponent(name));
+    applyPreset(resp.preset.spec || {});
+    $('preset-status').textContent = `settings of "${name}" loaded`;
+  } catch (e) { $('preset-status').textContent = e.message; }
+});
+
+$('preset-save').addEventListener('click', async () => {
+  const name = $('preset-name').value.trim();
+  if (!name) { $('preset-status').textContent = 'give the preset a name'; return; }
+  try {
+    const spec = specFromForm();
+    for (const k of ['lane', 'preset', 'endStrength']) delete spec[k];
+    await api('/v1/presets', { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: JSON.stringify({ name, spec }) });
+    await refreshPresets(name);
+    $('preset-status').textContent = `saved "${name}"`;
+  } catch (e) { $('preset-status').textContent = e.message; }
+});
+
+$('preset-delete').addEventListener('click', async () => {
+  const name = $('preset').value;
+  if (!name) { $('preset-status').textContent = 'choose a preset to delete'; return; }
+  try {
+    await api('/v1/presets/' + encodeURIComponent(name), { method: 'DELETE' });
+    await refreshPresets('');
+    $('preset-status').textContent = `deleted "${name}"`;
+  } catch (e) { $('preset-status').textContent = e.message; }
+});
+
+hooks.spec.push((spec) => { if ($('preset').value) spec.preset = $('preset').value; });
+hooks.settings.push((job) => (job.spec && job.spec.preset ? [['preset', job.spec.preset]] : []));
+refreshPresets('').catch(() => {});

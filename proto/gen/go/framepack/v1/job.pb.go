@@ -387,8 +387,13 @@ type JobSpec struct {
 	// always run, 0 to 1; unset means 0.25. Only with cache "magcache". A
 	// double, as magcache_threshold.
 	MagcacheRetentionRatio *float64 `protobuf:"fixed64,25,opt,name=magcache_retention_ratio,json=magcacheRetentionRatio,proto3,oneof" json:"magcache_retention_ratio,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// preset names a preset (PresetService) the job's settings come from: the
+	// server fills every field this spec leaves unset (a zero value, an absent
+	// optional field, an empty list) from the preset's, and stores the result
+	// with the name. An unknown name is refused.
+	Preset        string `protobuf:"bytes,26,opt,name=preset,proto3" json:"preset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -594,6 +599,13 @@ func (x *JobSpec) GetMagcacheRetentionRatio() float64 {
 		return *x.MagcacheRetentionRatio
 	}
 	return 0
+}
+
+func (x *JobSpec) GetPreset() string {
+	if x != nil {
+		return x.Preset
+	}
+	return ""
 }
 
 // Lora is one LoRA file and the strength it is merged with.
@@ -1281,7 +1293,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc1\b\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd9\b\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -1310,7 +1322,8 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\x05cache\x18\x16 \x01(\tR\x05cache\x122\n" +
 	"\x12magcache_threshold\x18\x17 \x01(\x01H\x04R\x11magcacheThreshold\x88\x01\x01\x12H\n" +
 	"\x1emagcache_max_consecutive_skips\x18\x18 \x01(\rH\x05R\x1bmagcacheMaxConsecutiveSkips\x88\x01\x01\x12=\n" +
-	"\x18magcache_retention_ratio\x18\x19 \x01(\x01H\x06R\x16magcacheRetentionRatio\x88\x01\x01B\x0f\n" +
+	"\x18magcache_retention_ratio\x18\x19 \x01(\x01H\x06R\x16magcacheRetentionRatio\x88\x01\x01\x12\x16\n" +
+	"\x06preset\x18\x1a \x01(\tR\x06presetB\x0f\n" +
 	"\r_use_teacacheB\n" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +
