@@ -96,8 +96,14 @@ func TestPresets(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, err := range []error{
-		func() error { _, err := presets.GetPreset(ctx, &framepackv1.GetPresetRequest{Name: "fast mag"}); return err }(),
-		func() error { _, err := presets.DeletePreset(ctx, &framepackv1.DeletePresetRequest{Name: "fast mag"}); return err }(),
+		func() error {
+			_, err := presets.GetPreset(ctx, &framepackv1.GetPresetRequest{Name: "fast mag"})
+			return err
+		}(),
+		func() error {
+			_, err := presets.DeletePreset(ctx, &framepackv1.DeletePresetRequest{Name: "fast mag"})
+			return err
+		}(),
 	} {
 		if status.Code(err) != codes.NotFound {
 			t.Errorf("deleted preset: %v, want NOT_FOUND", err)
