@@ -1,8 +1,13 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/jobs"
 )
 
 // TestCLIPresets saves, lists, shows and removes presets with the CLI against a real daemon, and
@@ -55,5 +60,103 @@ func TestCLIPresets(t *testing.T) {
 	}
 	if r := f.cli(t, "presets", "show", "fast"); r.code != exitNotFound {
 		t.Errorf("show after rm: exit %d %s", r.code, r.stderr)
+	}
+}
+
+// TestCLIBatch runs batches with the CLI against a real daemon (fake runs that write real MP4s):
+// a folder of images followed to its end with the videos saved; the same batch again adds no
+// job; a CSV with per-row settings and a JSONL file; a bad row refused with its line; status
+// and cancel by batch id.
+func TestCLIBatch(t *testing.T) {
+	f := setup(t)
+	img, err := os.ReadFile(f.image)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(f.dir, "photos")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"b.png", "a.png", "notes.txt"} {
+		if err := os.WriteFile(filepath.Join(dir, n), img, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := filepath.Join(f.dir, "videos")
+	r := f.cli(t, "batch", dir, "--prompt", "a cat walks", "--seconds", "1.2", "--steps", "2", "--out-dir", out)
+	if r.code != exitOK {
+		t.Fatalf("batch of a folder: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, want := range []string{"1/2 " + filepath.Join(dir, "a.png"), "2/2 " + filepath.Join(dir, "b.png"), "batch b-photos-", "finished"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
+		}
+	}
+	for _, v := range []string{"a.mp4", "b.mp4"} {
+		if st, err := os.Stat(filepath.Join(out, v)); err != nil || st.Size() == 0 {
+			t.Errorf("saved video %s: %v", v, err)
+		}
+	}
+	list, _, err := f.d.Store().List(jobs.ListOptions{PageSize: 100})
+	if err != nil || len(list) != 2 {
+		t.Fatalf("%d jobs after the folder batch, want 2 (%v)", len(list), err)
+	}
+	batchID := list[0].GetSpec().GetBatchId()
+	if !strings.HasPrefix(batchID, "b-photos-") || list[1].GetSpec().GetBatchId() != batchID || list[0].GetSpec().GetSteps() != 2 {
+		t.Fatalf("batch jobs: %v / %v", list[0].GetSpec(), list[1].GetSpec())
+	}
+	// The same batch again: no new job.
+	if r := f.cli(t, "batch", dir, "--prompt", "a cat walks", "--seconds", "1.2", "--steps", "2", "--detach"); r.code != exitOK || strings.TrimSpace(r.stdout) != batchID {
+		t.Fatalf("repeat: exit %d %q\n%s", r.code, r.stdout, r.stderr)
+	}
+	if list, _, _ := f.d.Store().List(jobs.ListOptions{PageSize: 100}); len(list) != 2 {
+		t.Errorf("%d jobs after repeating the batch, want 2", len(list))
+	}
+	r = f.cli(t, "batch", "status", batchID)
+	if r.code != exitOK || !strings.Contains(r.stdout, "2 jobs: 0 queued, 0 running, 2 succeeded") {
+		t.Errorf("status: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// A CSV: per-row prompt and steps, paths relative to the file; a JSONL file the same.
+	csvPath := filepath.Join(dir, "jobs.csv")
+	if err := os.WriteFile(csvPath, []byte("image,prompt,steps,cache\na.png,block one,,\nb.png,block two,4,magcache\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = f.cli(t, "batch", csvPath, "--seconds", "1", "--steps", "3", "--batch-id", "csv-1", "--detach")
+	if r.code != exitOK || strings.TrimSpace(r.stdout) != "csv-1" {
+		t.Fatalf("csv batch: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	f.waitBlocked(t)
+	got := map[string]*framepackv1.JobSpec{}
+	list, _, _ = f.d.Store().List(jobs.ListOptions{PageSize: 100})
+	for _, j := range list {
+		if j.GetSpec().GetBatchId() == "csv-1" {
+			got[j.GetSpec().GetPrompt()] = j.GetSpec()
+		}
+	}
+	if s := got["block one"]; s == nil || s.GetSteps() != 3 || s.GetCache() != "teacache" || s.GetImageFilename() != "a.png" {
+		t.Errorf("csv row 1: %v", s)
+	}
+	if s := got["block two"]; s == nil || s.GetSteps() != 4 || s.GetCache() != "magcache" {
+		t.Errorf("csv row 2: %v", s)
+	}
+	r = f.cli(t, "batch", "cancel", "csv-1")
+	if r.code != exitOK || !strings.Contains(r.stdout, "batch csv-1: 2 jobs") {
+		t.Errorf("cancel: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	jsonl := filepath.Join(dir, "jobs.jsonl")
+	if err := os.WriteFile(jsonl, []byte(`{"image": "a.png", "prompt": "a dog", "seed": 5}`+"\n\n"+`{"image": "b.png", "prompt": "a dog", "steps": 500}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r = f.cli(t, "batch", jsonl, "--seconds", "1", "--detach")
+	if r.code != exitRejected || !strings.Contains(r.stderr, "jobs.jsonl line 3") || !strings.Contains(r.stderr, "--steps (spec.steps)") {
+		t.Errorf("jsonl with a bad line: exit %d\n%s", r.code, r.stderr)
+	}
+	bad := filepath.Join(dir, "bad.csv")
+	if err := os.WriteFile(bad, []byte("image,colour\na.png,red\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.cli(t, "batch", bad, "--prompt", "p", "--detach"); r.code != exitUsage || !strings.Contains(r.stderr, "bad.csv line 2") || !strings.Contains(r.stderr, "colour") {
+		t.Errorf("unknown column: exit %d\n%s", r.code, r.stderr)
 	}
 }

@@ -18,6 +18,8 @@
 //	framepack models [verify] [--cache DIR]             (models.go)
 //	framepack health [--service NAME] [--timeout 5s]
 //	framepack presets save NAME [settings flags] | list | show NAME | rm NAME…   (presets.go)
+//	framepack batch (DIR | FILE.csv | FILE.jsonl) [settings flags] [--batch-id ID] [--out-dir DIR] [--detach]
+//	framepack batch status|watch|cancel BATCH_ID                                   (batch.go)
 //
 // Every command takes --addr (default: the daemon's default socket, see framepackd; or
 // $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port.
@@ -131,6 +133,7 @@ commands:
   models     list the models in the Hugging Face cache; 'models verify' re-hashes them
   health     check the server's gRPC health (exit 0 when it serves)
   presets    save, list, show and remove named job settings on the server
+  batch      submit a folder of images or a CSV/JSONL of jobs as one batch; batch status|watch|cancel ID
 
 Run 'framepack COMMAND -h' for a command's flags.
 `
@@ -153,6 +156,7 @@ func run(ctx context.Context, e *env, args []string) int {
 		"models":   cmdModels,
 		"health":   cmdHealth,
 		"presets":  cmdPresets,
+		"batch":    cmdBatch,
 	}
 	// Global flags may come before the command: framepack --addr X jobs.
 	var global []string

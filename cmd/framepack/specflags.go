@@ -14,6 +14,9 @@ import (
 // specFlags are the job settings flags generate and batch share, and the spec they build.
 type specFlags struct {
 	fs *flag.FlagSet
+	// parent, when set, holds the settings these start from (a batch's command line under an
+	// item's own): its flags count as given too.
+	parent *specFlags
 
 	prompt, promptFile, negative, lane, variant, endImage, cache, preset string
 	seconds, cfg, gs, rs, gpuPreserve, endStrength                       float64
@@ -57,7 +60,7 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 func (f *specFlags) given(name string) bool {
 	set := false
 	f.fs.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
-	return set
+	return set || f.parent != nil && f.parent.given(name)
 }
 
 // readPrompt fills in the prompt from --prompt-file.

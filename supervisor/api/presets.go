@@ -83,7 +83,7 @@ func presetForbidden(spec *framepackv1.JobSpec) []string {
 		set  bool
 	}{
 		{"end_image", len(spec.GetEndImage()) > 0}, {"end_image_sha256", spec.GetEndImageSha256() != ""},
-		{"lane", spec.GetLane() != ""}, {"preset", spec.GetPreset() != ""},
+		{"lane", spec.GetLane() != ""}, {"preset", spec.GetPreset() != ""}, {"batch_id", spec.GetBatchId() != ""},
 	} {
 		if f.set {
 			out = append(out, f.name)

@@ -89,6 +89,7 @@ type Server struct {
 	framepackv1.UnimplementedJobServiceServer
 	framepackv1.UnimplementedDeviceServiceServer
 	framepackv1.UnimplementedPresetServiceServer
+	framepackv1.UnimplementedBatchServiceServer
 
 	cfg       Config
 	log       logrus.FieldLogger
@@ -131,7 +132,7 @@ func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // ServiceNames are the services the server registers, as the health service knows them.
 var ServiceNames = []string{framepackv1.JobService_ServiceDesc.ServiceName, framepackv1.DeviceService_ServiceDesc.ServiceName,
-	framepackv1.PresetService_ServiceDesc.ServiceName}
+	framepackv1.PresetService_ServiceDesc.ServiceName, framepackv1.BatchService_ServiceDesc.ServiceName}
 
 // GRPCServer returns a gRPC server with the framepack.v1 services, health and reflection,
 // recovery and logging interceptors, and a receive limit that fits the largest image.
@@ -145,6 +146,7 @@ func (s *Server) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	framepackv1.RegisterJobServiceServer(g, s)
 	framepackv1.RegisterDeviceServiceServer(g, s)
 	framepackv1.RegisterPresetServiceServer(g, s)
+	framepackv1.RegisterBatchServiceServer(g, s)
 	healthpb.RegisterHealthServer(g, s.health)
 	reflection.Register(g)
 	s.SetServing(true)
@@ -415,7 +417,13 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 	if err := requireID(id); err != nil {
 		return err
 	}
-	history, sub, err := s.cfg.Hub.Subscribe(id, events.SubscribeOptions{Previews: req.GetIncludePreviews()})
+	return s.watchOne(stream.Context(), id, req.GetIncludePreviews(), stream.Send)
+}
+
+// watchOne sends job id's snapshot, history and live events to send until the job ends (the
+// stream of WatchJob; WatchBatch runs one per job).
+func (s *Server) watchOne(ctx context.Context, id string, previews bool, send func(*framepackv1.JobEvent) error) error {
+	history, sub, err := s.cfg.Hub.Subscribe(id, events.SubscribeOptions{Previews: previews})
 	if err != nil {
 		return jobStatus(err, id)
 	}
@@ -425,7 +433,7 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 	if err != nil {
 		return jobStatus(err, id)
 	}
-	if err := stream.Send(&framepackv1.JobEvent{JobId: id, Time: timestamppb.New(s.cfg.Now()), Event: &framepackv1.JobEvent_Snapshot{Snapshot: job}}); err != nil {
+	if err := send(&framepackv1.JobEvent{JobId: id, Time: timestamppb.New(s.cfg.Now()), Event: &framepackv1.JobEvent_Snapshot{Snapshot: job}}); err != nil {
 		return err
 	}
 	for _, ev := range history {
@@ -433,7 +441,7 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 		// history is shared).
 		ev = proto.Clone(ev).(*framepackv1.JobEvent)
 		ev.Replay = true
-		if err := stream.Send(ev); err != nil {
+		if err := send(ev); err != nil {
 			return err
 		}
 		if events.IsTerminal(ev) {
@@ -442,14 +450,14 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 	}
 	if ev := terminalOf(job, s.cfg.Now()); ev != nil {
 		// Ended, but its terminal event is not in the log (yet): say how it ended.
-		return stream.Send(ev)
+		return send(ev)
 	}
 	for {
-		ev, err := sub.Next(stream.Context())
+		ev, err := sub.Next(ctx)
 		if err != nil {
 			return statusOf(err)
 		}
-		if err := stream.Send(ev); err != nil {
+		if err := send(ev); err != nil {
 			return err
 		}
 		if events.IsTerminal(ev) {

@@ -171,6 +171,9 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	}
 	checkLoras(&v, s.GetLoras())
 	checkEndFrame(&v, s, decode)
+	if b := s.GetBatchId(); b != "" {
+		checkBatchID(&v, "spec.batch_id", b)
+	}
 	if l := s.GetLane(); l != "" && !slices.Contains(lanes, l) {
 		v.Add("spec.lane", "no lane %q on this server (lanes: %s)", l, strings.Join(lanes, ", "))
 	}

@@ -119,10 +119,14 @@ func New(cfg Config) (http.Handler, error) {
 	if err := framepackv1.RegisterPresetServiceHandlerClient(ctx, h.gw, framepackv1.NewPresetServiceClient(cfg.Conn)); err != nil {
 		return nil, fmt.Errorf("new http api: %w", err)
 	}
+	if err := framepackv1.RegisterBatchServiceHandlerClient(ctx, h.gw, framepackv1.NewBatchServiceClient(cfg.Conn)); err != nil {
+		return nil, fmt.Errorf("new http api: %w", err)
+	}
 
 	mux := http.NewServeMux()
 	mux.Handle("/v1/", h.gw)
 	mux.HandleFunc("POST /v1/jobs", h.submit)
+	mux.HandleFunc("POST /v1/batches", h.submitBatch)
 	mux.HandleFunc("GET /v1/jobs/{id}/events", h.events)
 	mux.HandleFunc("GET /v1/jobs/{id}/video", h.finalVideo)
 	mux.HandleFunc("GET /v1/jobs/{id}/sections/{n}/video", h.sectionVideo)

@@ -115,15 +115,25 @@ func (s *Store) DeletePreset(name string) error {
 // field counts as set when it holds a non-zero value, an optional field when present, a list
 // when not empty (protobuf's presence). The result names the preset in JobSpec.preset.
 func ApplyPreset(spec *framepackv1.JobSpec, preset *framepackv1.Preset) *framepackv1.JobSpec {
-	out := proto.Clone(spec).(*framepackv1.JobSpec)
+	out := FillUnset(spec, preset.GetSpec())
+	out.Preset = preset.GetName()
+	return out
+}
+
+// FillUnset returns a copy of spec with every field it leaves unset (protobuf presence, as
+// ApplyPreset) taken from from; spec may be nil.
+func FillUnset(spec, from *framepackv1.JobSpec) *framepackv1.JobSpec {
+	out := &framepackv1.JobSpec{}
+	if spec != nil {
+		out = proto.Clone(spec).(*framepackv1.JobSpec)
+	}
 	dst := out.ProtoReflect()
-	preset.GetSpec().ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+	from.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
 		if !dst.Has(fd) {
 			dst.Set(fd, cloneValue(fd, v))
 		}
 		return true
 	})
-	out.Preset = preset.GetName()
 	return out
 }
 

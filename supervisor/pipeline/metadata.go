@@ -18,7 +18,8 @@ type Settings struct {
 	Section        int               `json:"section"`
 	Sections       int               `json:"sections"`
 	Variant        string            `json:"variant"`
-	Preset         string            `json:"preset,omitempty"` // the preset the settings came from
+	Preset         string            `json:"preset,omitempty"`   // the preset the settings came from
+	BatchID        string            `json:"batch_id,omitempty"` // the batch the job belongs to
 	Prompt         string            `json:"prompt"`
 	Prompts        []SettingsPrompt  `json:"prompts,omitempty"` // a timed prompt's entries
 	NegativePrompt string            `json:"negative_prompt,omitempty"`
@@ -78,7 +79,7 @@ func (j *jobRun) settings(i int) Settings {
 		NegativePrompt: spec.GetNegativePrompt(), Seed: spec.GetSeed(), Seconds: spec.GetTotalSecondLength(),
 		Window: spec.GetLatentWindowSize(), Steps: spec.GetSteps(), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
 		Resolution: spec.GetResolution(), Models: map[string]string{}}
-	s.Preset = spec.GetPreset()
+	s.Preset, s.BatchID = spec.GetPreset(), spec.GetBatchId()
 	s.Cache = jobs.SpecCache(spec)
 	s.TeaCache = s.Cache == jobs.CacheTeaCache
 	if m := j.magCache(); m != nil {

@@ -3,6 +3,8 @@ package web_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -203,4 +205,44 @@ func TestPagePresets(t *testing.T) {
 	}
 	s.js("delete", `document.getElementById('preset-delete').click()`)
 	s.wait("deleted", `document.getElementById('preset-status').textContent === 'deleted "tiny quick"' && document.querySelectorAll('#preset option').length === 1`, 10*time.Second)
+}
+
+// TestPageBatch submits two start images at once from the page: one batch of two jobs with the
+// form's settings, shown in the live view with its counts, cancelled with one button.
+func TestPageBatch(t *testing.T) {
+	s := openPage(t, httpapitest.Options{})
+	img, err := httpapitest.DemoImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := filepath.Join(t.TempDir(), "second.png")
+	raw, err := os.ReadFile(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(second, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s.upload("#image", img, second)
+	// Long enough (4 s of 20 steps) to be running or queued when the cancel lands.
+	s.js("fill the form", tinyJob+`; (() => { document.getElementById('seconds').value = '4'; document.getElementById('steps').value = '20'; })()`)
+	s.do("submit", chromedp.Click(chromedp.CSS("#submit")), 5*time.Second)
+	s.wait("batch shown", `!document.getElementById('batch-box').hidden && document.getElementById('batch-summary').textContent.startsWith('2 jobs')`, 20*time.Second)
+	id := s.str(`document.getElementById('batch-id').textContent`)
+	b, err := framepackv1.NewBatchServiceClient(s.d.Conn).GetBatch(t.Context(), &framepackv1.GetBatchRequest{BatchId: id})
+	if err != nil || len(b.GetBatch().GetJobs()) != 2 {
+		t.Fatalf("batch %q from the page: %v %v", id, b, err)
+	}
+	names := map[string]bool{}
+	for _, j := range b.GetBatch().GetJobs() {
+		names[j.GetSpec().GetImageFilename()] = true
+		if j.GetSpec().GetSteps() != 20 || j.GetSpec().GetResolution() != 96 {
+			t.Errorf("batch job spec: %v", j.GetSpec())
+		}
+	}
+	if !names["second.png"] || len(names) != 2 {
+		t.Errorf("batch jobs' images %v", names)
+	}
+	s.do("cancel the batch", chromedp.Click(chromedp.CSS("#batch-cancel")), 5*time.Second)
+	s.wait("batch cancelled", `document.getElementById('batch-box').dataset.done === 'true' && document.getElementById('batch-summary').textContent.includes('2 cancelled')`, 30*time.Second)
 }

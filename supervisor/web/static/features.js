@@ -95,3 +95,59 @@ $('preset-delete').addEventListener('click', async () => {
 hooks.spec.push((spec) => { if ($('preset').value) spec.preset = $('preset').value; });
 hooks.settings.push((job) => (job.spec && job.spec.preset ? [['preset', job.spec.preset]] : []));
 refreshPresets('').catch(() => {});
+
+// ---- batches --------------------------------------------------------------------------------
+
+// Several start images make one batch: one job each, the form's settings for all.
+hooks.submit.push(async (spec) => {
+  const files = $('image').files;
+  if (files.length < 2) return false;
+  if ($('end-image').files[0]) throw new Error('an end image goes with one start image: submit the images one at a time');
+  const form = new FormData();
+  for (const f of files) form.append('image', f, f.name);
+  form.append('spec', JSON.stringify(spec));
+  $('submit').disabled = true;
+  try {
+    const resp = await api('/v1/batches', { method: 'POST', body: form });
+    const b = resp.batch;
+    for (const j of b.jobs) state.jobs.set(j.id, j);
+    renderJobs();
+    showBatch(b);
+    select(b.jobs[0].id);
+  } finally {
+    $('submit').disabled = false;
+  }
+  return true;
+});
+
+function showBatch(b) {
+  $('batch-box').hidden = false;
+  $('batch-id').textContent = b.batchId;
+  const n = (k) => b[k] || 0;
+  $('batch-summary').textContent = `${b.jobs.length} jobs: ${n('queued')} queued, ${n('running')} running, ` +
+    `${n('succeeded')} succeeded, ${n('failed')} failed, ${n('cancelled')} cancelled`;
+  $('batch-box').dataset.done = String(!!b.done);
+}
+
+async function refreshBatch() {
+  const id = $('batch-id').textContent;
+  if ($('batch-box').hidden || !id) return;
+  try { showBatch((await api('/v1/batches/' + encodeURIComponent(id))).batch); } catch (_) { /* shown again on the next tick */ }
+}
+
+$('batch-cancel').addEventListener('click', async () => {
+  const id = $('batch-id').textContent;
+  try {
+    showBatch((await api(`/v1/batches/${encodeURIComponent(id)}:cancel`, { method: 'POST', headers: { 'Content-Type': 'application/json' }, body: '{}' })).batch);
+    refreshJobs();
+  } catch (e) { $('batch-summary').textContent = e.message; }
+});
+
+// The live view's job belongs to a batch: show it (settings hooks run whenever a job is shown).
+hooks.settings.push((job) => {
+  const id = job.spec && job.spec.batchId;
+  if (!id) { $('batch-box').hidden = true; return []; }
+  if ($('batch-id').textContent !== id) { $('batch-id').textContent = id; $('batch-box').hidden = false; refreshBatch(); }
+  return [['batch', id]];
+});
+setInterval(refreshBatch, 3000);

@@ -391,7 +391,12 @@ type JobSpec struct {
 	// server fills every field this spec leaves unset (a zero value, an absent
 	// optional field, an empty list) from the preset's, and stores the result
 	// with the name. An unknown name is refused.
-	Preset        string `protobuf:"bytes,26,opt,name=preset,proto3" json:"preset,omitempty"`
+	Preset string `protobuf:"bytes,26,opt,name=preset,proto3" json:"preset,omitempty"`
+	// batch_id names the batch the job belongs to (BatchService): 1 to 64
+	// letters, digits and ._- characters, chosen by the client (or by
+	// SubmitBatch); the jobs sharing it are watched and cancelled together.
+	// Empty for a job of its own.
+	BatchId       string `protobuf:"bytes,27,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -604,6 +609,13 @@ func (x *JobSpec) GetMagcacheRetentionRatio() float64 {
 func (x *JobSpec) GetPreset() string {
 	if x != nil {
 		return x.Preset
+	}
+	return ""
+}
+
+func (x *JobSpec) GetBatchId() string {
+	if x != nil {
+		return x.BatchId
 	}
 	return ""
 }
@@ -1293,7 +1305,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd9\b\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf4\b\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -1323,7 +1335,8 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\x12magcache_threshold\x18\x17 \x01(\x01H\x04R\x11magcacheThreshold\x88\x01\x01\x12H\n" +
 	"\x1emagcache_max_consecutive_skips\x18\x18 \x01(\rH\x05R\x1bmagcacheMaxConsecutiveSkips\x88\x01\x01\x12=\n" +
 	"\x18magcache_retention_ratio\x18\x19 \x01(\x01H\x06R\x16magcacheRetentionRatio\x88\x01\x01\x12\x16\n" +
-	"\x06preset\x18\x1a \x01(\tR\x06presetB\x0f\n" +
+	"\x06preset\x18\x1a \x01(\tR\x06preset\x12\x19\n" +
+	"\bbatch_id\x18\x1b \x01(\tR\abatchIdB\x0f\n" +
 	"\r_use_teacacheB\n" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +
