@@ -340,11 +340,13 @@ func itemSpec(base *specFlags, it batchItem) (*framepackv1.JobSpec, error) {
 	bound := sf.fs
 	sf = *base
 	sf.fs, sf.parent = bound, base
-	sf.loras = slices.Clone(base.loras)
+	sf.loras, sf.keyframes = slices.Clone(base.loras), slices.Clone(base.keyframes)
 	for _, a := range it.args {
-		if strings.HasPrefix(a, "--lora=") {
+		switch {
+		case strings.HasPrefix(a, "--lora="):
 			sf.loras = nil // the item's LoRAs replace the command line's
-			break
+		case strings.HasPrefix(a, "--keyframe="):
+			sf.keyframes = nil // the same for keyframes
 		}
 	}
 	if err := fs.Parse(it.args); err != nil {
@@ -426,6 +428,9 @@ func item(where, dir string, keys, values []string) (batchItem, error) {
 		}
 		if pathKeys[k] && !filepath.IsAbs(v) {
 			v = filepath.Join(dir, v)
+		}
+		if at, p, ok := strings.Cut(v, ":"); k == "keyframe" && ok && !filepath.IsAbs(p) {
+			v = at + ":" + filepath.Join(dir, p)
 		}
 		if k == "image" {
 			it.image = v

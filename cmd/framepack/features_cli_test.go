@@ -160,3 +160,48 @@ func TestCLIBatch(t *testing.T) {
 		t.Errorf("unknown column: exit %d\n%s", r.code, r.stderr)
 	}
 }
+
+// TestCLIKeyframes submits keyframes by section and by time with the CLI: the stored spec holds
+// each keyframe's section or time and hash, the server keeps the images, and bad flags are
+// refused with what to write.
+func TestCLIKeyframes(t *testing.T) {
+	f := setup(t)
+	r := f.cli(t, "generate", "--image", f.image, "--prompt", "a cat", "--seconds", "2.4", "--window", "3", "--keyframe", "1:"+f.image,
+		"--keyframe", "0.5s:"+f.image, "--detach")
+	if r.code != exitOK {
+		t.Fatalf("generate with keyframes: exit %d %s", r.code, r.stderr)
+	}
+	id := strings.TrimSpace(r.stdout)
+	job, err := f.d.Store().Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ks := job.GetSpec().GetKeyframes()
+	if len(ks) != 2 || ks[0].GetSection() != 1 || ks[1].GetSeconds() != 0.5 || len(ks[0].GetImageSha256()) != 64 || len(ks[1].GetImage()) != 0 {
+		t.Fatalf("stored keyframes %v", ks)
+	}
+	paths, _, err := f.d.Store().ExtraInputs(id)
+	if err != nil || len(paths) != 2 {
+		t.Fatalf("keyframe files %v %v", paths, err)
+	}
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--keyframe", "x:" + f.image}, exitUsage, "want a section number"},
+		{[]string{"--keyframe", "2"}, exitUsage, "want SECTION:PATH"},
+		{[]string{"--keyframe", "9:" + f.image}, exitRejected, "--keyframe (spec.keyframes): keyframes[0]: section 9"},
+		{[]string{"--keyframe", "1:" + f.image, "--variant", "f1"}, exitRejected, "takes no keyframes"},
+	} {
+		args := append([]string{"generate", "--image", f.image, "--prompt", "a cat", "--seconds", "2.4", "--window", "3", "--detach"}, tc.args...)
+		if r := f.cli(t, args...); r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%v: exit %d, stderr %s; want exit %d saying %q", tc.args, r.code, r.stderr, tc.code, tc.want)
+		}
+	}
+}

@@ -291,6 +291,9 @@ func flagOf(field string) string {
 	if strings.HasPrefix(field, "spec.loras[") { // spec.loras[1].path: the second --lora
 		return "--lora (" + field + ")"
 	}
+	if strings.HasPrefix(field, "spec.keyframes") {
+		return "--keyframe (" + field + ")"
+	}
 	return field
 }
 

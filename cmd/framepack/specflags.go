@@ -2,8 +2,10 @@ package main
 
 import (
 	"flag"
+	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/framepackd/framepackd/internal/imageproc"
@@ -25,6 +27,7 @@ type specFlags struct {
 	steps, window, resolution, crf, magSkips                             uint
 	teacache                                                             bool
 	loras                                                                loraFlags
+	keyframes                                                            keyframeFlags
 }
 
 // register adds the settings flags to fs.
@@ -54,6 +57,7 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.endImage, "end-image", "", "end frame the video should reach: PNG, JPEG or WebP (FramePack-Studio's end frame; i2v only)")
 	fs.Float64Var(&f.endStrength, "end-strength", 1, "how strongly the end frame pulls, 0–1 (with --end-image)")
 	fs.StringVar(&f.preset, "preset", "", "start from this preset's settings (framepack presets list); the flags given override them")
+	fs.Var(&f.keyframes, "keyframe", "a section's image, SECTION:PATH (0-based, in video time) or SECONDSs:PATH (the first section starting at or after it); repeat for more (FramePack-eichi's keyframes; i2v only)")
 }
 
 // given reports whether the flag was on the command line.
@@ -132,6 +136,19 @@ func (f *specFlags) spec(cmd string) (*framepackv1.JobSpec, error) {
 		// Only what the command line says: the server fills the rest from the preset.
 		f.keepGiven(spec)
 		spec.Preset = f.preset
+	}
+	for _, k := range f.keyframes {
+		img, err := readImageFile(k.path, "keyframe")
+		if err != nil {
+			return nil, err
+		}
+		kf := &framepackv1.Keyframe{Image: img}
+		if k.seconds != nil {
+			kf.At = &framepackv1.Keyframe_Seconds{Seconds: *k.seconds}
+		} else {
+			kf.At = &framepackv1.Keyframe_Section{Section: k.section}
+		}
+		spec.Keyframes = append(spec.Keyframes, kf)
 	}
 	if f.endImage != "" {
 		end, err := readImageFile(f.endImage, "end image")
@@ -213,6 +230,7 @@ var settingFields = []struct {
 	{[]string{"variant"}, func(s *framepackv1.JobSpec) { s.Variant = "" }},
 	{[]string{"end-image"}, func(s *framepackv1.JobSpec) { s.EndImage = nil }},
 	{[]string{"end-strength"}, func(s *framepackv1.JobSpec) { s.EndStrength = nil }},
+	{[]string{"keyframe"}, func(s *framepackv1.JobSpec) { s.Keyframes = nil }},
 }
 
 // keepGiven unsets every setting of spec whose flag was not on the command line.
@@ -238,4 +256,52 @@ func (f *specFlags) anyGiven() bool {
 		}
 	}
 	return false
+}
+
+// keyframeFlag is one --keyframe: a section (or a time) and an image file.
+type keyframeFlag struct {
+	section uint32
+	seconds *float32
+	path    string
+}
+
+// keyframeFlags collects repeated --keyframe SECTION:PATH or SECONDSs:PATH flags.
+type keyframeFlags []keyframeFlag
+
+// String lists the keyframes as given.
+func (k *keyframeFlags) String() string {
+	parts := make([]string, len(*k))
+	for i, x := range *k {
+		if x.seconds != nil {
+			parts[i] = fmt.Sprintf("%gs:%s", *x.seconds, x.path)
+		} else {
+			parts[i] = fmt.Sprintf("%d:%s", x.section, x.path)
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// Set adds one keyframe: SECTION:PATH or SECONDSs:PATH.
+func (k *keyframeFlags) Set(v string) error {
+	at, path, ok := strings.Cut(v, ":")
+	if !ok || path == "" {
+		return fmt.Errorf("want SECTION:PATH or SECONDSs:PATH, got %q", v)
+	}
+	x := keyframeFlag{path: path}
+	if t, isTime := strings.CutSuffix(at, "s"); isTime {
+		f, err := strconv.ParseFloat(t, 32)
+		if err != nil || f < 0 {
+			return fmt.Errorf("%q: want seconds like 2.5s", at)
+		}
+		s := float32(f)
+		x.seconds = &s
+	} else {
+		n, err := strconv.ParseUint(at, 10, 31)
+		if err != nil {
+			return fmt.Errorf("%q: want a section number (0 is the first) or seconds like 2.5s", at)
+		}
+		x.section = uint32(n)
+	}
+	*k = append(*k, x)
+	return nil
 }

@@ -294,7 +294,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	if err := v.Err("SubmitJobRequest"); err != nil {
 		return nil, err
 	}
-	if err := s.admit(req.GetSpec(), len(req.GetImage())+len(req.GetSpec().GetEndImage())); err != nil {
+	if err := s.admit(req.GetSpec(), requestBytes(req)); err != nil {
 		return nil, err
 	}
 	if spec == nil {

@@ -34,9 +34,12 @@ const (
 	MaxReasonBytes = 1 << 10
 	// MaxClientRequestIDBytes is the longest client_request_id.
 	MaxClientRequestIDBytes = 128
-	// MaxRecvMsgBytes is the largest request the server accepts: the largest start image, the
-	// largest end image (JobSpec.end_image) and room for the rest of the spec.
-	MaxRecvMsgBytes = 2*MaxImageBytes + 1<<20
+	// MaxRequestBytes bounds the images (start, end, keyframes) and the input video of one
+	// request together.
+	MaxRequestBytes = 512 << 20
+	// MaxRecvMsgBytes is the largest request the server accepts: MaxRequestBytes of images and
+	// video and room for the rest of the spec.
+	MaxRecvMsgBytes = MaxRequestBytes + 1<<20
 )
 
 // Violations collects the field violations of one request.
@@ -99,6 +102,10 @@ func badFloat(f float32) bool {
 func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode func([]byte) (int, int, error)) Violations {
 	var v Violations
 	switch img := req.GetImage(); {
+	case len(img) == 0 && extendsVideo(req.GetSpec()):
+		// A job that extends a video starts from the video's frames.
+	case len(img) > 0 && extendsVideo(req.GetSpec()):
+		v.Add("image", "a job that extends a video takes no image: its frames come from the video (send one or the other)")
 	case len(img) == 0:
 		v.Add("image", "required: the start frame as PNG, JPEG or WebP bytes")
 	case len(img) > MaxImageBytes:
@@ -171,6 +178,10 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	}
 	checkLoras(&v, s.GetLoras())
 	checkEndFrame(&v, s, decode)
+	checkKeyframes(&v, s, decode)
+	if n := requestBytes(req); n > MaxRequestBytes {
+		v.Add("spec", "the images and video of the request hold %d bytes together, the limit is %d (512 MiB)", n, MaxRequestBytes)
+	}
 	if b := s.GetBatchId(); b != "" {
 		checkBatchID(&v, "spec.batch_id", b)
 	}

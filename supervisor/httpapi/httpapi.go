@@ -185,9 +185,12 @@ func (h *handler) wrap(next http.Handler) http.Handler {
 	})
 }
 
-// bodyLimit is the largest request body: two base64 images of MaxUploadBytes (the start
-// frame and the end frame) and the rest.
-func (h *handler) bodyLimit() int64 { return 2*((h.cfg.MaxUploadBytes+2)/3*4) + formOverhead }
+// bodyLimit is the largest request body: a request may carry several images (start, end,
+// keyframes) and a video, so eight base64 images of MaxUploadBytes, at most the gRPC API's
+// MaxRequestBytes in base64, and the rest.
+func (h *handler) bodyLimit() int64 {
+	return min(8*((h.cfg.MaxUploadBytes+2)/3*4), (api.MaxRequestBytes+2)/3*4) + formOverhead
+}
 
 // needsToken reports whether r must carry the token: the API and metrics do, the page's
 // static files (no data in them) and the session call (it checks the token itself) do not.

@@ -546,6 +546,11 @@ func (q *Queue) startRun(st *loopState, lane, id string) bool {
 		log.WithError(err).Error("start job")
 		return false
 	}
+	keyframes, video, err := q.cfg.Store.ExtraInputs(id)
+	if err != nil {
+		log.WithError(err).Error("start job")
+		return false
+	}
 	ctx, cancel := context.WithCancelCause(st.runCtx)
 	r := &run{lane: lane, cancel: cancel, ctx: ctx, first: first, total: total}
 	r.job = &Job{
@@ -555,6 +560,8 @@ func (q *Queue) startRun(st *loopState, lane, id string) bool {
 		Dir:            q.cfg.Store.JobDir(id),
 		InputPath:      input,
 		EndImagePath:   end,
+		KeyframePaths:  keyframes,
+		VideoPath:      video,
 		TotalSections:  total,
 		Resume:         cp,
 		Draining:       q.draining,

@@ -61,7 +61,11 @@ type meta struct {
 	Seq   uint64 `json:"seq"`
 	Input string `json:"input"`
 	// End is the end image's file name in the job directory; empty without one.
-	End        string      `json:"end,omitempty"`
+	End string `json:"end,omitempty"`
+	// Keyframes are the keyframe images' file names, in JobSpec.keyframes' order; Video is the
+	// input video's (a job that extends a video, whose Input is then empty).
+	Keyframes  []string    `json:"keyframes,omitempty"`
+	Video      string      `json:"video,omitempty"`
 	FirstStart time.Time   `json:"first_start,omitzero"`
 	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
 	// Request is the client request that created the job; empty without a client request id.
@@ -328,21 +332,18 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 		_ = os.RemoveAll(dir.Path())
 		return nil, false, fmt.Errorf("create job %s: %w", id, err)
 	}
-	input := "input" + imageExt(image)
-	if err := writeFileAtomic(filepath.Join(dir.Path(), input), image); err != nil {
-		return fail(err)
-	}
-	// The end image is kept beside the input, not in the stored spec: the spec names it by
-	// its SHA-256.
-	var end string
-	if e := spec.GetEndImage(); len(e) > 0 {
-		end = "end" + imageExt(e)
-		if err := writeFileAtomic(filepath.Join(dir.Path(), end), e); err != nil {
+	var input string // a job that extends a video has no image
+	if len(image) > 0 {
+		input = "input" + imageExt(image)
+		if err := writeFileAtomic(filepath.Join(dir.Path(), input), image); err != nil {
 			return fail(err)
 		}
-		sum := sha256.Sum256(e)
-		spec = proto.Clone(spec).(*framepackv1.JobSpec)
-		spec.EndImage, spec.EndImageSha256 = nil, hex.EncodeToString(sum[:])
+	}
+	// The end image, keyframes and input video are kept beside the input, not in the stored
+	// spec: the spec names each by its SHA-256.
+	spec, files, err := externalize(dir.Path(), spec)
+	if err != nil {
+		return fail(err)
 	}
 	specJSON, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(spec)
 	if err != nil {
@@ -384,7 +385,7 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 		if err := tx.Bucket(bucketOrder).Put(seqKey(seq), []byte(id)); err != nil {
 			return err
 		}
-		if err := putMeta(tx, id, &meta{Seq: seq, Input: input, End: end, Request: req}); err != nil {
+		if err := putMeta(tx, id, &meta{Seq: seq, Input: input, End: files.end, Keyframes: files.keyframes, Video: files.video, Request: req}); err != nil {
 			return err
 		}
 		if req.ID != "" {
@@ -492,13 +493,93 @@ func (s *Store) viewMeta(id string) (*meta, error) {
 	return m, err
 }
 
-// InputPath returns the path of job id's input image.
+// InputPath returns the path of job id's input image ("" for a job that extends a video).
 func (s *Store) InputPath(id string) (string, error) {
 	m, err := s.viewMeta(id)
 	if err != nil {
 		return "", fmt.Errorf("input of job: %w", err)
 	}
+	if m.Input == "" {
+		return "", nil
+	}
 	return filepath.Join(s.JobDir(id).Path(), m.Input), nil
+}
+
+// ExtraInputs returns the paths of job id's keyframe images (JobSpec.keyframes' order) and of
+// its input video ("" without one).
+func (s *Store) ExtraInputs(id string) (keyframes []string, video string, err error) {
+	m, err := s.viewMeta(id)
+	if err != nil {
+		return nil, "", fmt.Errorf("inputs of job: %w", err)
+	}
+	dir := s.JobDir(id).Path()
+	for _, k := range m.Keyframes {
+		keyframes = append(keyframes, filepath.Join(dir, k))
+	}
+	if m.Video != "" {
+		video = filepath.Join(dir, m.Video)
+	}
+	return keyframes, video, nil
+}
+
+// inputFiles are the names of a job's files besides its image (meta).
+type inputFiles struct {
+	end       string
+	keyframes []string
+	video     string
+}
+
+// externalize writes the spec's end image, keyframe images and input video into dir and
+// returns the spec without their bytes, each named by its hex SHA-256, and the files' names.
+func externalize(dir string, spec *framepackv1.JobSpec) (*framepackv1.JobSpec, inputFiles, error) {
+	var files inputFiles
+	if len(spec.GetEndImage()) == 0 && len(spec.GetKeyframes()) == 0 && len(spec.GetInputVideo()) == 0 {
+		return spec, files, nil
+	}
+	spec = proto.Clone(spec).(*framepackv1.JobSpec)
+	write := func(name string, data []byte) (string, error) {
+		if err := writeFileAtomic(filepath.Join(dir, name), data); err != nil {
+			return "", err
+		}
+		sum := sha256.Sum256(data)
+		return hex.EncodeToString(sum[:]), nil
+	}
+	var err error
+	if e := spec.GetEndImage(); len(e) > 0 {
+		files.end = "end" + imageExt(e)
+		if spec.EndImageSha256, err = write(files.end, e); err != nil {
+			return nil, files, err
+		}
+		spec.EndImage = nil
+	}
+	for i, k := range spec.GetKeyframes() {
+		name := fmt.Sprintf("keyframe-%02d%s", i, imageExt(k.GetImage()))
+		if k.ImageSha256, err = write(name, k.GetImage()); err != nil {
+			return nil, files, err
+		}
+		k.Image = nil
+		files.keyframes = append(files.keyframes, name)
+	}
+	if v := spec.GetInputVideo(); len(v) > 0 {
+		files.video = "input-video" + videoExt(v)
+		if spec.InputVideoSha256, err = write(files.video, v); err != nil {
+			return nil, files, err
+		}
+		spec.InputVideo = nil
+	}
+	return spec, files, nil
+}
+
+// videoExt is a video's file extension from its first bytes: .mp4 (ISO base media, MOV
+// included), .mkv (Matroska, WebM included), else .video.
+func videoExt(v []byte) string {
+	switch {
+	case len(v) >= 8 && string(v[4:8]) == "ftyp":
+		return ".mp4"
+	case len(v) >= 4 && string(v[:4]) == "\x1a\x45\xdf\xa3":
+		return ".mkv"
+	}
+	return ".video"
 }
 
 // EndImagePath returns the path of job id's end image, "" when the job has none.

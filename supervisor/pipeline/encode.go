@@ -82,6 +82,9 @@ func (j *jobRun) encode(ctx context.Context) error {
 		c.imageNP, c.height, c.width = np.Pix, np.Height, np.Width
 		pixels = imageproc.ImageToVideo(np)
 		j.log.WithFields(map[string]any{"input": fmt.Sprintf("%dx%d", img.Width, img.Height), "bucket": fmt.Sprintf("%dx%d", b.Width, b.Height)}).Info("start frame prepared")
+		if err := j.prepareKeyframes(c, b); err != nil {
+			return err
+		}
 		if j.job.EndImagePath == "" {
 			return nil
 		}
@@ -96,17 +99,17 @@ func (j *jobRun) encode(ctx context.Context) error {
 			return fmt.Errorf("%w: resize end image: %w", errBadInput, err)
 		}
 		c.endNP, c.endStrength = endNP.Pix, jobEndStrength(spec)
-		if pixels, err = concatB(pixels, imageproc.ImageToVideo(endNP)); err != nil {
-			return err
-		}
 		j.log.WithFields(map[string]any{"end": fmt.Sprintf("%dx%d", end.Width, end.Height), "strength": c.endStrength}).Info("end frame prepared")
 		return nil
 	}); err != nil {
 		return err
 	}
 
-	// VAE encode of the start frame (and the end frame, as a second sample of the same run):
-	// the posterior mean × scaling_factor.
+	// VAE encode of the start frame (and the end frame and the keyframes, as more samples of
+	// the same run): the posterior mean × scaling_factor.
+	if pixels, err = concatB(append([]vol{pixels}, c.extraFrames()...)...); err != nil {
+		return err
+	}
 	pixSeg, err := j.segment("start-pixels")
 	if err != nil {
 		return err
@@ -137,10 +140,7 @@ func (j *jobRun) encode(ctx context.Context) error {
 		return j.failure(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, j.r.cfg.Now(), 0, err)
 	}
 	c.startLatent = scaled(sampleB(mean, 0), c.scalingFactor)
-	if c.endNP != nil {
-		end := scaled(sampleB(mean, 1), c.scalingFactor)
-		c.endLatent = &end
-	}
+	c.setExtraLatents(func(b int) vol { return scaled(sampleB(mean, b), c.scalingFactor) })
 	j.dropSegments("start-pixels", "start-latent")
 	if j.draining() {
 		return jobs.ErrInterrupted

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/framepackd/framepackd/internal/workerkit"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 )
@@ -14,31 +15,32 @@ import (
 // Settings are a job's settings as its videos carry them (the MP4's "comment" tag and a JSON
 // file beside each video): enough to make the video again.
 type Settings struct {
-	Job            string            `json:"job"`
-	Section        int               `json:"section"`
-	Sections       int               `json:"sections"`
-	Variant        string            `json:"variant"`
-	Preset         string            `json:"preset,omitempty"`   // the preset the settings came from
-	BatchID        string            `json:"batch_id,omitempty"` // the batch the job belongs to
-	Prompt         string            `json:"prompt"`
-	Prompts        []SettingsPrompt  `json:"prompts,omitempty"` // a timed prompt's entries
-	NegativePrompt string            `json:"negative_prompt,omitempty"`
-	Seed           int64             `json:"seed"`
-	Seconds        float32           `json:"total_second_length"`
-	Window         uint32            `json:"latent_window_size"`
-	Steps          uint32            `json:"steps"`
-	CFG            float32           `json:"cfg"`
-	GS             float32           `json:"gs"`
-	RS             float32           `json:"rs"`
-	TeaCache       bool              `json:"use_teacache"`
-	Cache          string            `json:"cache"`
-	MagCache       *SettingsMagCache `json:"magcache,omitempty"`
-	Resolution     uint32            `json:"resolution"`
-	Width          int               `json:"width"`
-	Height         int               `json:"height"`
-	Loras          []SettingsLora    `json:"loras,omitempty"`
-	EndFrame       *SettingsEndFrame `json:"end_frame,omitempty"`
-	Models         map[string]string `json:"models"` // model → revision (hub snapshot) or folder
+	Job            string             `json:"job"`
+	Section        int                `json:"section"`
+	Sections       int                `json:"sections"`
+	Variant        string             `json:"variant"`
+	Preset         string             `json:"preset,omitempty"`   // the preset the settings came from
+	BatchID        string             `json:"batch_id,omitempty"` // the batch the job belongs to
+	Prompt         string             `json:"prompt"`
+	Prompts        []SettingsPrompt   `json:"prompts,omitempty"` // a timed prompt's entries
+	NegativePrompt string             `json:"negative_prompt,omitempty"`
+	Seed           int64              `json:"seed"`
+	Seconds        float32            `json:"total_second_length"`
+	Window         uint32             `json:"latent_window_size"`
+	Steps          uint32             `json:"steps"`
+	CFG            float32            `json:"cfg"`
+	GS             float32            `json:"gs"`
+	RS             float32            `json:"rs"`
+	TeaCache       bool               `json:"use_teacache"`
+	Cache          string             `json:"cache"`
+	MagCache       *SettingsMagCache  `json:"magcache,omitempty"`
+	Resolution     uint32             `json:"resolution"`
+	Width          int                `json:"width"`
+	Height         int                `json:"height"`
+	Loras          []SettingsLora     `json:"loras,omitempty"`
+	EndFrame       *SettingsEndFrame  `json:"end_frame,omitempty"`
+	Keyframes      []SettingsKeyframe `json:"keyframes,omitempty"`
+	Models         map[string]string  `json:"models"` // model → revision (hub snapshot) or folder
 }
 
 // SettingsPrompt is one entry of a timed prompt.
@@ -62,6 +64,15 @@ type SettingsEndFrame struct {
 	SHA256   string  `json:"sha256"`
 	Image    string  `json:"image"`
 	Strength float32 `json:"strength"`
+}
+
+// SettingsKeyframe is one of a job's keyframes: the section it belongs to (video time), how
+// the job gave it (section or seconds), which image and where the server keeps it.
+type SettingsKeyframe struct {
+	Section int      `json:"section"`
+	Seconds *float32 `json:"seconds,omitempty"`
+	SHA256  string   `json:"sha256"`
+	Image   string   `json:"image"`
 }
 
 // SettingsLora is one LoRA of a job, with what the transformer reported merging.
@@ -99,6 +110,18 @@ func (j *jobRun) settings(i int) Settings {
 	}
 	if j.job.EndImagePath != "" {
 		s.EndFrame = &SettingsEndFrame{SHA256: spec.GetEndImageSha256(), Image: j.job.EndImagePath, Strength: jobEndStrength(spec)}
+	}
+	if secs, err := plan.KeyframeSections(spec); err == nil {
+		for i, k := range spec.GetKeyframes() {
+			sk := SettingsKeyframe{Section: secs[i], SHA256: k.GetImageSha256()}
+			if t, ok := k.GetAt().(*framepackv1.Keyframe_Seconds); ok {
+				sk.Seconds = &t.Seconds
+			}
+			if i < len(j.job.KeyframePaths) {
+				sk.Image = j.job.KeyframePaths[i]
+			}
+			s.Keyframes = append(s.Keyframes, sk)
+		}
 	}
 	for k, l := range jobLoras(spec) {
 		sl := SettingsLora{Path: l.Path, Strength: l.Strength}

@@ -37,8 +37,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	sfx := fmt.Sprintf("s%03d-", i)
 	start := j.cond.startLatent
 
-	// Clean latents 1x/2x/4x and the frame indices, as the job's variant takes them.
-	sc, err := j.variant.Context(sec, start, hist.latents)
+	// Clean latents 1x/2x/4x and the frame indices, as the job's variant takes them; a
+	// keyframed section's start-side latent is its keyframe's (FramePack-eichi).
+	sc, err := j.variant.Context(sec, j.cond.anchor(j.variant, sec), hist.latents)
 	if err != nil {
 		return jobs.Result{}, fmt.Errorf("section %d: %w", i, err)
 	}

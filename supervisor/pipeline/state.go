@@ -68,6 +68,8 @@ type conditioning struct {
 	endLatent   *vol
 	endNP       []byte
 	endStrength float32
+	// keyframes are the job's keyframes (keyframes.go), nil without.
+	keyframes []keyframe
 	// scalingFactor is the VAE's scaling_factor as its worker reported it at encode
 	// (LoadResponse.vae); scalingFactorStr prints it in the conditioning file.
 	scalingFactor    float32
@@ -100,6 +102,7 @@ func (c *conditioning) save(path string) error {
 			safetensors.FromUint8(tEndNP, []int64{int64(c.height), int64(c.width), 3}, c.endNP))
 		meta["end_strength"] = strconv.FormatFloat(float64(c.endStrength), 'g', -1, 32)
 	}
+	ts = append(ts, c.keyframeTensors(meta)...)
 	if err := safetensors.WriteFile(path, ts, safetensors.WriteOptions{Metadata: meta}); err != nil {
 		return fmt.Errorf("save conditioning: %w", err)
 	}
@@ -160,6 +163,9 @@ func loadConditioning(path string) (*conditioning, error) {
 			return nil, fmt.Errorf("load conditioning: %w", err)
 		}
 		c.endLatent, c.endStrength, c.endNP = &end, float32(st), np.Data
+	}
+	if err := c.loadKeyframes(f); err != nil {
+		return nil, fmt.Errorf("load conditioning: %w", err)
 	}
 	return c, nil
 }

@@ -246,3 +246,26 @@ func TestPageBatch(t *testing.T) {
 	s.do("cancel the batch", chromedp.Click(chromedp.CSS("#batch-cancel")), 5*time.Second)
 	s.wait("batch cancelled", `document.getElementById('batch-box').dataset.done === 'true' && document.getElementById('batch-summary').textContent.includes('2 cancelled')`, 30*time.Second)
 }
+
+// TestPageKeyframes adds a keyframe on the page (the demo image for section 0), submits, and sees
+// the job carry it: the keyframe's section and its image's hash in the spec, the live view's
+// settings naming it; the job runs to its video.
+func TestPageKeyframes(t *testing.T) {
+	s := openPage(t, httpapitest.Options{})
+	img, err := httpapitest.DemoImage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.upload("#image", img)
+	s.js("fill the form", tinyJob)
+	s.js("add a keyframe", `(() => { document.getElementById('keyframes-box').open = true; document.getElementById('keyframe-add').click(); })()`)
+	s.upload("#keyframes .keyframe .kf-image", img)
+	s.do("submit", chromedp.Click(chromedp.CSS("#submit")), 5*time.Second)
+	s.wait("job listed", `document.getElementById('live-id').textContent !== ''`, 20*time.Second)
+	s.wait("settings name the keyframe", `document.getElementById('settings').textContent.includes('section 0')`, 10*time.Second)
+	ks := s.job().GetSpec().GetKeyframes()
+	if len(ks) != 1 || ks[0].GetSection() != 0 || len(ks[0].GetImageSha256()) != 64 {
+		t.Fatalf("the page's keyframes: %v", ks)
+	}
+	s.wait("finished", `document.getElementById('live-state').dataset.state === 'SUCCEEDED'`, 3*time.Minute)
+}

@@ -151,3 +151,43 @@ hooks.settings.push((job) => {
   return [['batch', id]];
 });
 setInterval(refreshBatch, 3000);
+
+// ---- keyframes ------------------------------------------------------------------------------
+
+function addKeyframeRow() {
+  const row = el('div', { class: 'keyframe grid' },
+    el('label', {}, 'At ', el('select', { class: 'kf-unit' },
+      el('option', { value: 'section', textContent: 'section' }), el('option', { value: 'seconds', textContent: 'seconds' }))),
+    el('label', {}, 'Section or time ', el('input', { class: 'kf-at', type: 'number', min: '0', step: 'any', value: '0' })),
+    el('label', { class: 'file' }, 'Image ', el('input', { class: 'kf-image', type: 'file', accept: 'image/png,image/jpeg,image/webp' })),
+    el('button', { type: 'button', class: 'kf-remove', textContent: 'Remove', onclick: () => row.remove() }));
+  $('keyframes').append(row);
+  return row;
+}
+$('keyframe-add').addEventListener('click', addKeyframeRow);
+
+// keyframeRows are the rows with an image, in order.
+function keyframeRows() {
+  return [...document.querySelectorAll('#keyframes .keyframe')].filter((r) => r.querySelector('.kf-image').files[0]);
+}
+
+hooks.spec.push((spec) => {
+  const rows = keyframeRows();
+  if (!rows.length) return;
+  spec.keyframes = rows.map((r, i) => {
+    const v = Number(r.querySelector('.kf-at').value);
+    if (!Number.isFinite(v) || v < 0) throw new Error(`keyframe ${i + 1}: the section or time must be a number from 0`);
+    return r.querySelector('.kf-unit').value === 'seconds' ? { seconds: v } : { section: Math.trunc(v) };
+  });
+});
+hooks.parts.push((form) => {
+  for (const r of keyframeRows()) { const f = r.querySelector('.kf-image').files[0]; form.append('keyframe', f, f.name); }
+});
+hooks.submit.push(async () => {
+  if (keyframeRows().length && $('image').files.length > 1) throw new Error('keyframes go with one start image: submit the images one at a time');
+  return false;
+});
+hooks.settings.push((job) => {
+  const ks = (job.spec && job.spec.keyframes) || [];
+  return ks.length ? [['keyframes', ks.map((k) => (k.seconds !== undefined ? `${k.seconds} s` : `section ${k.section || 0}`)).join(', ')]] : [];
+});

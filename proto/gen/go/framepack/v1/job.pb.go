@@ -396,9 +396,39 @@ type JobSpec struct {
 	// letters, digits and ._- characters, chosen by the client (or by
 	// SubmitBatch); the jobs sharing it are watched and cancelled together.
 	// Empty for a job of its own.
-	BatchId       string `protobuf:"bytes,27,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	BatchId string `protobuf:"bytes,27,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	// keyframes are images for chosen sections (FramePack-eichi's keyframes),
+	// at most 32, i2v only: a section samples with the keyframe of the latest
+	// keyed section at or before it (in video time) as its start-side clean
+	// latent instead of the start image's; sections before every keyframe use
+	// the start image. Each image is resized and cropped to the start image's
+	// bucket. Combinable with timed prompts and the end frame.
+	Keyframes []*Keyframe `protobuf:"bytes,28,rep,name=keyframes,proto3" json:"keyframes,omitempty"`
+	// input_video is a video to extend (FramePack-Studio's "Video" model with
+	// the i2v variant, "Video F1" with f1), MP4, WebM, MKV or MOV bytes that
+	// ffmpeg decodes, within the server's --max-video-* limits; the job then
+	// takes no image. Its frames are fitted to the bucket of its frame size;
+	// its last frames (up to 108) are VAE-encoded into the history the new
+	// sections continue. The server keeps it beside the job and stores the
+	// spec without these bytes (input_video_sha256 says which video it was).
+	InputVideo []byte `protobuf:"bytes,29,opt,name=input_video,json=inputVideo,proto3" json:"input_video,omitempty"`
+	// input_video_sha256 is the hex SHA-256 of the job's input video, set by
+	// the server. OUTPUT ONLY.
+	InputVideoSha256 string `protobuf:"bytes,30,opt,name=input_video_sha256,json=inputVideoSha256,proto3" json:"input_video_sha256,omitempty"`
+	// input_video_job_id names a succeeded job whose video is extended,
+	// instead of input_video; the server copies that video into the new job.
+	InputVideoJobId string `protobuf:"bytes,31,opt,name=input_video_job_id,json=inputVideoJobId,proto3" json:"input_video_job_id,omitempty"`
+	// video_context_frames is how many latent frames of the input video's end
+	// the first sections hold on to (Studio's "Number of Context Frames
+	// (Adherence to Video)", num_cleaned_frames), 1 to 10; unset means 5. Only
+	// with an input video.
+	VideoContextFrames *uint32 `protobuf:"varint,32,opt,name=video_context_frames,json=videoContextFrames,proto3,oneof" json:"video_context_frames,omitempty"`
+	// video_include_input says whether the output begins with the input
+	// video's frames (fitted to the bucket) before the new ones; unset means
+	// true. Only with an input video.
+	VideoIncludeInput *bool `protobuf:"varint,33,opt,name=video_include_input,json=videoIncludeInput,proto3,oneof" json:"video_include_input,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -620,6 +650,158 @@ func (x *JobSpec) GetBatchId() string {
 	return ""
 }
 
+func (x *JobSpec) GetKeyframes() []*Keyframe {
+	if x != nil {
+		return x.Keyframes
+	}
+	return nil
+}
+
+func (x *JobSpec) GetInputVideo() []byte {
+	if x != nil {
+		return x.InputVideo
+	}
+	return nil
+}
+
+func (x *JobSpec) GetInputVideoSha256() string {
+	if x != nil {
+		return x.InputVideoSha256
+	}
+	return ""
+}
+
+func (x *JobSpec) GetInputVideoJobId() string {
+	if x != nil {
+		return x.InputVideoJobId
+	}
+	return ""
+}
+
+func (x *JobSpec) GetVideoContextFrames() uint32 {
+	if x != nil && x.VideoContextFrames != nil {
+		return *x.VideoContextFrames
+	}
+	return 0
+}
+
+func (x *JobSpec) GetVideoIncludeInput() bool {
+	if x != nil && x.VideoIncludeInput != nil {
+		return *x.VideoIncludeInput
+	}
+	return false
+}
+
+// Keyframe is one section's image of JobSpec.keyframes.
+type Keyframe struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// at says which section the keyframe belongs to. REQUIRED: one of them.
+	//
+	// Types that are valid to be assigned to At:
+	//
+	//	*Keyframe_Section
+	//	*Keyframe_Seconds
+	At isKeyframe_At `protobuf_oneof:"at"`
+	// image is the keyframe, PNG, JPEG or WebP bytes, at most 64 MiB. The
+	// server keeps it beside the job and stores the spec without these bytes.
+	Image []byte `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"`
+	// image_sha256 is the hex SHA-256 of the image, set by the server. OUTPUT
+	// ONLY.
+	ImageSha256   string `protobuf:"bytes,4,opt,name=image_sha256,json=imageSha256,proto3" json:"image_sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Keyframe) Reset() {
+	*x = Keyframe{}
+	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Keyframe) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Keyframe) ProtoMessage() {}
+
+func (x *Keyframe) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Keyframe.ProtoReflect.Descriptor instead.
+func (*Keyframe) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Keyframe) GetAt() isKeyframe_At {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *Keyframe) GetSection() uint32 {
+	if x != nil {
+		if x, ok := x.At.(*Keyframe_Section); ok {
+			return x.Section
+		}
+	}
+	return 0
+}
+
+func (x *Keyframe) GetSeconds() float32 {
+	if x != nil {
+		if x, ok := x.At.(*Keyframe_Seconds); ok {
+			return x.Seconds
+		}
+	}
+	return 0
+}
+
+func (x *Keyframe) GetImage() []byte {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+func (x *Keyframe) GetImageSha256() string {
+	if x != nil {
+		return x.ImageSha256
+	}
+	return ""
+}
+
+type isKeyframe_At interface {
+	isKeyframe_At()
+}
+
+type Keyframe_Section struct {
+	// section is the section, 0-based in video time (section 0 follows the
+	// start frame; section k starts at k * latent_window_size * 4 / 30 s).
+	Section uint32 `protobuf:"varint,1,opt,name=section,proto3,oneof"`
+}
+
+type Keyframe_Seconds struct {
+	// seconds is a video time: the keyframe belongs to the first section
+	// that starts at or after it (as a timed prompt's entry applies from the
+	// sections starting at or after its time).
+	Seconds float32 `protobuf:"fixed32,2,opt,name=seconds,proto3,oneof"`
+}
+
+func (*Keyframe_Section) isKeyframe_At() {}
+
+func (*Keyframe_Seconds) isKeyframe_At() {}
+
 // Lora is one LoRA file and the strength it is merged with.
 type Lora struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -634,7 +816,7 @@ type Lora struct {
 
 func (x *Lora) Reset() {
 	*x = Lora{}
-	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	mi := &file_framepack_v1_job_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -646,7 +828,7 @@ func (x *Lora) String() string {
 func (*Lora) ProtoMessage() {}
 
 func (x *Lora) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	mi := &file_framepack_v1_job_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -659,7 +841,7 @@ func (x *Lora) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lora.ProtoReflect.Descriptor instead.
 func (*Lora) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{1}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Lora) GetPath() string {
@@ -694,7 +876,7 @@ type LoraApplied struct {
 
 func (x *LoraApplied) Reset() {
 	*x = LoraApplied{}
-	mi := &file_framepack_v1_job_proto_msgTypes[2]
+	mi := &file_framepack_v1_job_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -706,7 +888,7 @@ func (x *LoraApplied) String() string {
 func (*LoraApplied) ProtoMessage() {}
 
 func (x *LoraApplied) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[2]
+	mi := &file_framepack_v1_job_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -719,7 +901,7 @@ func (x *LoraApplied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoraApplied.ProtoReflect.Descriptor instead.
 func (*LoraApplied) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{2}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *LoraApplied) GetPath() string {
@@ -764,7 +946,7 @@ type Bucket struct {
 
 func (x *Bucket) Reset() {
 	*x = Bucket{}
-	mi := &file_framepack_v1_job_proto_msgTypes[3]
+	mi := &file_framepack_v1_job_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -776,7 +958,7 @@ func (x *Bucket) String() string {
 func (*Bucket) ProtoMessage() {}
 
 func (x *Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[3]
+	mi := &file_framepack_v1_job_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -789,7 +971,7 @@ func (x *Bucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bucket.ProtoReflect.Descriptor instead.
 func (*Bucket) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{3}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Bucket) GetHeight() uint32 {
@@ -836,7 +1018,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_framepack_v1_job_proto_msgTypes[4]
+	mi := &file_framepack_v1_job_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +1030,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[4]
+	mi := &file_framepack_v1_job_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1043,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{4}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Job) GetId() string {
@@ -960,7 +1142,7 @@ type JobProgress struct {
 
 func (x *JobProgress) Reset() {
 	*x = JobProgress{}
-	mi := &file_framepack_v1_job_proto_msgTypes[5]
+	mi := &file_framepack_v1_job_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -972,7 +1154,7 @@ func (x *JobProgress) String() string {
 func (*JobProgress) ProtoMessage() {}
 
 func (x *JobProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[5]
+	mi := &file_framepack_v1_job_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -985,7 +1167,7 @@ func (x *JobProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobProgress.ProtoReflect.Descriptor instead.
 func (*JobProgress) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{5}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *JobProgress) GetStage() Stage {
@@ -1059,7 +1241,7 @@ type JobResult struct {
 
 func (x *JobResult) Reset() {
 	*x = JobResult{}
-	mi := &file_framepack_v1_job_proto_msgTypes[6]
+	mi := &file_framepack_v1_job_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1071,7 +1253,7 @@ func (x *JobResult) String() string {
 func (*JobResult) ProtoMessage() {}
 
 func (x *JobResult) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[6]
+	mi := &file_framepack_v1_job_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1084,7 +1266,7 @@ func (x *JobResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobResult.ProtoReflect.Descriptor instead.
 func (*JobResult) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{6}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *JobResult) GetVideoPath() string {
@@ -1126,7 +1308,7 @@ type JobFailure struct {
 
 func (x *JobFailure) Reset() {
 	*x = JobFailure{}
-	mi := &file_framepack_v1_job_proto_msgTypes[7]
+	mi := &file_framepack_v1_job_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1320,7 @@ func (x *JobFailure) String() string {
 func (*JobFailure) ProtoMessage() {}
 
 func (x *JobFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[7]
+	mi := &file_framepack_v1_job_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1333,7 @@ func (x *JobFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobFailure.ProtoReflect.Descriptor instead.
 func (*JobFailure) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{7}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *JobFailure) GetMessage() string {
@@ -1210,7 +1392,7 @@ type Attempt struct {
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_framepack_v1_job_proto_msgTypes[8]
+	mi := &file_framepack_v1_job_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1222,7 +1404,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[8]
+	mi := &file_framepack_v1_job_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1235,7 +1417,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{8}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Attempt) GetStage() Stage {
@@ -1305,7 +1487,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf4\b\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\v\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -1336,7 +1518,14 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\x1emagcache_max_consecutive_skips\x18\x18 \x01(\rH\x05R\x1bmagcacheMaxConsecutiveSkips\x88\x01\x01\x12=\n" +
 	"\x18magcache_retention_ratio\x18\x19 \x01(\x01H\x06R\x16magcacheRetentionRatio\x88\x01\x01\x12\x16\n" +
 	"\x06preset\x18\x1a \x01(\tR\x06preset\x12\x19\n" +
-	"\bbatch_id\x18\x1b \x01(\tR\abatchIdB\x0f\n" +
+	"\bbatch_id\x18\x1b \x01(\tR\abatchId\x124\n" +
+	"\tkeyframes\x18\x1c \x03(\v2\x16.framepack.v1.KeyframeR\tkeyframes\x12\x1f\n" +
+	"\vinput_video\x18\x1d \x01(\fR\n" +
+	"inputVideo\x12,\n" +
+	"\x12input_video_sha256\x18\x1e \x01(\tR\x10inputVideoSha256\x12+\n" +
+	"\x12input_video_job_id\x18\x1f \x01(\tR\x0finputVideoJobId\x125\n" +
+	"\x14video_context_frames\x18  \x01(\rH\aR\x12videoContextFrames\x88\x01\x01\x123\n" +
+	"\x13video_include_input\x18! \x01(\bH\bR\x11videoIncludeInput\x88\x01\x01B\x0f\n" +
 	"\r_use_teacacheB\n" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +
@@ -1344,7 +1533,15 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\r_end_strengthB\x15\n" +
 	"\x13_magcache_thresholdB!\n" +
 	"\x1f_magcache_max_consecutive_skipsB\x1b\n" +
-	"\x19_magcache_retention_ratio\"6\n" +
+	"\x19_magcache_retention_ratioB\x17\n" +
+	"\x15_video_context_framesB\x16\n" +
+	"\x14_video_include_input\"\x81\x01\n" +
+	"\bKeyframe\x12\x1a\n" +
+	"\asection\x18\x01 \x01(\rH\x00R\asection\x12\x1a\n" +
+	"\aseconds\x18\x02 \x01(\x02H\x00R\aseconds\x12\x14\n" +
+	"\x05image\x18\x03 \x01(\fR\x05image\x12!\n" +
+	"\fimage_sha256\x18\x04 \x01(\tR\vimageSha256B\x04\n" +
+	"\x02at\"6\n" +
 	"\x04Lora\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
 	"\bstrength\x18\x02 \x01(\x02R\bstrength\"~\n" +
@@ -1448,49 +1645,51 @@ func file_framepack_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_framepack_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_framepack_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_framepack_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_framepack_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: framepack.v1.JobState
 	(Stage)(0),                    // 1: framepack.v1.Stage
 	(AttemptClass)(0),             // 2: framepack.v1.AttemptClass
 	(ConvTier)(0),                 // 3: framepack.v1.ConvTier
 	(*JobSpec)(nil),               // 4: framepack.v1.JobSpec
-	(*Lora)(nil),                  // 5: framepack.v1.Lora
-	(*LoraApplied)(nil),           // 6: framepack.v1.LoraApplied
-	(*Bucket)(nil),                // 7: framepack.v1.Bucket
-	(*Job)(nil),                   // 8: framepack.v1.Job
-	(*JobProgress)(nil),           // 9: framepack.v1.JobProgress
-	(*JobResult)(nil),             // 10: framepack.v1.JobResult
-	(*JobFailure)(nil),            // 11: framepack.v1.JobFailure
-	(*Attempt)(nil),               // 12: framepack.v1.Attempt
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
+	(*Keyframe)(nil),              // 5: framepack.v1.Keyframe
+	(*Lora)(nil),                  // 6: framepack.v1.Lora
+	(*LoraApplied)(nil),           // 7: framepack.v1.LoraApplied
+	(*Bucket)(nil),                // 8: framepack.v1.Bucket
+	(*Job)(nil),                   // 9: framepack.v1.Job
+	(*JobProgress)(nil),           // 10: framepack.v1.JobProgress
+	(*JobResult)(nil),             // 11: framepack.v1.JobResult
+	(*JobFailure)(nil),            // 12: framepack.v1.JobFailure
+	(*Attempt)(nil),               // 13: framepack.v1.Attempt
+	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
 }
 var file_framepack_v1_job_proto_depIdxs = []int32{
-	7,  // 0: framepack.v1.JobSpec.buckets:type_name -> framepack.v1.Bucket
-	5,  // 1: framepack.v1.JobSpec.loras:type_name -> framepack.v1.Lora
-	0,  // 2: framepack.v1.Job.state:type_name -> framepack.v1.JobState
-	4,  // 3: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
-	13, // 4: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
-	13, // 5: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
-	9,  // 6: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
-	10, // 7: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
-	11, // 8: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
-	6,  // 9: framepack.v1.Job.loras_applied:type_name -> framepack.v1.LoraApplied
-	1,  // 10: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
-	14, // 11: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
-	14, // 12: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
-	1,  // 13: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
-	12, // 14: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
-	1,  // 15: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
-	2,  // 16: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
-	13, // 17: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	14, // 18: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
-	19, // [19:19] is the sub-list for method output_type
-	19, // [19:19] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	8,  // 0: framepack.v1.JobSpec.buckets:type_name -> framepack.v1.Bucket
+	6,  // 1: framepack.v1.JobSpec.loras:type_name -> framepack.v1.Lora
+	5,  // 2: framepack.v1.JobSpec.keyframes:type_name -> framepack.v1.Keyframe
+	0,  // 3: framepack.v1.Job.state:type_name -> framepack.v1.JobState
+	4,  // 4: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
+	14, // 5: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
+	14, // 6: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
+	10, // 7: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
+	11, // 8: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
+	12, // 9: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
+	7,  // 10: framepack.v1.Job.loras_applied:type_name -> framepack.v1.LoraApplied
+	1,  // 11: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
+	15, // 12: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
+	15, // 13: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
+	1,  // 14: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
+	13, // 15: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
+	1,  // 16: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
+	2,  // 17: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
+	14, // 18: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	15, // 19: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
+	20, // [20:20] is the sub-list for method output_type
+	20, // [20:20] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_job_proto_init() }
@@ -1499,13 +1698,17 @@ func file_framepack_v1_job_proto_init() {
 		return
 	}
 	file_framepack_v1_job_proto_msgTypes[0].OneofWrappers = []any{}
+	file_framepack_v1_job_proto_msgTypes[1].OneofWrappers = []any{
+		(*Keyframe_Section)(nil),
+		(*Keyframe_Seconds)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_v1_job_proto_rawDesc), len(file_framepack_v1_job_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
