@@ -9,8 +9,12 @@ import (
 )
 
 func TestKeyframeSections(t *testing.T) {
-	at := func(s uint32) *framepackv1.Keyframe { return &framepackv1.Keyframe{At: &framepackv1.Keyframe_Section{Section: s}} }
-	sec := func(t float32) *framepackv1.Keyframe { return &framepackv1.Keyframe{At: &framepackv1.Keyframe_Seconds{Seconds: t}} }
+	at := func(s uint32) *framepackv1.Keyframe {
+		return &framepackv1.Keyframe{At: &framepackv1.Keyframe_Section{Section: s}}
+	}
+	sec := func(t float32) *framepackv1.Keyframe {
+		return &framepackv1.Keyframe{At: &framepackv1.Keyframe_Seconds{Seconds: t}}
+	}
 	for _, tc := range []struct {
 		name      string
 		seconds   float32
