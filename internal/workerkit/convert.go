@@ -425,6 +425,7 @@ func toRunRequest(r *RunRequest) (*pb.RunRequest, error) {
 	case *VAEEncodeRequest:
 		out.Stage = &pb.RunRequest_VaeEncode{VaeEncode: &pb.VaeEncodeRequest{
 			Pixels: toTensorRef(s.Pixels), Tiling: toTiling(s.Tiling), Latents: toTensorRef(s.Latents), Logvar: toTensorRef(s.Logvar),
+			IndependentFrames: s.IndependentFrames,
 		}}
 	case *VAEDecodeRequest:
 		out.Stage = &pb.RunRequest_VaeDecode{VaeDecode: &pb.VaeDecodeRequest{
@@ -509,7 +510,7 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 	case *pb.RunRequest_VaeEncode:
 		v := s.VaeEncode
 		out.Stage = &VAEEncodeRequest{Pixels: fromTensorRef(v.GetPixels()), Tiling: fromTiling(v.GetTiling()), Latents: fromTensorRef(v.GetLatents()),
-			Logvar: fromTensorRef(v.GetLogvar())}
+			Logvar: fromTensorRef(v.GetLogvar()), IndependentFrames: v.GetIndependentFrames()}
 	case *pb.RunRequest_VaeDecode:
 		v := s.VaeDecode
 		out.Stage = &VAEDecodeRequest{Latents: fromTensorRef(v.GetLatents()), Tiling: fromTiling(v.GetTiling()), Pixels: fromTensorRef(v.GetPixels())}

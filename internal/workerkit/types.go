@@ -360,6 +360,9 @@ type VAEEncodeRequest struct {
 	Latents TensorRef
 	// Logvar is optional: zero means the tensor "<Latents.Name>.logvar" in Latents' file.
 	Logvar TensorRef
+	// IndependentFrames, when > 0, encodes the frames in independent runs of this many frames
+	// (worker.proto VaeEncodeRequest.independent_frames).
+	IndependentFrames uint32
 }
 
 // VAEDecodeRequest decodes unscaled latents (already divided by VAEInfo.ScalingFactor) into

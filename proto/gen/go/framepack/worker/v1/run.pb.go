@@ -831,9 +831,14 @@ type VaeEncodeRequest struct {
 	// diffusers' DiagonalGaussianDistribution) in latents' shape. Unset means
 	// the fallback: the worker writes it into latents' file as the tensor
 	// "<latents.name>.logvar". Either way Result.outputs is [latents, logvar].
-	Logvar        *TensorRef `protobuf:"bytes,4,opt,name=logvar,proto3" json:"logvar,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Logvar *TensorRef `protobuf:"bytes,4,opt,name=logvar,proto3" json:"logvar,omitempty"`
+	// independent_frames, when set, encodes the frames in independent runs of
+	// this many frames (the last may be shorter), each as a request of its own
+	// would, and joins their latents in time: FramePack-Studio's video_encode
+	// with its vae_batch_size of 16. 0 encodes all frames in one run.
+	IndependentFrames uint32 `protobuf:"varint,5,opt,name=independent_frames,json=independentFrames,proto3" json:"independent_frames,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *VaeEncodeRequest) Reset() {
@@ -892,6 +897,13 @@ func (x *VaeEncodeRequest) GetLogvar() *TensorRef {
 		return x.Logvar
 	}
 	return nil
+}
+
+func (x *VaeEncodeRequest) GetIndependentFrames() uint32 {
+	if x != nil {
+		return x.IndependentFrames
+	}
+	return 0
 }
 
 // VaeDecodeRequest decodes unscaled latents into pixels.
@@ -2328,12 +2340,13 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\x1atile_sample_min_num_frames\x18\x05 \x01(\rR\x16tileSampleMinNumFrames\x129\n" +
 	"\x19tile_sample_stride_height\x18\x06 \x01(\rR\x16tileSampleStrideHeight\x127\n" +
 	"\x18tile_sample_stride_width\x18\a \x01(\rR\x15tileSampleStrideWidth\x12@\n" +
-	"\x1dtile_sample_stride_num_frames\x18\b \x01(\rR\x19tileSampleStrideNumFramesJ\x04\b\x02\x10\x03R\x16enable_temporal_tiling\"\xf4\x01\n" +
+	"\x1dtile_sample_stride_num_frames\x18\b \x01(\rR\x19tileSampleStrideNumFramesJ\x04\b\x02\x10\x03R\x16enable_temporal_tiling\"\xa3\x02\n" +
 	"\x10VaeEncodeRequest\x126\n" +
 	"\x06pixels\x18\x01 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x06pixels\x126\n" +
 	"\x06tiling\x18\x02 \x01(\v2\x1e.framepack.worker.v1.VaeTilingR\x06tiling\x128\n" +
 	"\alatents\x18\x03 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\alatents\x126\n" +
-	"\x06logvar\x18\x04 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x06logvar\"\xbc\x01\n" +
+	"\x06logvar\x18\x04 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x06logvar\x12-\n" +
+	"\x12independent_frames\x18\x05 \x01(\rR\x11independentFrames\"\xbc\x01\n" +
 	"\x10VaeDecodeRequest\x128\n" +
 	"\alatents\x18\x01 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\alatents\x126\n" +
 	"\x06tiling\x18\x02 \x01(\v2\x1e.framepack.worker.v1.VaeTilingR\x06tiling\x126\n" +
