@@ -11,6 +11,7 @@ import (
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/events"
 	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/video"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 )
@@ -59,10 +60,13 @@ type DaemonConfig struct {
 	// MaxImagePixels and MaxConcurrentDecodes bound the submitted images (Config).
 	MaxImagePixels       int64
 	MaxConcurrentDecodes int
-	Ready                func() error
-	Admit                func(spec *framepackv1.JobSpec) error
-	ReadyInterval        time.Duration
-	Retention            jobs.Retention
+	// MaxVideoBytes and VideoLimits bound the input videos (Config).
+	MaxVideoBytes int
+	VideoLimits   video.Limits
+	Ready         func() error
+	Admit         func(spec *framepackv1.JobSpec) error
+	ReadyInterval time.Duration
+	Retention     jobs.Retention
 	// Log is the daemon's logger; nil discards.
 	Log logrus.FieldLogger
 	// OnEvent, when set, sees every job event the hub publishes (events.Config.Observe).
@@ -127,7 +131,8 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 	}
 	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log,
 		DiskBudget: cfg.DiskBudget, MinFreeBytes: cfg.MinFreeBytes, Ready: cfg.Ready, Admit: cfg.Admit,
-		MaxImagePixels: cfg.MaxImagePixels, MaxConcurrentDecodes: cfg.MaxConcurrentDecodes}); err != nil {
+		MaxImagePixels: cfg.MaxImagePixels, MaxConcurrentDecodes: cfg.MaxConcurrentDecodes,
+		MaxVideoBytes: cfg.MaxVideoBytes, VideoLimits: cfg.VideoLimits}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	var listeners []net.Listener

@@ -84,6 +84,8 @@ func presetForbidden(spec *framepackv1.JobSpec) []string {
 	}{
 		{"end_image", len(spec.GetEndImage()) > 0}, {"end_image_sha256", spec.GetEndImageSha256() != ""},
 		{"lane", spec.GetLane() != ""}, {"preset", spec.GetPreset() != ""}, {"batch_id", spec.GetBatchId() != ""},
+		{"keyframes", len(spec.GetKeyframes()) > 0}, {"input_video", len(spec.GetInputVideo()) > 0},
+		{"input_video_job_id", spec.GetInputVideoJobId() != ""},
 	} {
 		if f.set {
 			out = append(out, f.name)

@@ -19,6 +19,7 @@ import (
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/events"
 	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/video"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -78,6 +79,15 @@ type Config struct {
 	// and the reason, before decoding the image. Nil admits all. The variant is checked by
 	// CheckVariant, as a field of the request (INVALID_ARGUMENT).
 	Admit func(spec *framepackv1.JobSpec) error
+	// Video probes input videos (ffprobe, beside its ffmpeg); nil means ffmpeg and ffprobe from
+	// PATH.
+	Video *video.Writer
+	// VideoLimits bound an input video (frames, seconds, frame pixels); zero means
+	// DefaultVideoLimits.
+	VideoLimits video.Limits
+	// MaxVideoBytes is the largest input video; 0 means DefaultMaxVideoBytes, at most
+	// MaxRequestBytes.
+	MaxVideoBytes int
 	// Log is the server's logger; nil discards.
 	Log logrus.FieldLogger
 	// Now is the clock; nil means time.Now.
@@ -113,6 +123,18 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Video == nil {
+		cfg.Video = &video.Writer{}
+	}
+	if cfg.VideoLimits == (video.Limits{}) {
+		cfg.VideoLimits = DefaultVideoLimits
+	}
+	switch {
+	case cfg.MaxVideoBytes <= 0:
+		cfg.MaxVideoBytes = DefaultMaxVideoBytes
+	case cfg.MaxVideoBytes > MaxRequestBytes:
+		cfg.MaxVideoBytes = MaxRequestBytes
 	}
 	if cfg.FreeBytes == nil {
 		cfg.FreeBytes = FreeBytes
@@ -252,6 +274,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	if err != nil {
 		return nil, err
 	}
+	if req, err = s.withSourceVideo(req); err != nil {
+		return nil, err
+	}
 	// spec is req's spec with the defaults filled in: WithDefaults clones it, end image and
 	// all, so it runs once, for the early lookup of a client request id or after validation.
 	var spec *framepackv1.JobSpec
@@ -291,6 +316,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	}
 	v := validateSubmit(req, s.cfg.Queue.Lanes(), s.decoder(ctx))
 	checkVariant(&v, req.GetSpec().GetVariant(), s.cfg.CheckVariant)
+	if len(v) == 0 {
+		s.checkVideo(ctx, &v, req.GetSpec()) // decodes: only once the rest is right
+	}
 	if err := v.Err("SubmitJobRequest"); err != nil {
 		return nil, err
 	}

@@ -179,6 +179,7 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	checkLoras(&v, s.GetLoras())
 	checkEndFrame(&v, s, decode)
 	checkKeyframes(&v, s, decode)
+	checkVideoSpec(&v, s)
 	if n := requestBytes(req); n > MaxRequestBytes {
 		v.Add("spec", "the images and video of the request hold %d bytes together, the limit is %d (512 MiB)", n, MaxRequestBytes)
 	}

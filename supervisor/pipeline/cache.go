@@ -22,7 +22,7 @@ func magCacheCalibration(variant string) workerkit.MagCacheCalibration {
 // variantTransformer is the transformer family a variant samples with: VariantF1 or
 // VariantI2V.
 func variantTransformer(variant string) string {
-	if variant == VariantF1 {
+	if variant == VariantF1 || variant == VariantVideoF1 {
 		return VariantF1
 	}
 	return VariantI2V

@@ -15,32 +15,33 @@ import (
 // Settings are a job's settings as its videos carry them (the MP4's "comment" tag and a JSON
 // file beside each video): enough to make the video again.
 type Settings struct {
-	Job            string             `json:"job"`
-	Section        int                `json:"section"`
-	Sections       int                `json:"sections"`
-	Variant        string             `json:"variant"`
-	Preset         string             `json:"preset,omitempty"`   // the preset the settings came from
-	BatchID        string             `json:"batch_id,omitempty"` // the batch the job belongs to
-	Prompt         string             `json:"prompt"`
-	Prompts        []SettingsPrompt   `json:"prompts,omitempty"` // a timed prompt's entries
-	NegativePrompt string             `json:"negative_prompt,omitempty"`
-	Seed           int64              `json:"seed"`
-	Seconds        float32            `json:"total_second_length"`
-	Window         uint32             `json:"latent_window_size"`
-	Steps          uint32             `json:"steps"`
-	CFG            float32            `json:"cfg"`
-	GS             float32            `json:"gs"`
-	RS             float32            `json:"rs"`
-	TeaCache       bool               `json:"use_teacache"`
-	Cache          string             `json:"cache"`
-	MagCache       *SettingsMagCache  `json:"magcache,omitempty"`
-	Resolution     uint32             `json:"resolution"`
-	Width          int                `json:"width"`
-	Height         int                `json:"height"`
-	Loras          []SettingsLora     `json:"loras,omitempty"`
-	EndFrame       *SettingsEndFrame  `json:"end_frame,omitempty"`
-	Keyframes      []SettingsKeyframe `json:"keyframes,omitempty"`
-	Models         map[string]string  `json:"models"` // model → revision (hub snapshot) or folder
+	Job            string              `json:"job"`
+	Section        int                 `json:"section"`
+	Sections       int                 `json:"sections"`
+	Variant        string              `json:"variant"`
+	Preset         string              `json:"preset,omitempty"`   // the preset the settings came from
+	BatchID        string              `json:"batch_id,omitempty"` // the batch the job belongs to
+	Prompt         string              `json:"prompt"`
+	Prompts        []SettingsPrompt    `json:"prompts,omitempty"` // a timed prompt's entries
+	NegativePrompt string              `json:"negative_prompt,omitempty"`
+	Seed           int64               `json:"seed"`
+	Seconds        float32             `json:"total_second_length"`
+	Window         uint32              `json:"latent_window_size"`
+	Steps          uint32              `json:"steps"`
+	CFG            float32             `json:"cfg"`
+	GS             float32             `json:"gs"`
+	RS             float32             `json:"rs"`
+	TeaCache       bool                `json:"use_teacache"`
+	Cache          string              `json:"cache"`
+	MagCache       *SettingsMagCache   `json:"magcache,omitempty"`
+	Resolution     uint32              `json:"resolution"`
+	Width          int                 `json:"width"`
+	Height         int                 `json:"height"`
+	Loras          []SettingsLora      `json:"loras,omitempty"`
+	EndFrame       *SettingsEndFrame   `json:"end_frame,omitempty"`
+	Keyframes      []SettingsKeyframe  `json:"keyframes,omitempty"`
+	InputVideo     *SettingsInputVideo `json:"input_video,omitempty"`
+	Models         map[string]string   `json:"models"` // model → revision (hub snapshot) or folder
 }
 
 // SettingsPrompt is one entry of a timed prompt.
@@ -73,6 +74,18 @@ type SettingsKeyframe struct {
 	Seconds *float32 `json:"seconds,omitempty"`
 	SHA256  string   `json:"sha256"`
 	Image   string   `json:"image"`
+}
+
+// SettingsInputVideo is the video a job extends: which file, where the server keeps it, the
+// job it came from (when it did), its decoded frames, the context frames and whether the output
+// starts with its frames.
+type SettingsInputVideo struct {
+	SHA256        string `json:"sha256"`
+	Video         string `json:"video"`
+	JobID         string `json:"job_id,omitempty"`
+	Frames        int    `json:"frames,omitempty"`
+	ContextFrames int    `json:"context_frames"`
+	IncludeInput  bool   `json:"include_input"`
 }
 
 // SettingsLora is one LoRA of a job, with what the transformer reported merging.
@@ -121,6 +134,13 @@ func (j *jobRun) settings(i int) Settings {
 				sk.Image = j.job.KeyframePaths[i]
 			}
 			s.Keyframes = append(s.Keyframes, sk)
+		}
+	}
+	if j.job.VideoPath != "" {
+		s.InputVideo = &SettingsInputVideo{SHA256: spec.GetInputVideoSha256(), Video: j.job.VideoPath, JobID: spec.GetInputVideoJobId(),
+			ContextFrames: videoContextFrames(spec), IncludeInput: spec.VideoIncludeInput == nil || spec.GetVideoIncludeInput()}
+		if j.cond != nil {
+			s.InputVideo.Frames = j.cond.videoFrames
 		}
 	}
 	for k, l := range jobLoras(spec) {

@@ -123,6 +123,9 @@ func New(cfg Config) (*Runner, error) {
 // CheckVariant says whether a job of the named sampling variant can run here: the variant is
 // known and its transformer was found. The API calls it at submit.
 func (r *Runner) CheckVariant(name string) error {
+	if name == VariantVideo || name == VariantVideoF1 {
+		return fmt.Errorf("variant %q is what a job that extends a video runs: give the video (input_video) with variant i2v or f1", name)
+	}
 	v, err := variantByName(name)
 	if err != nil {
 		return err
@@ -136,7 +139,7 @@ func (r *Runner) CheckVariant(name string) error {
 
 // transformerDir is the transformer folder a variant samples with ("" when not installed).
 func (r *Runner) transformerDir(variant string) string {
-	if variant == VariantF1 {
+	if variantTransformer(variant) == VariantF1 {
 		return r.cfg.Models.TransformerF1
 	}
 	return r.cfg.Models.Transformer
@@ -335,6 +338,9 @@ func (j *jobRun) run(ctx context.Context) (jobs.Result, error) {
 		if err := j.encode(ctx); err != nil {
 			return jobs.Result{}, err
 		}
+	}
+	if err := j.bindVideo(); err != nil {
+		return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{Message: err.Error()}}
 	}
 	if j.hist == nil {
 		latents, generated, err := j.variant.InitialHistory(j.cond.startLatent, j.cond.endFrame())

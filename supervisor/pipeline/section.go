@@ -218,6 +218,7 @@ func (j *jobRun) saveSection(ctx context.Context, h *history) (_ video.Output, e
 	if err != nil {
 		return video.Output{}, fmt.Errorf("frames: %w", err)
 	}
+	frames = j.cond.withInputFrames(frames) // a video extension's input first
 	settings, err := json.Marshal(j.settings(h.section))
 	if err != nil {
 		return video.Output{}, fmt.Errorf("settings: %w", err)
