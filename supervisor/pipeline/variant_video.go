@@ -151,8 +151,8 @@ func repeatT(x vol, n int) (vol, error) {
 func videoContext(s Section, video, hist vol, numClean int) (SectionContext, error) {
 	paddings := plan.Paddings(s.Total)
 	pad := paddings[s.Index]
-	isStart := pad == 0          // the last generated section: the start of the generated video
-	isEnd := pad == paddings[0]  // the first generated section: next to nothing generated yet
+	isStart := pad == 0         // the last generated section: the start of the generated video
+	isEnd := pad == paddings[0] // the first generated section: next to nothing generated yet
 	padSize, w := pad*s.Window, s.Window
 	available := hist.T
 	if isStart {
