@@ -77,11 +77,14 @@ func cmdBatch(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		img, err := readImageFile(it.image, "image")
-		if err != nil {
-			return fail(exitCodeOf(err), "%s: %v", it.where, err)
+		var img []byte
+		if it.image != "" {
+			if img, err = readImageFile(it.image, "image"); err != nil {
+				return fail(exitCodeOf(err), "%s: %v", it.where, err)
+			}
+			spec.ImageFilename = filepath.Base(it.image)
 		}
-		spec.ImageFilename, spec.BatchId = filepath.Base(it.image), batchID
+		spec.BatchId = batchID
 		reqID, err := itemRequestID(batchID, img, spec)
 		if err != nil {
 			return err
@@ -415,7 +418,7 @@ func batchItems(src string) ([]batchItem, error) {
 }
 
 // pathKeys are the keys whose values are files, relative to the batch file's folder.
-var pathKeys = map[string]bool{"image": true, "end-image": true, "prompt-file": true}
+var pathKeys = map[string]bool{"image": true, "end-image": true, "prompt-file": true, "input-video": true}
 
 // item turns one row's keys and values into an item.
 func item(where, dir string, keys, values []string) (batchItem, error) {
@@ -438,8 +441,10 @@ func item(where, dir string, keys, values []string) (batchItem, error) {
 		}
 		it.args = append(it.args, "--"+k+"="+v)
 	}
-	if it.image == "" {
-		return it, fail(exitUsage, "%s: no image", where)
+	if it.image == "" && !slices.ContainsFunc(it.args, func(a string) bool {
+		return strings.HasPrefix(a, "--input-video=") || strings.HasPrefix(a, "--extend-job=")
+	}) {
+		return it, fail(exitUsage, "%s: no image (or input-video, extend-job)", where)
 	}
 	return it, nil
 }

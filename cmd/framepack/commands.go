@@ -51,8 +51,11 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	if err := sf.readPrompt("generate"); err != nil {
 		return err
 	}
-	if image == "" || (sf.prompt == "" && sf.preset == "") || (out == "" && !detach) {
-		return fail(exitUsage, "generate: --image, --prompt (or a --preset with one) and --out are required (--out not with --detach)")
+	switch {
+	case image == "" && !sf.extends() || (sf.prompt == "" && sf.preset == "") || (out == "" && !detach):
+		return fail(exitUsage, "generate: --image (or --input-video, --extend-job), --prompt (or a --preset with one) and --out are required (--out not with --detach)")
+	case image != "" && sf.extends():
+		return fail(exitUsage, "generate: a video extension takes no --image: its frames come from the video")
 	}
 	if out != "" && video.FramesDir(out) == out {
 		return fail(exitUsage, "generate: --out %q: give the file an extension (.mp4)", out)
@@ -66,11 +69,13 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	img, err := readImageFile(image, "image")
-	if err != nil {
-		return err
+	var img []byte
+	if image != "" {
+		if img, err = readImageFile(image, "image"); err != nil {
+			return err
+		}
+		spec.ImageFilename = filepath.Base(image)
 	}
-	spec.ImageFilename = filepath.Base(image)
 	conn, err := dial(&c)
 	if err != nil {
 		return err

@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -200,6 +201,56 @@ func TestCLIKeyframes(t *testing.T) {
 		{[]string{"--keyframe", "1:" + f.image, "--variant", "f1"}, exitRejected, "takes no keyframes"},
 	} {
 		args := append([]string{"generate", "--image", f.image, "--prompt", "a cat", "--seconds", "2.4", "--window", "3", "--detach"}, tc.args...)
+		if r := f.cli(t, args...); r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%v: exit %d, stderr %s; want exit %d saying %q", tc.args, r.code, r.stderr, tc.code, tc.want)
+		}
+	}
+}
+
+// TestCLIVideo submits a video extension with the CLI: the server checks the video (ffprobe) and
+// keeps it, the spec records its hash and settings; an image with a video, or video settings
+// without one, are refused before anything is sent, and a video that is no video by the server.
+func TestCLIVideo(t *testing.T) {
+	if _, err := exec.LookPath("ffprobe"); err != nil {
+		t.Skip("no ffprobe (make setup installs ffmpeg)")
+	}
+	f := setup(t)
+	vid := filepath.Join(f.dir, "in.mp4")
+	if out, err := exec.Command("ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=64x48:rate=30", "-frames:v", "12",
+		"-pix_fmt", "yuv420p", vid).CombinedOutput(); err != nil {
+		t.Fatalf("make a test video: %v %s", err, out)
+	}
+	r := f.cli(t, "generate", "--input-video", vid, "--prompt", "a cat", "--seconds", "1", "--video-context-frames", "3",
+		"--video-include-input=false", "--detach")
+	if r.code != exitOK {
+		t.Fatalf("generate --input-video: exit %d %s", r.code, r.stderr)
+	}
+	job, err := f.d.Store().Get(strings.TrimSpace(r.stdout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := job.GetSpec()
+	if len(s.GetInputVideoSha256()) != 64 || len(s.GetInputVideo()) != 0 || s.GetVideoContextFrames() != 3 || s.GetVideoIncludeInput() {
+		t.Errorf("stored spec %v", s)
+	}
+	if _, p, err := f.d.Store().ExtraInputs(job.GetId()); err != nil || !strings.HasSuffix(p, "input-video.mp4") {
+		t.Errorf("kept video %q %v", p, err)
+	}
+	junk := filepath.Join(f.dir, "junk.mp4")
+	if err := os.WriteFile(junk, []byte("no video here at all"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--input-video", vid, "--image", f.image}, exitUsage, "takes no --image"},
+		{[]string{"--image", f.image, "--video-context-frames", "3"}, exitUsage, "--video-context-frames needs --input-video"},
+		{[]string{"--input-video", junk}, exitRejected, "--input-video (spec.input_video): bad video: ffprobe cannot read it"},
+		{[]string{"--extend-job", "nosuchjob00"}, exitRejected, `--extend-job (spec.input_video_job_id): no job "nosuchjob00"`},
+	} {
+		args := append([]string{"generate", "--prompt", "a cat", "--seconds", "1", "--detach"}, tc.args...)
 		if r := f.cli(t, args...); r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("%v: exit %d, stderr %s; want exit %d saying %q", tc.args, r.code, r.stderr, tc.code, tc.want)
 		}

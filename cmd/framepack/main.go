@@ -284,6 +284,10 @@ func flagOf(field string) string {
 		"spec.magcache_max_consecutive_skips": "--magcache-max-skips",
 		"spec.magcache_retention_ratio":       "--magcache-retention",
 		"spec.preset":                         "--preset",
+		"spec.input_video":                    "--input-video",
+		"spec.input_video_job_id":             "--extend-job",
+		"spec.video_context_frames":           "--video-context-frames",
+		"spec.video_include_input":            "--video-include-input",
 	}
 	if f, ok := flags[field]; ok {
 		return f + " (" + field + ")"

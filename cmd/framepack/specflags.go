@@ -28,6 +28,9 @@ type specFlags struct {
 	teacache                                                             bool
 	loras                                                                loraFlags
 	keyframes                                                            keyframeFlags
+	inputVideo, extendJob                                                string
+	videoContext                                                         uint
+	videoInput                                                           bool
 }
 
 // register adds the settings flags to fs.
@@ -57,6 +60,10 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.endImage, "end-image", "", "end frame the video should reach: PNG, JPEG or WebP (FramePack-Studio's end frame; i2v only)")
 	fs.Float64Var(&f.endStrength, "end-strength", 1, "how strongly the end frame pulls, 0–1 (with --end-image)")
 	fs.StringVar(&f.preset, "preset", "", "start from this preset's settings (framepack presets list); the flags given override them")
+	fs.StringVar(&f.inputVideo, "input-video", "", "extend this video instead of starting from an image (FramePack-Studio's Video / Video F1 with --variant f1): MP4, WebM, MKV or MOV")
+	fs.StringVar(&f.extendJob, "extend-job", "", "extend the video of this finished job (on the server) instead of starting from an image")
+	fs.UintVar(&f.videoContext, "video-context-frames", 5, "latent frames of the video's end the first sections hold on to, 1–10 (2–10 with f1; with --input-video or --extend-job)")
+	fs.BoolVar(&f.videoInput, "video-include-input", true, "the output starts with the input video's frames (with --input-video or --extend-job)")
 	fs.Var(&f.keyframes, "keyframe", "a section's image, SECTION:PATH (0-based, in video time) or SECONDSs:PATH (the first section starting at or after it); repeat for more (FramePack-eichi's keyframes; i2v only)")
 }
 
@@ -136,6 +143,9 @@ func (f *specFlags) spec(cmd string) (*framepackv1.JobSpec, error) {
 		// Only what the command line says: the server fills the rest from the preset.
 		f.keepGiven(spec)
 		spec.Preset = f.preset
+	}
+	if err := f.videoSpec(cmd, spec); err != nil {
+		return nil, err
 	}
 	for _, k := range f.keyframes {
 		img, err := readImageFile(k.path, "keyframe")
@@ -231,6 +241,10 @@ var settingFields = []struct {
 	{[]string{"end-image"}, func(s *framepackv1.JobSpec) { s.EndImage = nil }},
 	{[]string{"end-strength"}, func(s *framepackv1.JobSpec) { s.EndStrength = nil }},
 	{[]string{"keyframe"}, func(s *framepackv1.JobSpec) { s.Keyframes = nil }},
+	{[]string{"input-video"}, func(s *framepackv1.JobSpec) { s.InputVideo = nil }},
+	{[]string{"extend-job"}, func(s *framepackv1.JobSpec) { s.InputVideoJobId = "" }},
+	{[]string{"video-context-frames"}, func(s *framepackv1.JobSpec) { s.VideoContextFrames = nil }},
+	{[]string{"video-include-input"}, func(s *framepackv1.JobSpec) { s.VideoIncludeInput = nil }},
 }
 
 // keepGiven unsets every setting of spec whose flag was not on the command line.
@@ -303,5 +317,39 @@ func (k *keyframeFlags) Set(v string) error {
 		x.section = uint32(n)
 	}
 	*k = append(*k, x)
+	return nil
+}
+
+// extends reports whether the flags ask to extend a video.
+func (f *specFlags) extends() bool { return f.inputVideo != "" || f.extendJob != "" }
+
+// videoSpec sets the input video (read from --input-video, or --extend-job's id) and its
+// settings, sent only when given.
+func (f *specFlags) videoSpec(cmd string, spec *framepackv1.JobSpec) error {
+	if !f.extends() {
+		for _, name := range []string{"video-context-frames", "video-include-input"} {
+			if f.given(name) {
+				return fail(exitUsage, "%s: --%s needs --input-video or --extend-job", cmd, name)
+			}
+		}
+		return nil
+	}
+	if f.inputVideo != "" && f.extendJob != "" {
+		return fail(exitUsage, "%s: give --input-video or --extend-job, not both", cmd)
+	}
+	if f.inputVideo != "" {
+		b, err := os.ReadFile(f.inputVideo)
+		if err != nil {
+			return fail(exitError, "read input video: %v", err)
+		}
+		spec.InputVideo = b
+	}
+	spec.InputVideoJobId = f.extendJob
+	if f.given("video-context-frames") {
+		spec.VideoContextFrames = proto.Uint32(uint32(min(f.videoContext, 1<<31)))
+	}
+	if f.given("video-include-input") {
+		spec.VideoIncludeInput = proto.Bool(f.videoInput)
+	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -268,4 +269,34 @@ func TestPageKeyframes(t *testing.T) {
 		t.Fatalf("the page's keyframes: %v", ks)
 	}
 	s.wait("finished", `document.getElementById('live-state').dataset.state === 'SUCCEEDED'`, 3*time.Minute)
+}
+
+// TestPageVideo extends a short video from the page: no start image, the video uploaded, the
+// context frames and the output setting in the spec, and the job runs to a video that starts with
+// the input's frames.
+func TestPageVideo(t *testing.T) {
+	if _, err := exec.LookPath("ffprobe"); err != nil {
+		t.Skip("no ffprobe (make setup installs ffmpeg)")
+	}
+	vid := filepath.Join(t.TempDir(), "in.mp4")
+	if out, err := exec.Command("ffmpeg", "-v", "error", "-f", "lavfi", "-i", "testsrc=size=96x64:rate=30", "-frames:v", "12",
+		"-pix_fmt", "yuv420p", vid).CombinedOutput(); err != nil {
+		t.Fatalf("make a test video: %v %s", err, out)
+	}
+	s := openPage(t, httpapitest.Options{})
+	s.js("fill the form", tinyJob)
+	s.js("open the video box", `document.getElementById('video-box').open = true`)
+	s.upload("#input-video", vid)
+	s.js("set the video's settings", `(() => { document.getElementById('video-context').value = '3'; document.getElementById('input-video').dispatchEvent(new Event('change')); })()`)
+	s.do("submit", chromedp.Click(chromedp.CSS("#submit")), 5*time.Second)
+	s.wait("job listed", `document.getElementById('live-id').textContent !== ''`, 20*time.Second)
+	s.wait("settings name the video", `document.getElementById('settings').textContent.includes('extends video')`, 10*time.Second)
+	spec := s.job().GetSpec()
+	if len(spec.GetInputVideoSha256()) != 64 || spec.GetVideoContextFrames() != 3 || !spec.GetVideoIncludeInput() {
+		t.Fatalf("the page's video job: %v", spec)
+	}
+	s.wait("finished", `document.getElementById('live-state').dataset.state === 'SUCCEEDED'`, 3*time.Minute)
+	if n := s.job().GetResult().GetFrameCount(); n <= 12 {
+		t.Errorf("%d frames: want the 12 input frames and the new ones", n)
+	}
 }

@@ -141,13 +141,13 @@ function specFromForm() {
 $('job-form').addEventListener('submit', async (ev) => {
   ev.preventDefault();
   $('submit-error').textContent = '';
-  const file = $('image').files[0];
-  if (!file) { $('submit-error').textContent = 'choose a start image'; return; }
   let spec;
   try { spec = specFromForm(); } catch (e) { $('submit-error').textContent = e.message; return; }
   for (const f of hooks.submit) {
     try { if (await f(spec)) return; } catch (e) { $('submit-error').textContent = e.message; return; }
   }
+  const file = $('image').files[0];
+  if (!file) { $('submit-error').textContent = 'choose a start image'; return; }
   const form = new FormData();
   form.append('image', file, file.name);
   const end = $('end-image').files[0];

@@ -191,3 +191,48 @@ hooks.settings.push((job) => {
   const ks = (job.spec && job.spec.keyframes) || [];
   return ks.length ? [['keyframes', ks.map((k) => (k.seconds !== undefined ? `${k.seconds} s` : `section ${k.section || 0}`)).join(', ')]] : [];
 });
+
+// ---- extend a video -------------------------------------------------------------------------
+
+function extendsVideo() { return !!($('input-video').files[0] || $('extend-job').value.trim()); }
+
+// A video (or a job's id) replaces the start image: the image input stops being required.
+for (const id of ['input-video', 'extend-job']) {
+  $(id).addEventListener('change', () => { $('image').required = !extendsVideo(); });
+  $(id).addEventListener('input', () => { $('image').required = !extendsVideo(); });
+}
+
+hooks.submit.push(async (spec) => {
+  if (!extendsVideo()) return false;
+  if ($('image').files.length) throw new Error('a video extension takes no start image: clear one of them');
+  if ($('end-image').files[0]) throw new Error('a video extension takes no end image');
+  const video = $('input-video').files[0];
+  const job = $('extend-job').value.trim();
+  if (video && job) throw new Error("give a video or a job's id, not both");
+  if (job) spec.inputVideoJobId = job;
+  spec.videoContextFrames = num('video-context');
+  spec.videoIncludeInput = $('video-include').checked;
+  delete spec.endStrength;
+  const form = new FormData();
+  if (video) form.append('input_video', video, video.name);
+  for (const f of hooks.parts) f(form);
+  form.append('spec', JSON.stringify(spec));
+  $('submit').disabled = true;
+  try {
+    const resp = await api('/v1/jobs', { method: 'POST', body: form });
+    state.jobs.set(resp.job.id, resp.job);
+    renderJobs();
+    select(resp.job.id);
+  } finally {
+    $('submit').disabled = false;
+  }
+  return true;
+});
+
+hooks.settings.push((job) => {
+  const s = job.spec || {};
+  if (!s.inputVideoSha256) return [];
+  const from = s.inputVideoJobId ? ` (job ${s.inputVideoJobId})` : '';
+  return [['extends video', s.inputVideoSha256.slice(0, 12) + '…' + from],
+    ['context frames', s.videoContextFrames ?? 5], ['output starts with the video', s.videoIncludeInput === false ? 'no' : 'yes']];
+});
