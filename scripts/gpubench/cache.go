@@ -34,7 +34,9 @@ func (c *cacheModel) Forward(ctx context.Context, in sampler.ForwardInput) ([]fl
 	return c.m.Forward(ctx, c.sec, in.X, in.Timestep, in.Guidance, dit.ForwardOptions{TeaCache: &c.tea, MagCache: &c.mag})
 }
 
-func (c *cacheModel) InitializeTeaCache(enable bool, numSteps int, th float64) { c.tea.Reset(enable, numSteps, th) }
+func (c *cacheModel) InitializeTeaCache(enable bool, numSteps int, th float64) {
+	c.tea.Reset(enable, numSteps, th)
+}
 
 func (c *cacheModel) InitializeMagCache(enable bool, numSteps int, shape sampler.Shape) error {
 	return c.mag.Reset(enable, c.magSet, numSteps, shape.H()*8, shape.W()*8)
