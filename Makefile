@@ -27,7 +27,7 @@ APT_GPU_PACKAGES := hipcc libamdhip64-dev rocm-device-libs clang-15 lld-15
 # The headless browser supervisor/web's page test drives (chromedp); `make setup-dev` installs it.
 APT_TEST_PACKAGES := chromium
 
-.PHONY: setup setup-test setup-dev setup-gpu build test soak bench proto lint fuzz demo clean
+.PHONY: setup setup-test setup-dev setup-gpu build cli test soak long-cpu bench proto lint fuzz demo clean
 
 # apt-install runs apt-get only for packages that are missing (sudo unless root).
 define apt-install
@@ -56,15 +56,35 @@ setup-dev: setup-test ## also what make proto and make lint need: buf and the pr
 	$(GO) install github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway@$(GRPC_GATEWAY_VERSION) \
 		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2@$(GRPC_GATEWAY_VERSION)
 
+# The build's stamps (`framepack --version`, internal/buildinfo), from git: the version is
+# `git describe` at a v* tag, else a Go pseudo-version (v0.0.0-<commit time>-<commit>); "+dirty"
+# marks a tree with uncommitted changes. Without git they stay empty and the binaries fall back
+# on what the Go toolchain embeds. Recursive (=): git runs only for the targets that build.
+BUILDINFO := github.com/framepackd/framepackd/internal/buildinfo
+GIT_DIRTY = $(shell git status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo +dirty)
+GIT_COMMIT = $(shell git rev-parse HEAD 2>/dev/null)
+GIT_TIME = $(shell git log -1 --format=%cI 2>/dev/null)
+VERSION ?= $(shell git describe --tags --match 'v*' 2>/dev/null || TZ=UTC git log -1 --abbrev=12 \
+	--date=format-local:%Y%m%d%H%M%S --format=v0.0.0-%cd-%h 2>/dev/null)
+GO_LDFLAGS = -X $(BUILDINFO).Version=$(VERSION)$(GIT_DIRTY) -X $(BUILDINFO).Commit=$(GIT_COMMIT)$(GIT_DIRTY) \
+	-X $(BUILDINFO).CommitTime=$(GIT_TIME)
+
 build: ## every binary into bin/
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/... ./workers/...
+	$(GO) build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ ./cmd/... ./workers/...
+
+cli: ## the CLI alone into bin/ (framepack: no daemon, no workers)
+	@mkdir -p $(BIN)
+	$(GO) build -ldflags '$(GO_LDFLAGS)' -o $(BIN)/ ./cmd/framepack
 
 test: native-hip-check native-hip-emu deploy-check ## the whole suite (after make setup-test)
 	$(GO) test -count=1 -timeout 30m ./...
 
 soak: ## the 50-job fault soak (make test runs 8 jobs of it)
 	$(GO) test -count=1 -timeout 60m -run '^TestFaultSoak$$' ./supervisor/watchdog -soak.jobs 50 -v
+
+long-cpu: ## a 120-second job on the tiny models: the bytes each section writes stay flat (issue 30)
+	$(GO) test -count=1 -timeout 120m -run '^TestLongJobLinearWrites$$' ./supervisor/pipeline -long.seconds 120 -v
 
 bench: ## benchmark tables
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./...

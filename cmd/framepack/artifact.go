@@ -70,8 +70,10 @@ func cmdGet(ctx context.Context, e *env, args []string) error {
 	var c common
 	fs := newFlags("get", e, &c)
 	var out string
-	fs.StringVar(&out, "o", "", "file to save the video to (default: ID.mp4 here)")
+	var force bool
+	fs.StringVar(&out, "o", "", "file to save the video to (default: ID.mp4 here); an existing file only with --force")
 	fs.StringVar(&out, "out", "", "same as -o")
+	fs.BoolVar(&force, "force", false, "overwrite the file if it exists")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -83,10 +85,10 @@ func cmdGet(ctx context.Context, e *env, args []string) error {
 	if out == "" {
 		out = id + ".mp4"
 	}
-	if err := checkOut(out); err != nil {
+	if err := checkOut(out, force); err != nil {
 		return err
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -110,7 +112,7 @@ func cmdRm(ctx context.Context, e *env, args []string) error {
 	if len(pos) == 0 {
 		return fail(exitUsage, "rm: want one or more job ids")
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -120,6 +122,9 @@ func cmdRm(ctx context.Context, e *env, args []string) error {
 		rctx, cancel := context.WithTimeout(ctx, c.timeout)
 		resp, err := client.DeleteJob(rctx, &framepackv1.DeleteJobRequest{JobId: id})
 		cancel()
+		if hasReason(err, reasonJobNotFinished) {
+			return fail(exitRejected, "job %s has not finished; cancel it first (framepack cancel %s%s)", id, id, conn.addrFlag())
+		}
 		if err != nil {
 			return err
 		}
@@ -128,11 +133,17 @@ func cmdRm(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-// checkOut fails when out cannot be written: its folder is missing or not writable, or out is
-// a folder. It runs before a job is submitted, so a typo does not cost a whole job.
-func checkOut(out string) error {
-	if st, err := os.Stat(out); err == nil && st.IsDir() {
-		return fail(exitUsage, "--out %s is a folder; give a file name (video.mp4)", out)
+// checkOut fails when out cannot be written: its folder is missing or not writable, out is a
+// folder, or out exists and force is not set. It runs before a job is submitted, so a typo
+// does not cost a whole job.
+func checkOut(out string, force bool) error {
+	if st, err := os.Stat(out); err == nil {
+		if st.IsDir() {
+			return fail(exitUsage, "--out %s is a folder; give a file name (video.mp4)", out)
+		}
+		if !force {
+			return fail(exitUsage, "--out %s exists; give another name, or --force to overwrite it", out)
+		}
 	}
 	dir := filepath.Dir(out)
 	st, err := os.Stat(dir)

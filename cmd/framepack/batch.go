@@ -20,7 +20,6 @@ import (
 	"syscall"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -96,7 +95,7 @@ func cmdBatch(ctx context.Context, e *env, args []string) error {
 			return fail(exitError, "--out-dir: %v", err)
 		}
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -105,9 +104,9 @@ func cmdBatch(ctx context.Context, e *env, args []string) error {
 	d := newDisplay(e, quiet)
 	names := map[string]string{} // job id → the item's image, for messages
 	for i, j := range jobsToSend {
-		job, err := submit(ctx, client, j.req, c.timeout, d)
+		job, err := submit(ctx, client, conn, j.req, c.timeout, d)
 		if err != nil {
-			code, msg := describe(err)
+			code, msg := describeAt(err, conn)
 			return fail(code, "batch %s: %s: %s\n(the items before it are submitted; run the same command again once it is mended: they are not submitted twice)", batchID, j.item.where, msg)
 		}
 		names[job.GetId()] = j.item.image
@@ -145,7 +144,7 @@ func batchByID(ctx context.Context, e *env, sub string, args []string) error {
 	if len(pos) != 1 {
 		return fail(exitUsage, "batch %s: want one batch id", sub)
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -185,7 +184,7 @@ func printBatch(w io.Writer, b *framepackv1.Batch) {
 
 // followBatch watches a batch to its end (Ctrl-C cancels it; a second leaves), prints how each
 // job ended, saves the videos to outDir, and fails when a job did not succeed.
-func followBatch(ctx context.Context, e *env, c *common, conn grpc.ClientConnInterface, id string, names map[string]string, outDir string, force, quiet bool) error {
+func followBatch(ctx context.Context, e *env, c *common, conn *server, id string, names map[string]string, outDir string, force, quiet bool) error {
 	bc := framepackv1.NewBatchServiceClient(conn)
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -208,7 +207,7 @@ func followBatch(ctx context.Context, e *env, c *common, conn grpc.ClientConnInt
 				fmt.Fprintf(e.stderr, "\ncancelling batch %s (Ctrl-C again to leave without waiting)\n", id)
 				cctx, cancel := context.WithTimeout(ctx, c.timeout)
 				if _, err := bc.CancelBatch(cctx, &framepackv1.CancelBatchRequest{BatchId: id, Reason: "interrupted from the command line"}); err != nil {
-					_, msg := describe(err)
+					_, msg := describeAt(err, conn)
 					fmt.Fprintln(e.stderr, "framepack: cancel: "+msg)
 				}
 				cancel()

@@ -32,13 +32,14 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	var c common
 	fs := newFlags("generate", e, &c)
 	var (
-		sf            specFlags
-		image, out    string
-		detach, quiet bool
+		sf                   specFlags
+		image, out           string
+		detach, quiet, force bool
 	)
 	sf.register(fs)
 	fs.StringVar(&image, "image", "", "start frame: PNG, JPEG or WebP (required)")
-	fs.StringVar(&out, "out", "", "where to save the MP4 (required unless --detach)")
+	fs.StringVar(&out, "out", "", "where to save the MP4 (required unless --detach); an existing file only with --force")
+	fs.BoolVar(&force, "force", false, "overwrite --out if it exists")
 	fs.BoolVar(&detach, "detach", false, "submit, print the job id and return")
 	fs.BoolVar(&quiet, "quiet", false, "no progress output")
 	pos, err := parse(fs, args)
@@ -61,7 +62,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		return fail(exitUsage, "generate: --out %q: give the file an extension (.mp4)", out)
 	}
 	if out != "" {
-		if err := checkOut(out); err != nil {
+		if err := checkOut(out, force); err != nil {
 			return err
 		}
 	}
@@ -76,7 +77,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		}
 		spec.ImageFilename = filepath.Base(image)
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -87,7 +88,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		return fail(exitError, "%v", err)
 	}
 	d := newDisplay(e, quiet)
-	job, err := submit(ctx, client, &framepackv1.SubmitJobRequest{Image: img, Spec: spec, ClientRequestId: requestID}, c.timeout, d)
+	job, err := submit(ctx, client, conn, &framepackv1.SubmitJobRequest{Image: img, Spec: spec, ClientRequestId: requestID}, c.timeout, d)
 	if err != nil {
 		return err
 	}
@@ -97,8 +98,10 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		return nil
 	}
 	if !quiet {
-		fmt.Fprintf(e.stderr, "job %s queued (%d sections)\n", id, sectionsOf(job))
+		fmt.Fprintf(e.stderr, "job %s queued (%d sections at resolution %d)\n", id, sectionsOf(job), job.GetSpec().GetResolution())
 	}
+	d.getHint = "framepack get " + id + conn.addrFlag()
+	reattach := "framepack watch " + id + conn.addrFlag() + outHint(out, force)
 
 	// Ctrl-C cancels the job; the stream then ends with job_cancelled. A second one leaves.
 	// SIGTERM (a closed session, a service manager) leaves the job running and says how to
@@ -126,7 +129,7 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 				fmt.Fprintf(e.stderr, "\ncancelling job %s (Ctrl-C again to leave without waiting)\n", id)
 				cctx, cancel := context.WithTimeout(ctx, c.timeout)
 				if _, err := client.CancelJob(cctx, &framepackv1.CancelJobRequest{JobId: id, Reason: "interrupted from the command line"}); err != nil {
-					_, msg := describe(err)
+					_, msg := describeAt(err, conn)
 					fmt.Fprintln(e.stderr, "framepack: cancel: "+msg)
 				}
 				cancel()
@@ -136,31 +139,40 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 		}
 	}()
 
-	last, err := follow(wctx, client, id, d, "")
+	last, err := follow(wctx, client, conn, id, d, "")
 	if err != nil {
 		select {
 		case <-detached:
-			return fail(exitDetached, "detached from job %s; it keeps running on the server. Re-attach with: framepack watch %s%s", id, id, outHint(out))
+			if !conn.connected() {
+				// The job is stored on the server, which is not there now: it goes on
+				// only when the daemon runs again.
+				return fail(exitDetached, "detached from job %s while the server at %s cannot be reached; the job resumes from its last finished section when the daemon runs again. Re-attach with: %s", id, conn.addr, reattach)
+			}
+			return fail(exitDetached, "detached from job %s; it keeps running on the server. Re-attach with: %s", id, reattach)
 		default:
 		}
 		if wctx.Err() != nil && ctx.Err() == nil {
-			return fail(exitCancelled, "left job %s without waiting for it; re-attach with: framepack watch %s%s", id, id, outHint(out))
+			return fail(exitCancelled, "left job %s without waiting for it; re-attach with: %s", id, reattach)
 		}
 		if status.Code(err) == codes.Unavailable {
-			_, msg := describe(err)
-			return fail(exitUnreachable, "%s\nthe job may still be running: re-attach with: framepack watch %s%s", msg, id, outHint(out))
+			_, msg := describeAt(err, conn)
+			return fail(exitUnreachable, "%s\nthe job is stored on the server and runs when it is back: re-attach with: %s", msg, reattach)
 		}
 		return err
 	}
 	return finish(ctx, e, client, last, out)
 }
 
-// outHint is the --out part of a re-attach command.
-func outHint(out string) string {
+// outHint is the --out (and --force) part of a re-attach command.
+func outHint(out string, force bool) string {
 	if out == "" {
 		return ""
 	}
-	return " --out " + out
+	h := " --out " + shellQuote(out)
+	if force {
+		h += " --force"
+	}
+	return h
 }
 
 // finish reports a job's terminal event and saves its video to out (when out is set): a copy
@@ -249,13 +261,14 @@ func newClientRequestID() (string, error) {
 // submit sends req, whose client_request_id makes a repeat return the first one's job. When
 // the connection is lost (UNAVAILABLE: a daemon that died or restarts, maybe after it stored
 // the job) it sends req again the way follow reconnects, until the server answers or timeout
-// has passed since the first try. A server that is up but cannot run jobs now is not retried.
-func submit(ctx context.Context, client framepackv1.JobServiceClient, req *framepackv1.SubmitJobRequest, timeout time.Duration, d *display) (*framepackv1.Job, error) {
+// has passed since the first try. A server that is up but cannot run jobs now is not retried,
+// nor, beyond unreachableAfter, one that was never reached.
+func submit(ctx context.Context, client framepackv1.JobServiceClient, srv *server, req *framepackv1.SubmitJobRequest, timeout time.Duration, d *display) (*framepackv1.Job, error) {
 	sctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	lost := func(err error) bool { return status.Code(err) == codes.Unavailable && !notReady(err) }
 	var job *framepackv1.Job
-	err := retryLost(sctx, d, timeout, func() error {
+	err := retryLost(sctx, d, srv, timeout, func() error {
 		resp, err := client.SubmitJob(sctx, req)
 		job = resp.GetJob()
 		return err
@@ -271,11 +284,14 @@ func submit(ctx context.Context, client framepackv1.JobServiceClient, req *frame
 }
 
 // retryLost calls try until it succeeds or fails with an error that lost does not take for a
-// lost connection, and returns that error. After a lost connection it shows the connectionLost
-// note (the first time), waits a second and tries again; it returns the lost connection's error
-// once budget has passed since the first one, or when ctx ends during a wait.
-func retryLost(ctx context.Context, d *display, budget time.Duration, try func() error, lost func(error) bool) error {
+// lost connection, and returns that error. After a lost connection it waits a second and tries
+// again; it returns the lost connection's error once budget has passed since the first one, or
+// when ctx ends during a wait. A server this command never reached (srv) is given only
+// unreachableAfter (a daemon still starting), and the connectionLost note is shown only for a
+// server that was there.
+func retryLost(ctx context.Context, d *display, srv *server, budget time.Duration, try func() error, lost func(error) bool) error {
 	var lostSince time.Time
+	noted := false
 	for {
 		err := try()
 		if err == nil || !lost(err) {
@@ -283,9 +299,15 @@ func retryLost(ctx context.Context, d *display, budget time.Duration, try func()
 		}
 		if lostSince.IsZero() {
 			lostSince = time.Now()
+		}
+		limit := budget
+		if !srv.reached() {
+			limit = min(budget, unreachableAfter)
+		} else if !noted {
+			noted = true
 			d.note(connectionLost)
 		}
-		if time.Since(lostSince) > budget {
+		if time.Since(lostSince) > limit {
 			return err
 		}
 		select {
@@ -296,12 +318,23 @@ func retryLost(ctx context.Context, d *display, budget time.Duration, try func()
 	}
 }
 
+// Reasons of the server's ErrorInfo details (supervisor/api) the CLI acts on.
+const (
+	// reasonNotReady: the server is up but cannot run jobs now (api.ReasonNotReady).
+	reasonNotReady = "NOT_READY"
+	// reasonJobNotFinished: DeleteJob of a queued or running job (api.ReasonJobNotFinished).
+	reasonJobNotFinished = "JOB_NOT_FINISHED"
+)
+
 // notReady reports whether err is the server's refusal to take jobs while it cannot run them
 // (supervisor/api.ReasonNotReady), as opposed to a lost connection.
-func notReady(err error) bool {
+func notReady(err error) bool { return hasReason(err, reasonNotReady) }
+
+// hasReason reports whether err is a status from the server with an ErrorInfo of reason.
+func hasReason(err error, reason string) bool {
 	st, _ := status.FromError(err)
 	for _, detail := range st.Details() {
-		if info, ok := detail.(*errdetails.ErrorInfo); ok && info.GetReason() == "NOT_READY" {
+		if info, ok := detail.(*errdetails.ErrorInfo); ok && info.GetReason() == reason {
 			return true
 		}
 	}
@@ -310,11 +343,12 @@ func notReady(err error) bool {
 
 // follow streams job id's events into d until the terminal event, which it returns. When the
 // stream breaks because the server went away it reconnects (the server replays the history)
-// for up to reconnectFor. previews, when set, is a directory for preview PNGs.
-func follow(ctx context.Context, client framepackv1.JobServiceClient, id string, d *display, previews string) (*framepackv1.JobEvent, error) {
+// for up to reconnectFor; a server never reached is given up after unreachableAfter. previews,
+// when set, is a directory for preview PNGs.
+func follow(ctx context.Context, client framepackv1.JobServiceClient, srv *server, id string, d *display, previews string) (*framepackv1.JobEvent, error) {
 	defer d.done()
 	var last *framepackv1.JobEvent
-	err := retryLost(ctx, d, reconnectFor, func() error {
+	err := retryLost(ctx, d, srv, reconnectFor, func() error {
 		ev, err := followOnce(ctx, client, id, d, previews)
 		if err != nil && ctx.Err() != nil {
 			return ctx.Err()
@@ -361,9 +395,10 @@ func cmdWatch(ctx context.Context, e *env, args []string) error {
 	var c common
 	fs := newFlags("watch", e, &c)
 	var previews, out string
-	var quiet bool
+	var quiet, force bool
 	fs.StringVar(&previews, "previews", "", "directory to save preview PNGs into")
-	fs.StringVar(&out, "out", "", "when the job finishes, save its video here")
+	fs.StringVar(&out, "out", "", "when the job finishes, save its video here; an existing file only with --force")
+	fs.BoolVar(&force, "force", false, "overwrite --out if it exists")
 	fs.BoolVar(&quiet, "quiet", false, "no progress output")
 	pos, err := parse(fs, args)
 	if err != nil {
@@ -372,18 +407,25 @@ func cmdWatch(ctx context.Context, e *env, args []string) error {
 	if len(pos) != 1 {
 		return fail(exitUsage, "watch: want one job id")
 	}
+	if out != "" {
+		if err := checkOut(out, force); err != nil {
+			return err
+		}
+	}
 	if previews != "" {
 		if err := os.MkdirAll(previews, 0o755); err != nil {
 			return fail(exitError, "previews: %v", err)
 		}
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	client := framepackv1.NewJobServiceClient(conn)
-	last, err := follow(ctx, client, pos[0], newDisplay(e, quiet), previews)
+	d := newDisplay(e, quiet)
+	d.getHint = "framepack get " + pos[0] + conn.addrFlag()
+	last, err := follow(ctx, client, conn, pos[0], d, previews)
 	if err != nil {
 		return err
 	}
@@ -402,7 +444,7 @@ func cmdCancel(ctx context.Context, e *env, args []string) error {
 	if len(pos) != 1 {
 		return fail(exitUsage, "cancel: want one job id")
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -475,7 +517,7 @@ func cmdJobs(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -531,7 +573,7 @@ func cmdDevices(ctx context.Context, e *env, args []string) error {
 	if len(pos) > 0 {
 		return fail(exitUsage, "devices: unexpected arguments %q", pos)
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -542,15 +584,22 @@ func cmdDevices(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if r := resp.GetNotServingReason(); r != "" {
+		fmt.Fprintln(e.stderr, "framepack: the server does not run jobs now: "+r)
+	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "LANE\tBACKEND\tNAME\tARCH\tMEMORY USED/TOTAL\tSTATE\tJOB")
+	fmt.Fprintln(tw, "LANE\tBACKEND\tNAME\tARCH\tMEMORY USED/TOTAL\tSTATE\tJOB\tKEPT WORKERS")
 	for _, d := range resp.GetDevices() {
 		st := strings.ToLower(strings.TrimPrefix(d.GetLaneState().String(), "LANE_STATE_"))
 		if d.GetLaneStateReason() != "" {
 			st += " (" + d.GetLaneStateReason() + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s/%s\t%s\t%s\n", d.GetLane(), d.GetBackend(), orDash(d.GetName()), orDash(d.GetArch()),
-			gib(d.GetUsedMemoryBytes()), gib(d.GetTotalMemoryBytes()), st, orDash(d.GetCurrentJobId()))
+		mem := gib(d.GetUsedMemoryBytes()) + "/" + gib(d.GetTotalMemoryBytes())
+		if l := d.GetMemoryLimitBytes(); l > 0 {
+			mem += " (lane limit " + gib(l) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", d.GetLane(), d.GetBackend(), orDash(d.GetName()), orDash(d.GetArch()),
+			mem, st, orDash(d.GetCurrentJobId()), orDash(keptWorkers(d.GetKeptWorkers(), time.Now())))
 	}
 	return tw.Flush()
 }

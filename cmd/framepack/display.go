@@ -32,6 +32,10 @@ type display struct {
 	attached         bool      // the first snapshot was shown
 	shownUntil       time.Time // events up to this time were shown (a reconnect replays them)
 	seenSectionVideo map[uint32]bool
+	// getHint is the command that downloads the job's video so far ("framepack get ID"):
+	// a section's MP4 on the server is removed when the next one is written, so its path is
+	// not worth printing.
+	getHint string
 }
 
 // stepEvery is how often plain output reports sampling steps.
@@ -235,7 +239,11 @@ func (d *display) show(ev *framepackv1.JobEvent) {
 		}
 		if !d.seenSectionVideo[v.GetSectionIndex()] {
 			d.seenSectionVideo[v.GetSectionIndex()] = true
-			d.line("%s: video so far: %s (%d frames)", d.sectionLabel(), v.GetPath(), v.GetFrameCount())
+			msg := fmt.Sprintf("%s: video so far: %d frames", d.sectionLabel(), v.GetFrameCount())
+			if d.getHint != "" {
+				msg += " (download: " + d.getHint + ")"
+			}
+			d.line("%s", msg)
 		}
 	case *framepackv1.JobEvent_Retry:
 		a := e.Retry.GetAttempt()

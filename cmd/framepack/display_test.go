@@ -36,7 +36,7 @@ func TestDisplayTerminal(t *testing.T) {
 		d.event(ev)
 	}
 	out := b.String()
-	for _, want := range []string{"job j: running\n", "\r\033[Ksection 1/2  transformer step 2/4  [##########", "25%  ETA 1m30s", "section 1/2: video so far: /v/j_33.mp4 (33 frames)\n", " 50%"} {
+	for _, want := range []string{"job j: running\n", "\r\033[Ksection 1/2  transformer step 2/4  [##########", "25%  ETA 1m30s", "section 1/2: video so far: 33 frames\n", " 50%"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("terminal output lacks %q:\n%q", want, out)
 		}
@@ -62,7 +62,7 @@ func TestDisplayPlainAndReconnect(t *testing.T) {
 	out := b.String()
 	want := "job j: running\ntext encode started\nsection 1/2: transformer started\n" +
 		"section 1/2: step 1/4, 12% done, ETA 1m30s\nsection 1/2: step 4/4, 50% done, ETA 1m30s\n" +
-		"section 1/2: video so far: /v/j_33.mp4 (33 frames)\n"
+		"section 1/2: video so far: 33 frames\n"
 	if out != want {
 		t.Fatalf("plain output\n got %q\nwant %q", out, want)
 	}

@@ -49,7 +49,7 @@ func TestCLIPresets(t *testing.T) {
 	}
 	s := job.GetSpec()
 	if s.GetPreset() != "fast" || s.GetSteps() != 5 || s.GetCache() != "magcache" || s.GetMagcacheThreshold() != 0.2 ||
-		s.GetNegativePrompt() != "blurry face" || s.GetTotalSecondLength() != 1 || s.GetSeed() != 0 {
+		s.GetNegativePrompt() != "blurry face" || s.GetTotalSecondLength() != 1 || s.GetSeed() != jobs.DefaultSeed {
 		t.Errorf("job from the preset: %v", s)
 	}
 	if r := f.cli(t, "generate", "--image", f.image, "--prompt", "a cat", "--preset", "nope", "--detach"); r.code != exitRejected ||

@@ -5,12 +5,14 @@ import (
 	"fmt"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 )
 
 // cmdHealth asks the server's gRPC health service whether it serves (the containers'
-// HEALTHCHECK, like grpc_health_probe): exit 0 and "SERVING" when it does, exitUnhealthy when
-// it answers anything else (it is stopping), exitUnreachable when it cannot be reached in
-// --timeout.
+// HEALTHCHECK, like grpc_health_probe): exit 0 and "SERVING" when it does, exitUnhealthy and
+// the status with the server's reason ("NOT_SERVING: no variant can run: …") when it answers
+// anything else, exitUnreachable when it cannot be reached in --timeout.
 func cmdHealth(ctx context.Context, e *env, args []string) error {
 	var c common
 	fs := newFlags("health", e, &c)
@@ -26,7 +28,7 @@ func cmdHealth(ctx context.Context, e *env, args []string) error {
 	if len(pos) > 0 {
 		return fail(exitUsage, "health: unexpected arguments %q", pos)
 	}
-	conn, err := dial(&c)
+	conn, err := dial(e, &c)
 	if err != nil {
 		return err
 	}
@@ -37,9 +39,15 @@ func cmdHealth(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(e.stdout, resp.GetStatus())
-	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		return fail(exitUnhealthy, "")
+	if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+		fmt.Fprintln(e.stdout, resp.GetStatus())
+		return nil
 	}
-	return nil
+	// Health has no room for a reason: ListDevices says why the server does not serve.
+	line := resp.GetStatus().String()
+	if devs, err := framepackv1.NewDeviceServiceClient(conn).ListDevices(hctx, &framepackv1.ListDevicesRequest{}); err == nil && devs.GetNotServingReason() != "" {
+		line += ": " + devs.GetNotServingReason()
+	}
+	fmt.Fprintln(e.stdout, line)
+	return fail(exitUnhealthy, "")
 }

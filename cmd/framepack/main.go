@@ -4,15 +4,15 @@
 //
 //	framepack [--addr ADDR] [--timeout 30s] COMMAND …   (global flags before or after the command)
 //	framepack --version
-//	framepack generate --image IN (--prompt "…" | --prompt-file F) --out OUT.mp4 [--seconds 5] [--seed 31337]
-//	                   [--steps 25] [--window 9] [--cfg 1] [--gs 10] [--rs 0] [--teacache=true]
-//	                   [--resolution 640] [--crf 16] [--gpu-preserve 6] [--negative-prompt …]
-//	                   [--lane LANE] [--detach] [--quiet]
+//	framepack generate --image IN (--prompt "…" | --prompt-file F) --out OUT.mp4 [--force] [--seconds 5]
+//	                   [--seed 31337] [--steps 25] [--window 9] [--cfg 1] [--gs 10] [--rs 0]
+//	                   [--teacache=true] [--resolution N] [--crf 16] [--gpu-preserve 6]
+//	                   [--negative-prompt …] [--lane LANE] [--detach] [--quiet]
 //	framepack jobs [--state queued,running,…] [--limit 20]
-//	framepack watch ID [--previews DIR] [--out OUT.mp4]
+//	framepack watch ID [--previews DIR] [--out OUT.mp4 [--force]]
 //	framepack cancel ID [--reason …]
 //	framepack devices
-//	framepack get ID [-o OUT.mp4]
+//	framepack get ID [-o OUT.mp4] [--force]
 //	framepack rm ID…
 //	framepack pull [--variant i2v,f1] [--cache DIR]     (pull.go)
 //	framepack models [verify] [--cache DIR]             (models.go)
@@ -22,7 +22,13 @@
 //	framepack batch status|watch|cancel BATCH_ID                                   (batch.go)
 //
 // Every command takes --addr (default: the daemon's default socket, see framepackd; or
-// $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port.
+// $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port. A server not reached
+// within a few seconds fails the command (exit 3, naming the address); one reached earlier in
+// the command and then lost (a daemon restart) is waited for.
+//
+// generate's defaults are the server's (supervisor/pipeline/plan), which it gives every client that
+// leaves a setting unset; --resolution is left to the server, whose models decide it (640 for
+// FramePack's, 96 for the tiny test models).
 //
 // generate submits the job, shows its progress (a progress bar on a terminal, plain lines
 // otherwise, on stderr) and, when the job has finished, copies the video to --out and prints
@@ -43,8 +49,10 @@
 //	7  the job was cancelled
 //	8  the job finished but the server had no ffmpeg: the frames are PNG files (copied to
 //	   OUT's name with ".frames" instead of ".mp4")
-//	9  health: the server answers but does not serve (it is stopping)
-//	10 generate got SIGTERM and detached: the job keeps running (framepack watch ID re-attaches)
+//	9  the server answers but does not serve: it cannot run jobs now (its model files are
+//	   missing or broken; health and generate print why) or it is stopping
+//	10 generate got SIGTERM and detached: the job stays on the server (framepack watch ID
+//	   re-attaches)
 package main
 
 import (
@@ -56,6 +64,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -63,7 +72,9 @@ import (
 	"github.com/framepackd/framepackd/internal/buildinfo"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 )
 
@@ -101,6 +112,7 @@ type env struct {
 	stderrTTY      bool
 	width          func() int
 	signals        func() (<-chan os.Signal, func())
+	server         *server // the server the command dialled (dial); nil before
 }
 
 func main() {
@@ -126,7 +138,8 @@ commands:
   jobs       list jobs
   watch      follow a job's progress
   cancel     cancel a job
-  devices    list the server's devices and lanes
+  devices    list the server's devices and lanes, with the model workers they keep
+  unload     kill the model workers the server keeps alive between jobs
   get        download a job's video (works with a remote server)
   rm         delete finished jobs and their files on the server
   pull       download the models from the Hugging Face hub (no daemon needed)
@@ -150,6 +163,7 @@ func run(ctx context.Context, e *env, args []string) int {
 		"watch":    cmdWatch,
 		"cancel":   cmdCancel,
 		"devices":  cmdDevices,
+		"unload":   cmdUnload,
 		"get":      cmdGet,
 		"rm":       cmdRm,
 		"pull":     cmdPull,
@@ -209,14 +223,18 @@ func run(ctx context.Context, e *env, args []string) int {
 		}
 		return ee.code
 	}
-	code, msg := describe(err)
+	code, msg := describeAt(err, e.server)
 	fmt.Fprintln(e.stderr, "framepack: "+msg)
 	return code
 }
 
 // describe turns a gRPC error into an exit status and a readable message: the status code in
 // words, the server's message, and each field violation on its own line.
-func describe(err error) (int, string) {
+func describe(err error) (int, string) { return describeAt(err, nil) }
+
+// describeAt is describe for an error of a call to srv (nil: unknown): an unreachable server
+// is named by its address, and a server that answered is not called unreachable.
+func describeAt(err error, srv *server) (int, string) {
 	st, ok := status.FromError(err)
 	if !ok {
 		return exitError, err.Error()
@@ -225,8 +243,21 @@ func describe(err error) (int, string) {
 	code := exitError
 	switch st.Code() {
 	case codes.Unavailable:
-		code = exitUnreachable
-		fmt.Fprintf(&b, "cannot reach the server: %s", st.Message())
+		switch {
+		case notReady(err):
+			// The server answered: it is up but cannot run jobs (its message says why).
+			code = exitUnhealthy
+			b.WriteString(st.Message())
+		case srv == nil:
+			code = exitUnreachable
+			fmt.Fprintf(&b, "cannot reach the server: %s", st.Message())
+		case !srv.reached():
+			code = exitUnreachable
+			fmt.Fprintf(&b, "cannot reach the server at %s: %s\n(is framepackd running there? --addr or $FRAMEPACK_ADDR give another address)", srv.addr, st.Message())
+		default:
+			code = exitUnreachable
+			fmt.Fprintf(&b, "lost the server at %s: %s", srv.addr, st.Message())
+		}
 	case codes.DeadlineExceeded:
 		code = exitUnreachable
 		fmt.Fprintf(&b, "the server did not answer in time: %s", st.Message())
@@ -341,8 +372,64 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-// dial connects to the server (lazily: errors appear on the first call).
-func dial(c *common) (*grpc.ClientConn, error) {
+// unreachableAfter is how long a command keeps trying a server it has not reached yet (a
+// daemon still starting) before it gives up; a server it reached before, which then went
+// away, is given reconnectFor (a restart).
+const unreachableAfter = 3 * time.Second
+
+// connectTimeout bounds one attempt to connect (TCP and TLS handshakes).
+const connectTimeout = 5 * time.Second
+
+// server is the connection to the daemon and what this command has seen of it.
+type server struct {
+	*grpc.ClientConn
+	addr string // the address as given (--addr, $FRAMEPACK_ADDR or the default socket)
+	seen atomic.Bool
+	up   atomic.Bool
+}
+
+// reached reports whether the connection was up at some time during this command: the
+// daemon was there, so losing it is a restart worth waiting for.
+func (s *server) reached() bool { return s.seen.Load() }
+
+// connected reports whether the connection is up now.
+func (s *server) connected() bool { return s.up.Load() }
+
+// watchState follows the connection's state until it is closed.
+func (s *server) watchState() {
+	for {
+		st := s.GetState()
+		s.up.Store(st == connectivity.Ready)
+		if st == connectivity.Ready {
+			s.seen.Store(true)
+		}
+		if st == connectivity.Shutdown || !s.WaitForStateChange(context.Background(), st) {
+			return
+		}
+	}
+}
+
+// addrFlag is the --addr part of a command printed for the user: empty for the default
+// socket, which a command run later finds without it.
+func (s *server) addrFlag() string {
+	if s == nil || s.addr == apiaddr.DefaultSocketPath() {
+		return ""
+	}
+	return " --addr " + shellQuote(s.addr)
+}
+
+// shellQuote quotes a word for a POSIX shell when it needs it.
+func shellQuote(w string) string {
+	if w != "" && !strings.ContainsFunc(w, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("/._-:+,=@%", r))
+	}) {
+		return w
+	}
+	return "'" + strings.ReplaceAll(w, "'", `'\''`) + "'"
+}
+
+// dial connects to the server (lazily: errors appear on the first call) and records it in e.
+func dial(e *env, c *common) (*server, error) {
 	a, err := apiaddr.ParseAddr(c.addr)
 	if err != nil {
 		return nil, fail(exitUsage, "--addr: %v", err)
@@ -351,9 +438,16 @@ func dial(c *common) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, fail(exitUsage, "%v", err)
 	}
+	// A TCP address that never answers (a firewall dropping packets) fails a connection
+	// attempt after connectTimeout instead of gRPC's 20 s, so that unreachableAfter holds
+	// there too.
+	opts = append(opts, grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: connectTimeout}))
 	conn, err := grpc.NewClient(a.Target(), opts...)
 	if err != nil {
 		return nil, fail(exitUnreachable, "connect to %s: %v", a, err)
 	}
-	return conn, nil
+	s := &server{ClientConn: conn, addr: c.addr}
+	go s.watchState()
+	e.server = s
+	return s, nil
 }

@@ -122,6 +122,12 @@ func (f *fixture) restart(t *testing.T, opts ...grpc.ServerOption) {
 
 func setup(t *testing.T) *fixture {
 	t.Helper()
+	return setupWith(t, nil)
+}
+
+// setupWith is setup with the daemon's configuration changed by mod (nil: as setup).
+func setupWith(t *testing.T, mod func(*api.DaemonConfig)) *fixture {
+	t.Helper()
 	bin := testbin.Build(t, "./cmd/framepack")
 	dir, err := os.MkdirTemp("", "fpkcli")
 	if err != nil {
@@ -129,13 +135,17 @@ func setup(t *testing.T) *fixture {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	f := &fixture{bin: bin, dir: dir, addr: filepath.Join(dir, "d.sock"), blocked: make(chan string, 4)}
-	f.d, err = api.StartDaemon(api.DaemonConfig{
+	cfg := api.DaemonConfig{
 		StateDir: filepath.Join(dir, "state"),
 		Listen:   []api.Addr{{Network: "unix", Address: f.addr}},
 		Lanes:    []string{"cpu"},
 		Run:      fakeRunner(f.blocked),
 		Grace:    time.Second,
-	})
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	f.d, err = api.StartDaemon(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,8 +223,8 @@ func TestCLI(t *testing.T) {
 			t.Fatalf("exit %d, stdout %q, stderr:\n%s", r.code, r.stdout, r.stderr)
 		}
 		// Not a terminal: plain lines, one per stage and section, steps at the end of a section.
-		for _, want := range []string{"queued (2 sections)", "section 1/2: transformer started", "section 2/2: step 4/4, 100% done",
-			"section 1/2: video so far:", "(3 frames)", "finished:"} {
+		for _, want := range []string{"queued (2 sections at resolution 640)", "section 1/2: transformer started", "section 2/2: step 4/4, 100% done",
+			"section 1/2: video so far: 3 frames (download: framepack get ", "finished:"} {
 			if !strings.Contains(r.stderr, want) {
 				t.Errorf("stderr lacks %q:\n%s", want, r.stderr)
 			}

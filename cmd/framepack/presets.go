@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -71,7 +73,7 @@ func presetSave(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	sf.keepGiven(spec)
-	return withClient(ctx, &c, func(ctx context.Context, cl framepackv1.PresetServiceClient) error {
+	return withClient(ctx, e, &c, func(ctx context.Context, cl framepackv1.PresetServiceClient) error {
 		resp, err := cl.SavePreset(ctx, &framepackv1.SavePresetRequest{Preset: &framepackv1.Preset{Name: pos[0], Spec: spec}})
 		if err != nil {
 			return err
@@ -91,7 +93,7 @@ func presetList(ctx context.Context, e *env, args []string) error {
 	if len(pos) != 0 {
 		return fail(exitUsage, "presets list: unexpected arguments %q", pos)
 	}
-	return withClient(ctx, &c, func(ctx context.Context, cl framepackv1.PresetServiceClient) error {
+	return withClient(ctx, e, &c, func(ctx context.Context, cl framepackv1.PresetServiceClient) error {
 		resp, err := cl.ListPresets(ctx, &framepackv1.ListPresetsRequest{})
 		if err != nil {
 			return err
@@ -115,16 +117,21 @@ func presetShow(ctx context.Context, e *env, args []string) error {
 	if len(pos) != 1 {
 		return fail(exitUsage, "presets show: want one name")
 	}
-	return withClient(ctx, &c, func(ctx context.Context, cl framepackv1.PresetServiceClient) error {
+	return withClient(ctx, e, &c, func(ctx context.Context, cl framepackv1.PresetServiceClient) error {
 		resp, err := cl.GetPreset(ctx, &framepackv1.GetPresetRequest{Name: pos[0]})
 		if err != nil {
 			return err
 		}
-		b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(resp.GetPreset())
+		b, err := protojson.Marshal(resp.GetPreset())
 		if err != nil {
 			return err
 		}
-		fmt.Fprintln(e.stdout, string(b))
+		// Indented here: protojson's own spacing varies from build to build on purpose.
+		var out bytes.Buffer
+		if err := json.Indent(&out, b, "", "  "); err != nil {
+			return err
+		}
+		fmt.Fprintln(e.stdout, out.String())
 		return nil
 	})
 }
@@ -139,7 +146,7 @@ func presetRm(ctx context.Context, e *env, args []string) error {
 	if len(pos) == 0 {
 		return fail(exitUsage, "presets rm: want one name or more")
 	}
-	return withClient(ctx, &c, func(ctx context.Context, cl framepackv1.PresetServiceClient) error {
+	return withClient(ctx, e, &c, func(ctx context.Context, cl framepackv1.PresetServiceClient) error {
 		for _, name := range pos {
 			if _, err := cl.DeletePreset(ctx, &framepackv1.DeletePresetRequest{Name: name}); err != nil {
 				return err
@@ -151,8 +158,8 @@ func presetRm(ctx context.Context, e *env, args []string) error {
 }
 
 // withClient dials the server and runs fn with a PresetService client under the request timeout.
-func withClient(ctx context.Context, c *common, fn func(context.Context, framepackv1.PresetServiceClient) error) error {
-	conn, err := dial(c)
+func withClient(ctx context.Context, e *env, c *common, fn func(context.Context, framepackv1.PresetServiceClient) error) error {
+	conn, err := dial(e, c)
 	if err != nil {
 		return err
 	}

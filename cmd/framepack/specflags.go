@@ -7,10 +7,13 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/framepackd/framepackd/internal/imageproc"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // specFlags are the job settings flags generate and batch share, and the spec they build.
@@ -31,6 +34,7 @@ type specFlags struct {
 	inputVideo, extendJob                                                string
 	videoContext                                                         uint
 	videoInput                                                           bool
+	keepAlive                                                            time.Duration
 }
 
 // register adds the settings flags to fs.
@@ -39,31 +43,34 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.prompt, "prompt", "", "what should happen (this or --prompt-file is required)")
 	fs.StringVar(&f.promptFile, "prompt-file", "", "read the prompt from this file ('-': standard input)")
 	fs.StringVar(&f.negative, "negative-prompt", "", "negative prompt (used when --cfg > 1)")
+	// The defaults are the server's (supervisor/pipeline/plan, jobs), which it also gives jobs
+	// that leave a setting unset; the resolution is left to the server, whose models decide it.
 	fs.Float64Var(&f.seconds, "seconds", 5, "video length in seconds, (0, 120]")
-	fs.Int64Var(&f.seed, "seed", 31337, "sampler seed")
-	fs.UintVar(&f.steps, "steps", 25, "sampling steps per section, 1–100")
-	fs.UintVar(&f.window, "window", 9, "latent window size, 1–33")
-	fs.Float64Var(&f.cfg, "cfg", 1, "real guidance scale, 1–32 (1: no negative pass)")
-	fs.Float64Var(&f.gs, "gs", 10, "distilled guidance scale, 1–32")
+	fs.Int64Var(&f.seed, "seed", plan.DefaultSeed, "sampler seed")
+	fs.UintVar(&f.steps, "steps", plan.DefaultSteps, "sampling steps per section, 1–100")
+	fs.UintVar(&f.window, "window", plan.DefaultLatentWindowSize, "latent window size, 1–33")
+	fs.Float64Var(&f.cfg, "cfg", plan.DefaultCFG, "real guidance scale, 1–32 (1: no negative pass)")
+	fs.Float64Var(&f.gs, "gs", plan.DefaultGS, "distilled guidance scale, 1–32")
 	fs.Float64Var(&f.rs, "rs", 0, "guidance rescale, 0–1")
-	fs.BoolVar(&f.teacache, "teacache", true, "use TeaCache (faster, slightly different output); --teacache=false is --cache none")
-	fs.StringVar(&f.cache, "cache", "teacache", "step cache: teacache, magcache (FramePack-Studio's MagCache) or none")
-	fs.Float64Var(&f.magThreshold, "magcache-threshold", 0.1, "MagCache's error threshold, 0.01–1 (with --cache magcache)")
-	fs.UintVar(&f.magSkips, "magcache-max-skips", 2, "most steps MagCache skips in a row, 1–5 (with --cache magcache)")
-	fs.Float64Var(&f.magRetention, "magcache-retention", 0.25, "share of each section's first steps MagCache always runs, 0–1 (with --cache magcache)")
-	fs.UintVar(&f.resolution, "resolution", 640, "bucket resolution")
-	fs.UintVar(&f.crf, "crf", 16, "H.264 constant rate factor, 0–51")
-	fs.Float64Var(&f.gpuPreserve, "gpu-preserve", 6, "GB of GPU memory to leave free, 0–128")
+	fs.BoolVar(&f.teacache, "teacache", plan.DefaultUseTeaCache, "use TeaCache (faster, slightly different output); --teacache=false is --cache none")
+	fs.StringVar(&f.cache, "cache", plan.DefaultCache, "step cache: teacache, magcache (FramePack-Studio's MagCache) or none")
+	fs.Float64Var(&f.magThreshold, "magcache-threshold", plan.DefaultMagCacheThreshold, "MagCache's error threshold, 0.01–1 (with --cache magcache)")
+	fs.UintVar(&f.magSkips, "magcache-max-skips", plan.DefaultMagCacheMaxSkips, "most steps MagCache skips in a row, 1–5 (with --cache magcache)")
+	fs.Float64Var(&f.magRetention, "magcache-retention", plan.DefaultMagCacheRetentionRatio, "share of each section's first steps MagCache always runs, 0–1 (with --cache magcache)")
+	fs.UintVar(&f.resolution, "resolution", 0, "bucket resolution: 640 (FramePack's table) or 96 (the tiny test models'); default: the served models' own")
+	fs.UintVar(&f.crf, "crf", plan.DefaultMP4CRF, "H.264 constant rate factor, 0–51")
+	fs.Float64Var(&f.gpuPreserve, "gpu-preserve", plan.DefaultGPUMemoryPreservationGB, "GB of GPU memory to leave free, 0–128")
 	fs.StringVar(&f.lane, "lane", "", "run on this lane (see framepack devices)")
 	fs.Var(&f.loras, "lora", "LoRA file merged into the transformer, PATH or PATH:STRENGTH (strength -4–4, default 1); repeat to stack")
 	fs.StringVar(&f.variant, "variant", "i2v", "sampling loop: i2v (FramePack, backwards in time) or f1 (FramePack-F1, forwards)")
 	fs.StringVar(&f.endImage, "end-image", "", "end frame the video should reach: PNG, JPEG or WebP (FramePack-Studio's end frame; i2v only)")
-	fs.Float64Var(&f.endStrength, "end-strength", 1, "how strongly the end frame pulls, 0–1 (with --end-image)")
+	fs.Float64Var(&f.endStrength, "end-strength", plan.DefaultEndStrength, "how strongly the end frame pulls, 0–1 (with --end-image)")
 	fs.StringVar(&f.preset, "preset", "", "start from this preset's settings (framepack presets list); the flags given override them")
 	fs.StringVar(&f.inputVideo, "input-video", "", "extend this video instead of starting from an image (FramePack-Studio's Video / Video F1 with --variant f1): MP4, WebM, MKV or MOV")
 	fs.StringVar(&f.extendJob, "extend-job", "", "extend the video of this finished job (on the server) instead of starting from an image")
 	fs.UintVar(&f.videoContext, "video-context-frames", 5, "latent frames of the video's end the first sections hold on to, 1–10 (2–10 with f1; with --input-video or --extend-job)")
 	fs.BoolVar(&f.videoInput, "video-include-input", true, "the output starts with the input video's frames (with --input-video or --extend-job)")
+	fs.DurationVar(&f.keepAlive, "keep-alive", -1, "how long the job's model workers stay alive after it for the next job (0: killed at once; default: the server's --keep-alive)")
 	fs.Var(&f.keyframes, "keyframe", "a section's image, SECTION:PATH (0-based, in video time) or SECONDSs:PATH (the first section starting at or after it); repeat for more (FramePack-eichi's keyframes; i2v only)")
 }
 
@@ -112,7 +119,7 @@ func (f *specFlags) spec(cmd string) (*framepackv1.JobSpec, error) {
 		v        float64
 		min, max float64
 	}{{"--steps", float64(f.steps), 1, 100}, {"--window", float64(f.window), 1, 33}, {"--cfg", f.cfg, 1, 32}, {"--gs", f.gs, 1, 32}, {"--resolution", float64(f.resolution), 16, 2048}} {
-		if r.v == 0 {
+		if r.v == 0 && (r.flag != "--resolution" || f.given("resolution")) {
 			return nil, fail(exitUsage, "%s: %s must be %g to %g, got 0", cmd, r.flag, r.min, r.max)
 		}
 	}
@@ -122,7 +129,7 @@ func (f *specFlags) spec(cmd string) (*framepackv1.JobSpec, error) {
 	spec := &framepackv1.JobSpec{
 		Prompt:                  f.prompt,
 		NegativePrompt:          f.negative,
-		Seed:                    f.seed,
+		Seed:                    proto.Int64(f.seed),
 		TotalSecondLength:       float32(f.seconds),
 		LatentWindowSize:        uint32(min(f.window, 1<<31)),
 		Steps:                   uint32(min(f.steps, 1<<31)),
@@ -135,6 +142,9 @@ func (f *specFlags) spec(cmd string) (*framepackv1.JobSpec, error) {
 		Lane:                    f.lane,
 		Loras:                   f.loras,
 		Variant:                 f.variant,
+	}
+	if f.keepAlive >= 0 {
+		spec.KeepAlive = durationpb.New(f.keepAlive)
 	}
 	if err := f.cacheSpec(cmd, spec); err != nil {
 		return nil, err
@@ -222,7 +232,7 @@ var settingFields = []struct {
 	{[]string{"prompt", "prompt-file"}, func(s *framepackv1.JobSpec) { s.Prompt = "" }},
 	{[]string{"negative-prompt"}, func(s *framepackv1.JobSpec) { s.NegativePrompt = "" }},
 	{[]string{"seconds"}, func(s *framepackv1.JobSpec) { s.TotalSecondLength = 0 }},
-	{[]string{"seed"}, func(s *framepackv1.JobSpec) { s.Seed = 0 }},
+	{[]string{"seed"}, func(s *framepackv1.JobSpec) { s.Seed = nil }},
 	{[]string{"steps"}, func(s *framepackv1.JobSpec) { s.Steps = 0 }},
 	{[]string{"window"}, func(s *framepackv1.JobSpec) { s.LatentWindowSize = 0 }},
 	{[]string{"cfg"}, func(s *framepackv1.JobSpec) { s.Cfg = 0 }},
@@ -235,6 +245,7 @@ var settingFields = []struct {
 	{[]string{"resolution"}, func(s *framepackv1.JobSpec) { s.Resolution = 0 }},
 	{[]string{"crf"}, func(s *framepackv1.JobSpec) { s.Mp4Crf = nil }},
 	{[]string{"gpu-preserve"}, func(s *framepackv1.JobSpec) { s.GpuMemoryPreservationGb = nil }},
+	{[]string{"keep-alive"}, func(s *framepackv1.JobSpec) { s.KeepAlive = nil }},
 	{[]string{"lane"}, func(s *framepackv1.JobSpec) { s.Lane = "" }},
 	{[]string{"lora"}, func(s *framepackv1.JobSpec) { s.Loras = nil }},
 	{[]string{"variant"}, func(s *framepackv1.JobSpec) { s.Variant = "" }},

@@ -102,7 +102,7 @@ func startHTTP(o *options, d *api.Daemon, parts httpParts, log *logrus.Logger) (
 	if h.noPage {
 		page = nil
 	}
-	handler, err := httpapi.New(httpapi.Config{Conn: conn, JobDir: func(id string) string { return d.Store().JobDir(id).Path() },
+	handler, err := httpapi.New(httpapi.Config{Conn: conn, JobDir: func(id string) string { return d.Jobs().JobDir(id).Path() },
 		Metrics: parts.metrics, Page: page, Token: sec.Token, SecureCookie: sec.TLS != nil, Log: log})
 	if err != nil {
 		conn.Close()
@@ -147,20 +147,19 @@ func newMetrics(devices func(context.Context) ([]*framepackv1.Device, error), lo
 			if d == nil {
 				return map[framepackv1.JobState]int{}, nil
 			}
-			return metrics.CountJobs(d.Store())
+			return metrics.CountJobs(d.Jobs())
 		},
-		Devices: func(ctx context.Context) ([]*framepackv1.Device, error) {
+		// As ListDevices answers (with the jobs running and whether the daemon serves) once
+		// the daemon is attached; before, the devices alone.
+		Devices: func(ctx context.Context) (*framepackv1.ListDevicesResponse, error) {
+			if d := dm.d.Load(); d != nil {
+				return d.ListDevices(ctx)
+			}
 			devs, err := devices(ctx)
 			if err != nil {
 				return nil, err
 			}
-			if d := dm.d.Load(); d != nil {
-				running := d.Queue().Running()
-				for _, dev := range devs {
-					dev.CurrentJobId = running[dev.GetLane()]
-				}
-			}
-			return devs, nil
+			return &framepackv1.ListDevicesResponse{Devices: devs}, nil
 		}})
 	return dm
 }

@@ -20,6 +20,7 @@ import (
 // the REST API and /metrics from it.
 func TestDaemonHTTP(t *testing.T) {
 	f := newFixture(t)
+	f.withModels(t) // a serving daemon: its lane reads healthy
 	cmd, logs, _ := f.start(t, "--http", "127.0.0.1:0")
 	var addr string
 	for _, line := range strings.Split(logs.String(), "\n") {

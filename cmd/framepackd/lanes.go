@@ -133,6 +133,9 @@ type placement struct {
 	readers map[string]gpudevices.Reader
 	total   map[string]uint64
 	minNeed uint64
+	// kept is the memory a lane's kept workers hold (their caps): free for a job placed there,
+	// since the lane kills them when a stage needs it (nil: none kept).
+	kept func(lane string) uint64
 }
 
 // newPlacement builds the placement of lanes. minNeedGB is the device memory a job needs
@@ -187,7 +190,11 @@ func (p *placement) jobs() jobs.Placement {
 			if err != nil {
 				return 0, false
 			}
-			return p.total[lane] - min(used, p.total[lane]), true
+			free := p.total[lane] - min(used, p.total[lane])
+			if p.kept != nil {
+				free = min(free+p.kept(lane), p.total[lane])
+			}
+			return free, true
 		},
 		TotalBytes: func(lane string) (uint64, bool) {
 			t, ok := p.total[lane]

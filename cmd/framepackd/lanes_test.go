@@ -124,7 +124,7 @@ func tinyJob(t *testing.T, c framepackv1.JobServiceClient, seed int64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := &framepackv1.JobSpec{Prompt: "a girl dances", Seed: seed, TotalSecondLength: 0.4, LatentWindowSize: 3, Steps: 2,
+	spec := &framepackv1.JobSpec{Prompt: "a girl dances", Seed: proto.Int64(seed), TotalSecondLength: 0.4, LatentWindowSize: 3, Steps: 2,
 		Resolution: 96, UseTeacache: proto.Bool(false), ImageFilename: "start.png"}
 	resp, err := c.SubmitJob(t.Context(), &framepackv1.SubmitJobRequest{Image: img, Spec: spec})
 	if err != nil {

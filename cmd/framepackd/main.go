@@ -7,7 +7,8 @@
 //	framepackd [--models DIR] [--state DIR] [--socket PATH] [--listen tcp://HOST:PORT]
 //	           [--backend auto|cpu|cuda|hip] [--workers-dir DIR] [--lanes LANE,…]
 //	           [--grace 30s] [--log-level info] [--log-format text|json] [--shm-root DIR]
-//	           [--residency] [--memory-budget-gb N] [--cpu-device-memory-gb N] [--no-previews]
+//	           [--residency=false] [--keep-alive auto|DURATION] [--lane-memory-gb N|LANE=N,…]
+//	           [--cpu-device-memory-gb N] [--no-previews]
 //	           [--keep-section-history] [--siglip-processor torchvision|pil]
 //	           [--pull-missing [--pull-variants i2v,f1]]
 //
@@ -29,9 +30,12 @@
 // lanes (cpu, cuda:N, hip:N), and takes up the jobs it had queued or running (running ones
 // resume after their last finished section).
 //
-// Every worker of a job runs under one memory cap: the lane's device memory (a GPU's total;
-// on a cpu lane the host's RAM, or --cpu-device-memory-gb) less the job's
-// gpu_memory_preservation_gb and a 1 GiB reserve.
+// A job's workers share one budget on their lane: the lane's device memory (a GPU's total; on
+// a cpu lane the host's RAM, or --cpu-device-memory-gb) less the job's
+// gpu_memory_preservation_gb and a 1 GiB reserve, at most --lane-memory-gb. Each worker runs
+// under a cap of its own from that budget, sized by its model's estimate for the job; workers
+// whose caps fit the budget together stay alive between stages and, for --keep-alive, between
+// jobs (supervisor/lanes).
 //
 // SIGINT or SIGTERM stops it gracefully: no new job starts, a running job gets the grace
 // period (--grace) to reach a stage boundary and is then cancelled — it stays queued and
@@ -87,8 +91,9 @@ type options struct {
 	minJobGB   float64
 	// allowMismatch keeps lanes whose GPU runtime the host driver cannot serve (runtime.go).
 	allowMismatch bool
-	http          *httpOptions // the HTTP listener's flags (http.go)
-	ops           *opsOptions  // watchdog deadlines, retries, recovery wait (ops.go)
+	http          *httpOptions    // the HTTP listener's flags (http.go)
+	ops           *opsOptions     // watchdog deadlines, retries, recovery wait (ops.go)
+	cluster       *clusterOptions // --cluster: daemons sharing one queue (cluster.go)
 }
 
 // errUsage marks a bad command line (exit status 2).
@@ -142,6 +147,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.pull = addPullFlags(fs)
 	o.http = addHTTPFlags(fs)
 	o.ops = addOpsFlags(fs)
+	o.cluster = addClusterFlags(fs)
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: framepackd [flags]")
@@ -171,6 +177,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	case "text", "json":
 	default:
 		fmt.Fprintf(stderr, "framepackd: --log-format %q: want text or json\n", o.logFormat)
+		return nil, errUsage
+	}
+	if err := o.cluster.check(); err != nil {
+		fmt.Fprintln(stderr, "framepackd:", err)
 		return nil, errUsage
 	}
 	if err := o.ops.check(); err != nil {
@@ -291,6 +301,7 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		guardsHook(guards) // tests hold a lane here (lanes_test.go)
 	}
 	o.pipeline.watchdog = guards.lookup
+	o.pipeline.recovery = guards.recovery
 	mets := newMetrics(guards.devices(devs.list), log) // /metrics (http.go)
 	o.pipeline.onStage = mets.stage
 	runJob, closeRunner, err := newRunner(o, devs, lanes, log)
@@ -300,12 +311,28 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 	defer closeRunner()
 
 	ready := newReadiness(inst, o.models, devs, log)
+	// --cluster: jobs, files and events live in the cluster (cluster.go); left after the
+	// daemon has stopped, its running jobs given back.
+	clu, err := o.cluster.join(ctx, o.state, mets.Observe, log)
+	if err != nil {
+		return err
+	}
+	var daemonCluster api.Cluster
+	if clu != nil {
+		daemonCluster = clu
+		defer func() {
+			if err := clu.Close(); err != nil {
+				log.WithError(err).Warn("leave the cluster")
+			}
+		}()
+	}
 	d, err := api.StartDaemon(api.DaemonConfig{
 		StateDir: o.state,
 		Listen:   listen,
 		Lanes:    lanes,
 		Run:      runJob,
-		Devices:  ready.devices(guards.devices(devs.list)),
+		Devices:  ready.devices(guards.devices(o.pipeline.devices(devs.list))),
+		Unload:   o.pipeline.unload,
 		Grace:    o.grace,
 		Log:      log,
 
@@ -314,18 +341,20 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Retention:            jobs.Retention{MaxAge: o.limits.retentionAge, MaxBytes: int64(o.limits.retentionBytes)},
 		Ready:                ready.ready,
 		Admit:                ready.admit,
+		Models:               ready.fit,
 		MaxImagePixels:       o.limits.maxPixels,
 		MaxConcurrentDecodes: o.limits.maxDecodes,
 		MaxVideoBytes:        int(o.limits.maxVideoBytes),
 		VideoLimits: video.Limits{MaxSeconds: o.limits.maxVideoSeconds, MaxFrames: o.limits.maxVideoFrames,
 			MaxPixels: o.limits.maxVideoPixels},
-		Placement: newPlacement(guards, devs, lanes, o.minJobGB).jobs(),
+		Placement: o.pipeline.placement(newPlacement(guards, devs, lanes, o.minJobGB)).jobs(),
 		// JobSpec.variant at submit: f1 needs its transformer (issue 19).
 		CheckVariant: o.pipeline.checkVariant,
 		// metrics from the event hub, the gRPC TCP listener's TLS and token (http.go)
 		OnEvent:       mets.Observe,
 		Listeners:     tcpGRPC,
 		ServerOptions: grpcAuth,
+		Cluster:       daemonCluster,
 	})
 	if err != nil {
 		return err

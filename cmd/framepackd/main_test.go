@@ -142,9 +142,12 @@ func TestDaemon(t *testing.T) {
 	if len(devs.GetDevices()) != 1 {
 		t.Fatalf("devices %v", devs)
 	}
+	// Without models the lane is not serving, and says why (issue 32: it said "healthy").
 	d := devs.GetDevices()[0]
-	if d.GetLane() != "cpu" || d.GetBackend() != "cpu" || d.GetName() == "" || d.GetTotalMemoryBytes() == 0 || d.GetLaneState() != framepackv1.LaneState_LANE_STATE_HEALTHY {
-		t.Fatalf("cpu device %v", d)
+	if d.GetLane() != "cpu" || d.GetBackend() != "cpu" || d.GetName() == "" || d.GetTotalMemoryBytes() == 0 ||
+		d.GetLaneState() != framepackv1.LaneState_LANE_STATE_NOT_SERVING || !strings.Contains(d.GetLaneStateReason(), "no variant can run") ||
+		devs.GetNotServingReason() != d.GetLaneStateReason() {
+		t.Fatalf("cpu device without models %v", devs)
 	}
 
 	// Without models the daemon is not ready: health says NOT_SERVING and a job is refused at

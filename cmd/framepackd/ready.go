@@ -13,11 +13,13 @@ import (
 
 	"github.com/framepackd/framepackd/internal/shm"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
 )
 
-// readiness checks the shared-memory folder, the model files (at start and on every
-// ListDevices) and the lanes' devices.
+// readiness checks the shared-memory folder, the model files (at start, on every readiness
+// check, which the daemon makes every few seconds, and on every ListDevices) and the lanes'
+// devices.
 type readiness struct {
 	shm    *shm.Instance
 	models string // --models
@@ -47,8 +49,11 @@ func (r *readiness) checkModels() {
 	changed := (err == nil) != (r.modelsErr == nil)
 	r.modelsErr, r.info = err, info
 	r.mu.Unlock()
-	if err != nil && changed {
+	switch {
+	case err != nil && changed:
 		r.log.WithError(err).Warn("framepack variant unusable: jobs are refused until its model files are fixed")
+	case changed:
+		r.log.Info("model files usable again")
 	}
 }
 
@@ -77,11 +82,13 @@ func (r *readiness) devices(list func(context.Context) ([]*framepackv1.Device, e
 }
 
 // ready is the daemon's readiness (health SERVING when nil): its shared-memory folder is
-// there (made again if it vanished) and the FramePack variant's model files are usable.
+// there (made again if it vanished) and the FramePack variant's model files are usable, read
+// again now (a models folder that appears after start makes the daemon ready).
 func (r *readiness) ready() error {
 	if err := r.shm.Check(); err != nil {
 		return err
 	}
+	r.checkModels()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.modelsErr != nil {
@@ -90,8 +97,8 @@ func (r *readiness) ready() error {
 	return nil
 }
 
-// admit refuses, at submit, a job that cannot run: its lane has no device, or the models are
-// smaller than FramePack's and the spec did not say its resolution (640 would be wrong).
+// admit refuses, at submit, a job that cannot run: its lane has no device. (Whether the
+// models take the job's resolution is the API's to judge, from models.)
 func (r *readiness) admit(spec *framepackv1.JobSpec) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -100,11 +107,18 @@ func (r *readiness) admit(spec *framepackv1.JobSpec) error {
 			return errors.New(why)
 		}
 	}
-	if r.modelsErr == nil && r.info.Small() && spec.GetResolution() == 0 && len(spec.GetBuckets()) == 0 {
-		return fmt.Errorf("the server's models are not FramePack's full-size ones (transformer width %d, FramePack's is %d), so the default resolution 640 does not fit them: set the resolution (96 for the tiny test models: framepack generate --resolution 96) or give buckets",
-			r.info.TransformerWidth, pipeline.FullTransformerWidth)
-	}
 	return nil
+}
+
+// fit is what the served models take (api.Config.Models): nil until their files are
+// usable.
+func (r *readiness) fit() api.ModelFit {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.modelsErr != nil {
+		return nil
+	}
+	return r.info
 }
 
 // known lists the daemon's lanes with the devices of the last probe, without probing again.

@@ -100,13 +100,90 @@ func TestReadiness(t *testing.T) {
 	if _, err := client.SubmitJob(t.Context(), pinned); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "cuda:7") {
 		t.Fatalf("submit to a lane without a device: %v", err)
 	}
-	// Tiny models, no resolution: refused, saying which resolution to use.
+	// Issue 32: the tiny models' own resolution is every client's default, and FramePack's
+	// 640 table, which would run them for minutes a section on a CPU, is refused whoever
+	// asks for it (the CLI and the page used to send 640 explicitly).
+	defaults, err := client.GetJobDefaults(t.Context(), &framepackv1.GetJobDefaultsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := defaults.GetSpec(); s.GetResolution() != 96 || s.GetSeed() != 31337 || s.GetSteps() != 25 || s.Seed == nil {
+		t.Fatalf("defaults on the tiny models: %v", s)
+	}
+	if rs := defaults.GetResolutions(); len(rs) != 2 || rs[0].GetResolution() != 96 || rs[0].GetUnavailableReason() != "" || len(rs[0].GetBuckets()) != 3 ||
+		rs[1].GetResolution() != 640 || !strings.Contains(rs[1].GetUnavailableReason(), "not FramePack's full-size") {
+		t.Fatalf("resolutions on the tiny models: %v", rs)
+	}
+	at640 := tinyJobRequest(t)
+	at640.Spec.Resolution = 640
+	if _, err := client.SubmitJob(t.Context(), at640); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--resolution 96") {
+		t.Fatalf("submit at 640 on the tiny models: %v", err)
+	}
 	noRes := tinyJobRequest(t)
 	noRes.Spec.Resolution = 0
-	if _, err := client.SubmitJob(t.Context(), noRes); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "--resolution 96") {
-		t.Fatalf("submit without resolution on the tiny models: %v", err)
+	resp, err := client.SubmitJob(t.Context(), noRes)
+	if err != nil || resp.GetJob().GetSpec().GetResolution() != 96 {
+		t.Fatalf("submit without a resolution on the tiny models: %v %v", resp.GetJob().GetSpec(), err)
 	}
-	if _, err := client.SubmitJob(t.Context(), tinyJobRequest(t)); err != nil {
-		t.Fatalf("good job: %v", err)
+	// Own buckets are the client's to choose.
+	own := tinyJobRequest(t)
+	own.Spec.Resolution, own.Spec.Buckets = 640, []*framepackv1.Bucket{{Height: 64, Width: 64}}
+	if _, err := client.SubmitJob(t.Context(), own); err != nil {
+		t.Fatalf("own buckets: %v", err)
+	}
+}
+
+// TestModelsAppearAfterStart is issue 32's readiness item: a daemon started before its models
+// folder exists says NOT_SERVING and why on every surface, and once the folder appears it
+// serves within seconds, without a restart or a client's call, and runs jobs.
+func TestModelsAppearAfterStart(t *testing.T) {
+	f := newFixture(t)
+	f.withWorkers(t)
+	models := filepath.Join(f.dir, "models")
+	target, err := os.Readlink(models)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(models); err != nil {
+		t.Fatal(err)
+	}
+	_, logs, conn := f.start(t)
+	if f.lastHealth != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health without models: %v", f.lastHealth)
+	}
+	devs, err := framepackv1.NewDeviceServiceClient(conn).ListDevices(t.Context(), &framepackv1.ListDevicesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := devs.GetNotServingReason(); !strings.Contains(r, "no variant can run") || len(devs.GetDevices()) != 1 ||
+		devs.GetDevices()[0].GetLaneState() != framepackv1.LaneState_LANE_STATE_NOT_SERVING || devs.GetDevices()[0].GetLaneStateReason() != r {
+		t.Fatalf("devices without models: %v", devs)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	watch, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := watch.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health watch: %v %v", r, err)
+	}
+	if err := os.Symlink(target, models); err != nil {
+		t.Fatal(err)
+	}
+	appeared := time.Now()
+	for {
+		r, err := watch.Recv()
+		if err != nil {
+			t.Fatalf("health after the models appeared: %v\nlogs:\n%s", err, logs.String())
+		}
+		if r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			break
+		}
+	}
+	t.Logf("serving %v after the models appeared", time.Since(appeared).Round(time.Millisecond))
+	if ev := runJob(t, framepackv1.NewJobServiceClient(conn), tinyJobRequest(t)); ev.GetJobFinished() == nil {
+		t.Fatalf("job after the models appeared: %v\nlogs:\n%s", ev, logs.String())
 	}
 }

@@ -14,6 +14,7 @@ import (
 // --allow-runtime-mismatch keeps the lane.
 func TestRuntimeMismatchHoldsLane(t *testing.T) {
 	f := newFixture(t)
+	f.withModels(t) // a serving daemon: its lanes' own states show
 	for _, tc := range []struct {
 		name, fake, lane string
 		extra            []string

@@ -25,6 +25,13 @@ func (f *daemonFixture) withWorkers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	f.withModels(t)
+}
+
+// withModels gives the daemon the tiny test models (it serves: its lanes are not
+// NOT_SERVING), without the workers that run them.
+func (f *daemonFixture) withModels(t *testing.T) {
+	t.Helper()
 	root, err := testbin.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
+	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/watchdog"
 )
 
@@ -28,7 +29,28 @@ const convCacheFile = "conv-decisions.json"
 type guards struct {
 	byLane map[string]*watchdog.Watchdog
 	list   []*watchdog.Watchdog
+	// checks are the lanes' memory-recovery checks, which the lanes also run after killing a
+	// kept worker outside a stage.
+	checks map[string]*watchdog.Recovery
 	log    *logrus.Entry
+}
+
+// recovery is lane's memory check as the lane calls it (nil without a watchdog).
+func (g *guards) recovery(lane string) lanes.Recovery {
+	if r := g.checks[lane]; r != nil {
+		return laneRecovery{r}
+	}
+	return nil
+}
+
+// laneRecovery adapts the watchdog's recovery check to lanes.Recovery.
+type laneRecovery struct{ r *watchdog.Recovery }
+
+func (l laneRecovery) Baseline(ctx context.Context) (uint64, error) { return l.r.Baseline(ctx) }
+
+func (l laneRecovery) Check(ctx context.Context, baseline uint64, pgid int) (bool, string) {
+	res := l.r.Check(ctx, baseline, pgid)
+	return res.Recovered, res.String()
 }
 
 // newGuards makes one watchdog per lane, with the lane's device memory read through
@@ -42,7 +64,7 @@ func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger
 	if lerr := cache.LoadError(); lerr != nil {
 		log.WithError(lerr).Warn("conv decision cache unreadable; it starts empty")
 	}
-	g := &guards{byLane: map[string]*watchdog.Watchdog{}, log: logrus.NewEntry(log)}
+	g := &guards{byLane: map[string]*watchdog.Watchdog{}, checks: map[string]*watchdog.Recovery{}, log: logrus.NewEntry(log)}
 	for _, name := range laneNames {
 		backend, idx, err := laneBackend(name)
 		if err != nil {
@@ -66,6 +88,7 @@ func newGuards(o *options, devs *devices, laneNames []string, log *logrus.Logger
 		cfg := watchdog.Config{Lane: name, LaneBackend: backend, ConvCache: cache,
 			Recovery: &watchdog.Recovery{Memory: mem}, Probe: probe, Log: g.log}
 		o.ops.apply(&cfg) // --hang-deadline-scale, --retries-per-*, --vram-recovery-wait (ops.go)
+		g.checks[name] = cfg.Recovery
 		wd, err := watchdog.New(cfg)
 		if err != nil {
 			g.close()

@@ -15,6 +15,7 @@ import (
 // STOPPING=1 on SIGTERM; ListDevices shows the lane's state.
 func TestDaemonSystemdNotify(t *testing.T) {
 	f := newFixture(t)
+	f.withModels(t) // a serving daemon: its lanes' own states show
 	sock := filepath.Join(f.dir, "notify")
 	l, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: sock, Net: "unixgram"})
 	if err != nil {

@@ -65,7 +65,7 @@ type Source interface {
 // embedding tables) as the weight dtype: F16, BF16, runtime.AsStored (the checkpoint's own
 // dtype; F32 for random weights) or, by default, the loader's dtype.
 //
-// With staged upload on (SetStaging, $FRAMEPACK_STAGED_UPLOAD) a tensor already in the dtype it
+// With staged upload on (SetStaging; by default on a device backend, $FRAMEPACK_STAGED_UPLOAD) a tensor already in the dtype it
 // is uploaded as is copied through a ring of pinned host slots on a copy stream (staging.go);
 // its bytes are ordered before any later work on the runtime's stream, and Finish or Free waits
 // for them, so a load must end with one of the two.
@@ -118,7 +118,7 @@ func NewLoader(rt *runtime.Runtime, src Source, o Options, prefix string) *Loade
 		wdt = dt
 	}
 	l := &Loader{rt: rt, src: src, dtype: dt, wdtype: wdt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{}}
-	l.SetStaging(StagingFromEnv())
+	l.SetStaging(StagingFromEnv(rt == nil || rt.Backend().IsHost))
 	return l
 }
 

@@ -24,9 +24,12 @@ import (
 // one after another. Any other tensor (a conversion, or one larger than a slot) keeps the
 // LoadTensor path.
 
-// EnvStagedUpload turns staged upload of resident weights on for every checkpoint loader
-// ("1"; anything strconv.ParseBool reads as false, or an unreadable value, leaves it off). It
-// is opt-in until it has been measured on a GPU; the default flips then.
+// EnvStagedUpload switches staged upload of resident weights for every checkpoint loader:
+// anything strconv.ParseBool reads as true turns it on, as false turns it off. Unset (or
+// unreadable) it is on for a device backend (its tensors are not host memory: measured on an
+// H200, the transformer's load went from ~3.7 s to ~2.1 s and the text encoder's from 2.6 s to
+// 1.4 s) and off for the cpu backend, where a tensor's "upload" is one host copy already and
+// the slots would only add host memory.
 const EnvStagedUpload = "FRAMEPACK_STAGED_UPLOAD"
 
 // EnvStagedUploadSlotBytes sets the size of each staging slot in bytes (default
@@ -57,11 +60,15 @@ type Staging struct {
 	SlotBytes int
 }
 
-// StagingFromEnv is the staging EnvStagedUpload and EnvStagedUploadSlotBytes ask for: off
-// unless EnvStagedUpload reads as true.
-func StagingFromEnv() Staging {
+// StagingFromEnv is the staging EnvStagedUpload and EnvStagedUploadSlotBytes ask for on a
+// backend whose tensors are host memory (hostTensors) or not: the variable's value when it
+// reads as a bool, else on for a device backend and off for a host one.
+func StagingFromEnv(hostTensors bool) Staging {
 	on, err := strconv.ParseBool(os.Getenv(EnvStagedUpload))
-	if err != nil || !on {
+	if err != nil {
+		on = !hostTensors
+	}
+	if !on {
 		return Staging{}
 	}
 	s := Staging{Slots: DefaultStagingSlots, SlotBytes: DefaultStagingSlotBytes}

@@ -235,28 +235,38 @@ func TestStagedUploadRingFails(t *testing.T) {
 	}
 }
 
-// TestStagingFromEnv: staging is off unless FRAMEPACK_STAGED_UPLOAD reads as true; the slot
-// size comes from FRAMEPACK_STAGED_UPLOAD_SLOT_BYTES when it is a positive number; NewLoader
-// takes it, and a host copy is never staged.
+// TestStagingFromEnv: FRAMEPACK_STAGED_UPLOAD switches staging when it reads as a bool; unset
+// or unreadable, staging is on for a device backend and off for a host one (the cpu backend);
+// the slot size comes from FRAMEPACK_STAGED_UPLOAD_SLOT_BYTES when it is a positive number;
+// NewLoader takes it (the cpu runtime, or none: off by default), and a host copy is never
+// staged.
 func TestStagingFromEnv(t *testing.T) {
+	on := Staging{Slots: DefaultStagingSlots, SlotBytes: DefaultStagingSlotBytes}
 	for _, c := range []struct {
-		on, slot string
-		want     Staging
+		on, slot   string
+		host, want Staging // on a host backend; on a device backend
 	}{
-		{"", "", Staging{}},
-		{"0", "4096", Staging{}},
-		{"yes", "", Staging{}},
-		{"1", "", Staging{Slots: DefaultStagingSlots, SlotBytes: DefaultStagingSlotBytes}},
-		{"true", "4096", Staging{Slots: DefaultStagingSlots, SlotBytes: 4096}},
-		{"1", "-5", Staging{Slots: DefaultStagingSlots, SlotBytes: DefaultStagingSlotBytes}},
+		{"", "", Staging{}, on},
+		{"0", "4096", Staging{}, Staging{}},
+		{"false", "", Staging{}, Staging{}},
+		{"yes", "", Staging{}, on},
+		{"1", "", on, on},
+		{"true", "4096", Staging{Slots: DefaultStagingSlots, SlotBytes: 4096}, Staging{Slots: DefaultStagingSlots, SlotBytes: 4096}},
+		{"1", "-5", on, on},
 	} {
 		t.Setenv(EnvStagedUpload, c.on)
 		t.Setenv(EnvStagedUploadSlotBytes, c.slot)
-		if got := StagingFromEnv(); got != c.want {
-			t.Errorf("%q, slot %q: %+v, want %+v", c.on, c.slot, got, c.want)
+		if got := StagingFromEnv(true); got != c.host {
+			t.Errorf("%q, slot %q, host backend: %+v, want %+v", c.on, c.slot, got, c.host)
 		}
-		if got := NewLoader(nil, nil, Options{}, "").staging; got != c.want {
-			t.Errorf("%q, slot %q: a new loader stages %+v, want %+v", c.on, c.slot, got, c.want)
+		if got := StagingFromEnv(false); got != c.want {
+			t.Errorf("%q, slot %q, device backend: %+v, want %+v", c.on, c.slot, got, c.want)
+		}
+		if got := NewLoader(nil, nil, Options{}, "").staging; got != c.host {
+			t.Errorf("%q, slot %q: a new loader without a runtime stages %+v, want %+v", c.on, c.slot, got, c.host)
+		}
+		if got := NewLoader(newRuntime(t), nil, Options{}, "").staging; got != c.host {
+			t.Errorf("%q, slot %q: a new loader on the cpu stages %+v, want %+v", c.on, c.slot, got, c.host)
 		}
 	}
 	rt := newRuntime(t)

@@ -629,3 +629,25 @@ func fromTilingUsed(t *pb.VaeTilingUsed) *VAETilingUsed {
 	}
 	return out
 }
+
+func toEstimateRequest(r *EstimateRequest) *pb.EstimateRequest {
+	return &pb.EstimateRequest{Load: toLoadRequest(&r.Load), VaeDecodeLatentFrames: r.VAEDecodeLatentFrames}
+}
+
+func fromEstimateRequest(r *pb.EstimateRequest) *EstimateRequest {
+	out := &EstimateRequest{VAEDecodeLatentFrames: r.GetVaeDecodeLatentFrames()}
+	if l := r.GetLoad(); l != nil {
+		out.Load = *fromLoadRequest(l)
+	}
+	return out
+}
+
+func toEstimateResponse(r *EstimateResponse) *pb.EstimateResponse {
+	return &pb.EstimateResponse{WeightBytes: r.WeightBytes, MinDeviceBytes: r.MinDeviceBytes, FullDeviceBytes: r.FullDeviceBytes,
+		HostBytesAtMin: r.HostBytesAtMin}
+}
+
+func fromEstimateResponse(r *pb.EstimateResponse) *EstimateResponse {
+	return &EstimateResponse{WeightBytes: r.GetWeightBytes(), MinDeviceBytes: r.GetMinDeviceBytes(), FullDeviceBytes: r.GetFullDeviceBytes(),
+		HostBytesAtMin: r.GetHostBytesAtMin()}
+}

@@ -234,6 +234,22 @@ func (s *grpcServer) Probe(ctx context.Context, req *pb.ProbeRequest) (*pb.Probe
 	return toProbeResponse(resp), nil
 }
 
+// Estimate serves a memory estimate (no Load needed; it changes nothing in the worker).
+func (s *grpcServer) Estimate(ctx context.Context, req *pb.EstimateRequest) (*pb.EstimateResponse, error) {
+	est, ok := s.impl.(Estimator)
+	if !ok {
+		return nil, status.Errorf(codes.Unimplemented, "estimate: the %s worker does not estimate its memory", s.name)
+	}
+	resp, err := func() (resp *EstimateResponse, err error) {
+		defer s.recovered("estimate", &err)
+		return est.Estimate(ctx, fromEstimateRequest(req))
+	}()
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	return toEstimateResponse(resp), nil
+}
+
 // grpcClient adapts the generated client to Worker.
 type grpcClient struct {
 	c pb.WorkerServiceClient
@@ -305,4 +321,19 @@ func (c *grpcClient) Probe(ctx context.Context, req *ProbeRequest) (*ProbeRespon
 		return nil, errorOf(err)
 	}
 	return fromProbeResponse(resp), nil
+}
+
+// ErrNoEstimate is returned (wrapped) by Estimate when the worker does not estimate its memory.
+var ErrNoEstimate = errors.New("the worker does not estimate its memory")
+
+// Estimate calls the worker's Estimate.
+func (c *grpcClient) Estimate(ctx context.Context, req *EstimateRequest) (*EstimateResponse, error) {
+	resp, err := c.c.Estimate(ctx, toEstimateRequest(req))
+	if status.Code(err) == codes.Unimplemented {
+		return nil, fmt.Errorf("%w: %s", ErrNoEstimate, status.Convert(err).Message())
+	}
+	if err != nil {
+		return nil, errorOf(err)
+	}
+	return fromEstimateResponse(resp), nil
 }

@@ -392,6 +392,12 @@ func (p *Process) Stats(ctx context.Context) (st *Stats, err error) {
 	return st, err
 }
 
+// Estimate calls the worker's Estimate (ErrNoEstimate when it has none).
+func (p *Process) Estimate(ctx context.Context, req *EstimateRequest) (resp *EstimateResponse, err error) {
+	err = p.call(ctx, "estimate", func() error { resp, err = p.worker.Estimate(ctx, req); return err })
+	return resp, err
+}
+
 // Probe calls the worker's Probe.
 func (p *Process) Probe(ctx context.Context, req *ProbeRequest) (resp *ProbeResponse, err error) {
 	err = p.call(ctx, "probe", func() error { resp, err = p.worker.Probe(ctx, req); return err })

@@ -39,10 +39,39 @@ type Prober interface {
 	Probe(ctx context.Context, req *ProbeRequest) (*ProbeResponse, error)
 }
 
+// Estimator is a model worker's memory estimate before Load (worker.proto Estimate): a worker
+// that implements it serves Estimate; the server answers the others' with CodeUnimplemented.
+// Estimate reads the model's config and checkpoint headers only: no backend, no device.
+type Estimator interface {
+	Estimate(ctx context.Context, req *EstimateRequest) (*EstimateResponse, error)
+}
+
 // remote is a worker as the supervisor calls it: every call of the service.
 type remote interface {
 	Worker
 	Prober
+	Estimator
+}
+
+// EstimateRequest asks for the memory a model needs for a workload (worker.proto
+// EstimateRequest).
+type EstimateRequest struct {
+	// Load is the LoadRequest that would follow (its MemoryCapBytes is ignored).
+	Load LoadRequest
+	// VAEDecodeLatentFrames is the most latent frames one VAE decode takes (0: the workload's
+	// window).
+	VAEDecodeLatentFrames uint32
+}
+
+// EstimateResponse is a model's memory need, in the allocator's bytes (worker.proto
+// EstimateResponse).
+type EstimateResponse struct {
+	WeightBytes uint64
+	// MinDeviceBytes is the least cap the model runs under (most streaming, smallest tiles);
+	// FullDeviceBytes the cap of its fastest configuration.
+	MinDeviceBytes, FullDeviceBytes uint64
+	// HostBytesAtMin is the host memory of the streamed weights at MinDeviceBytes.
+	HostBytesAtMin uint64
 }
 
 // Emit sends one event of a running stage to the supervisor. An error means the stream is gone

@@ -24,6 +24,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 func baseSpec() *framepackv1.JobSpec {
@@ -222,7 +223,7 @@ func TestSubmitValidation(t *testing.T) {
 	}{
 		{name: "valid", spec: baseSpec()},
 		{name: "valid bounds", spec: &framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 120, LatentWindowSize: 33, Steps: 100, Cfg: 32, Gs: 1, Rs: 1,
-			Resolution: 640, Mp4Crf: proto.Uint32(0), GpuMemoryPreservationGb: proto.Float32(0), UseTeacache: proto.Bool(false), Lane: "cuda:0", Seed: math.MinInt64, ImageFilename: "start frame.png"}},
+			Resolution: 640, Mp4Crf: proto.Uint32(0), GpuMemoryPreservationGb: proto.Float32(0), UseTeacache: proto.Bool(false), Lane: "cuda:0", Seed: proto.Int64(math.MinInt64), ImageFilename: "start frame.png"}},
 		{name: "valid upper bounds", spec: &framepackv1.JobSpec{Prompt: "p", TotalSecondLength: 0.01, LatentWindowSize: 1, Steps: 1, Cfg: 1, Gs: 32, Rs: 0,
 			Mp4Crf: proto.Uint32(51), GpuMemoryPreservationGb: proto.Float32(128), NegativePrompt: strings.Repeat("n", api.MaxPromptBytes)}},
 		{name: "no image", image: []byte{}, spec: baseSpec(), field: "image"},
@@ -261,6 +262,8 @@ func TestSubmitValidation(t *testing.T) {
 		{name: "gpu preservation negative", spec: with(func(s *framepackv1.JobSpec) { s.GpuMemoryPreservationGb = proto.Float32(-1) }), field: "spec.gpu_memory_preservation_gb"},
 		{name: "gpu preservation 129", spec: with(func(s *framepackv1.JobSpec) { s.GpuMemoryPreservationGb = proto.Float32(129) }), field: "spec.gpu_memory_preservation_gb"},
 		{name: "gpu preservation NaN", spec: with(func(s *framepackv1.JobSpec) { s.GpuMemoryPreservationGb = proto.Float32(nan) }), field: "spec.gpu_memory_preservation_gb"},
+		{name: "keep alive negative", spec: with(func(s *framepackv1.JobSpec) { s.KeepAlive = durationpb.New(-time.Second) }), field: "spec.keep_alive"},
+		{name: "keep alive two days", spec: with(func(s *framepackv1.JobSpec) { s.KeepAlive = durationpb.New(48 * time.Hour) }), field: "spec.keep_alive"},
 		{name: "unknown lane", spec: with(func(s *framepackv1.JobSpec) { s.Lane = "cuda:7" }), field: "spec.lane"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

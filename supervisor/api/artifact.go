@@ -17,13 +17,14 @@ import (
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/video"
 )
 
 // ArtifactChunkBytes is the most file bytes one GetArtifactResponse carries.
 const ArtifactChunkBytes = 1 << 20
 
 // artifactPath returns the video of job: the final one of a succeeded job, else the newest
-// section video. It must lie inside the job's directory.
+// section video.
 func (s *Server) artifactPath(job *framepackv1.Job) (string, error) {
 	p := job.GetResult().GetVideoPath()
 	if p == "" {
@@ -31,11 +32,6 @@ func (s *Server) artifactPath(job *framepackv1.Job) (string, error) {
 	}
 	if p == "" {
 		return "", status.Errorf(codes.NotFound, "job %s has no video yet (it is %s)", job.GetId(), stateText(job.GetState()))
-	}
-	dir := s.cfg.Store.JobDir(job.GetId()).Path()
-	rel, err := filepath.Rel(dir, p)
-	if err != nil || rel == ".." || strings.HasPrefix(rel, "../") || filepath.IsAbs(rel) {
-		return "", status.Errorf(codes.Internal, "job %s: its video %s is outside the job directory", job.GetId(), p)
 	}
 	return p, nil
 }
@@ -70,7 +66,11 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 	if err != nil {
 		return err
 	}
-	f, err := os.Open(path)
+	// The video so far of a running job is joined from its segments when first read.
+	if _, err := (&video.Writer{}).Materialize(stream.Context(), path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return status.Errorf(codes.Internal, "job %s: join its video so far: %v", id, err)
+	}
+	f, err := s.cfg.Store.OpenVideo(id, path)
 	if errors.Is(err, os.ErrNotExist) {
 		return status.Errorf(codes.NotFound, "job %s: its video is gone from the server (deleted by retention or rm)", id)
 	}
@@ -126,7 +126,11 @@ func (s *Server) DeleteJob(_ context.Context, req *framepackv1.DeleteJobRequest)
 	}
 	n, err := s.cfg.Store.Delete(id)
 	if errors.Is(err, jobs.ErrNotFinished) {
-		return nil, status.Errorf(codes.FailedPrecondition, "job %s %v", id, strings.TrimPrefix(errors.Unwrap(err).Error(), "jobs: "))
+		state := "queued or running"
+		if job, gerr := s.cfg.Store.Get(id); gerr == nil {
+			state = stateText(job.GetState())
+		}
+		return nil, withReason(status.Newf(codes.FailedPrecondition, "job %s has not finished (it is %s); cancel it first", id, state), ReasonJobNotFinished)
 	}
 	if err != nil {
 		return nil, jobStatus(err, id)

@@ -42,6 +42,8 @@ type DaemonConfig struct {
 	Run func(ctx context.Context, job *jobs.Job, emit func(*framepackv1.JobEvent)) (jobs.Result, error)
 	// Devices lists the devices; nil lists the lanes only.
 	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
+	// Unload serves UnloadModels (Config.Unload).
+	Unload func(lane string, models []string) ([]*framepackv1.UnloadedWorker, error)
 	// DecodeImage checks submitted images; nil means DecodeImage.
 	DecodeImage func([]byte) (int, int, error)
 	// Placement chooses among the lanes (their health, free device memory); the zero value
@@ -65,12 +67,19 @@ type DaemonConfig struct {
 	VideoLimits   video.Limits
 	Ready         func() error
 	Admit         func(spec *framepackv1.JobSpec) error
+	// Models says what the served models take (Config.Models); nil: FramePack's.
+	Models        func() ModelFit
 	ReadyInterval time.Duration
 	Retention     jobs.Retention
 	// Log is the daemon's logger; nil discards.
 	Log logrus.FieldLogger
 	// OnEvent, when set, sees every job event the hub publishes (events.Config.Observe).
+	// A cluster's events are observed by the cluster (supervisor/cluster.Config.Observe).
 	OnEvent func(*framepackv1.JobEvent)
+	// Cluster, when set, makes the daemon one of a cluster of daemons sharing one queue
+	// (supervisor/cluster): jobs, their files and events live in the cluster, and StateDir
+	// only holds this daemon's working copies of the jobs it runs. Nil on a single host.
+	Cluster Cluster
 }
 
 // Daemon is a running framepackd: the job store, the event hub, the queue and the gRPC
@@ -78,8 +87,9 @@ type DaemonConfig struct {
 type Daemon struct {
 	cfg      DaemonConfig
 	log      logrus.FieldLogger
-	store    *jobs.Store
-	hub      *events.Hub
+	local    *jobs.Store // the single host's store; nil in a cluster
+	store    Store
+	hub      Events
 	queue    *jobs.Queue
 	server   *Server
 	grpc     *grpc.Server
@@ -89,10 +99,6 @@ type Daemon struct {
 	wg       sync.WaitGroup
 	stopOnce sync.Once
 	stopErr  error
-
-	readyMu      sync.Mutex // readyMu protects readyChecked and notReady (housekeeping.go)
-	readyChecked bool
-	notReady     string // why the daemon is not ready; empty when it is
 }
 
 // StartDaemon opens the store, takes up unfinished jobs, and starts serving.
@@ -118,21 +124,36 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 			}
 		}
 	}()
-	if d.store, err = jobs.Open(cfg.StateDir); err != nil {
-		return nil, fmt.Errorf("start daemon: %w", err)
+	qcfg := jobs.Config{Lanes: cfg.Lanes, Run: cfg.Run, Placement: cfg.Placement, Log: log}
+	if c := cfg.Cluster; c != nil {
+		cs := c.Store()
+		d.store, d.hub, qcfg.Store, qcfg.Shared = cs, c.Events(), cs, c.Queue()
+	} else {
+		if d.local, err = jobs.Open(cfg.StateDir); err != nil {
+			return nil, fmt.Errorf("start daemon: %w", err)
+		}
+		d.store, qcfg.Store = LocalStore{d.local}, d.local
+		hub, err := events.New(events.Config{Persist: d.local.AppendEvent, Load: d.local.Events, Log: log, Observe: cfg.OnEvent})
+		if err != nil {
+			_ = d.local.Close()
+			return nil, fmt.Errorf("start daemon: %w", err)
+		}
+		d.hub = hub
 	}
 	cleanup = append(cleanup, func() { d.store.Close() })
-	if d.hub, err = events.New(events.Config{Persist: d.store.AppendEvent, Load: d.store.Events, Log: log, Observe: cfg.OnEvent}); err != nil {
-		return nil, fmt.Errorf("start daemon: %w", err)
-	}
 	cleanup = append(cleanup, d.hub.Close)
-	if d.queue, err = jobs.NewQueue(jobs.Config{Store: d.store, Lanes: cfg.Lanes, Run: cfg.Run, Publish: d.hub.Publish, Placement: cfg.Placement, Log: log}); err != nil {
+	qcfg.Publish = d.hub.Publish
+	if d.queue, err = jobs.NewQueue(qcfg); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
-	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log,
-		DiskBudget: cfg.DiskBudget, MinFreeBytes: cfg.MinFreeBytes, Ready: cfg.Ready, Admit: cfg.Admit,
+	var presets PresetStore // a cluster keeps none yet
+	if d.local != nil {
+		presets = d.local
+	}
+	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, Unload: cfg.Unload, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log,
+		DiskBudget: cfg.DiskBudget, MinFreeBytes: cfg.MinFreeBytes, Ready: cfg.Ready, Admit: cfg.Admit, Models: cfg.Models,
 		MaxImagePixels: cfg.MaxImagePixels, MaxConcurrentDecodes: cfg.MaxConcurrentDecodes,
-		MaxVideoBytes: cfg.MaxVideoBytes, VideoLimits: cfg.VideoLimits}); err != nil {
+		MaxVideoBytes: cfg.MaxVideoBytes, VideoLimits: cfg.VideoLimits, Presets: presets}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	var listeners []net.Listener
@@ -157,14 +178,7 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	d.grpc = d.server.GRPCServer(cfg.ServerOptions...)
-	if cfg.Ready != nil {
-		// Health says the truth from the first call on.
-		reason := ""
-		if err := cfg.Ready(); err != nil {
-			reason = err.Error()
-		}
-		d.setReady(reason)
-	}
+	d.server.refreshReady() // health says the truth from the first call on
 	go d.housekeep(qctx)
 	for _, l := range listeners {
 		d.wg.Add(1)
@@ -182,11 +196,19 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 // Addrs returns the addresses the daemon listens on (a TCP port 0 resolved).
 func (d *Daemon) Addrs() []net.Addr { return d.addrs }
 
-// Store returns the job store.
-func (d *Daemon) Store() *jobs.Store { return d.store }
+// Store returns the single host's job store; nil in a cluster (Jobs serves both).
+func (d *Daemon) Store() *jobs.Store { return d.local }
+
+// Jobs returns the store the API reads jobs from: the single host's, or the cluster's.
+func (d *Daemon) Jobs() Store { return d.store }
 
 // Queue returns the job queue.
 func (d *Daemon) Queue() *jobs.Queue { return d.queue }
+
+// ListDevices lists the devices as DeviceService.ListDevices answers (the metrics read it).
+func (d *Daemon) ListDevices(ctx context.Context) (*framepackv1.ListDevicesResponse, error) {
+	return d.server.ListDevices(ctx, &framepackv1.ListDevicesRequest{})
+}
 
 // Err is sent an error when a listener fails.
 func (d *Daemon) Err() <-chan error { return d.serveErr }
@@ -198,7 +220,7 @@ func (d *Daemon) Err() <-chan error { return d.serveErr }
 // when it ends first, the rest is done without waiting.
 func (d *Daemon) Stop(ctx context.Context) error {
 	d.stopOnce.Do(func() {
-		d.server.SetServing(false)
+		d.server.Stopping()
 		d.log.WithField("grace", d.cfg.Grace).Info("stopping: draining the job queue")
 		if err := d.queue.Drain(ctx, d.cfg.Grace); err != nil {
 			d.log.WithError(err).Warn("drain did not finish; stopping the queue")

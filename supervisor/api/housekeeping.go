@@ -14,9 +14,9 @@ const DefaultReadyInterval = 5 * time.Second
 const retentionInterval = 10 * time.Minute
 
 // housekeep runs until ctx ends: it applies the retention policy at start and every
-// retentionInterval, and turns health NOT_SERVING (with the reason logged) while Ready fails.
+// retentionInterval, and asks Ready again every ReadyInterval: health turns NOT_SERVING (with
+// the reason logged) while it fails and SERVING again once it passes (ready.go).
 func (d *Daemon) housekeep(ctx context.Context) {
-	ready := d.cfg.Ready
 	interval := d.cfg.ReadyInterval
 	if interval <= 0 {
 		interval = DefaultReadyInterval
@@ -25,23 +25,13 @@ func (d *Daemon) housekeep(ctx context.Context) {
 	defer readyTick.Stop()
 	sweepTick := time.NewTicker(retentionInterval)
 	defer sweepTick.Stop()
-	check := func() {
-		if ready == nil {
-			return
-		}
-		reason := ""
-		if err := ready(); err != nil {
-			reason = err.Error()
-		}
-		d.setReady(reason)
-	}
 	d.sweep()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-readyTick.C:
-			check()
+			d.server.refreshReady()
 		case <-sweepTick.C:
 			d.sweep()
 		}
@@ -64,25 +54,3 @@ func (d *Daemon) sweep() {
 
 // Sweep applies the retention policy now (tests, and after a job ends).
 func (d *Daemon) Sweep() { d.sweep() }
-
-// setReady sets health from a readiness check: NOT_SERVING with the reason logged, or SERVING
-// again; only changes are logged. The first call (from StartDaemon, before serving) logs a
-// failure only.
-func (d *Daemon) setReady(reason string) {
-	d.readyMu.Lock()
-	defer d.readyMu.Unlock()
-	if d.readyChecked && reason == d.notReady {
-		return
-	}
-	first := !d.readyChecked
-	d.readyChecked, d.notReady = true, reason
-	if reason != "" {
-		d.log.WithField("reason", reason).Warn("not ready: health is NOT_SERVING and jobs are refused")
-		d.server.SetServing(false)
-		return
-	}
-	if !first {
-		d.log.Info("ready again: health is SERVING")
-	}
-	d.server.SetServing(true)
-}

@@ -14,6 +14,25 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+// PresetStore keeps presets (jobs.Store does).
+type PresetStore interface {
+	SavePreset(p *framepackv1.Preset) (*framepackv1.Preset, error)
+	Preset(name string) (*framepackv1.Preset, error)
+	Presets() ([]*framepackv1.Preset, error)
+	DeletePreset(name string) error
+}
+
+// errNoPresets answers a preset call on a server that keeps none.
+var errNoPresets = status.Error(codes.FailedPrecondition, "this server keeps no presets (a cluster's daemons do not share them yet): give the settings in the job")
+
+// presets returns the server's preset store, or errNoPresets.
+func (s *Server) presets() (PresetStore, error) {
+	if s.cfg.Presets == nil {
+		return nil, errNoPresets
+	}
+	return s.cfg.Presets, nil
+}
+
 // withPreset returns req with the settings of the preset its spec names filled in
 // (jobs.ApplyPreset); req itself when it names none. An unknown preset is INVALID_ARGUMENT on
 // spec.preset.
@@ -22,7 +41,11 @@ func (s *Server) withPreset(req *framepackv1.SubmitJobRequest) (*framepackv1.Sub
 	if name == "" {
 		return req, nil
 	}
-	p, err := s.cfg.Store.Preset(name)
+	store, err := s.presets()
+	if err != nil {
+		return nil, err
+	}
+	p, err := store.Preset(name)
 	if errors.Is(err, jobs.ErrPresetNotFound) {
 		var v Violations
 		v.Add("spec.preset", "no preset %q on this server (framepack presets list, or GET /v1/presets)", name)
@@ -104,7 +127,11 @@ func (s *Server) SavePreset(_ context.Context, req *framepackv1.SavePresetReques
 	if err := s.checkPreset(req.GetPreset()).Err("SavePresetRequest"); err != nil {
 		return nil, err
 	}
-	p, err := s.cfg.Store.SavePreset(req.GetPreset())
+	store, err := s.presets()
+	if err != nil {
+		return nil, err
+	}
+	p, err := store.SavePreset(req.GetPreset())
 	if err != nil {
 		return nil, statusOf(err)
 	}
@@ -114,7 +141,11 @@ func (s *Server) SavePreset(_ context.Context, req *framepackv1.SavePresetReques
 
 // GetPreset returns one preset.
 func (s *Server) GetPreset(_ context.Context, req *framepackv1.GetPresetRequest) (*framepackv1.GetPresetResponse, error) {
-	p, err := s.cfg.Store.Preset(req.GetName())
+	store, err := s.presets()
+	if err != nil {
+		return nil, err
+	}
+	p, err := store.Preset(req.GetName())
 	if err != nil {
 		return nil, presetStatus(err, req.GetName())
 	}
@@ -123,7 +154,11 @@ func (s *Server) GetPreset(_ context.Context, req *framepackv1.GetPresetRequest)
 
 // ListPresets returns every preset.
 func (s *Server) ListPresets(context.Context, *framepackv1.ListPresetsRequest) (*framepackv1.ListPresetsResponse, error) {
-	ps, err := s.cfg.Store.Presets()
+	store, err := s.presets()
+	if err != nil {
+		return nil, err
+	}
+	ps, err := store.Presets()
 	if err != nil {
 		return nil, statusOf(err)
 	}
@@ -132,7 +167,11 @@ func (s *Server) ListPresets(context.Context, *framepackv1.ListPresetsRequest) (
 
 // DeletePreset removes a preset.
 func (s *Server) DeletePreset(_ context.Context, req *framepackv1.DeletePresetRequest) (*framepackv1.DeletePresetResponse, error) {
-	if err := s.cfg.Store.DeletePreset(req.GetName()); err != nil {
+	store, err := s.presets()
+	if err != nil {
+		return nil, err
+	}
+	if err := store.DeletePreset(req.GetName()); err != nil {
 		return nil, presetStatus(err, req.GetName())
 	}
 	s.log.WithFields(logrus.Fields{"preset": req.GetName()}).Info("preset deleted")

@@ -49,7 +49,7 @@ func TestPresets(t *testing.T) {
 			t.Errorf("%s: %v, want INVALID_ARGUMENT on %s saying %q", tc.name, err, tc.field, tc.message)
 		}
 	}
-	if _, err := presets.SavePreset(ctx, &framepackv1.SavePresetRequest{Preset: &framepackv1.Preset{Name: "b", Spec: &framepackv1.JobSpec{Seed: 5}}}); err != nil {
+	if _, err := presets.SavePreset(ctx, &framepackv1.SavePresetRequest{Preset: &framepackv1.Preset{Name: "b", Spec: &framepackv1.JobSpec{Seed: proto.Int64(5)}}}); err != nil {
 		t.Fatal(err)
 	}
 	list, err := presets.ListPresets(ctx, &framepackv1.ListPresetsRequest{})

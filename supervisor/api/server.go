@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"time"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
@@ -43,15 +44,19 @@ type Queue interface {
 
 // Config holds the server's dependencies. The function fields are what tests replace.
 type Config struct {
-	// Store reads jobs; required.
-	Store *jobs.Store
+	// Store reads jobs (LocalStore of a jobs.Store on a single host); required.
+	Store Store
 	// Queue takes and cancels jobs; required.
 	Queue Queue
-	// Hub streams job events; required.
-	Hub *events.Hub
+	// Hub streams job events (an *events.Hub on a single host); required.
+	Hub Events
 	// Devices lists the devices, one per lane (current_job_id is filled in from the queue);
 	// nil lists each lane with only its name and backend.
 	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
+	// Unload kills the kept workers of lane ("": every lane) whose model is in models (empty:
+	// every one) and lists them (DeviceService.UnloadModels); nil: no worker is ever kept,
+	// nothing to unload.
+	Unload func(lane string, models []string) ([]*framepackv1.UnloadedWorker, error)
 	// DecodeImage checks a submitted image; nil means a full decode that refuses images over
 	// MaxImagePixels from their header.
 	DecodeImage func([]byte) (width, height int, err error)
@@ -74,11 +79,14 @@ type Config struct {
 	// CheckVariant says whether jobs of a sampling variant (JobSpec.variant, "" for i2v) can
 	// run (pipeline.Runner.CheckVariant); nil accepts only "" and "i2v".
 	CheckVariant func(name string) error
-	// Admit reports why a job of spec cannot run on this server (its lane has no device, or
-	// the models need an explicit resolution); SubmitJob refuses it with FAILED_PRECONDITION
-	// and the reason, before decoding the image. Nil admits all. The variant is checked by
-	// CheckVariant, as a field of the request (INVALID_ARGUMENT).
+	// Admit reports why a job of spec cannot run on this server (its lane has no device);
+	// SubmitJob refuses it with FAILED_PRECONDITION and the reason, before decoding the
+	// image. Nil admits all. The variant is checked by CheckVariant, as a field of the
+	// request (INVALID_ARGUMENT).
 	Admit func(spec *framepackv1.JobSpec) error
+	// Presets keeps named job settings (PresetService); nil: this server keeps none (a
+	// cluster's daemons, for now), and PresetService and JobSpec.preset say so.
+	Presets PresetStore
 	// Video probes input videos (ffprobe, beside its ffmpeg); nil means ffmpeg and ffprobe from
 	// PATH.
 	Video *video.Writer
@@ -88,6 +96,10 @@ type Config struct {
 	// MaxVideoBytes is the largest input video; 0 means DefaultMaxVideoBytes, at most
 	// MaxRequestBytes.
 	MaxVideoBytes int
+	// Models returns what the served models take (models.go): the resolution a job that
+	// names none runs at, and the bucket tables they refuse. Nil, or a nil answer (models
+	// not usable yet), means FramePack's full-size models: 640, every table.
+	Models func() ModelFit
 	// Log is the server's logger; nil discards.
 	Log logrus.FieldLogger
 	// Now is the clock; nil means time.Now.
@@ -105,6 +117,7 @@ type Server struct {
 	log       logrus.FieldLogger
 	health    *health.Server
 	decodeSem chan struct{} // one token per image being decoded (images.go)
+	ready     readyState    // what health says and why (ready.go)
 }
 
 // New returns a server.
@@ -171,21 +184,10 @@ func (s *Server) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	framepackv1.RegisterBatchServiceServer(g, s)
 	healthpb.RegisterHealthServer(g, s.health)
 	reflection.Register(g)
-	s.SetServing(true)
+	s.ready.mu.Lock()
+	s.setHealth(!s.ready.stopping)
+	s.ready.mu.Unlock()
 	return g
-}
-
-// SetServing sets the health status of the server and its services: SERVING, or NOT_SERVING
-// while the daemon drains.
-func (s *Server) SetServing(ok bool) {
-	st := healthpb.HealthCheckResponse_SERVING
-	if !ok {
-		st = healthpb.HealthCheckResponse_NOT_SERVING
-	}
-	s.health.SetServingStatus("", st)
-	for _, name := range ServiceNames {
-		s.health.SetServingStatus(name, st)
-	}
 }
 
 // Shutdown ends the health service's watches (call before grpc.Server.GracefulStop).
@@ -267,8 +269,8 @@ func requireID(id string) error {
 // server can run jobs now); a repeat with another image or spec is ALREADY_EXISTS.
 func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
 	var once jobs.ClientRequest
-	// The request as sent identifies a repeat (its hash); the preset's settings join the spec
-	// for everything after that (presets.go).
+	// The request as sent identifies a repeat (its hash); the preset's settings and a named
+	// job's video join the spec for everything after that (presets.go, video.go).
 	sent := req.GetSpec()
 	req, err := s.withPreset(req)
 	if err != nil {
@@ -277,8 +279,9 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	if req, err = s.withSourceVideo(req); err != nil {
 		return nil, err
 	}
-	// spec is req's spec with the defaults filled in: WithDefaults clones it, end image and
-	// all, so it runs once, for the early lookup of a client request id or after validation.
+	// spec is req's spec with the defaults filled in: withDefaults clones it, end image and
+	// all, so it runs once, for the early lookup of a client request id or before the
+	// checks that need the defaults.
 	var spec *framepackv1.JobSpec
 	if id := req.GetClientRequestId(); id != "" {
 		var v Violations
@@ -287,8 +290,8 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 		}
 		// A request without a spec has no job to look up: validateSubmit refuses it below.
 		if req.GetSpec() != nil {
-			spec = jobs.WithDefaults(req.GetSpec())
-			hash, err := jobs.RequestHash(jobs.WithDefaults(sent), req.GetImage())
+			spec = s.withDefaults(req.GetSpec())
+			hash, err := jobs.RequestHash(s.withDefaults(sent), req.GetImage())
 			if err != nil {
 				return nil, statusOf(err)
 			}
@@ -304,14 +307,20 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 		}
 	}
 	// Cheap refusals first: a server that cannot run the job does not decode its image.
-	if s.cfg.Ready != nil {
-		if err := s.cfg.Ready(); err != nil {
-			return nil, notReady(err)
-		}
+	if reason := s.refreshReady(); reason != "" {
+		return nil, notReady(reason)
 	}
-	if s.cfg.Admit != nil && req.GetSpec() != nil {
-		if err := s.cfg.Admit(req.GetSpec()); err != nil {
-			return nil, status.Errorf(codes.FailedPrecondition, "this job cannot run on this server: %v", err)
+	if req.GetSpec() != nil {
+		if s.cfg.Admit != nil {
+			if err := s.cfg.Admit(req.GetSpec()); err != nil {
+				return nil, cannotRun(err)
+			}
+		}
+		if spec == nil {
+			spec = s.withDefaults(req.GetSpec())
+		}
+		if err := s.checkFit(spec); err != nil {
+			return nil, cannotRun(err)
 		}
 	}
 	v := validateSubmit(req, s.cfg.Queue.Lanes(), s.decoder(ctx))
@@ -322,11 +331,8 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	if err := v.Err("SubmitJobRequest"); err != nil {
 		return nil, err
 	}
-	if err := s.admit(req.GetSpec(), requestBytes(req)); err != nil {
+	if err := s.admit(spec, requestBytes(req)); err != nil {
 		return nil, err
-	}
-	if spec == nil {
-		spec = jobs.WithDefaults(req.GetSpec())
 	}
 	var job *framepackv1.Job
 	created := true
@@ -361,16 +367,30 @@ func (s *Server) logSubmitted(job *framepackv1.Job, requestID string, created bo
 // connection, which is worth retrying.
 const ReasonNotReady = "NOT_READY"
 
+// ReasonJobNotFinished is the ErrorInfo reason of DeleteJob's FAILED_PRECONDITION refusal of
+// a job that is queued or running, so that a client can say how to cancel it.
+const ReasonJobNotFinished = "JOB_NOT_FINISHED"
+
 // ErrorDomain is the ErrorInfo domain of the server's errors.
 const ErrorDomain = "framepackd"
 
-func notReady(err error) error {
-	st := status.Newf(codes.Unavailable, "the server cannot run jobs now: %v", err)
-	withInfo, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonNotReady, Domain: ErrorDomain})
-	if derr != nil {
+func notReady(reason string) error {
+	return withReason(status.Newf(codes.Unavailable, "the server cannot run jobs now: %s", reason), ReasonNotReady)
+}
+
+// withReason is st with an ErrorInfo detail of reason, as an error.
+func withReason(st *status.Status, reason string) error {
+	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain})
+	if err != nil {
 		return st.Err()
 	}
 	return withInfo.Err()
+}
+
+// cannotRun is SubmitJob's refusal of a job this server cannot run (Config.Admit, the served
+// models).
+func cannotRun(err error) error {
+	return status.Errorf(codes.FailedPrecondition, "this job cannot run on this server: %v", err)
 }
 
 // GetJob returns one job.
@@ -451,7 +471,7 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 // watchOne sends job id's snapshot, history and live events to send until the job ends (the
 // stream of WatchJob; WatchBatch runs one per job).
 func (s *Server) watchOne(ctx context.Context, id string, previews bool, send func(*framepackv1.JobEvent) error) error {
-	history, sub, err := s.cfg.Hub.Subscribe(id, events.SubscribeOptions{Previews: previews})
+	history, sub, err := s.cfg.Hub.Watch(id, events.SubscribeOptions{Previews: previews})
 	if err != nil {
 		return jobStatus(err, id)
 	}
@@ -514,7 +534,9 @@ func terminalOf(job *framepackv1.Job, now time.Time) *framepackv1.JobEvent {
 	return ev
 }
 
-// ListDevices returns the devices, one per lane, with the job each lane runs.
+// ListDevices returns the devices, one per lane, with the job each lane runs, and why the
+// server does not serve when it does not: its lanes are then NOT_SERVING with that reason
+// (unless degraded or held, which say more).
 func (s *Server) ListDevices(ctx context.Context, _ *framepackv1.ListDevicesRequest) (*framepackv1.ListDevicesResponse, error) {
 	var devs []*framepackv1.Device
 	if s.cfg.Devices != nil {
@@ -527,9 +549,14 @@ func (s *Server) ListDevices(ctx context.Context, _ *framepackv1.ListDevicesRequ
 			devs = append(devs, &framepackv1.Device{Lane: lane, Backend: LaneBackend(lane), LaneState: framepackv1.LaneState_LANE_STATE_HEALTHY})
 		}
 	}
+	// Asked after the devices: listing them re-checks the model files (cmd/framepackd).
+	reason := s.notServing()
 	running := s.cfg.Queue.Running()
 	for _, d := range devs {
 		d.CurrentJobId = running[d.GetLane()]
+		if reason != "" && d.GetLaneState() == framepackv1.LaneState_LANE_STATE_HEALTHY {
+			d.LaneState, d.LaneStateReason = framepackv1.LaneState_LANE_STATE_NOT_SERVING, reason
+		}
 	}
 	slices.SortFunc(devs, func(a, b *framepackv1.Device) int {
 		switch {
@@ -540,7 +567,34 @@ func (s *Server) ListDevices(ctx context.Context, _ *framepackv1.ListDevicesRequ
 		}
 		return 0
 	})
-	return &framepackv1.ListDevicesResponse{Devices: devs}, nil
+	return &framepackv1.ListDevicesResponse{Devices: devs, NotServingReason: reason}, nil
+}
+
+// workerModels are the model workers UnloadModels can name.
+var workerModels = []string{"textenc", "vae", "clipvision", "transformer"}
+
+// UnloadModels kills the model workers the lanes keep alive between jobs.
+func (s *Server) UnloadModels(_ context.Context, req *framepackv1.UnloadModelsRequest) (*framepackv1.UnloadModelsResponse, error) {
+	var v Violations
+	if l := req.GetLane(); l != "" && !slices.Contains(s.cfg.Queue.Lanes(), l) {
+		v.Add("lane", "no lane %q; the lanes are %s", l, strings.Join(s.cfg.Queue.Lanes(), ", "))
+	}
+	for i, m := range req.GetModels() {
+		if !slices.Contains(workerModels, m) {
+			v.Add(fmt.Sprintf("models[%d]", i), "unknown model %q (want %s)", m, strings.Join(workerModels, ", "))
+		}
+	}
+	if err := v.Err("UnloadModelsRequest"); err != nil {
+		return nil, err
+	}
+	if s.cfg.Unload == nil {
+		return &framepackv1.UnloadModelsResponse{}, nil
+	}
+	out, err := s.cfg.Unload(req.GetLane(), req.GetModels())
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "unload models: %v", err)
+	}
+	return &framepackv1.UnloadModelsResponse{Unloaded: out}, nil
 }
 
 // LaneBackend is the backend part of a lane name: "cuda" of "cuda:0", "cpu" of "cpu".

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -176,6 +177,11 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 			v.Add("spec.gpu_memory_preservation_gb", "must be 0 to 128, got %g", g)
 		}
 	}
+	if ka := s.GetKeepAlive(); ka != nil {
+		if err := ka.CheckValid(); err != nil || ka.AsDuration() < 0 || ka.AsDuration() > MaxKeepAlive {
+			v.Add("spec.keep_alive", "must be 0 to %v, got %v", MaxKeepAlive, ka.AsDuration())
+		}
+	}
 	checkLoras(&v, s.GetLoras())
 	checkEndFrame(&v, s, decode)
 	checkKeyframes(&v, s, decode)
@@ -191,6 +197,9 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	}
 	return v
 }
+
+// MaxKeepAlive bounds JobSpec.keep_alive: a day.
+const MaxKeepAlive = 24 * time.Hour
 
 // checkEndFrame checks JobSpec.end_image and end_strength: an image the pipeline can decode,
 // a strength from 0 to 1 (FramePack-Studio's range) only with an image, and the i2v variant

@@ -428,3 +428,24 @@ func (s *Subscription) Close() {
 	default:
 	}
 }
+
+// Stream is one watcher's live events: a Hub's Subscription, or a cluster's event stream
+// (supervisor/cluster).
+type Stream interface {
+	// Next returns the next event, waiting for one (see Subscription.Next).
+	Next(ctx context.Context) (*framepackv1.JobEvent, error)
+	// Dropped returns how many events the watcher lost by falling behind.
+	Dropped() int
+	// Close ends the stream; it is idempotent.
+	Close()
+}
+
+// Watch is Subscribe returning the subscription as a Stream, so that the API serves a Hub
+// and a cluster's event streams alike.
+func (h *Hub) Watch(id string, opts SubscribeOptions) ([]*framepackv1.JobEvent, Stream, error) {
+	history, sub, err := h.Subscribe(id, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	return history, sub, nil
+}

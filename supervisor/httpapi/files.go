@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/video"
 )
 
 // maxSection bounds a section number in a URL (a 120 s video at window 1 has 1,080 sections;
@@ -61,6 +63,12 @@ func (h *handler) serveVideo(w http.ResponseWriter, r *http.Request, id, path, n
 	if !strings.HasPrefix(clean, dir) {
 		h.log.WithFields(map[string]any{"job": id, "path": path}).Warn("video path outside the job directory; not served")
 		h.writeError(w, r, status.Errorf(codes.NotFound, "job %s: video not found", id))
+		return
+	}
+	// A video so far is joined from its segments when first read (video.Materialize).
+	if _, err := (&video.Writer{}).Materialize(r.Context(), clean); err != nil && !errors.Is(err, os.ErrNotExist) {
+		h.log.WithError(err).WithField("job", id).Warn("join the video so far")
+		h.writeError(w, r, status.Errorf(codes.Internal, "job %s: join %s: %v", id, filepath.Base(clean), err))
 		return
 	}
 	f, err := os.Open(clean)

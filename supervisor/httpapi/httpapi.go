@@ -12,6 +12,8 @@
 //	                                       "spec" part holding the JobSpec as JSON and an
 //	                                       optional "end_image" file part
 //	GET  /v1/jobs                          list (page_size, page_token, states)
+//	GET  /v1/jobs:defaults                 the JobSpec defaults and the bucket tables the
+//	                                       served models take
 //	GET  /v1/jobs/{id}                     get
 //	POST /v1/jobs/{id}:cancel              cancel ({"reason": "..."} optional)
 //	GET  /v1/jobs/{id}:watch               watch, grpc-gateway's stream: one {"result": JobEvent}
@@ -21,7 +23,8 @@
 //	                                       ?previews=true adds Preview events
 //	GET  /v1/jobs/{id}/video               the finished job's MP4 (range requests)
 //	GET  /v1/jobs/{id}/sections/{n}/video  the MP4 written after section n (range requests)
-//	GET  /v1/devices                       devices and lanes
+//	GET  /v1/devices                       devices and lanes, and why the server does not
+//	                                       serve when it does not
 //	GET  /v1/openapi.json                  the OpenAPI v2 document
 //	GET  /metrics                          Prometheus metrics (when configured)
 //	GET  /                                 the web page (when configured)

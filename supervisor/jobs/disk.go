@@ -127,52 +127,66 @@ func (s *Store) Sweep(r Retention) ([]string, error) {
 	if !r.Enabled() {
 		return nil, nil
 	}
-	type entry struct {
-		id      string
-		updated time.Time
-		bytes   int64
-		done    bool
-	}
-	var all []entry
+	var entries []RetentionEntry
 	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketJobs).ForEach(func(k, _ []byte) error {
 			job, err := getJob(tx, string(k))
 			if err != nil {
 				return err
 			}
-			all = append(all, entry{id: job.GetId(), updated: job.GetUpdateTime().AsTime(), done: Finished(job.GetState())})
+			entries = append(entries, RetentionEntry{ID: job.GetId(), Updated: job.GetUpdateTime().AsTime(), Finished: Finished(job.GetState())})
 			return nil
 		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("retention sweep: %w", err)
 	}
-	var total int64
-	for i := range all {
-		all[i].bytes, _ = DirBytes(s.JobDir(all[i].id).Path())
-		total += all[i].bytes
+	for i := range entries {
+		entries[i].Bytes, _ = DirBytes(s.JobDir(entries[i].ID).Path())
 	}
-	slices.SortFunc(all, func(a, b entry) int { return a.updated.Compare(b.updated) })
-	now := s.now()
 	var removed []string
 	var errs []error
-	for _, e := range all {
-		if !e.done {
+	for _, id := range r.Victims(entries, s.now()) {
+		if _, err := s.Delete(id); err != nil {
+			errs = append(errs, err)
 			continue
 		}
-		tooOld := r.MaxAge > 0 && now.Sub(e.updated) > r.MaxAge
+		removed = append(removed, id)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// RetentionEntry is one job as a retention policy weighs it.
+type RetentionEntry struct {
+	ID       string
+	Updated  time.Time // when the job last changed
+	Bytes    int64     // what its files hold
+	Finished bool      // only finished jobs are deleted
+}
+
+// Victims returns the finished jobs of entries that r does not keep at time now, oldest first:
+// those older than MaxAge, then the oldest until all jobs together hold at most MaxBytes.
+func (r Retention) Victims(entries []RetentionEntry, now time.Time) []string {
+	all := slices.Clone(entries)
+	var total int64
+	for _, e := range all {
+		total += e.Bytes
+	}
+	slices.SortFunc(all, func(a, b RetentionEntry) int { return a.Updated.Compare(b.Updated) })
+	var out []string
+	for _, e := range all {
+		if !e.Finished {
+			continue
+		}
+		tooOld := r.MaxAge > 0 && now.Sub(e.Updated) > r.MaxAge
 		tooBig := r.MaxBytes > 0 && total > r.MaxBytes
 		if !tooOld && !tooBig {
 			continue
 		}
-		if _, err := s.Delete(e.id); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		total -= e.bytes
-		removed = append(removed, e.id)
+		total -= e.Bytes
+		out = append(out, e.ID)
 	}
-	return removed, errors.Join(errs...)
+	return out
 }
 
 // EstimateBytes is about the most disk a job of spec (defaults filled in or not) holds at

@@ -23,8 +23,12 @@ var ErrStopped = errors.New("jobs: queue stopped")
 
 // Config holds a Queue's dependencies. The function fields are what tests replace.
 type Config struct {
-	// Store keeps the jobs; required.
-	Store *Store
+	// Store keeps the jobs (a *Store on a single host); required.
+	Store Backend
+	// Shared, when set, is the queue this daemon shares with the other daemons of a cluster:
+	// submissions go into it, and the queue takes jobs from it for its free lanes instead of
+	// keeping its own pending list (see SharedQueue). Nil on a single host.
+	Shared SharedQueue
 	// Lanes are the lanes the queue runs jobs on, one job per lane at a time; required.
 	Lanes []string
 	// Run runs one job (Runner.Run of the pipeline); required.
@@ -55,6 +59,9 @@ type Queue struct {
 	doneCh   chan runDone
 	drainCh  chan drainReq
 	wakeCh   chan string   // a lane that was not ready changed state
+	wantCh   chan int      // loop → taker: how many jobs the loop can start (Shared only)
+	takenCh  chan taken    // taker → loop: a job taken from the shared queue
+	lostCh   chan *run     // a running job's lease was lost (Shared only)
 	started  chan struct{} // closed by Start
 	stopped  chan struct{} // closed when loop returns
 	draining chan struct{} // closed when a drain begins; Job.Draining
@@ -91,9 +98,10 @@ type runDone struct {
 }
 
 type pendingJob struct {
-	id   string
-	lane string // the lane the job is pinned to; empty for any
-	spec *framepackv1.JobSpec
+	id    string
+	lane  string // the lane the job is pinned to; empty for any
+	spec  *framepackv1.JobSpec
+	lease Lease // the hold on a job taken from the shared queue; nil on a single host
 }
 
 // run is one running job.
@@ -104,6 +112,11 @@ type run struct {
 	ctx    context.Context
 	first  time.Time // when the job first started, for JobResult.duration
 	total  int
+	lease  Lease // nil on a single host
+
+	// ended says the job reached a final state while closed (cancelled), so that its lease
+	// is done when the runner returns. Protected by mu.
+	ended bool
 
 	// mu protects closed and orders the job's events and store updates: the runner's emit
 	// and the queue's terminal update both hold it, so nothing follows the terminal event.
@@ -123,6 +136,7 @@ type loopState struct {
 	stopRuns context.CancelCauseFunc
 	watched  map[string]bool  // lanes not ready whose next change wakes the loop
 	recheck  <-chan time.Time // set when a job waits for device memory
+	wanted   int              // the jobs last asked of the shared queue (Shared only)
 }
 
 // NewQueue returns a queue; Start runs it.
@@ -157,6 +171,9 @@ func NewQueue(cfg Config) (*Queue, error) {
 		doneCh:   make(chan runDone),
 		drainCh:  make(chan drainReq),
 		wakeCh:   make(chan string),
+		wantCh:   make(chan int, 1),
+		takenCh:  make(chan taken),
+		lostCh:   make(chan *run),
 		started:  make(chan struct{}),
 		stopped:  make(chan struct{}),
 		draining: make(chan struct{}),
@@ -195,11 +212,14 @@ func (q *Queue) Start(ctx context.Context) error {
 		return fmt.Errorf("start job queue: already started")
 	default:
 	}
-	jobs, err := q.cfg.Store.Unfinished()
-	if err != nil {
-		return fmt.Errorf("start job queue: %w", err)
-	}
 	st := &loopState{runs: map[string]*run{}, byLane: map[string]*run{}}
+	var jobs []*framepackv1.Job
+	if q.cfg.Shared == nil { // a cluster's unfinished jobs are in its shared queue
+		var err error
+		if jobs, err = q.cfg.Store.Unfinished(); err != nil {
+			return fmt.Errorf("start job queue: %w", err)
+		}
+	}
 	for _, job := range jobs {
 		lane := job.GetSpec().GetLane()
 		if lane != "" && !slices.Contains(q.cfg.Lanes, lane) {
@@ -225,6 +245,9 @@ func (q *Queue) Start(ctx context.Context) error {
 	}
 	st.runCtx, st.stopRuns = context.WithCancelCause(context.WithoutCancel(ctx))
 	close(q.started)
+	if q.cfg.Shared != nil {
+		go q.take(ctx)
+	}
 	go q.loop(ctx, st)
 	return nil
 }
@@ -300,6 +323,16 @@ func (q *Queue) accepting() error {
 // enqueue hands a stored job to the loop and waits until the loop has it; a queue that stops
 // first, or a caller that gives up, leaves it stored: it runs at the next start.
 func (q *Queue) enqueue(ctx context.Context, job *framepackv1.Job) *framepackv1.Job {
+	if q.cfg.Shared != nil {
+		if err := q.cfg.Shared.Put(ctx, job.GetId()); err != nil {
+			// Stored but not queued: it is QUEUED in the store and nobody will take it.
+			q.failQueued(job.GetId(), fmt.Sprintf("could not queue the job in the cluster: %v", err))
+			if j, gerr := q.cfg.Store.Get(job.GetId()); gerr == nil {
+				return j
+			}
+		}
+		return job
+	}
 	req := submitReq{job: job, reply: make(chan struct{}, 1)}
 	select {
 	case q.submitCh <- req:
@@ -417,6 +450,7 @@ func (q *Queue) loop(ctx context.Context, st *loopState) {
 	for {
 		select {
 		case <-ctx.Done():
+			q.releasePending(st)
 			st.stopRuns(ErrShutdown)
 			for _, r := range st.runs {
 				q.log.WithFields(logrus.Fields{"job": r.job.ID, "lane": r.lane}).Warn("queue stopped: job left running in the store, resumes at next start")
@@ -430,6 +464,11 @@ func (q *Queue) loop(ctx context.Context, st *loopState) {
 			req.reply <- cancelReply{job: job, err: err}
 		case d := <-q.doneCh:
 			q.handleDone(st, d)
+		case t := <-q.takenCh:
+			st.wanted--
+			q.handleTaken(st, t)
+		case r := <-q.lostCh:
+			q.handleLost(st, r)
 		case lane := <-q.wakeCh:
 			delete(st.watched, lane)
 		case <-st.recheck:
@@ -439,6 +478,7 @@ func (q *Queue) loop(ctx context.Context, st *loopState) {
 				st.drain = true
 				close(q.draining)
 				st.grace = time.After(req.grace)
+				q.releasePending(st)
 				q.log.WithFields(logrus.Fields{"running": len(st.runs), "grace": req.grace}).Info("draining job queue")
 			}
 			st.waiters = append(st.waiters, req.reply)
@@ -466,7 +506,7 @@ func (q *Queue) schedule(st *loopState) {
 		return
 	}
 	var pl *placement
-	if len(st.pending) > 0 { // lanes' health and device memory are read only when a job waits
+	if len(st.pending) > 0 || q.cfg.Shared != nil { // lanes' health and device memory are read only when a job may wait
 		pl = q.freeLanes(st)
 	} else {
 		pl = &placement{q: q, st: st}
@@ -474,6 +514,13 @@ func (q *Queue) schedule(st *loopState) {
 	for i := 0; i < len(st.pending) && len(pl.free) > 0; i++ {
 		p := st.pending[i]
 		c, ok := pl.pick(p)
+		if !ok && p.lease != nil {
+			// Another daemon may have the lane or the memory: give the job back.
+			st.pending = slices.Delete(st.pending, i, i+1)
+			i--
+			p.lease.Release(releaseDelay)
+			continue
+		}
 		if !ok {
 			if why := q.neverFits(p, pl.need(p)); why != "" {
 				st.pending = slices.Delete(st.pending, i, i+1)
@@ -485,10 +532,11 @@ func (q *Queue) schedule(st *loopState) {
 		}
 		st.pending = slices.Delete(st.pending, i, i+1)
 		i--
-		if !q.startRun(st, c.name, p.id) {
+		if !q.startRun(st, c.name, p) {
 			pl.free = append(pl.free, c) // the job could not start; the lane stays free
 		}
 	}
+	q.wantMore(st, len(pl.free))
 	if pl.short && st.recheck == nil && len(st.pending) > 0 {
 		every := q.cfg.Placement.Recheck
 		if every <= 0 {
@@ -505,11 +553,15 @@ func (q *Queue) schedule(st *loopState) {
 }
 
 // startRun starts job id on lane and reports whether it did. Loop goroutine only.
-func (q *Queue) startRun(st *loopState, lane, id string) bool {
+func (q *Queue) startRun(st *loopState, lane string, p pendingJob) bool {
+	id := p.id
 	log := q.log.WithFields(logrus.Fields{"job": id, "lane": lane})
 	var total int
 	job, err := q.cfg.Store.Update(id, func(j *framepackv1.Job) error {
-		if j.GetState() != framepackv1.JobState_JOB_STATE_QUEUED {
+		// A job taken again from a shared queue is still RUNNING when the daemon that ran it
+		// died: its lease is this daemon's now.
+		taken := p.lease != nil && j.GetState() == framepackv1.JobState_JOB_STATE_RUNNING
+		if j.GetState() != framepackv1.JobState_JOB_STATE_QUEUED && !taken {
 			return fmt.Errorf("job is %s, not queued", j.GetState())
 		}
 		total = plan.TotalSections(j.GetSpec())
@@ -524,44 +576,37 @@ func (q *Queue) startRun(st *loopState, lane, id string) bool {
 	})
 	if err != nil {
 		log.WithError(err).Error("start job")
+		if p.lease != nil {
+			q.endLease(id, p.lease)
+		}
 		return false
 	}
-	first, err := q.cfg.Store.markStarted(id)
+	prep, err := q.cfg.Store.Prepare(id)
 	if err != nil {
-		log.WithError(err).Warn("record job start")
+		// The job stays RUNNING with nothing running it: a restart (or, in a cluster, the
+		// lease given back) takes it up again.
+		log.WithError(err).Error("prepare job")
+		if p.lease != nil {
+			p.lease.Release(releaseDelay)
+		}
+		return false
+	}
+	first := prep.FirstStart
+	if first.IsZero() {
 		first = q.cfg.Now()
 	}
-	cp, err := q.cfg.Store.Checkpoint(id)
-	if err != nil {
-		log.WithError(err).Warn("read checkpoint; starting from scratch")
-		cp = nil
-	}
-	input, err := q.cfg.Store.InputPath(id)
-	if err != nil {
-		log.WithError(err).Error("start job")
-		return false
-	}
-	end, err := q.cfg.Store.EndImagePath(id)
-	if err != nil {
-		log.WithError(err).Error("start job")
-		return false
-	}
-	keyframes, video, err := q.cfg.Store.ExtraInputs(id)
-	if err != nil {
-		log.WithError(err).Error("start job")
-		return false
-	}
+	cp := prep.Resume
 	ctx, cancel := context.WithCancelCause(st.runCtx)
-	r := &run{lane: lane, cancel: cancel, ctx: ctx, first: first, total: total}
+	r := &run{lane: lane, cancel: cancel, ctx: ctx, first: first, total: total, lease: p.lease}
 	r.job = &Job{
 		ID:             id,
 		Spec:           proto.Clone(job.GetSpec()).(*framepackv1.JobSpec),
 		Lane:           lane,
-		Dir:            q.cfg.Store.JobDir(id),
-		InputPath:      input,
-		EndImagePath:   end,
-		KeyframePaths:  keyframes,
-		VideoPath:      video,
+		Dir:            prep.Dir,
+		InputPath:      prep.InputPath,
+		EndImagePath:   prep.EndImagePath,
+		KeyframePaths:  prep.KeyframePaths,
+		VideoPath:      prep.VideoPath,
 		TotalSections:  total,
 		Resume:         cp,
 		Draining:       q.draining,
@@ -569,6 +614,7 @@ func (q *Queue) startRun(st *loopState, lane, id string) bool {
 	}
 	st.runs[id] = r
 	st.byLane[lane] = r
+	go q.watchLease(r)
 	f := log.WithField("sections", total)
 	if cp != nil {
 		f = f.WithField("resume_after_section", cp.Section)
@@ -691,8 +737,12 @@ func applyProgress(p *framepackv1.JobProgress, ev *framepackv1.JobEvent, total i
 func (q *Queue) handleCancel(st *loopState, id, reason string) (*framepackv1.Job, error) {
 	log := q.log.WithField("job", id)
 	if i := slices.IndexFunc(st.pending, func(p pendingJob) bool { return p.id == id }); i >= 0 {
+		p := st.pending[i]
 		st.pending = slices.Delete(st.pending, i, i+1)
 		job, changed, err := q.markCancelled(id)
+		if p.lease != nil {
+			q.endLease(id, p.lease)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -714,6 +764,7 @@ func (q *Queue) handleCancel(st *loopState, id, reason string) (*framepackv1.Job
 		if err != nil {
 			return nil, err
 		}
+		r.ended = true
 		if changed {
 			q.publish(id, cancelledEvent(reason))
 		}
@@ -741,11 +792,22 @@ func (q *Queue) handleDone(st *loopState, d runDone) {
 	log := q.log.WithFields(logrus.Fields{"job": r.job.ID, "lane": r.lane})
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed { // cancelled: already recorded
+	if r.closed { // cancelled, or the lease lost: already recorded
 		log.WithError(d.err).Info("cancelled job's runner stopped")
+		if r.lease != nil && r.ended {
+			r.lease.Done()
+		}
 		return
 	}
 	r.closed = true
+	if r.lease != nil {
+		select {
+		case <-r.lease.Lost(): // another daemon has the job now, or cancelled it
+			log.WithError(d.err).Info("job's lease lost while its runner stopped; nothing recorded here")
+			return
+		default:
+		}
+	}
 	interrupted := st.drain && d.err != nil &&
 		(errors.Is(d.err, ErrInterrupted) || errors.Is(context.Cause(r.ctx), ErrShutdown))
 	switch {
@@ -755,6 +817,11 @@ func (q *Queue) handleDone(st *loopState, d runDone) {
 			return nil
 		}); err != nil {
 			log.WithError(err).Error("requeue interrupted job")
+		}
+		if r.lease != nil {
+			r.lease.Release(0) // another daemon resumes it from its checkpoint
+			log.WithError(d.err).Info("job interrupted by shutdown; given back to the cluster's queue")
+			return
 		}
 		log.WithError(d.err).Info("job interrupted by shutdown; resumes at next start")
 	case d.err == nil && d.res.VideoPath == "":
@@ -774,9 +841,13 @@ func (q *Queue) handleDone(st *loopState, d runDone) {
 			j.Progress.Fraction = 1
 			j.Progress.Eta = nil
 			return nil
-		}); err != nil {
+		}); errors.Is(err, ErrLeaseLost) {
+			log.Warn("job finished here but another daemon had taken it over; its result is the other daemon's")
+			return
+		} else if err != nil {
 			log.WithError(err).Error("record job success")
 		}
+		q.doneLease(r)
 		q.publish(r.job.ID, &framepackv1.JobEvent{Event: &framepackv1.JobEvent_JobFinished{JobFinished: &framepackv1.JobFinished{Result: result}}})
 		f := log.WithFields(logrus.Fields{"video": result.VideoPath, "frames": result.FrameCount})
 		if d.res.PNGFrames {
@@ -797,10 +868,64 @@ func (q *Queue) finishFailed(r *run, runErr error, log logrus.FieldLogger) {
 		j.State = framepackv1.JobState_JOB_STATE_FAILED
 		j.Failure = failure
 		return nil
-	}); err != nil {
+	}); errors.Is(err, ErrLeaseLost) {
+		log.WithError(runErr).Warn("job failed here but another daemon had taken it over")
+		return
+	} else if err != nil {
 		log.WithError(err).Error("record job failure")
 		failure = failureOf(runErr, nil)
 	}
+	q.doneLease(r)
 	q.publish(r.job.ID, &framepackv1.JobEvent{Event: &framepackv1.JobEvent_JobFailed{JobFailed: &framepackv1.JobFailed{Failure: failure}}})
 	log.WithError(runErr).Warn("job failed")
+}
+
+// doneLease removes a job that ended from the shared queue.
+func (q *Queue) doneLease(r *run) {
+	if r.lease != nil {
+		r.lease.Done()
+	}
+}
+
+// endLease ends the lease of a job taken from the shared queue that does not run here: done
+// when the job has ended or is gone, else given back for any daemon to take.
+func (q *Queue) endLease(id string, l Lease) {
+	job, err := q.cfg.Store.Get(id)
+	if errors.Is(err, ErrNotFound) || (err == nil && isFinal(job.GetState())) {
+		l.Done()
+		return
+	}
+	l.Release(releaseDelay)
+}
+
+// handleTaken adds a job taken from the shared queue to the pending list (schedule starts it
+// or gives it back). Loop goroutine only.
+func (q *Queue) handleTaken(st *loopState, t taken) {
+	job, err := q.cfg.Store.Get(t.id)
+	if err != nil || isFinal(job.GetState()) || st.drain || st.runs[t.id] != nil {
+		if err != nil && !errors.Is(err, ErrNotFound) {
+			q.log.WithField("job", t.id).WithError(err).Warn("read a job taken from the cluster's queue")
+		}
+		if st.runs[t.id] != nil || st.drain {
+			t.lease.Release(0)
+			return
+		}
+		q.endLease(t.id, t.lease)
+		return
+	}
+	st.pending = append(st.pending, pendingJob{id: t.id, lane: job.GetSpec().GetLane(), spec: job.GetSpec(), lease: t.lease})
+}
+
+// releasePending gives the pending jobs taken from the shared queue back to it (the daemon
+// stops). Loop goroutine only.
+func (q *Queue) releasePending(st *loopState) {
+	kept := st.pending[:0]
+	for _, p := range st.pending {
+		if p.lease != nil {
+			p.lease.Release(0)
+			continue
+		}
+		kept = append(kept, p)
+	}
+	st.pending = kept
 }

@@ -7,22 +7,23 @@ import (
 )
 
 // Defaults of JobSpec fields whose zero value (or absence) means "the documented default";
-// they are FramePack's demo_gradio.py defaults.
+// they are FramePack's demo_gradio.py defaults (supervisor/pipeline/plan, which clients may
+// import). DefaultResolution is FramePack's models' own; the API gives the served models' own.
 const (
 	DefaultLatentWindowSize        = plan.DefaultLatentWindowSize
-	DefaultSteps                   = 25
-	DefaultCFG                     = 1.0
-	DefaultGS                      = 10.0
-	DefaultResolution              = 640
-	DefaultMP4CRF                  = 16
-	DefaultGPUMemoryPreservationGB = 6.0
-	DefaultUseTeaCache             = true
-	DefaultLoraStrength            = 1.0
-	DefaultEndStrength             = 1.0
-	// FramePack-Studio's MagCache defaults (modules/interface.py).
-	DefaultMagCacheThreshold      = 0.1
-	DefaultMagCacheMaxSkips       = 2
-	DefaultMagCacheRetentionRatio = 0.25
+	DefaultSteps                   = plan.DefaultSteps
+	DefaultCFG                     = plan.DefaultCFG
+	DefaultGS                      = plan.DefaultGS
+	DefaultResolution              = plan.FramePackResolution
+	DefaultMP4CRF                  = plan.DefaultMP4CRF
+	DefaultGPUMemoryPreservationGB = plan.DefaultGPUMemoryPreservationGB
+	DefaultUseTeaCache             = plan.DefaultUseTeaCache
+	DefaultLoraStrength            = plan.DefaultLoraStrength
+	DefaultEndStrength             = plan.DefaultEndStrength
+	DefaultSeed                    = plan.DefaultSeed
+	DefaultMagCacheThreshold       = plan.DefaultMagCacheThreshold
+	DefaultMagCacheMaxSkips        = plan.DefaultMagCacheMaxSkips
+	DefaultMagCacheRetentionRatio  = plan.DefaultMagCacheRetentionRatio
 )
 
 // Step caches (JobSpec.cache).
@@ -50,6 +51,9 @@ func SpecCache(spec *framepackv1.JobSpec) string {
 // WithDefaults returns a copy of spec with every default filled in, as the Job stores it.
 func WithDefaults(spec *framepackv1.JobSpec) *framepackv1.JobSpec {
 	s := proto.Clone(spec).(*framepackv1.JobSpec)
+	if s.Seed == nil {
+		s.Seed = proto.Int64(DefaultSeed)
+	}
 	if s.LatentWindowSize == 0 {
 		s.LatentWindowSize = DefaultLatentWindowSize
 	}

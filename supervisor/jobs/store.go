@@ -18,6 +18,7 @@ import (
 	"time"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/video"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -115,6 +116,7 @@ type Checkpoint struct {
 	// directory. Every file must exist when the checkpoint is saved.
 	Files map[string]string `json:"files,omitempty"`
 	// VideoPath is the MP4 (or PNG directory) written after this section, absolute; optional.
+	// It exists, or its parts file does (supervisor/video: joined when first read).
 	VideoPath string `json:"video_path,omitempty"`
 	// FrameCount is the number of frames of that video.
 	FrameCount int `json:"frame_count,omitempty"`
@@ -222,8 +224,8 @@ func (s *Store) removeOrphanDirs() error {
 // idAlphabet is Crockford's base32 in lower case: no i, l, o, u, easy to read back and type.
 const idAlphabet = "0123456789abcdefghjkmnpqrstvwxyz"
 
-// newID returns a random 10-character job id (50 bits).
-func newID() (string, error) {
+// NewID returns a random 10-character job id (50 bits).
+func NewID() (string, error) {
 	var b [10]byte
 	if _, err := rand.Read(b[:]); err != nil {
 		return "", fmt.Errorf("new job id: %w", err)
@@ -247,7 +249,9 @@ func ValidID(id string) bool {
 	return true
 }
 
-func imageExt(image []byte) string {
+// ImageExt is the file extension a stored image gets from its content: .png, .jpg, .webp
+// (.img for anything else).
+func ImageExt(image []byte) string {
 	switch http.DetectContentType(image) {
 	case "image/png":
 		return ".png"
@@ -319,7 +323,7 @@ func (s *Store) CreateOnce(req ClientRequest, spec *framepackv1.JobSpec, image [
 // directory and returns that job and false (ErrRequestMismatch when its hash differs). bbolt runs
 // one Update at a time, so of concurrent calls with one id only the first creates a job.
 func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientRequest) (*framepackv1.Job, bool, error) {
-	id, err := newID()
+	id, err := NewID()
 	if err != nil {
 		return nil, false, err
 	}
@@ -334,22 +338,20 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 	}
 	var input string // a job that extends a video has no image
 	if len(image) > 0 {
-		input = "input" + imageExt(image)
-		if err := writeFileAtomic(filepath.Join(dir.Path(), input), image); err != nil {
+		input = "input" + ImageExt(image)
+		if err := WriteFileAtomic(filepath.Join(dir.Path(), input), image); err != nil {
 			return fail(err)
 		}
 	}
-	// The end image, keyframes and input video are kept beside the input, not in the stored
-	// spec: the spec names each by its SHA-256.
-	spec, files, err := externalize(dir.Path(), spec)
-	if err != nil {
+	spec, files := StoredSpec(spec)
+	if err := files.Each(func(name string, data []byte) error { return WriteFileAtomic(filepath.Join(dir.Path(), name), data) }); err != nil {
 		return fail(err)
 	}
 	specJSON, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(spec)
 	if err != nil {
 		return fail(err)
 	}
-	if err := writeFileAtomic(dir.Spec(), append(specJSON, '\n')); err != nil {
+	if err := WriteFileAtomic(dir.Spec(), append(specJSON, '\n')); err != nil {
 		return fail(err)
 	}
 	for _, sub := range []string{dir.History(), dir.Videos()} {
@@ -357,14 +359,7 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 			return fail(err)
 		}
 	}
-	now := timestamppb.New(s.now())
-	job := &framepackv1.Job{
-		Id:         id,
-		State:      framepackv1.JobState_JOB_STATE_QUEUED,
-		Spec:       spec,
-		CreateTime: now,
-		UpdateTime: now,
-	}
+	job := NewJob(id, spec, s.now())
 	var stored *framepackv1.Job // the job a repeated client request id names
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		if req.ID != "" && tx.Bucket(bucketRequests).Get([]byte(req.ID)) != nil {
@@ -385,7 +380,7 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 		if err := tx.Bucket(bucketOrder).Put(seqKey(seq), []byte(id)); err != nil {
 			return err
 		}
-		if err := putMeta(tx, id, &meta{Seq: seq, Input: input, End: files.end, Keyframes: files.keyframes, Video: files.video, Request: req}); err != nil {
+		if err := putMeta(tx, id, &meta{Seq: seq, Input: input, End: files.End, Keyframes: files.Keyframes, Video: files.Video, Request: req}); err != nil {
 			return err
 		}
 		if req.ID != "" {
@@ -405,7 +400,81 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 	return job, true, nil
 }
 
-func writeFileAtomic(name string, data []byte) error {
+// InputFiles are the files a job keeps beside its input image: the end image, the keyframe
+// images (JobSpec.keyframes' order) and the input video, by file name.
+type InputFiles struct {
+	End       string
+	Keyframes []string
+	Video     string
+	data      map[string][]byte
+}
+
+// Each calls fn with each file's name and bytes.
+func (f InputFiles) Each(fn func(name string, data []byte) error) error {
+	for _, name := range append(append([]string{f.End}, f.Keyframes...), f.Video) {
+		if name == "" {
+			continue
+		}
+		if err := fn(name, f.data[name]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// StoredSpec returns spec as a store keeps it, and the files kept beside the input: the end
+// image, the keyframe images and the input video are not in the stored spec, which names each
+// by its SHA-256.
+func StoredSpec(spec *framepackv1.JobSpec) (*framepackv1.JobSpec, InputFiles) {
+	files := InputFiles{data: map[string][]byte{}}
+	if len(spec.GetEndImage()) == 0 && len(spec.GetKeyframes()) == 0 && len(spec.GetInputVideo()) == 0 {
+		return spec, files
+	}
+	spec = proto.Clone(spec).(*framepackv1.JobSpec)
+	keep := func(name string, data []byte) string {
+		files.data[name] = data
+		sum := sha256.Sum256(data)
+		return hex.EncodeToString(sum[:])
+	}
+	if e := spec.GetEndImage(); len(e) > 0 {
+		files.End = "end" + ImageExt(e)
+		spec.EndImage, spec.EndImageSha256 = nil, keep(files.End, e)
+	}
+	for i, k := range spec.GetKeyframes() {
+		if len(k.GetImage()) == 0 {
+			continue
+		}
+		name := fmt.Sprintf("keyframe-%02d%s", i, ImageExt(k.GetImage()))
+		k.Image, k.ImageSha256 = nil, keep(name, k.GetImage())
+		files.Keyframes = append(files.Keyframes, name)
+	}
+	if v := spec.GetInputVideo(); len(v) > 0 {
+		files.Video = "input-video" + videoExt(v)
+		spec.InputVideo, spec.InputVideoSha256 = nil, keep(files.Video, v)
+	}
+	return spec, files
+}
+
+// videoExt is a video's file extension from its first bytes: .mp4 (ISO base media, MOV
+// included), .mkv (Matroska, WebM included), else .video.
+func videoExt(v []byte) string {
+	switch {
+	case len(v) >= 8 && string(v[4:8]) == "ftyp":
+		return ".mp4"
+	case len(v) >= 4 && string(v[:4]) == "\x1a\x45\xdf\xa3":
+		return ".mkv"
+	}
+	return ".video"
+}
+
+// NewJob is a new job's record in JOB_STATE_QUEUED, created now.
+func NewJob(id string, spec *framepackv1.JobSpec, now time.Time) *framepackv1.Job {
+	ts := timestamppb.New(now)
+	return &framepackv1.Job{Id: id, State: framepackv1.JobState_JOB_STATE_QUEUED, Spec: spec, CreateTime: ts, UpdateTime: ts}
+}
+
+// WriteFileAtomic writes name through name.partial, synced, then renamed into place.
+func WriteFileAtomic(name string, data []byte) error {
 	tmp := name + ".partial"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
@@ -520,66 +589,6 @@ func (s *Store) ExtraInputs(id string) (keyframes []string, video string, err er
 		video = filepath.Join(dir, m.Video)
 	}
 	return keyframes, video, nil
-}
-
-// inputFiles are the names of a job's files besides its image (meta).
-type inputFiles struct {
-	end       string
-	keyframes []string
-	video     string
-}
-
-// externalize writes the spec's end image, keyframe images and input video into dir and
-// returns the spec without their bytes, each named by its hex SHA-256, and the files' names.
-func externalize(dir string, spec *framepackv1.JobSpec) (*framepackv1.JobSpec, inputFiles, error) {
-	var files inputFiles
-	if len(spec.GetEndImage()) == 0 && len(spec.GetKeyframes()) == 0 && len(spec.GetInputVideo()) == 0 {
-		return spec, files, nil
-	}
-	spec = proto.Clone(spec).(*framepackv1.JobSpec)
-	write := func(name string, data []byte) (string, error) {
-		if err := writeFileAtomic(filepath.Join(dir, name), data); err != nil {
-			return "", err
-		}
-		sum := sha256.Sum256(data)
-		return hex.EncodeToString(sum[:]), nil
-	}
-	var err error
-	if e := spec.GetEndImage(); len(e) > 0 {
-		files.end = "end" + imageExt(e)
-		if spec.EndImageSha256, err = write(files.end, e); err != nil {
-			return nil, files, err
-		}
-		spec.EndImage = nil
-	}
-	for i, k := range spec.GetKeyframes() {
-		name := fmt.Sprintf("keyframe-%02d%s", i, imageExt(k.GetImage()))
-		if k.ImageSha256, err = write(name, k.GetImage()); err != nil {
-			return nil, files, err
-		}
-		k.Image = nil
-		files.keyframes = append(files.keyframes, name)
-	}
-	if v := spec.GetInputVideo(); len(v) > 0 {
-		files.video = "input-video" + videoExt(v)
-		if spec.InputVideoSha256, err = write(files.video, v); err != nil {
-			return nil, files, err
-		}
-		spec.InputVideo = nil
-	}
-	return spec, files, nil
-}
-
-// videoExt is a video's file extension from its first bytes: .mp4 (ISO base media, MOV
-// included), .mkv (Matroska, WebM included), else .video.
-func videoExt(v []byte) string {
-	switch {
-	case len(v) >= 8 && string(v[4:8]) == "ftyp":
-		return ".mp4"
-	case len(v) >= 4 && string(v[:4]) == "\x1a\x45\xdf\xa3":
-		return ".mkv"
-	}
-	return ".video"
 }
 
 // EndImagePath returns the path of job id's end image, "" when the job has none.
@@ -750,8 +759,11 @@ func (s *Store) SaveCheckpoint(id string, cp Checkpoint) error {
 		}
 	}
 	if cp.VideoPath != "" {
+		// A video so far may be made from its parts file when first read (video.Materialize).
 		if _, err := os.Stat(cp.VideoPath); err != nil {
-			return fmt.Errorf("save checkpoint of job %s: %w: video: %w", id, ErrBadCheckpoint, err)
+			if _, perr := os.Stat(video.PartsPath(cp.VideoPath)); perr != nil {
+				return fmt.Errorf("save checkpoint of job %s: %w: video: %w", id, ErrBadCheckpoint, err)
+			}
 		}
 	}
 	cp.Time = s.now()
@@ -852,7 +864,15 @@ func (s *Store) Events(id string) ([]*framepackv1.JobEvent, uint64, error) {
 // RemovePartials removes every "*.partial" file or directory under job id's directory, what
 // an interrupted writer leaves; complete outputs are only ever renamed into place.
 func (s *Store) RemovePartials(id string) ([]string, error) {
-	root := s.JobDir(id).Path()
+	removed, err := RemovePartialFiles(s.JobDir(id).Path())
+	if err != nil {
+		return removed, fmt.Errorf("remove partial files of job %s: %w", id, err)
+	}
+	return removed, nil
+}
+
+// RemovePartialFiles removes every "*.partial" file or directory under root.
+func RemovePartialFiles(root string) ([]string, error) {
 	var partial []string
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -878,8 +898,5 @@ func (s *Store) RemovePartials(id string) ([]string, error) {
 			errs = append(errs, err)
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return partial, fmt.Errorf("remove partial files of job %s: %w", id, err)
-	}
-	return partial, nil
+	return partial, errors.Join(errs...)
 }

@@ -85,6 +85,15 @@ func (w *fakeWorker) Stats(context.Context) (*workerkit.Stats, error) {
 	return &workerkit.Stats{AllocatorPeakBytes: 12345 + uint64(len(w.hold))}, nil
 }
 
+// Estimate answers from the model folder's name: "/models/<model>" needs 100 MiB at least and
+// 200 MiB at its fastest; a folder ending in "-noest" has no estimate.
+func (w *fakeWorker) Estimate(_ context.Context, req *workerkit.EstimateRequest) (*workerkit.EstimateResponse, error) {
+	if strings.HasSuffix(req.Load.ModelDir, "-noest") {
+		return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "no estimate for %s", req.Load.ModelDir)
+	}
+	return &workerkit.EstimateResponse{WeightBytes: 50 << 20, MinDeviceBytes: 100 << 20, FullDeviceBytes: 200<<20 + uint64(req.VAEDecodeLatentFrames)<<20}, nil
+}
+
 func (w *fakeWorker) Probe(context.Context, *workerkit.ProbeRequest) (*workerkit.ProbeResponse, error) {
 	return nil, workerkit.Errorf(workerkit.CodeInvalidArgument, "no probe")
 }
@@ -289,91 +298,4 @@ func TestTelemetrySamplesRSS(t *testing.T) {
 	if rep.AllocPeakBytes != 12345+64<<20 {
 		t.Fatalf("alloc peak %d", rep.AllocPeakBytes)
 	}
-}
-
-func TestResidency(t *testing.T) {
-	pair := []lanes.Model{lanes.Transformer, lanes.VAE}
-	run := func(t *testing.T, l *lanes.Lane, m lanes.Model) lanes.Report {
-		t.Helper()
-		st := stage(m, "ok")
-		st.KeepWith = pair
-		rep, err := l.Run(t.Context(), st)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rep
-	}
-	tests := []struct {
-		name      string
-		residency bool
-		budget    uint64
-		// kept and reused per stage of transformer, vae, transformer, vae
-		kept, reused []bool
-	}{
-		{name: "off", residency: false, budget: 1 << 40, kept: []bool{false, false, false, false}, reused: []bool{false, false, false, false}},
-		{name: "budget too small", residency: true, budget: 1 << 20, kept: []bool{false, false, false, false}, reused: []bool{false, false, false, false}},
-		// The first transformer stage cannot be proven (the VAE is not measured yet); from the
-		// first VAE stage on both fit.
-		{name: "fits", residency: true, budget: 1 << 40, kept: []bool{false, true, true, true}, reused: []bool{false, false, false, true}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			l := newLane(t, func(c *lanes.Config) { c.Residency, c.Budget = tc.residency, tc.budget })
-			var pids []int
-			for i, m := range []lanes.Model{lanes.Transformer, lanes.VAE, lanes.Transformer, lanes.VAE} {
-				rep := run(t, l, m)
-				if rep.Kept != tc.kept[i] || rep.Reused != tc.reused[i] {
-					t.Fatalf("stage %d (%s): kept %v reused %v, want %v %v", i, m, rep.Kept, rep.Reused, tc.kept[i], tc.reused[i])
-				}
-				if alive(rep.PID) != rep.Kept {
-					t.Fatalf("stage %d: worker alive %v, kept %v", i, alive(rep.PID), rep.Kept)
-				}
-				pids = append(pids, rep.PID)
-			}
-			if tc.name == "fits" && pids[1] != pids[3] {
-				t.Fatalf("vae not reused: pids %v", pids)
-			}
-			// A stage of another model sends the residents away first.
-			if tc.name == "fits" {
-				if r := l.Residents(); !slices.Equal(r, []lanes.Model{lanes.Transformer, lanes.VAE}) {
-					t.Fatalf("residents %v", r)
-				}
-				l.Release()
-				if r := l.Residents(); len(r) != 0 {
-					t.Fatalf("residents after release: %v", r)
-				}
-				// Kept again after the pair's next stage, then sent away by a stage of a
-				// model outside the pair.
-				if rep := run(t, l, lanes.VAE); !rep.Kept || rep.Reused {
-					t.Fatalf("vae after release: %+v", rep)
-				}
-			}
-			if rep, err := l.Run(t.Context(), stage(lanes.TextEnc, "ok")); err != nil || rep.Kept {
-				t.Fatalf("textenc: kept %v, err %v", rep.Kept, err)
-			}
-			if r := l.Residents(); len(r) != 0 {
-				t.Fatalf("residents after a textenc stage: %v", r)
-			}
-			noChildren(t)
-		})
-	}
-}
-
-// TestResidencyCountsOnlyGroupStages: a footprint measured outside the group (the VAE encode
-// before the section loop) proves nothing about the group.
-func TestResidencyCountsOnlyGroupStages(t *testing.T) {
-	l := newLane(t, func(c *lanes.Config) { c.Residency, c.Budget = true, 1<<40 })
-	if rep, err := l.Run(t.Context(), stage(lanes.VAE, "ok")); err != nil || rep.Kept {
-		t.Fatalf("vae outside the group: kept %v, err %v", rep.Kept, err)
-	}
-	st := stage(lanes.Transformer, "ok")
-	st.KeepWith = []lanes.Model{lanes.Transformer, lanes.VAE}
-	rep, err := l.Run(t.Context(), st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rep.Kept {
-		t.Fatal("transformer kept on the strength of a vae footprint measured outside the group")
-	}
-	noChildren(t)
 }

@@ -7,9 +7,14 @@ import (
 	"github.com/framepackd/framepackd/supervisor/jobs"
 )
 
+// Lister lists jobs a page at a time (jobs.Store, a cluster's store).
+type Lister interface {
+	List(opts jobs.ListOptions) ([]*framepackv1.Job, string, error)
+}
+
 // CountJobs counts the jobs of a store by state (Config.Jobs), a page of jobs.MaxPageSize at a
 // time.
-func CountJobs(s *jobs.Store) (map[framepackv1.JobState]int, error) {
+func CountJobs(s Lister) (map[framepackv1.JobState]int, error) {
 	counts := map[framepackv1.JobState]int{}
 	token := ""
 	for {

@@ -35,8 +35,9 @@ type Config struct {
 	// Jobs counts the stored jobs by state; nil leaves out framepack_jobs and
 	// framepack_queue_depth.
 	Jobs func() (map[framepackv1.JobState]int, error)
-	// Devices lists the devices (DeviceService.ListDevices); nil leaves out the device metrics.
-	Devices func(ctx context.Context) ([]*framepackv1.Device, error)
+	// Devices lists the devices and whether the server serves (DeviceService.ListDevices);
+	// nil leaves out the device metrics and framepack_serving.
+	Devices func(ctx context.Context) (*framepackv1.ListDevicesResponse, error)
 	// Log receives scrape errors; nil discards them.
 	Log logrus.FieldLogger
 }
@@ -89,7 +90,7 @@ type Metrics struct {
 
 	// devMu protects devs and devTime, the last device list and when it was taken.
 	devMu   sync.Mutex
-	devs    []*framepackv1.Device
+	devs    *framepackv1.ListDevicesResponse
 	devTime time.Time
 
 	// mu protects lanes: the lane each running job's stages run on, so that stage durations
@@ -289,7 +290,7 @@ func ClassName(c framepackv1.AttemptClass) string {
 const deviceMaxAge = 10 * time.Second
 
 // devices returns the device list, at most deviceMaxAge old.
-func (m *Metrics) devices() ([]*framepackv1.Device, error) {
+func (m *Metrics) devices() (*framepackv1.ListDevicesResponse, error) {
 	m.devMu.Lock()
 	defer m.devMu.Unlock()
 	if m.devs != nil && time.Since(m.devTime) < deviceMaxAge {
@@ -313,15 +314,17 @@ var (
 	queueDesc = prometheus.NewDesc(Namespace+"_queue_depth", "Jobs waiting for a lane.", nil, nil)
 	usedDesc  = prometheus.NewDesc(Namespace+"_device_memory_used_bytes", "Device memory in use, as the driver reports it, by lane.", []string{"lane", "backend"}, nil)
 	totalDesc = prometheus.NewDesc(Namespace+"_device_memory_total_bytes", "Device memory size, by lane.", []string{"lane", "backend"}, nil)
-	stateDesc = prometheus.NewDesc(Namespace+"_lane_state", "1 for the lane's current state (healthy, degraded, held), 0 for the others.", []string{"lane", "state"}, nil)
+	stateDesc = prometheus.NewDesc(Namespace+"_lane_state", "1 for the lane's current state (healthy, degraded, held, not_serving), 0 for the others.", []string{"lane", "state"}, nil)
+	servDesc  = prometheus.NewDesc(Namespace+"_serving", "1 while the server runs jobs (gRPC health SERVING), 0 while it does not: framepack health and framepack devices say why.", nil, nil)
 	busyDesc  = prometheus.NewDesc(Namespace+"_lane_busy", "1 while the lane runs a job.", []string{"lane"}, nil)
 )
 
 // laneStates are the lane_state label values, every one exported for every lane.
-var laneStates = []framepackv1.LaneState{framepackv1.LaneState_LANE_STATE_HEALTHY, framepackv1.LaneState_LANE_STATE_DEGRADED, framepackv1.LaneState_LANE_STATE_HELD}
+var laneStates = []framepackv1.LaneState{framepackv1.LaneState_LANE_STATE_HEALTHY, framepackv1.LaneState_LANE_STATE_DEGRADED,
+	framepackv1.LaneState_LANE_STATE_HELD, framepackv1.LaneState_LANE_STATE_NOT_SERVING}
 
 func (c *scrapeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{jobsDesc, queueDesc, usedDesc, totalDesc, stateDesc, busyDesc} {
+	for _, d := range []*prometheus.Desc{jobsDesc, queueDesc, usedDesc, totalDesc, stateDesc, busyDesc, servDesc} {
 		ch <- d
 	}
 }
@@ -345,13 +348,18 @@ func (c *scrapeCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	if m.cfg.Devices != nil {
-		devs, err := m.devices()
+		resp, err := m.devices()
 		if err != nil {
 			m.log.WithError(err).Warn("metrics: list devices")
 			ch <- prometheus.NewInvalidMetric(usedDesc, err)
 			return
 		}
-		for _, d := range devs {
+		serving := 1.0
+		if resp.GetNotServingReason() != "" {
+			serving = 0
+		}
+		ch <- prometheus.MustNewConstMetric(servDesc, prometheus.GaugeValue, serving)
+		for _, d := range resp.GetDevices() {
 			lane := d.GetLane()
 			ch <- prometheus.MustNewConstMetric(usedDesc, prometheus.GaugeValue, float64(d.GetUsedMemoryBytes()), lane, d.GetBackend())
 			ch <- prometheus.MustNewConstMetric(totalDesc, prometheus.GaugeValue, float64(d.GetTotalMemoryBytes()), lane, d.GetBackend())

@@ -40,13 +40,18 @@ func TestFaultsAndDevices(t *testing.T) {
 	devices := []*framepackv1.Device{
 		{Lane: "cuda:0", Backend: "cuda", TotalMemoryBytes: 24 << 30, UsedMemoryBytes: 3 << 30, LaneState: framepackv1.LaneState_LANE_STATE_HELD, LaneStateReason: "vram not returned", CurrentJobId: "abc"},
 		{Lane: "cuda:1", Backend: "cuda", TotalMemoryBytes: 24 << 30, LaneState: framepackv1.LaneState_LANE_STATE_DEGRADED},
+		// A lane whose device is fine while the server does not serve (its models are missing).
+		{Lane: "cuda:2", Backend: "cuda", TotalMemoryBytes: 24 << 30, LaneState: framepackv1.LaneState_LANE_STATE_NOT_SERVING, LaneStateReason: "no variant can run"},
 	}
 	calls := 0
 	m := metrics.New(metrics.Config{
 		Jobs: func() (map[framepackv1.JobState]int, error) {
 			return map[framepackv1.JobState]int{framepackv1.JobState_JOB_STATE_QUEUED: 3, framepackv1.JobState_JOB_STATE_FAILED: 1}, nil
 		},
-		Devices: func(context.Context) ([]*framepackv1.Device, error) { calls++; return devices, nil },
+		Devices: func(context.Context) (*framepackv1.ListDevicesResponse, error) {
+			calls++
+			return &framepackv1.ListDevicesResponse{Devices: devices, NotServingReason: "no variant can run"}, nil
+		},
 	})
 	vae := framepackv1.Stage_STAGE_VAE_DECODE
 	for _, e := range []*framepackv1.JobEvent{
@@ -92,26 +97,37 @@ framepack_worker_exits_total{model="vae",reason="failed"} 1
 # HELP framepack_queue_depth Jobs waiting for a lane.
 # TYPE framepack_queue_depth gauge
 framepack_queue_depth 3
-# HELP framepack_lane_state 1 for the lane's current state (healthy, degraded, held), 0 for the others.
+# HELP framepack_lane_state 1 for the lane's current state (healthy, degraded, held, not_serving), 0 for the others.
 # TYPE framepack_lane_state gauge
 framepack_lane_state{lane="cuda:0",state="degraded"} 0
 framepack_lane_state{lane="cuda:0",state="healthy"} 0
 framepack_lane_state{lane="cuda:0",state="held"} 1
+framepack_lane_state{lane="cuda:0",state="not_serving"} 0
 framepack_lane_state{lane="cuda:1",state="degraded"} 1
 framepack_lane_state{lane="cuda:1",state="healthy"} 0
 framepack_lane_state{lane="cuda:1",state="held"} 0
+framepack_lane_state{lane="cuda:1",state="not_serving"} 0
+framepack_lane_state{lane="cuda:2",state="degraded"} 0
+framepack_lane_state{lane="cuda:2",state="healthy"} 0
+framepack_lane_state{lane="cuda:2",state="held"} 0
+framepack_lane_state{lane="cuda:2",state="not_serving"} 1
 # HELP framepack_device_memory_used_bytes Device memory in use, as the driver reports it, by lane.
 # TYPE framepack_device_memory_used_bytes gauge
 framepack_device_memory_used_bytes{backend="cuda",lane="cuda:0"} 3.221225472e+09
 framepack_device_memory_used_bytes{backend="cuda",lane="cuda:1"} 0
+framepack_device_memory_used_bytes{backend="cuda",lane="cuda:2"} 0
 # HELP framepack_lane_busy 1 while the lane runs a job.
 # TYPE framepack_lane_busy gauge
 framepack_lane_busy{lane="cuda:0"} 1
 framepack_lane_busy{lane="cuda:1"} 0
+framepack_lane_busy{lane="cuda:2"} 0
+# HELP framepack_serving 1 while the server runs jobs (gRPC health SERVING), 0 while it does not: framepack health and framepack devices say why.
+# TYPE framepack_serving gauge
+framepack_serving 0
 `
 	names := []string{"framepack_faults_total", "framepack_stage_retries_total", "framepack_give_ups_total", "framepack_conv_fallbacks_total",
 		"framepack_worker_spawns_total", "framepack_worker_exits_total", "framepack_queue_depth", "framepack_lane_state",
-		"framepack_device_memory_used_bytes", "framepack_lane_busy"}
+		"framepack_device_memory_used_bytes", "framepack_lane_busy", "framepack_serving"}
 	if err := testutil.GatherAndCompare(m.Registry(), strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}
@@ -147,8 +163,10 @@ framepack_lane_busy{lane="cuda:1"} 0
 
 func TestScrapeErrors(t *testing.T) {
 	m := metrics.New(metrics.Config{
-		Jobs:    func() (map[framepackv1.JobState]int, error) { return nil, errors.New("store closed") },
-		Devices: func(context.Context) ([]*framepackv1.Device, error) { return nil, errors.New("probe failed") },
+		Jobs: func() (map[framepackv1.JobState]int, error) { return nil, errors.New("store closed") },
+		Devices: func(context.Context) (*framepackv1.ListDevicesResponse, error) {
+			return nil, errors.New("probe failed")
+		},
 	})
 	rec := httptest.NewRecorder()
 	m.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))

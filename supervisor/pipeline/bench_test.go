@@ -27,7 +27,7 @@ func demoCase(tb testing.TB) i2vCase {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	spec := &framepackv1.JobSpec{Prompt: "The girl dances gracefully, with clear movements, full of charm.", Seed: 31337,
+	spec := &framepackv1.JobSpec{Prompt: "The girl dances gracefully, with clear movements, full of charm.", Seed: proto.Int64(31337),
 		TotalSecondLength: 2, LatentWindowSize: 3, Steps: 4, Resolution: 96, UseTeacache: proto.Bool(false), ImageFilename: "start.png"}
 	return i2vCase{spec: spec, image: img, window: 3}
 }

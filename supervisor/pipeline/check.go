@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/framepackd/framepackd/internal/safetensors"
+	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 )
 
 // FullTransformerWidth is the hidden size of FramePack's real transformer (24 heads × 128).
@@ -23,6 +24,30 @@ type ModelInfo struct {
 // Small reports whether the models are smaller than FramePack's (the tiny test models): they
 // were trained at other sizes, so a job must say its resolution instead of taking 640.
 func (i ModelInfo) Small() bool { return i.TransformerWidth < FullTransformerWidth }
+
+// NativeResolution is the bucket table the models were made for, the resolution of a job
+// that names none: FramePack's 640, or the tiny test models' 96 (api.ModelFit).
+func (i ModelInfo) NativeResolution() uint32 {
+	if i.Small() {
+		return plan.TinyResolution
+	}
+	return plan.FramePackResolution
+}
+
+// FitResolution says why the models cannot take a job fitted to the known bucket table of
+// resolution: models smaller than FramePack's take only their own table (at 640 the tiny test
+// models need minutes a section on a CPU, for a size they were not made for). FramePack's
+// models take every table; a resolution with no known table is the validation's to refuse.
+func (i ModelInfo) FitResolution(resolution uint32) error {
+	if !i.Small() || resolution == i.NativeResolution() {
+		return nil
+	}
+	if _, known := plan.KnownTable(int(resolution)); !known {
+		return nil
+	}
+	return fmt.Errorf("the server's models are not FramePack's full-size ones (transformer width %d, FramePack's is %d), so resolution %d does not fit them: use %d (framepack generate --resolution %d, or leave the resolution out to get the models' own) or give buckets",
+		i.TransformerWidth, FullTransformerWidth, resolution, i.NativeResolution(), i.NativeResolution())
+}
 
 // CheckModels checks that every model folder a job loads is usable before a job is accepted:
 // its config.json parses and each of its safetensors files has a header that parses (the

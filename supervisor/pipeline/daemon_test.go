@@ -52,6 +52,10 @@ type daemonOpts struct {
 	NoPreviews  bool                   `json:"no_previews"`
 	// DeviceMemory is the lane's device memory (lanes.Config.DeviceMemory); 0: no worker cap.
 	DeviceMemory uint64 `json:"device_memory"`
+	// KeepAlive is the runner's keep-alive for jobs without their own (pipeline.Config), and
+	// LaneKeepAlive the lane's for KeepAliveAuto (lanes.Config).
+	KeepAlive     time.Duration `json:"keep_alive"`
+	LaneKeepAlive time.Duration `json:"lane_keep_alive"`
 
 	onStage func(pipeline.StageRecord)
 }
@@ -115,7 +119,7 @@ func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
 	}
 	laneName, backend := testLane()
 	lane, err := lanes.New(lanes.Config{Name: laneName, Backend: backend, Log: logrus.NewEntry(log),
-		Residency: o.Residency, Budget: 8 << 30, DeviceMemory: o.DeviceMemory,
+		Residency: o.Residency, DeviceMemory: o.DeviceMemory, KeepAlive: o.LaneKeepAlive,
 		WorkerPath: func(m lanes.Model) (string, error) {
 			if p, ok := o.Workers[m]; ok {
 				return p, nil
@@ -132,7 +136,7 @@ func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
 			}
 			return lane, nil
 		},
-		KeepSectionHistory: o.KeepHistory, Residency: o.Residency, NoPreviews: o.NoPreviews, OnStage: o.onStage})
+		KeepSectionHistory: o.KeepHistory, Residency: o.Residency, KeepAlive: o.KeepAlive, NoPreviews: o.NoPreviews, OnStage: o.onStage})
 	if err != nil {
 		return nil, err
 	}

@@ -48,7 +48,7 @@ func TestDiskFullMidJob(t *testing.T) {
 	root := shmtest.Root(t)
 	laneName, backend := testLane()
 	log := testLogger()
-	lane, err := lanes.New(lanes.Config{Name: laneName, Backend: backend, Log: logrus.NewEntry(log), Budget: 8 << 30,
+	lane, err := lanes.New(lanes.Config{Name: laneName, Backend: backend, Log: logrus.NewEntry(log),
 		WorkerPath: func(m lanes.Model) (string, error) { return workers[m], nil }})
 	if err != nil {
 		t.Fatal(err)

@@ -42,9 +42,9 @@ func (j *jobRun) encode(ctx context.Context) error {
 		req.ExtraPrompts = append(req.ExtraPrompts, x)
 		names = append(names, x.LlamaVec.Name, x.LlamaMask.Name, x.ClipPooler.Name)
 	}
-	if _, err = j.workerStage(ctx, framepackv1.Stage_STAGE_TEXT_ENCODE, -1, lanes.Stage{
-		Model: lanes.TextEnc, ModelDir: j.r.cfg.Models.HunyuanVideo, Request: req,
-	}); err != nil {
+	tst := lanes.Stage{Model: lanes.TextEnc, ModelDir: j.r.cfg.Models.HunyuanVideo, Request: req, Keep: j.r.cfg.Residency}
+	tst.Need = j.need(ctx, tst, 0)
+	if _, err = j.workerStage(ctx, framepackv1.Stage_STAGE_TEXT_ENCODE, -1, tst); err != nil {
 		return err
 	}
 	if err := j.readSegment(textSeg, func(m *shm.Mapped) error {
@@ -85,11 +85,11 @@ func (j *jobRun) encode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := j.workerStage(ctx, framepackv1.Stage_STAGE_IMAGE_ENCODE, -1, lanes.Stage{
-		Model: lanes.ClipVision, ModelDir: j.r.cfg.Models.FluxRedux,
+	sst := lanes.Stage{Model: lanes.ClipVision, ModelDir: j.r.cfg.Models.FluxRedux, Keep: j.r.cfg.Residency,
 		Request: &workerkit.ImageEncodeRequest{Image: workerkit.TensorRef{Path: imgSeg, Name: "image"},
-			LastHiddenState: workerkit.TensorRef{Path: sigSeg, Name: tImageHidden}},
-	}); err != nil {
+			LastHiddenState: workerkit.TensorRef{Path: sigSeg, Name: tImageHidden}}}
+	sst.Need = j.need(ctx, sst, 0)
+	if _, err := j.workerStage(ctx, framepackv1.Stage_STAGE_IMAGE_ENCODE, -1, sst); err != nil {
 		return err
 	}
 	if err := j.readSegment(sigSeg, func(m *shm.Mapped) error {
@@ -173,6 +173,8 @@ func (j *jobRun) encodeImages(ctx context.Context, c *conditioning) error {
 		return err
 	}
 
+	j.cond = c // the frame size is known: the stages below are sized by it
+
 	// VAE encode of the start frame (and the end frame and the keyframes, as more samples of
 	// the same run): the posterior mean × scaling_factor.
 	pixels, err := concatB(append([]vol{pixels}, c.extraFrames()...)...)
@@ -190,11 +192,11 @@ func (j *jobRun) encodeImages(ctx context.Context, c *conditioning) error {
 	if err != nil {
 		return err
 	}
-	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, lanes.Stage{
-		Model: lanes.VAE, ModelDir: j.r.cfg.Models.VAE(),
-		Request: &workerkit.VAEEncodeRequest{Pixels: workerkit.TensorRef{Path: pixSeg, Name: "pixels"}, Tiling: j.vaeTiling(),
-			Latents: workerkit.TensorRef{Path: latSeg, Name: "latents"}},
-	})
+	vst := j.vaeStage(&workerkit.VAEEncodeRequest{Pixels: workerkit.TensorRef{Path: pixSeg, Name: "pixels"}, Tiling: j.vaeTiling(),
+		Latents: workerkit.TensorRef{Path: latSeg, Name: "latents"}})
+	vst.Keep = j.r.cfg.Residency
+	vst.Need = j.need(ctx, vst, maxDecodeFrames(j.window)) // the decodes' estimate: this worker may serve them
+	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, vst)
 	if err != nil {
 		return err
 	}

@@ -52,7 +52,7 @@ func loadF1Case(t *testing.T, c parity.Case) (i2vCase, int) {
 	if !parity.SameShape(img.Shape, []int64{int64(hw[0]), int64(hw[1]), 3}) {
 		t.Fatalf("case %s: image %v, params say %v", c.Name, img.Shape, hw)
 	}
-	spec := &framepackv1.JobSpec{Prompt: prompt, NegativePrompt: negative, Seed: seed, TotalSecondLength: float32(seconds),
+	spec := &framepackv1.JobSpec{Prompt: prompt, NegativePrompt: negative, Seed: proto.Int64(seed), TotalSecondLength: float32(seconds),
 		LatentWindowSize: uint32(window), Steps: uint32(steps), Cfg: float32(cfg), Gs: float32(gs), Rs: float32(rs),
 		Resolution: uint32(res), UseTeacache: proto.Bool(teacache), ImageFilename: "start.png", Variant: variant}
 	for _, b := range buckets {

@@ -64,7 +64,7 @@ func loadCase(t *testing.T, c parity.Case) i2vCase {
 	if !parity.SameShape(img.Shape, []int64{int64(hw[0]), int64(hw[1]), 3}) {
 		t.Fatalf("case %s: image %v, params say %v", c.Name, img.Shape, hw)
 	}
-	spec := &framepackv1.JobSpec{Prompt: prompt, Seed: seed, TotalSecondLength: float32(seconds), LatentWindowSize: uint32(window),
+	spec := &framepackv1.JobSpec{Prompt: prompt, Seed: proto.Int64(seed), TotalSecondLength: float32(seconds), LatentWindowSize: uint32(window),
 		Steps: uint32(steps), Cfg: float32(cfg), Gs: float32(gs), Rs: float32(rs), Resolution: uint32(res),
 		UseTeacache: proto.Bool(teacache), ImageFilename: "start.png"}
 	for _, b := range buckets {

@@ -80,7 +80,7 @@ func loadVideoCase(t *testing.T, c parity.Case) videoCase {
 	if !parity.SameShape(in.Shape, []int64{int64(n), int64(hw[0]), int64(hw[1]), 3}) {
 		t.Fatalf("case %s: video %v, params say %d frames of %v", c.Name, in.Shape, n, hw)
 	}
-	spec := &framepackv1.JobSpec{Prompt: prompt, Seed: seed, TotalSecondLength: float32(seconds), LatentWindowSize: uint32(window),
+	spec := &framepackv1.JobSpec{Prompt: prompt, Seed: proto.Int64(seed), TotalSecondLength: float32(seconds), LatentWindowSize: uint32(window),
 		Steps: uint32(steps), Cfg: float32(cfg), Gs: float32(gs), Rs: float32(rs), Resolution: uint32(res), Cache: "none",
 		Variant: variant, InputVideo: losslessVideo(t, in.Ints, n, hw[0], hw[1], fps), VideoContextFrames: proto.Uint32(uint32(contextFrames))}
 	for _, b := range buckets {

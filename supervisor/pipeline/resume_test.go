@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
+	"github.com/framepackd/framepackd/supervisor/video"
 )
 
 // firstCase returns the first pipeline case of the fixture set.
@@ -37,7 +39,9 @@ func firstCase(t *testing.T) i2vCase {
 	return i2vCase{}
 }
 
-// finalPixels reads the history pixels of a finished job's last section.
+// finalPixels is a finished job's output: the history latents of its last section file (the
+// retained ones, f32) followed by the frames of its video, each byte a value: two runs that
+// computed the same pixels wrote the same frames.
 func finalPixels(t *testing.T, state, id string, total int) []float32 {
 	t.Helper()
 	f, err := safetensors.Open(filepath.Join(state, "jobs", id, "history", pipeline.SectionFile(total-1)))
@@ -45,9 +49,20 @@ func finalPixels(t *testing.T, state, id string, total int) []float32 {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	v, _, err := f.Float32("history_pixels")
+	v, _, err := f.Float32("history_latents")
 	if err != nil {
 		t.Fatal(err)
+	}
+	path := filepath.Join(state, "jobs", id, "video", fmt.Sprintf("section-%03d.mp4", total-1))
+	if _, err := os.Stat(path); err != nil {
+		path = video.FramesDir(path)
+	}
+	frames, err := (&video.Writer{}).ReadFrames(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range frames {
+		v = append(v, float32(b))
 	}
 	return v
 }
@@ -190,7 +205,7 @@ func resumeAfterKill(t *testing.T, jc i2vCase) {
 		d, n := parity.MaxAbsDiff(got, want)
 		t.Fatalf("resumed job's pixels differ from the uninterrupted run's: max diff %g, %d values", d, n)
 	}
-	t.Logf("case %s: resumed after section 0; final pixels identical to the uninterrupted run (%d values)", jc.c.Name, len(got))
+	t.Logf("case %s: resumed after section 0; final latents and video frames identical to the uninterrupted run (%d values)", jc.c.Name, len(got))
 	if len(jc.spec.GetEndImage()) > 0 {
 		cond, err := safetensors.Open(filepath.Join(o.State, "jobs", id, "history", pipeline.ConditioningFile))
 		if err != nil {

@@ -76,9 +76,14 @@ type Config struct {
 	// files are written the job fails (ErrDiskFull) when they would not fit. Nil skips the
 	// check (the writes still fail cleanly on a full disk).
 	FreeBytes func(dir string) (uint64, error)
-	// Residency lets the section loop keep the transformer and VAE workers alive when the
-	// lane's budget proves both fit (see supervisor/lanes); off by default.
+	// Residency lets workers stay alive between stages where the lane's budget proves they fit
+	// beside the next (see residency.go and supervisor/lanes); off: every worker is killed after
+	// its stage.
 	Residency bool
+	// KeepAlive is how long a job's workers stay alive after it when its spec does not say
+	// (JobSpec.keep_alive); lanes.KeepAliveAuto is the lane's default (its Config.KeepAlive
+	// where the job's workers all fitted, else 0).
+	KeepAlive time.Duration
 	// OnStage receives every stage's record when it ends (benchmarks, tests).
 	OnStage func(StageRecord)
 	// Watchdog returns the watchdog of a lane (supervisor/watchdog; see watchdog.go): every
@@ -156,6 +161,11 @@ type StageRecord struct {
 	PID     int               `json:"pid,omitempty"`
 	Reused  bool              `json:"reused,omitempty"`
 	Kept    bool              `json:"kept,omitempty"`
+	// CapBytes is the memory cap the lane gave the worker and Residency why, and why it was
+	// kept or killed (lanes.Report.Decision); Evicted are the kept workers killed to make room.
+	CapBytes  uint64   `json:"cap_bytes,omitempty"`
+	Residency string   `json:"residency,omitempty"`
+	Evicted   []string `json:"evicted,omitempty"`
 	// Start is when the stage began (its worker's spawn; benchmarks match device memory
 	// samples to stages by it).
 	Start time.Time `json:"start"`
@@ -214,7 +224,7 @@ func (r *Runner) Run(ctx context.Context, job *jobs.Job, emit func(*framepackv1.
 		}
 	}
 	defer func() {
-		lane.Release()
+		lane.Release(job.ID, j.keepAlive())
 		if err := arena.Close(); err != nil {
 			j.log.WithError(err).Warn("remove shared-memory arena")
 		}
@@ -245,6 +255,10 @@ type jobRun struct {
 	cond *conditioning
 	hist *history
 	eta  etaModel
+
+	// section0 is the section loop's residency plan, made before this run's first section
+	// (residency.go).
+	section0 *sectionPlan
 
 	wd *watchdog.Job // the job's retries under the lane's watchdog; nil without one
 	// attempt is the attempt of the stage running now (1, then the watchdog's retries); only
@@ -331,6 +345,11 @@ func (j *jobRun) run(ctx context.Context) (jobs.Result, error) {
 			return res, nil
 		default:
 			start = next
+			if j.hist.pixels == nil {
+				if err := j.restorePending(ctx); err != nil {
+					return jobs.Result{}, err
+				}
+			}
 		}
 	}
 	if start == 0 {
@@ -403,8 +422,25 @@ func (j *jobRun) resume(cp *jobs.Checkpoint) (res jobs.Result, next int, done bo
 		j.log.WithFields(logrus.Fields{"checkpoint": variant.Name(), "spec": j.variant.Name()}).Warn("resuming with the checkpoint's sampling variant")
 	}
 	j.cond, j.hist, j.variant = cond, hist, variant
+	if hist.segments == nil && hist.pixels != nil && hist.pixels.T > 0 {
+		// A checkpoint from before segments: its history holds every frame, which the videos
+		// so far were each written from whole. The frames no later section touches become the
+		// first segment, the rest stays to be blended, as if the job had been written this way.
+		if err := j.legacySegment(hist); err != nil {
+			return res, 0, false, fmt.Errorf("checkpoint without segments: %w", err)
+		}
+	}
 	j.log.WithFields(logrus.Fields{"after_section": cp.Section, "sections": j.total, "variant": variant.Name()}).Info("resuming job")
 	return res, cp.Section + 1, false, nil
+}
+
+// keepAlive is how long the job's workers stay alive after it: the spec's keep_alive, else the
+// runner's default.
+func (j *jobRun) keepAlive() time.Duration {
+	if ka := j.job.Spec.GetKeepAlive(); ka != nil {
+		return max(ka.AsDuration(), 0)
+	}
+	return j.r.cfg.KeepAlive
 }
 
 // stageEvent is a StageStarted or StageFinished event.
@@ -459,7 +495,8 @@ func (j *jobRun) record(rec StageRecord) {
 	if rec.Worker != "" {
 		f = f.WithFields(logrus.Fields{"worker": rec.Worker, "pid": rec.PID, "spawn_to_ready": rec.SpawnToReady.Round(time.Microsecond).String(),
 			"load": rec.Load.Round(time.Microsecond).String(), "compute": rec.Compute.Round(time.Microsecond).String(),
-			"teardown": rec.Teardown.Round(time.Microsecond).String(), "alloc_peak": rec.AllocPeakBytes, "rss_peak": rec.RSSPeakBytes})
+			"teardown": rec.Teardown.Round(time.Microsecond).String(), "alloc_peak": rec.AllocPeakBytes, "rss_peak": rec.RSSPeakBytes,
+			"cap": rec.CapBytes, "residency": rec.Residency})
 	}
 	switch {
 	case rec.Cancelled:
@@ -483,9 +520,7 @@ func (j *jobRun) record(rec StageRecord) {
 // workerStage runs one model stage on the lane with its events and records.
 func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, section int, st lanes.Stage) (lanes.Report, error) {
 	st.JobID, st.MemoryCap = j.job.ID, j.memCap
-	if st.Env == nil && len(j.r.cfg.WorkerEnv) > 0 {
-		st.Env = j.r.cfg.WorkerEnv
-	}
+	st.Env = j.stageEnv(st.Env)
 	if st.OnEvent == nil {
 		st.OnEvent = j.workerEvent(stage)
 	}
@@ -497,7 +532,11 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 	rec := StageRecord{Stage: stage, Section: section, Worker: string(st.Model), PID: rep.PID, Reused: rep.Reused, Kept: rep.Kept,
 		Start: t0, Wall: wall, SpawnToReady: rep.SpawnToReady, Load: rep.Load, Compute: rep.Compute, Teardown: rep.Teardown,
 		AllocPeakBytes: rep.AllocPeakBytes, RSSPeakBytes: rep.RSSPeakBytes, ConvTiers: rep.ConvTiers,
-		MemoryCapBytes: rep.MemoryCapBytes, ResidentBlocks: rep.ResidentBlocks, StreamedBlocks: rep.StreamedBlocks}
+		MemoryCapBytes: rep.MemoryCapBytes, ResidentBlocks: rep.ResidentBlocks, StreamedBlocks: rep.StreamedBlocks,
+		CapBytes: rep.CapBytes, Residency: rep.Decision}
+	for _, m := range rep.Evicted {
+		rec.Evicted = append(rec.Evicted, string(m))
+	}
 	if !rep.Reused {
 		rec.WeightBytes = rep.WeightBytes
 	}

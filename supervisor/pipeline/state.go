@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -23,6 +24,9 @@ const (
 const (
 	cpConditioning = "conditioning"
 	cpSection      = "section"
+	// cpParts is the parts file of the video so far; cpSegment+name each of its segments.
+	cpParts   = "parts"
+	cpSegment = "segment:"
 )
 
 // Tensor names of the conditioning file and of the transformer's conditioning segment.
@@ -180,32 +184,50 @@ func loadConditioning(path string) (*conditioning, error) {
 	return c, nil
 }
 
-// history is the section loop's state after a finished section.
+// history is the section loop's state after a finished section: what a resume needs, and no
+// more unless the runner keeps every section's history (Config.KeepSectionHistory), so that a
+// job's memory and its checkpoints do not grow with its length.
 type history struct {
 	// section is the last finished section (-1 before the first).
 	section int
-	// latents is history_latents: the generated latents, newest first, then the 19 zero
-	// frames the reference starts with.
+	// latents is history_latents (for i2v the generated latents, newest first, then the 19
+	// zero frames the reference starts with): the frames at the end the history grows from
+	// that later sections read (retain), or all of them.
 	latents vol
 	// totalGenerated is total_generated_latent_frames.
 	totalGenerated int
-	// pixels is history_pixels (nil before the first section).
+	// pixels is history_pixels: the frames the next section blends with (none after the last
+	// section), or all of them; nil before the first section.
 	pixels *vol
 	// generator is the torch generator's state after the section's noise.
 	generator []byte
+	// segments are the video's final segments so far, in time order (paths relative to the
+	// video folder), and frames their number of frames.
+	segments []string
+	frames   int
 }
 
-// save writes the section file (atomically).
-func (h *history) save(path string) error {
+// save writes the section file (atomically): the latents, the generator, the segment list,
+// and the pixels when withPixels (every section's whole history kept): otherwise a resume
+// decodes the pending ones again from the latents (restorePending), which costs one decode
+// once instead of the frames' float bytes after every section.
+func (h *history) save(path string, withPixels bool) error {
 	if h.pixels == nil {
 		return errors.New("save history: no pixels")
 	}
 	ts := []safetensors.Tensor{
 		f32Tensor(tHistoryLatents, h.latents),
-		f32Tensor(tHistoryPixels, *h.pixels),
 		safetensors.FromUint8(tGenerator, []int64{int64(len(h.generator))}, h.generator),
 	}
-	meta := map[string]string{"section": strconv.Itoa(h.section), "total_generated_latent_frames": strconv.Itoa(h.totalGenerated)}
+	if withPixels && h.pixels.T > 0 {
+		ts = append(ts, f32Tensor(tHistoryPixels, *h.pixels))
+	}
+	segs, err := json.Marshal(h.segments)
+	if err != nil {
+		return fmt.Errorf("save history: %w", err)
+	}
+	meta := map[string]string{"section": strconv.Itoa(h.section), "total_generated_latent_frames": strconv.Itoa(h.totalGenerated),
+		"segments": string(segs), "frames": strconv.Itoa(h.frames)}
 	if err := safetensors.WriteFile(path, ts, safetensors.WriteOptions{Metadata: meta}); err != nil {
 		return fmt.Errorf("save history: %w", err)
 	}
@@ -230,17 +252,27 @@ func loadHistory(path string) (*history, error) {
 	if h.latents, err = readVol(f, tHistoryLatents); err != nil {
 		return nil, fmt.Errorf("load history: %w", err)
 	}
-	px, err := readVol(f, tHistoryPixels)
-	if err != nil {
-		return nil, fmt.Errorf("load history: %w", err)
+	if _, ok := f.Info(tHistoryPixels); ok { // else restorePending decodes them
+		px, err := readVol(f, tHistoryPixels)
+		if err != nil {
+			return nil, fmt.Errorf("load history: %w", err)
+		}
+		h.pixels = &px
 	}
-	h.pixels = &px
+	if raw := md["segments"]; raw != "" {
+		if err := json.Unmarshal([]byte(raw), &h.segments); err != nil {
+			return nil, fmt.Errorf("load history %s: metadata segments: %w", filepath.Base(path), err)
+		}
+		if h.frames, err = strconv.Atoi(md["frames"]); err != nil {
+			return nil, fmt.Errorf("load history %s: metadata frames: %w", filepath.Base(path), err)
+		}
+	}
 	g, err := readRaw(f, tGenerator)
 	if err != nil {
 		return nil, fmt.Errorf("load history: %w", err)
 	}
 	h.generator = g.Data
-	if h.totalGenerated < 1 || h.totalGenerated > h.latents.T {
+	if h.totalGenerated < 1 || h.latents.T < 1 {
 		return nil, fmt.Errorf("load history %s: %d generated frames of %d", filepath.Base(path), h.totalGenerated, h.latents.T)
 	}
 	return h, nil

@@ -47,6 +47,11 @@ type Variant interface {
 	// the start frame), whatever order sections are generated in. Timed prompts pick each
 	// section's prompt by it.
 	TimeIndex(s Section) int
+	// Prepends reports whether the history grows at its start (each section earlier in time
+	// than the ones before it) rather than at its end: the end a section reads its context
+	// from, decodes and blends at, and where its frames go in the video. The frames at the
+	// other end are final; a history may drop the latents there (see retain).
+	Prepends() bool
 }
 
 // Section says which section of a job the loop is at.
@@ -115,6 +120,8 @@ type i2v struct{}
 
 func (i2v) Name() string { return VariantI2V }
 
+func (i2v) Prepends() bool { return true }
+
 func (i2v) InitialHistory(start vol, end *vol) (vol, int, error) {
 	hist := zeros(start.B, start.C, plan.CleanFrames, start.H, start.W)
 	if end == nil {
@@ -169,7 +176,7 @@ func (i2v) Append(s Section, start, hist, generated vol) (vol, int, error) {
 }
 
 func (i2v) DecodeRange(s Section, latents vol, generated int, first bool) vol {
-	real := sliceT(latents, 0, generated) // real_history_latents
+	real := sliceT(latents, 0, min(generated, latents.T)) // real_history_latents (the part retained)
 	if first {
 		return real
 	}

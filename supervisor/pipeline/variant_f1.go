@@ -24,6 +24,8 @@ type f1 struct{}
 
 func (f1) Name() string { return VariantF1 }
 
+func (f1) Prepends() bool { return false }
+
 func (f1) InitialHistory(start vol, end *vol) (vol, int, error) {
 	if end != nil {
 		// FramePack-Studio has no F1 end frame (its worker's "F1 with Endframe" branch has no
@@ -85,7 +87,7 @@ func (f1) Append(_ Section, _, hist, generated vol) (vol, int, error) {
 }
 
 func (f1) DecodeRange(s Section, latents vol, generated int, first bool) vol {
-	real := sliceT(latents, latents.T-generated, latents.T) // real_history_latents
+	real := sliceT(latents, max(latents.T-generated, 0), latents.T) // real_history_latents (the part retained)
 	if first {
 		return real
 	}

@@ -44,6 +44,15 @@ func (v videoVariant) Name() string {
 	return VariantVideoF1
 }
 
+// Prepends: "Video" grows its history at the start (generated sections in front of the input
+// video's latents), "Video F1" at the end.
+func (v videoVariant) Prepends() bool { return v.backward }
+
+// keepsWholeHistory: the history keeps every latent (retain), since "Video" reads its 2x/4x
+// context and the count of available frames from the input video's end of the history, the end
+// that is final for the others.
+func (videoVariant) keepsWholeHistory() bool { return true }
+
 // withVideo binds the job's input video latents and context frames.
 func (v videoVariant) withVideo(video vol, context int) videoVariant {
 	v.video, v.context = &video, context

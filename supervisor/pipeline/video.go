@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/framepackd/framepackd/internal/imageproc"
@@ -13,7 +15,6 @@ import (
 	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/jobs"
-	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/video"
 )
 
@@ -81,6 +82,7 @@ func (j *jobRun) encodeVideo(ctx context.Context, c *conditioning) error {
 	}); err != nil {
 		return err
 	}
+	j.cond = c // the frame size is known: the stages below are sized by it
 	pixels := zeros(1, 3, len(frames), c.height, c.width)
 	n := c.height * c.width
 	for t, f := range frames {
@@ -100,11 +102,11 @@ func (j *jobRun) encodeVideo(ctx context.Context, c *conditioning) error {
 	if err != nil {
 		return err
 	}
-	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, lanes.Stage{
-		Model: lanes.VAE, ModelDir: j.r.cfg.Models.VAE(),
-		Request: &workerkit.VAEEncodeRequest{Pixels: workerkit.TensorRef{Path: pixSeg, Name: "pixels"}, Tiling: j.vaeTiling(),
-			Latents: workerkit.TensorRef{Path: latSeg, Name: "latents"}, IndependentFrames: videoEncodeRun},
-	})
+	vst := j.vaeStage(&workerkit.VAEEncodeRequest{Pixels: workerkit.TensorRef{Path: pixSeg, Name: "pixels"}, Tiling: j.vaeTiling(),
+		Latents: workerkit.TensorRef{Path: latSeg, Name: "latents"}, IndependentFrames: videoEncodeRun})
+	vst.Keep = j.r.cfg.Residency
+	vst.Need = j.need(ctx, vst, maxDecodeFrames(j.window))
+	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, vst)
 	if err != nil {
 		return err
 	}
@@ -245,14 +247,28 @@ func (c *conditioning) loadVideo(f *safetensors.File) error {
 	return nil
 }
 
-// withInputFrames puts the input video's frames (when the job keeps them) before a section's.
-func (c *conditioning) withInputFrames(f imageproc.Frames) imageproc.Frames {
-	if len(c.inputFrames) == 0 || f.H != c.height || f.W != c.width || f.C != 3 {
-		return f
+// inputSegmentName is the segment of a video extension's input frames (the video folder's
+// segments/).
+const inputSegmentName = "input.mp4"
+
+// inputSegment writes, once, the segment of the input video's frames the output starts with
+// and returns its path relative to the video folder and its frame count; "" when the job keeps
+// none (no input video, or video_include_input false).
+func (j *jobRun) inputSegment(ctx context.Context, segDir string) (string, int, error) {
+	c := j.cond
+	if c == nil || len(c.inputFrames) == 0 {
+		return "", 0, nil
 	}
 	t := len(c.inputFrames) / (3 * c.height * c.width)
-	pix := make([]byte, 0, len(c.inputFrames)+len(f.Pix))
-	f.Pix = append(append(pix, c.inputFrames...), f.Pix...)
-	f.T += t
-	return f
+	p := filepath.Join(segDir, inputSegmentName)
+	for _, have := range []string{p, video.FramesDir(p)} {
+		if _, err := os.Stat(have); err == nil {
+			return filepath.Join(segmentsDir, filepath.Base(have)), t, nil
+		}
+	}
+	out, err := j.r.cfg.Video.Write(ctx, p, video.Clip{Frames: t, Height: c.height, Width: c.width, RGB: c.inputFrames}, int(j.job.Spec.GetMp4Crf()))
+	if err != nil {
+		return "", 0, fmt.Errorf("input video segment: %w", err)
+	}
+	return filepath.Join(segmentsDir, filepath.Base(out.Path)), out.Frames, nil
 }

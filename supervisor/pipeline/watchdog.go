@@ -36,6 +36,12 @@ func (j *jobRun) runOnLane(ctx context.Context, stage framepackv1.Stage, section
 			j.stageAttemptStarted(stage, section, a.Number) // a retry: its own StageStarted
 		}
 		att := st
+		if a.Number > 1 {
+			// A retry runs with the whole budget: the estimate (or the plan's share) may be what
+			// ran short, and the ladder's rungs (fewer resident blocks, smaller tiles, a lower
+			// cap) then work from the budget.
+			att.Need, att.Cap = nil, 0
+		}
 		att.Attach = func(p lanes.Proc) func() {
 			if t, ok := p.(watchdog.Target); ok {
 				return a.Attach(t)

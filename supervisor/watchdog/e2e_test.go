@@ -33,6 +33,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
+	"github.com/framepackd/framepackd/supervisor/video"
 	"github.com/framepackd/framepackd/supervisor/watchdog"
 )
 
@@ -250,12 +251,14 @@ func demoImage(t testing.TB) []byte {
 
 // demoSpec is a tiny two-section job: 32×32 frames, 3 steps, window 3.
 func demoSpec(seed int64) *framepackv1.JobSpec {
-	return &framepackv1.JobSpec{Prompt: "a cat walks on the grass", Seed: seed, TotalSecondLength: 0.8, LatentWindowSize: 3,
+	return &framepackv1.JobSpec{Prompt: "a cat walks on the grass", Seed: proto.Int64(seed), TotalSecondLength: 0.8, LatentWindowSize: 3,
 		Steps: 3, Cfg: 1, Gs: 10, Rs: 0, Resolution: 32, UseTeacache: proto.Bool(false), ImageFilename: "start.png",
 		Buckets: []*framepackv1.Bucket{{Height: 32, Width: 32}}}
 }
 
-// finalPixels reads the history pixels of a finished job's last section.
+// finalPixels is a finished job's output: the history latents of its last section file (the
+// retained ones, f32) followed by the frames of its video, each byte a value: two runs that
+// computed the same pixels wrote the same frames.
 func finalPixels(t testing.TB, state, id string, sections int) []float32 {
 	t.Helper()
 	f, err := safetensors.Open(filepath.Join(state, "jobs", id, "history", pipeline.SectionFile(sections-1)))
@@ -263,9 +266,21 @@ func finalPixels(t testing.TB, state, id string, sections int) []float32 {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	v, _, err := f.Float32("history_pixels")
+	v, _, err := f.Float32("history_latents")
 	if err != nil {
 		t.Fatal(err)
+	}
+	videos := filepath.Join(state, "jobs", id, "video")
+	path := filepath.Join(videos, fmt.Sprintf("section-%03d.mp4", sections-1))
+	if _, err := os.Stat(path); err != nil {
+		path = video.FramesDir(path)
+	}
+	frames, err := (&video.Writer{}).ReadFrames(t.Context(), path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range frames {
+		v = append(v, float32(b))
 	}
 	return v
 }

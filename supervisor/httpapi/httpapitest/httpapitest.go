@@ -1,6 +1,7 @@
 // Package httpapitest starts a real framepackd for HTTP tests: the job store, queue and gRPC
 // server on a unix socket (supervisor/api), one cpu lane whose stages run in the real worker
-// binaries on the tiny test models (testdata/parity/models), the metrics, and the HTTP API
+// binaries on the tiny test models (testdata/parity/models, whose resolution, 96, is the
+// default and the only bucket table they take), the metrics, and the HTTP API
 // (supervisor/httpapi) on a loopback port, as cmd/framepackd assembles them. It is test code:
 // only _test.go files import it, from a TestMain that runs workertest.Main.
 package httpapitest
@@ -18,6 +19,7 @@ import (
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/framepackd/framepackd/internal/parity"
 	"github.com/framepackd/framepackd/internal/shm"
@@ -39,6 +41,8 @@ type Options struct {
 	Token string
 	// MaxUploadBytes bounds a submitted image; 0 is the default.
 	MaxUploadBytes int64
+	// Ready is the daemon's readiness (api.DaemonConfig.Ready); nil: always ready.
+	Ready func() error
 }
 
 // Daemon is a running test daemon.
@@ -85,7 +89,11 @@ func Start(tb testing.TB, o Options) *Daemon {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	lane, err := lanes.New(lanes.Config{Name: "cpu", Backend: "cpu", Log: logrus.NewEntry(log), Budget: 8 << 30,
+	info, err := pipeline.CheckModels(models) // the tiny models: 96 is their resolution
+	if err != nil {
+		tb.Fatal(err)
+	}
+	lane, err := lanes.New(lanes.Config{Name: "cpu", Backend: "cpu", Log: logrus.NewEntry(log),
 		WorkerPath: func(m lanes.Model) (string, error) {
 			if p, ok := workers[m]; ok {
 				return p, nil
@@ -108,9 +116,8 @@ func Start(tb testing.TB, o Options) *Daemon {
 	var d *api.Daemon
 	m := metrics.New(metrics.Config{Log: log,
 		Jobs: func() (map[framepackv1.JobState]int, error) { return metrics.CountJobs(d.Store()) },
-		Devices: func(ctx context.Context) ([]*framepackv1.Device, error) {
-			resp, err := devices.ListDevices(ctx, &framepackv1.ListDevicesRequest{})
-			return resp.GetDevices(), err
+		Devices: func(ctx context.Context) (*framepackv1.ListDevicesResponse, error) {
+			return devices.ListDevices(ctx, &framepackv1.ListDevicesRequest{})
 		}})
 	runner, err := pipeline.New(pipeline.Config{Models: models, Shm: shmRoot, Log: log,
 		// Every section's MP4 stays, so tests can fetch section 0 after the job (the daemon's
@@ -134,7 +141,8 @@ func Start(tb testing.TB, o Options) *Daemon {
 		tb.Fatal(err)
 	}
 	d, err = api.StartDaemon(api.DaemonConfig{StateDir: filepath.Join(dir, "state"), Listen: []api.Addr{{Network: "unix", Address: socket}},
-		Lanes: []string{"cpu"}, Run: runner.Run, Grace: time.Second, Log: log, OnEvent: m.Observe})
+		Lanes: []string{"cpu"}, Run: runner.Run, Grace: time.Second, Log: log, OnEvent: m.Observe,
+		Ready: o.Ready, Models: func() api.ModelFit { return info }})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -160,7 +168,7 @@ func Start(tb testing.TB, o Options) *Daemon {
 func TinySpec(seconds float32, steps uint32) *framepackv1.JobSpec {
 	off := false
 	return &framepackv1.JobSpec{Prompt: "The girl dances gracefully, with clear movements, full of charm.", TotalSecondLength: seconds,
-		LatentWindowSize: 3, Steps: steps, Resolution: 96, UseTeacache: &off, Seed: 31337}
+		LatentWindowSize: 3, Steps: steps, Resolution: 96, UseTeacache: &off, Seed: proto.Int64(31337)}
 }
 
 // DemoImage returns testdata/demo/start.png's path.

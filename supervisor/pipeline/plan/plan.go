@@ -39,6 +39,24 @@ func KnownTable(resolution int) ([]imageproc.Bucket, bool) {
 	return imageproc.BucketTable(resolution)
 }
 
+// FramePackResolution names FramePack's own bucket table (bucket_options[640]), the default of
+// its full-size models.
+const FramePackResolution = 640
+
+// KnownResolutions lists the resolutions KnownTable has a table for.
+func KnownResolutions() []int { return []int{FramePackResolution, TinyResolution} }
+
+// TableLabel says whose bucket table a known resolution names.
+func TableLabel(resolution int) string {
+	switch resolution {
+	case FramePackResolution:
+		return "FramePack"
+	case TinyResolution:
+		return "tiny test models"
+	}
+	return ""
+}
+
 // Violation is one bad field of a spec.
 type Violation struct {
 	// Field is the field's path ("spec.buckets[1].width").
@@ -111,6 +129,26 @@ func Buckets(spec *framepackv1.JobSpec) ([]imageproc.Bucket, error) {
 
 // DefaultLatentWindowSize is latent_window_size when a spec leaves it 0 (demo_gradio.py's 9).
 const DefaultLatentWindowSize = 9
+
+// Defaults of the other JobSpec fields whose absence (or zero) means "the default":
+// demo_gradio.py's values. The server fills them in (jobs.WithDefaults); clients (the CLI)
+// show them, and this package is the one both may import.
+const (
+	DefaultSeed                    = 31337
+	DefaultSteps                   = 25
+	DefaultCFG                     = 1.0
+	DefaultGS                      = 10.0
+	DefaultMP4CRF                  = 16
+	DefaultGPUMemoryPreservationGB = 6.0
+	DefaultUseTeaCache             = true
+	DefaultLoraStrength            = 1.0
+	DefaultEndStrength             = 1.0
+	// FramePack-Studio's MagCache defaults (modules/interface.py) and the default step cache.
+	DefaultMagCacheThreshold      = 0.1
+	DefaultMagCacheMaxSkips       = 2
+	DefaultMagCacheRetentionRatio = 0.25
+	DefaultCache                  = "teacache"
+)
 
 // TotalSections is FramePack's section count for a spec with defaults filled in:
 // int(max(round(total_second_length·30 / (latent_window_size·4)), 1)), with Python's round

@@ -79,7 +79,7 @@ $('auth-form').addEventListener('submit', async (ev) => {
     await api('/v1/session', { method: 'POST', headers: { Authorization: 'Bearer ' + $('token').value.trim() } });
     $('auth').hidden = true;
     $('token').value = '';
-    refreshJobs(); refreshDevices();
+    refreshJobs(); refreshDevices(); loadDefaults();
   } catch (e) { $('auth-error').textContent = e.message; }
 });
 
@@ -402,10 +402,26 @@ async function refreshDevices() {
   lanes.value = chosen;
 }
 
+// ---- defaults -------------------------------------------------------------------------------
+
+// loadDefaults selects the served models' resolution (640 on FramePack's models, 96 on the tiny
+// test models) and disables the tables they do not take, saying why.
+async function loadDefaults() {
+  let r;
+  try { r = await api('/v1/jobs:defaults'); } catch (_) { return; }
+  const sel = $('resolution');
+  for (const o of (r && r.resolutions) || []) {
+    const opt = sel.querySelector(`option[value="${o.resolution}"]`);
+    if (opt) { opt.disabled = !!o.unavailableReason; opt.title = o.unavailableReason || ''; }
+  }
+  if (r && r.spec && r.spec.resolution) sel.value = String(r.spec.resolution);
+}
+
 // ---- start ----------------------------------------------------------------------------------
 
 refreshJobs();
 refreshDevices();
+loadDefaults();
 {
   const m = /^#job=([0-9a-z]+)$/.exec(location.hash);
   if (m) select(m[1]);

@@ -328,15 +328,8 @@ func planLayers(cfg Config, plan Plan, src nn.Source, prefix string, o Options) 
 		return limit, nil
 	}
 	layer := LayerBytes(cfg, src, prefix, o)
-	var base int64 // the final norm; the embedding table is host memory
-	if plan.FinalNorm {
-		dt := o.DType
-		if dt == 0 {
-			dt = runtime.F32
-		}
-		base = int64(cfg.HiddenSize * dt.Size())
-	}
-	need := func(r int) int64 { return base + int64(r)*layer + int64(min(2, n-r))*layer + o.ActivationBytes }
+	base := planBase(cfg, plan, o)
+	need := func(r int) int64 { return layerNeed(base, layer, n, r) + o.ActivationBytes }
 	for r := limit; r >= 0; r-- {
 		if need(r) <= o.MemoryCap {
 			return r, nil
@@ -344,6 +337,46 @@ func planLayers(cfg Config, plan Plan, src nn.Source, prefix string, o Options) 
 	}
 	return 0, fmt.Errorf("llama: %w: the cap is %d bytes; streaming every layer needs %d (%d per layer, two slots, %d kept free for activations)",
 		ErrMemoryBudget, o.MemoryCap, need(0), layer, o.ActivationBytes)
+}
+
+// planBase is what a plan holds in the runtime besides its layers: the final norm when it is
+// used (the embedding table is host memory).
+func planBase(cfg Config, plan Plan, o Options) int64 {
+	if !plan.FinalNorm {
+		return 0
+	}
+	dt := o.DType
+	if dt == 0 {
+		dt = runtime.F32
+	}
+	return int64(cfg.HiddenSize * dt.Size())
+}
+
+// layerNeed is the runtime memory of a plan of n layers with r of them resident: the resident
+// layers and the streaming slots (two, one when a single layer streams), besides base.
+func layerNeed(base, layer int64, n, r int) int64 {
+	return base + int64(r)*layer + int64(min(2, n-r))*layer
+}
+
+// Need sizes, before anything loads, the runtime memory of the hidden-state entry
+// o.HiddenStateIndex of the model in src: every layer resident (all) and every layer streamed
+// (least), o.ActivationBytes included in both, and the host memory the streamed layers then
+// take (host).
+func Need(cfg Config, src nn.Source, o Options) (all, least, host int64, err error) {
+	if err := cfg.Validate(); err != nil {
+		return 0, 0, 0, fmt.Errorf("llama config: %w", err)
+	}
+	plan, err := NewPlan(cfg, o.HiddenStateIndex)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("llama: %w", err)
+	}
+	prefix, err := nn.DetectPrefix(src, "embed_tokens.weight", "", "model.")
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("llama: %w", err)
+	}
+	layer := LayerBytes(cfg, src, prefix, o)
+	base, n := planBase(cfg, plan, o), plan.Layers
+	return layerNeed(base, layer, n, n) + o.ActivationBytes, layerNeed(base, layer, n, 0) + o.ActivationBytes, int64(n) * layer, nil
 }
 
 // WeightBytes returns the size of the weights: in the runtime plus the streamed layers' host

@@ -666,13 +666,10 @@ func (m *Model) Budget() (bytes int64, capped bool, err error) {
 
 // BackendScratch is the scratch model of the runtime m runs on.
 func (m *Model) BackendScratch() Scratch {
-	switch b := m.rt.Backend(); {
-	case b.IsHost:
-		return CPUScratch()
-	case b.Name == "cuda":
-		return CUDAScratch()
+	if b := m.rt.Backend(); !b.IsHost {
+		return ScratchFor(b.Name)
 	}
-	return GPUScratch()
+	return CPUScratch()
 }
 
 // AutoTiling chooses the tiling of an encode (encode true) or decode of an input of shape in

@@ -9,6 +9,7 @@ package framepackv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -35,6 +36,10 @@ const (
 	// LANE_STATE_HELD means the lane takes no work until an operator releases
 	// it (e.g. VRAM did not come back after a worker exited).
 	LaneState_LANE_STATE_HELD LaneState = 3
+	// LANE_STATE_NOT_SERVING means the device is usable but the server cannot
+	// run jobs now (its model files are missing or broken, or it is stopping):
+	// lane_state_reason and ListDevicesResponse.not_serving_reason say why.
+	LaneState_LANE_STATE_NOT_SERVING LaneState = 4
 )
 
 // Enum value maps for LaneState.
@@ -44,12 +49,14 @@ var (
 		1: "LANE_STATE_HEALTHY",
 		2: "LANE_STATE_DEGRADED",
 		3: "LANE_STATE_HELD",
+		4: "LANE_STATE_NOT_SERVING",
 	}
 	LaneState_value = map[string]int32{
 		"LANE_STATE_UNSPECIFIED": 0,
 		"LANE_STATE_HEALTHY":     1,
 		"LANE_STATE_DEGRADED":    2,
 		"LANE_STATE_HELD":        3,
+		"LANE_STATE_NOT_SERVING": 4,
 	}
 )
 
@@ -102,13 +109,19 @@ type Device struct {
 	PciBusId string `protobuf:"bytes,8,opt,name=pci_bus_id,json=pciBusId,proto3" json:"pci_bus_id,omitempty"`
 	// lane_state says whether the lane takes work.
 	LaneState LaneState `protobuf:"varint,9,opt,name=lane_state,json=laneState,proto3,enum=framepack.v1.LaneState" json:"lane_state,omitempty"`
-	// lane_state_reason says why the lane is degraded or held; empty when
-	// healthy.
+	// lane_state_reason says why the lane is degraded, held or not serving;
+	// empty when healthy.
 	LaneStateReason string `protobuf:"bytes,10,opt,name=lane_state_reason,json=laneStateReason,proto3" json:"lane_state_reason,omitempty"`
 	// current_job_id is the job the lane runs now; empty when idle.
-	CurrentJobId  string `protobuf:"bytes,11,opt,name=current_job_id,json=currentJobId,proto3" json:"current_job_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CurrentJobId string `protobuf:"bytes,11,opt,name=current_job_id,json=currentJobId,proto3" json:"current_job_id,omitempty"`
+	// kept_workers are the lane's model workers kept alive between stages or
+	// jobs (JobSpec.keep_alive), with the memory cap each holds.
+	KeptWorkers []*KeptWorker `protobuf:"bytes,20,rep,name=kept_workers,json=keptWorkers,proto3" json:"kept_workers,omitempty"`
+	// memory_limit_bytes is the most the lane's workers may hold together
+	// (framepackd --lane-memory-gb); 0 when only the device limits them.
+	MemoryLimitBytes uint64 `protobuf:"varint,21,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Device) Reset() {
@@ -218,11 +231,109 @@ func (x *Device) GetCurrentJobId() string {
 	return ""
 }
 
+func (x *Device) GetKeptWorkers() []*KeptWorker {
+	if x != nil {
+		return x.KeptWorkers
+	}
+	return nil
+}
+
+func (x *Device) GetMemoryLimitBytes() uint64 {
+	if x != nil {
+		return x.MemoryLimitBytes
+	}
+	return 0
+}
+
+// KeptWorker is a model worker a lane keeps alive between stages or jobs.
+type KeptWorker struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// model is the worker's model: "textenc", "vae", "clipvision" or
+	// "transformer".
+	Model string `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// pid is its process id.
+	Pid int32 `protobuf:"varint,2,opt,name=pid,proto3" json:"pid,omitempty"`
+	// cap_bytes is the memory cap it was loaded under: the most it holds.
+	CapBytes uint64 `protobuf:"varint,3,opt,name=cap_bytes,json=capBytes,proto3" json:"cap_bytes,omitempty"`
+	// job_id is the job whose stage last ran in it.
+	JobId string `protobuf:"bytes,4,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// expire_time is when its keep-alive ends and it is killed; unset while
+	// its job runs.
+	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeptWorker) Reset() {
+	*x = KeptWorker{}
+	mi := &file_framepack_v1_device_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeptWorker) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeptWorker) ProtoMessage() {}
+
+func (x *KeptWorker) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_device_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeptWorker.ProtoReflect.Descriptor instead.
+func (*KeptWorker) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_device_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *KeptWorker) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *KeptWorker) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *KeptWorker) GetCapBytes() uint64 {
+	if x != nil {
+		return x.CapBytes
+	}
+	return 0
+}
+
+func (x *KeptWorker) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *KeptWorker) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
 var File_framepack_v1_device_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_device_proto_rawDesc = "" +
 	"\n" +
-	"\x19framepack/v1/device.proto\x12\fframepack.v1\"\xf6\x02\n" +
+	"\x19framepack/v1/device.proto\x12\fframepack.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe1\x03\n" +
 	"\x06Device\x12\x12\n" +
 	"\x04lane\x18\x01 \x01(\tR\x04lane\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\rR\x05index\x12\x12\n" +
@@ -237,12 +348,23 @@ const file_framepack_v1_device_proto_rawDesc = "" +
 	"lane_state\x18\t \x01(\x0e2\x17.framepack.v1.LaneStateR\tlaneState\x12*\n" +
 	"\x11lane_state_reason\x18\n" +
 	" \x01(\tR\x0flaneStateReason\x12$\n" +
-	"\x0ecurrent_job_id\x18\v \x01(\tR\fcurrentJobId*m\n" +
+	"\x0ecurrent_job_id\x18\v \x01(\tR\fcurrentJobId\x12;\n" +
+	"\fkept_workers\x18\x14 \x03(\v2\x18.framepack.v1.KeptWorkerR\vkeptWorkers\x12,\n" +
+	"\x12memory_limit_bytes\x18\x15 \x01(\x04R\x10memoryLimitBytes\"\xa5\x01\n" +
+	"\n" +
+	"KeptWorker\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x10\n" +
+	"\x03pid\x18\x02 \x01(\x05R\x03pid\x12\x1b\n" +
+	"\tcap_bytes\x18\x03 \x01(\x04R\bcapBytes\x12\x15\n" +
+	"\x06job_id\x18\x04 \x01(\tR\x05jobId\x12;\n" +
+	"\vexpire_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime*\x89\x01\n" +
 	"\tLaneState\x12\x1a\n" +
 	"\x16LANE_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12LANE_STATE_HEALTHY\x10\x01\x12\x17\n" +
 	"\x13LANE_STATE_DEGRADED\x10\x02\x12\x13\n" +
-	"\x0fLANE_STATE_HELD\x10\x03B\xb8\x01\n" +
+	"\x0fLANE_STATE_HELD\x10\x03\x12\x1a\n" +
+	"\x16LANE_STATE_NOT_SERVING\x10\x04B\xb8\x01\n" +
 	"\x10com.framepack.v1B\vDeviceProtoP\x01ZFgithub.com/framepackd/framepackd/proto/gen/go/framepack/v1;framepackv1\xa2\x02\x03FXX\xaa\x02\fFramepack.V1\xca\x02\fFramepack\\V1\xe2\x02\x18Framepack\\V1\\GPBMetadata\xea\x02\rFramepack::V1b\x06proto3"
 
 var (
@@ -258,18 +380,22 @@ func file_framepack_v1_device_proto_rawDescGZIP() []byte {
 }
 
 var file_framepack_v1_device_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_framepack_v1_device_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_framepack_v1_device_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_framepack_v1_device_proto_goTypes = []any{
-	(LaneState)(0), // 0: framepack.v1.LaneState
-	(*Device)(nil), // 1: framepack.v1.Device
+	(LaneState)(0),                // 0: framepack.v1.LaneState
+	(*Device)(nil),                // 1: framepack.v1.Device
+	(*KeptWorker)(nil),            // 2: framepack.v1.KeptWorker
+	(*timestamppb.Timestamp)(nil), // 3: google.protobuf.Timestamp
 }
 var file_framepack_v1_device_proto_depIdxs = []int32{
 	0, // 0: framepack.v1.Device.lane_state:type_name -> framepack.v1.LaneState
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 1: framepack.v1.Device.kept_workers:type_name -> framepack.v1.KeptWorker
+	3, // 2: framepack.v1.KeptWorker.expire_time:type_name -> google.protobuf.Timestamp
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_device_proto_init() }
@@ -283,7 +409,7 @@ func file_framepack_v1_device_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_v1_device_proto_rawDesc), len(file_framepack_v1_device_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   1,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -22,6 +22,163 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// UnloadModelsRequest names the kept workers to kill.
+type UnloadModelsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lane limits it to one lane; empty means every lane.
+	Lane string `protobuf:"bytes,1,opt,name=lane,proto3" json:"lane,omitempty"`
+	// models limits it to these models ("textenc", "vae", "clipvision",
+	// "transformer"); empty means every kept worker.
+	Models        []string `protobuf:"bytes,2,rep,name=models,proto3" json:"models,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnloadModelsRequest) Reset() {
+	*x = UnloadModelsRequest{}
+	mi := &file_framepack_v1_device_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnloadModelsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnloadModelsRequest) ProtoMessage() {}
+
+func (x *UnloadModelsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_device_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnloadModelsRequest.ProtoReflect.Descriptor instead.
+func (*UnloadModelsRequest) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_device_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *UnloadModelsRequest) GetLane() string {
+	if x != nil {
+		return x.Lane
+	}
+	return ""
+}
+
+func (x *UnloadModelsRequest) GetModels() []string {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+// UnloadModelsResponse lists the workers killed.
+type UnloadModelsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// unloaded are the workers killed, by lane.
+	Unloaded      []*UnloadedWorker `protobuf:"bytes,1,rep,name=unloaded,proto3" json:"unloaded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnloadModelsResponse) Reset() {
+	*x = UnloadModelsResponse{}
+	mi := &file_framepack_v1_device_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnloadModelsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnloadModelsResponse) ProtoMessage() {}
+
+func (x *UnloadModelsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_device_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnloadModelsResponse.ProtoReflect.Descriptor instead.
+func (*UnloadModelsResponse) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_device_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *UnloadModelsResponse) GetUnloaded() []*UnloadedWorker {
+	if x != nil {
+		return x.Unloaded
+	}
+	return nil
+}
+
+// UnloadedWorker is one kept worker UnloadModels killed.
+type UnloadedWorker struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// lane is the lane it was kept on.
+	Lane string `protobuf:"bytes,1,opt,name=lane,proto3" json:"lane,omitempty"`
+	// model is its model.
+	Model         string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnloadedWorker) Reset() {
+	*x = UnloadedWorker{}
+	mi := &file_framepack_v1_device_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnloadedWorker) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnloadedWorker) ProtoMessage() {}
+
+func (x *UnloadedWorker) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_device_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnloadedWorker.ProtoReflect.Descriptor instead.
+func (*UnloadedWorker) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_device_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *UnloadedWorker) GetLane() string {
+	if x != nil {
+		return x.Lane
+	}
+	return ""
+}
+
+func (x *UnloadedWorker) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
 // ListDevicesRequest asks for every device. It has no fields.
 type ListDevicesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -31,7 +188,7 @@ type ListDevicesRequest struct {
 
 func (x *ListDevicesRequest) Reset() {
 	*x = ListDevicesRequest{}
-	mi := &file_framepack_v1_device_service_proto_msgTypes[0]
+	mi := &file_framepack_v1_device_service_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -43,7 +200,7 @@ func (x *ListDevicesRequest) String() string {
 func (*ListDevicesRequest) ProtoMessage() {}
 
 func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_device_service_proto_msgTypes[0]
+	mi := &file_framepack_v1_device_service_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -56,21 +213,25 @@ func (x *ListDevicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesRequest.ProtoReflect.Descriptor instead.
 func (*ListDevicesRequest) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_device_service_proto_rawDescGZIP(), []int{0}
+	return file_framepack_v1_device_service_proto_rawDescGZIP(), []int{3}
 }
 
 // ListDevicesResponse lists the devices.
 type ListDevicesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// devices are the devices, ordered by lane.
-	Devices       []*Device `protobuf:"bytes,1,rep,name=devices,proto3" json:"devices,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Devices []*Device `protobuf:"bytes,1,rep,name=devices,proto3" json:"devices,omitempty"`
+	// not_serving_reason says why the server does not run jobs now (gRPC health
+	// NOT_SERVING: model files missing or broken, the shared-memory folder
+	// unusable, the server stopping); empty while it serves.
+	NotServingReason string `protobuf:"bytes,2,opt,name=not_serving_reason,json=notServingReason,proto3" json:"not_serving_reason,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ListDevicesResponse) Reset() {
 	*x = ListDevicesResponse{}
-	mi := &file_framepack_v1_device_service_proto_msgTypes[1]
+	mi := &file_framepack_v1_device_service_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -82,7 +243,7 @@ func (x *ListDevicesResponse) String() string {
 func (*ListDevicesResponse) ProtoMessage() {}
 
 func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_device_service_proto_msgTypes[1]
+	mi := &file_framepack_v1_device_service_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -95,7 +256,7 @@ func (x *ListDevicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDevicesResponse.ProtoReflect.Descriptor instead.
 func (*ListDevicesResponse) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_device_service_proto_rawDescGZIP(), []int{1}
+	return file_framepack_v1_device_service_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ListDevicesResponse) GetDevices() []*Device {
@@ -105,16 +266,33 @@ func (x *ListDevicesResponse) GetDevices() []*Device {
 	return nil
 }
 
+func (x *ListDevicesResponse) GetNotServingReason() string {
+	if x != nil {
+		return x.NotServingReason
+	}
+	return ""
+}
+
 var File_framepack_v1_device_service_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_device_service_proto_rawDesc = "" +
 	"\n" +
-	"!framepack/v1/device_service.proto\x12\fframepack.v1\x1a\x19framepack/v1/device.proto\x1a\x1cgoogle/api/annotations.proto\"\x14\n" +
-	"\x12ListDevicesRequest\"E\n" +
+	"!framepack/v1/device_service.proto\x12\fframepack.v1\x1a\x19framepack/v1/device.proto\x1a\x1cgoogle/api/annotations.proto\"A\n" +
+	"\x13UnloadModelsRequest\x12\x12\n" +
+	"\x04lane\x18\x01 \x01(\tR\x04lane\x12\x16\n" +
+	"\x06models\x18\x02 \x03(\tR\x06models\"P\n" +
+	"\x14UnloadModelsResponse\x128\n" +
+	"\bunloaded\x18\x01 \x03(\v2\x1c.framepack.v1.UnloadedWorkerR\bunloaded\":\n" +
+	"\x0eUnloadedWorker\x12\x12\n" +
+	"\x04lane\x18\x01 \x01(\tR\x04lane\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\"\x14\n" +
+	"\x12ListDevicesRequest\"s\n" +
 	"\x13ListDevicesResponse\x12.\n" +
-	"\adevices\x18\x01 \x03(\v2\x14.framepack.v1.DeviceR\adevices2x\n" +
+	"\adevices\x18\x01 \x03(\v2\x14.framepack.v1.DeviceR\adevices\x12,\n" +
+	"\x12not_serving_reason\x18\x02 \x01(\tR\x10notServingReason2\xed\x01\n" +
 	"\rDeviceService\x12g\n" +
-	"\vListDevices\x12 .framepack.v1.ListDevicesRequest\x1a!.framepack.v1.ListDevicesResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\v/v1/devicesB\xbf\x01\n" +
+	"\vListDevices\x12 .framepack.v1.ListDevicesRequest\x1a!.framepack.v1.ListDevicesResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\v/v1/devices\x12s\n" +
+	"\fUnloadModels\x12!.framepack.v1.UnloadModelsRequest\x1a\".framepack.v1.UnloadModelsResponse\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/v1/models:unloadB\xbf\x01\n" +
 	"\x10com.framepack.v1B\x12DeviceServiceProtoP\x01ZFgithub.com/framepackd/framepackd/proto/gen/go/framepack/v1;framepackv1\xa2\x02\x03FXX\xaa\x02\fFramepack.V1\xca\x02\fFramepack\\V1\xe2\x02\x18Framepack\\V1\\GPBMetadata\xea\x02\rFramepack::V1b\x06proto3"
 
 var (
@@ -129,21 +307,27 @@ func file_framepack_v1_device_service_proto_rawDescGZIP() []byte {
 	return file_framepack_v1_device_service_proto_rawDescData
 }
 
-var file_framepack_v1_device_service_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_framepack_v1_device_service_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_framepack_v1_device_service_proto_goTypes = []any{
-	(*ListDevicesRequest)(nil),  // 0: framepack.v1.ListDevicesRequest
-	(*ListDevicesResponse)(nil), // 1: framepack.v1.ListDevicesResponse
-	(*Device)(nil),              // 2: framepack.v1.Device
+	(*UnloadModelsRequest)(nil),  // 0: framepack.v1.UnloadModelsRequest
+	(*UnloadModelsResponse)(nil), // 1: framepack.v1.UnloadModelsResponse
+	(*UnloadedWorker)(nil),       // 2: framepack.v1.UnloadedWorker
+	(*ListDevicesRequest)(nil),   // 3: framepack.v1.ListDevicesRequest
+	(*ListDevicesResponse)(nil),  // 4: framepack.v1.ListDevicesResponse
+	(*Device)(nil),               // 5: framepack.v1.Device
 }
 var file_framepack_v1_device_service_proto_depIdxs = []int32{
-	2, // 0: framepack.v1.ListDevicesResponse.devices:type_name -> framepack.v1.Device
-	0, // 1: framepack.v1.DeviceService.ListDevices:input_type -> framepack.v1.ListDevicesRequest
-	1, // 2: framepack.v1.DeviceService.ListDevices:output_type -> framepack.v1.ListDevicesResponse
-	2, // [2:3] is the sub-list for method output_type
-	1, // [1:2] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 0: framepack.v1.UnloadModelsResponse.unloaded:type_name -> framepack.v1.UnloadedWorker
+	5, // 1: framepack.v1.ListDevicesResponse.devices:type_name -> framepack.v1.Device
+	3, // 2: framepack.v1.DeviceService.ListDevices:input_type -> framepack.v1.ListDevicesRequest
+	0, // 3: framepack.v1.DeviceService.UnloadModels:input_type -> framepack.v1.UnloadModelsRequest
+	4, // 4: framepack.v1.DeviceService.ListDevices:output_type -> framepack.v1.ListDevicesResponse
+	1, // 5: framepack.v1.DeviceService.UnloadModels:output_type -> framepack.v1.UnloadModelsResponse
+	4, // [4:6] is the sub-list for method output_type
+	2, // [2:4] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_device_service_proto_init() }
@@ -158,7 +342,7 @@ func file_framepack_v1_device_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_v1_device_service_proto_rawDesc), len(file_framepack_v1_device_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

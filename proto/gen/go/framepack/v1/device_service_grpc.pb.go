@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	DeviceService_ListDevices_FullMethodName = "/framepack.v1.DeviceService/ListDevices"
+	DeviceService_ListDevices_FullMethodName  = "/framepack.v1.DeviceService/ListDevices"
+	DeviceService_UnloadModels_FullMethodName = "/framepack.v1.DeviceService/UnloadModels"
 )
 
 // DeviceServiceClient is the client API for DeviceService service.
@@ -30,6 +31,10 @@ const (
 type DeviceServiceClient interface {
 	// ListDevices returns every device, one per lane.
 	ListDevices(ctx context.Context, in *ListDevicesRequest, opts ...grpc.CallOption) (*ListDevicesResponse, error)
+	// UnloadModels kills model workers the lanes keep alive between jobs
+	// (JobSpec.keep_alive), so their memory is free at once; a worker a running
+	// stage uses is not touched.
+	UnloadModels(ctx context.Context, in *UnloadModelsRequest, opts ...grpc.CallOption) (*UnloadModelsResponse, error)
 }
 
 type deviceServiceClient struct {
@@ -50,6 +55,16 @@ func (c *deviceServiceClient) ListDevices(ctx context.Context, in *ListDevicesRe
 	return out, nil
 }
 
+func (c *deviceServiceClient) UnloadModels(ctx context.Context, in *UnloadModelsRequest, opts ...grpc.CallOption) (*UnloadModelsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UnloadModelsResponse)
+	err := c.cc.Invoke(ctx, DeviceService_UnloadModels_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DeviceServiceServer is the server API for DeviceService service.
 // All implementations must embed UnimplementedDeviceServiceServer
 // for forward compatibility.
@@ -58,6 +73,10 @@ func (c *deviceServiceClient) ListDevices(ctx context.Context, in *ListDevicesRe
 type DeviceServiceServer interface {
 	// ListDevices returns every device, one per lane.
 	ListDevices(context.Context, *ListDevicesRequest) (*ListDevicesResponse, error)
+	// UnloadModels kills model workers the lanes keep alive between jobs
+	// (JobSpec.keep_alive), so their memory is free at once; a worker a running
+	// stage uses is not touched.
+	UnloadModels(context.Context, *UnloadModelsRequest) (*UnloadModelsResponse, error)
 	mustEmbedUnimplementedDeviceServiceServer()
 }
 
@@ -70,6 +89,9 @@ type UnimplementedDeviceServiceServer struct{}
 
 func (UnimplementedDeviceServiceServer) ListDevices(context.Context, *ListDevicesRequest) (*ListDevicesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListDevices not implemented")
+}
+func (UnimplementedDeviceServiceServer) UnloadModels(context.Context, *UnloadModelsRequest) (*UnloadModelsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UnloadModels not implemented")
 }
 func (UnimplementedDeviceServiceServer) mustEmbedUnimplementedDeviceServiceServer() {}
 func (UnimplementedDeviceServiceServer) testEmbeddedByValue()                       {}
@@ -110,6 +132,24 @@ func _DeviceService_ListDevices_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DeviceService_UnloadModels_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnloadModelsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DeviceServiceServer).UnloadModels(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DeviceService_UnloadModels_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DeviceServiceServer).UnloadModels(ctx, req.(*UnloadModelsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DeviceService_ServiceDesc is the grpc.ServiceDesc for DeviceService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -120,6 +160,10 @@ var DeviceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListDevices",
 			Handler:    _DeviceService_ListDevices_Handler,
+		},
+		{
+			MethodName: "UnloadModels",
+			Handler:    _DeviceService_UnloadModels_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

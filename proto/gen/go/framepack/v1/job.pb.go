@@ -304,8 +304,9 @@ type JobSpec struct {
 	// negative_prompt is used only when cfg > 1.
 	NegativePrompt string `protobuf:"bytes,3,opt,name=negative_prompt,json=negativePrompt,proto3" json:"negative_prompt,omitempty"`
 	// seed seeds the sampler's generator; the same seed and spec give the same
-	// video.
-	Seed int64 `protobuf:"varint,4,opt,name=seed,proto3" json:"seed,omitempty"`
+	// video. Unset means 31337 (FramePack's default); every int64 is a seed, 0
+	// included.
+	Seed *int64 `protobuf:"varint,4,opt,name=seed,proto3,oneof" json:"seed,omitempty"`
 	// total_second_length is the video length in seconds, in (0, 120].
 	// REQUIRED.
 	TotalSecondLength float32 `protobuf:"fixed32,5,opt,name=total_second_length,json=totalSecondLength,proto3" json:"total_second_length,omitempty"`
@@ -325,7 +326,10 @@ type JobSpec struct {
 	UseTeacache *bool `protobuf:"varint,11,opt,name=use_teacache,json=useTeacache,proto3,oneof" json:"use_teacache,omitempty"`
 	// resolution is the bucket size in pixels that the image is fitted to; it
 	// names a bucket table the server knows: 640 (FramePack's) or 96 (the tiny
-	// test models'); 0 means 640. With buckets set it only labels that table.
+	// test models'); 0 means the served models' own resolution (640 for
+	// FramePack's, 96 for the tiny test models: GetJobDefaults says which). A
+	// table the served models cannot take (640 on the tiny models) is refused
+	// with FAILED_PRECONDITION. With buckets set it only labels that table.
 	Resolution uint32 `protobuf:"varint,12,opt,name=resolution,proto3" json:"resolution,omitempty"`
 	// mp4_crf is the H.264 constant rate factor, 0 (lossless) to 51; unset
 	// means 16.
@@ -427,8 +431,16 @@ type JobSpec struct {
 	// video's frames (fitted to the bucket) before the new ones; unset means
 	// true. Only with an input video.
 	VideoIncludeInput *bool `protobuf:"varint,33,opt,name=video_include_input,json=videoIncludeInput,proto3,oneof" json:"video_include_input,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// keep_alive is how long the job's model workers stay alive after it ends,
+	// for the next job that wants the same models with the same LoRAs and
+	// dtype (Ollama's keep_alive), 0 to 24 h; 0 kills them when the job ends.
+	// Unset means the server's default (framepackd --keep-alive: a few minutes
+	// where the lane's budget held every worker of the job, 0 where a worker
+	// had to be killed for another's memory). A kept worker is killed when its
+	// time runs out, when a stage needs its memory, or on UnloadModels.
+	KeepAlive     *durationpb.Duration `protobuf:"bytes,40,opt,name=keep_alive,json=keepAlive,proto3" json:"keep_alive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobSpec) Reset() {
@@ -483,8 +495,8 @@ func (x *JobSpec) GetNegativePrompt() string {
 }
 
 func (x *JobSpec) GetSeed() int64 {
-	if x != nil {
-		return x.Seed
+	if x != nil && x.Seed != nil {
+		return *x.Seed
 	}
 	return 0
 }
@@ -690,6 +702,13 @@ func (x *JobSpec) GetVideoIncludeInput() bool {
 		return *x.VideoIncludeInput
 	}
 	return false
+}
+
+func (x *JobSpec) GetKeepAlive() *durationpb.Duration {
+	if x != nil {
+		return x.KeepAlive
+	}
+	return nil
 }
 
 // Keyframe is one section's image of JobSpec.keyframes.
@@ -1487,12 +1506,12 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\v\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\f\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
-	"\x0fnegative_prompt\x18\x03 \x01(\tR\x0enegativePrompt\x12\x12\n" +
-	"\x04seed\x18\x04 \x01(\x03R\x04seed\x12.\n" +
+	"\x0fnegative_prompt\x18\x03 \x01(\tR\x0enegativePrompt\x12\x17\n" +
+	"\x04seed\x18\x04 \x01(\x03H\x00R\x04seed\x88\x01\x01\x12.\n" +
 	"\x13total_second_length\x18\x05 \x01(\x02R\x11totalSecondLength\x12,\n" +
 	"\x12latent_window_size\x18\x06 \x01(\rR\x10latentWindowSize\x12\x14\n" +
 	"\x05steps\x18\a \x01(\rR\x05steps\x12\x10\n" +
@@ -1500,23 +1519,23 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\x02gs\x18\t \x01(\x02R\x02gs\x12\x0e\n" +
 	"\x02rs\x18\n" +
 	" \x01(\x02R\x02rs\x12&\n" +
-	"\fuse_teacache\x18\v \x01(\bH\x00R\vuseTeacache\x88\x01\x01\x12\x1e\n" +
+	"\fuse_teacache\x18\v \x01(\bH\x01R\vuseTeacache\x88\x01\x01\x12\x1e\n" +
 	"\n" +
 	"resolution\x18\f \x01(\rR\n" +
 	"resolution\x12\x1c\n" +
-	"\amp4_crf\x18\r \x01(\rH\x01R\x06mp4Crf\x88\x01\x01\x12@\n" +
-	"\x1agpu_memory_preservation_gb\x18\x0e \x01(\x02H\x02R\x17gpuMemoryPreservationGb\x88\x01\x01\x12\x12\n" +
+	"\amp4_crf\x18\r \x01(\rH\x02R\x06mp4Crf\x88\x01\x01\x12@\n" +
+	"\x1agpu_memory_preservation_gb\x18\x0e \x01(\x02H\x03R\x17gpuMemoryPreservationGb\x88\x01\x01\x12\x12\n" +
 	"\x04lane\x18\x0f \x01(\tR\x04lane\x12.\n" +
 	"\abuckets\x18\x10 \x03(\v2\x14.framepack.v1.BucketR\abuckets\x12(\n" +
 	"\x05loras\x18\x11 \x03(\v2\x12.framepack.v1.LoraR\x05loras\x12\x18\n" +
 	"\avariant\x18\x12 \x01(\tR\avariant\x12\x1b\n" +
 	"\tend_image\x18\x13 \x01(\fR\bendImage\x12&\n" +
-	"\fend_strength\x18\x14 \x01(\x02H\x03R\vendStrength\x88\x01\x01\x12(\n" +
+	"\fend_strength\x18\x14 \x01(\x02H\x04R\vendStrength\x88\x01\x01\x12(\n" +
 	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256\x12\x14\n" +
 	"\x05cache\x18\x16 \x01(\tR\x05cache\x122\n" +
-	"\x12magcache_threshold\x18\x17 \x01(\x01H\x04R\x11magcacheThreshold\x88\x01\x01\x12H\n" +
-	"\x1emagcache_max_consecutive_skips\x18\x18 \x01(\rH\x05R\x1bmagcacheMaxConsecutiveSkips\x88\x01\x01\x12=\n" +
-	"\x18magcache_retention_ratio\x18\x19 \x01(\x01H\x06R\x16magcacheRetentionRatio\x88\x01\x01\x12\x16\n" +
+	"\x12magcache_threshold\x18\x17 \x01(\x01H\x05R\x11magcacheThreshold\x88\x01\x01\x12H\n" +
+	"\x1emagcache_max_consecutive_skips\x18\x18 \x01(\rH\x06R\x1bmagcacheMaxConsecutiveSkips\x88\x01\x01\x12=\n" +
+	"\x18magcache_retention_ratio\x18\x19 \x01(\x01H\aR\x16magcacheRetentionRatio\x88\x01\x01\x12\x16\n" +
 	"\x06preset\x18\x1a \x01(\tR\x06preset\x12\x19\n" +
 	"\bbatch_id\x18\x1b \x01(\tR\abatchId\x124\n" +
 	"\tkeyframes\x18\x1c \x03(\v2\x16.framepack.v1.KeyframeR\tkeyframes\x12\x1f\n" +
@@ -1524,8 +1543,11 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"inputVideo\x12,\n" +
 	"\x12input_video_sha256\x18\x1e \x01(\tR\x10inputVideoSha256\x12+\n" +
 	"\x12input_video_job_id\x18\x1f \x01(\tR\x0finputVideoJobId\x125\n" +
-	"\x14video_context_frames\x18  \x01(\rH\aR\x12videoContextFrames\x88\x01\x01\x123\n" +
-	"\x13video_include_input\x18! \x01(\bH\bR\x11videoIncludeInput\x88\x01\x01B\x0f\n" +
+	"\x14video_context_frames\x18  \x01(\rH\bR\x12videoContextFrames\x88\x01\x01\x123\n" +
+	"\x13video_include_input\x18! \x01(\bH\tR\x11videoIncludeInput\x88\x01\x01\x128\n" +
+	"\n" +
+	"keep_alive\x18( \x01(\v2\x19.google.protobuf.DurationR\tkeepAliveB\a\n" +
+	"\x05_seedB\x0f\n" +
 	"\r_use_teacacheB\n" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +
@@ -1661,35 +1683,36 @@ var file_framepack_v1_job_proto_goTypes = []any{
 	(*JobResult)(nil),             // 11: framepack.v1.JobResult
 	(*JobFailure)(nil),            // 12: framepack.v1.JobFailure
 	(*Attempt)(nil),               // 13: framepack.v1.Attempt
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
+	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_framepack_v1_job_proto_depIdxs = []int32{
 	8,  // 0: framepack.v1.JobSpec.buckets:type_name -> framepack.v1.Bucket
 	6,  // 1: framepack.v1.JobSpec.loras:type_name -> framepack.v1.Lora
 	5,  // 2: framepack.v1.JobSpec.keyframes:type_name -> framepack.v1.Keyframe
-	0,  // 3: framepack.v1.Job.state:type_name -> framepack.v1.JobState
-	4,  // 4: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
-	14, // 5: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
-	14, // 6: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
-	10, // 7: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
-	11, // 8: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
-	12, // 9: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
-	7,  // 10: framepack.v1.Job.loras_applied:type_name -> framepack.v1.LoraApplied
-	1,  // 11: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
-	15, // 12: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
-	15, // 13: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
-	1,  // 14: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
-	13, // 15: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
-	1,  // 16: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
-	2,  // 17: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
-	14, // 18: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	15, // 19: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	14, // 3: framepack.v1.JobSpec.keep_alive:type_name -> google.protobuf.Duration
+	0,  // 4: framepack.v1.Job.state:type_name -> framepack.v1.JobState
+	4,  // 5: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
+	15, // 6: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
+	15, // 7: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
+	10, // 8: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
+	11, // 9: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
+	12, // 10: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
+	7,  // 11: framepack.v1.Job.loras_applied:type_name -> framepack.v1.LoraApplied
+	1,  // 12: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
+	14, // 13: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
+	14, // 14: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
+	1,  // 15: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
+	13, // 16: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
+	1,  // 17: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
+	2,  // 18: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
+	15, // 19: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	14, // 20: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_job_proto_init() }

@@ -789,6 +789,174 @@ func (x *DeleteJobResponse) GetFreedBytes() int64 {
 	return 0
 }
 
+// GetJobDefaultsRequest asks for the server's job defaults. It has no fields.
+type GetJobDefaultsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetJobDefaultsRequest) Reset() {
+	*x = GetJobDefaultsRequest{}
+	mi := &file_framepack_v1_job_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetJobDefaultsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetJobDefaultsRequest) ProtoMessage() {}
+
+func (x *GetJobDefaultsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetJobDefaultsRequest.ProtoReflect.Descriptor instead.
+func (*GetJobDefaultsRequest) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_service_proto_rawDescGZIP(), []int{13}
+}
+
+// GetJobDefaultsResponse holds the server's job defaults.
+type GetJobDefaultsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// spec is a JobSpec with every field the server defaults filled in with
+	// the value a job that leaves it unset gets; prompt, images and
+	// total_second_length (required) are empty.
+	Spec *JobSpec `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// resolutions are the bucket tables the server knows, the default first.
+	Resolutions   []*ResolutionOption `protobuf:"bytes,2,rep,name=resolutions,proto3" json:"resolutions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetJobDefaultsResponse) Reset() {
+	*x = GetJobDefaultsResponse{}
+	mi := &file_framepack_v1_job_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetJobDefaultsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetJobDefaultsResponse) ProtoMessage() {}
+
+func (x *GetJobDefaultsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetJobDefaultsResponse.ProtoReflect.Descriptor instead.
+func (*GetJobDefaultsResponse) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GetJobDefaultsResponse) GetSpec() *JobSpec {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *GetJobDefaultsResponse) GetResolutions() []*ResolutionOption {
+	if x != nil {
+		return x.Resolutions
+	}
+	return nil
+}
+
+// ResolutionOption is one bucket table the server knows.
+type ResolutionOption struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// resolution names the table (JobSpec.resolution).
+	Resolution uint32 `protobuf:"varint,1,opt,name=resolution,proto3" json:"resolution,omitempty"`
+	// label says whose table it is ("FramePack", "tiny test models").
+	Label string `protobuf:"bytes,2,opt,name=label,proto3" json:"label,omitempty"`
+	// buckets are the table's buckets.
+	Buckets []*Bucket `protobuf:"bytes,3,rep,name=buckets,proto3" json:"buckets,omitempty"`
+	// unavailable_reason says why the served models do not take this table
+	// (SubmitJob refuses it with FAILED_PRECONDITION); empty when they do.
+	UnavailableReason string `protobuf:"bytes,4,opt,name=unavailable_reason,json=unavailableReason,proto3" json:"unavailable_reason,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ResolutionOption) Reset() {
+	*x = ResolutionOption{}
+	mi := &file_framepack_v1_job_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolutionOption) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolutionOption) ProtoMessage() {}
+
+func (x *ResolutionOption) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolutionOption.ProtoReflect.Descriptor instead.
+func (*ResolutionOption) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ResolutionOption) GetResolution() uint32 {
+	if x != nil {
+		return x.Resolution
+	}
+	return 0
+}
+
+func (x *ResolutionOption) GetLabel() string {
+	if x != nil {
+		return x.Label
+	}
+	return ""
+}
+
+func (x *ResolutionOption) GetBuckets() []*Bucket {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
+func (x *ResolutionOption) GetUnavailableReason() string {
+	if x != nil {
+		return x.UnavailableReason
+	}
+	return ""
+}
+
 var File_framepack_v1_job_service_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_service_proto_rawDesc = "" +
@@ -834,10 +1002,21 @@ const file_framepack_v1_job_service_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\"4\n" +
 	"\x11DeleteJobResponse\x12\x1f\n" +
 	"\vfreed_bytes\x18\x01 \x01(\x03R\n" +
-	"freedBytes*F\n" +
+	"freedBytes\"\x17\n" +
+	"\x15GetJobDefaultsRequest\"\x85\x01\n" +
+	"\x16GetJobDefaultsResponse\x12)\n" +
+	"\x04spec\x18\x01 \x01(\v2\x15.framepack.v1.JobSpecR\x04spec\x12@\n" +
+	"\vresolutions\x18\x02 \x03(\v2\x1e.framepack.v1.ResolutionOptionR\vresolutions\"\xa7\x01\n" +
+	"\x10ResolutionOption\x12\x1e\n" +
+	"\n" +
+	"resolution\x18\x01 \x01(\rR\n" +
+	"resolution\x12\x14\n" +
+	"\x05label\x18\x02 \x01(\tR\x05label\x12.\n" +
+	"\abuckets\x18\x03 \x03(\v2\x14.framepack.v1.BucketR\abuckets\x12-\n" +
+	"\x12unavailable_reason\x18\x04 \x01(\tR\x11unavailableReason*F\n" +
 	"\fArtifactKind\x12\x1d\n" +
 	"\x19ARTIFACT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
-	"\x13ARTIFACT_KIND_VIDEO\x10\x012\xc4\x05\n" +
+	"\x13ARTIFACT_KIND_VIDEO\x10\x012\xbc\x06\n" +
 	"\n" +
 	"JobService\x12a\n" +
 	"\tSubmitJob\x12\x1e.framepack.v1.SubmitJobRequest\x1a\x1f.framepack.v1.SubmitJobResponse\"\x13\x82\xd3\xe4\x93\x02\r:\x01*\"\b/v1/jobs\x12^\n" +
@@ -847,7 +1026,8 @@ const file_framepack_v1_job_service_proto_rawDesc = "" +
 	"\tCancelJob\x12\x1e.framepack.v1.CancelJobRequest\x1a\x1f.framepack.v1.CancelJobResponse\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/jobs/{job_id}:cancel\x12d\n" +
 	"\bWatchJob\x12\x1d.framepack.v1.WatchJobRequest\x1a\x16.framepack.v1.JobEvent\"\x1f\x82\xd3\xe4\x93\x02\x19\x12\x17/v1/jobs/{job_id}:watch0\x01\x12T\n" +
 	"\vGetArtifact\x12 .framepack.v1.GetArtifactRequest\x1a!.framepack.v1.GetArtifactResponse0\x01\x12g\n" +
-	"\tDeleteJob\x12\x1e.framepack.v1.DeleteJobRequest\x1a\x1f.framepack.v1.DeleteJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13*\x11/v1/jobs/{job_id}B\xbc\x01\n" +
+	"\tDeleteJob\x12\x1e.framepack.v1.DeleteJobRequest\x1a\x1f.framepack.v1.DeleteJobResponse\"\x19\x82\xd3\xe4\x93\x02\x13*\x11/v1/jobs/{job_id}\x12v\n" +
+	"\x0eGetJobDefaults\x12#.framepack.v1.GetJobDefaultsRequest\x1a$.framepack.v1.GetJobDefaultsResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/jobs:defaultsB\xbc\x01\n" +
 	"\x10com.framepack.v1B\x0fJobServiceProtoP\x01ZFgithub.com/framepackd/framepackd/proto/gen/go/framepack/v1;framepackv1\xa2\x02\x03FXX\xaa\x02\fFramepack.V1\xca\x02\fFramepack\\V1\xe2\x02\x18Framepack\\V1\\GPBMetadata\xea\x02\rFramepack::V1b\x06proto3"
 
 var (
@@ -863,54 +1043,63 @@ func file_framepack_v1_job_service_proto_rawDescGZIP() []byte {
 }
 
 var file_framepack_v1_job_service_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_framepack_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_framepack_v1_job_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_framepack_v1_job_service_proto_goTypes = []any{
-	(ArtifactKind)(0),           // 0: framepack.v1.ArtifactKind
-	(*SubmitJobRequest)(nil),    // 1: framepack.v1.SubmitJobRequest
-	(*SubmitJobResponse)(nil),   // 2: framepack.v1.SubmitJobResponse
-	(*GetJobRequest)(nil),       // 3: framepack.v1.GetJobRequest
-	(*GetJobResponse)(nil),      // 4: framepack.v1.GetJobResponse
-	(*ListJobsRequest)(nil),     // 5: framepack.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),    // 6: framepack.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),    // 7: framepack.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),   // 8: framepack.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),     // 9: framepack.v1.WatchJobRequest
-	(*GetArtifactRequest)(nil),  // 10: framepack.v1.GetArtifactRequest
-	(*GetArtifactResponse)(nil), // 11: framepack.v1.GetArtifactResponse
-	(*DeleteJobRequest)(nil),    // 12: framepack.v1.DeleteJobRequest
-	(*DeleteJobResponse)(nil),   // 13: framepack.v1.DeleteJobResponse
-	(*JobSpec)(nil),             // 14: framepack.v1.JobSpec
-	(*Job)(nil),                 // 15: framepack.v1.Job
-	(JobState)(0),               // 16: framepack.v1.JobState
-	(*JobEvent)(nil),            // 17: framepack.v1.JobEvent
+	(ArtifactKind)(0),              // 0: framepack.v1.ArtifactKind
+	(*SubmitJobRequest)(nil),       // 1: framepack.v1.SubmitJobRequest
+	(*SubmitJobResponse)(nil),      // 2: framepack.v1.SubmitJobResponse
+	(*GetJobRequest)(nil),          // 3: framepack.v1.GetJobRequest
+	(*GetJobResponse)(nil),         // 4: framepack.v1.GetJobResponse
+	(*ListJobsRequest)(nil),        // 5: framepack.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),       // 6: framepack.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),       // 7: framepack.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),      // 8: framepack.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),        // 9: framepack.v1.WatchJobRequest
+	(*GetArtifactRequest)(nil),     // 10: framepack.v1.GetArtifactRequest
+	(*GetArtifactResponse)(nil),    // 11: framepack.v1.GetArtifactResponse
+	(*DeleteJobRequest)(nil),       // 12: framepack.v1.DeleteJobRequest
+	(*DeleteJobResponse)(nil),      // 13: framepack.v1.DeleteJobResponse
+	(*GetJobDefaultsRequest)(nil),  // 14: framepack.v1.GetJobDefaultsRequest
+	(*GetJobDefaultsResponse)(nil), // 15: framepack.v1.GetJobDefaultsResponse
+	(*ResolutionOption)(nil),       // 16: framepack.v1.ResolutionOption
+	(*JobSpec)(nil),                // 17: framepack.v1.JobSpec
+	(*Job)(nil),                    // 18: framepack.v1.Job
+	(JobState)(0),                  // 19: framepack.v1.JobState
+	(*Bucket)(nil),                 // 20: framepack.v1.Bucket
+	(*JobEvent)(nil),               // 21: framepack.v1.JobEvent
 }
 var file_framepack_v1_job_service_proto_depIdxs = []int32{
-	14, // 0: framepack.v1.SubmitJobRequest.spec:type_name -> framepack.v1.JobSpec
-	15, // 1: framepack.v1.SubmitJobResponse.job:type_name -> framepack.v1.Job
-	15, // 2: framepack.v1.GetJobResponse.job:type_name -> framepack.v1.Job
-	16, // 3: framepack.v1.ListJobsRequest.states:type_name -> framepack.v1.JobState
-	15, // 4: framepack.v1.ListJobsResponse.jobs:type_name -> framepack.v1.Job
-	15, // 5: framepack.v1.CancelJobResponse.job:type_name -> framepack.v1.Job
+	17, // 0: framepack.v1.SubmitJobRequest.spec:type_name -> framepack.v1.JobSpec
+	18, // 1: framepack.v1.SubmitJobResponse.job:type_name -> framepack.v1.Job
+	18, // 2: framepack.v1.GetJobResponse.job:type_name -> framepack.v1.Job
+	19, // 3: framepack.v1.ListJobsRequest.states:type_name -> framepack.v1.JobState
+	18, // 4: framepack.v1.ListJobsResponse.jobs:type_name -> framepack.v1.Job
+	18, // 5: framepack.v1.CancelJobResponse.job:type_name -> framepack.v1.Job
 	0,  // 6: framepack.v1.GetArtifactRequest.kind:type_name -> framepack.v1.ArtifactKind
-	1,  // 7: framepack.v1.JobService.SubmitJob:input_type -> framepack.v1.SubmitJobRequest
-	3,  // 8: framepack.v1.JobService.GetJob:input_type -> framepack.v1.GetJobRequest
-	5,  // 9: framepack.v1.JobService.ListJobs:input_type -> framepack.v1.ListJobsRequest
-	7,  // 10: framepack.v1.JobService.CancelJob:input_type -> framepack.v1.CancelJobRequest
-	9,  // 11: framepack.v1.JobService.WatchJob:input_type -> framepack.v1.WatchJobRequest
-	10, // 12: framepack.v1.JobService.GetArtifact:input_type -> framepack.v1.GetArtifactRequest
-	12, // 13: framepack.v1.JobService.DeleteJob:input_type -> framepack.v1.DeleteJobRequest
-	2,  // 14: framepack.v1.JobService.SubmitJob:output_type -> framepack.v1.SubmitJobResponse
-	4,  // 15: framepack.v1.JobService.GetJob:output_type -> framepack.v1.GetJobResponse
-	6,  // 16: framepack.v1.JobService.ListJobs:output_type -> framepack.v1.ListJobsResponse
-	8,  // 17: framepack.v1.JobService.CancelJob:output_type -> framepack.v1.CancelJobResponse
-	17, // 18: framepack.v1.JobService.WatchJob:output_type -> framepack.v1.JobEvent
-	11, // 19: framepack.v1.JobService.GetArtifact:output_type -> framepack.v1.GetArtifactResponse
-	13, // 20: framepack.v1.JobService.DeleteJob:output_type -> framepack.v1.DeleteJobResponse
-	14, // [14:21] is the sub-list for method output_type
-	7,  // [7:14] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	17, // 7: framepack.v1.GetJobDefaultsResponse.spec:type_name -> framepack.v1.JobSpec
+	16, // 8: framepack.v1.GetJobDefaultsResponse.resolutions:type_name -> framepack.v1.ResolutionOption
+	20, // 9: framepack.v1.ResolutionOption.buckets:type_name -> framepack.v1.Bucket
+	1,  // 10: framepack.v1.JobService.SubmitJob:input_type -> framepack.v1.SubmitJobRequest
+	3,  // 11: framepack.v1.JobService.GetJob:input_type -> framepack.v1.GetJobRequest
+	5,  // 12: framepack.v1.JobService.ListJobs:input_type -> framepack.v1.ListJobsRequest
+	7,  // 13: framepack.v1.JobService.CancelJob:input_type -> framepack.v1.CancelJobRequest
+	9,  // 14: framepack.v1.JobService.WatchJob:input_type -> framepack.v1.WatchJobRequest
+	10, // 15: framepack.v1.JobService.GetArtifact:input_type -> framepack.v1.GetArtifactRequest
+	12, // 16: framepack.v1.JobService.DeleteJob:input_type -> framepack.v1.DeleteJobRequest
+	14, // 17: framepack.v1.JobService.GetJobDefaults:input_type -> framepack.v1.GetJobDefaultsRequest
+	2,  // 18: framepack.v1.JobService.SubmitJob:output_type -> framepack.v1.SubmitJobResponse
+	4,  // 19: framepack.v1.JobService.GetJob:output_type -> framepack.v1.GetJobResponse
+	6,  // 20: framepack.v1.JobService.ListJobs:output_type -> framepack.v1.ListJobsResponse
+	8,  // 21: framepack.v1.JobService.CancelJob:output_type -> framepack.v1.CancelJobResponse
+	21, // 22: framepack.v1.JobService.WatchJob:output_type -> framepack.v1.JobEvent
+	11, // 23: framepack.v1.JobService.GetArtifact:output_type -> framepack.v1.GetArtifactResponse
+	13, // 24: framepack.v1.JobService.DeleteJob:output_type -> framepack.v1.DeleteJobResponse
+	15, // 25: framepack.v1.JobService.GetJobDefaults:output_type -> framepack.v1.GetJobDefaultsResponse
+	18, // [18:26] is the sub-list for method output_type
+	10, // [10:18] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_job_service_proto_init() }
@@ -926,7 +1115,7 @@ func file_framepack_v1_job_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_v1_job_service_proto_rawDesc), len(file_framepack_v1_job_service_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   13,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

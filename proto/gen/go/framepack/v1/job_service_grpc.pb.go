@@ -19,13 +19,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	JobService_SubmitJob_FullMethodName   = "/framepack.v1.JobService/SubmitJob"
-	JobService_GetJob_FullMethodName      = "/framepack.v1.JobService/GetJob"
-	JobService_ListJobs_FullMethodName    = "/framepack.v1.JobService/ListJobs"
-	JobService_CancelJob_FullMethodName   = "/framepack.v1.JobService/CancelJob"
-	JobService_WatchJob_FullMethodName    = "/framepack.v1.JobService/WatchJob"
-	JobService_GetArtifact_FullMethodName = "/framepack.v1.JobService/GetArtifact"
-	JobService_DeleteJob_FullMethodName   = "/framepack.v1.JobService/DeleteJob"
+	JobService_SubmitJob_FullMethodName      = "/framepack.v1.JobService/SubmitJob"
+	JobService_GetJob_FullMethodName         = "/framepack.v1.JobService/GetJob"
+	JobService_ListJobs_FullMethodName       = "/framepack.v1.JobService/ListJobs"
+	JobService_CancelJob_FullMethodName      = "/framepack.v1.JobService/CancelJob"
+	JobService_WatchJob_FullMethodName       = "/framepack.v1.JobService/WatchJob"
+	JobService_GetArtifact_FullMethodName    = "/framepack.v1.JobService/GetArtifact"
+	JobService_DeleteJob_FullMethodName      = "/framepack.v1.JobService/DeleteJob"
+	JobService_GetJobDefaults_FullMethodName = "/framepack.v1.JobService/GetJobDefaults"
 )
 
 // JobServiceClient is the client API for JobService service.
@@ -56,6 +57,11 @@ type JobServiceClient interface {
 	// DeleteJob removes a finished job: its record, events, input and videos.
 	// FAILED_PRECONDITION for a queued or running job (cancel it first).
 	DeleteJob(ctx context.Context, in *DeleteJobRequest, opts ...grpc.CallOption) (*DeleteJobResponse, error)
+	// GetJobDefaults returns what SubmitJob fills in for the JobSpec fields a
+	// client leaves unset, as the served models want them (the resolution
+	// follows the models), and the bucket tables the server knows, each with
+	// whether the served models take it. Clients show these as their defaults.
+	GetJobDefaults(ctx context.Context, in *GetJobDefaultsRequest, opts ...grpc.CallOption) (*GetJobDefaultsResponse, error)
 }
 
 type jobServiceClient struct {
@@ -154,6 +160,16 @@ func (c *jobServiceClient) DeleteJob(ctx context.Context, in *DeleteJobRequest, 
 	return out, nil
 }
 
+func (c *jobServiceClient) GetJobDefaults(ctx context.Context, in *GetJobDefaultsRequest, opts ...grpc.CallOption) (*GetJobDefaultsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetJobDefaultsResponse)
+	err := c.cc.Invoke(ctx, JobService_GetJobDefaults_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JobServiceServer is the server API for JobService service.
 // All implementations must embed UnimplementedJobServiceServer
 // for forward compatibility.
@@ -182,6 +198,11 @@ type JobServiceServer interface {
 	// DeleteJob removes a finished job: its record, events, input and videos.
 	// FAILED_PRECONDITION for a queued or running job (cancel it first).
 	DeleteJob(context.Context, *DeleteJobRequest) (*DeleteJobResponse, error)
+	// GetJobDefaults returns what SubmitJob fills in for the JobSpec fields a
+	// client leaves unset, as the served models want them (the resolution
+	// follows the models), and the bucket tables the server knows, each with
+	// whether the served models take it. Clients show these as their defaults.
+	GetJobDefaults(context.Context, *GetJobDefaultsRequest) (*GetJobDefaultsResponse, error)
 	mustEmbedUnimplementedJobServiceServer()
 }
 
@@ -212,6 +233,9 @@ func (UnimplementedJobServiceServer) GetArtifact(*GetArtifactRequest, grpc.Serve
 }
 func (UnimplementedJobServiceServer) DeleteJob(context.Context, *DeleteJobRequest) (*DeleteJobResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteJob not implemented")
+}
+func (UnimplementedJobServiceServer) GetJobDefaults(context.Context, *GetJobDefaultsRequest) (*GetJobDefaultsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetJobDefaults not implemented")
 }
 func (UnimplementedJobServiceServer) mustEmbedUnimplementedJobServiceServer() {}
 func (UnimplementedJobServiceServer) testEmbeddedByValue()                    {}
@@ -346,6 +370,24 @@ func _JobService_DeleteJob_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JobService_GetJobDefaults_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetJobDefaultsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JobServiceServer).GetJobDefaults(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JobService_GetJobDefaults_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JobServiceServer).GetJobDefaults(ctx, req.(*GetJobDefaultsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // JobService_ServiceDesc is the grpc.ServiceDesc for JobService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -372,6 +414,10 @@ var JobService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteJob",
 			Handler:    _JobService_DeleteJob_Handler,
+		},
+		{
+			MethodName: "GetJobDefaults",
+			Handler:    _JobService_GetJobDefaults_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -24,35 +24,40 @@ var File_framepack_worker_v1_worker_service_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_worker_service_proto_rawDesc = "" +
 	"\n" +
-	"(framepack/worker/v1/worker_service.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/load.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1dframepack/worker/v1/run.proto\x1a\x1fframepack/worker/v1/stats.proto2\xc5\x02\n" +
+	"(framepack/worker/v1/worker_service.proto\x12\x13framepack.worker.v1\x1a\"framepack/worker/v1/estimate.proto\x1a\x1eframepack/worker/v1/load.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1dframepack/worker/v1/run.proto\x1a\x1fframepack/worker/v1/stats.proto2\x9e\x03\n" +
 	"\rWorkerService\x12K\n" +
 	"\x04Load\x12 .framepack.worker.v1.LoadRequest\x1a!.framepack.worker.v1.LoadResponse\x12G\n" +
 	"\x03Run\x12\x1f.framepack.worker.v1.RunRequest\x1a\x1d.framepack.worker.v1.RunEvent0\x01\x12N\n" +
 	"\x05Stats\x12!.framepack.worker.v1.StatsRequest\x1a\".framepack.worker.v1.StatsResponse\x12N\n" +
-	"\x05Probe\x12!.framepack.worker.v1.ProbeRequest\x1a\".framepack.worker.v1.ProbeResponseB\xe7\x01\n" +
+	"\x05Probe\x12!.framepack.worker.v1.ProbeRequest\x1a\".framepack.worker.v1.ProbeResponse\x12W\n" +
+	"\bEstimate\x12$.framepack.worker.v1.EstimateRequest\x1a%.framepack.worker.v1.EstimateResponseB\xe7\x01\n" +
 	"\x17com.framepack.worker.v1B\x12WorkerServiceProtoP\x01ZJgithub.com/framepackd/framepackd/proto/gen/go/framepack/worker/v1;workerv1\xa2\x02\x03FWX\xaa\x02\x13Framepack.Worker.V1\xca\x02\x13Framepack\\Worker\\V1\xe2\x02\x1fFramepack\\Worker\\V1\\GPBMetadata\xea\x02\x15Framepack::Worker::V1b\x06proto3"
 
 var file_framepack_worker_v1_worker_service_proto_goTypes = []any{
-	(*LoadRequest)(nil),   // 0: framepack.worker.v1.LoadRequest
-	(*RunRequest)(nil),    // 1: framepack.worker.v1.RunRequest
-	(*StatsRequest)(nil),  // 2: framepack.worker.v1.StatsRequest
-	(*ProbeRequest)(nil),  // 3: framepack.worker.v1.ProbeRequest
-	(*LoadResponse)(nil),  // 4: framepack.worker.v1.LoadResponse
-	(*RunEvent)(nil),      // 5: framepack.worker.v1.RunEvent
-	(*StatsResponse)(nil), // 6: framepack.worker.v1.StatsResponse
-	(*ProbeResponse)(nil), // 7: framepack.worker.v1.ProbeResponse
+	(*LoadRequest)(nil),      // 0: framepack.worker.v1.LoadRequest
+	(*RunRequest)(nil),       // 1: framepack.worker.v1.RunRequest
+	(*StatsRequest)(nil),     // 2: framepack.worker.v1.StatsRequest
+	(*ProbeRequest)(nil),     // 3: framepack.worker.v1.ProbeRequest
+	(*EstimateRequest)(nil),  // 4: framepack.worker.v1.EstimateRequest
+	(*LoadResponse)(nil),     // 5: framepack.worker.v1.LoadResponse
+	(*RunEvent)(nil),         // 6: framepack.worker.v1.RunEvent
+	(*StatsResponse)(nil),    // 7: framepack.worker.v1.StatsResponse
+	(*ProbeResponse)(nil),    // 8: framepack.worker.v1.ProbeResponse
+	(*EstimateResponse)(nil), // 9: framepack.worker.v1.EstimateResponse
 }
 var file_framepack_worker_v1_worker_service_proto_depIdxs = []int32{
 	0, // 0: framepack.worker.v1.WorkerService.Load:input_type -> framepack.worker.v1.LoadRequest
 	1, // 1: framepack.worker.v1.WorkerService.Run:input_type -> framepack.worker.v1.RunRequest
 	2, // 2: framepack.worker.v1.WorkerService.Stats:input_type -> framepack.worker.v1.StatsRequest
 	3, // 3: framepack.worker.v1.WorkerService.Probe:input_type -> framepack.worker.v1.ProbeRequest
-	4, // 4: framepack.worker.v1.WorkerService.Load:output_type -> framepack.worker.v1.LoadResponse
-	5, // 5: framepack.worker.v1.WorkerService.Run:output_type -> framepack.worker.v1.RunEvent
-	6, // 6: framepack.worker.v1.WorkerService.Stats:output_type -> framepack.worker.v1.StatsResponse
-	7, // 7: framepack.worker.v1.WorkerService.Probe:output_type -> framepack.worker.v1.ProbeResponse
-	4, // [4:8] is the sub-list for method output_type
-	0, // [0:4] is the sub-list for method input_type
+	4, // 4: framepack.worker.v1.WorkerService.Estimate:input_type -> framepack.worker.v1.EstimateRequest
+	5, // 5: framepack.worker.v1.WorkerService.Load:output_type -> framepack.worker.v1.LoadResponse
+	6, // 6: framepack.worker.v1.WorkerService.Run:output_type -> framepack.worker.v1.RunEvent
+	7, // 7: framepack.worker.v1.WorkerService.Stats:output_type -> framepack.worker.v1.StatsResponse
+	8, // 8: framepack.worker.v1.WorkerService.Probe:output_type -> framepack.worker.v1.ProbeResponse
+	9, // 9: framepack.worker.v1.WorkerService.Estimate:output_type -> framepack.worker.v1.EstimateResponse
+	5, // [5:10] is the sub-list for method output_type
+	0, // [0:5] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -63,6 +68,7 @@ func file_framepack_worker_v1_worker_service_proto_init() {
 	if File_framepack_worker_v1_worker_service_proto != nil {
 		return
 	}
+	file_framepack_worker_v1_estimate_proto_init()
 	file_framepack_worker_v1_load_proto_init()
 	file_framepack_worker_v1_probe_proto_init()
 	file_framepack_worker_v1_run_proto_init()

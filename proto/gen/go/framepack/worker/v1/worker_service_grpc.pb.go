@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	WorkerService_Load_FullMethodName  = "/framepack.worker.v1.WorkerService/Load"
-	WorkerService_Run_FullMethodName   = "/framepack.worker.v1.WorkerService/Run"
-	WorkerService_Stats_FullMethodName = "/framepack.worker.v1.WorkerService/Stats"
-	WorkerService_Probe_FullMethodName = "/framepack.worker.v1.WorkerService/Probe"
+	WorkerService_Load_FullMethodName     = "/framepack.worker.v1.WorkerService/Load"
+	WorkerService_Run_FullMethodName      = "/framepack.worker.v1.WorkerService/Run"
+	WorkerService_Stats_FullMethodName    = "/framepack.worker.v1.WorkerService/Stats"
+	WorkerService_Probe_FullMethodName    = "/framepack.worker.v1.WorkerService/Probe"
+	WorkerService_Estimate_FullMethodName = "/framepack.worker.v1.WorkerService/Estimate"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -45,6 +46,10 @@ type WorkerServiceClient interface {
 	// Probe lists the devices of a backend without loading a model; served by
 	// the probe worker (model workers answer UNIMPLEMENTED).
 	Probe(ctx context.Context, in *ProbeRequest, opts ...grpc.CallOption) (*ProbeResponse, error)
+	// Estimate says, without loading, how much memory the model needs for a
+	// workload; it may be the only call a worker gets. Workers whose model
+	// cannot estimate answer UNIMPLEMENTED.
+	Estimate(ctx context.Context, in *EstimateRequest, opts ...grpc.CallOption) (*EstimateResponse, error)
 }
 
 type workerServiceClient struct {
@@ -104,6 +109,16 @@ func (c *workerServiceClient) Probe(ctx context.Context, in *ProbeRequest, opts 
 	return out, nil
 }
 
+func (c *workerServiceClient) Estimate(ctx context.Context, in *EstimateRequest, opts ...grpc.CallOption) (*EstimateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EstimateResponse)
+	err := c.cc.Invoke(ctx, WorkerService_Estimate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServiceServer is the server API for WorkerService service.
 // All implementations must embed UnimplementedWorkerServiceServer
 // for forward compatibility.
@@ -124,6 +139,10 @@ type WorkerServiceServer interface {
 	// Probe lists the devices of a backend without loading a model; served by
 	// the probe worker (model workers answer UNIMPLEMENTED).
 	Probe(context.Context, *ProbeRequest) (*ProbeResponse, error)
+	// Estimate says, without loading, how much memory the model needs for a
+	// workload; it may be the only call a worker gets. Workers whose model
+	// cannot estimate answer UNIMPLEMENTED.
+	Estimate(context.Context, *EstimateRequest) (*EstimateResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }
 
@@ -145,6 +164,9 @@ func (UnimplementedWorkerServiceServer) Stats(context.Context, *StatsRequest) (*
 }
 func (UnimplementedWorkerServiceServer) Probe(context.Context, *ProbeRequest) (*ProbeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Probe not implemented")
+}
+func (UnimplementedWorkerServiceServer) Estimate(context.Context, *EstimateRequest) (*EstimateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Estimate not implemented")
 }
 func (UnimplementedWorkerServiceServer) mustEmbedUnimplementedWorkerServiceServer() {}
 func (UnimplementedWorkerServiceServer) testEmbeddedByValue()                       {}
@@ -232,6 +254,24 @@ func _WorkerService_Probe_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_Estimate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EstimateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).Estimate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_Estimate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).Estimate(ctx, req.(*EstimateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkerService_ServiceDesc is the grpc.ServiceDesc for WorkerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -250,6 +290,10 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Probe",
 			Handler:    _WorkerService_Probe_Handler,
+		},
+		{
+			MethodName: "Estimate",
+			Handler:    _WorkerService_Estimate_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,4 @@
+package lanes
+
+// GroupAlive is groupAlive for the tests.
+var GroupAlive = groupAlive
