@@ -198,8 +198,11 @@ native-hip-check:
 	@command -v $(HIPCC) >/dev/null || { echo "native-hip-check: $(HIPCC) not found (make setup-gpu installs Debian's hipcc)"; exit 1; }
 	@$(MAKE) --no-print-directory -j2 $(NATIVE_OUT)/libfpk-hip.so $(NATIVE_OUT)/hip/vendor-cuda.o $(NATIVE_OUT)/hip/vendor-sdpa-cuda.o \
 		$(foreach c,$(HIP_MATRIX_CHECK),$(NATIVE_OUT)/hip/attention-$(word 1,$(subst :, ,$(c))).s \
-			$(NATIVE_OUT)/hip/conv-mma-$(word 1,$(subst :, ,$(c))).s)
+			$(NATIVE_OUT)/hip/conv-mma-$(word 1,$(subst :, ,$(c))).s) $(NATIVE_OUT)/hip/gemm-q-mma-gfx940.s
 	@echo "native-hip-check: libfpk-hip.so links for $(HIP_ARCHS)"
+	@s=$(NATIVE_OUT)/hip/gemm-q-mma-gfx940.s; e4=$$(grep -c "v_mfma_f32_16x16x32_fp8_fp8" $$s); e5=$$(grep -c "v_mfma_f32_16x16x32_fp8_bf8" $$s); \
+		if [ "$$e4" -eq 0 ] || [ "$$e5" -eq 0 ]; then echo "native-hip-check: the fp8 x fp8 MFMA path is missing for gfx940 (fp8 $$e4, bf8 $$e5 instructions)"; exit 1; fi; \
+		echo "native-hip-check: fp8 x fp8 v_mfma_f32_16x16x32 path compiles for gfx940 ($$e4 e4m3, $$e5 e5m2 weight instructions)"
 	@for c in $(HIP_MATRIX_CHECK); do \
 		arch=$${c%%:*}; ins=$${c#*:}; \
 		for k in attention:flash conv-mma:conv; do \
@@ -223,9 +226,10 @@ HIP_MATRIX_CHECK := gfx90a:v_mfma_f32_16x16x16 gfx940:v_mfma_f32_16x16x16 gfx110
 # conv's for its mma.sync path too): a thread (or fiber) per lane, the matrix instructions
 # emulated from the fragment layouts the kernels assume, against a float64 reference — their
 # logic, not the hardware's layouts (the on-device self-checks cover those).
-native-hip-emu: ## host emulation of the matrix-core flash and conv kernels (clang++-15, no GPU)
+native-hip-emu: ## host emulation of the matrix-core flash, conv and fp8 kernels (clang++-15, no GPU)
 	scripts/amdflashemu/run.sh
 	scripts/convmmaemu/run.sh
+	scripts/fp8mmaemu/run.sh
 
 $(NATIVE_OUT)/hip/attention-%.s: native/gpu/fpk_gpu_attention.cu $(GPU_HDR)
 	@mkdir -p $(@D)
@@ -236,6 +240,13 @@ $(NATIVE_OUT)/hip/conv-mma-%.s: native/gpu/fpk_gpu_conv_mma.cu $(GPU_HDR)
 	@mkdir -p $(@D)
 	$(HIPCC) -x hip -std=c++17 $(GPU_CFLAGS) -DFPK_HIP -Wall -Werror -Wno-unused-command-line-argument \
 		--offload-arch=$* $(if $(filter gfx11%,$*),-nogpulib) --cuda-device-only -S $< -o $@
+
+# The fp8 x fp8 GEMM's CDNA3 path (fpk_gpu_gemm_q_mma.cu): MFMA 16x16x32 fp8/bf8, gfx940 (clang 15
+# has the instructions but not gfx942; the code object for gfx942 needs a full ROCm's hipcc).
+$(NATIVE_OUT)/hip/gemm-q-mma-%.s: native/gpu/fpk_gpu_gemm_q_mma.cu $(GPU_HDR)
+	@mkdir -p $(@D)
+	$(HIPCC) -x hip -std=c++17 $(GPU_CFLAGS) -DFPK_HIP -Wall -Werror -Wno-unused-command-line-argument \
+		--offload-arch=$* -nogpulib --cuda-device-only -S $< -o $@
 
 $(NATIVE_OUT)/hip/vendor-cuda.o: native/gpu/fpk_gpu_vendor.cu $(GPU_HDR)
 	@mkdir -p $(NATIVE_OUT)/hip
@@ -270,13 +281,20 @@ deploy-check: ## validate the rendered Kubernetes overlays with kubeconform (off
 		-schema-location '$(DEPLOY_OUT)/schemas/{{.NormalizedKubernetesVersion}}-standalone{{.StrictSuffix}}/{{.ResourceKind}}{{.KindSuffix}}.json' \
 		-schema-location 'deploy/kubernetes/schemas/{{.ResourceKind}}{{.KindSuffix}}.json' $(DEPLOY_OUT)/*.yaml
 
-# ---- end-to-end memory benchmark (issue 17; scripts/gpue2e/README.md) ------------------------
-.PHONY: gpu-e2e gpu-e2e-bundle e2e-cpu
-gpu-e2e-bundle: ## here (with Go): the binaries and sources gpu-e2e needs, in carry-sized parts under build/e2e/
+# ---- end-to-end benchmark (issues 17 and 30; scripts/gpue2e/README.md) ------------------------
+.PHONY: gpu-e2e gpu-e2e-bundle gpu-e2e-dry e2e-cpu
+E2E_DRY ?= /tmp/fpk-e2e-dry
+gpu-e2e-bundle: ## here (with Go): the binaries and sources gpu-e2e needs, in carry-sized parts under build/e2e/ (prints the device calls)
 	scripts/gpue2e/bundle.sh
 
-gpu-e2e: ## on the GPU machine, once the bundle is staged: random full-size models, our job at each budget, FramePack's modes, the report
+gpu-e2e: ## on the GPU machine, once the bundle is staged: random full-size models, FramePack's modes, our budgets, the 60 s job, the report
 	bash scripts/gpue2e/gpu-e2e.sh all
 
-e2e-cpu: ## the same harness on the tiny models on a cpu lane at two budgets (TestE2ECPU)
+gpu-e2e-dry: gpu-e2e-bundle ## here: the device calls' sequence (stage every part, background runs, wait) on a cpu lane with the tiny models
+	rm -rf $(E2E_DRY)
+	D=$(E2E_DRY) LANE=cpu DEVICE_GIB=3 TINY=1 BUDGETS=keep,all,0.25 bash build/e2e/1/gpu-e2e.sh stage bg build bg models bg ours+long+report
+	for n in $$(ls build/e2e | grep -E '^[0-9]+$$' | sort -n | tail -n +2); do D=$(E2E_DRY) bash build/e2e/$$n/gpu-e2e.sh stage || exit 1; done
+	D=$(E2E_DRY) bash $(E2E_DRY)/gpu-e2e.sh wait 900
+
+e2e-cpu: ## the same harness on the tiny models on a cpu lane: keep, all, a lane limit and a 5-section job (TestE2ECPU)
 	$(GO) test -count=1 -run '^TestE2ECPU$$' -v ./scripts/gpue2e/e2e

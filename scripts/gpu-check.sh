@@ -29,6 +29,13 @@
 # vaeprofile per-op device time of one decode under an 8 GiB cap (VAE_PROFILE_STAGES: others)
 # vaehalf    the VAE fixture cases in fp16 and bf16: ours, and the reference code (diffusers) on
 #            this GPU in the same dtypes (scripts/gpubench/vae_half_ref.py)
+# fp8     fp8 weights (issue 31): the runtime's fp8 tests (the fp8 x fp8 path must serve per-channel
+#         weights: cuBLASLt FP8 on sm_89+), the fp8 fixture through the worker in f32 and bf16
+#         activations per compute mode (weight_only, tensor, token), quantize-at-load, LoRA on fp8,
+#         an e5m2 block-wise checkpoint, the footprint; with PyTorch and third_party_ref/ the
+#         float64 reference testdata/reference/gen_fp8.py writes (copied to $OUT/fp8_reference)
+#         and its parity test; then BenchmarkLinearFP8 (one Linear at full size: bf16 against fp8
+#         weight-only, per tensor, per token)
 # bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), then a per-op
 #         profile of the transformer (profile-transformer.json; BENCH_PROFILE=0 skips it), needs
 #         third_party_ref/ (diffusers + FramePack's diffusers_helper sources, git-ignored; scripts/gpubench/third_party_ref.sh packs them)
@@ -300,6 +307,26 @@ for phase in "${phases[@]}"; do
 			cp "$B/profile-$st.json" "$OUT"/ 2>/dev/null
 			sed -n "/^profile $st /,/^\$/p" "$LOG" | head -40 >>"$SUMMARY"
 		done
+		;;
+	fp8)
+		chmod +x "$BIN"/*-worker 2>/dev/null
+		export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
+		gotest "fp8 ops" internal/runtime runtime.test 300 -test.run 'FP8|LinearQ' -test.v -fp8.require-mma
+		if [ -d third_party_ref ] && python3 -c 'import torch, safetensors' 2>/dev/null; then
+			run "fp8 reference (gen_fp8.py)" 590 python3 testdata/reference/gen_fp8.py --third-party third_party_ref
+			mkdir -p "$OUT/fp8_reference" && cp testdata/reference/cases/fp8_reference.* "$OUT/fp8_reference/" 2>/dev/null
+		fi
+		for act in f32 bf16; do
+			for mode in weight_only tensor token; do
+				FRAMEPACK_ACTIVATION_DTYPE=$act gotest "fp8 fixture ($act activations, $mode)" workers/transformer transformer.test 600 \
+					-test.run 'TestParityFP8Weights' -test.v -fp8.compute=$mode
+			done
+			FRAMEPACK_ACTIVATION_DTYPE=$act gotest "fp8 quantize at load, lora, e5m2 block-wise, reference ($act)" workers/transformer \
+				transformer.test 600 -test.run 'TestWorkerQuantizeAtLoad|TestWorkerFP8|TestParityFP8Reference' -test.v
+		done
+		gotest "fp8 footprint" workers/transformer/dit dit.test 120 -test.run 'TestFootprintFP8' -test.v
+		gotest "fp8 linear bench" internal/runtime runtime.test 600 -test.run '^$' -test.bench 'LinearFP8' -test.benchtime 20x -test.v
+		grep -E "^Benchmark|fp8 stats|no fp8 x fp8 path" "$LOG" | sed 's/^ *//' | tail -30 >>"$SUMMARY"
 		;;
 	*)
 		echo "gpu-check: unknown phase $phase" >&2

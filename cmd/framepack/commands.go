@@ -691,6 +691,17 @@ func copyDir(src, dst string) error {
 	return nil
 }
 
+// absPath is p made absolute (the server reads it), empty for empty.
+func absPath(p string) string {
+	if p == "" {
+		return ""
+	}
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
+}
+
 // loraFlags collects repeated --lora PATH[:STRENGTH] flags; paths are made absolute, as the
 // server wants them.
 type loraFlags []*framepackv1.Lora

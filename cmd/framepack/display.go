@@ -11,8 +11,9 @@ import (
 )
 
 // display shows a job's progress on stderr: on a terminal, one line redrawn in place (stage,
-// section, step i/n, a bar, ETA) with notable events printed above it; otherwise plain lines,
-// sampling steps at most every stepEvery.
+// section, step i/n or the VAE decode's runs i/n, a bar, ETA) with notable events printed
+// above it; otherwise plain lines, sampling steps and decode progress at most every
+// stepEvery.
 type display struct {
 	w     io.Writer
 	tty   bool
@@ -25,6 +26,7 @@ type display struct {
 	stage            framepackv1.Stage
 	section          uint32
 	step, steps      uint32
+	runs, runsTotal  uint32 // model runs (tiles, chunks of frames) of a VAE decode
 	fraction         float32
 	eta              time.Duration
 	drawn            bool // a progress line is on screen (tty)
@@ -102,6 +104,9 @@ func (d *display) draw() {
 	b.WriteString(stageName(d.stage))
 	if d.stage == framepackv1.Stage_STAGE_TRANSFORMER && d.steps > 0 {
 		fmt.Fprintf(&b, " step %d/%d", d.step, d.steps)
+	}
+	if d.stage == framepackv1.Stage_STAGE_VAE_DECODE && d.runsTotal > 0 {
+		fmt.Fprintf(&b, " %d/%d", d.runs, d.runsTotal)
 	}
 	tail := fmt.Sprintf(" %3.0f%%", 100*d.fraction)
 	if d.eta > 0 {
@@ -195,6 +200,7 @@ func (d *display) show(ev *framepackv1.JobEvent) {
 		if d.stage == framepackv1.Stage_STAGE_TRANSFORMER {
 			d.step = 0
 		}
+		d.runs, d.runsTotal = 0, 0
 		if !d.tty {
 			label := stageName(d.stage)
 			if perSection(d.stage) && d.sections > 0 {
@@ -212,24 +218,30 @@ func (d *display) show(ev *framepackv1.JobEvent) {
 		s := e.SamplingStep
 		d.stage = framepackv1.Stage_STAGE_TRANSFORMER
 		d.section, d.step, d.steps = s.GetSectionIndex(), s.GetStep(), s.GetTotalSteps()
-		if d.sections > 0 && d.steps > 0 {
+		switch {
+		case s.GetFraction() > 0:
+			d.fraction = max(d.fraction, s.GetFraction())
+		case d.sections > 0 && d.steps > 0:
 			f := (float32(d.section) + float32(d.step)/float32(d.steps)) / float32(d.sections)
 			d.fraction = max(d.fraction, f)
 		}
 		if s.GetEta() != nil {
 			d.eta = s.GetEta().AsDuration()
 		}
-		if !d.tty && !d.quiet {
-			now := d.now()
-			if d.step == d.steps || now.Sub(d.lastStepLine) >= stepEvery {
-				d.lastStepLine = now
-				msg := fmt.Sprintf("%s: step %d/%d, %.0f%% done", d.sectionLabel(), d.step, d.steps, 100*d.fraction)
-				if d.eta > 0 {
-					msg += ", ETA " + roundDur(d.eta).String()
-				}
-				d.line("%s", msg)
-			}
+		d.plainProgress(d.step == d.steps, fmt.Sprintf("step %d/%d", d.step, d.steps))
+		d.draw()
+	case *framepackv1.JobEvent_StageProgress:
+		p := e.StageProgress
+		d.stage = p.GetStage()
+		if perSection(d.stage) {
+			d.section = p.GetSectionIndex()
 		}
+		d.runs, d.runsTotal = p.GetDone(), p.GetTotal()
+		d.fraction = max(d.fraction, p.GetFraction())
+		if p.GetEta() != nil {
+			d.eta = p.GetEta().AsDuration()
+		}
+		d.plainProgress(d.runs == d.runsTotal, fmt.Sprintf("%s %d/%d", stageName(d.stage), d.runs, d.runsTotal))
 		d.draw()
 	case *framepackv1.JobEvent_SectionVideo:
 		v := e.SectionVideo
@@ -276,6 +288,24 @@ func (d *display) show(ev *framepackv1.JobEvent) {
 		d.line("job %s cancelled", ev.GetJobId())
 		d.done()
 	}
+}
+
+// plainProgress prints a progress line without a terminal ("section 1/2: what, 40% done, ETA
+// 1m"): when last (the stage's final step or run), else at most every stepEvery.
+func (d *display) plainProgress(last bool, what string) {
+	if d.tty || d.quiet {
+		return
+	}
+	now := d.now()
+	if !last && now.Sub(d.lastStepLine) < stepEvery {
+		return
+	}
+	d.lastStepLine = now
+	msg := fmt.Sprintf("%s: %s, %.0f%% done", d.sectionLabel(), what, 100*d.fraction)
+	if d.eta > 0 {
+		msg += ", ETA " + roundDur(d.eta).String()
+	}
+	d.line("%s", msg)
 }
 
 // isTerminal reports whether f is a terminal.

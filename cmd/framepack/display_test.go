@@ -67,3 +67,43 @@ func TestDisplayPlainAndReconnect(t *testing.T) {
 		t.Fatalf("plain output\n got %q\nwant %q", out, want)
 	}
 }
+
+// decodeEvents is section 1 of 2's VAE decode: four model runs, the ETA falling from 40 s.
+func decodeEvents(t0 time.Time) []*framepackv1.JobEvent {
+	evs := []*framepackv1.JobEvent{
+		{JobId: "j", Time: timestamppb.New(t0), Event: &framepackv1.JobEvent_Snapshot{Snapshot: &framepackv1.Job{Id: "j", State: framepackv1.JobState_JOB_STATE_RUNNING,
+			Spec: &framepackv1.JobSpec{TotalSecondLength: 2.4, LatentWindowSize: 9, Steps: 4}}}},
+		{JobId: "j", Time: timestamppb.New(t0.Add(time.Millisecond)), Event: &framepackv1.JobEvent_StageStarted{StageStarted: &framepackv1.StageStarted{Stage: framepackv1.Stage_STAGE_VAE_DECODE}}},
+	}
+	for i := uint32(1); i <= 4; i++ {
+		evs = append(evs, &framepackv1.JobEvent{JobId: "j", Time: timestamppb.New(t0.Add(time.Duration(1+i) * time.Millisecond)),
+			Event: &framepackv1.JobEvent_StageProgress{StageProgress: &framepackv1.StageProgress{Stage: framepackv1.Stage_STAGE_VAE_DECODE,
+				Done: i, Total: 4, Eta: durationpb.New(time.Duration(50-10*i) * time.Second), Fraction: 0.2 + 0.1*float32(i)}}})
+	}
+	return evs
+}
+
+func TestDisplayDecodeProgress(t *testing.T) {
+	var b bytes.Buffer
+	d := newDisplay(&env{stderr: &b, stderrTTY: true, width: func() int { return 100 }}, false)
+	for _, ev := range decodeEvents(time.Now()) {
+		d.event(ev)
+	}
+	out := b.String()
+	for _, want := range []string{"section 1/2  vae decode 1/4  [", " 30%  ETA 40s", "section 1/2  vae decode 3/4  [", " 50%  ETA 20s"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("terminal output lacks %q:\n%q", want, out)
+		}
+	}
+
+	b.Reset()
+	d = newDisplay(&env{stderr: &b}, false)
+	for _, ev := range decodeEvents(time.Now()) {
+		d.event(ev)
+	}
+	want := "job j: running\nsection 1/2: vae decode started\n" +
+		"section 1/2: vae decode 1/4, 30% done, ETA 40s\nsection 1/2: vae decode 4/4, 60% done, ETA 10s\n"
+	if got := b.String(); got != want {
+		t.Fatalf("plain output\n got %q\nwant %q", got, want)
+	}
+}

@@ -319,6 +319,10 @@ func flagOf(field string) string {
 		"spec.input_video_job_id":             "--extend-job",
 		"spec.video_context_frames":           "--video-context-frames",
 		"spec.video_include_input":            "--video-include-input",
+		"spec.weights":                        "--weights",
+		"spec.transformer_checkpoint":         "--transformer-checkpoint",
+		"spec.fp8_compute":                    "--fp8-compute",
+		"spec.keep_alive":                     "--keep-alive",
 	}
 	if f, ok := flags[field]; ok {
 		return f + " (" + field + ")"

@@ -35,6 +35,7 @@ type specFlags struct {
 	videoContext                                                         uint
 	videoInput                                                           bool
 	keepAlive                                                            time.Duration
+	weights, checkpoint, fp8Compute                                      string
 }
 
 // register adds the settings flags to fs.
@@ -70,6 +71,9 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.extendJob, "extend-job", "", "extend the video of this finished job (on the server) instead of starting from an image")
 	fs.UintVar(&f.videoContext, "video-context-frames", 5, "latent frames of the video's end the first sections hold on to, 1–10 (2–10 with f1; with --input-video or --extend-job)")
 	fs.BoolVar(&f.videoInput, "video-include-input", true, "the output starts with the input video's frames (with --input-video or --extend-job)")
+	fs.StringVar(&f.weights, "weights", "", "transformer weights: empty as stored, or fp8 to quantize them to float8 at load (half the memory)")
+	fs.StringVar(&f.checkpoint, "transformer-checkpoint", "", "single-file transformer weights on the server (FramePack's, or an fp8 file from ComfyUI or musubi-tuner)")
+	fs.StringVar(&f.fp8Compute, "fp8-compute", "", "products with fp8 weights: weight_only (default), tensor or token (fp8 activations on the matrix units)")
 	fs.DurationVar(&f.keepAlive, "keep-alive", -1, "how long the job's model workers stay alive after it for the next job (0: killed at once; default: the server's --keep-alive)")
 	fs.Var(&f.keyframes, "keyframe", "a section's image, SECTION:PATH (0-based, in video time) or SECONDSs:PATH (the first section starting at or after it); repeat for more (FramePack-eichi's keyframes; i2v only)")
 }
@@ -142,6 +146,9 @@ func (f *specFlags) spec(cmd string) (*framepackv1.JobSpec, error) {
 		Lane:                    f.lane,
 		Loras:                   f.loras,
 		Variant:                 f.variant,
+		Weights:                 f.weights,
+		TransformerCheckpoint:   absPath(f.checkpoint),
+		Fp8Compute:              f.fp8Compute,
 	}
 	if f.keepAlive >= 0 {
 		spec.KeepAlive = durationpb.New(f.keepAlive)
@@ -245,6 +252,9 @@ var settingFields = []struct {
 	{[]string{"resolution"}, func(s *framepackv1.JobSpec) { s.Resolution = 0 }},
 	{[]string{"crf"}, func(s *framepackv1.JobSpec) { s.Mp4Crf = nil }},
 	{[]string{"gpu-preserve"}, func(s *framepackv1.JobSpec) { s.GpuMemoryPreservationGb = nil }},
+	{[]string{"weights"}, func(s *framepackv1.JobSpec) { s.Weights = "" }},
+	{[]string{"transformer-checkpoint"}, func(s *framepackv1.JobSpec) { s.TransformerCheckpoint = "" }},
+	{[]string{"fp8-compute"}, func(s *framepackv1.JobSpec) { s.Fp8Compute = "" }},
 	{[]string{"keep-alive"}, func(s *framepackv1.JobSpec) { s.KeepAlive = nil }},
 	{[]string{"lane"}, func(s *framepackv1.JobSpec) { s.Lane = "" }},
 	{[]string{"lora"}, func(s *framepackv1.JobSpec) { s.Loras = nil }},

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/framepackd/framepackd/internal/buildinfo"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/httpapi"
@@ -103,7 +104,7 @@ func startHTTP(o *options, d *api.Daemon, parts httpParts, log *logrus.Logger) (
 		page = nil
 	}
 	handler, err := httpapi.New(httpapi.Config{Conn: conn, JobDir: func(id string) string { return d.Jobs().JobDir(id).Path() },
-		Metrics: parts.metrics, Page: page, Token: sec.Token, SecureCookie: sec.TLS != nil, Log: log})
+		Metrics: parts.metrics, Page: page, Token: sec.Token, SecureCookie: sec.TLS != nil, Version: buildinfo.Short(), Log: log})
 	if err != nil {
 		conn.Close()
 		return nil, nil, err

@@ -79,3 +79,19 @@ func describe(binary, version, commit, when string, bi *debug.BuildInfo) string 
 	}
 	return out + " " + runtime.Version()
 }
+
+// Short is the build's version in one word: Version, or "devel" with the VCS revision when the
+// toolchain recorded one ("devel+0123456789ab"). The HTTP API's OpenAPI document carries it.
+func Short() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && s.Value != "" {
+				return "devel+" + s.Value[:min(len(s.Value), 12)]
+			}
+		}
+	}
+	return "devel"
+}

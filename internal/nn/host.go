@@ -8,6 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/framepackd/framepackd/internal/fp8"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
@@ -30,8 +31,9 @@ type HostSource struct {
 	size    int64    // the bytes recorded so far (the buffer's size once filled)
 	buf     []byte   // the filled buffer (nil before EndHost, after Free and when empty)
 	mem     *hostBuffer
-	allocs  int  // buffer allocations (one for a filled non-empty copy: never regrown)
-	freed   bool // Free ran
+	allocs  int         // buffer allocations (one for a filled non-empty copy: never regrown)
+	freed   bool        // Free ran
+	quant   *fp8.Layout // the 8-bit Linear weights it holds, with their scales' names
 }
 
 // Names returns the tensors in the order they were bound.
@@ -193,6 +195,10 @@ func safetensorsDType(dt runtime.DType) (safetensors.DType, bool) {
 		return safetensors.F16, true
 	case runtime.BF16:
 		return safetensors.BF16, true
+	case runtime.F8E4M3:
+		return safetensors.F8E4M3, true
+	case runtime.F8E5M2:
+		return safetensors.F8E5M2, true
 	}
 	return "", false
 }
@@ -206,7 +212,8 @@ func safetensorsDType(dt runtime.DType) (safetensors.DType, bool) {
 // Shape mode ignores it. The loader frees the host copy if the load fails (Free); once Finish
 // succeeds its owner frees it (HostSource.Free).
 func (l *Loader) BeginHost(strip string) *HostSource {
-	h := &HostSource{infos: map[string]safetensors.TensorInfo{}, dtypes: map[string]runtime.DType{}}
+	h := &HostSource{infos: map[string]safetensors.TensorInfo{}, dtypes: map[string]runtime.DType{},
+		quant: &fp8.Layout{Format: l.FP8Format()}}
 	l.host, l.hostStrip = h, l.prefix+strip
 	l.hosts = append(l.hosts, h)
 	return h

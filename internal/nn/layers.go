@@ -8,13 +8,19 @@ import (
 
 // Linear is torch.nn.Linear: y = x·Weightᵀ + Bias.
 type Linear struct {
-	Weight *runtime.Tensor // <name>.weight [out, in] (the weight dtype)
-	Bias   *runtime.Tensor // <name>.bias [out], nil when the layer has no bias
+	// Weight is <name>.weight [out, in]: the weight dtype, or 8 bits (F8E4M3, F8E5M2) as an
+	// 8-bit checkpoint stores it or as quantized at load (Loader.LinearWeight).
+	Weight *runtime.Tensor
+	// Scale is an 8-bit weight's scales, F32 [1 or out, blocks] (nil: 1, and for 16/32 bits).
+	Scale *runtime.Tensor
+	Bias  *runtime.Tensor // <name>.bias [out], nil when the layer has no bias
 }
 
-// NewLinear binds <name>.weight [out, in] and, when bias is set, <name>.bias [out].
+// NewLinear binds <name>.weight [out, in] (Loader.LinearWeight) and, when bias is set,
+// <name>.bias [out].
 func NewLinear(l *Loader, name string, in, out int, bias bool) Linear {
-	lin := Linear{Weight: l.Weight(Join(name, "weight"), out, in)}
+	var lin Linear
+	lin.Weight, lin.Scale = l.LinearWeight(Join(name, "weight"), out, in)
 	if bias {
 		lin.Bias = l.Tensor(Join(name, "bias"), out)
 	}
@@ -23,8 +29,22 @@ func NewLinear(l *Loader, name string, in, out int, bias bool) Linear {
 
 // Forward: x [..., in] → [..., out].
 func (m Linear) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
-	if !p.OK() {
+	return m.forward(p, x, runtime.EpilogueNone)
+}
+
+// ForwardGELU is GELU(tanh)(Forward(x)) in one op (the GEMM's epilogue).
+func (m Linear) ForwardGELU(p *Pass, x *runtime.Tensor) *runtime.Tensor {
+	return m.forward(p, x, runtime.EpilogueGELUTanh)
+}
+
+func (m Linear) forward(p *Pass, x *runtime.Tensor, epi runtime.GemmEpilogue) *runtime.Tensor {
+	switch {
+	case !p.OK():
 		return nil
+	case m.Weight != nil && m.Weight.DType().IsFP8():
+		return p.Do(p.RT.LinearQ(x, m.Weight, m.Scale, m.Bias, epi))
+	case epi == runtime.EpilogueGELUTanh:
+		return p.Do(p.RT.LinearGELU(x, m.Weight, m.Bias))
 	}
 	return p.Do(p.RT.Linear(x, m.Weight, m.Bias))
 }
@@ -254,7 +274,7 @@ func (m MLP) Forward(p *Pass, x *runtime.Tensor) *runtime.Tensor {
 	switch {
 	case !p.OK():
 	case m.Act == Activation(runtime.OpGELUTanh): // fc1 and GELU(tanh) in one op (GEMM epilogue)
-		a = p.Do(p.RT.LinearGELU(x, m.FC1.Weight, m.FC1.Bias))
+		a = m.FC1.ForwardGELU(p, x)
 	default:
 		h := m.FC1.Forward(p, x)
 		a = m.Act.Forward(p, h)

@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/framepackd/framepackd/internal/fp8"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
@@ -93,6 +94,11 @@ type Loader struct {
 	staging     Staging      // SetStaging; off: every tensor through LoadTensor
 	ring        *stagingRing // made at the first staged tensor, freed by Finish and Free
 	stagedBytes int64
+
+	quant       *fp8.Layout     // the source's 8-bit weights (nil: none)
+	quantize    bool            // Options.QuantizeLinear
+	requantized bool            // LinearWeight quantized an 8-bit weight a LoRA changed
+	linear      map[string]bool // shape mode: the names LinearWeight bound
 }
 
 // Options are the dtypes a model's weights are uploaded in (every model package's load options).
@@ -103,8 +109,12 @@ type Options struct {
 	DType runtime.DType
 	// WeightDType is the dtype of the weight matrices Weight binds (Linear, convolution and
 	// embedding tables: nearly all the bytes): F16 or BF16 keep them in 16 bits,
-	// runtime.AsStored in the checkpoint's dtype; 0 means DType.
+	// runtime.AsStored in the checkpoint's dtype; 0 means DType. A Linear weight stored in 8 bits
+	// stays in 8 bits whatever this says (LinearWeight).
 	WeightDType runtime.DType
+	// QuantizeLinear quantizes the Linear weights LinearWeight binds that are stored in 16 or 32
+	// bits to e4m3 with one scale per output channel, at load (fp8.Quantized).
+	QuantizeLinear bool
 }
 
 // NewLoader returns a loader that uploads tensors of src into rt as o says. prefix is put in
@@ -117,8 +127,17 @@ func NewLoader(rt *runtime.Runtime, src Source, o Options, prefix string) *Loade
 	if wdt == 0 {
 		wdt = dt
 	}
-	l := &Loader{rt: rt, src: src, dtype: dt, wdtype: wdt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{}}
+	l := &Loader{rt: rt, src: src, dtype: dt, wdtype: wdt, prefix: prefix, used: map[string]bool{}, skipped: map[string]bool{},
+		quantize: o.QuantizeLinear, linear: map[string]bool{}}
 	l.SetStaging(StagingFromEnv(rt == nil || rt.Backend().IsHost))
+	if src != nil {
+		l.quant, l.errs = detectFP8(src, l.errs)
+		if l.quant != nil {
+			for _, n := range l.quant.Aux {
+				l.used[n] = true
+			}
+		}
+	}
 	return l
 }
 
@@ -274,6 +293,12 @@ func (l *Loader) Weight(name string, shape ...int) *runtime.Tensor {
 }
 
 func (l *Loader) bind(dt runtime.DType, name string, shape []int) *runtime.Tensor {
+	return l.bindAs(dt, name, shape, false)
+}
+
+// bindAs is bind; with stored8 a tensor stored in 8 bits is bound as stored (a Linear weight
+// LinearWeight pairs with its scales), without it as dt (AsStored: BF16), dequantized.
+func (l *Loader) bindAs(dt runtime.DType, name string, shape []int, stored8 bool) *runtime.Tensor {
 	full := l.prefix + name
 	switch {
 	case l.shapes != nil:
@@ -296,6 +321,14 @@ func (l *Loader) bind(dt runtime.DType, name string, shape []int) *runtime.Tenso
 	info, ok := l.check(full, shape)
 	if !ok || len(l.errs) > 0 {
 		return nil
+	}
+	if info.DType.IsFP8() && !stored8 {
+		if dt == runtime.AsStored {
+			dt = runtime.BF16 // exact for an unscaled 8-bit value
+		}
+		if qw := l.quant.Weight(full); qw.Scaled() {
+			return l.bindDequantized(full, qw, dt, shape)
+		}
 	}
 	if l.host != nil {
 		l.toHost(full, dt, shape, info)
@@ -419,24 +452,43 @@ func (l *Loader) ShapeDTypes() map[string]runtime.DType { return l.sdtype }
 
 // ShapeBytes is the size the tensors of Shapes would take in the runtime (shape mode): each
 // in its ShapeDTypes dtype, one kept as stored in src's dtype for prefix+name (F32 when src is
-// nil or lacks it).
+// nil or lacks it). A Linear weight (LinearWeight) stored in 8 bits counts 8 bits and its scales;
+// any other tensor stored in 8 bits and kept as stored counts as BF16 (what it is widened to).
 func (l *Loader) ShapeBytes(src Source, prefix string) int64 {
+	var layout *fp8.Layout
+	if src != nil {
+		layout, _ = fp8.Detect(src) // a bad layout fails the real load
+	}
 	var n int64
 	for name, shape := range l.shapes {
 		dt := l.sdtype[name]
-		if dt == runtime.AsStored {
-			dt = runtime.F32
-			if src != nil {
-				if info, ok := src.Info(prefix + name); ok {
-					dt = runtime.StoredDType(info.DType)
-				}
-			}
+		var info safetensors.TensorInfo
+		stored := false
+		if src != nil {
+			info, stored = src.Info(prefix + name)
 		}
-		e := int64(dt.Size())
+		elems := int64(1)
 		for _, d := range shape {
-			e *= int64(d)
+			elems *= int64(d)
 		}
-		n += e
+		var scales int64
+		switch {
+		case l.linear[name] && stored && info.DType.IsFP8():
+			dt = runtime.StoredDType(info.DType)
+			if w := layout.Weight(prefix + name); w.Scaled() {
+				scales = int64(w.Rows * w.Blocks)
+			}
+		case l.linear[name] && (dt.IsFP8() || requantize(src, prefix+name)): // quantized at load: a scale per output channel
+			dt = runtime.F8E4M3
+			scales = int64(shape[0])
+		case dt == runtime.AsStored && stored && info.DType.IsFP8():
+			dt = runtime.BF16
+		case dt == runtime.AsStored && stored:
+			dt = runtime.StoredDType(info.DType)
+		case dt == runtime.AsStored:
+			dt = runtime.F32
+		}
+		n += elems*int64(dt.Size()) + 4*scales
 	}
 	return n
 }

@@ -27,6 +27,11 @@ const (
 	BF16 DType = C.FPK_BF16
 	U8   DType = C.FPK_U8  // bytes; boolean masks (nonzero = keep)
 	I32  DType = C.FPK_I32 // indices (token ids)
+	// F8E4M3 and F8E5M2 are PyTorch's float8_e4m3fn and float8_e5m2: weight storage only, read
+	// by LinearQ (native/src/fpk_dtype.h has their conversions; a cast to them rounds to nearest
+	// even without saturating, as PyTorch's).
+	F8E4M3 DType = C.FPK_F8E4M3
+	F8E5M2 DType = C.FPK_F8E5M2
 )
 
 // AsStored, given to LoadTensor as the dtype, keeps a tensor in the dtype its source stores it
@@ -95,6 +100,10 @@ func (d DType) String() string {
 		return "u8"
 	case I32:
 		return "i32"
+	case F8E4M3:
+		return "f8e4m3"
+	case F8E5M2:
+		return "f8e5m2"
 	}
 	return fmt.Sprintf("dtype(%d)", int(d))
 }
@@ -106,14 +115,17 @@ func (d DType) Size() int {
 		return 4
 	case F16, BF16:
 		return 2
-	case U8:
+	case U8, F8E4M3, F8E5M2:
 		return 1
 	}
 	return 0
 }
 
-// IsFloat reports whether d is a floating-point dtype.
-func (d DType) IsFloat() bool { return d == F32 || d == F16 || d == BF16 }
+// IsFloat reports whether d is a floating-point dtype (the 8-bit ones included).
+func (d DType) IsFloat() bool { return d == F32 || d == F16 || d == BF16 || d.IsFP8() }
+
+// IsFP8 reports whether d is an 8-bit float dtype.
+func (d DType) IsFP8() bool { return d == F8E4M3 || d == F8E5M2 }
 
 // DTypeOf maps a safetensors dtype to the runtime's (ok false for F64 and I64, which the
 // runtime does not store; LoadTensor converts those on the Go side).
@@ -129,6 +141,10 @@ func DTypeOf(d safetensors.DType) (DType, bool) {
 		return U8, true
 	case safetensors.I32:
 		return I32, true
+	case safetensors.F8E4M3:
+		return F8E4M3, true
+	case safetensors.F8E5M2:
+		return F8E5M2, true
 	}
 	return 0, false
 }

@@ -99,6 +99,7 @@ type Runtime struct {
 
 	seq  atomic.Uint64
 	attn attentionCounters
+	fp8  fp8State
 	cur  atomic.Pointer[CurrentOp]
 	prof atomic.Pointer[func(OpTime)] // set while Profile runs
 

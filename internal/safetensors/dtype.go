@@ -26,6 +26,9 @@ const (
 	I32  DType = "I32"
 	U8   DType = "U8"
 	Bool DType = "BOOL"
+	// F8E4M3 and F8E5M2 are PyTorch's float8_e4m3fn and float8_e5m2 as safetensors spells them.
+	F8E4M3 DType = "F8_E4M3"
+	F8E5M2 DType = "F8_E5M2"
 )
 
 // Size returns the size of one element in bytes, or 0 for an unknown dtype.
@@ -37,7 +40,7 @@ func (d DType) Size() int {
 		return 4
 	case F16, BF16:
 		return 2
-	case U8, Bool:
+	case U8, Bool, F8E4M3, F8E5M2:
 		return 1
 	}
 	return 0
@@ -49,11 +52,35 @@ func (d DType) Valid() bool { return d.Size() != 0 }
 // IsFloat reports whether d is a floating-point dtype.
 func (d DType) IsFloat() bool {
 	switch d {
-	case F64, F32, F16, BF16:
+	case F64, F32, F16, BF16, F8E4M3, F8E5M2:
 		return true
 	}
 	return false
 }
+
+// IsFP8 reports whether d is an 8-bit float dtype.
+func (d DType) IsFP8() bool { return d == F8E4M3 || d == F8E5M2 }
+
+// E4M3ToF32 converts a float8_e4m3fn value to float32 exactly: no infinities, S.1111.111 is NaN.
+func E4M3ToF32(q uint8) float32 {
+	exp, mant := uint32(q>>3)&0xf, uint32(q)&7
+	var v float32
+	switch {
+	case exp == 0xf && mant == 7:
+		v = float32(math.NaN())
+	case exp == 0:
+		v = float32(mant) / 512 // subnormal: mant · 2^-9
+	default:
+		v = math.Float32frombits((exp+120)<<23 | mant<<20)
+	}
+	if q&0x80 != 0 {
+		return -v
+	}
+	return v
+}
+
+// E5M2ToF32 converts a float8_e5m2 value (the top byte of an IEEE half) to float32 exactly.
+func E5M2ToF32(q uint8) float32 { return F16ToF32(uint16(q) << 8) }
 
 // F16ToF32 converts an IEEE 754 half-precision value to float32 exactly (subnormals, infinities
 // and NaNs included).
@@ -159,6 +186,14 @@ func decodeFloat32(dst []float32, raw []byte, d DType) error {
 	case U8, Bool:
 		for i := range dst {
 			dst[i] = float32(raw[i])
+		}
+	case F8E4M3:
+		for i := range dst {
+			dst[i] = E4M3ToF32(raw[i])
+		}
+	case F8E5M2:
+		for i := range dst {
+			dst[i] = E5M2ToF32(raw[i])
 		}
 	default:
 		return fmt.Errorf("unsupported dtype %q", d)

@@ -93,7 +93,7 @@ func toFault(f *Fault) *pb.Fault {
 	return &pb.Fault{
 		ExitAtOp: f.ExitAtOp, ExitSignal: f.ExitSignal, HangAtOp: f.HangAtOp, OomAtOp: f.OOMAtOp,
 		HangConvShapeKey: f.HangConvShapeKey, HangConvTier: pb.ConvTier(f.HangConvTier),
-		HoldVramBytes: f.HoldVRAMBytes, HoldVramSeconds: f.HoldVRAMSeconds,
+		HoldVramBytes: f.HoldVRAMBytes, HoldVramSeconds: f.HoldVRAMSeconds, OomAtLoad: f.OOMAtLoad,
 	}
 }
 
@@ -104,7 +104,7 @@ func fromFault(f *pb.Fault) *Fault {
 	return &Fault{
 		ExitAtOp: f.GetExitAtOp(), ExitSignal: f.GetExitSignal(), HangAtOp: f.GetHangAtOp(), OOMAtOp: f.GetOomAtOp(),
 		HangConvShapeKey: f.GetHangConvShapeKey(), HangConvTier: ConvTier(f.GetHangConvTier()),
-		HoldVRAMBytes: f.GetHoldVramBytes(), HoldVRAMSeconds: f.GetHoldVramSeconds(),
+		HoldVRAMBytes: f.GetHoldVramBytes(), HoldVRAMSeconds: f.GetHoldVramSeconds(), OOMAtLoad: f.GetOomAtLoad(),
 	}
 }
 
@@ -114,6 +114,7 @@ func toLoadRequest(r *LoadRequest) *pb.LoadRequest {
 		MemoryCapBytes: r.MemoryCapBytes, ConvPolicy: toConvPolicy(r.ConvPolicy), Env: r.Env,
 		BeaconPath: r.BeaconPath, MaxResidentBlocks: r.MaxResidentBlocks, Fault: toFault(r.Fault), PciBusId: r.PCIBusID,
 		Loras: toLoraSpecs(r.Loras), Workload: toWorkload(r.Workload), ActivationDtype: r.ActivationDType,
+		Checkpoint: r.Checkpoint, Weights: r.Weights, Fp8Compute: r.FP8Compute,
 	}
 }
 
@@ -187,6 +188,7 @@ func fromLoadRequest(r *pb.LoadRequest) *LoadRequest {
 		MemoryCapBytes: r.GetMemoryCapBytes(), ConvPolicy: fromConvPolicy(r.GetConvPolicy()), Env: r.GetEnv(),
 		BeaconPath: r.GetBeaconPath(), MaxResidentBlocks: r.GetMaxResidentBlocks(), Fault: fromFault(r.GetFault()), PCIBusID: r.GetPciBusId(),
 		Loras: fromLoraSpecs(r.GetLoras()), Workload: fromWorkload(r.GetWorkload()), ActivationDType: r.GetActivationDtype(),
+		Checkpoint: r.GetCheckpoint(), Weights: r.GetWeights(), FP8Compute: r.GetFp8Compute(),
 	}
 }
 
@@ -209,7 +211,7 @@ func toLoadResponse(r *LoadResponse) *pb.LoadResponse {
 		Backend: r.Backend, Dtype: r.DType, WeightBytes: r.WeightBytes,
 		DeviceAllocatedBytes: r.DeviceAllocatedBytes, LoadDuration: toDuration(r.LoadDuration),
 		Vae: toVAEInfo(r.VAE), Transformer: toTransformerInfo(r.Transformer), TextEncoder: toTextEncoderInfo(r.TextEncoder),
-		ResidentBlocks: r.ResidentBlocks, StreamedBlocks: r.StreamedBlocks,
+		ResidentBlocks: r.ResidentBlocks, StreamedBlocks: r.StreamedBlocks, WeightsFormat: r.WeightsFormat, Fp8Compute: r.FP8Compute,
 	}
 	if r.Device != nil {
 		out.Device = toDevice(*r.Device)
@@ -228,7 +230,7 @@ func fromLoadResponse(r *pb.LoadResponse) *LoadResponse {
 		Backend: r.GetBackend(), DType: r.GetDtype(), WeightBytes: r.GetWeightBytes(),
 		DeviceAllocatedBytes: r.GetDeviceAllocatedBytes(), LoadDuration: fromDuration(r.GetLoadDuration()),
 		VAE: fromVAEInfo(r.GetVae()), Transformer: fromTransformerInfo(r.GetTransformer()), TextEncoder: fromTextEncoderInfo(r.GetTextEncoder()),
-		ResidentBlocks: r.GetResidentBlocks(), StreamedBlocks: r.GetStreamedBlocks(),
+		ResidentBlocks: r.GetResidentBlocks(), StreamedBlocks: r.GetStreamedBlocks(), WeightsFormat: r.GetWeightsFormat(), FP8Compute: r.GetFp8Compute(),
 	}
 	if r.GetDevice() != nil {
 		d := fromDevice(r.GetDevice())

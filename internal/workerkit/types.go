@@ -163,6 +163,14 @@ type LoadRequest struct {
 	// $FRAMEPACK_ACTIVATION_DTYPE, else the model's default for the backend
 	// (modelrt.Base.Activation).
 	ActivationDType string
+	// Checkpoint is a single safetensors file loaded instead of ModelDir's weights (config from
+	// ModelDir), 16- or 8-bit (internal/fp8 tells the format); empty: ModelDir's. Transformer only.
+	Checkpoint string
+	// Weights is "fp8" to quantize 16/32-bit Linear weights to e4m3 per output channel at load;
+	// empty: as DType says. Transformer only.
+	Weights string
+	// FP8Compute is "weight_only" (or empty), "tensor" or "token" (runtime.ParseFP8Compute).
+	FP8Compute string
 }
 
 // Workload is the size of the job a worker is loaded for (worker.proto Workload).
@@ -198,6 +206,7 @@ type Fault struct {
 	HangConvTier     ConvTier
 	HoldVRAMBytes    uint64
 	HoldVRAMSeconds  uint32
+	OOMAtLoad        bool
 }
 
 // LoadResponse says what a worker loaded and where. The model's constants come in the field of
@@ -217,6 +226,9 @@ type LoadResponse struct {
 	// ResidentBlocks and StreamedBlocks are the transformer blocks (textenc: Llama layers)
 	// kept on the device and streamed from host memory.
 	ResidentBlocks, StreamedBlocks uint32
+	// WeightsFormat is the 8-bit weights' format ("" none, "plain", "comfy", "musubi",
+	// "quantized"); FP8Compute the fp8 compute mode in use (empty without 8-bit weights).
+	WeightsFormat, FP8Compute string
 }
 
 // VAEInfo holds a loaded VAE's constants, so the supervisor need not read its config.json.

@@ -9,7 +9,6 @@
 #endif
 #include "fpk_cpu.h"
 #include "fpk_cpu_vexp.h"
-#include "fpk_half.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -25,8 +24,8 @@
 
 fpk_status fpk_cpu_require_f32(const char *op, fpk_tensor_t t, const char *name) {
     if (t && t->dtype != FPK_F32)
-        return fpk_set_error(FPK_ERR_UNSUPPORTED, "%s: cpu backend computes in f32, %s is dtype %d",
-                             op, name, (int)t->dtype);
+        return fpk_set_error(FPK_ERR_UNSUPPORTED, "%s: cpu backend computes in f32, %s is %s",
+                             op, name, fpk_dtype_name(t->dtype));
     return FPK_OK;
 }
 
@@ -107,23 +106,13 @@ static fpk_status cpu_fill(void *ctx, void *stream, fpk_tensor_t t, double value
     float f = (float)value;
     int isnan_ = value != value;
     switch (t->dtype) {
-    case FPK_F32: memcpy(j.pattern, &f, 4); break;
-    case FPK_F16: {
-        uint16_t h = fpk_f32_to_f16(f);
-        memcpy(j.pattern, &h, 2);
-        break;
-    }
-    case FPK_BF16: {
-        uint16_t h = fpk_f32_to_bf16(f);
-        memcpy(j.pattern, &h, 2);
-        break;
-    }
     case FPK_U8: j.pattern[0] = isnan_ ? 0xff : (uint8_t)f; break;
     case FPK_I32: {
         int32_t v = isnan_ ? -1 : (int32_t)value;
         memcpy(j.pattern, &v, 4);
         break;
     }
+    default: fpk_dtype_store(j.pattern, t->dtype, 0, f); /* the float types, rounded as every conversion */
     }
     fpk_pool_run(CTX(ctx)->pool, t->numel, 1 << 16, fill_task, &j);
     return FPK_OK;
@@ -264,6 +253,49 @@ static fpk_status cpu_gemm(void *ctx, void *stream, const fpk_gemm_params *p, fp
     if (bias) {
         bias_job j = {.y = F(out), .bias = CF(bias), .C = N, .inner = 1, .rowlen = 1};
         fpk_pool_run(CTX(ctx)->pool, batch * M, 4096 / (N ? N : 1) + 1, bias_task, &j);
+    }
+    if (p->epilogue == FPK_GEMM_EPILOGUE_GELU_TANH) gelu_tanh_inplace(CTX(ctx), F(out), out->numel);
+    return FPK_OK;
+}
+
+/* fpk_op_gemm_q: an 8-bit float weight, widened and scaled a panel at a time; with act_quant the
+ * activations are first quantized to e4m3 (a copy: a is an input). */
+static fpk_status cpu_gemm_q(void *ctx, void *stream, const fpk_gemm_q_params *p, fpk_tensor_t a, fpk_tensor_t w,
+                             fpk_tensor_t w_scale, fpk_tensor_t bias, fpk_tensor_t out) {
+    (void)stream;
+    fpk_tensor_t *io[] = {&a, &bias, &out};
+    FPK_CPU_WIDE(ctx, io, 2, cpu_gemm_q(ctx, stream, p, a, w, w_scale, bias, out));
+    const char *op = "gemm q";
+    REQ(op, a);
+    REQ(op, bias);
+    REQ(op, out);
+    int64_t N = w->shape[0], K = w->shape[1];
+    int64_t rows = K ? a->numel / K : out->numel / (N ? N : 1);
+    if (out->numel == 0) return FPK_OK;
+    if (rows > INT32_MAX || N > INT32_MAX || K > INT32_MAX)
+        return fpk_set_error(FPK_ERR_UNSUPPORTED, "%s: dims beyond 32 bits", op);
+    float alpha = p->alpha != 0 ? p->alpha : 1.0f;
+    if (K == 0) {
+        memset(F(out), 0, (size_t)out->numel * sizeof(float));
+    } else {
+        const float *ad = CF(a);
+        float *aq = NULL;
+        size_t aqn = 0;
+        if (p->act_quant != FPK_ACT_QUANT_NONE) {
+            aqn = (size_t)a->numel * sizeof(float);
+            fpk_status st = fpk_cpu_scratch(a, aqn, (void **)&aq);
+            if (st != FPK_OK) return st;
+            memcpy(aq, ad, aqn);
+            fpk_cpu_quantize_act(CTX(ctx), aq, rows, K, p->act_quant == FPK_ACT_QUANT_TOKEN);
+            ad = aq;
+        }
+        fpk_status st = fpk_cpu_gemm_fp8_w(CTX(ctx), ad, w, w_scale, F(out), rows, alpha, a);
+        if (aq) fpk_cpu_scratch_free(a, aq, aqn);
+        if (st != FPK_OK) return st;
+    }
+    if (bias) {
+        bias_job j = {.y = F(out), .bias = CF(bias), .C = N, .inner = 1, .rowlen = 1};
+        fpk_pool_run(CTX(ctx)->pool, rows, 4096 / (N ? N : 1) + 1, bias_task, &j);
     }
     if (p->epilogue == FPK_GEMM_EPILOGUE_GELU_TANH) gelu_tanh_inplace(CTX(ctx), F(out), out->numel);
     return FPK_OK;
@@ -1365,6 +1397,7 @@ static const struct fpk_backend_iface cpu_iface = {
     .attention = fpk_cpu_attention,
     .rope = cpu_rope,
     .rms_norm_rope = cpu_rms_norm_rope,
+    .gemm_q = cpu_gemm_q,
     .concat = cpu_concat,
     .slice = cpu_slice,
     .permute = cpu_permute,

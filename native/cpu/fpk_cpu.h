@@ -81,6 +81,23 @@ fpk_status fpk_cpu_gemm_half_b(fpk_cpu_ctx *c, const fpk_gemm_params *p, fpk_ten
                                fpk_tensor_t b, fpk_tensor_t out, int64_t batch, int64_t M,
                                int64_t N, int64_t K, int64_t bstride, float alpha);
 
+/* ---- 8-bit float weights (fpk_cpu_half.c) ---- */
+
+/* Widens rows × cols 8-bit float values of dtype sdt (contiguous rows) to f32 times their scale:
+ * scale [scale_rows, nb] (NULL: 1), row r of the source using scale row row0 + r (or 0 when
+ * scale_rows is 1) and block k / (cols / nb). */
+void fpk_cpu_widen_q(fpk_cpu_ctx *c, float *dst, const uint8_t *src, fpk_dtype sdt, const float *scale,
+                     int64_t scale_rows, int64_t nb, int64_t row0, int64_t rows, int64_t cols);
+/* Replaces each of the rows × K values of x by its e4m3 quantization times the scale
+ * (max|x| / 448 per row when per_row, over all of x otherwise; 1 for zeros): x ← q(x / s)·s with
+ * x / s clamped to ±448. */
+void fpk_cpu_quantize_act(fpk_cpu_ctx *c, float *x, int64_t rows, int64_t K, int per_row);
+/* y [rows, N] = alpha · a [rows, K] · dequant(w)ᵀ for an 8-bit float w [N, K] with scales
+ * w_scale (fpk_op_gemm_q), w widened a panel of rows at a time into scratch charged to any's
+ * backend. */
+fpk_status fpk_cpu_gemm_fp8_w(fpk_cpu_ctx *c, const float *a, fpk_tensor_t w, fpk_tensor_t w_scale, float *y,
+                              int64_t rows, float alpha, fpk_tensor_t any);
+
 /* SiLU of n floats of x into y (y may be x): the unary op's arithmetic. */
 void fpk_cpu_silu_row(float *y, const float *x, int64_t n);
 /* Group norm then an activation in one pass (fpk_cpu_norm.c). */

@@ -5,7 +5,6 @@
  * f32, f16 or bf16; 16-bit rows go through an f32 buffer of BUF floats.
  */
 #include "fpk_cpu.h"
-#include "fpk_half.h"
 
 #include <math.h>
 #include <string.h>

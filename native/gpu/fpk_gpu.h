@@ -90,6 +90,11 @@ fpk_status fpk_gpu_cast(fpk_gpu_ctx *c, void *s, const fpk_gt *src, const fpk_gt
 fpk_status fpk_gpu_gemm(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf,
                         const fpk_gemm_params *p, const fpk_gt *a, const fpk_gt *b,
                         const fpk_gt *bias, const fpk_gt *out);
+/* fpk_op_gemm_q (fpk_gpu_gemm_q.cu): weight-only by widened panels; the activation-quantized
+ * modes on the matrix units where the device has them (FPK_ERR_UNAVAILABLE elsewhere). */
+fpk_status fpk_gpu_gemm_q(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf, const fpk_gemm_q_params *p,
+                          const fpk_gt *a, const fpk_gt *w, const fpk_gt *w_scale, const fpk_gt *bias,
+                          const fpk_gt *out);
 fpk_status fpk_gpu_conv3d(fpk_gpu_ctx *c, void *s, const fpk_gpu_scratch_fn *sf, fpk_conv_tier tier,
                           const fpk_conv3d_params *p, const fpk_gt *x, const fpk_gt *w,
                           const fpk_gt *bias, const fpk_gt *out);

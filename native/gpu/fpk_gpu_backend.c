@@ -107,6 +107,17 @@ static fpk_status g_gemm(void *ctx, void *s, const fpk_gemm_params *p, fpk_tenso
     return LOCKED(fpk_gpu_gemm, s, &sf, p, ad, bd, cd, od);
 }
 
+static fpk_status g_gemm_q(void *ctx, void *s, const fpk_gemm_q_params *p, fpk_tensor_t a, fpk_tensor_t w,
+                           fpk_tensor_t w_scale, fpk_tensor_t bias, fpk_tensor_t out) {
+    GT(ad, a);
+    GT(wd, w);
+    GT(sd, w_scale);
+    GT(cd, bias);
+    GT(od, out);
+    fpk_gpu_scratch_fn sf = scratch_of(out);
+    return LOCKED(fpk_gpu_gemm_q, s, &sf, p, ad, wd, sd, cd, od);
+}
+
 static fpk_status g_conv3d(void *ctx, void *s, fpk_conv_tier tier, const fpk_conv3d_params *p,
                            fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out) {
     GT(xd, x);
@@ -338,6 +349,7 @@ static struct fpk_backend_iface gpu_iface = {
     .copy_h2d_async = g_h2d_async,
     .ternary = g_ternary,
     .rms_norm_rope = g_rms_norm_rope,
+    .gemm_q = g_gemm_q,
 };
 
 __attribute__((visibility("default"))) fpk_status fpk_backend_create_v1(

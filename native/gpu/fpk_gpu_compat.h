@@ -77,41 +77,29 @@
 /* Threads per block of the elementwise kernels and of the row reductions. */
 #define FPK_BLOCK 256
 
-/* Storage types as device code loads them: every value becomes a float. */
-__device__ __forceinline__ float fpk_bf16_f32(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+/* Storage types as device code loads them: every value becomes a float. The conversions are
+ * the core's (src/fpk_dtype.h, host and device functions); f16 goes through the hardware's
+ * conversion instructions, which give the same results. */
+#include "fpk_dtype.h"
 
-__device__ __forceinline__ uint16_t fpk_f32_bf16(float f) {
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
+__device__ __forceinline__ float fpk_bf16_f32(uint16_t h) { return fpk_bf16_to_f32(h); }
+__device__ __forceinline__ uint16_t fpk_f32_bf16(float f) { return fpk_f32_to_bf16(f); }
 __device__ __forceinline__ float fpk_f16_f32(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 __device__ __forceinline__ uint16_t fpk_f32_f16(float f) { return __half_as_ushort(__float2half_rn(f)); }
 
 /* Element i of p (dtype dt) as a float. dt is the same for every thread, so the branch is free. */
 __device__ __forceinline__ float fpk_ld(const void *p, int dt, int64_t i) {
-    switch (dt) {
-    case 0: return ((const float *)p)[i];
-    case 1: return fpk_f16_f32(((const uint16_t *)p)[i]);
-    case 2: return fpk_bf16_f32(((const uint16_t *)p)[i]);
-    case 3: return (float)((const uint8_t *)p)[i];
-    default: return (float)((const int32_t *)p)[i];
-    }
+    if (dt == FPK_F16) return fpk_f16_f32(((const uint16_t *)p)[i]);
+    return fpk_dtype_load(p, dt, i);
 }
 
 /* Stores v into element i of p (dtype dt), rounding as the core's host conversion does. */
 __device__ __forceinline__ void fpk_st(void *p, int dt, int64_t i, float v) {
-    switch (dt) {
-    case 0: ((float *)p)[i] = v; break;
-    case 1: ((uint16_t *)p)[i] = fpk_f32_f16(v); break;
-    case 2: ((uint16_t *)p)[i] = fpk_f32_bf16(v); break;
-    case 3: ((uint8_t *)p)[i] = v != v ? 0 : v <= 0.f ? 0 : v >= 255.f ? 255 : (uint8_t)v; break;
-    default:
-        ((int32_t *)p)[i] = v != v ? 0 : v <= -2147483648.f ? INT32_MIN : v >= 2147483647.f ? INT32_MAX : (int32_t)v;
-        break;
+    if (dt == FPK_F16) {
+        ((uint16_t *)p)[i] = fpk_f32_f16(v);
+        return;
     }
+    fpk_dtype_store(p, dt, i, v);
 }
 
 #endif /* FPK_GPU_COMPAT_H */

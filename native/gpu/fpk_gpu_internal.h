@@ -171,7 +171,7 @@ struct fpk_scratch {
     fpk_scratch &operator=(const fpk_scratch &) = delete;
 };
 
-static inline size_t fpk_dt_size(int dt) { return dt == 0 || dt == 4 ? 4 : dt == 1 || dt == 2 ? 2 : 1; }
+static inline size_t fpk_dt_size(int dt) { return fpk_dtype_bytes(dt); }
 
 /* ---- shared kernels (fpk_gpu_ops.cu) -------------------------------------------------------- */
 
@@ -226,6 +226,13 @@ fpk_status fpk_gpu_gemm_run(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
 /* Our own batched GEMM kernel (any float dtypes, f32 accumulation). */
 fpk_status fpk_gpu_gemm_own(cudaStream_t st, const fpk_gemm_desc *d);
 
+/* fpk_op_gemm_q with act_quant per tensor or per token: activations quantized to e4m3 and
+ * fp8 × fp8 products on the matrix units (fpk_gpu_gemm_q_mma.cu). FPK_ERR_UNAVAILABLE, with the
+ * reason as the last error, where the device or the call has no such path. */
+fpk_status fpk_gpu_gemm_q_mma(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_q_params *p,
+                              const fpk_gt *a, const fpk_gt *w, const fpk_gt *w_scale, const fpk_gt *bias,
+                              const fpk_gt *out);
+
 /* ---- vendor shims (fpk_gpu_vendor.cu) ----------------------------------------------------- */
 
 void fpk_vendor_open(fpk_gpu_ctx *c);
@@ -237,6 +244,13 @@ fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc 
  * FPK_ERR_UNAVAILABLE when the library is missing or declines the shape (the caller then runs
  * the GEMM and adds the epilogue itself). */
 fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_desc *d);
+/* d [M, N] f32 = aq [M, K] (e4m3) · wq [N, K]ᵀ (e4m3 or e5m2, wdt) with unit scales: cuBLASLt's
+ * FP8 matmul (NVIDIA, compute capability 8.9+). FPK_ERR_UNAVAILABLE with the reason when the
+ * library, the device or the shape (K a multiple of 16, 16-byte aligned operands) does not allow it. */
+fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const uint8_t *aq,
+                                  const uint8_t *wq, int wdt, int64_t M, int64_t N, int64_t K, float *d);
+/* Whether cuBLASLt loaded (the fp8 matmul's library). */
+int fpk_vendor_has_fp8_lt(fpk_gpu_ctx *c);
 /* Conv through the vendor DNN library: tuned (Find) or default (heuristic / immediate).
  * x, w, y share dtype dt and have 32-bit dims given as NCDHW (w: K C kT kH kW). They are
  * contiguous NCDHW, or with nhwc contiguous channels-last: x and y NDHWC, w K kT kH kW C

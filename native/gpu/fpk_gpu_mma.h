@@ -97,6 +97,11 @@ enum { AMD_PATH_NONE = 0, AMD_PATH_MFMA = 1, AMD_PATH_WMMA = 2 };
     __has_builtin(__builtin_amdgcn_wmma_f32_16x16x16_f16_w32) && __has_builtin(__builtin_amdgcn_wmma_f32_16x16x16_bf16_w32)
 #define FPK_AMD_WMMA 1
 #endif
+/* fp8 × fp8 (fpk_gpu_gemm_q_mma.cu): CDNA3's 16x16x32 fp8/bf8 MFMA (FNUZ types). */
+#if (defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__)) &&                                           \
+    __has_builtin(__builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8) && __has_builtin(__builtin_amdgcn_mfma_f32_16x16x32_fp8_bf8)
+#define FPK_AMD_MFMA_FP8 1
+#endif
 #endif /* FPK_HIP */
 
 /* ---- AMD operand types and instructions (the host emulators cut from here) ---------------- */
@@ -118,6 +123,16 @@ __device__ __forceinline__ amd_v4f amd_mfma16(amd_v4s a, amd_v4s b, amd_v4f c, b
     if (bf16) return __builtin_amdgcn_mfma_f32_16x16x16bf16_1k(a, b, c, 0, 0, 0);
     return __builtin_amdgcn_mfma_f32_16x16x16f16(__builtin_bit_cast(amd_v4h, a), __builtin_bit_cast(amd_v4h, b), c, 0, 0,
                                                  0);
+}
+#endif
+
+#if defined(FPK_AMD_MFMA_FP8)
+/* D = A·B + C, 16x16x32, one wave of 64, 8 fp8 values a lane (a: e4m3 FNUZ; b: e4m3 FNUZ, or
+ * e5m2 FNUZ when bbf8). Operand byte v of lane L: A[L % 16][8 (L / 16) + v], B[8 (L / 16) + v][L % 16];
+ * D[4 (L / 16) + v][L % 16]. */
+__device__ __forceinline__ amd_v4f amd_mfma_fp8(uint64_t a, uint64_t b, amd_v4f c, bool bbf8) {
+    if (bbf8) return __builtin_amdgcn_mfma_f32_16x16x32_fp8_bf8((long)a, (long)b, c, 0, 0, 0);
+    return __builtin_amdgcn_mfma_f32_16x16x32_fp8_fp8((long)a, (long)b, c, 0, 0, 0);
 }
 #endif
 

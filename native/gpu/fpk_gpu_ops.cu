@@ -87,20 +87,16 @@ extern "C" fpk_status fpk_gpu_fill(fpk_gpu_ctx *c, void *s, const fpk_gt *t, dou
     }
     case FPK_F16:
     case FPK_BF16: {
-        /* host-side rounding as the core's (fpk_half.h semantics) */
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        uint16_t h;
-        if (t->dtype == FPK_BF16) {
-            if ((u & 0x7fffffffu) > 0x7f800000u) h = (uint16_t)((u >> 16) | 0x40u);
-            else h = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-        } else {
-            __half hv = __float2half_rn(f);
-            memcpy(&h, &hv, 2);
-        }
+        uint16_t h = t->dtype == FPK_BF16 ? fpk_f32_to_bf16(f) : fpk_f32_to_f16(f); /* the core's rounding */
         k_fill<uint16_t><<<fpk_blocks(t->numel), FPK_BLOCK, 0, st>>>((uint16_t *)t->data, t->numel, h);
         break;
     }
+    case FPK_F8E4M3:
+    case FPK_F8E5M2:
+        FPK_CUDA(cudaMemsetAsync(t->data, t->dtype == FPK_F8E4M3 ? fpk_f32_to_e4m3(f) : fpk_f32_to_e5m2(f),
+                                 (size_t)t->numel, st),
+                 "fill");
+        break;
     case FPK_U8:
         FPK_CUDA(cudaMemsetAsync(t->data, isnan_ ? 0xff : (uint8_t)f, (size_t)t->numel, st), "fill");
         break;

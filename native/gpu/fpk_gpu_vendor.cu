@@ -190,7 +190,7 @@ int fpk_vendor_conv_nhwc(fpk_gpu_ctx *c, int dt) {
     return c->dnn.handle != NULL && dt != FPK_F32 && !(v && strcmp(v, "ncdhw") == 0);
 }
 
-enum { FPK_CUDA_R_32F = 0, FPK_CUDA_R_16F = 2, FPK_CUDA_R_16BF = 14 };
+enum { FPK_CUDA_R_32F = 0, FPK_CUDA_R_16F = 2, FPK_CUDA_R_16BF = 14, FPK_CUDA_R_8F_E4M3 = 28, FPK_CUDA_R_8F_E5M2 = 29 };
 enum { FPK_CUBLAS_OP_N = 0, FPK_CUBLAS_OP_T = 1, FPK_CUBLAS_COMPUTE_32F = 68, FPK_CUBLAS_GEMM_DEFAULT = -1 };
 
 typedef int (*cublasSetStream_t)(void *, cudaStream_t);
@@ -414,6 +414,32 @@ struct lt_call {
     }
 };
 
+/* The cached plan for key's shape and types (the heuristic asked once, with k's descriptors and
+ * key->align as every buffer's alignment; ok 0 when it refused), NULL when out of memory. */
+static struct fpk_lt_plan *lt_plan(fpk_vendor_blaslt *lt, lt_call &k, const struct fpk_lt_plan *key) {
+    struct fpk_lt_plan *pl = lt->plans;
+    for (; pl; pl = pl->next)
+        if (pl->M == key->M && pl->N == key->N && pl->K == key->K && pl->ta == key->ta && pl->tb == key->tb && pl->at == key->at &&
+            pl->ct == key->ct && pl->epi == key->epi && pl->align == key->align)
+            return pl;
+    pl = (struct fpk_lt_plan *)calloc(1, sizeof *pl);
+    if (!pl) return NULL;
+    *pl = *key;
+    pl->ok = 0;
+    uint64_t ws = LT_WORKSPACE;
+    uint32_t align = (uint32_t)key->align;
+    int n = 0;
+    lt_set_t pset = (lt_set_t)lt->fn[LT_PREF_SET];
+    bool pref_ok = ((lt_pref_create_t)lt->fn[LT_PREF_CREATE])(&k.pref) == 0 && pset(k.pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0;
+    for (int i = 0; i < 4 && pref_ok; i++) pref_ok = pset(k.pref, LT_PREF_MIN_ALIGNMENT_A_BYTES + i, &align, sizeof align) == 0;
+    if (pref_ok && ((lt_heuristic_fn_t)lt->fn[LT_HEURISTIC])(lt->handle, k.desc, k.la, k.lb, k.lc, k.lc, k.pref, 1, &pl->h, &n) == 0 &&
+        n > 0 && pl->h.state == 0)
+        pl->ok = 1;
+    pl->next = lt->plans;
+    lt->plans = pl;
+    return pl;
+}
+
 fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_desc *d) {
     fpk_vendor_blaslt *lt = &c->blaslt;
     if (!lt->handle) return FPK_ERR_UNAVAILABLE;
@@ -457,32 +483,9 @@ fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
     if (lc(&k.la, at, ar, ac, d->ldb) != 0 || lc(&k.lb, at, br, bc, d->lda) != 0 ||
         lc(&k.lc, ct, (uint64_t)d->N, (uint64_t)d->M, d->ldc) != 0)
         return FPK_ERR_UNAVAILABLE;
-    struct fpk_lt_plan *pl = lt->plans;
-    for (; pl; pl = pl->next)
-        if (pl->M == d->M && pl->N == d->N && pl->K == d->K && pl->ta == ta && pl->tb == tb && pl->at == at &&
-            pl->ct == ct && pl->epi == epi && pl->align == (int)align)
-            break;
-    if (!pl) {
-        pl = (struct fpk_lt_plan *)calloc(1, sizeof *pl);
-        if (!pl) return FPK_ERR_UNAVAILABLE;
-        pl->M = d->M, pl->N = d->N, pl->K = d->K, pl->ta = ta, pl->tb = tb, pl->at = at, pl->ct = ct, pl->epi = epi;
-        pl->align = (int)align;
-        uint64_t ws = LT_WORKSPACE;
-        int n = 0;
-        lt_set_t pset = (lt_set_t)lt->fn[LT_PREF_SET];
-        bool pref_ok = ((lt_pref_create_t)lt->fn[LT_PREF_CREATE])(&k.pref) == 0 &&
-                       pset(k.pref, LT_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws) == 0;
-        for (int i = 0; i < 4 && pref_ok; i++)
-            pref_ok = pset(k.pref, LT_PREF_MIN_ALIGNMENT_A_BYTES + i, &align, sizeof align) == 0;
-        if (pref_ok &&
-            ((lt_heuristic_fn_t)lt->fn[LT_HEURISTIC])(lt->handle, k.desc, k.la, k.lb, k.lc, k.lc, k.pref, 1, &pl->h,
-                                                      &n) == 0 &&
-            n > 0 && pl->h.state == 0)
-            pl->ok = 1;
-        pl->next = lt->plans;
-        lt->plans = pl;
-    }
-    if (!pl->ok) return FPK_ERR_UNAVAILABLE;
+    struct fpk_lt_plan key = {d->M, d->N, d->K, ta, tb, at, ct, epi, (int)align, 0, {}, NULL};
+    struct fpk_lt_plan *pl = lt_plan(lt, k, &key);
+    if (!pl || !pl->ok) return FPK_ERR_UNAVAILABLE;
     fpk_scratch ws(sf);
     if (pl->h.workspace) FPK_TRY(ws.alloc(pl->h.workspace));
     float alpha = d->alpha, beta = 0.f;
@@ -493,6 +496,53 @@ fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
                                  (long long)d->M, (long long)d->N, (long long)d->K, epi);
     return FPK_OK;
 }
+
+/* cuBLASLt's FP8 matmul (compute capability 8.9 and later): d [M, N] f32 = aq [M, K] · wq [N, K]ᵀ, aq
+ * e4m3 and wq e4m3 or e5m2, unit scales, f32 accumulation. FP8 wants both operands K-major ("TN"):
+ * in column-major terms dᵀ (N × M) = wqᵀ-as-stored (op T of a K × N matrix) · aq (K × M). */
+fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const uint8_t *aq,
+                                  const uint8_t *wq, int wdt, int64_t M, int64_t N, int64_t K, float *d) {
+    fpk_vendor_blaslt *lt = &c->blaslt;
+    if (!lt->handle) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt did not load");
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || K % 16 != 0)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt fp8 takes K a multiple of 16 and 32-bit dims");
+    if (M == 0 || N == 0) return FPK_OK;
+    const int at = FPK_CUDA_R_8F_E4M3, bt = wdt == FPK_F8E5M2 ? FPK_CUDA_R_8F_E5M2 : FPK_CUDA_R_8F_E4M3;
+    lt_call k(lt);
+    if (((lt_desc_create_t)lt->fn[LT_DESC_CREATE])(&k.desc, FPK_CUBLAS_COMPUTE_32F, FPK_CUDA_R_32F) != 0)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cublasLtMatmulDescCreate failed");
+    lt_set_t dset = (lt_set_t)lt->fn[LT_DESC_SET];
+    int32_t ta = FPK_CUBLAS_OP_T, tb = FPK_CUBLAS_OP_N;
+    if (dset(k.desc, LT_DESC_TRANSA, &ta, sizeof ta) != 0 || dset(k.desc, LT_DESC_TRANSB, &tb, sizeof tb) != 0)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt descriptor attributes refused");
+    lt_layout_create_t lc = (lt_layout_create_t)lt->fn[LT_LAYOUT_CREATE];
+    if (lc(&k.la, bt, (uint64_t)K, (uint64_t)N, K) != 0 || lc(&k.lb, at, (uint64_t)K, (uint64_t)M, K) != 0 ||
+        lc(&k.lc, FPK_CUDA_R_32F, (uint64_t)N, (uint64_t)M, N) != 0)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt layouts refused");
+    uint32_t align = 256;
+    const void *ptrs[3] = {aq, wq, d};
+    for (int i = 0; i < 3; i++)
+        while (((uintptr_t)ptrs[i] % align) != 0) align /= 2;
+    if (align < 16) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt fp8 wants 16-byte aligned operands");
+    const int plan_at = 1000 + bt; /* fp8 plans apart from the 16-bit ones in the cache */
+    struct fpk_lt_plan key = {M, N, K, ta, tb, plan_at, FPK_CUDA_R_32F, LT_EPILOGUE_DEFAULT, (int)align, 0, {}, NULL};
+    struct fpk_lt_plan *pl = lt_plan(lt, k, &key);
+    if (!pl) return fpk_gpu_set_oom(sizeof *pl, 0, "cuBLASLt plan");
+    if (!pl->ok)
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt has no fp8 algorithm for %lld x %lld x %lld", (long long)M,
+                                 (long long)N, (long long)K);
+    fpk_scratch wsp(sf);
+    if (pl->h.workspace) FPK_TRY(wsp.alloc(pl->h.workspace));
+    float alpha = 1.f, beta = 0.f;
+    int s = ((lt_matmul_t)lt->fn[LT_MATMUL])(lt->handle, k.desc, &alpha, wq, k.la, aq, k.lb, &beta, d, k.lc, d, k.lc,
+                                             &pl->h.algo, wsp.ptr, pl->h.workspace, st);
+    if (s != 0)
+        return fpk_gpu_set_error(FPK_ERR_BACKEND, "gemm q: cublasLtMatmul fp8 status %d (%lld x %lld x %lld)", s, (long long)M,
+                                 (long long)N, (long long)K);
+    return FPK_OK;
+}
+
+int fpk_vendor_has_fp8_lt(fpk_gpu_ctx *c) { return c->blaslt.handle != NULL; }
 
 static void lt_open(fpk_gpu_ctx *c, const char *dir) {
     fpk_vendor_blaslt *lt = &c->blaslt;
@@ -700,6 +750,13 @@ fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
 }
 static void lt_open(fpk_gpu_ctx *c, const char *dir) { (void)c, (void)dir; }
 static void lt_close(fpk_gpu_ctx *c) { (void)c; }
+/* hipBLASLt's fp8 is not wired: CDNA3 runs our MFMA kernel (fpk_gpu_gemm_q_mma.cu). */
+fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const uint8_t *aq,
+                                  const uint8_t *wq, int wdt, int64_t M, int64_t N, int64_t K, float *d) {
+    (void)c, (void)st, (void)sf, (void)aq, (void)wq, (void)wdt, (void)M, (void)N, (void)K, (void)d;
+    return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: no fp8 vendor GEMM on ROCm here");
+}
+int fpk_vendor_has_fp8_lt(fpk_gpu_ctx *c) { (void)c; return 0; }
 
 fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc *d) {
     fpk_vendor_blas *b = &c->blas;

@@ -42,8 +42,10 @@ extern "C" {
  *    fpk_gemm_params.epilogue (bias + GELU(tanh) fused into the GEMM) and
  *    fpk_attention_params.causal.
  * 9: fpk_conv3d_params.upsample, replicate_before and replicate_after (the conv reads its input
- *    through nearest upsampling and replicate padding without a padded copy where it can). */
-#define FPK_API_VERSION 9
+ *    through nearest upsampling and replicate padding without a padded copy where it can).
+ * 10: the 8-bit float dtypes FPK_F8E4M3 and FPK_F8E5M2 and fpk_op_gemm_q (a GEMM with an 8-bit
+ *    float weight and its scales), its optional slot after the version-8 one. */
+#define FPK_API_VERSION 10
 
 /* Most dimensions a tensor may have. */
 #define FPK_MAX_DIMS 8
@@ -65,13 +67,17 @@ typedef enum fpk_status {
     FPK_ERR_INTERNAL = 7          /* a bug in the runtime */
 } fpk_status;
 
-/* Element types. F16/BF16 are storage types; the cpu backend computes in F32. */
+/* Element types. F16/BF16 are storage types; the cpu backend computes in F32. The 8-bit float
+ * types are PyTorch's float8_e4m3fn and float8_e5m2 (src/fpk_dtype.h has every conversion): weight
+ * storage, read by fpk_op_gemm_q and converted by upload, download and copy. */
 typedef enum fpk_dtype {
     FPK_F32 = 0,
     FPK_F16 = 1,
     FPK_BF16 = 2,
-    FPK_U8 = 3,  /* bytes; boolean masks (nonzero = keep) */
-    FPK_I32 = 4  /* indices (token ids) */
+    FPK_U8 = 3,     /* bytes; boolean masks (nonzero = keep) */
+    FPK_I32 = 4,    /* indices (token ids) */
+    FPK_F8E4M3 = 5, /* float8_e4m3fn: no infinities, largest 448 */
+    FPK_F8E5M2 = 6  /* float8_e5m2: the top byte of an f16, largest 57344 */
 } fpk_dtype;
 
 /* Size of one element of dtype in bytes, 0 for an unknown dtype. */
@@ -266,6 +272,38 @@ typedef struct fpk_gemm_params {
 } fpk_gemm_params;
 fpk_status fpk_op_gemm(fpk_stream_t stream, const fpk_gemm_params *params, fpk_tensor_t a,
                        fpk_tensor_t b, fpk_tensor_t bias, fpk_tensor_t out);
+
+/* A GEMM with an 8-bit float weight (API version 10): a Linear whose weight is stored in
+ * FPK_F8E4M3 or FPK_F8E5M2 with scales. out = alpha · a · dequant(w)ᵀ (+ bias), then the epilogue,
+ * where dequant(w)[n][k] = w[n][k] · w_scale[r][k / (K / NB)] with r = n (w_scale [N, NB]) or 0
+ * (w_scale [1, NB]); w_scale NULL means 1. So a per-tensor scale is [1, 1], a per-output-channel
+ * one [N, 1] and a block-wise one [N, K/block] (the block divides K).
+ * a: [batch..., M, K] (f32, f16 or bf16), w: [N, K] fp8, w_scale: F32 or NULL, bias: [N] or NULL
+ * (a's dtype or f32), out: [batch..., M, N] in a's dtype.
+ *
+ * act_quant says how the product is computed:
+ *   FPK_ACT_QUANT_NONE   weight-only: the weight is widened (and scaled) where the GEMM loads its
+ *                        tiles, never as a copy of the whole weight; the product in f32.
+ *   FPK_ACT_QUANT_TENSOR a is quantized to e4m3 with one scale, s_a = max|a| / 448 (1 for an all
+ *                        zero a), the product is q(a)·q(w) in f32 times s_a and the weight's scale:
+ *                        fp8 × fp8 on the matrix units where the device has them.
+ *   FPK_ACT_QUANT_TOKEN  the same with one scale per row of a (per token).
+ * A backend without a path for an act_quant answers FPK_ERR_UNAVAILABLE (the runtime then falls
+ * back to weight-only); the cpu backend computes every mode (the reference the GPU paths are
+ * checked against). */
+typedef enum fpk_act_quant {
+    FPK_ACT_QUANT_NONE = 0,
+    FPK_ACT_QUANT_TENSOR = 1,
+    FPK_ACT_QUANT_TOKEN = 2,
+    FPK_ACT_QUANT_COUNT = 3
+} fpk_act_quant;
+typedef struct fpk_gemm_q_params {
+    float alpha;       /* 0 means 1 */
+    int32_t epilogue;  /* fpk_gemm_epilogue */
+    int32_t act_quant; /* fpk_act_quant */
+} fpk_gemm_q_params;
+fpk_status fpk_op_gemm_q(fpk_stream_t stream, const fpk_gemm_q_params *params, fpk_tensor_t a,
+                         fpk_tensor_t w, fpk_tensor_t w_scale, fpk_tensor_t bias, fpk_tensor_t out);
 
 /* 3-D convolution, cross-correlation as in PyTorch. x: [N, Cin, T, H, W];
  * w: [Cout, Cin/groups, kT, kH, kW]; bias: [Cout] or NULL;

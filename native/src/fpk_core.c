@@ -3,7 +3,6 @@
  * Backends (native/cpu, GPU libraries later) implement struct fpk_backend_iface.
  */
 #include "fpk_impl.h"
-#include "fpk_half.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -62,29 +61,12 @@ const char *fpk_status_name(fpk_status status) {
     return "unknown status";
 }
 
-size_t fpk_dtype_size(fpk_dtype dtype) {
-    switch (dtype) {
-    case FPK_F32: return 4;
-    case FPK_F16: return 2;
-    case FPK_BF16: return 2;
-    case FPK_U8: return 1;
-    case FPK_I32: return 4;
-    }
-    return 0;
-}
+/* Every dtype fact comes from the one table, fpk_dtype.h. */
+size_t fpk_dtype_size(fpk_dtype dtype) { return fpk_dtype_bytes(dtype); }
 
-static const char *dtype_name(fpk_dtype d) {
-    switch (d) {
-    case FPK_F32: return "f32";
-    case FPK_F16: return "f16";
-    case FPK_BF16: return "bf16";
-    case FPK_U8: return "u8";
-    case FPK_I32: return "i32";
-    }
-    return "?";
-}
+static const char *dtype_name(fpk_dtype d) { return fpk_dtype_name(d); }
 
-static int dtype_is_float(fpk_dtype d) { return d == FPK_F32 || d == FPK_F16 || d == FPK_BF16; }
+static int dtype_is_float(fpk_dtype d) { return fpk_dtype_is_float(d); }
 
 /* Formats a shape as [a, b, c] into buf (for error messages). */
 static const char *shape_str(fpk_tensor_t t, char *buf, size_t n) {
@@ -98,16 +80,7 @@ static const char *shape_str(fpk_tensor_t t, char *buf, size_t n) {
 
 /* ---- dtype conversion ------------------------------------------------------------------- */
 
-static float load_f(const void *src, fpk_dtype dt, size_t i) {
-    switch (dt) {
-    case FPK_F32: return ((const float *)src)[i];
-    case FPK_F16: return fpk_f16_to_f32(((const uint16_t *)src)[i]);
-    case FPK_BF16: return fpk_bf16_to_f32(((const uint16_t *)src)[i]);
-    case FPK_U8: return (float)((const uint8_t *)src)[i];
-    case FPK_I32: return (float)((const int32_t *)src)[i];
-    }
-    return 0;
-}
+static float load_f(const void *src, fpk_dtype dt, size_t i) { return fpk_dtype_load(src, dt, (int64_t)i); }
 
 /* Converts n elements; same dtype is a memcpy. Integer targets round toward zero and
  * saturate; NaN becomes 0. */
@@ -145,32 +118,13 @@ void fpk_convert(void *dst, fpk_dtype ddt, const void *src, fpk_dtype sdt, size_
         for (size_t i = 0; i < n; i++) ((int32_t *)dst)[i] = ((const uint8_t *)src)[i];
         return;
     }
-    switch (ddt) {
-    case FPK_F32:
-        for (size_t i = 0; i < n; i++) ((float *)dst)[i] = load_f(src, sdt, i);
-        break;
-    case FPK_F16:
-        for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fpk_f32_to_f16(load_f(src, sdt, i));
-        break;
-    case FPK_BF16:
-        for (size_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fpk_f32_to_bf16(load_f(src, sdt, i));
-        break;
-    case FPK_U8:
-        for (size_t i = 0; i < n; i++) {
-            float f = load_f(src, sdt, i);
-            ((uint8_t *)dst)[i] = f != f ? 0 : f <= 0 ? 0 : f >= 255 ? 255 : (uint8_t)f;
-        }
-        break;
-    case FPK_I32:
-        for (size_t i = 0; i < n; i++) {
-            float f = load_f(src, sdt, i);
-            ((int32_t *)dst)[i] = f != f               ? 0
-                                  : f <= -2147483648.f ? INT32_MIN
-                                  : f >= 2147483647.f  ? INT32_MAX
-                                                       : (int32_t)f;
-        }
-        break;
+    if (ddt == FPK_F32 && fpk_dtype_is_fp8(sdt)) { /* 8-bit weights: through a table of the 256 values */
+        float table[256];
+        for (int q = 0; q < 256; q++) table[q] = fpk_fp8_to_f32((uint8_t)q, sdt);
+        for (size_t i = 0; i < n; i++) ((float *)dst)[i] = table[((const uint8_t *)src)[i]];
+        return;
     }
+    for (size_t i = 0; i < n; i++) fpk_dtype_store(dst, ddt, (int64_t)i, load_f(src, sdt, i));
 }
 
 /* ---- backends ----------------------------------------------------------------------------- */
@@ -922,8 +876,50 @@ fpk_status fpk_op_gemm(fpk_stream_t s, const fpk_gemm_params *p, fpk_tensor_t a,
     TRY(check_float(op, a, "a"));
     TRY(check_float(op, b, "b"));
     TRY(check_float(op, out, "out"));
+    CHECK(!fpk_dtype_is_fp8(a->dtype) && !fpk_dtype_is_fp8(b->dtype) && !fpk_dtype_is_fp8(out->dtype),
+          "%s: an 8-bit float operand (a %s, b %s, out %s): 8-bit weights go through fpk_op_gemm_q", op,
+          dtype_name(a->dtype), dtype_name(b->dtype), dtype_name(out->dtype));
     SLOT(s, gemm, op);
     return s->backend->iface->gemm(BCTX(s), p, a, b, bias, out);
+}
+
+fpk_status fpk_op_gemm_q(fpk_stream_t s, const fpk_gemm_q_params *p, fpk_tensor_t a, fpk_tensor_t w,
+                         fpk_tensor_t w_scale, fpk_tensor_t bias, fpk_tensor_t out) {
+    const char *op = "gemm q";
+    fpk_tensor_t ts[] = {a, w, w_scale, bias, out};
+    TRY(check_args(op, s, 5, ts, 0x13));
+    CHECK(p, "%s: null params", op);
+    CHECK(p->epilogue >= 0 && p->epilogue < FPK_GEMM_EPILOGUE_COUNT, "%s: unknown epilogue %d", op,
+          (int)p->epilogue);
+    CHECK(p->act_quant >= 0 && p->act_quant < FPK_ACT_QUANT_COUNT, "%s: unknown act_quant %d", op,
+          (int)p->act_quant);
+    char s1[160], s2[160], s3[160];
+    CHECK(fpk_dtype_is_fp8(w->dtype) && w->ndim == 2, "%s: w %s is %s, want an 8-bit float [N, K]", op,
+          shape_str(w, s2, sizeof s2), dtype_name(w->dtype));
+    CHECK(a->ndim >= 2 && out->ndim == a->ndim, "%s: a %s and out %s need the same rank, at least 2", op,
+          shape_str(a, s1, sizeof s1), shape_str(out, s3, sizeof s3));
+    int64_t N = w->shape[0], K = w->shape[1];
+    CHECK(a->shape[a->ndim - 1] == K, "%s: a %s has inner dim %lld, w %s has %lld", op, shape_str(a, s1, sizeof s1),
+          (long long)a->shape[a->ndim - 1], shape_str(w, s2, sizeof s2), (long long)K);
+    int ok = out->shape[out->ndim - 1] == N;
+    for (int i = 0; ok && i < a->ndim - 1; i++) ok = out->shape[i] == a->shape[i];
+    CHECK(ok, "%s: out %s, want a's %s with the last dim %lld", op, shape_str(out, s3, sizeof s3),
+          shape_str(a, s1, sizeof s1), (long long)N);
+    if (w_scale) {
+        CHECK(w_scale->dtype == FPK_F32 && w_scale->ndim == 2 &&
+                  (w_scale->shape[0] == 1 || w_scale->shape[0] == N) && w_scale->shape[1] >= 1 &&
+                  K % w_scale->shape[1] == 0,
+              "%s: w_scale %s (%s), want f32 [1 or %lld, a divisor of %lld]", op, shape_str(w_scale, s1, sizeof s1),
+              dtype_name(w_scale->dtype), (long long)N, (long long)K);
+    }
+    TRY(check_vec(op, bias, "bias", N));
+    TRY(check_float(op, a, "a"));
+    TRY(check_float(op, bias, "bias"));
+    CHECK(!fpk_dtype_is_fp8(a->dtype) && out->dtype == a->dtype && (!bias || !fpk_dtype_is_fp8(bias->dtype)),
+          "%s: a %s, bias %s, out %s: want a 16- or 32-bit a and out of a's dtype", op, dtype_name(a->dtype),
+          bias ? dtype_name(bias->dtype) : "none", dtype_name(out->dtype));
+    SLOT(s, gemm_q, op);
+    return s->backend->iface->gemm_q(BCTX(s), p, a, w, w_scale, bias, out);
 }
 
 /* Fills o with the conv output dims (T, H, W) or fails. */

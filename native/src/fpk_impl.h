@@ -20,6 +20,7 @@
 #define FPK_IMPL_H
 
 #include "fpk.h"
+#include "fpk_dtype.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -177,6 +178,10 @@ struct fpk_backend_iface {
     fpk_status (*rms_norm_rope)(void *ctx, void *stream, fpk_rope_mode mode, float eps,
                                 fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t cos, fpk_tensor_t sin,
                                 fpk_tensor_t out);
+    /* API version 10 (optional): GEMM with an 8-bit float weight and its scales; an act_quant
+     * the backend has no path for answers FPK_ERR_UNAVAILABLE. */
+    fpk_status (*gemm_q)(void *ctx, void *stream, const fpk_gemm_q_params *p, fpk_tensor_t a,
+                         fpk_tensor_t w, fpk_tensor_t w_scale, fpk_tensor_t bias, fpk_tensor_t out);
 };
 
 struct fpk_backend {
@@ -216,10 +221,6 @@ fpk_status fpk_backend_wrap(const struct fpk_backend_iface *iface, void *ctx, in
 /* Converts n elements between dtypes (same dtype: memcpy). */
 void fpk_convert(void *dst, fpk_dtype ddt, const void *src, fpk_dtype sdt, size_t n);
 
-/* fpk_dtype_size for backend libraries, which cannot call into the core. */
-static inline size_t fpk_dtype_bytes(fpk_dtype d) {
-    return d == FPK_F32 || d == FPK_I32 ? 4 : d == FPK_F16 || d == FPK_BF16 ? 2 : d == FPK_U8 ? 1 : 0;
-}
 
 static inline void *fpk_tensor_data(fpk_tensor_t t) {
     return (char *)t->buf->data + t->offset;

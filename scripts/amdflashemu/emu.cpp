@@ -16,7 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "fpk_half.h"
+#define FPK_DTYPE_SCALARS_ONLY
+#include "fpk_dtype.h"
 
 #define __device__
 #define __forceinline__ inline
@@ -34,7 +35,7 @@ thread_local int emu_lane, emu_wave;
 enum { FPK_F32 = 0, FPK_F16 = 1, FPK_BF16 = 2 };
 #define AMD_NW 4
 
-// the library's exact conversions (native/src/fpk_half.h), under the names the kernels use
+// the library's exact conversions (native/src/fpk_dtype.h), under the names the kernels use
 static float bf16_f32(uint16_t h) { return fpk_bf16_to_f32(h); }
 static uint16_t fpk_f32_bf16(float f) { return fpk_f32_to_bf16(f); }
 static float f16_f32(uint16_t h) { return fpk_f16_to_f32(h); }

@@ -24,7 +24,8 @@
 #include <functional>
 #include <vector>
 
-#include "fpk_half.h"
+#define FPK_DTYPE_SCALARS_ONLY
+#include "fpk_dtype.h"
 
 #define __device__
 #define __forceinline__ inline
@@ -37,7 +38,7 @@ struct alignas(16) uint4 {
 };
 static uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return uint4{x, y, z, w}; }
 
-// the library's exact conversions (native/src/fpk_half.h), under the names the kernel uses
+// the library's exact conversions (native/src/fpk_dtype.h), under the names the kernel uses
 static float fpk_bf16_f32(uint16_t h) { return fpk_bf16_to_f32(h); }
 static uint16_t fpk_f32_bf16(float f) { return fpk_f32_to_bf16(f); }
 // f16 → f32 through a table of the library's conversions (the emulator converts per element

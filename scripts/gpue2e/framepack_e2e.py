@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""FramePack's side of the end-to-end benchmark (make gpu-e2e, issue 17).
+"""FramePack's side of the end-to-end benchmark (make gpu-e2e, issues 17 and 30).
 
 Runs FramePack's own image-to-video worker loop (lllyasviel/FramePack demo_gradio.py `worker`,
-written out headless: no gradio, no stream queue, no MP4 writing; the per-step preview is made) on the checkpoints mkmodels
+written out headless: no gradio, no stream queue; the per-step preview is made; the MP4 that
+demo_gradio.py writes after every section only with --write-video) on the checkpoints mkmodels
 wrote (--models ROOT: hunyuanvideo-community/HunyuanVideo, lllyasviel/flux_redux_bfl,
 lllyasviel/FramePackI2V_HY), with demo_gradio.py's model setup and memory handling verbatim:
 
@@ -14,14 +15,22 @@ lllyasviel/FramePackI2V_HY), with demo_gradio.py's model setup and memory handli
 
 The card size is simulated as in the issue: a blocker tensor allocated first leaves only
 --budget GiB free (0: none). Same job as ours: 544x704 (the input image's size, bucket 640),
-window 9, 25 steps, 1 s (one section), cfg 1, gs 10, TeaCache off, seed 31337.
+window 9, --steps, 4 s (3 sections, FramePack's own section arithmetic), cfg 1, gs 10, TeaCache
+off, seed 31337.
 
 Each run (one mode, one budget) is a process of its own and adds its rows to --out (a JSON file
-that keeps earlier rows: resumable). Rows: {mode, budget_gb, stage, seconds, peak_gib,
-nvml_peak_gib, load_s, load_gbps}; stage "section" is the transformer's sampling plus the VAE
-decode with the moves around them, as demo_gradio.py runs a section; peak_gib is
-torch.cuda.max_memory_allocated less the blocker; nvml_peak_gib the device's used memory
-(cudaMemGetInfo, sampled every 50 ms) less the blocker and what was in use before.
+that keeps earlier rows: resumable; a job row's "wrote_video" says whether it includes writing
+the video).
+Rows: {mode, budget_gb, stage, seconds, peak_gib, nvml_peak_gib, load_s, load_gbps,
+host_rss_peak_gib, host_used_peak_gib}; stage "section" is the transformer's sampling plus the
+VAE decode with the moves around them, as demo_gradio.py runs a section; "job" is the job from
+the text encoder to the last section, the models already in host memory ("load" is their load
+from disk and, in high-VRAM mode, to the GPU). peak_gib is torch.cuda.max_memory_allocated less
+the blocker; nvml_peak_gib the device's used memory (cudaMemGetInfo, sampled every 50 ms) less
+the blocker and what was in use before; host_rss_peak_gib this process's RSS and
+host_used_peak_gib the system's used memory (MemTotal - MemAvailable) above its reading when
+the process started, both sampled every 50 ms, within the stage (the job row: over the whole
+run, the load included: FramePack holds every model in host memory).
 
   framepack_e2e.py --third-party DIR --models ROOT --out framepack.json --mode low --budget 6
 """
@@ -33,6 +42,27 @@ import threading
 import time
 import traceback
 import types
+
+
+def host_used():
+    """MemTotal - MemAvailable in bytes (page cache the kernel can drop counts as free)."""
+    f = {}
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            k, v = line.split(":", 1)
+            f[k] = int(v.split()[0]) * 1024
+    return f["MemTotal"] - f["MemAvailable"]
+
+
+def self_rss():
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+HOST_BASE = host_used()  # before torch is imported: all of this process's memory counts
 
 
 def parse_args():
@@ -47,7 +77,9 @@ def parse_args():
     p.add_argument("--height", type=int, default=544)
     p.add_argument("--window", type=int, default=9)
     p.add_argument("--steps", type=int, default=25)
-    p.add_argument("--seconds", type=float, default=1)
+    p.add_argument("--seconds", type=float, default=4)
+    p.add_argument("--write-video", default="", help="folder: write the video so far after every section as demo_gradio.py does (save_bcthw_as_mp4; a 'write_video' row each)")
+    p.add_argument("--beside", default="", help="what ran beside this run on the machine (kept in every row)")
     p.add_argument("--skip-done", action="store_true", help="do nothing when --out already has this run's job row without error")
     return p.parse_args()
 
@@ -65,15 +97,19 @@ import torch  # noqa: E402
 
 GIB = 1 << 30
 ROWS = []
+WROTE = [True]  # False once writing the video failed (--write-video)
 MODE = "high_vram" if ARGS.mode == "high" else "low_vram"
 
 
 class Sampler:
-    """The device's used memory (cudaMemGetInfo), sampled every 50 ms on a thread."""
+    """The device's used memory (cudaMemGetInfo), this process's RSS and the system's used memory,
+    sampled every 50 ms on a thread: peaks since the last reset, and since the start."""
 
     def __init__(self):
         free, total = torch.cuda.mem_get_info()
         self.base, self.peak, self.run = total - free, total - free, True
+        self.rss = self.rss_all = self_rss()
+        self.used = self.used_all = host_used()
         self.t = threading.Thread(target=self.loop, daemon=True)
         self.t.start()
 
@@ -81,11 +117,18 @@ class Sampler:
         while self.run:
             free, total = torch.cuda.mem_get_info()
             self.peak = max(self.peak, total - free)
+            self.host()
             time.sleep(0.05)
+
+    def host(self):
+        r, u = self_rss(), host_used()
+        self.rss, self.used = max(self.rss, r), max(self.used, u)
+        self.rss_all, self.used_all = max(self.rss_all, r), max(self.used_all, u)
 
     def reset(self):
         free, total = torch.cuda.mem_get_info()
         self.peak = total - free
+        self.rss, self.used = self_rss(), host_used()
 
     def stop(self):
         self.run = False
@@ -148,10 +191,14 @@ def main():
 
     def row(stage, seconds, load_s=0.0, load_bytes=0, error=""):
         torch.cuda.synchronize()
+        smi.host()
         r = {"mode": MODE, "budget_gb": ARGS.budget, "stage": stage, "seconds": seconds,
              "peak_gib": (torch.cuda.max_memory_allocated() - blocker_bytes) / GIB,
              "nvml_peak_gib": (smi.peak - smi.base) / GIB, "load_s": load_s,
-             "load_gbps": load_bytes / 1e9 / load_s if load_s > 0 else 0.0}
+             "load_gbps": load_bytes / 1e9 / load_s if load_s > 0 else 0.0,
+             "host_rss_peak_gib": smi.rss / GIB, "host_used_peak_gib": max(0, smi.used - HOST_BASE) / GIB}
+        if ARGS.beside:
+            r["beside"] = ARGS.beside
         if error:
             r["error"] = error
         ROWS.append(r)
@@ -172,7 +219,7 @@ def main():
                                          offload_model_from_device_for_memory_preservation, unload_complete_models)
     from diffusers_helper.models.hunyuan_video_packed import HunyuanVideoTransformer3DModelPacked
     from diffusers_helper.pipelines.k_diffusion_hunyuan import sample_hunyuan
-    from diffusers_helper.utils import crop_or_pad_yield_mask, resize_and_center_crop, soft_append_bcthw
+    from diffusers_helper.utils import crop_or_pad_yield_mask, resize_and_center_crop, save_bcthw_as_mp4, soft_append_bcthw
 
     high_vram = ARGS.mode == "high"
     hv = os.path.join(ARGS.models, "hunyuanvideo-community", "HunyuanVideo")
@@ -342,15 +389,30 @@ def main():
         if not high_vram:
             unload_complete_models()
         sec = time.perf_counter() - sec_t0
+        if ARGS.write_video and WROTE[0]:
+            # demo_gradio.py: the whole video so far, every section (torchvision.io.write_video)
+            name = os.path.join(ARGS.write_video, f"{MODE}-{ARGS.budget:g}-{total_generated_latent_frames}.mp4")
+            w0 = time.perf_counter()
+            try:
+                os.makedirs(ARGS.write_video, exist_ok=True)
+                save_bcthw_as_mp4(history_pixels, name, fps=30, crf=16)
+                row("write_video", time.perf_counter() - w0)
+            except Exception as e:  # no PyAV or no encoder: the job rows then hold no video writing
+                WROTE[0] = False
+                row("write_video", 0.0, error=f"{type(e).__name__}: {e}"[:300])
         peaks = [r for r in ROWS if r["stage"] in ("transformer", "vae_decode")][-2:]
         ROWS.append({"mode": MODE, "budget_gb": ARGS.budget, "stage": "section", "seconds": sec,
                      "peak_gib": max(r["peak_gib"] for r in peaks), "nvml_peak_gib": max(r["nvml_peak_gib"] for r in peaks),
-                     "load_s": 0.0, "load_gbps": 0.0})
+                     "load_s": 0.0, "load_gbps": 0.0, "host_rss_peak_gib": max(r["host_rss_peak_gib"] for r in peaks),
+                     "host_used_peak_gib": max(r["host_used_peak_gib"] for r in peaks)})
         if is_last_section:
             break
+    smi.host()
     ROWS.append({"mode": MODE, "budget_gb": ARGS.budget, "stage": "job", "seconds": time.perf_counter() - job_t0,
                  "peak_gib": max(r["peak_gib"] for r in ROWS), "nvml_peak_gib": max(r["nvml_peak_gib"] for r in ROWS),
-                 "load_s": load_disk + load_dev, "load_gbps": 0.0})
+                 "load_s": load_disk + load_dev, "load_gbps": 0.0, "host_rss_peak_gib": smi.rss_all / GIB,
+                 "host_used_peak_gib": max(0, smi.used_all - HOST_BASE) / GIB, "wrote_video": bool(ARGS.write_video) and WROTE[0],
+                 "beside": ARGS.beside})
     print("framepack", json.dumps(ROWS[-1]), flush=True)
     save()
     smi.stop()
@@ -376,4 +438,5 @@ if __name__ == "__main__":
         ROWS.append({"mode": MODE, "budget_gb": ARGS.budget, "stage": "job", "seconds": 0.0, "peak_gib": 0.0,
                      "nvml_peak_gib": 0.0, "load_s": 0.0, "load_gbps": 0.0, "error": f"{type(e).__name__}: {e}"[:500]})
         save()
+        print("framepack", json.dumps(ROWS[-1]), flush=True)
         sys.exit(1)

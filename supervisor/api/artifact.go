@@ -36,11 +36,69 @@ func (s *Server) artifactPath(job *framepackv1.Job) (string, error) {
 	return p, nil
 }
 
+// imageExts are the names the store gives a submitted image (jobs.ImageExt).
+var imageExts = []string{".png", ".jpg", ".webp", ".img"}
+
+// openArtifact opens the file of job that kind names, through the store (which fetches it
+// where the job ran on another daemon), and says what it is in messages and the name a client
+// should save it as: the video (kind unspecified or video), the start image, the end image or
+// the thumbnail. An error is a status.
+func (s *Server) openArtifact(ctx context.Context, job *framepackv1.Job, kind framepackv1.ArtifactKind) (f *os.File, path, what, name string, err error) {
+	id := job.GetId()
+	dir := s.cfg.Store.JobDir(id)
+	var candidates []string
+	switch kind {
+	case framepackv1.ArtifactKind_ARTIFACT_KIND_IMAGE, framepackv1.ArtifactKind_ARTIFACT_KIND_END_IMAGE:
+		base, suffix := "input", "-start"
+		what = "start image"
+		if kind == framepackv1.ArtifactKind_ARTIFACT_KIND_END_IMAGE {
+			if job.GetSpec().GetEndImageSha256() == "" {
+				return nil, "", "", "", status.Errorf(codes.NotFound, "job %s has no end image", id)
+			}
+			base, suffix, what = "end", "-end", "end image"
+		}
+		for _, ext := range imageExts {
+			candidates = append(candidates, filepath.Join(dir.Path(), base+ext))
+		}
+		name = id + suffix
+	case framepackv1.ArtifactKind_ARTIFACT_KIND_THUMBNAIL:
+		candidates, what, name = []string{dir.Thumbnail()}, "thumbnail", id+"-thumbnail.jpg"
+	default:
+		p, err := s.artifactPath(job)
+		if err != nil {
+			return nil, "", "", "", err
+		}
+		// The video so far of a running job is joined from its segments when first read.
+		if _, err := (&video.Writer{}).Materialize(ctx, p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, "", "", "", status.Errorf(codes.Internal, "job %s: join its video so far: %v", id, err)
+		}
+		candidates, what, name = []string{p}, "video", id+filepath.Ext(p)
+	}
+	for _, p := range candidates {
+		f, err = s.cfg.Store.OpenVideo(id, p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, "", "", "", status.Errorf(codes.Internal, "job %s: open %s: %v", id, what, err)
+		}
+		if what == "start image" || what == "end image" {
+			name += filepath.Ext(p)
+		}
+		return f, p, what, name, nil
+	}
+	if what == "thumbnail" {
+		return nil, "", "", "", status.Errorf(codes.NotFound, "job %s has no thumbnail yet (one is written with every section; it is %s)", id, stateText(job.GetState()))
+	}
+	return nil, "", "", "", status.Errorf(codes.NotFound, "job %s: its %s is gone from the server (deleted by retention or rm)", id, what)
+}
+
 func stateText(st framepackv1.JobState) string {
 	return strings.ToLower(strings.TrimPrefix(st.String(), "JOB_STATE_"))
 }
 
-// GetArtifact streams a job's video in chunks of up to ArtifactChunkBytes, from req.offset.
+// GetArtifact streams a job's video (or, by kind, its start or end image or thumbnail) in
+// chunks of up to ArtifactChunkBytes, from req.offset.
 func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.ServerStreamingServer[framepackv1.GetArtifactResponse]) error {
 	id := req.GetJobId()
 	if err := requireID(id); err != nil {
@@ -51,7 +109,9 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 		v.Add("offset", "must be 0 or more, got %d", req.GetOffset())
 	}
 	switch req.GetKind() {
-	case framepackv1.ArtifactKind_ARTIFACT_KIND_UNSPECIFIED, framepackv1.ArtifactKind_ARTIFACT_KIND_VIDEO:
+	case framepackv1.ArtifactKind_ARTIFACT_KIND_UNSPECIFIED, framepackv1.ArtifactKind_ARTIFACT_KIND_VIDEO,
+		framepackv1.ArtifactKind_ARTIFACT_KIND_IMAGE, framepackv1.ArtifactKind_ARTIFACT_KIND_END_IMAGE,
+		framepackv1.ArtifactKind_ARTIFACT_KIND_THUMBNAIL:
 	default:
 		v.Add("kind", "unknown artifact kind %d", req.GetKind())
 	}
@@ -62,25 +122,14 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 	if err != nil {
 		return jobStatus(err, id)
 	}
-	path, err := s.artifactPath(job)
+	f, path, what, name, err := s.openArtifact(stream.Context(), job, req.GetKind())
 	if err != nil {
 		return err
-	}
-	// The video so far of a running job is joined from its segments when first read.
-	if _, err := (&video.Writer{}).Materialize(stream.Context(), path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return status.Errorf(codes.Internal, "job %s: join its video so far: %v", id, err)
-	}
-	f, err := s.cfg.Store.OpenVideo(id, path)
-	if errors.Is(err, os.ErrNotExist) {
-		return status.Errorf(codes.NotFound, "job %s: its video is gone from the server (deleted by retention or rm)", id)
-	}
-	if err != nil {
-		return status.Errorf(codes.Internal, "job %s: open video: %v", id, err)
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return status.Errorf(codes.Internal, "job %s: stat video: %v", id, err)
+		return status.Errorf(codes.Internal, "job %s: stat %s: %v", id, what, err)
 	}
 	if st.IsDir() {
 		return status.Errorf(codes.FailedPrecondition, "job %s: the video was kept as PNG frames in %s (ffmpeg was missing on the server)", id, path)
@@ -98,7 +147,7 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 		if n > 0 || first {
 			resp := &framepackv1.GetArtifactResponse{Offset: off, Data: buf[:n]}
 			if first {
-				resp.Name, resp.TotalSize = id+filepath.Ext(path), size
+				resp.Name, resp.TotalSize = name, size
 				first = false
 			}
 			if err := stream.Send(resp); err != nil {
@@ -110,7 +159,7 @@ func (s *Server) GetArtifact(req *framepackv1.GetArtifactRequest, stream grpc.Se
 			return nil
 		}
 		if rerr != nil {
-			return status.Errorf(codes.Internal, "job %s: read video: %v", id, rerr)
+			return status.Errorf(codes.Internal, "job %s: read %s: %v", id, what, rerr)
 		}
 		if err := stream.Context().Err(); err != nil {
 			return statusOf(err)

@@ -183,6 +183,7 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 		}
 	}
 	checkLoras(&v, s.GetLoras())
+	checkWeights(&v, s)
 	checkEndFrame(&v, s, decode)
 	checkKeyframes(&v, s, decode)
 	checkVideoSpec(&v, s)
@@ -305,6 +306,31 @@ func checkLoras(v *Violations, ls []*framepackv1.Lora) {
 		if st := l.GetStrength(); badFloat(st) || st < -MaxLoraStrength || st > MaxLoraStrength {
 			v.Add(field+".strength", "must be a finite number from %d to %d (0 means 1), got %g", -MaxLoraStrength, MaxLoraStrength, st)
 		}
+	}
+}
+
+// checkWeights checks JobSpec.weights, fp8_compute and transformer_checkpoint (an absolute path
+// to a readable safetensors file; its layout is the transformer worker's to check).
+func checkWeights(v *Violations, s *framepackv1.JobSpec) {
+	if w := s.GetWeights(); w != "" && w != "fp8" {
+		v.Add("spec.weights", "want empty (as the checkpoint stores them) or fp8, got %q", w)
+	}
+	switch m := s.GetFp8Compute(); m {
+	case "", "weight_only", "tensor", "token":
+	default:
+		v.Add("spec.fp8_compute", "want weight_only, tensor or token, got %q", m)
+	}
+	switch p := s.GetTransformerCheckpoint(); {
+	case p == "":
+	case !filepath.IsAbs(p):
+		v.Add("spec.transformer_checkpoint", "must be an absolute path on the server, got %q", p)
+	default:
+		f, err := safetensors.Open(p)
+		if err != nil {
+			v.Add("spec.transformer_checkpoint", "not a readable safetensors file: %v", err)
+			break
+		}
+		f.Close()
 	}
 }
 

@@ -16,7 +16,8 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
-// TestValidateFeatures checks the submit-time rules of timed prompts, LoRAs and the variant:
+// TestValidateFeatures checks the submit-time rules of timed prompts, LoRAs, the variant and the
+// transformer's weights (weights, fp8_compute, transformer_checkpoint):
 // each bad value is one violation on its field that says what is wrong (a malformed timestamp
 // with its position).
 func TestValidateFeatures(t *testing.T) {
@@ -66,6 +67,15 @@ func TestValidateFeatures(t *testing.T) {
 		{"f1 without the check", func(s *framepackv1.JobSpec) { s.Variant = "f1" }, nil, "spec.variant", "only the i2v variant"},
 		{"f1 without its transformer", func(s *framepackv1.JobSpec) { s.Variant = "f1" }, noF1, "spec.variant", "FramePack-F1 transformer"},
 		{"f1", func(s *framepackv1.JobSpec) { s.Variant = "f1" }, func(string) error { return nil }, "", ""},
+		{"fp8 weights", func(s *framepackv1.JobSpec) {
+			s.Weights, s.Fp8Compute, s.TransformerCheckpoint = "fp8", "token", lora // any readable safetensors file
+		}, nil, "", ""},
+		{"weights unknown", func(s *framepackv1.JobSpec) { s.Weights = "int8" }, nil, "spec.weights", "fp8"},
+		{"fp8 compute unknown", func(s *framepackv1.JobSpec) { s.Fp8Compute = "block" }, nil, "spec.fp8_compute", "weight_only, tensor or token"},
+		{"checkpoint relative", func(s *framepackv1.JobSpec) { s.TransformerCheckpoint = "fp8.safetensors" }, nil,
+			"spec.transformer_checkpoint", "absolute"},
+		{"checkpoint not safetensors", func(s *framepackv1.JobSpec) { s.TransformerCheckpoint = junk }, nil,
+			"spec.transformer_checkpoint", "not a readable safetensors file"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -40,8 +40,8 @@ const (
 	// Ephemeral events (previews, memory telemetry) are not persisted; only the latest of each
 	// kind is kept, and they are dropped first for slow watchers.
 	Ephemeral Class = iota + 1
-	// Progress events (sampling steps) are persisted and replayed; a slow watcher may lose the
-	// oldest of them.
+	// Progress events (sampling steps, decode progress) are persisted and replayed; a slow
+	// watcher may lose the oldest of them.
 	Progress
 	// Durable events (stage started/finished, section video, fallback, retry) are persisted,
 	// replayed and never dropped.
@@ -58,7 +58,7 @@ func ClassOf(ev *framepackv1.JobEvent) Class {
 	case *framepackv1.JobEvent_StageStarted, *framepackv1.JobEvent_StageFinished,
 		*framepackv1.JobEvent_SectionVideo, *framepackv1.JobEvent_Fallback, *framepackv1.JobEvent_Retry:
 		return Durable
-	case *framepackv1.JobEvent_SamplingStep:
+	case *framepackv1.JobEvent_SamplingStep, *framepackv1.JobEvent_StageProgress:
 		return Progress
 	}
 	return Ephemeral

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"image/jpeg"
 	"io"
 	"math"
 	"mime/multipart"
@@ -115,9 +116,10 @@ func jobOf(t *testing.T, raw []byte) *framepackv1.Job {
 
 // TestRESTEndToEnd drives a real daemon (real workers, tiny models) through the REST API only:
 // a multipart submit (with an end frame part), the NDJSON event stream to the end, the finished MP4 (ffprobe) with a
-// range request, a section video, the SSE and grpc-gateway streams of the finished job, list
-// and get, a cancelled second job, bad requests that get a 4xx with the gRPC API's message,
-// and /metrics parsed after it all.
+// range request, a section video, the SSE and :watch streams of the finished job (:watch framed
+// as /events), the VAE decode's progress events, the start and end images and the thumbnail,
+// list and get, a cancelled second job, bad requests that get a 4xx with the gRPC API's
+// message, every route of the OpenAPI document, and /metrics parsed after it all.
 func TestRESTEndToEnd(t *testing.T) {
 	d := httpapitest.Start(t, httpapitest.Options{})
 	imgPath, err := httpapitest.DemoImage()
@@ -176,6 +178,7 @@ func TestRESTEndToEnd(t *testing.T) {
 	var kinds []string
 	var sections []uint32
 	var stepsSeen, previews int
+	var decodes []*framepackv1.StageProgress
 	var final *framepackv1.JobEvent
 	func() {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
@@ -206,6 +209,8 @@ func TestRESTEndToEnd(t *testing.T) {
 				previews++
 			case *framepackv1.JobEvent_SectionVideo:
 				sections = append(sections, e.SectionVideo.GetSectionIndex())
+			case *framepackv1.JobEvent_StageProgress:
+				decodes = append(decodes, e.StageProgress)
 			}
 			if len(kinds) == 0 || kinds[len(kinds)-1] != fmt.Sprintf("%T", ev.GetEvent()) {
 				kinds = append(kinds, fmt.Sprintf("%T", ev.GetEvent()))
@@ -225,7 +230,8 @@ func TestRESTEndToEnd(t *testing.T) {
 	if len(sections) != 2 || stepsSeen == 0 {
 		t.Errorf("sections %v, %d sampling steps", sections, stepsSeen)
 	}
-	t.Logf("events: %d sampling steps, %d previews, sections %v", stepsSeen, previews, sections)
+	t.Logf("events: %d sampling steps, %d previews, sections %v, %d decode progress events", stepsSeen, previews, sections, len(decodes))
+	checkDecodeProgress(t, decodes, len(sections))
 	frames := final.GetJobFinished().GetResult().GetFrameCount()
 
 	// The finished MP4: ffprobe reads it, its duration matches the frame count at 30 fps.
@@ -269,12 +275,44 @@ func TestRESTEndToEnd(t *testing.T) {
 	if len(sseKinds) < 3 || sseKinds[0] != "snapshot" || sseKinds[len(sseKinds)-1] != "jobFinished" {
 		t.Errorf("sse event kinds %v", sseKinds)
 	}
-	// grpc-gateway's own stream: one {"result": JobEvent} a line.
-	code, _, gw := do(t, "GET", d.URL+"/v1/jobs/"+job.GetId()+":watch", "", nil)
-	lines := strings.Split(strings.TrimSpace(string(gw)), "\n")
-	if code != http.StatusOK || !strings.HasPrefix(lines[0], `{"result":{`) || !strings.Contains(lines[len(lines)-1], `"jobFinished"`) {
-		t.Errorf("gateway watch: %d, %d lines, first %.80s", code, len(lines), lines[0])
+	// WatchJob's own route is framed as /events is: one JobEvent a line, the same events.
+	code, hdr, gw := do(t, "GET", d.URL+"/v1/jobs/"+job.GetId()+":watch", "", nil)
+	_, _, nd := do(t, "GET", d.URL+"/v1/jobs/"+job.GetId()+"/events", "", nil)
+	if code != http.StatusOK || hdr.Get("Content-Type") != "application/x-ndjson" {
+		t.Errorf(":watch: %d %q", code, hdr.Get("Content-Type"))
 	}
+	watchLines, eventLines := strings.Split(strings.TrimSpace(string(gw)), "\n"), strings.Split(strings.TrimSpace(string(nd)), "\n")
+	if len(watchLines) != len(eventLines) || len(watchLines) < 3 {
+		t.Errorf(":watch sent %d lines, /events %d", len(watchLines), len(eventLines))
+	} else {
+		for i := range watchLines {
+			var a, b framepackv1.JobEvent
+			if err := protojson.Unmarshal([]byte(watchLines[i]), &a); err != nil {
+				t.Fatalf(":watch line %d is not a JobEvent: %v: %.120s", i, err, watchLines[i])
+			}
+			if err := protojson.Unmarshal([]byte(eventLines[i]), &b); err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				a.Time, b.Time = nil, nil // each snapshot is stamped when its watch starts
+			}
+			if !proto.Equal(&a, &b) {
+				t.Errorf("line %d: :watch %.100s, /events %.100s", i, watchLines[i], eventLines[i])
+			}
+		}
+	}
+	if _, _, raw := do(t, "GET", d.URL+"/v1/jobs/"+job.GetId()+":watch?include_previews=nope", "", nil); !strings.Contains(string(raw), "include_previews") {
+		t.Errorf(":watch with a bad include_previews: %s", raw)
+	}
+
+	// The job's files for the page's gallery: start and end image as uploaded, a thumbnail.
+	for _, f := range []string{"image", "end-image"} {
+		code, hdr, got := do(t, "GET", d.URL+"/v1/jobs/"+job.GetId()+"/"+f, "", nil)
+		if code != http.StatusOK || hdr.Get("Content-Type") != "image/png" || !bytes.Equal(got, image) {
+			t.Errorf("%s: %d %q, %d bytes (the upload had %d)", f, code, hdr.Get("Content-Type"), len(got), len(image))
+		}
+	}
+	checkThumbnail(t, d, job.GetId(), second.GetId())
 
 	// Get and list.
 	code, _, raw = do(t, "GET", d.URL+"/v1/jobs/"+job.GetId(), "", nil)
@@ -292,6 +330,7 @@ func TestRESTEndToEnd(t *testing.T) {
 	}
 
 	t.Run("bad requests", func(t *testing.T) { badRequests(t, d, image, second.GetId()) })
+	t.Run("openapi", func(t *testing.T) { checkOpenAPIServed(t, d) })
 	t.Run("metrics", func(t *testing.T) { checkMetrics(t, d, steps) })
 }
 
@@ -506,4 +545,87 @@ func ffprobe(t *testing.T, mp4 []byte) probeResult {
 		t.Fatalf("ffprobe duration %q", r.Format.Duration)
 	}
 	return probeResult{duration: dur, codec: r.Streams[0].CodecName}
+}
+
+// checkDecodeProgress checks the VAE decode's StageProgress events of a job of n sections:
+// every section reports its model runs up to the last (done = total), with an ETA, and the
+// share done never goes back.
+func checkDecodeProgress(t *testing.T, evs []*framepackv1.StageProgress, n int) {
+	t.Helper()
+	last := map[uint32]*framepackv1.StageProgress{}
+	var frac float32
+	for _, p := range evs {
+		if p.GetStage() != framepackv1.Stage_STAGE_VAE_DECODE || p.GetDone() < 1 || p.GetDone() > p.GetTotal() || p.GetEta() == nil {
+			t.Errorf("decode progress %v", p)
+		}
+		if prev := last[p.GetSectionIndex()]; prev != nil && p.GetDone() != prev.GetDone()+1 {
+			t.Errorf("section %d: decode run %d after %d", p.GetSectionIndex(), p.GetDone(), prev.GetDone())
+		}
+		if p.GetFraction() < frac || p.GetFraction() > 1 {
+			t.Errorf("share done %.3f after %.3f", p.GetFraction(), frac)
+		}
+		frac = p.GetFraction()
+		last[p.GetSectionIndex()] = p
+	}
+	if len(last) != n {
+		t.Fatalf("decode progress for %d sections, want %d", len(last), n)
+	}
+	for i, p := range last {
+		if p.GetDone() != p.GetTotal() {
+			t.Errorf("section %d: decode progress ended at %d of %d", i, p.GetDone(), p.GetTotal())
+		}
+	}
+}
+
+// checkThumbnail checks the finished job's thumbnail (a JPEG of its video, at most 320 px on a
+// side) and that a job that never ran has none (404 with a message).
+func checkThumbnail(t *testing.T, d *httpapitest.Daemon, done, never string) {
+	t.Helper()
+	code, hdr, raw := do(t, "GET", d.URL+"/v1/jobs/"+done+"/thumbnail", "", nil)
+	if code != http.StatusOK || hdr.Get("Content-Type") != "image/jpeg" {
+		t.Fatalf("thumbnail: %d %q %.200s", code, hdr.Get("Content-Type"), raw)
+	}
+	cfg, err := jpeg.DecodeConfig(bytes.NewReader(raw))
+	if err != nil || cfg.Width < 16 || cfg.Height < 16 || max(cfg.Width, cfg.Height) > 320 {
+		t.Errorf("thumbnail %dx%d: %v", cfg.Width, cfg.Height, err)
+	}
+	code, _, raw = do(t, "GET", d.URL+"/v1/jobs/"+never+"/thumbnail", "", nil)
+	if code != http.StatusNotFound || !strings.Contains(errorOf(t, raw).Message, "no thumbnail") {
+		t.Errorf("thumbnail of a job that never ran: %d %s", code, raw)
+	}
+	code, _, raw = do(t, "GET", d.URL+"/v1/jobs/"+never+"/end-image", "", nil)
+	if code != http.StatusOK {
+		t.Errorf("end image of the JSON-submitted job: %d %s", code, raw)
+	}
+}
+
+// checkOpenAPIServed fetches the served OpenAPI document and calls every route it lists with
+// an unknown job: each answers from its handler (naming the job, or succeeding), none is
+// unrouted.
+func checkOpenAPIServed(t *testing.T, d *httpapitest.Daemon) {
+	code, _, raw := do(t, "GET", d.URL+"/v1/openapi.json", "", nil)
+	var doc struct {
+		Info  struct{ Title, Version string }
+		Paths map[string]map[string]json.RawMessage
+	}
+	if err := json.Unmarshal(raw, &doc); code != http.StatusOK || err != nil {
+		t.Fatalf("openapi.json: %d %v", code, err)
+	}
+	if doc.Info.Title != "framepackd REST API" || doc.Info.Version == "" || doc.Info.Version == "version not set" {
+		t.Errorf("info %+v", doc.Info)
+	}
+	const id = "nosuchjob0"
+	for path, item := range doc.Paths {
+		for method := range item {
+			// Presets and batches are named like jobs here: the unknown name is in the answer.
+			url := d.URL + strings.NewReplacer("{jobId}", id, "{n}", "0", "{name}", id, "{batchId}", id).Replace(path)
+			code, _, raw := do(t, strings.ToUpper(method), url, "application/json", strings.NewReader("{}"))
+			switch {
+			case code == http.StatusMethodNotAllowed, code == http.StatusNotImplemented:
+				t.Errorf("%s %s: %d %s", method, path, code, raw)
+			case code == http.StatusNotFound && !strings.Contains(string(raw), id):
+				t.Errorf("%s %s: 404 without the job's name (unrouted?): %s", method, path, raw)
+			}
+		}
+	}
 }

@@ -26,24 +26,24 @@ const sseKeepAlive = 15 * time.Second
 // before the first event (unknown job) is an HTTP error; a later one is a final "error" event
 // (SSE) or {"error": status} line (NDJSON).
 func (h *handler) events(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id := r.PathValue("jobId")
 	previews := false
-	if v := r.URL.Query().Get("previews"); v != "" {
+	// previews here; :watch documents WatchJobRequest's include_previews (either spelling).
+	for _, name := range []string{"previews", "include_previews", "includePreviews"} {
+		v := r.URL.Query().Get(name)
+		if v == "" {
+			continue
+		}
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			h.writeError(w, r, status.Errorf(codes.InvalidArgument, "previews: %q is not true or false", v))
+			h.writeError(w, r, status.Errorf(codes.InvalidArgument, "%s: %q is not true or false", name, v))
 			return
 		}
 		previews = b
 	}
 	stream, err := h.jobs.WatchJob(r.Context(), &framepackv1.WatchJobRequest{JobId: id, IncludePreviews: previews})
-	if err != nil {
-		h.writeError(w, r, err)
-		return
-	}
-	first, err := stream.Recv()
-	if err != nil {
-		h.writeError(w, r, err)
+	first, ok := openStream(h, w, r, stream, err)
+	if !ok {
 		return
 	}
 	sse := strings.Contains(r.Header.Get("Accept"), "text/event-stream")
@@ -131,6 +131,22 @@ func (h *handler) events(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 	}
+}
+
+// serveGateway serves /v1 through grpc-gateway, except WatchJob's GET /v1/jobs/{id}:watch:
+// the gateway would wrap each event in {"result": ...}; events serves it as it serves
+// /events, so both streams are framed alike.
+func (h *handler) serveGateway(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet {
+		if rest, ok := strings.CutPrefix(r.URL.Path, "/v1/jobs/"); ok {
+			if id, ok := strings.CutSuffix(rest, ":watch"); ok && id != "" && !strings.Contains(id, "/") {
+				r.SetPathValue("jobId", id)
+				h.events(w, r)
+				return
+			}
+		}
+	}
+	h.gw.ServeHTTP(w, r)
 }
 
 // eventKind names an event's payload as its JSON field does ("samplingStep", "preview", ...),

@@ -3,12 +3,14 @@ package httpapi
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -22,7 +24,7 @@ const maxSection = 100_000
 
 // finalVideo serves a succeeded job's MP4.
 func (h *handler) finalVideo(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id := r.PathValue("jobId")
 	resp, err := h.jobs.GetJob(r.Context(), &framepackv1.GetJobRequest{JobId: id})
 	if err != nil {
 		h.writeError(w, r, err)
@@ -40,7 +42,7 @@ func (h *handler) finalVideo(w http.ResponseWriter, r *http.Request) {
 
 // sectionVideo serves the MP4 written after section n of a job (the video so far).
 func (h *handler) sectionVideo(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id := r.PathValue("jobId")
 	n, err := strconv.Atoi(r.PathValue("n"))
 	if err != nil || n < 0 || n >= maxSection {
 		h.writeError(w, r, status.Errorf(codes.InvalidArgument, "section %q: want a number from 0 to %d", r.PathValue("n"), maxSection-1))
@@ -91,4 +93,60 @@ func (h *handler) serveVideo(w http.ResponseWriter, r *http.Request, id, path, n
 	}
 	w.Header().Set("Content-Disposition", fmt.Sprintf("%s; filename=%q", disp, name))
 	http.ServeContent(w, r, name, st.ModTime(), f)
+}
+
+// artifactKinds maps a file route's last path element to the artifact GetArtifact sends.
+var artifactKinds = map[string]framepackv1.ArtifactKind{
+	"image":     framepackv1.ArtifactKind_ARTIFACT_KIND_IMAGE,
+	"end-image": framepackv1.ArtifactKind_ARTIFACT_KIND_END_IMAGE,
+	"thumbnail": framepackv1.ArtifactKind_ARTIFACT_KIND_THUMBNAIL,
+}
+
+// artifact serves one of a job's small files (its start or end image, its thumbnail) through
+// GetArtifact, so the gRPC API decides what exists and where it lies. The type is sniffed
+// from the file's first bytes.
+func (h *handler) artifact(name string) http.HandlerFunc {
+	kind, ok := artifactKinds[name]
+	if !ok {
+		panic("httpapi: unknown artifact route " + name) // the route table is fixed at build time
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("jobId")
+		stream, err := h.jobs.GetArtifact(r.Context(), &framepackv1.GetArtifactRequest{JobId: id, Kind: kind})
+		first, ok := openStream(h, w, r, stream, err)
+		if !ok {
+			return
+		}
+		w.Header().Set("Content-Type", http.DetectContentType(first.GetData()))
+		w.Header().Set("Content-Length", strconv.FormatInt(first.GetTotalSize(), 10))
+		w.Header().Set("Cache-Control", "no-cache")
+		w.Header().Set("Content-Disposition", fmt.Sprintf("inline; filename=%q", first.GetName()))
+		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodHead {
+			return
+		}
+		for chunk := first; ; {
+			if _, err := w.Write(chunk.GetData()); err != nil {
+				return
+			}
+			if chunk, err = stream.Recv(); err != nil {
+				if !errors.Is(err, io.EOF) {
+					h.log.WithFields(map[string]any{"job": id, "file": name}).WithError(err).Warn("artifact stream broke off")
+				}
+				return
+			}
+		}
+	}
+}
+
+// openStream takes the opening of a server stream: the call's error, else its first message.
+// An error from either is written as the HTTP error and ok is false.
+func openStream[T any](h *handler, w http.ResponseWriter, r *http.Request, stream grpc.ServerStreamingClient[T], err error) (first *T, ok bool) {
+	if err == nil {
+		if first, err = stream.Recv(); err == nil {
+			return first, true
+		}
+	}
+	h.writeError(w, r, err)
+	return nil, false
 }

@@ -5,29 +5,34 @@
 // range requests), /metrics, and the web page at /.
 //
 // Routes (every /v1 error is the gRPC status as JSON, {"code", "message", "details"}, with
-// the HTTP status grpc-gateway maps the code to):
+// the HTTP status grpc-gateway maps the code to; GET /v1/openapi.json documents them all):
 //
-//	POST /v1/jobs                          submit: JSON SubmitJobRequest (image base64), or
-//	                                       multipart/form-data with an "image" file part, a
-//	                                       "spec" part holding the JobSpec as JSON and an
-//	                                       optional "end_image" file part
-//	GET  /v1/jobs                          list (page_size, page_token, states)
-//	GET  /v1/jobs:defaults                 the JobSpec defaults and the bucket tables the
-//	                                       served models take
-//	GET  /v1/jobs/{id}                     get
-//	POST /v1/jobs/{id}:cancel              cancel ({"reason": "..."} optional)
-//	GET  /v1/jobs/{id}:watch               watch, grpc-gateway's stream: one {"result": JobEvent}
-//	                                       per line
-//	GET  /v1/jobs/{id}/events              watch as Server-Sent Events (Accept:
-//	                                       text/event-stream) or NDJSON (one JobEvent a line);
-//	                                       ?previews=true adds Preview events
-//	GET  /v1/jobs/{id}/video               the finished job's MP4 (range requests)
-//	GET  /v1/jobs/{id}/sections/{n}/video  the MP4 written after section n (range requests)
-//	GET  /v1/devices                       devices and lanes, and why the server does not
-//	                                       serve when it does not
-//	GET  /v1/openapi.json                  the OpenAPI v2 document
-//	GET  /metrics                          Prometheus metrics (when configured)
-//	GET  /                                 the web page (when configured)
+//	POST   /v1/jobs                          submit: JSON SubmitJobRequest (image base64), or
+//	                                         multipart/form-data with an "image" file part, a
+//	                                         "spec" part holding the JobSpec as JSON and an
+//	                                         optional "end_image" file part
+//	GET    /v1/jobs                          list (page_size, page_token, states)
+//	GET    /v1/jobs:defaults                 the JobSpec defaults and the bucket tables the
+//	                                         served models take
+//	GET    /v1/jobs/{id}                     get
+//	DELETE /v1/jobs/{id}                     delete a finished job and its files
+//	POST   /v1/jobs/{id}:cancel              cancel ({"reason": "..."} optional)
+//	GET    /v1/jobs/{id}:watch               watch: the same stream as /events
+//	                                         (?include_previews=true)
+//	GET    /v1/jobs/{id}/events              watch as Server-Sent Events (Accept:
+//	                                         text/event-stream) or NDJSON (one JobEvent a line);
+//	                                         ?previews=true adds Preview events
+//	GET    /v1/jobs/{id}/video               the finished job's MP4 (range requests)
+//	GET    /v1/jobs/{id}/sections/{n}/video  the MP4 written after section n (range requests)
+//	GET    /v1/jobs/{id}/image               the start image as submitted
+//	GET    /v1/jobs/{id}/end-image           the end image as submitted
+//	GET    /v1/jobs/{id}/thumbnail           a small JPEG of the video so far
+//	GET    /v1/devices                       devices and lanes, and why the server does not
+//	                                         serve when it does not
+//	POST   /v1/session                       bearer token to session cookie (the page)
+//	GET    /v1/openapi.json                  the OpenAPI v2 document
+//	GET    /metrics                          Prometheus metrics (when configured)
+//	GET    /                                 the web page (when configured)
 package httpapi
 
 import (
@@ -48,7 +53,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
-	"github.com/framepackd/framepackd/proto/gen/openapiv2"
 	"github.com/framepackd/framepackd/supervisor/api"
 )
 
@@ -74,6 +78,8 @@ type Config struct {
 	Token string
 	// SecureCookie marks the session cookie Secure (set when serving TLS).
 	SecureCookie bool
+	// Version is the daemon's version, the OpenAPI document's info.version; empty: "devel".
+	Version string
 	// MaxUploadBytes bounds a submitted image; 0 means DefaultMaxUploadBytes.
 	MaxUploadBytes int64
 	// Log is the logger; nil discards.
@@ -87,6 +93,7 @@ type handler struct {
 	jobs    framepackv1.JobServiceClient
 	gw      *runtime.ServeMux
 	marshal runtime.Marshaler
+	openapi []byte // the OpenAPI document (openapi.go)
 }
 
 // sessionCookie carries the token for requests a page cannot add a header to (<video src>).
@@ -113,7 +120,8 @@ func New(cfg Config) (http.Handler, error) {
 		runtime.WithErrorHandler(h.gatewayError),
 	)
 	ctx := context.Background()
-	if err := framepackv1.RegisterJobServiceHandlerClient(ctx, h.gw, h.jobs); err != nil {
+	var err error
+	if err = framepackv1.RegisterJobServiceHandlerClient(ctx, h.gw, h.jobs); err != nil {
 		return nil, fmt.Errorf("new http api: %w", err)
 	}
 	if err := framepackv1.RegisterDeviceServiceHandlerClient(ctx, h.gw, framepackv1.NewDeviceServiceClient(cfg.Conn)); err != nil {
@@ -126,18 +134,15 @@ func New(cfg Config) (http.Handler, error) {
 		return nil, fmt.Errorf("new http api: %w", err)
 	}
 
+	routes := h.routes()
+	if h.openapi, err = buildOpenAPI(cfg.Version, routes); err != nil {
+		return nil, fmt.Errorf("new http api: %w", err)
+	}
 	mux := http.NewServeMux()
-	mux.Handle("/v1/", h.gw)
-	mux.HandleFunc("POST /v1/jobs", h.submit)
-	mux.HandleFunc("POST /v1/batches", h.submitBatch)
-	mux.HandleFunc("GET /v1/jobs/{id}/events", h.events)
-	mux.HandleFunc("GET /v1/jobs/{id}/video", h.finalVideo)
-	mux.HandleFunc("GET /v1/jobs/{id}/sections/{n}/video", h.sectionVideo)
-	mux.HandleFunc("POST /v1/session", h.session)
-	mux.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(openapiv2.JSON)
-	})
+	mux.HandleFunc("/v1/", h.serveGateway)
+	for _, rt := range routes {
+		mux.HandleFunc(rt.pattern, rt.handler)
+	}
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", cfg.Metrics)
 	}

@@ -698,7 +698,8 @@ func perSection(s framepackv1.Stage) bool {
 }
 
 // applyProgress folds ev into p: stage, section, step, eta, latest video and the share done
-// (sections done plus the current section's steps, over all sections; never going back).
+// (the event's estimate, else sections done plus the current section's steps, over all
+// sections; never going back).
 func applyProgress(p *framepackv1.JobProgress, ev *framepackv1.JobEvent, total int) {
 	if total < 1 {
 		total = 1
@@ -720,9 +721,22 @@ func applyProgress(p *framepackv1.JobProgress, ev *framepackv1.JobEvent, total i
 		p.Stage = framepackv1.Stage_STAGE_TRANSFORMER
 		p.SectionIndex, p.Step, p.TotalSteps = s.GetSectionIndex(), s.GetStep(), s.GetTotalSteps()
 		p.Eta = s.GetEta()
-		if s.GetTotalSteps() > 0 {
+		switch {
+		case s.GetFraction() > 0:
+			frac = s.GetFraction()
+		case s.GetTotalSteps() > 0:
 			frac = (float32(s.GetSectionIndex()) + float32(s.GetStep())/float32(s.GetTotalSteps())) / float32(total)
 		}
+	case *framepackv1.JobEvent_StageProgress:
+		s := e.StageProgress
+		p.Stage = s.GetStage()
+		if perSection(p.Stage) {
+			p.SectionIndex = s.GetSectionIndex()
+		}
+		if s.GetEta() != nil {
+			p.Eta = s.GetEta()
+		}
+		frac = s.GetFraction()
 	case *framepackv1.JobEvent_SectionVideo:
 		p.SectionIndex = e.SectionVideo.GetSectionIndex()
 		p.LatestVideoPath = e.SectionVideo.GetPath()

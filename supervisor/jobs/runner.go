@@ -22,7 +22,7 @@ import (
 //     write "*.partial" and rename), call job.SaveCheckpoint, then emit SectionVideo.
 //   - Emit progress through emit, from any goroutine: StageStarted/StageFinished for every
 //     stage (section_index set for per-section stages), SamplingStep after every step (with
-//     eta), SectionVideo after every MP4, and Preview, MemoryTelemetry, Fallback, Retry as
+//     eta), StageProgress after each model run of a VAE decode, SectionVideo after every MP4, and Preview, MemoryTelemetry, Fallback, Retry as
 //     they happen. job_id and time are filled in when empty. emit never blocks on watchers
 //     (it does write the event to the job store). Terminal events and snapshots are the
 //     queue's: a Runner never emits them.

@@ -141,6 +141,9 @@ func (d Dir) History() string { return filepath.Join(string(d), "history") }
 // Videos is the folder of the job's videos.
 func (d Dir) Videos() string { return filepath.Join(string(d), "video") }
 
+// Thumbnail is the small JPEG of the job's video so far, replaced with every section video.
+func (d Dir) Thumbnail() string { return filepath.Join(d.Videos(), "thumbnail.jpg") }
+
 // Spec is the human-readable copy of the spec.
 func (d Dir) Spec() string { return filepath.Join(string(d), "spec.json") }
 

@@ -215,6 +215,10 @@ type Stage struct {
 	// Loras are LoadRequest.Loras: LoRAs the transformer merges at load. A kept worker serves
 	// only stages with the same list.
 	Loras []workerkit.LoraSpec
+	// Checkpoint, Weights and FP8Compute are the LoadRequest fields of the same names (the
+	// transformer's weights file, quantization at load, fp8 compute mode); a resident worker
+	// serves only stages with the same ones.
+	Checkpoint, Weights, FP8Compute string
 	// Workload is LoadRequest.Workload: the job's frame size and window, from which the
 	// transformer estimates its activations and plans how many blocks stay resident.
 	Workload *workerkit.Workload
@@ -275,7 +279,7 @@ type LoadSettings struct {
 func (l *Lane) loadRequest(st Stage, cap uint64) *workerkit.LoadRequest {
 	req := &workerkit.LoadRequest{ModelDir: st.ModelDir, DType: st.DType, Backend: l.cfg.Backend,
 		DeviceIndex: l.cfg.DeviceIndex, PCIBusID: l.cfg.PCIBusID, MemoryCapBytes: cap, Env: st.Env, Loras: st.Loras,
-		Workload: st.Workload}
+		Workload: st.Workload, Checkpoint: st.Checkpoint, Weights: st.Weights, FP8Compute: st.FP8Compute}
 	s := st.Load
 	req.MaxResidentBlocks = s.MaxResidentBlocks
 	if s.Backend != "" && s.Backend != req.Backend {
@@ -504,6 +508,9 @@ func LoadKey(st Stage) string {
 	}
 	for _, l := range st.Loras {
 		keys = append(keys, fmt.Sprintf("lora=%s@%v", l.Path, l.Strength))
+	}
+	if st.Checkpoint != "" || st.Weights != "" || st.FP8Compute != "" {
+		keys = append(keys, "weights="+st.Checkpoint+"/"+st.Weights+"/"+st.FP8Compute)
 	}
 	return string(st.Model) + "\x00" + st.ModelDir + "\x00" + st.DType + "\x00" + strings.Join(keys, "\x00")
 }

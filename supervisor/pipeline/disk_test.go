@@ -98,11 +98,14 @@ func TestDiskFullMidJob(t *testing.T) {
 	if f == nil || !strings.Contains(f.GetMessage(), "disk full") || !strings.Contains(f.GetMessage(), "section 2 as its last video") {
 		t.Fatalf("last event %v", last)
 	}
-	if !slices.Equal(videosAtSection1, []string{"section-001.json", "section-001.mp4"}) {
-		t.Errorf("videos after section 1: %v, want only the newest (section 0's is superseded)", videosAtSection1)
+	// The video so far after section 1: its settings, its parts (joined when a client reads it)
+	// and the segments; section 0's is superseded.
+	wantVideos := []string{"section-001.json", "section-001.mp4.parts.json", "segments"}
+	if !slices.Equal(videosAtSection1, wantVideos) {
+		t.Errorf("videos after section 1: %v, want only the newest %v (section 0's is superseded)", videosAtSection1, wantVideos)
 	}
 	dir := store.JobDir(id)
-	if got := names(t, dir.Videos()); !slices.Equal(got, []string{"section-001.json", "section-001.mp4"}) {
+	if got := names(t, dir.Videos()); !slices.Equal(got, wantVideos) {
 		t.Errorf("videos after the failure: %v", got)
 	}
 	hist := names(t, dir.History())

@@ -91,24 +91,24 @@ func TestResolveModels(t *testing.T) {
 
 func TestETA(t *testing.T) {
 	e := etaModel{steps: 4, sections: 3}
-	if got := e.estimate(0, 1); got != 0 {
+	if got, _ := e.estimate(0, 1); got != 0 {
 		t.Fatalf("eta before any step %v", got)
 	}
 	for range 4 {
 		e.stepDone(time.Second)
 	}
 	// Section 0 done sampling: 8 steps left at 1 s, rest of a section unknown yet.
-	if got := e.estimate(0, 4); got != 8*time.Second {
+	if got, _ := e.estimate(0, 4); got != 8*time.Second {
 		t.Fatalf("eta %v", got)
 	}
 	e.sectionDone(6 * time.Second) // 4 s of steps, 2 s of the rest
 	e.stepDone(time.Second)
 	// Section 1 after step 1: 3 + 4 steps, and the rest of sections 1 and 2.
-	if got := e.estimate(1, 1); got != 7*time.Second+4*time.Second {
+	if got, _ := e.estimate(1, 1); got != 7*time.Second+4*time.Second {
 		t.Fatalf("eta %v", got)
 	}
 	// The last step of the last section leaves only its rest.
-	if got := e.estimate(2, 4); got != 2*time.Second {
+	if got, _ := e.estimate(2, 4); got != 2*time.Second {
 		t.Fatalf("eta %v", got)
 	}
 }

@@ -41,6 +41,7 @@ type Settings struct {
 	EndFrame       *SettingsEndFrame   `json:"end_frame,omitempty"`
 	Keyframes      []SettingsKeyframe  `json:"keyframes,omitempty"`
 	InputVideo     *SettingsInputVideo `json:"input_video,omitempty"`
+	Weights        *SettingsWeights    `json:"weights,omitempty"`
 	Models         map[string]string   `json:"models"` // model → revision (hub snapshot) or folder
 }
 
@@ -88,6 +89,15 @@ type SettingsInputVideo struct {
 	IncludeInput  bool   `json:"include_input"`
 }
 
+// SettingsWeights is how a job's transformer held its weights when they were not the model
+// folder's 16-bit ones: the job's choices and the 8-bit format the transformer reported.
+type SettingsWeights struct {
+	Checkpoint string `json:"checkpoint,omitempty"` // JobSpec.transformer_checkpoint
+	Quantize   string `json:"quantize,omitempty"`   // JobSpec.weights ("fp8")
+	Format     string `json:"format,omitempty"`     // plain, comfy, musubi, quantized
+	FP8Compute string `json:"fp8_compute,omitempty"`
+}
+
 // SettingsLora is one LoRA of a job, with what the transformer reported merging.
 type SettingsLora struct {
 	Path           string  `json:"path"`
@@ -120,6 +130,10 @@ func (j *jobRun) settings(i int) Settings {
 				s.Prompts = append(s.Prompts, SettingsPrompt{Start: p.Start, Prompt: p.Prompt})
 			}
 		}
+	}
+	if spec.GetTransformerCheckpoint() != "" || spec.GetWeights() != "" || j.weightsFormat != "" {
+		s.Weights = &SettingsWeights{Checkpoint: spec.GetTransformerCheckpoint(), Quantize: spec.GetWeights(), Format: j.weightsFormat,
+			FP8Compute: j.fp8Compute}
 	}
 	if j.job.EndImagePath != "" {
 		s.EndFrame = &SettingsEndFrame{SHA256: spec.GetEndImageSha256(), Image: j.job.EndImagePath, Strength: jobEndStrength(spec)}

@@ -138,12 +138,16 @@ func TestKeptWorkersDieWithDaemon(t *testing.T) {
 	if err := waitNoWorkers(workers, 10*time.Second); err != nil {
 		t.Fatalf("kept workers outlived their daemon: %v", err)
 	}
+	o.KeepAlive = 0 // this daemon's lane is never closed: keep nothing past the test
 	d, err := newDaemon(o, testLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Kill()
 	job, _ := runJob(t, jc, o.Socket)
+	if err := waitNoWorkers(workers, 5*time.Second); err != nil {
+		t.Fatalf("after the new daemon's job (keep-alive 0): %v", err)
+	}
 	for _, r := range stageRecords(t, o.State, job.GetId()) {
 		if r.Worker != "" && r.Section <= 0 && r.Reused && r.Name == framepackv1.Stage_STAGE_TEXT_ENCODE.String() {
 			t.Errorf("the new daemon's first stage reused a worker: %+v", r)

@@ -100,6 +100,8 @@ type Config struct {
 type Runner struct {
 	cfg Config
 	log logrus.FieldLogger
+	// rests is what the lanes' last jobs measured of a section besides sampling (eta.go).
+	rests restMemo
 }
 
 var _ jobs.Runner = (*Runner)(nil)
@@ -247,6 +249,9 @@ type jobRun struct {
 	variant Variant
 	// lorasApplied is what the transformer last reported merging (metadata.go).
 	lorasApplied []workerkit.LoraApplied
+	// weightsFormat and fp8Compute are the transformer's 8-bit weights as it last reported them
+	// (empty: none).
+	weightsFormat, fp8Compute string
 	// memCap is the memory cap of every worker of the job (lanes.Lane.MemoryCap; 0: none).
 	memCap uint64
 	// preserve is the job's gpu_memory_preservation_gb in bytes, the default filled in.
@@ -375,6 +380,7 @@ func (j *jobRun) run(ctx context.Context) (jobs.Result, error) {
 	if _, err := shm.WriteSegment(condSeg, j.cond.transformerTensors()); err != nil {
 		return jobs.Result{}, fmt.Errorf("job %s: conditioning segment: %w", j.job.ID, err)
 	}
+	j.eta.setPrior(j.r.rests.get(j.restKey()))
 	var res jobs.Result
 	for i := start; i < j.total; i++ {
 		if i > start && j.draining() {

@@ -104,6 +104,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 		j.lorasApplied = l
 	}
 	j.logCacheSkips(i, rep.Result)
+	if rep.Loaded != nil && rep.Loaded.WeightsFormat != "" {
+		j.weightsFormat, j.fp8Compute = rep.Loaded.WeightsFormat, rep.Loaded.FP8Compute
+	}
 	generated, err := readSegmentVol(latSeg, "latents")
 	if err == nil {
 		err = checkTransformerFacts(rep.Loaded, generated)
@@ -149,7 +152,7 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	j.hist = next
 	j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_SectionVideo{SectionVideo: &framepackv1.SectionVideo{
 		SectionIndex: uint32(i), Path: out.Path, FrameCount: uint32(out.Frames)}}})
-	j.eta.sectionDone(time.Since(sectionStart))
+	j.r.rests.put(j.restKey(), j.eta.sectionDone(time.Since(sectionStart)))
 	res = jobs.Result{VideoPath: out.Path, FrameCount: out.Frames, PNGFrames: out.Format == video.FormatPNG}
 	return res, nil
 }
@@ -157,7 +160,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 // transformerStage is the section loop's transformer stage for req (nil: for its estimate),
 // with the residency plan's cap.
 func (j *jobRun) transformerStage(req workerkit.Stage) lanes.Stage {
-	st := lanes.Stage{Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, Loras: jobLoras(j.job.Spec),
+	spec := j.job.Spec
+	st := lanes.Stage{Model: lanes.Transformer, ModelDir: j.r.transformerDir(j.variant.Name()), Request: req, Loras: jobLoras(spec),
+		Checkpoint: spec.GetTransformerCheckpoint(), Weights: spec.GetWeights(), FP8Compute: spec.GetFp8Compute(),
 		Workload: &workerkit.Workload{Height: uint32(j.cond.height), Width: uint32(j.cond.width), LatentWindowSize: uint32(j.window),
 			ReserveBytes: j.reserveBytes()}}
 	if p := j.section0; p != nil {
@@ -199,9 +204,10 @@ func (j *jobRun) decode(ctx context.Context, i int, latents vol, sectionStart ti
 	if _, err := shm.WriteSegment(decIn, []safetensors.Tensor{f32Tensor("latents", divided(latents, j.cond.scalingFactor))}); err != nil {
 		return vol{}, fmt.Errorf("section %d: decode input: %w", i, err)
 	}
-	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_DECODE, i, j.decodeStage(
-		&workerkit.VAEDecodeRequest{Latents: workerkit.TensorRef{Path: decIn, Name: "latents"}, Tiling: j.vaeTiling(),
-			Pixels: workerkit.TensorRef{Path: decOut, Name: "pixels"}}))
+	st := j.decodeStage(&workerkit.VAEDecodeRequest{Latents: workerkit.TensorRef{Path: decIn, Name: "latents"}, Tiling: j.vaeTiling(),
+		Pixels: workerkit.TensorRef{Path: decOut, Name: "pixels"}})
+	st.OnEvent = j.decodeEvents(i, sectionStart)
+	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_DECODE, i, st)
 	if err != nil {
 		return vol{}, err
 	}
@@ -473,6 +479,13 @@ func (j *jobRun) saveSection(ctx context.Context, h *history, pending, final vol
 			j.log.WithError(err).Warn("remove segments")
 		}
 	}
+	thumb := final
+	if thumb.T == 0 {
+		thumb = pending
+	}
+	if err := writeThumbnail(dir.Thumbnail(), thumb); err != nil {
+		j.log.WithError(err).Warn("thumbnail") // the page shows the start image instead
+	}
 	return out, nil
 }
 
@@ -573,10 +586,10 @@ func (s *stepTracker) onEvent(e workerkit.Event) error {
 		s.last = now
 		s.mu.Unlock()
 		j.eta.stepDone(d)
-		eta := j.eta.estimate(s.section, int(ev.Step))
+		eta, frac := j.eta.estimate(s.section, int(ev.Step))
 		j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_SamplingStep{SamplingStep: &framepackv1.SamplingStep{
 			SectionIndex: uint32(s.section), Step: ev.Step, TotalSteps: ev.TotalSteps,
-			StepDuration: durationpb.New(d), Eta: durationpb.New(eta)}}})
+			StepDuration: durationpb.New(d), Eta: durationpb.New(eta), Fraction: frac}}})
 	case *workerkit.StepPreview:
 		png, err := previewPNG(ev.Denoised.Path, ev.Denoised.Name)
 		if rerr := os.Remove(ev.Denoised.Path); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
@@ -605,4 +618,34 @@ func (j *jobRun) reserveBytes() uint64 {
 		return 0
 	}
 	return j.preserve
+}
+
+// decodeEvents handles the VAE decode's events of section i: the worker's progress after each
+// model run (tile or chunk of frames) becomes a StageProgress event with the job's ETA and
+// share done; fallbacks and log lines go where every stage's go.
+func (j *jobRun) decodeEvents(i int, sectionStart time.Time) func(workerkit.Event) error {
+	other := j.workerEvent(framepackv1.Stage_STAGE_VAE_DECODE)
+	return func(e workerkit.Event) error {
+		ev, ok := e.(*workerkit.Progress)
+		if !ok {
+			return other(e)
+		}
+		if ev.Phase != "decode" || ev.Step == 0 || ev.TotalSteps == 0 {
+			return nil
+		}
+		eta, frac := j.eta.decodeEstimate(i, int(ev.Step), int(ev.TotalSteps), ev.Elapsed, time.Since(sectionStart))
+		j.emit(&framepackv1.JobEvent{Event: &framepackv1.JobEvent_StageProgress{StageProgress: &framepackv1.StageProgress{
+			Stage: framepackv1.Stage_STAGE_VAE_DECODE, SectionIndex: uint32(i), Done: ev.Step, Total: ev.TotalSteps,
+			Elapsed: durationpb.New(ev.Elapsed), Eta: durationpb.New(eta), Fraction: frac}}})
+		return nil
+	}
+}
+
+// restKey names the job's shape for the lane's memory of a section's rest (restMemo).
+func (j *jobRun) restKey() restKey {
+	k := restKey{lane: j.job.Lane, window: j.window}
+	if j.cond != nil {
+		k.height, k.width = j.cond.height, j.cond.width
+	}
+	return k
 }

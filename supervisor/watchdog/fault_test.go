@@ -187,6 +187,30 @@ func TestFaultOOMAtOp(t *testing.T) {
 	}
 }
 
+// TestFaultOOMAtLoad: a worker whose Load runs out of memory (Fault.oom_at_load: its allocator
+// refuses the weights) fails that attempt as an out of memory, not a crash; the retry goes one
+// rung down the ladder (256 px VAE tiles) and gives the clean run's pixels.
+func TestFaultOOMAtLoad(t *testing.T) {
+	base := newRig(t)
+	st0, out0 := base.decodeStage(t, 2)
+	_, want := opCount(t, base, st0, out0)
+	r := newRig(t, faultOnce(workerkit.Fault{OOMAtLoad: true}))
+	st, out := r.decodeStage(t, 2)
+	var rep lanes.Report
+	j := r.wd.Job("oom-load", nil)
+	if err := j.Run(t.Context(), watchdog.StageInfo{Kind: kindOf(st)}, r.attempt(st, &rep)); err != nil {
+		t.Fatal(err)
+	}
+	story := j.Story()
+	if len(story) != 2 || story[0].GetClass() != framepackv1.AttemptClass_ATTEMPT_CLASS_OOM ||
+		!strings.Contains(story[0].GetMessage(), "out of memory") || story[0].GetChange() != "vae tile untiled -> 256 px" {
+		t.Fatalf("story %v", story)
+	}
+	if !equal(readF32(t, out), want) {
+		t.Fatal("the retried stage's pixels differ from the clean run's")
+	}
+}
+
 // TestFaultOOMLlamaLayers: a text encoder worker that runs out of memory with its Llama layers
 // all resident is retried with half of them resident (as many as its LoadResponse said ran,
 // halved), and once a single layer is resident with its memory cap lowered; the worker honours

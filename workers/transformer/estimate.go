@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/modelrt"
 	"github.com/framepackd/framepackd/workers/transformer/dit"
@@ -16,7 +15,9 @@ var _ workerkit.Estimator = (*worker)(nil)
 // Estimate sizes the transformer for req's workload without loading it (the residency plan's
 // own numbers, dit.Footprint): all blocks resident for the fastest configuration, every block
 // streamed through two slots for the least, each with the workload's activation estimate (or
-// its reserve, when larger) beside the weights. LoRAs merged at load change no size.
+// its reserve, when larger) beside the weights. LoRAs merged at load change no size. The weights
+// are sized as Load would hold them: the single-file checkpoint when the request names one, 8-bit
+// weights at 8 bits, and quantized at load (weights "fp8") at 8 bits with their scales.
 func (w *worker) Estimate(_ context.Context, req *workerkit.EstimateRequest) (*workerkit.EstimateResponse, error) {
 	lr := &req.Load
 	if lr.ModelDir == "" {
@@ -30,12 +31,13 @@ func (w *worker) Estimate(_ context.Context, req *workerkit.EstimateRequest) (*w
 	if err != nil {
 		return nil, modelrt.ClassifyLoad(fmt.Errorf("estimate: %w", err))
 	}
-	ck, err := safetensors.OpenCheckpoint(lr.ModelDir)
+	opts := dit.LoadOptions{WeightDType: wdt, ActivationDType: act, Checkpoint: lr.Checkpoint, QuantizeLinear: lr.Weights == "fp8"}
+	ck, err := dit.OpenWeights(lr.ModelDir, opts)
 	if err != nil {
 		return nil, modelrt.ClassifyLoad(fmt.Errorf("estimate: %w", err))
 	}
 	defer ck.Close()
-	f, err := dit.EstimateFootprint(cfg, ck, dit.LoadOptions{WeightDType: wdt, ActivationDType: act})
+	f, err := dit.EstimateFootprint(cfg, ck, opts)
 	if err != nil {
 		return nil, modelrt.ClassifyLoad(fmt.Errorf("estimate: %w", err))
 	}

@@ -4,15 +4,16 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"os"
 	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/sirupsen/logrus"
 
+	"github.com/framepackd/framepackd/internal/fp8"
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
-	"github.com/framepackd/framepackd/internal/safetensors"
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/modelrt"
 	"github.com/framepackd/framepackd/workers/transformer/dit"
@@ -85,6 +86,9 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 		w.dtype = sampler.F32
 	}
 	lopts, err := residencyOptions(rt, req, wdt, act)
+	if err == nil {
+		err = weightOptions(rt, req, &lopts)
+	}
 	if err != nil {
 		rt.Close()
 		return nil, classify(fmt.Errorf("load: %w", err))
@@ -99,6 +103,12 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	resp.Transformer = transformerInfo(m)
 	resp.Loras = applied
 	resp.ResidentBlocks, resp.StreamedBlocks = modelrt.Uint32(m.ResidentBlocks()), modelrt.Uint32(m.StreamedBlocks())
+	if m.FP8Format != fp8.None {
+		resp.WeightsFormat, resp.FP8Compute = string(m.FP8Format), req.FP8Compute
+		if resp.FP8Compute == "" {
+			resp.FP8Compute = runtime.FP8WeightOnly.String()
+		}
+	}
 	for _, a := range applied {
 		w.log.WithFields(logrus.Fields{"lora": a.Path, "strength": a.Strength, "format": a.Format,
 			"weights_changed": a.WeightsChanged}).Info("lora merged")
@@ -107,7 +117,7 @@ func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerk
 	w.log.WithFields(logrus.Fields{"params": m.NumParams(), "bytes": m.WeightBytes(), "staged_bytes": m.StagedBytes(), "weights": wdt.String(), "activations": act.String(), "double_blocks": cfg.NumLayers,
 		"single_blocks": cfg.NumSingleLayers, "heads": cfg.NumAttentionHeads, "head_dim": cfg.AttentionHeadDim,
 		"resident_blocks": m.ResidentBlocks(), "streamed_blocks": m.StreamedBlocks(), "streamed_bytes": m.StreamedBytes(),
-		"memory_cap": req.MemoryCapBytes, "activations_estimate": lopts.ActivationBytes, "max_resident_blocks": req.MaxResidentBlocks,
+		"memory_cap": req.MemoryCapBytes, "fp8": string(m.FP8Format), "checkpoint": req.Checkpoint, "activations_estimate": lopts.ActivationBytes, "max_resident_blocks": req.MaxResidentBlocks,
 		"transparent_hugepages": nn.TransparentHugePages(), "elapsed": resp.LoadDuration}).Info("model loaded")
 	for _, n := range m.Unexpected {
 		w.log.WithField("tensor", n).Warn("unexpected tensor in checkpoint")
@@ -141,6 +151,34 @@ func residencyOptions(rt *runtime.Runtime, req *workerkit.LoadRequest, wdt, act 
 	return opts, nil
 }
 
+// weightOptions applies req's weight choices to opts: the single-file checkpoint (which must be a
+// file), quantization at load ("fp8") and the fp8 compute mode.
+func weightOptions(rt *runtime.Runtime, req *workerkit.LoadRequest, opts *dit.LoadOptions) error {
+	switch req.Weights {
+	case "":
+	case "fp8":
+		opts.QuantizeLinear = true
+	default:
+		return workerkit.InvalidArgumentf("weights %q: want empty (as stored) or fp8", req.Weights)
+	}
+	mode, err := runtime.ParseFP8Compute(req.FP8Compute)
+	if err != nil {
+		return workerkit.InvalidArgumentf("fp8_compute: %v", err)
+	}
+	rt.SetFP8Compute(mode)
+	if req.Checkpoint != "" {
+		st, err := os.Stat(req.Checkpoint)
+		switch {
+		case err != nil:
+			return workerkit.InvalidArgumentf("checkpoint: %v", err)
+		case st.IsDir():
+			return workerkit.InvalidArgumentf("checkpoint %s is a folder, want one .safetensors file", req.Checkpoint)
+		}
+		opts.Checkpoint = req.Checkpoint
+	}
+	return nil
+}
+
 // loadModel loads the transformer of req.ModelDir with req.Loras merged into its weights as
 // they are read (see workers/transformer/lora), so the weights' storage (dtype, residency) is
 // the same with LoRAs as without.
@@ -153,7 +191,7 @@ func loadModel(rt *runtime.Runtime, req *workerkit.LoadRequest, opts dit.LoadOpt
 	if err != nil {
 		return nil, nil, fmt.Errorf("load transformer: %w", err)
 	}
-	ck, err := safetensors.OpenCheckpoint(req.ModelDir)
+	ck, err := dit.OpenWeights(req.ModelDir, opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("load transformer: %w", err)
 	}

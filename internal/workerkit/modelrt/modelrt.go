@@ -8,6 +8,7 @@ package modelrt
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"os"
@@ -35,8 +36,9 @@ type Config struct {
 	// ConvFallback events (DrainConvEvents). Without it the conv policy is ignored and a
 	// hang_conv fault is refused.
 	Conv bool
-	// Loras says the worker merges LoadRequest.loras into its model (the transformer); the
-	// others refuse a request that names LoRAs.
+	// Loras says the worker merges LoadRequest.loras into its model and takes the
+	// transformer's other load fields (checkpoint, weights); the others refuse a request that
+	// names LoRAs, a checkpoint file or a weights choice.
 	Loras bool
 }
 
@@ -182,6 +184,9 @@ func (b *Base) NewRuntime(req *workerkit.LoadRequest, opts runtime.Options) (*ru
 	if len(req.Loras) > 0 && !b.loras {
 		return nil, workerkit.InvalidArgumentf("the %s worker does not take LoRAs (only the transformer does)", b.name)
 	}
+	if (req.Checkpoint != "" || req.Weights != "") && !b.loras {
+		return nil, workerkit.InvalidArgumentf("the %s worker does not take a checkpoint file or a weights choice (only the transformer does)", b.name)
+	}
 	opts.MemoryCap = int64(req.MemoryCapBytes)
 	inj, err := faults.New(req.Fault, faults.Caps{Conv: b.conv}, b.Beacon, b.Log)
 	if err != nil {
@@ -195,7 +200,18 @@ func (b *Base) NewRuntime(req *workerkit.LoadRequest, opts runtime.Options) (*ru
 	}
 	opts.OpObserver = b.Observe
 	opts.OpFault = b.opFault
-	return runtime.New(opts)
+	rt, err := runtime.New(opts)
+	if err != nil || req.Fault == nil || !req.Fault.OOMAtLoad {
+		return rt, err
+	}
+	// Fault.oom_at_load: the allocator's own cap check fails the Load's first allocation with
+	// the runtime's typed out of memory, as a device too full for the weights would.
+	b.Log.Warn("fault: out of memory at load (allocator capped at one byte)")
+	if err := rt.SetMemoryCap(1); err != nil {
+		_ = rt.Close()
+		return nil, fmt.Errorf("fault: oom_at_load: %w", err)
+	}
+	return rt, nil
 }
 
 // convOptions maps req's conv policy and hang_conv fault onto opts.

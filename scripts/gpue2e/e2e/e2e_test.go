@@ -25,12 +25,15 @@ func TestMain(m *testing.M) {
 }
 
 // TestE2ECPU is `make e2e-cpu`: mkmodels re-draws the tiny models in the hub layout (sharded),
-// then the harness runs one job through a real framepackd and the CLI on a cpu lane of 2 GiB
-// at three budgets (cold: the whole lane with empty conv caches, then the whole lane and a 0.25
-// GiB cap, each starting with the caches the jobs before it left; the 0.25 GiB daemon runs a
-// first job before the measured one, -twice), and -report -require 3
-// checks that every job finished, every worker stage has its spawn, load, GB/s, peak and cap,
-// and every peak is under its cap. A second harness run keeps every budget (resumable).
+// then the harness runs the job through a real framepackd and the CLI on a cpu lane of 3 GiB
+// (a 2 GiB budget: the four workers' caps fit together) at four budgets: keep (no lane limit,
+// keep-alive on: the daemon runs the job twice and the second, on the workers the first left
+// alive, is measured), all (no limit), 0.25 (the daemon's --lane-memory-gb: no two workers
+// fit), and long (a 5-section job at 1 GiB, where the transformer and the VAE stay: time and
+// disk writes per section).
+// -report -require 4 checks that every job finished, every worker stage has its spawn, load,
+// GB/s, peak and cap, every peak is under its cap and the keep job reused every worker. A
+// second harness run keeps every budget (resumable).
 func TestE2ECPU(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the daemon and its workers")
@@ -63,14 +66,16 @@ func TestE2ECPU(t *testing.T) {
 		}
 		return string(b)
 	}
-	args := []string{"-bin", bin, "-models", models, "-out", out, "-lane", "cpu", "-device-gib", "2", "-budgets", "cold,all,0.25", "-twice", "0.25",
-		"-width", "96", "-height", "64", "-resolution", "96", "-window", "3", "-steps", "2", "-seconds", "0.5", "-timeout", "2m"}
+	const budgets = "keep,all,0.25,long"
+	args := []string{"-bin", bin, "-models", models, "-out", out, "-lane", "cpu", "-device-gib", "3", "-budgets", budgets,
+		"-width", "96", "-height", "64", "-resolution", "96", "-window", "3", "-steps", "2", "-seconds", "0.5", "-timeout", "2m",
+		"-long-seconds", "2", "-long-steps", "1", "-long-gb", "1", "-long-timeout", "4m"}
 	t.Log(harness(args...))
-	if again := harness(args...); strings.Count(again, "kept") != 3 {
+	if again := harness(args...); strings.Count(again, "kept") != 4 {
 		t.Errorf("second run did not keep every budget:\n%s", again)
 	}
 	rep := filepath.Join(out, "e2e.json")
-	table := harness("-out", out, "-budgets", "cold,all,0.25", "-report", rep, "-gpu", "cpu", "-require", "3")
+	table := harness("-out", out, "-budgets", budgets, "-report", rep, "-gpu", "cpu", "-require", "4")
 	t.Log(table)
 	var r Report
 	raw, err := os.ReadFile(rep)
@@ -80,29 +85,56 @@ func TestE2ECPU(t *testing.T) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Jobs) != 3 || r.Jobs[0].Budget != "cold" || r.Jobs[1].VsAll != 1 || r.Jobs[2].CapGiB < 0.249 || r.Jobs[2].CapGiB > 0.251 {
+	jobs := map[string]JobTotal{}
+	for _, j := range r.Jobs {
+		jobs[j.Budget.Budget] = j
+	}
+	if len(r.Jobs) != 4 || jobs["all"].VsAll != 1 || jobs["0.25"].CapGiB != 0.25 || jobs["0.25"].LaneMemoryGB != 0.25 || jobs["all"].LaneMemoryGB != 0 {
 		t.Errorf("jobs %+v", r.Jobs)
 	}
-	// the tiny models never stream and the VAE tiles alike at every budget: the same video
+	// keep: the daemon's second job found every worker the first left alive
+	if k := jobs["keep"]; k.FirstJobS <= 0 || k.WorkerStages == 0 || k.ReusedStages != k.WorkerStages || k.LoadS != 0 || k.KeepAlive != "10m0s" {
+		t.Errorf("keep: first job %.2f s, %d of %d worker stages reused, load %.2f s, keep-alive %s", k.FirstJobS, k.ReusedStages, k.WorkerStages, k.LoadS, k.KeepAlive)
+	}
+	if a := jobs["all"]; a.ReusedStages == a.WorkerStages || a.KeepAlive != "0s" {
+		t.Errorf("all: %d of %d worker stages reused (a fresh daemon's job loads its workers), keep-alive %s", a.ReusedStages, a.WorkerStages, a.KeepAlive)
+	}
+	// the tiny models never stream and the VAE tiles alike at every budget: the same video;
+	// the long job is another video
 	for _, j := range r.Jobs {
-		if j.OutputSHA256 == "" || j.SameAsAll == nil || !*j.SameAsAll {
-			t.Errorf("budget %s: output %q, same as all-resident: %v", j.Budget, j.OutputSHA256, j.SameAsAll)
+		b := j.Budget.Budget
+		if j.OutputSHA256 == "" || j.LatentsSHA256 == "" || j.LatentsSHA256 == j.OutputSHA256 || j.VideoBytes <= 0 || j.VideoFormat == "" {
+			t.Errorf("budget %s: output %q, latents %q, video %s %d bytes", b, j.OutputSHA256, j.LatentsSHA256, j.VideoFormat, j.VideoBytes)
 		}
-		if j.LatentsSHA256 == "" || j.LatentsSHA256 == j.OutputSHA256 || j.SameLatentsAsAll == nil || !*j.SameLatentsAsAll {
-			t.Errorf("budget %s: latents %q, same as all-resident: %v", j.Budget, j.LatentsSHA256, j.SameLatentsAsAll)
+		if b == "long" {
+			if j.SameAsAll != nil || j.SameLatentsAsAll != nil || j.OutputSHA256 == jobs["all"].OutputSHA256 {
+				t.Errorf("long: compared with the all-resident job: %v %v", j.SameAsAll, j.SameLatentsAsAll)
+			}
+		} else if j.SameAsAll == nil || !*j.SameAsAll || j.SameLatentsAsAll == nil || !*j.SameLatentsAsAll {
+			t.Errorf("budget %s: same output as all-resident: %v, same latents: %v", b, j.SameAsAll, j.SameLatentsAsAll)
+		}
+		// host memory: the system's baseline, the tree's RSS (daemon and workers), every worker's peak
+		if j.HostBaselineGiB <= 0 || j.ProcsRSSPeakGiB <= 0 || j.ProcsPrivatePeakGiB <= 0 || j.ProcsPeak < 2 || j.WorkerRSSPeakGiB <= 0 {
+			t.Errorf("budget %s: host baseline %.2f GiB, RSS %.3f GiB (anon+shmem %.3f) over %d processes, worker RSS %.3f GiB",
+				b, j.HostBaselineGiB, j.ProcsRSSPeakGiB, j.ProcsPrivatePeakGiB, j.ProcsPeak, j.WorkerRSSPeakGiB)
+		}
+		if j.WriteVideoS <= 0 || j.TotalNoVideoS <= 0 || j.TotalNoVideoS >= j.TotalS || j.SectionsComputeS <= 0 || j.OnceS <= 0 {
+			t.Errorf("budget %s: total %.2f s, without video %.2f s, sections' compute %.2f s, once %.2f s", b, j.TotalS, j.TotalNoVideoS, j.SectionsComputeS, j.OnceS)
+		}
+		// disk writes are counted where the state folder is on a disk (tmpfs writes are not)
+		if j.StateFS != "tmpfs" && (j.DiskWriteBytes == 0 || j.WcharBytes == 0) {
+			t.Errorf("budget %s: state on %s, %d bytes written, wchar %d", b, j.StateFS, j.DiskWriteBytes, j.WcharBytes)
 		}
 	}
-	// -twice: the 0.25 GiB daemon ran a first job, and its rows are the second job's
-	var b025 Budget
-	if raw, err := os.ReadFile(filepath.Join(out, "budget-0.25.json")); err != nil || json.Unmarshal(raw, &b025) != nil {
-		t.Fatalf("budget-0.25.json: %v", err)
+	// long: five sections, each with its stages, and the summary
+	if l := jobs["long"]; len(l.Sections) != 5 || l.Seconds != 2 || l.Steps != 1 || r.Long == nil || r.Long.TotalOverCompute <= 1 || r.Long.First.N != 2 || r.Long.Last.N != 2 {
+		t.Errorf("long: %d sections %+v, summary %+v", len(l.Sections), l.Sections, r.Long)
+	} else if l.StateFS != "tmpfs" && (r.Long.WritesOverVideo <= 0 || r.Long.Last.DiskWriteMB <= 0) {
+		t.Errorf("long: disk writes %+v", r.Long)
 	}
-	if jobs, _ := filepath.Glob(filepath.Join(out, "state-0.25", "jobs", "*", "history", "stages.jsonl")); b025.FirstJobS <= 0 || len(jobs) != 2 {
-		t.Errorf("-twice: first job %.2f s, %d jobs in the daemon's state", b025.FirstJobS, len(jobs))
-	}
-	// the conv decisions the cold job left reached the next budget's state (the cpu backend
+	// the conv decisions the first job left reached the next budget's state (the cpu backend
 	// records its tier decisions too)
-	for _, b := range []string{"cold", "all"} {
+	for _, b := range []string{"keep", "all"} {
 		if _, err := os.Stat(filepath.Join(out, "state-"+b, cacheFiles[0])); err != nil {
 			t.Errorf("budget %s: no conv decision cache in its state: %v", b, err)
 		}
@@ -110,14 +142,19 @@ func TestE2ECPU(t *testing.T) {
 	stages := map[string]bool{}
 	for _, row := range r.Rows {
 		stages[row.Stage] = true
+		if row.Worker != "" && (row.StageCapGiB <= 0 || row.Residency == "") {
+			t.Errorf("budget %s stage %s: stage cap %.3f GiB, residency %q", row.Budget, row.Stage, row.StageCapGiB, row.Residency)
+		}
 	}
-	for _, s := range []string{"STAGE_TEXT_ENCODE", "STAGE_VAE_ENCODE", "STAGE_IMAGE_ENCODE", "STAGE_TRANSFORMER", "STAGE_VAE_DECODE"} {
+	for _, s := range []string{"STAGE_TEXT_ENCODE", "STAGE_VAE_ENCODE", "STAGE_IMAGE_ENCODE", "STAGE_TRANSFORMER", "STAGE_VAE_DECODE", "STAGE_WRITE_VIDEO"} {
 		if !stages[s] {
 			t.Errorf("no row of %s", s)
 		}
 	}
-	if !strings.Contains(table, "| all resident |") || !strings.Contains(table, "| 0.25 GB |") || !strings.Contains(table, "first job") {
-		t.Errorf("table:\n%s", table)
+	for _, want := range []string{"| measure |", "| all resident |", "| 0.25 GB |", "first job", "long (2 s)", "Long job (2 s, 5 sections", "not run"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table has no %q:\n%s", want, table)
+		}
 	}
 }
 

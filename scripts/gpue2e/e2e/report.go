@@ -10,51 +10,45 @@ import (
 	"time"
 )
 
-// JobTotal is one budget's job in the report.
+// JobTotal is one budget's job in the report: the budget file less its rows, and how it
+// compares with the all-resident job.
 type JobTotal struct {
-	Budget   string  `json:"budget"`
-	BudgetGB float64 `json:"budget_gb"`
-	CapGiB   float64 `json:"cap_gib"`
-	TotalS   float64 `json:"total_s"`
-	// FirstJobS is the job its daemon ran before the measured one (-twice), 0 if none.
-	FirstJobS    float64 `json:"first_job_s,omitempty"`
-	VsAll        float64 `json:"vs_all_resident,omitempty"`
-	LoadS        float64 `json:"load_s"`
-	LoadShare    float64 `json:"load_share"`
-	TransformS   float64 `json:"transformer_s"`
-	Resident     uint32  `json:"transformer_resident_blocks"`
-	Streamed     uint32  `json:"transformer_streamed_blocks"`
-	OutputSHA256 string  `json:"output_sha256,omitempty"`
-	// SameAsAll: the output is the all-resident job's, bit for bit (nil: either has no hash).
-	SameAsAll     *bool  `json:"same_output_as_all,omitempty"`
-	LatentsSHA256 string `json:"latents_sha256,omitempty"`
-	// SameLatentsAsAll: the latents alone are the all-resident job's, bit for bit.
-	SameLatentsAsAll *bool   `json:"same_latents_as_all,omitempty"`
-	MaxPeakGiB       float64 `json:"max_peak_gib"`
-	NVMLPeakGiB      float64 `json:"nvml_peak_gib,omitempty"`
-	AllUnderCap      bool    `json:"all_under_cap"`
-	OK               bool    `json:"ok"`
-	Error            string  `json:"error,omitempty"`
-	Note             string  `json:"note,omitempty"`
+	Budget
+	VsAll      float64 `json:"vs_all_resident,omitempty"`
+	TransformS float64 `json:"transformer_s"`
+	Resident   uint32  `json:"transformer_resident_blocks"`
+	Streamed   uint32  `json:"transformer_streamed_blocks"`
+	// SameAsAll: the final video's frames are the all-resident job's, bit for bit (nil: either
+	// has no hash, or the jobs differ in length or steps).
+	SameAsAll *bool `json:"same_output_as_all,omitempty"`
+	// SameLatentsAsAll: the last section's latents are the all-resident job's, bit for bit.
+	SameLatentsAsAll *bool `json:"same_latents_as_all,omitempty"`
 }
 
 // Report is docs/bench/<date>-<gpu>-e2e.json.
 type Report struct {
-	Date      string          `json:"date"`
-	GPU       string          `json:"gpu"`
-	Params    string          `json:"params"`
-	Rows      []Row           `json:"rows"`
+	Date   string `json:"date"`
+	GPU    string `json:"gpu"`
+	Params string `json:"params"`
+	// Goals is issue 30's table: each measure, ours and FramePack's, and whether it is met.
+	Goals []Goal `json:"goals"`
+	// Long sums the long job (time and disk writes against its length).
+	Long      *longSummary    `json:"long,omitempty"`
 	Jobs      []JobTotal      `json:"jobs"`
+	Rows      []Row           `json:"rows"`
 	FramePack json.RawMessage `json:"framepack,omitempty"`
 }
 
 // report merges OUT's budget files (in -budgets order) and FramePack's results.
 func report(o options) error {
 	rep := Report{Date: time.Now().UTC().Format("2006-01-02"), GPU: o.gpu}
-	var all float64
 	var problems []string
-	for _, b := range strings.Split(o.budgets, ",") {
-		b = strings.TrimSpace(b)
+	seen := map[string]bool{}
+	for _, b := range splitList(o.budgets) {
+		if seen[b] {
+			continue
+		}
+		seen[b] = true
 		raw, err := os.ReadFile(filepath.Join(o.out, "budget-"+b+".json"))
 		if err != nil {
 			continue
@@ -63,11 +57,13 @@ func report(o options) error {
 		if err := json.Unmarshal(raw, &r); err != nil {
 			return fmt.Errorf("budget %s: %w", b, err)
 		}
-		rep.Params = r.Params
+		if b != "long" || rep.Params == "" {
+			rep.Params = r.Params
+		}
 		rep.Rows = append(rep.Rows, r.Rows...)
-		jt := JobTotal{Budget: b, BudgetGB: r.BudgetGB, CapGiB: r.CapGiB, TotalS: r.TotalS, LoadS: r.LoadS, LoadShare: r.LoadShare,
-			MaxPeakGiB: r.MaxPeakGiB, NVMLPeakGiB: r.NVMLPeakGiB, AllUnderCap: r.AllUnderCap, OK: r.OK, Error: r.Error, Note: r.Note, FirstJobS: r.FirstJobS, OutputSHA256: r.OutputSHA256,
-			LatentsSHA256: r.LatentsSHA256}
+		problems = append(problems, r.problems()...)
+		jt := JobTotal{Budget: r}
+		jt.Rows = nil
 		for _, row := range r.Rows {
 			if row.Worker == "transformer" {
 				jt.TransformS += row.Seconds
@@ -75,28 +71,13 @@ func report(o options) error {
 					jt.Resident, jt.Streamed = row.ResidentBlocks, row.StreamedBlocks
 				}
 			}
-			if row.Error != "" {
-				problems = append(problems, fmt.Sprintf("budget %s stage %s: %s", b, row.Stage, row.Error))
-			}
-			if row.Worker != "" && !row.Reused && (row.LoadS <= 0 || row.LoadGBps <= 0 || row.SpawnToReadyS <= 0 || row.PeakGiB <= 0 || row.CapGiB <= 0) {
-				problems = append(problems, fmt.Sprintf("budget %s stage %s: incomplete row %+v", b, row.Stage, row))
-			}
-			if !row.UnderCap {
-				problems = append(problems, fmt.Sprintf("budget %s stage %s: peak %.3f GiB over the cap %.3f GiB", b, row.Stage, row.PeakGiB, row.CapGiB))
-			}
-		}
-		if b == "all" {
-			all = r.TotalS
-		}
-		if !r.OK {
-			problems = append(problems, fmt.Sprintf("budget %s: job failed: %s", b, r.Error))
 		}
 		rep.Jobs = append(rep.Jobs, jt)
 	}
-	allHash, allLatents := "", ""
-	for _, j := range rep.Jobs {
-		if j.Budget == "all" {
-			allHash, allLatents = j.OutputSHA256, j.LatentsSHA256
+	var all *JobTotal
+	for i := range rep.Jobs {
+		if rep.Jobs[i].Budget.Budget == "all" {
+			all = &rep.Jobs[i]
 		}
 	}
 	sameAs := func(h, ref string) *bool {
@@ -107,11 +88,15 @@ func report(o options) error {
 		return &same
 	}
 	for i := range rep.Jobs {
-		if all > 0 {
-			rep.Jobs[i].VsAll = rep.Jobs[i].TotalS / all
+		j := &rep.Jobs[i]
+		if all == nil || j.Seconds != all.Seconds || j.Steps != all.Steps {
+			continue
 		}
-		rep.Jobs[i].SameAsAll = sameAs(rep.Jobs[i].OutputSHA256, allHash)
-		rep.Jobs[i].SameLatentsAsAll = sameAs(rep.Jobs[i].LatentsSHA256, allLatents)
+		if all.TotalS > 0 {
+			j.VsAll = j.TotalS / all.TotalS
+		}
+		j.SameAsAll = sameAs(j.OutputSHA256, all.OutputSHA256)
+		j.SameLatentsAsAll = sameAs(j.LatentsSHA256, all.LatentsSHA256)
 	}
 	var fp fpResults
 	if o.framepack != "" {
@@ -123,6 +108,13 @@ func report(o options) error {
 			return fmt.Errorf("framepack results %s: %w", o.framepack, err)
 		}
 		rep.FramePack = raw
+	}
+	rep.Goals = goals(rep.Jobs, fp)
+	for _, j := range rep.Jobs {
+		if j.Budget.Budget == "long" && j.OK {
+			l := summarizeLong(j.Budget)
+			rep.Long = &l
+		}
 	}
 	out, err := json.MarshalIndent(rep, "", " ")
 	if err != nil {
@@ -144,63 +136,165 @@ func report(o options) error {
 	return nil
 }
 
-// fpResults is what framepack_e2e.py writes.
-type fpResults struct {
-	Rows []struct {
-		Mode        string  `json:"mode"`
-		BudgetGB    float64 `json:"budget_gb"`
-		Stage       string  `json:"stage"`
-		Seconds     float64 `json:"seconds"`
-		PeakGiB     float64 `json:"peak_gib"`
-		NVMLPeakGiB float64 `json:"nvml_peak_gib"`
-		LoadS       float64 `json:"load_s"`
-		Error       string  `json:"error"`
-	} `json:"rows"`
+// problems lists what makes a budget's record unusable: failed stages, incomplete worker rows,
+// peaks over their caps, a failed job, and a keep job that reused no kept worker.
+func (r *Budget) problems() []string {
+	var out []string
+	b := r.Budget
+	for _, row := range r.Rows {
+		if row.Error != "" {
+			out = append(out, fmt.Sprintf("budget %s stage %s: %s", b, row.Stage, row.Error))
+		}
+		if row.Worker != "" && !row.Reused && (row.LoadS <= 0 || row.LoadGBps <= 0 || row.SpawnToReadyS <= 0 || row.PeakGiB <= 0 || row.CapGiB <= 0) {
+			out = append(out, fmt.Sprintf("budget %s stage %s: incomplete row %+v", b, row.Stage, row))
+		}
+		if !row.UnderCap {
+			out = append(out, fmt.Sprintf("budget %s stage %s: peak %.3f GiB over the cap %.3f GiB", b, row.Stage, row.PeakGiB, row.CapGiB))
+		}
+	}
+	if !r.OK {
+		out = append(out, fmt.Sprintf("budget %s: job failed: %s", b, r.Error))
+	}
+	if b == "keep" && r.OK && r.ReusedStages < r.WorkerStages {
+		out = append(out, fmt.Sprintf("budget keep: the second job reused a kept worker in %d of %d worker stages", r.ReusedStages, r.WorkerStages))
+	}
+	return out
 }
 
-// table is the README's performance table: one line per budget, FramePack's rows after.
+// fpRow is one row of framepack_e2e.py's results.
+type fpRow struct {
+	Mode        string  `json:"mode"`
+	BudgetGB    float64 `json:"budget_gb"`
+	Stage       string  `json:"stage"`
+	Seconds     float64 `json:"seconds"`
+	PeakGiB     float64 `json:"peak_gib"`
+	NVMLPeakGiB float64 `json:"nvml_peak_gib"`
+	LoadS       float64 `json:"load_s"`
+	// HostRSSPeakGiB is the FramePack process's RSS peak, HostUsedPeakGiB the system's used
+	// memory above its reading when the process started (on the job row: over the whole run,
+	// the model load included).
+	HostRSSPeakGiB  float64 `json:"host_rss_peak_gib"`
+	HostUsedPeakGiB float64 `json:"host_used_peak_gib"`
+	// WroteVideo (job rows) says whether the job wrote its video as demo_gradio.py does (an MP4
+	// of the whole video so far after every section; framepack_e2e.py --write-video).
+	WroteVideo bool `json:"wrote_video"`
+	// Beside is what ran beside the run on the machine (the native build, when FramePack's
+	// runs go while it compiles).
+	Beside string `json:"beside"`
+	Error  string `json:"error"`
+}
+
+// fpResults is what framepack_e2e.py writes.
+type fpResults struct {
+	Rows []fpRow `json:"rows"`
+}
+
+// job is the job row of FramePack's run in mode at budget (nil: none without error).
+func (f fpResults) job(mode string, budget float64) *fpRow {
+	for i := len(f.Rows) - 1; i >= 0; i-- {
+		r := &f.Rows[i]
+		if r.Mode == mode && r.BudgetGB == budget && r.Stage == "job" && r.Error == "" {
+			return r
+		}
+	}
+	return nil
+}
+
+// table is the README's tables: the goals, one line per budget, the long job, FramePack's rows,
+// every stage.
 func table(rep Report, fp fpResults) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nEnd to end (%s; %s; %s)\n\n", rep.GPU, rep.Params, rep.Date)
-	b.WriteString("| budget | cap GiB | job s | vs all-resident | load share | transformer s | blocks resident/streamed | max peak GiB | NVML peak GiB | output = all resident | latents = all resident | ok |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString(goalsTable(rep.Goals))
+	b.WriteString("\n| budget | lane GiB | job s | without video s | vs all-resident | load share | reused/worker stages | transformer s | blocks resident/streamed | max peak GiB | NVML peak GiB | host used GiB | our RSS GiB (anon+shmem) | max worker RSS GiB | disk writes MB | video MB | output = all | latents = all | ok |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, j := range rep.Jobs {
-		name := j.Budget + " GB"
-		switch j.Budget {
-		case "all":
-			name = "all resident"
-		case "cold":
-			name = "all resident, first job (no conv caches)"
-		}
 		job := fmt.Sprintf("%.1f", j.TotalS)
 		if j.FirstJobS > 0 {
 			job += fmt.Sprintf(" (first job %.1f)", j.FirstJobS)
 		}
-		word := func(p *bool) string {
-			if p == nil {
-				return "–"
-			}
-			return map[bool]string{true: "same", false: "differs"}[*p]
+		vs := "–"
+		if j.VsAll > 0 {
+			vs = fmt.Sprintf("%.2f×", j.VsAll)
 		}
-		same, sameLat := word(j.SameAsAll), word(j.SameLatentsAsAll)
-		fmt.Fprintf(&b, "| %s | %.2f | %s | %.2f× | %.1f %% | %.1f | %d/%d | %.2f | %.2f | %s | %s | %v |\n", name, j.CapGiB, job, j.VsAll,
-			100*j.LoadShare, j.TransformS, j.Resident, j.Streamed, j.MaxPeakGiB, j.NVMLPeakGiB, same, sameLat, j.OK)
+		fmt.Fprintf(&b, "| %s | %.2f | %s | %.1f | %s | %.1f %% | %d/%d | %.1f | %d/%d | %.2f | %.2f | %.1f | %.1f (%.1f) | %.1f | %.0f | %.0f | %s | %s | %v |\n",
+			budgetName(j.Budget.Budget, j.Seconds), j.CapGiB, job, j.TotalNoVideoS, vs, 100*j.LoadShare, j.ReusedStages, j.WorkerStages, j.TransformS,
+			j.Resident, j.Streamed, j.MaxPeakGiB, j.NVMLPeakGiB, j.HostUsedPeakGiB, j.ProcsRSSPeakGiB, j.ProcsPrivatePeakGiB, j.WorkerRSSPeakGiB,
+			float64(j.DiskWriteBytes)/1e6, float64(j.VideoBytes)/1e6, word(j.SameAsAll), word(j.SameLatentsAsAll), j.OK)
+	}
+	for _, j := range rep.Jobs {
+		if j.Budget.Budget == "long" {
+			b.WriteString(longTable(j.Budget))
+		}
 	}
 	if len(fp.Rows) > 0 {
-		b.WriteString("\nFramePack (demo_gradio.py's worker loop, same checkpoints, same run)\n\n")
-		b.WriteString("| mode | budget GB | stage | s | peak GiB (torch) | NVML peak GiB |\n|---|---|---|---|---|---|\n")
+		b.WriteString("\nFramePack (demo_gradio.py's worker loop, same checkpoints, same run; job rows: the models already in host memory)\n\n")
+		b.WriteString("| mode | budget GB | stage | s | peak GiB (torch) | NVML peak GiB | RSS peak GiB | host used GiB | video written |\n|---|---|---|---|---|---|---|---|---|\n")
 		for _, r := range fp.Rows {
 			s := fmt.Sprintf("%.2f", r.Seconds)
 			if r.Error != "" {
 				s = "error: " + r.Error
 			}
-			fmt.Fprintf(&b, "| %s | %g | %s | %s | %.2f | %.2f |\n", r.Mode, r.BudgetGB, r.Stage, s, r.PeakGiB, r.NVMLPeakGiB)
+			v := "–"
+			if r.Stage == "job" {
+				v = fmt.Sprint(r.WroteVideo)
+				if r.Beside != "" {
+					s += " (" + r.Beside + ")"
+				}
+			}
+			fmt.Fprintf(&b, "| %s | %g | %s | %s | %.2f | %.2f | %.1f | %.1f | %s |\n", r.Mode, r.BudgetGB, r.Stage, s, r.PeakGiB, r.NVMLPeakGiB, r.HostRSSPeakGiB, r.HostUsedPeakGiB, v)
 		}
 	}
-	b.WriteString("\nPer stage\n\n| budget | stage | section | s | spawn→ready s | load s | load GB/s | compute s | kill→reaped s | kill→memory back s | peak/cap GiB | NVML GiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("\nPer stage\n\n| budget | stage | section | s | spawn→ready s | load s | load GB/s | compute s | kill→reaped s | kill→memory back s | peak/cap GiB | stage cap GiB | reused/kept | RSS GiB | NVML GiB |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rep.Rows {
-		fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f/%.2f | %.2f |\n", r.Budget, r.Stage, r.Section, r.Seconds,
-			r.SpawnToReadyS, r.LoadS, r.LoadGBps, r.ComputeS, r.KillToReapedS, r.KillToMemoryBackS, r.PeakGiB, r.CapGiB, r.NVMLPeakGiB)
+		if r.Budget == "long" && r.Section > 2 {
+			continue // the long job's sections are summed in its own table
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f/%.2f | %.2f | %s | %.2f | %.2f |\n", r.Budget, r.Stage, r.Section, r.Seconds,
+			r.SpawnToReadyS, r.LoadS, r.LoadGBps, r.ComputeS, r.KillToReapedS, r.KillToMemoryBackS, r.PeakGiB, r.CapGiB, r.StageCapGiB,
+			flags(r.Reused, r.Kept), r.RSSPeakGiB, r.NVMLPeakGiB)
+	}
+	return b.String()
+}
+
+func budgetName(b string, seconds float64) string {
+	switch b {
+	case "all":
+		return "all resident"
+	case "keep":
+		return "all resident, keep-alive (second job)"
+	case "cold":
+		return "all resident, first job (no conv caches)"
+	case "long":
+		return fmt.Sprintf("long (%g s)", seconds)
+	}
+	return b + " GB"
+}
+
+func word(p *bool) string {
+	if p == nil {
+		return "–"
+	}
+	return map[bool]string{true: "same", false: "differs"}[*p]
+}
+
+func flags(reused, kept bool) string {
+	return map[bool]string{true: "r", false: "–"}[reused] + "/" + map[bool]string{true: "k", false: "–"}[kept]
+}
+
+// longTable sums the long job: time and disk writes per section at its start and its end.
+func longTable(j Budget) string {
+	var b strings.Builder
+	l := summarizeLong(j)
+	fmt.Fprintf(&b, "\nLong job (%g s, %d sections, %d steps, %.0f GiB lane): total %.1f s, sections' compute %.1f s (wall %.1f s), once-per-job stages %.1f s, outside stages %.1f s; disk writes %.0f MB (cancelled %.0f MB) for a final video of %.0f MB (%s, job folder %.0f MB, state on %s)\n\n",
+		j.Seconds, len(j.Sections), j.Steps, j.CapGiB, j.TotalS, j.SectionsComputeS, j.SectionsWallS, j.OnceS, j.GapS,
+		float64(j.DiskWriteBytes)/1e6, float64(j.DiskCancelledBytes)/1e6, float64(j.VideoBytes)/1e6, j.VideoFormat, float64(j.JobDirBytes)/1e6, j.StateFS)
+	b.WriteString("| sections | mean wall s | mean compute s | mean write-video s | mean disk writes MB |\n|---|---|---|---|---|\n")
+	for _, g := range []struct {
+		name string
+		s    sectionMeans
+	}{{"first " + fmt.Sprint(l.First.N), l.First}, {"last " + fmt.Sprint(l.Last.N), l.Last}} {
+		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.2f | %.1f |\n", g.name, g.s.WallS, g.s.ComputeS, g.s.WriteS, g.s.DiskWriteMB)
 	}
 	return b.String()
 }

@@ -20,6 +20,23 @@ hooks.spec.push((spec) => {
   }
 });
 
+// The server's field names of these controls, for its refusals (app.js marks the field).
+Object.assign(FIELD_INPUT, {
+  'spec.cache': 'cache', 'spec.magcache_threshold': 'magcache-threshold',
+  'spec.magcache_max_consecutive_skips': 'magcache-max-skips', 'spec.magcache_retention_ratio': 'magcache-retention',
+});
+
+// "Use these settings" sets the step cache as the job had it.
+hooks.reuse.push((job) => {
+  const s = job.spec || {};
+  $('cache').value = s.cache || (s.useTeacache === false ? 'none' : 'teacache');
+  for (const [k, id] of [['magcacheThreshold', 'magcache-threshold'], ['magcacheMaxConsecutiveSkips', 'magcache-max-skips'],
+    ['magcacheRetentionRatio', 'magcache-retention']]) {
+    if (s[k] !== undefined) $(id).value = String(s[k]);
+  }
+  showMagCache();
+});
+
 hooks.settings.push((job) => {
   const s = job.spec || {};
   const cache = s.cache || (s.useTeacache === false ? 'none' : 'teacache');

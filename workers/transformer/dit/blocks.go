@@ -205,7 +205,7 @@ func (blk HunyuanVideoSingleTransformerBlock) Forward(rt *runtime.Runtime, x, te
 	nx, gate := blk.Norm.Forward(p, x, temb)
 	var mlp *runtime.Tensor // act_mlp(proj_mlp(x)): GELU(tanh) in the GEMM's epilogue
 	if p.OK() {
-		mlp = p.Do(p.RT.LinearGELU(nx, blk.ProjMLP.Weight, blk.ProjMLP.Bias))
+		mlp = blk.ProjMLP.ForwardGELU(p, nx)
 	}
 	attn := blk.Attn.Forward(p, nx, r)
 	p.Drop(nx)

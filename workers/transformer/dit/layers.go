@@ -34,7 +34,7 @@ func (f FeedForward) Forward(p *nn.Pass, x *runtime.Tensor) *runtime.Tensor {
 	switch {
 	case !p.OK():
 	case f.act == runtime.OpGELUTanh: // net.0's projection and GELU(tanh) in one op (GEMM epilogue)
-		a = p.Do(p.RT.LinearGELU(x, f.Proj.Weight, f.Proj.Bias))
+		a = f.Proj.ForwardGELU(p, x)
 	default:
 		h := f.Proj.Forward(p, x)
 		a = p.Do(p.RT.Unary(f.act, h))

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 
+	"github.com/framepackd/framepackd/internal/fp8"
 	"github.com/framepackd/framepackd/internal/nn"
 	"github.com/framepackd/framepackd/internal/runtime"
 	"github.com/framepackd/framepackd/internal/safetensors"
@@ -33,6 +34,8 @@ type Model struct {
 
 	// Unexpected lists checkpoint tensors no module uses (the loader's caller logs them).
 	Unexpected []string
+	// FP8Format is the format of the 8-bit Linear weights (fp8.None: none).
+	FP8Format fp8.Format
 
 	nn.Weights // the resident weights (WeightBytes and NumParams below add the streamed blocks')
 	rt         *runtime.Runtime
@@ -72,6 +75,13 @@ type LoadOptions struct {
 	// MaxResidentBlocks caps the blocks kept in the runtime's memory (double blocks first,
 	// then single); the rest stream. 0: no limit; NoResidentBlocks streams every block.
 	MaxResidentBlocks int
+	// Checkpoint is a single safetensors file read instead of the folder's weights (the
+	// folder's config.json still describes the model): FramePack's weights as one file, or in
+	// 8 bits as ComfyUI and musubi-tuner users have them (internal/fp8).
+	Checkpoint string
+	// QuantizeLinear quantizes the Linear weights stored in 16 or 32 bits to e4m3, one scale
+	// per output channel, at load (weights "fp8"); 8-bit ones stay as stored either way.
+	QuantizeLinear bool
 }
 
 // NoResidentBlocks, as LoadOptions.MaxResidentBlocks, streams every block.
@@ -87,7 +97,7 @@ func Load(rt *runtime.Runtime, dir string, opts LoadOptions) (*Model, error) {
 	if opts.RandomWeights {
 		return New(rt, cfg, nil, opts)
 	}
-	ck, err := safetensors.OpenCheckpoint(dir)
+	ck, err := OpenWeights(dir, opts)
 	if err != nil {
 		return nil, fmt.Errorf("load transformer: %w", err)
 	}
@@ -97,6 +107,15 @@ func Load(rt *runtime.Runtime, dir string, opts LoadOptions) (*Model, error) {
 		return nil, fmt.Errorf("load transformer %s: %w", filepath.Base(ck.Path), err)
 	}
 	return m, nil
+}
+
+// OpenWeights opens the checkpoint Load reads for opts: opts.Checkpoint when set, else the
+// folder's (one file or a sharded index).
+func OpenWeights(dir string, opts LoadOptions) (*safetensors.Checkpoint, error) {
+	if opts.Checkpoint != "" {
+		return safetensors.OpenCheckpoint(opts.Checkpoint)
+	}
+	return safetensors.OpenCheckpoint(dir)
 }
 
 // New builds the model of cfg with its weights from src (nil with opts.RandomWeights). Every
@@ -117,7 +136,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	if err != nil {
 		return nil, err
 	}
-	dts := nn.Options{DType: opts.ActivationDType, WeightDType: opts.WeightDType}
+	dts := nn.Options{DType: opts.ActivationDType, WeightDType: opts.WeightDType, QuantizeLinear: opts.QuantizeLinear}
 	var l *nn.Loader
 	if src == nil {
 		l = nn.NewRandomLoader(rt, opts.Seed, dts)
@@ -129,6 +148,7 @@ func New(rt *runtime.Runtime, cfg Config, src nn.Source, opts LoadOptions) (*Mod
 	m.double = nn.NewBlockStream(rt, "transformer_blocks", func(l *nn.Loader) HunyuanVideoTransformerBlock { return bindDoubleBlock(l, "", cfg) })
 	m.single = nn.NewBlockStream(rt, "single_transformer_blocks", func(l *nn.Loader) HunyuanVideoSingleTransformerBlock { return bindSingleBlock(l, "", cfg) })
 	bindAll(l, cfg, m)
+	m.FP8Format = l.FP8Format()
 	ws, rep, err := l.Finish()
 	if err != nil {
 		return nil, err

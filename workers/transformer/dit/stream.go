@@ -73,7 +73,7 @@ func EstimateFootprint(cfg Config, src nn.Source, opts LoadOptions) (Footprint, 
 		return Footprint{}, err
 	}
 	size := func(bind func(l *nn.Loader)) int64 {
-		l := nn.NewShapeLoaderFor(nn.Options{DType: opts.ActivationDType, WeightDType: opts.WeightDType})
+		l := nn.NewShapeLoaderFor(nn.Options{DType: opts.ActivationDType, WeightDType: opts.WeightDType, QuantizeLinear: opts.QuantizeLinear})
 		bind(l)
 		return l.ShapeBytes(src, "")
 	}

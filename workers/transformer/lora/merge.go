@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/framepackd/framepackd/internal/fp8"
 	"github.com/framepackd/framepackd/internal/safetensors"
 )
 
@@ -55,10 +56,18 @@ type patch struct {
 
 // Merged is base with LoRAs merged into its weights: the same names and shapes, the weights a
 // LoRA changes recomputed when read.
+//
+// A weight stored in 8 bits (internal/fp8: plain, ComfyUI or musubi-tuner) is dequantized exactly
+// by its format's rule, merged in float64 per row like any other, and handed on as F32 with its
+// scale tensors hidden; Requantize says so, and the loader quantizes it back to 8 bits with the
+// quantize-at-load rule (e4m3, one scale per output channel), so the model keeps every Linear it
+// had in 8 bits in 8 bits.
 type Merged struct {
 	base    Source
 	opts    Options
 	patches map[string][]patch // target tensor name → updates in merge order
+	quant   *fp8.Layout        // base's 8-bit weights (nil: none)
+	hidden  map[string]bool    // scale tensors of merged 8-bit weights
 }
 
 var _ Source = (*Merged)(nil)
@@ -67,7 +76,11 @@ var _ Source = (*Merged)(nil)
 // order. A key that matches no weight, a shape or rank that does not fit, or a file that changes
 // nothing is an error naming the file and the key.
 func Merge(base Source, specs []Spec, opts Options) (*Merged, []Applied, error) {
-	m := &Merged{base: base, opts: opts, patches: map[string][]patch{}}
+	m := &Merged{base: base, opts: opts, patches: map[string][]patch{}, hidden: map[string]bool{}}
+	var err error
+	if m.quant, err = fp8.Detect(base); err != nil {
+		return nil, nil, err
+	}
 	idx := newIndex(base)
 	var applied []Applied
 	for _, s := range specs {
@@ -94,7 +107,22 @@ func Merge(base Source, specs []Spec, opts Options) (*Merged, []Applied, error) 
 		}
 		applied = append(applied, Applied{Path: s.Path, Strength: s.Strength, Format: f.Format, WeightsChanged: len(changed)})
 	}
+	for name := range m.patches {
+		if w := m.quant.Weight(name); w != nil {
+			for _, a := range []string{w.Scale, w.TensorScale, w.InputScale} {
+				if a != "" {
+					m.hidden[a] = true
+				}
+			}
+		}
+	}
 	return m, applied, nil
+}
+
+// Requantize reports whether name is an 8-bit weight of base that a LoRA changed: Bytes hands it
+// on in f32, for the loader to quantize again.
+func (m *Merged) Requantize(name string) bool {
+	return len(m.patches[name]) > 0 && m.quant.Weight(name) != nil
 }
 
 // Changed lists the names of the weights the LoRAs change, sorted.
@@ -107,16 +135,32 @@ func (m *Merged) Changed() []string {
 	return out
 }
 
-// Names lists base's tensors.
-func (m *Merged) Names() []string { return m.base.Names() }
+// Names lists base's tensors but the scales of merged 8-bit weights.
+func (m *Merged) Names() []string {
+	names := m.base.Names()
+	if len(m.hidden) == 0 {
+		return names
+	}
+	out := names[:0:0]
+	for _, n := range names {
+		if !m.hidden[n] {
+			out = append(out, n)
+		}
+	}
+	return out
+}
 
-// Info describes a tensor as Bytes returns it: a merged weight is F32 unless Options.KeepDType.
+// Info describes a tensor as Bytes returns it: a merged weight is F32 unless Options.KeepDType
+// (and always when it was stored in 8 bits); the scales of a merged 8-bit weight are gone.
 func (m *Merged) Info(name string) (safetensors.TensorInfo, bool) {
+	if m.hidden[name] {
+		return safetensors.TensorInfo{}, false
+	}
 	info, ok := m.base.Info(name)
 	if !ok || len(m.patches[name]) == 0 {
 		return info, ok
 	}
-	if !m.opts.KeepDType {
+	if !m.opts.KeepDType || info.DType.IsFP8() {
 		info.DType = safetensors.F32
 	}
 	info.End = info.Begin + info.NumElements()*int64(info.DType.Size())
@@ -131,11 +175,17 @@ func (m *Merged) Bytes(name string) ([]byte, error) {
 		return m.base.Bytes(name)
 	}
 	info, _ := m.base.Info(name)
-	raw, err := m.base.Bytes(name)
-	if err != nil {
-		return nil, err
+	var w []float32
+	var err error
+	if qw := m.quant.Weight(name); qw != nil {
+		w, err = qw.Dequantize(m.base) // q·s by the format's rule
+		info.DType = safetensors.F32
+	} else {
+		var raw []byte
+		if raw, err = m.base.Bytes(name); err == nil {
+			w, err = decode(raw, info.DType)
+		}
 	}
-	w, err := decode(raw, info.DType)
 	if err != nil {
 		return nil, fmt.Errorf("merge %s: %w", name, err)
 	}

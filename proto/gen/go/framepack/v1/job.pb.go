@@ -421,16 +421,33 @@ type JobSpec struct {
 	InputVideoSha256 string `protobuf:"bytes,30,opt,name=input_video_sha256,json=inputVideoSha256,proto3" json:"input_video_sha256,omitempty"`
 	// input_video_job_id names a succeeded job whose video is extended,
 	// instead of input_video; the server copies that video into the new job.
-	InputVideoJobId string `protobuf:"bytes,31,opt,name=input_video_job_id,json=inputVideoJobId,proto3" json:"input_video_job_id,omitempty"`
+	InputVideoJobId string `protobuf:"bytes,34,opt,name=input_video_job_id,json=inputVideoJobId,proto3" json:"input_video_job_id,omitempty"`
 	// video_context_frames is how many latent frames of the input video's end
 	// the first sections hold on to (Studio's "Number of Context Frames
 	// (Adherence to Video)", num_cleaned_frames), 1 to 10; unset means 5. Only
 	// with an input video.
-	VideoContextFrames *uint32 `protobuf:"varint,32,opt,name=video_context_frames,json=videoContextFrames,proto3,oneof" json:"video_context_frames,omitempty"`
+	VideoContextFrames *uint32 `protobuf:"varint,35,opt,name=video_context_frames,json=videoContextFrames,proto3,oneof" json:"video_context_frames,omitempty"`
 	// video_include_input says whether the output begins with the input
 	// video's frames (fitted to the bucket) before the new ones; unset means
 	// true. Only with an input video.
-	VideoIncludeInput *bool `protobuf:"varint,33,opt,name=video_include_input,json=videoIncludeInput,proto3,oneof" json:"video_include_input,omitempty"`
+	VideoIncludeInput *bool `protobuf:"varint,36,opt,name=video_include_input,json=videoIncludeInput,proto3,oneof" json:"video_include_input,omitempty"`
+	// weights is how the transformer's Linear weights are held: empty as the
+	// checkpoint stores them (16 bits, or 8 bits for an fp8 checkpoint), or
+	// "fp8" to quantize 16-bit weights to float8_e4m3fn at load, one scale per
+	// output channel (about half the memory; the video differs slightly).
+	Weights string `protobuf:"bytes,31,opt,name=weights,proto3" json:"weights,omitempty"`
+	// transformer_checkpoint is a single safetensors file on the server (an
+	// absolute path) holding the transformer's weights instead of the model
+	// folder's: FramePack's weights as one file, or the fp8 files ComfyUI and
+	// musubi-tuner users have (plain float8 casts, ComfyUI scaled_fp8,
+	// musubi-tuner fp8_scaled), told apart from their tensors. The model
+	// folder's config.json still describes the model. Empty: the folder's.
+	TransformerCheckpoint string `protobuf:"bytes,32,opt,name=transformer_checkpoint,json=transformerCheckpoint,proto3" json:"transformer_checkpoint,omitempty"`
+	// fp8_compute is how products with 8-bit weights run: "weight_only" (also
+	// empty), "tensor" or "token" (activations quantized to float8_e4m3fn per
+	// tensor or per token, fp8 x fp8 on the matrix units where the GPU has them;
+	// weight-only elsewhere).
+	Fp8Compute string `protobuf:"bytes,33,opt,name=fp8_compute,json=fp8Compute,proto3" json:"fp8_compute,omitempty"`
 	// keep_alive is how long the job's model workers stay alive after it ends,
 	// for the next job that wants the same models with the same LoRAs and
 	// dtype (Ollama's keep_alive), 0 to 24 h; 0 kills them when the job ends.
@@ -702,6 +719,27 @@ func (x *JobSpec) GetVideoIncludeInput() bool {
 		return *x.VideoIncludeInput
 	}
 	return false
+}
+
+func (x *JobSpec) GetWeights() string {
+	if x != nil {
+		return x.Weights
+	}
+	return ""
+}
+
+func (x *JobSpec) GetTransformerCheckpoint() string {
+	if x != nil {
+		return x.TransformerCheckpoint
+	}
+	return ""
+}
+
+func (x *JobSpec) GetFp8Compute() string {
+	if x != nil {
+		return x.Fp8Compute
+	}
+	return ""
 }
 
 func (x *JobSpec) GetKeepAlive() *durationpb.Duration {
@@ -1506,7 +1544,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8b\f\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\f\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -1542,9 +1580,13 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\vinput_video\x18\x1d \x01(\fR\n" +
 	"inputVideo\x12,\n" +
 	"\x12input_video_sha256\x18\x1e \x01(\tR\x10inputVideoSha256\x12+\n" +
-	"\x12input_video_job_id\x18\x1f \x01(\tR\x0finputVideoJobId\x125\n" +
-	"\x14video_context_frames\x18  \x01(\rH\bR\x12videoContextFrames\x88\x01\x01\x123\n" +
-	"\x13video_include_input\x18! \x01(\bH\tR\x11videoIncludeInput\x88\x01\x01\x128\n" +
+	"\x12input_video_job_id\x18\" \x01(\tR\x0finputVideoJobId\x125\n" +
+	"\x14video_context_frames\x18# \x01(\rH\bR\x12videoContextFrames\x88\x01\x01\x123\n" +
+	"\x13video_include_input\x18$ \x01(\bH\tR\x11videoIncludeInput\x88\x01\x01\x12\x18\n" +
+	"\aweights\x18\x1f \x01(\tR\aweights\x125\n" +
+	"\x16transformer_checkpoint\x18  \x01(\tR\x15transformerCheckpoint\x12\x1f\n" +
+	"\vfp8_compute\x18! \x01(\tR\n" +
+	"fp8Compute\x128\n" +
 	"\n" +
 	"keep_alive\x18( \x01(\v2\x19.google.protobuf.DurationR\tkeepAliveB\a\n" +
 	"\x05_seedB\x0f\n" +

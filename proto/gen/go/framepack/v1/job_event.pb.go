@@ -56,6 +56,7 @@ type JobEvent struct {
 	//	*JobEvent_JobFinished
 	//	*JobEvent_JobFailed
 	//	*JobEvent_JobCancelled
+	//	*JobEvent_StageProgress
 	Event         isJobEvent_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -227,6 +228,15 @@ func (x *JobEvent) GetJobCancelled() *JobCancelled {
 	return nil
 }
 
+func (x *JobEvent) GetStageProgress() *StageProgress {
+	if x != nil {
+		if x, ok := x.Event.(*JobEvent_StageProgress); ok {
+			return x.StageProgress
+		}
+	}
+	return nil
+}
+
 type isJobEvent_Event interface {
 	isJobEvent_Event()
 }
@@ -291,6 +301,12 @@ type JobEvent_JobCancelled struct {
 	JobCancelled *JobCancelled `protobuf:"bytes,14,opt,name=job_cancelled,json=jobCancelled,proto3,oneof"`
 }
 
+type JobEvent_StageProgress struct {
+	// stage_progress reports how far a stage without sampling steps is (the
+	// VAE decode's tiles and frame chunks).
+	StageProgress *StageProgress `protobuf:"bytes,16,opt,name=stage_progress,json=stageProgress,proto3,oneof"`
+}
+
 func (*JobEvent_Snapshot) isJobEvent_Event() {}
 
 func (*JobEvent_StageStarted) isJobEvent_Event() {}
@@ -314,6 +330,8 @@ func (*JobEvent_JobFinished) isJobEvent_Event() {}
 func (*JobEvent_JobFailed) isJobEvent_Event() {}
 
 func (*JobEvent_JobCancelled) isJobEvent_Event() {}
+
+func (*JobEvent_StageProgress) isJobEvent_Event() {}
 
 // StageStarted says a stage began.
 type StageStarted struct {
@@ -502,7 +520,11 @@ type SamplingStep struct {
 	// step_duration is how long the step took.
 	StepDuration *durationpb.Duration `protobuf:"bytes,4,opt,name=step_duration,json=stepDuration,proto3" json:"step_duration,omitempty"`
 	// eta is the estimated time left for the whole job.
-	Eta           *durationpb.Duration `protobuf:"bytes,5,opt,name=eta,proto3" json:"eta,omitempty"`
+	Eta *durationpb.Duration `protobuf:"bytes,5,opt,name=eta,proto3" json:"eta,omitempty"`
+	// fraction is the estimated share of the job done, 0 to 1 (what
+	// JobProgress.fraction becomes); 0 from servers before it was added, whose
+	// clients count (section + step / total_steps) / total_sections.
+	Fraction      float32 `protobuf:"fixed32,6,opt,name=fraction,proto3" json:"fraction,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -572,6 +594,116 @@ func (x *SamplingStep) GetEta() *durationpb.Duration {
 	return nil
 }
 
+func (x *SamplingStep) GetFraction() float32 {
+	if x != nil {
+		return x.Fraction
+	}
+	return 0
+}
+
+// StageProgress reports how far a stage is that has no sampling steps: the VAE
+// decode of a section, in model runs (its spatial tiles times its temporal
+// chunks of frames). Sent after each run; the last one has done = total.
+type StageProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// stage is the stage running (STAGE_VAE_DECODE).
+	Stage Stage `protobuf:"varint,1,opt,name=stage,proto3,enum=framepack.v1.Stage" json:"stage,omitempty"`
+	// section_index is the section, for per-section stages.
+	SectionIndex uint32 `protobuf:"varint,2,opt,name=section_index,json=sectionIndex,proto3" json:"section_index,omitempty"`
+	// done is the number of model runs finished, 1-based.
+	Done uint32 `protobuf:"varint,3,opt,name=done,proto3" json:"done,omitempty"`
+	// total is the number of model runs of the stage.
+	Total uint32 `protobuf:"varint,4,opt,name=total,proto3" json:"total,omitempty"`
+	// elapsed is the time since the stage's worker started computing.
+	Elapsed *durationpb.Duration `protobuf:"bytes,5,opt,name=elapsed,proto3" json:"elapsed,omitempty"`
+	// eta is the estimated time left for the whole job.
+	Eta *durationpb.Duration `protobuf:"bytes,6,opt,name=eta,proto3" json:"eta,omitempty"`
+	// fraction is the estimated share of the job done, 0 to 1 (what
+	// JobProgress.fraction becomes).
+	Fraction      float32 `protobuf:"fixed32,7,opt,name=fraction,proto3" json:"fraction,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StageProgress) Reset() {
+	*x = StageProgress{}
+	mi := &file_framepack_v1_job_event_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StageProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StageProgress) ProtoMessage() {}
+
+func (x *StageProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_event_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StageProgress.ProtoReflect.Descriptor instead.
+func (*StageProgress) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *StageProgress) GetStage() Stage {
+	if x != nil {
+		return x.Stage
+	}
+	return Stage_STAGE_UNSPECIFIED
+}
+
+func (x *StageProgress) GetSectionIndex() uint32 {
+	if x != nil {
+		return x.SectionIndex
+	}
+	return 0
+}
+
+func (x *StageProgress) GetDone() uint32 {
+	if x != nil {
+		return x.Done
+	}
+	return 0
+}
+
+func (x *StageProgress) GetTotal() uint32 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
+func (x *StageProgress) GetElapsed() *durationpb.Duration {
+	if x != nil {
+		return x.Elapsed
+	}
+	return nil
+}
+
+func (x *StageProgress) GetEta() *durationpb.Duration {
+	if x != nil {
+		return x.Eta
+	}
+	return nil
+}
+
+func (x *StageProgress) GetFraction() float32 {
+	if x != nil {
+		return x.Fraction
+	}
+	return 0
+}
+
 // Preview is a cheap preview of the denoised latents after a step.
 type Preview struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -587,7 +719,7 @@ type Preview struct {
 
 func (x *Preview) Reset() {
 	*x = Preview{}
-	mi := &file_framepack_v1_job_event_proto_msgTypes[4]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -599,7 +731,7 @@ func (x *Preview) String() string {
 func (*Preview) ProtoMessage() {}
 
 func (x *Preview) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_event_proto_msgTypes[4]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -612,7 +744,7 @@ func (x *Preview) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Preview.ProtoReflect.Descriptor instead.
 func (*Preview) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{4}
+	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Preview) GetSectionIndex() uint32 {
@@ -651,7 +783,7 @@ type SectionVideo struct {
 
 func (x *SectionVideo) Reset() {
 	*x = SectionVideo{}
-	mi := &file_framepack_v1_job_event_proto_msgTypes[5]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +795,7 @@ func (x *SectionVideo) String() string {
 func (*SectionVideo) ProtoMessage() {}
 
 func (x *SectionVideo) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_event_proto_msgTypes[5]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +808,7 @@ func (x *SectionVideo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SectionVideo.ProtoReflect.Descriptor instead.
 func (*SectionVideo) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{5}
+	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SectionVideo) GetSectionIndex() uint32 {
@@ -721,7 +853,7 @@ type MemoryTelemetry struct {
 
 func (x *MemoryTelemetry) Reset() {
 	*x = MemoryTelemetry{}
-	mi := &file_framepack_v1_job_event_proto_msgTypes[6]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -733,7 +865,7 @@ func (x *MemoryTelemetry) String() string {
 func (*MemoryTelemetry) ProtoMessage() {}
 
 func (x *MemoryTelemetry) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_event_proto_msgTypes[6]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -746,7 +878,7 @@ func (x *MemoryTelemetry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemoryTelemetry.ProtoReflect.Descriptor instead.
 func (*MemoryTelemetry) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{6}
+	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *MemoryTelemetry) GetStage() Stage {
@@ -810,7 +942,7 @@ type FallbackEvent struct {
 
 func (x *FallbackEvent) Reset() {
 	*x = FallbackEvent{}
-	mi := &file_framepack_v1_job_event_proto_msgTypes[7]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -822,7 +954,7 @@ func (x *FallbackEvent) String() string {
 func (*FallbackEvent) ProtoMessage() {}
 
 func (x *FallbackEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_event_proto_msgTypes[7]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -835,7 +967,7 @@ func (x *FallbackEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FallbackEvent.ProtoReflect.Descriptor instead.
 func (*FallbackEvent) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{7}
+	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *FallbackEvent) GetStage() Stage {
@@ -887,7 +1019,7 @@ type RetryEvent struct {
 
 func (x *RetryEvent) Reset() {
 	*x = RetryEvent{}
-	mi := &file_framepack_v1_job_event_proto_msgTypes[8]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -899,7 +1031,7 @@ func (x *RetryEvent) String() string {
 func (*RetryEvent) ProtoMessage() {}
 
 func (x *RetryEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_event_proto_msgTypes[8]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -912,7 +1044,7 @@ func (x *RetryEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryEvent.ProtoReflect.Descriptor instead.
 func (*RetryEvent) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{8}
+	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RetryEvent) GetAttempt() *Attempt {
@@ -940,7 +1072,7 @@ type JobFinished struct {
 
 func (x *JobFinished) Reset() {
 	*x = JobFinished{}
-	mi := &file_framepack_v1_job_event_proto_msgTypes[9]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1084,7 @@ func (x *JobFinished) String() string {
 func (*JobFinished) ProtoMessage() {}
 
 func (x *JobFinished) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_event_proto_msgTypes[9]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1097,7 @@ func (x *JobFinished) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobFinished.ProtoReflect.Descriptor instead.
 func (*JobFinished) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{9}
+	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *JobFinished) GetResult() *JobResult {
@@ -986,7 +1118,7 @@ type JobFailed struct {
 
 func (x *JobFailed) Reset() {
 	*x = JobFailed{}
-	mi := &file_framepack_v1_job_event_proto_msgTypes[10]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1130,7 @@ func (x *JobFailed) String() string {
 func (*JobFailed) ProtoMessage() {}
 
 func (x *JobFailed) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_event_proto_msgTypes[10]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1143,7 @@ func (x *JobFailed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobFailed.ProtoReflect.Descriptor instead.
 func (*JobFailed) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{10}
+	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *JobFailed) GetFailure() *JobFailure {
@@ -1032,7 +1164,7 @@ type JobCancelled struct {
 
 func (x *JobCancelled) Reset() {
 	*x = JobCancelled{}
-	mi := &file_framepack_v1_job_event_proto_msgTypes[11]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1044,7 +1176,7 @@ func (x *JobCancelled) String() string {
 func (*JobCancelled) ProtoMessage() {}
 
 func (x *JobCancelled) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_event_proto_msgTypes[11]
+	mi := &file_framepack_v1_job_event_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1057,7 +1189,7 @@ func (x *JobCancelled) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobCancelled.ProtoReflect.Descriptor instead.
 func (*JobCancelled) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{11}
+	return file_framepack_v1_job_event_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *JobCancelled) GetReason() string {
@@ -1071,7 +1203,7 @@ var File_framepack_v1_job_event_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_event_proto_rawDesc = "" +
 	"\n" +
-	"\x1cframepack/v1/job_event.proto\x12\fframepack.v1\x1a\x16framepack/v1/job.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x06\n" +
+	"\x1cframepack/v1/job_event.proto\x12\fframepack.v1\x1a\x16framepack/v1/job.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa1\a\n" +
 	"\bJobEvent\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12.\n" +
 	"\x04time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x16\n" +
@@ -1089,7 +1221,8 @@ const file_framepack_v1_job_event_proto_rawDesc = "" +
 	"\fjob_finished\x18\f \x01(\v2\x19.framepack.v1.JobFinishedH\x00R\vjobFinished\x128\n" +
 	"\n" +
 	"job_failed\x18\r \x01(\v2\x17.framepack.v1.JobFailedH\x00R\tjobFailed\x12A\n" +
-	"\rjob_cancelled\x18\x0e \x01(\v2\x1a.framepack.v1.JobCancelledH\x00R\fjobCancelledB\a\n" +
+	"\rjob_cancelled\x18\x0e \x01(\v2\x1a.framepack.v1.JobCancelledH\x00R\fjobCancelled\x12D\n" +
+	"\x0estage_progress\x18\x10 \x01(\v2\x1b.framepack.v1.StageProgressH\x00R\rstageProgressB\a\n" +
 	"\x05event\"\x8c\x01\n" +
 	"\fStageStarted\x12)\n" +
 	"\x05stage\x18\x01 \x01(\x0e2\x13.framepack.v1.StageR\x05stage\x12#\n" +
@@ -1103,14 +1236,23 @@ const file_framepack_v1_job_event_proto_rawDesc = "" +
 	"\bduration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12>\n" +
 	"\rload_duration\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\floadDuration\x12D\n" +
 	"\x10compute_duration\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x0fcomputeDuration\x12/\n" +
-	"\x05loras\x18\a \x03(\v2\x19.framepack.v1.LoraAppliedR\x05loras\"\xd5\x01\n" +
+	"\x05loras\x18\a \x03(\v2\x19.framepack.v1.LoraAppliedR\x05loras\"\xf1\x01\n" +
 	"\fSamplingStep\x12#\n" +
 	"\rsection_index\x18\x01 \x01(\rR\fsectionIndex\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\rR\x04step\x12\x1f\n" +
 	"\vtotal_steps\x18\x03 \x01(\rR\n" +
 	"totalSteps\x12>\n" +
 	"\rstep_duration\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\fstepDuration\x12+\n" +
-	"\x03eta\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x03eta\"T\n" +
+	"\x03eta\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\x03eta\x12\x1a\n" +
+	"\bfraction\x18\x06 \x01(\x02R\bfraction\"\x87\x02\n" +
+	"\rStageProgress\x12)\n" +
+	"\x05stage\x18\x01 \x01(\x0e2\x13.framepack.v1.StageR\x05stage\x12#\n" +
+	"\rsection_index\x18\x02 \x01(\rR\fsectionIndex\x12\x12\n" +
+	"\x04done\x18\x03 \x01(\rR\x04done\x12\x14\n" +
+	"\x05total\x18\x04 \x01(\rR\x05total\x123\n" +
+	"\aelapsed\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\aelapsed\x12+\n" +
+	"\x03eta\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\x03eta\x12\x1a\n" +
+	"\bfraction\x18\a \x01(\x02R\bfraction\"T\n" +
 	"\aPreview\x12#\n" +
 	"\rsection_index\x18\x01 \x01(\rR\fsectionIndex\x12\x12\n" +
 	"\x04step\x18\x02 \x01(\rR\x04step\x12\x10\n" +
@@ -1157,65 +1299,70 @@ func file_framepack_v1_job_event_proto_rawDescGZIP() []byte {
 	return file_framepack_v1_job_event_proto_rawDescData
 }
 
-var file_framepack_v1_job_event_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_framepack_v1_job_event_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_framepack_v1_job_event_proto_goTypes = []any{
 	(*JobEvent)(nil),              // 0: framepack.v1.JobEvent
 	(*StageStarted)(nil),          // 1: framepack.v1.StageStarted
 	(*StageFinished)(nil),         // 2: framepack.v1.StageFinished
 	(*SamplingStep)(nil),          // 3: framepack.v1.SamplingStep
-	(*Preview)(nil),               // 4: framepack.v1.Preview
-	(*SectionVideo)(nil),          // 5: framepack.v1.SectionVideo
-	(*MemoryTelemetry)(nil),       // 6: framepack.v1.MemoryTelemetry
-	(*FallbackEvent)(nil),         // 7: framepack.v1.FallbackEvent
-	(*RetryEvent)(nil),            // 8: framepack.v1.RetryEvent
-	(*JobFinished)(nil),           // 9: framepack.v1.JobFinished
-	(*JobFailed)(nil),             // 10: framepack.v1.JobFailed
-	(*JobCancelled)(nil),          // 11: framepack.v1.JobCancelled
-	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
-	(*Job)(nil),                   // 13: framepack.v1.Job
-	(Stage)(0),                    // 14: framepack.v1.Stage
-	(*durationpb.Duration)(nil),   // 15: google.protobuf.Duration
-	(*LoraApplied)(nil),           // 16: framepack.v1.LoraApplied
-	(ConvTier)(0),                 // 17: framepack.v1.ConvTier
-	(*Attempt)(nil),               // 18: framepack.v1.Attempt
-	(*JobResult)(nil),             // 19: framepack.v1.JobResult
-	(*JobFailure)(nil),            // 20: framepack.v1.JobFailure
+	(*StageProgress)(nil),         // 4: framepack.v1.StageProgress
+	(*Preview)(nil),               // 5: framepack.v1.Preview
+	(*SectionVideo)(nil),          // 6: framepack.v1.SectionVideo
+	(*MemoryTelemetry)(nil),       // 7: framepack.v1.MemoryTelemetry
+	(*FallbackEvent)(nil),         // 8: framepack.v1.FallbackEvent
+	(*RetryEvent)(nil),            // 9: framepack.v1.RetryEvent
+	(*JobFinished)(nil),           // 10: framepack.v1.JobFinished
+	(*JobFailed)(nil),             // 11: framepack.v1.JobFailed
+	(*JobCancelled)(nil),          // 12: framepack.v1.JobCancelled
+	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*Job)(nil),                   // 14: framepack.v1.Job
+	(Stage)(0),                    // 15: framepack.v1.Stage
+	(*durationpb.Duration)(nil),   // 16: google.protobuf.Duration
+	(*LoraApplied)(nil),           // 17: framepack.v1.LoraApplied
+	(ConvTier)(0),                 // 18: framepack.v1.ConvTier
+	(*Attempt)(nil),               // 19: framepack.v1.Attempt
+	(*JobResult)(nil),             // 20: framepack.v1.JobResult
+	(*JobFailure)(nil),            // 21: framepack.v1.JobFailure
 }
 var file_framepack_v1_job_event_proto_depIdxs = []int32{
-	12, // 0: framepack.v1.JobEvent.time:type_name -> google.protobuf.Timestamp
-	13, // 1: framepack.v1.JobEvent.snapshot:type_name -> framepack.v1.Job
+	13, // 0: framepack.v1.JobEvent.time:type_name -> google.protobuf.Timestamp
+	14, // 1: framepack.v1.JobEvent.snapshot:type_name -> framepack.v1.Job
 	1,  // 2: framepack.v1.JobEvent.stage_started:type_name -> framepack.v1.StageStarted
 	2,  // 3: framepack.v1.JobEvent.stage_finished:type_name -> framepack.v1.StageFinished
 	3,  // 4: framepack.v1.JobEvent.sampling_step:type_name -> framepack.v1.SamplingStep
-	4,  // 5: framepack.v1.JobEvent.preview:type_name -> framepack.v1.Preview
-	5,  // 6: framepack.v1.JobEvent.section_video:type_name -> framepack.v1.SectionVideo
-	6,  // 7: framepack.v1.JobEvent.memory_telemetry:type_name -> framepack.v1.MemoryTelemetry
-	7,  // 8: framepack.v1.JobEvent.fallback:type_name -> framepack.v1.FallbackEvent
-	8,  // 9: framepack.v1.JobEvent.retry:type_name -> framepack.v1.RetryEvent
-	9,  // 10: framepack.v1.JobEvent.job_finished:type_name -> framepack.v1.JobFinished
-	10, // 11: framepack.v1.JobEvent.job_failed:type_name -> framepack.v1.JobFailed
-	11, // 12: framepack.v1.JobEvent.job_cancelled:type_name -> framepack.v1.JobCancelled
-	14, // 13: framepack.v1.StageStarted.stage:type_name -> framepack.v1.Stage
-	14, // 14: framepack.v1.StageFinished.stage:type_name -> framepack.v1.Stage
-	15, // 15: framepack.v1.StageFinished.duration:type_name -> google.protobuf.Duration
-	15, // 16: framepack.v1.StageFinished.load_duration:type_name -> google.protobuf.Duration
-	15, // 17: framepack.v1.StageFinished.compute_duration:type_name -> google.protobuf.Duration
-	16, // 18: framepack.v1.StageFinished.loras:type_name -> framepack.v1.LoraApplied
-	15, // 19: framepack.v1.SamplingStep.step_duration:type_name -> google.protobuf.Duration
-	15, // 20: framepack.v1.SamplingStep.eta:type_name -> google.protobuf.Duration
-	14, // 21: framepack.v1.MemoryTelemetry.stage:type_name -> framepack.v1.Stage
-	14, // 22: framepack.v1.FallbackEvent.stage:type_name -> framepack.v1.Stage
-	17, // 23: framepack.v1.FallbackEvent.from_tier:type_name -> framepack.v1.ConvTier
-	17, // 24: framepack.v1.FallbackEvent.to_tier:type_name -> framepack.v1.ConvTier
-	18, // 25: framepack.v1.RetryEvent.attempt:type_name -> framepack.v1.Attempt
-	15, // 26: framepack.v1.RetryEvent.delay:type_name -> google.protobuf.Duration
-	19, // 27: framepack.v1.JobFinished.result:type_name -> framepack.v1.JobResult
-	20, // 28: framepack.v1.JobFailed.failure:type_name -> framepack.v1.JobFailure
-	29, // [29:29] is the sub-list for method output_type
-	29, // [29:29] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	5,  // 5: framepack.v1.JobEvent.preview:type_name -> framepack.v1.Preview
+	6,  // 6: framepack.v1.JobEvent.section_video:type_name -> framepack.v1.SectionVideo
+	7,  // 7: framepack.v1.JobEvent.memory_telemetry:type_name -> framepack.v1.MemoryTelemetry
+	8,  // 8: framepack.v1.JobEvent.fallback:type_name -> framepack.v1.FallbackEvent
+	9,  // 9: framepack.v1.JobEvent.retry:type_name -> framepack.v1.RetryEvent
+	10, // 10: framepack.v1.JobEvent.job_finished:type_name -> framepack.v1.JobFinished
+	11, // 11: framepack.v1.JobEvent.job_failed:type_name -> framepack.v1.JobFailed
+	12, // 12: framepack.v1.JobEvent.job_cancelled:type_name -> framepack.v1.JobCancelled
+	4,  // 13: framepack.v1.JobEvent.stage_progress:type_name -> framepack.v1.StageProgress
+	15, // 14: framepack.v1.StageStarted.stage:type_name -> framepack.v1.Stage
+	15, // 15: framepack.v1.StageFinished.stage:type_name -> framepack.v1.Stage
+	16, // 16: framepack.v1.StageFinished.duration:type_name -> google.protobuf.Duration
+	16, // 17: framepack.v1.StageFinished.load_duration:type_name -> google.protobuf.Duration
+	16, // 18: framepack.v1.StageFinished.compute_duration:type_name -> google.protobuf.Duration
+	17, // 19: framepack.v1.StageFinished.loras:type_name -> framepack.v1.LoraApplied
+	16, // 20: framepack.v1.SamplingStep.step_duration:type_name -> google.protobuf.Duration
+	16, // 21: framepack.v1.SamplingStep.eta:type_name -> google.protobuf.Duration
+	15, // 22: framepack.v1.StageProgress.stage:type_name -> framepack.v1.Stage
+	16, // 23: framepack.v1.StageProgress.elapsed:type_name -> google.protobuf.Duration
+	16, // 24: framepack.v1.StageProgress.eta:type_name -> google.protobuf.Duration
+	15, // 25: framepack.v1.MemoryTelemetry.stage:type_name -> framepack.v1.Stage
+	15, // 26: framepack.v1.FallbackEvent.stage:type_name -> framepack.v1.Stage
+	18, // 27: framepack.v1.FallbackEvent.from_tier:type_name -> framepack.v1.ConvTier
+	18, // 28: framepack.v1.FallbackEvent.to_tier:type_name -> framepack.v1.ConvTier
+	19, // 29: framepack.v1.RetryEvent.attempt:type_name -> framepack.v1.Attempt
+	16, // 30: framepack.v1.RetryEvent.delay:type_name -> google.protobuf.Duration
+	20, // 31: framepack.v1.JobFinished.result:type_name -> framepack.v1.JobResult
+	21, // 32: framepack.v1.JobFailed.failure:type_name -> framepack.v1.JobFailure
+	33, // [33:33] is the sub-list for method output_type
+	33, // [33:33] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_job_event_proto_init() }
@@ -1237,6 +1384,7 @@ func file_framepack_v1_job_event_proto_init() {
 		(*JobEvent_JobFinished)(nil),
 		(*JobEvent_JobFailed)(nil),
 		(*JobEvent_JobCancelled)(nil),
+		(*JobEvent_StageProgress)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1244,7 +1392,7 @@ func file_framepack_v1_job_event_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_v1_job_event_proto_rawDesc), len(file_framepack_v1_job_event_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -31,6 +31,17 @@ const (
 	// ARTIFACT_KIND_VIDEO is the final video of a succeeded job, or the newest
 	// section video of an unfinished one (JobProgress.latest_video_path).
 	ArtifactKind_ARTIFACT_KIND_VIDEO ArtifactKind = 1
+	// ARTIFACT_KIND_IMAGE is the start image as it was submitted (PNG, JPEG or
+	// WebP).
+	ArtifactKind_ARTIFACT_KIND_IMAGE ArtifactKind = 2
+	// ARTIFACT_KIND_END_IMAGE is the end image as it was submitted; NOT_FOUND
+	// for a job without one.
+	ArtifactKind_ARTIFACT_KIND_END_IMAGE ArtifactKind = 3
+	// ARTIFACT_KIND_THUMBNAIL is a small JPEG of the video so far (the middle
+	// one of the frames its newest section added, at most 320 pixels on a
+	// side), written with every section; NOT_FOUND before the first section is
+	// done.
+	ArtifactKind_ARTIFACT_KIND_THUMBNAIL ArtifactKind = 4
 )
 
 // Enum value maps for ArtifactKind.
@@ -38,10 +49,16 @@ var (
 	ArtifactKind_name = map[int32]string{
 		0: "ARTIFACT_KIND_UNSPECIFIED",
 		1: "ARTIFACT_KIND_VIDEO",
+		2: "ARTIFACT_KIND_IMAGE",
+		3: "ARTIFACT_KIND_END_IMAGE",
+		4: "ARTIFACT_KIND_THUMBNAIL",
 	}
 	ArtifactKind_value = map[string]int32{
 		"ARTIFACT_KIND_UNSPECIFIED": 0,
 		"ARTIFACT_KIND_VIDEO":       1,
+		"ARTIFACT_KIND_IMAGE":       2,
+		"ARTIFACT_KIND_END_IMAGE":   3,
+		"ARTIFACT_KIND_THUMBNAIL":   4,
 	}
 )
 
@@ -1013,10 +1030,13 @@ const file_framepack_v1_job_service_proto_rawDesc = "" +
 	"resolution\x12\x14\n" +
 	"\x05label\x18\x02 \x01(\tR\x05label\x12.\n" +
 	"\abuckets\x18\x03 \x03(\v2\x14.framepack.v1.BucketR\abuckets\x12-\n" +
-	"\x12unavailable_reason\x18\x04 \x01(\tR\x11unavailableReason*F\n" +
+	"\x12unavailable_reason\x18\x04 \x01(\tR\x11unavailableReason*\x99\x01\n" +
 	"\fArtifactKind\x12\x1d\n" +
 	"\x19ARTIFACT_KIND_UNSPECIFIED\x10\x00\x12\x17\n" +
-	"\x13ARTIFACT_KIND_VIDEO\x10\x012\xbc\x06\n" +
+	"\x13ARTIFACT_KIND_VIDEO\x10\x01\x12\x17\n" +
+	"\x13ARTIFACT_KIND_IMAGE\x10\x02\x12\x1b\n" +
+	"\x17ARTIFACT_KIND_END_IMAGE\x10\x03\x12\x1b\n" +
+	"\x17ARTIFACT_KIND_THUMBNAIL\x10\x042\xbc\x06\n" +
 	"\n" +
 	"JobService\x12a\n" +
 	"\tSubmitJob\x12\x1e.framepack.v1.SubmitJobRequest\x1a\x1f.framepack.v1.SubmitJobResponse\"\x13\x82\xd3\xe4\x93\x02\r:\x01*\"\b/v1/jobs\x12^\n" +

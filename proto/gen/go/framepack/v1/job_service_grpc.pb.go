@@ -49,10 +49,10 @@ type JobServiceClient interface {
 	// WatchJob streams a job's events until it finishes, fails or is
 	// cancelled; watching a finished job sends a snapshot and the final event.
 	WatchJob(ctx context.Context, in *WatchJobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JobEvent], error)
-	// GetArtifact streams a job's video file in chunks, from an offset so an
-	// interrupted download resumes; it is how a client that does not share the
-	// server's disk gets its video. NOT_FOUND if the job or the video does not
-	// exist (yet).
+	// GetArtifact streams a job's video file (or, by kind, its start image, end
+	// image or thumbnail) in chunks, from an offset so an interrupted download
+	// resumes; it is how a client that does not share the server's disk gets
+	// its video. NOT_FOUND if the job or the file does not exist (yet).
 	GetArtifact(ctx context.Context, in *GetArtifactRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetArtifactResponse], error)
 	// DeleteJob removes a finished job: its record, events, input and videos.
 	// FAILED_PRECONDITION for a queued or running job (cancel it first).
@@ -190,10 +190,10 @@ type JobServiceServer interface {
 	// WatchJob streams a job's events until it finishes, fails or is
 	// cancelled; watching a finished job sends a snapshot and the final event.
 	WatchJob(*WatchJobRequest, grpc.ServerStreamingServer[JobEvent]) error
-	// GetArtifact streams a job's video file in chunks, from an offset so an
-	// interrupted download resumes; it is how a client that does not share the
-	// server's disk gets its video. NOT_FOUND if the job or the video does not
-	// exist (yet).
+	// GetArtifact streams a job's video file (or, by kind, its start image, end
+	// image or thumbnail) in chunks, from an offset so an interrupted download
+	// resumes; it is how a client that does not share the server's disk gets
+	// its video. NOT_FOUND if the job or the file does not exist (yet).
 	GetArtifact(*GetArtifactRequest, grpc.ServerStreamingServer[GetArtifactResponse]) error
 	// DeleteJob removes a finished job: its record, events, input and videos.
 	// FAILED_PRECONDITION for a queued or running job (cancel it first).

@@ -84,8 +84,25 @@ type LoadRequest struct {
 	// runs the model in (transformer bf16; VAE, text encoders and SigLIP
 	// fp16). LoadResponse.dtype reports the one in use.
 	ActivationDtype string `protobuf:"bytes,14,opt,name=activation_dtype,json=activationDtype,proto3" json:"activation_dtype,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// checkpoint, when set, is a single safetensors file whose weights are
+	// loaded instead of model_dir's (config.json still comes from model_dir):
+	// the single-file checkpoints users have, in 16 bits or in 8 bits (plain
+	// float8 casts, ComfyUI's scaled_fp8, musubi-tuner's fp8_scaled; told from
+	// the tensors' names and dtypes). Transformer worker only.
+	Checkpoint string `protobuf:"bytes,31,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// weights is "fp8" to quantize the Linear weights stored in 16 or 32 bits
+	// to float8_e4m3fn at load, one scale per output channel; empty keeps
+	// them as dtype says. Weights stored in 8 bits stay in 8 bits either way.
+	// Transformer worker only.
+	Weights string `protobuf:"bytes,32,opt,name=weights,proto3" json:"weights,omitempty"`
+	// fp8_compute is how products with 8-bit weights run: "weight_only"
+	// (also empty: the weight widened inside the GEMM), "tensor" or "token"
+	// (activations quantized to float8_e4m3fn with one scale per tensor or
+	// per token, fp8 x fp8 on the matrix units where the device has them and
+	// their self-check passed; weight-only elsewhere).
+	Fp8Compute    string `protobuf:"bytes,33,opt,name=fp8_compute,json=fp8Compute,proto3" json:"fp8_compute,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadRequest) Reset() {
@@ -212,6 +229,27 @@ func (x *LoadRequest) GetWorkload() *Workload {
 func (x *LoadRequest) GetActivationDtype() string {
 	if x != nil {
 		return x.ActivationDtype
+	}
+	return ""
+}
+
+func (x *LoadRequest) GetCheckpoint() string {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return ""
+}
+
+func (x *LoadRequest) GetWeights() string {
+	if x != nil {
+		return x.Weights
+	}
+	return ""
+}
+
+func (x *LoadRequest) GetFp8Compute() string {
+	if x != nil {
+		return x.Fp8Compute
 	}
 	return ""
 }
@@ -453,8 +491,12 @@ type Fault struct {
 	// hold_vram_seconds is how long hold_vram_bytes stays reported as used
 	// after the worker exits, to exercise the VRAM recovery check.
 	HoldVramSeconds uint32 `protobuf:"varint,8,opt,name=hold_vram_seconds,json=holdVramSeconds,proto3" json:"hold_vram_seconds,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// oom_at_load makes Load fail with ERROR_CODE_OUT_OF_MEMORY as a device
+	// too full for the weights does: the runtime's allocator is capped at one
+	// byte for this Load, so its first allocation fails the cap check.
+	OomAtLoad     bool `protobuf:"varint,9,opt,name=oom_at_load,json=oomAtLoad,proto3" json:"oom_at_load,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Fault) Reset() {
@@ -543,6 +585,13 @@ func (x *Fault) GetHoldVramSeconds() uint32 {
 	return 0
 }
 
+func (x *Fault) GetOomAtLoad() bool {
+	if x != nil {
+		return x.OomAtLoad
+	}
+	return false
+}
+
 // LoadResponse says what a worker loaded and where.
 type LoadResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -575,8 +624,15 @@ type LoadResponse struct {
 	// streamed_blocks is the number of transformer blocks (textenc: Llama
 	// layers) kept in host memory and copied to the device for every forward.
 	StreamedBlocks uint32 `protobuf:"varint,11,opt,name=streamed_blocks,json=streamedBlocks,proto3" json:"streamed_blocks,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// weights_format is the format of the model's 8-bit weights: "" (none),
+	// "plain", "comfy", "musubi" (as the checkpoint stores them) or
+	// "quantized" (quantized at load, LoadRequest.weights "fp8").
+	WeightsFormat string `protobuf:"bytes,31,opt,name=weights_format,json=weightsFormat,proto3" json:"weights_format,omitempty"`
+	// fp8_compute is the fp8 compute mode in use ("weight_only", "tensor",
+	// "token"); empty without 8-bit weights.
+	Fp8Compute    string `protobuf:"bytes,32,opt,name=fp8_compute,json=fp8Compute,proto3" json:"fp8_compute,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *LoadResponse) Reset() {
@@ -684,6 +740,20 @@ func (x *LoadResponse) GetStreamedBlocks() uint32 {
 		return x.StreamedBlocks
 	}
 	return 0
+}
+
+func (x *LoadResponse) GetWeightsFormat() string {
+	if x != nil {
+		return x.WeightsFormat
+	}
+	return ""
+}
+
+func (x *LoadResponse) GetFp8Compute() string {
+	if x != nil {
+		return x.Fp8Compute
+	}
+	return ""
 }
 
 // VaeInfo is what the supervisor needs to know about a loaded VAE
@@ -1021,7 +1091,7 @@ var File_framepack_worker_v1_load_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\n" +
-	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\x9a\x05\n" +
+	"\x1eframepack/worker/v1/load.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/probe.proto\x1a\x1egoogle/protobuf/duration.proto\"\xf5\x05\n" +
 	"\vLoadRequest\x12\x1b\n" +
 	"\tmodel_dir\x18\x01 \x01(\tR\bmodelDir\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x12\x18\n" +
@@ -1040,7 +1110,13 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"pci_bus_id\x18\v \x01(\tR\bpciBusId\x123\n" +
 	"\x05loras\x18\f \x03(\v2\x1d.framepack.worker.v1.LoraSpecR\x05loras\x129\n" +
 	"\bworkload\x18\r \x01(\v2\x1d.framepack.worker.v1.WorkloadR\bworkload\x12)\n" +
-	"\x10activation_dtype\x18\x0e \x01(\tR\x0factivationDtype\x1a6\n" +
+	"\x10activation_dtype\x18\x0e \x01(\tR\x0factivationDtype\x12\x1e\n" +
+	"\n" +
+	"checkpoint\x18\x1f \x01(\tR\n" +
+	"checkpoint\x12\x18\n" +
+	"\aweights\x18  \x01(\tR\aweights\x12\x1f\n" +
+	"\vfp8_compute\x18! \x01(\tR\n" +
+	"fp8Compute\x1a6\n" +
 	"\bEnvEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8b\x01\n" +
@@ -1056,7 +1132,7 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
 	"\bstrength\x18\x02 \x01(\x01R\bstrength\x12\x16\n" +
 	"\x06format\x18\x03 \x01(\tR\x06format\x12'\n" +
-	"\x0fweights_changed\x18\x04 \x01(\rR\x0eweightsChanged\"\xc8\x02\n" +
+	"\x0fweights_changed\x18\x04 \x01(\rR\x0eweightsChanged\"\xe8\x02\n" +
 	"\x05Fault\x12\x1c\n" +
 	"\n" +
 	"exit_at_op\x18\x01 \x01(\x04R\bexitAtOp\x12\x1f\n" +
@@ -1068,7 +1144,8 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\x13hang_conv_shape_key\x18\x05 \x01(\tR\x10hangConvShapeKey\x12C\n" +
 	"\x0ehang_conv_tier\x18\x06 \x01(\x0e2\x1d.framepack.worker.v1.ConvTierR\fhangConvTier\x12&\n" +
 	"\x0fhold_vram_bytes\x18\a \x01(\x04R\rholdVramBytes\x12*\n" +
-	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\"\x9f\x04\n" +
+	"\x11hold_vram_seconds\x18\b \x01(\rR\x0fholdVramSeconds\x12\x1e\n" +
+	"\voom_at_load\x18\t \x01(\bR\toomAtLoad\"\xe7\x04\n" +
 	"\fLoadResponse\x12\x18\n" +
 	"\abackend\x18\x01 \x01(\tR\abackend\x12\x14\n" +
 	"\x05dtype\x18\x02 \x01(\tR\x05dtype\x123\n" +
@@ -1081,7 +1158,10 @@ const file_framepack_worker_v1_load_proto_rawDesc = "" +
 	"\ftext_encoder\x18\t \x01(\v2$.framepack.worker.v1.TextEncoderInfoR\vtextEncoder\x12'\n" +
 	"\x0fresident_blocks\x18\n" +
 	" \x01(\rR\x0eresidentBlocks\x12'\n" +
-	"\x0fstreamed_blocks\x18\v \x01(\rR\x0estreamedBlocks\"\x97\x02\n" +
+	"\x0fstreamed_blocks\x18\v \x01(\rR\x0estreamedBlocks\x12%\n" +
+	"\x0eweights_format\x18\x1f \x01(\tR\rweightsFormat\x12\x1f\n" +
+	"\vfp8_compute\x18  \x01(\tR\n" +
+	"fp8Compute\"\x97\x02\n" +
 	"\aVaeInfo\x12%\n" +
 	"\x0escaling_factor\x18\x01 \x01(\x01R\rscalingFactor\x12'\n" +
 	"\x0flatent_channels\x18\x02 \x01(\rR\x0elatentChannels\x12:\n" +

@@ -1,1 +1,0 @@
-../../native/src/fpk_half.h
