@@ -100,7 +100,7 @@ func TestDiskFullMidJob(t *testing.T) {
 	}
 	// The video so far after section 1: its settings, its parts (joined when a client reads it)
 	// and the segments; section 0's is superseded.
-	wantVideos := []string{"section-001.json", "section-001.mp4.parts.json", "segments"}
+	wantVideos := []string{"section-001.json", "section-001.mp4.parts.json", "segments", "thumbnail.jpg"}
 	if !slices.Equal(videosAtSection1, wantVideos) {
 		t.Errorf("videos after section 1: %v, want only the newest %v (section 0's is superseded)", videosAtSection1, wantVideos)
 	}

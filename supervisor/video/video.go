@@ -21,9 +21,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/framepackd/framepackd/internal/imageproc"
 )
@@ -274,21 +276,54 @@ func WritePNGs(ctx context.Context, dir string, clip Clip) (err error) {
 			_ = os.RemoveAll(partial)
 		}
 	}()
+	// Frames are encoded in parallel, one goroutine a core (PNG's deflate is the cost: at
+	// 544×704 about 35 ms a frame on one core).
 	fb := clip.frameBytes()
-	img := image.NewNRGBA(image.Rect(0, 0, clip.Width, clip.Height))
-	enc := png.Encoder{CompressionLevel: png.BestSpeed}
+	next := make(chan int)
+	errs := make(chan error, 1)
+	var wg sync.WaitGroup
+	for range max(min(goruntime.NumCPU(), clip.Frames), 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			img := image.NewNRGBA(image.Rect(0, 0, clip.Width, clip.Height))
+			enc := png.Encoder{CompressionLevel: png.BestSpeed}
+			for t := range next {
+				src := clip.RGB[t*fb : (t+1)*fb]
+				for i, j := 0, 0; i < len(src); i, j = i+3, j+4 {
+					img.Pix[j], img.Pix[j+1], img.Pix[j+2], img.Pix[j+3] = src[i], src[i+1], src[i+2], 0xff
+				}
+				if err := writePNG(filepath.Join(partial, fmt.Sprintf("%06d.png", t)), img, &enc); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	var werr error
+feed:
 	for t := 0; t < clip.Frames; t++ {
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("write pngs %s: %w", dir, context.Cause(ctx))
+		select {
+		case next <- t:
+		case werr = <-errs:
+			break feed
+		case <-ctx.Done():
+			werr = context.Cause(ctx)
+			break feed
 		}
-		src := clip.RGB[t*fb : (t+1)*fb]
-		for i, j := 0, 0; i < len(src); i, j = i+3, j+4 {
-			img.Pix[j], img.Pix[j+1], img.Pix[j+2], img.Pix[j+3] = src[i], src[i+1], src[i+2], 0xff
+	}
+	close(next)
+	wg.Wait()
+	if werr == nil {
+		select {
+		case werr = <-errs:
+		default:
 		}
-		name := filepath.Join(partial, fmt.Sprintf("%06d.png", t))
-		if err := writePNG(name, img, &enc); err != nil {
-			return fmt.Errorf("write pngs %s: %w", dir, err)
-		}
+	}
+	if werr != nil {
+		return fmt.Errorf("write pngs %s: %w", dir, werr)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("write pngs %s: %w", dir, err)
