@@ -23,6 +23,7 @@
 # attnbench  the transformer's joint attention alone, ours (vendor, flash, chunked) against
 #         PyTorch SDPA
 # memory  NVML discovery, and a worker holding 40 GB killed: used memory back within 2 s
+# cachebench one whole section with no step cache, TeaCache and MagCache (issue 33): cachebench.json
 # vaecheck   conv op tests and the VAE parity cases with the vendor tiers forced (issue 18)
 # vaebench   the VAE stages against PyTorch, and channels-last against NCDHW and heuristic convs
 # vaeprofile per-op device time of one decode under an 8 GiB cap (VAE_PROFILE_STAGES: others)
@@ -225,6 +226,18 @@ for phase in "${phases[@]}"; do
 			cp "$B"/profile-transformer.json "$OUT"/ 2>/dev/null
 			sed -n '/^profile transformer/,/^$/p' "$LOG" | head -40 >>"$SUMMARY"
 		fi
+		;;
+	cachebench)
+		# issue 33: one whole section (25 steps, 544x704, window 9) with no step cache, TeaCache and
+		# MagCache, in one run on this GPU (random weights: TeaCache's skips follow the data)
+		[ -d third_party_ref ] || tar -xJf "$BUNDLE/third_party_ref.tar.xz"
+		B=${BENCH_DIR:-/tmp/fpk-bench}
+		mkdir -p "$B"
+		export PYTHONUNBUFFERED=1
+		[ -e "$B/transformer/config.json" ] || run "bench manifests" 300 python3 scripts/gpubench/torch_bench.py --out "$B" --manifests-only
+		run "bench step caches" "${CACHEBENCH_LIMIT:-580}" "$BIN/gpubench" -dir "$B" -stages section_nocache,section_teacache,section_magcache
+		cp "$B"/ours.json "$OUT"/cachebench.json 2>/dev/null
+		grep -E '^ours section_' "$LOG" | tail -3 >>"$SUMMARY"
 		;;
 	vaecheck)
 		# the VAE's convs alone (issue 18): the conv op tests (16-bit activations, the cuda

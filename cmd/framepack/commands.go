@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -17,15 +16,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/framepackd/framepackd/internal/imageproc"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 	"github.com/framepackd/framepackd/supervisor/video"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // reconnectFor is how long watching keeps trying to reach a server that went away (a daemon
@@ -36,48 +32,16 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	var c common
 	fs := newFlags("generate", e, &c)
 	var (
-		image, prompt, negative, out, lane string
-		seconds, cfg, gs, rs, gpuPreserve  float64
-		seed                               int64
-		steps, window, resolution, crf     uint
-		teacache, detach, quiet, force     bool
-		loras                              loraFlags
-		variant, endImage                  string
-		endStrength                        float64
-		weights, checkpoint, fp8Compute    string
-		keepAlive                          time.Duration
+		sf                   specFlags
+		image, out           string
+		detach, quiet, force bool
 	)
+	sf.register(fs)
 	fs.StringVar(&image, "image", "", "start frame: PNG, JPEG or WebP (required)")
-	fs.StringVar(&prompt, "prompt", "", "what should happen (this or --prompt-file is required)")
-	var promptFile string
-	fs.StringVar(&promptFile, "prompt-file", "", "read the prompt from this file ('-': standard input)")
-	fs.StringVar(&negative, "negative-prompt", "", "negative prompt (used when --cfg > 1)")
 	fs.StringVar(&out, "out", "", "where to save the MP4 (required unless --detach); an existing file only with --force")
 	fs.BoolVar(&force, "force", false, "overwrite --out if it exists")
-	// The defaults are the server's (supervisor/pipeline/plan), which it also gives jobs that
-	// leave a setting unset; the resolution is left to the server, whose models decide it.
-	fs.Float64Var(&seconds, "seconds", 5, "video length in seconds, (0, 120]")
-	fs.Int64Var(&seed, "seed", plan.DefaultSeed, "sampler seed")
-	fs.UintVar(&steps, "steps", plan.DefaultSteps, "sampling steps per section, 1–100")
-	fs.UintVar(&window, "window", plan.DefaultLatentWindowSize, "latent window size, 1–33")
-	fs.Float64Var(&cfg, "cfg", plan.DefaultCFG, "real guidance scale, 1–32 (1: no negative pass)")
-	fs.Float64Var(&gs, "gs", plan.DefaultGS, "distilled guidance scale, 1–32")
-	fs.Float64Var(&rs, "rs", 0, "guidance rescale, 0–1")
-	fs.BoolVar(&teacache, "teacache", plan.DefaultUseTeaCache, "use TeaCache (faster, slightly different output)")
-	fs.UintVar(&resolution, "resolution", 0, "bucket resolution: 640 (FramePack's table) or 96 (the tiny test models'); default: the served models' own")
-	fs.UintVar(&crf, "crf", plan.DefaultMP4CRF, "H.264 constant rate factor, 0–51")
-	fs.Float64Var(&gpuPreserve, "gpu-preserve", plan.DefaultGPUMemoryPreservationGB, "GB of GPU memory to leave free, 0–128")
-	fs.StringVar(&lane, "lane", "", "run on this lane (see framepack devices)")
 	fs.BoolVar(&detach, "detach", false, "submit, print the job id and return")
 	fs.BoolVar(&quiet, "quiet", false, "no progress output")
-	fs.Var(&loras, "lora", "LoRA file merged into the transformer, PATH or PATH:STRENGTH (strength -4–4, default 1); repeat to stack")
-	fs.StringVar(&variant, "variant", "i2v", "sampling loop: i2v (FramePack, backwards in time) or f1 (FramePack-F1, forwards)")
-	fs.StringVar(&endImage, "end-image", "", "end frame the video should reach: PNG, JPEG or WebP (FramePack-Studio's end frame; i2v only)")
-	fs.Float64Var(&endStrength, "end-strength", plan.DefaultEndStrength, "how strongly the end frame pulls, 0–1 (with --end-image)")
-	fs.StringVar(&weights, "weights", "", "transformer weights: empty as stored, or fp8 to quantize them to float8 at load (half the memory)")
-	fs.StringVar(&checkpoint, "transformer-checkpoint", "", "single-file transformer weights on the server (FramePack's, or an fp8 file from ComfyUI or musubi-tuner)")
-	fs.StringVar(&fp8Compute, "fp8-compute", "", "products with fp8 weights: weight_only (default), tensor or token (fp8 activations on the matrix units)")
-	fs.DurationVar(&keepAlive, "keep-alive", -1, "how long the job's model workers stay alive after it for the next job (0: killed at once; default: the server's --keep-alive)")
 	pos, err := parse(fs, args)
 	if err != nil {
 		return err
@@ -85,43 +49,14 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 	if len(pos) > 0 {
 		return fail(exitUsage, "generate: unexpected arguments %q", pos)
 	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if set["end-strength"] && endImage == "" {
-		return fail(exitUsage, "generate: --end-strength needs --end-image")
+	if err := sf.readPrompt("generate"); err != nil {
+		return err
 	}
-	// The API reads 0 as "the default" for these; on the command line 0 is a mistake, refused
-	// here with the range (the server checks every other out-of-range value the same way).
-	for _, r := range []struct {
-		flag     string
-		v        float64
-		min, max float64
-	}{{"--steps", float64(steps), 1, 100}, {"--window", float64(window), 1, 33}, {"--cfg", cfg, 1, 32}, {"--gs", gs, 1, 32}, {"--resolution", float64(resolution), 16, 2048}} {
-		if r.v == 0 && (r.flag != "--resolution" || set["resolution"]) {
-			return fail(exitUsage, "generate: %s must be %g to %g, got 0", r.flag, r.min, r.max)
-		}
-	}
-	if promptFile != "" {
-		if prompt != "" {
-			return fail(exitUsage, "generate: give --prompt or --prompt-file, not both")
-		}
-		var raw []byte
-		var err error
-		if promptFile == "-" {
-			raw, err = io.ReadAll(io.LimitReader(os.Stdin, 1<<20))
-		} else {
-			raw, err = os.ReadFile(promptFile)
-		}
-		if err != nil {
-			return fail(exitError, "read --prompt-file: %v", err)
-		}
-		prompt = strings.TrimSpace(string(raw))
-		if prompt == "" {
-			return fail(exitUsage, "generate: --prompt-file %s is empty", promptFile)
-		}
-	}
-	if image == "" || prompt == "" || (out == "" && !detach) {
-		return fail(exitUsage, "generate: --image, --prompt and --out are required (--out not with --detach)")
+	switch {
+	case image == "" && !sf.extends() || (sf.prompt == "" && sf.preset == "") || (out == "" && !detach):
+		return fail(exitUsage, "generate: --image (or --input-video, --extend-job), --prompt (or a --preset with one) and --out are required (--out not with --detach)")
+	case image != "" && sf.extends():
+		return fail(exitUsage, "generate: a video extension takes no --image: its frames come from the video")
 	}
 	if out != "" && video.FramesDir(out) == out {
 		return fail(exitUsage, "generate: --out %q: give the file an extension (.mp4)", out)
@@ -131,48 +66,16 @@ func cmdGenerate(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 	}
-	img, err := os.ReadFile(image)
+	spec, err := sf.spec("generate")
 	if err != nil {
-		return fail(exitError, "read image: %v", err)
+		return err
 	}
-	spec := &framepackv1.JobSpec{
-		ImageFilename:           filepath.Base(image),
-		Prompt:                  prompt,
-		NegativePrompt:          negative,
-		Seed:                    proto.Int64(seed),
-		TotalSecondLength:       float32(seconds),
-		LatentWindowSize:        uint32(min(window, 1<<31)),
-		Steps:                   uint32(min(steps, 1<<31)),
-		Cfg:                     float32(cfg),
-		Gs:                      float32(gs),
-		Rs:                      float32(rs),
-		UseTeacache:             proto.Bool(teacache),
-		Resolution:              uint32(min(resolution, 1<<31)),
-		Mp4Crf:                  proto.Uint32(uint32(min(crf, 1<<31))),
-		GpuMemoryPreservationGb: proto.Float32(float32(gpuPreserve)),
-		Lane:                    lane,
-		Loras:                   loras,
-		Variant:                 variant,
-		Weights:                 weights,
-		TransformerCheckpoint:   absPath(checkpoint),
-		Fp8Compute:              fp8Compute,
-	}
-	if imageproc.Sniff(img) == "" {
-		// Say it here, with the file name; the server would say "image: not a usable image".
-		return fail(exitRejected, "%s is not a PNG, JPEG or WebP image", image)
-	}
-	if endImage != "" {
-		end, err := os.ReadFile(endImage)
-		if err != nil {
-			return fail(exitError, "read end image: %v", err)
+	var img []byte
+	if image != "" {
+		if img, err = readImageFile(image, "image"); err != nil {
+			return err
 		}
-		if imageproc.Sniff(end) == "" {
-			return fail(exitRejected, "%s is not a PNG, JPEG or WebP image", endImage)
-		}
-		spec.EndImage, spec.EndStrength = end, proto.Float32(float32(endStrength))
-	}
-	if keepAlive >= 0 {
-		spec.KeepAlive = durationpb.New(keepAlive)
+		spec.ImageFilename = filepath.Base(image)
 	}
 	conn, err := dial(e, &c)
 	if err != nil {

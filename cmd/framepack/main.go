@@ -17,6 +17,9 @@
 //	framepack pull [--variant i2v,f1] [--cache DIR]     (pull.go)
 //	framepack models [verify] [--cache DIR]             (models.go)
 //	framepack health [--service NAME] [--timeout 5s]
+//	framepack presets save NAME [settings flags] | list | show NAME | rm NAME…   (presets.go)
+//	framepack batch (DIR | FILE.csv | FILE.jsonl) [settings flags] [--batch-id ID] [--out-dir DIR] [--detach]
+//	framepack batch status|watch|cancel BATCH_ID                                   (batch.go)
 //
 // Every command takes --addr (default: the daemon's default socket, see framepackd; or
 // $FRAMEPACK_ADDR): a socket path, unix:///path, or tcp://host:port. A server not reached
@@ -143,6 +146,8 @@ commands:
   pull       download the models from the Hugging Face hub (no daemon needed)
   models     list the models in the Hugging Face cache; 'models verify' re-hashes them
   health     check the server's gRPC health (exit 0 when it serves)
+  presets    save, list, show and remove named job settings on the server
+  batch      submit a folder of images or a CSV/JSONL of jobs as one batch; batch status|watch|cancel ID
 
 Run 'framepack COMMAND -h' for a command's flags.
 `
@@ -165,6 +170,8 @@ func run(ctx context.Context, e *env, args []string) int {
 		"pull":     cmdPull,
 		"models":   cmdModels,
 		"health":   cmdHealth,
+		"presets":  cmdPresets,
+		"batch":    cmdBatch,
 	}
 	// Global flags may come before the command: framepack --addr X jobs.
 	var global []string
@@ -284,34 +291,48 @@ func describeAt(err error, srv *server) (int, string) {
 // reads "--steps (spec.steps)".
 func flagOf(field string) string {
 	flags := map[string]string{
-		"image":                           "--image",
-		"spec.prompt":                     "--prompt",
-		"spec.negative_prompt":            "--negative-prompt",
-		"spec.total_second_length":        "--seconds",
-		"spec.latent_window_size":         "--window",
-		"spec.steps":                      "--steps",
-		"spec.cfg":                        "--cfg",
-		"spec.gs":                         "--gs",
-		"spec.rs":                         "--rs",
-		"spec.resolution":                 "--resolution",
-		"spec.mp4_crf":                    "--crf",
-		"spec.gpu_memory_preservation_gb": "--gpu-preserve",
-		"spec.lane":                       "--lane",
-		"spec.image_filename":             "--image",
-		"spec.variant":                    "--variant",
-		"spec.loras":                      "--lora",
-		"spec.end_image":                  "--end-image",
-		"spec.end_strength":               "--end-strength",
-		"spec.weights":                    "--weights",
-		"spec.transformer_checkpoint":     "--transformer-checkpoint",
-		"spec.fp8_compute":                "--fp8-compute",
-		"reason":                          "--reason",
+		"image":                               "--image",
+		"spec.prompt":                         "--prompt",
+		"spec.negative_prompt":                "--negative-prompt",
+		"spec.total_second_length":            "--seconds",
+		"spec.latent_window_size":             "--window",
+		"spec.steps":                          "--steps",
+		"spec.cfg":                            "--cfg",
+		"spec.gs":                             "--gs",
+		"spec.rs":                             "--rs",
+		"spec.resolution":                     "--resolution",
+		"spec.mp4_crf":                        "--crf",
+		"spec.gpu_memory_preservation_gb":     "--gpu-preserve",
+		"spec.lane":                           "--lane",
+		"spec.image_filename":                 "--image",
+		"spec.variant":                        "--variant",
+		"spec.loras":                          "--lora",
+		"spec.end_image":                      "--end-image",
+		"spec.end_strength":                   "--end-strength",
+		"reason":                              "--reason",
+		"spec.cache":                          "--cache",
+		"spec.use_teacache":                   "--teacache",
+		"spec.magcache_threshold":             "--magcache-threshold",
+		"spec.magcache_max_consecutive_skips": "--magcache-max-skips",
+		"spec.magcache_retention_ratio":       "--magcache-retention",
+		"spec.preset":                         "--preset",
+		"spec.input_video":                    "--input-video",
+		"spec.input_video_job_id":             "--extend-job",
+		"spec.video_context_frames":           "--video-context-frames",
+		"spec.video_include_input":            "--video-include-input",
+		"spec.weights":                        "--weights",
+		"spec.transformer_checkpoint":         "--transformer-checkpoint",
+		"spec.fp8_compute":                    "--fp8-compute",
+		"spec.keep_alive":                     "--keep-alive",
 	}
 	if f, ok := flags[field]; ok {
 		return f + " (" + field + ")"
 	}
 	if strings.HasPrefix(field, "spec.loras[") { // spec.loras[1].path: the second --lora
 		return "--lora (" + field + ")"
+	}
+	if strings.HasPrefix(field, "spec.keyframes") {
+		return "--keyframe (" + field + ")"
 	}
 	return field
 }

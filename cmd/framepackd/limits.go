@@ -23,6 +23,11 @@ type limitOptions struct {
 	socketGroup    string
 	maxPixels      int64
 	maxDecodes     int
+	// The input videos a job may extend.
+	maxVideoBytes   byteSize
+	maxVideoSeconds float64
+	maxVideoFrames  int
+	maxVideoPixels  int
 }
 
 // addLimitFlags registers the limit flags on fs.
@@ -34,6 +39,11 @@ func addLimitFlags(fs *flag.FlagSet) *limitOptions {
 	fs.Var(&l.minFree, "min-free-disk", "refuse a job at submit that would leave less than this free on the state directory's disk; 0 turns the check off")
 	fs.Int64Var(&l.maxPixels, "max-image-pixels", api.MaxImagePixels, "refuse submitted images with more pixels than this (width × height, read from the header before decoding)")
 	fs.IntVar(&l.maxDecodes, "max-concurrent-decodes", api.DefaultMaxConcurrentDecodes, "decode at most this many submitted images at once (each takes about 7 bytes a pixel while it is checked); others wait")
+	l.maxVideoBytes = api.DefaultMaxVideoBytes
+	fs.Var(&l.maxVideoBytes, "max-video-bytes", fmt.Sprintf("refuse input videos (to extend) larger than this, at most %d MiB", api.MaxRequestBytes>>20))
+	fs.Float64Var(&l.maxVideoSeconds, "max-video-seconds", api.DefaultVideoLimits.MaxSeconds, "refuse input videos longer than this, in seconds")
+	fs.IntVar(&l.maxVideoFrames, "max-video-frames", api.DefaultVideoLimits.MaxFrames, "refuse input videos of more frames than this")
+	fs.IntVar(&l.maxVideoPixels, "max-video-pixels", api.DefaultVideoLimits.MaxPixels, "refuse input videos whose frames have more pixels than this (width × height)")
 	fs.StringVar(&l.socketGroup, "socket-group", "", "give the unix socket to this group with mode 0660, so its members can use the daemon (default: 0600, this user only)")
 	fs.BoolVar(&l.keepVideos, "keep-section-videos", false, "keep every section's MP4, not only the newest (each holds all frames of the one before)")
 	return l

@@ -268,6 +268,10 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 			log.WithError(err).Warn("remove temporary folder")
 		}
 	}()
+	if b := int64(o.limits.maxVideoBytes); b <= 0 || b > api.MaxRequestBytes {
+		fmt.Fprintf(stderr, "framepackd: --max-video-bytes %d: want 1 to %d (%d MiB)\n", b, api.MaxRequestBytes, api.MaxRequestBytes>>20)
+		return errUsage
+	}
 	if st, err := os.Stat(o.models); err != nil || !st.IsDir() {
 		log.WithField("models", o.models).Warn("models directory not found; jobs will fail until it exists")
 	}
@@ -341,7 +345,10 @@ func run(ctx context.Context, stopSignals func(), args []string, stderr io.Write
 		Models:               ready.fit,
 		MaxImagePixels:       o.limits.maxPixels,
 		MaxConcurrentDecodes: o.limits.maxDecodes,
-		Placement:            devices.Placement(devs, lanes, guards.health, o.pipeline.keptBytes, uint64(o.minJobGB*(1<<30))),
+		MaxVideoBytes:        int(o.limits.maxVideoBytes),
+		VideoLimits: video.Limits{MaxSeconds: o.limits.maxVideoSeconds, MaxFrames: o.limits.maxVideoFrames,
+			MaxPixels: o.limits.maxVideoPixels},
+		Placement: devices.Placement(devs, lanes, guards.health, o.pipeline.keptBytes, uint64(o.minJobGB*(1<<30))),
 		// JobSpec.variant at submit: f1 needs its transformer (issue 19).
 		CheckVariant: o.pipeline.checkVariant,
 		// metrics from the event hub, the gRPC TCP listener's TLS and token (http.go)

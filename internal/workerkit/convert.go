@@ -446,6 +446,7 @@ func toRunRequest(r *RunRequest) (*pb.RunRequest, error) {
 	case *VAEEncodeRequest:
 		out.Stage = &pb.RunRequest_VaeEncode{VaeEncode: &pb.VaeEncodeRequest{
 			Pixels: toTensorRef(s.Pixels), Tiling: toTiling(s.Tiling), Latents: toTensorRef(s.Latents), Logvar: toTensorRef(s.Logvar),
+			IndependentFrames: s.IndependentFrames,
 		}}
 	case *VAEDecodeRequest:
 		out.Stage = &pb.RunRequest_VaeDecode{VaeDecode: &pb.VaeDecodeRequest{
@@ -466,7 +467,7 @@ func toRunRequest(r *RunRequest) (*pb.RunRequest, error) {
 			LatentIndices: s.LatentIndices, Steps: s.Steps, Cfg: s.CFG, Gs: s.GS, Rs: s.RS, Shift: s.Shift,
 			UseTeacache: s.UseTeaCache, TeacacheThreshold: s.TeaCacheThreshold, Sampler: pb.SamplerVariant(s.Sampler),
 			GeneratorState: s.GeneratorState, Seed: s.Seed, Width: s.Width, Height: s.Height, Frames: s.Frames,
-			Latents: toTensorRef(s.Latents), StepPreviews: toTensorRefs(s.StepPreviews),
+			Latents: toTensorRef(s.Latents), StepPreviews: toTensorRefs(s.StepPreviews), Magcache: toMagCache(s.MagCache),
 		}}
 	case *TransformerForwardRequest:
 		out.Stage = &pb.RunRequest_TransformerForward{TransformerForward: &pb.TransformerForwardRequest{
@@ -530,7 +531,7 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 	case *pb.RunRequest_VaeEncode:
 		v := s.VaeEncode
 		out.Stage = &VAEEncodeRequest{Pixels: fromTensorRef(v.GetPixels()), Tiling: fromTiling(v.GetTiling()), Latents: fromTensorRef(v.GetLatents()),
-			Logvar: fromTensorRef(v.GetLogvar())}
+			Logvar: fromTensorRef(v.GetLogvar()), IndependentFrames: v.GetIndependentFrames()}
 	case *pb.RunRequest_VaeDecode:
 		v := s.VaeDecode
 		out.Stage = &VAEDecodeRequest{Latents: fromTensorRef(v.GetLatents()), Tiling: fromTiling(v.GetTiling()), Pixels: fromTensorRef(v.GetPixels())}
@@ -545,7 +546,7 @@ func fromRunRequest(r *pb.RunRequest) (*RunRequest, error) {
 			Steps:                   t.GetSteps(), CFG: t.GetCfg(), GS: t.GetGs(), RS: t.GetRs(), Shift: t.Shift,
 			UseTeaCache: t.GetUseTeacache(), TeaCacheThreshold: t.GetTeacacheThreshold(), Sampler: SamplerVariant(t.GetSampler()),
 			GeneratorState: t.GetGeneratorState(), Seed: t.GetSeed(), Width: t.GetWidth(), Height: t.GetHeight(), Frames: t.GetFrames(),
-			Latents: fromTensorRef(t.GetLatents()), StepPreviews: fromTensorRefs(t.GetStepPreviews()),
+			Latents: fromTensorRef(t.GetLatents()), StepPreviews: fromTensorRefs(t.GetStepPreviews()), MagCache: fromMagCache(t.GetMagcache()),
 		}
 	case *pb.RunRequest_TransformerForward:
 		t := s.TransformerForward
@@ -599,12 +600,28 @@ func fromEvent(e *pb.RunEvent) (Event, error) {
 
 func toResult(r *Result) *pb.Result {
 	return &pb.Result{Outputs: toTensorRefs(r.Outputs), Stats: toStats(r.Stats), GeneratorState: r.GeneratorState,
-		VaeTiling: toTilingUsed(r.VAETiling)}
+		VaeTiling: toTilingUsed(r.VAETiling), CacheSkippedSteps: r.CacheSkippedSteps}
 }
 
 func fromResult(r *pb.Result) *Result {
 	return &Result{Outputs: fromTensorRefs(r.GetOutputs()), Stats: fromStats(r.GetStats()), GeneratorState: r.GetGeneratorState(),
-		VAETiling: fromTilingUsed(r.GetVaeTiling())}
+		VAETiling: fromTilingUsed(r.GetVaeTiling()), CacheSkippedSteps: r.GetCacheSkippedSteps()}
+}
+
+func toMagCache(m *MagCacheSettings) *pb.MagCacheSettings {
+	if m == nil {
+		return nil
+	}
+	return &pb.MagCacheSettings{Calibration: pb.MagCacheCalibration(m.Calibration), Threshold: m.Threshold,
+		MaxConsecutiveSkips: m.MaxConsecutiveSkips, RetentionRatio: m.RetentionRatio}
+}
+
+func fromMagCache(m *pb.MagCacheSettings) *MagCacheSettings {
+	if m == nil {
+		return nil
+	}
+	return &MagCacheSettings{Calibration: MagCacheCalibration(m.GetCalibration()), Threshold: m.GetThreshold(),
+		MaxConsecutiveSkips: m.GetMaxConsecutiveSkips(), RetentionRatio: m.RetentionRatio}
 }
 
 func toError(e *Error) *pb.Error {

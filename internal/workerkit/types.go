@@ -424,6 +424,9 @@ type VAEEncodeRequest struct {
 	Latents TensorRef
 	// Logvar is optional: zero means the tensor "<Latents.Name>.logvar" in Latents' file.
 	Logvar TensorRef
+	// IndependentFrames, when > 0, encodes the frames in independent runs of this many frames
+	// (worker.proto VaeEncodeRequest.independent_frames).
+	IndependentFrames uint32
 }
 
 // VAEDecodeRequest decodes unscaled latents (already divided by VAEInfo.ScalingFactor) into
@@ -492,6 +495,27 @@ type TransformerSectionRequest struct {
 	Frames            uint32
 	Latents           TensorRef
 	StepPreviews      []TensorRef
+	MagCache          *MagCacheSettings // nil: MagCache off
+}
+
+// MagCacheCalibration names the magnitude-ratio table MagCache reads (worker.proto
+// MagCacheCalibration).
+type MagCacheCalibration int32
+
+// Calibrations (worker.proto MagCacheCalibration).
+const (
+	MagCacheUnspecified MagCacheCalibration = 0
+	MagCacheFramePack   MagCacheCalibration = 1 // FramePack's i2v transformer
+	MagCacheFramePackF1 MagCacheCalibration = 2 // the FramePack-F1 transformer
+)
+
+// MagCacheSettings are a section's MagCache settings (worker.proto MagCacheSettings); zero
+// Threshold and MaxConsecutiveSkips and a nil RetentionRatio mean the defaults.
+type MagCacheSettings struct {
+	Calibration         MagCacheCalibration
+	Threshold           float64
+	MaxConsecutiveSkips uint32
+	RetentionRatio      *float64
 }
 
 // TransformerForwardRequest runs one forward of the packed transformer (batch 1) and writes the
@@ -551,6 +575,9 @@ type Result struct {
 	Stats          *Stats
 	GeneratorState []byte
 	VAETiling      *VAETilingUsed // VAE stages: the tiling run
+	// CacheSkippedSteps are the sampling steps (0-based) TeaCache or MagCache skipped, positive
+	// branch (transformer sections).
+	CacheSkippedSteps []uint32
 }
 
 // VAETilingUsed is the tiling a VAE stage ran with (worker.proto VaeTilingUsed).

@@ -124,7 +124,7 @@ type report struct {
 func run() error {
 	dir := flag.String("dir", "", "folder of torch_bench.py's configs and manifests")
 	backend := flag.String("backend", "cuda", "runtime backend")
-	stages := flag.String("stages", strings.Join(allStages, ","), "stages to run")
+	stages := flag.String("stages", strings.Join(allStages, ","), "stages to run (also "+strings.Join(cacheStages, ", ")+": one whole section per step cache)")
 	flag.Float64Var(&tiledCapGiB, "vae-tiled-cap-gib", 8, "memory cap of the vae_decode_tiled stage, whose tiling the VAE chooses from it")
 	prof := flag.Bool("profile", false, "per-op device time of one run of each stage instead of the timed runs")
 	flag.Parse()
@@ -204,7 +204,7 @@ func stageActivation(stage string) (runtime.DType, error) {
 		return runtime.ParseActivationDType(v)
 	}
 	switch {
-	case strings.HasPrefix(stage, "transformer"):
+	case strings.HasPrefix(stage, "transformer") || isCacheStage(stage):
 		return dit.FramePackDType, nil
 	case strings.HasPrefix(stage, "vae"):
 		return causalvae.FramePackDType, nil
@@ -245,7 +245,7 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report, 
 		res.Conv = convStats(rt.ConvStats())
 	}()
 	switch stage {
-	case "transformer":
+	case "transformer", "section_nocache", "section_teacache", "section_magcache":
 		src, err := loadManifest(dir, "transformer", pool)
 		if err != nil {
 			return err
@@ -259,6 +259,10 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report, 
 			return err
 		}
 		defer m.Close()
+		if isCacheStage(stage) {
+			res.LoadSeconds = time.Since(t0).Seconds()
+			return runCacheStage(ctx, rt, m, stage, res, timed)
+		}
 		c, shape, x := ditConditioning(cfg)
 		sec, err := m.Prepare(c, shape)
 		if err != nil {

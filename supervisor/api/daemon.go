@@ -12,6 +12,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/events"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
+	"github.com/framepackd/framepackd/supervisor/video"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/grpc"
 )
@@ -62,8 +63,11 @@ type DaemonConfig struct {
 	// MaxImagePixels and MaxConcurrentDecodes bound the submitted images (Config).
 	MaxImagePixels       int64
 	MaxConcurrentDecodes int
-	Ready                func() error
-	Admit                func(spec *framepackv1.JobSpec) error
+	// MaxVideoBytes and VideoLimits bound the input videos (Config).
+	MaxVideoBytes int
+	VideoLimits   video.Limits
+	Ready         func() error
+	Admit         func(spec *framepackv1.JobSpec) error
 	// Models says what the served models take (Config.Models); nil: FramePack's.
 	Models        func() ModelFit
 	ReadyInterval time.Duration
@@ -143,9 +147,14 @@ func StartDaemon(cfg DaemonConfig) (_ *Daemon, err error) {
 	if d.queue, err = jobs.NewQueue(qcfg); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
+	var presets PresetStore // a cluster keeps none yet
+	if d.local != nil {
+		presets = d.local
+	}
 	if d.server, err = New(Config{Store: d.store, Queue: d.queue, Hub: d.hub, Devices: cfg.Devices, Unload: cfg.Unload, DecodeImage: cfg.DecodeImage, CheckVariant: cfg.CheckVariant, Log: log,
 		DiskBudget: cfg.DiskBudget, MinFreeBytes: cfg.MinFreeBytes, Ready: cfg.Ready, Admit: cfg.Admit, Models: cfg.Models,
-		MaxImagePixels: cfg.MaxImagePixels, MaxConcurrentDecodes: cfg.MaxConcurrentDecodes}); err != nil {
+		MaxImagePixels: cfg.MaxImagePixels, MaxConcurrentDecodes: cfg.MaxConcurrentDecodes,
+		MaxVideoBytes: cfg.MaxVideoBytes, VideoLimits: cfg.VideoLimits, Presets: presets}); err != nil {
 		return nil, fmt.Errorf("start daemon: %w", err)
 	}
 	var listeners []net.Listener

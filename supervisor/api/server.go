@@ -21,6 +21,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/devices"
 	"github.com/framepackd/framepackd/supervisor/events"
 	"github.com/framepackd/framepackd/supervisor/jobs"
+	"github.com/framepackd/framepackd/supervisor/video"
 	"github.com/sirupsen/logrus"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -84,6 +85,18 @@ type Config struct {
 	// image. Nil admits all. The variant is checked by CheckVariant, as a field of the
 	// request (INVALID_ARGUMENT).
 	Admit func(spec *framepackv1.JobSpec) error
+	// Presets keeps named job settings (PresetService); nil: this server keeps none (a
+	// cluster's daemons, for now), and PresetService and JobSpec.preset say so.
+	Presets PresetStore
+	// Video probes input videos (ffprobe, beside its ffmpeg); nil means ffmpeg and ffprobe from
+	// PATH.
+	Video *video.Writer
+	// VideoLimits bound an input video (frames, seconds, frame pixels); zero means
+	// DefaultVideoLimits.
+	VideoLimits video.Limits
+	// MaxVideoBytes is the largest input video; 0 means DefaultMaxVideoBytes, at most
+	// MaxRequestBytes.
+	MaxVideoBytes int
 	// Models returns what the served models take (models.go): the resolution a job that
 	// names none runs at, and the bucket tables they refuse. Nil, or a nil answer (models
 	// not usable yet), means FramePack's full-size models: 640, every table.
@@ -98,6 +111,8 @@ type Config struct {
 type Server struct {
 	framepackv1.UnimplementedJobServiceServer
 	framepackv1.UnimplementedDeviceServiceServer
+	framepackv1.UnimplementedPresetServiceServer
+	framepackv1.UnimplementedBatchServiceServer
 
 	cfg       Config
 	log       logrus.FieldLogger
@@ -123,6 +138,18 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.Video == nil {
+		cfg.Video = &video.Writer{}
+	}
+	if cfg.VideoLimits == (video.Limits{}) {
+		cfg.VideoLimits = DefaultVideoLimits
+	}
+	switch {
+	case cfg.MaxVideoBytes <= 0:
+		cfg.MaxVideoBytes = DefaultMaxVideoBytes
+	case cfg.MaxVideoBytes > MaxRequestBytes:
+		cfg.MaxVideoBytes = MaxRequestBytes
+	}
 	if cfg.FreeBytes == nil {
 		cfg.FreeBytes = FreeBytes
 	}
@@ -140,7 +167,8 @@ type discard struct{}
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // ServiceNames are the services the server registers, as the health service knows them.
-var ServiceNames = []string{framepackv1.JobService_ServiceDesc.ServiceName, framepackv1.DeviceService_ServiceDesc.ServiceName}
+var ServiceNames = []string{framepackv1.JobService_ServiceDesc.ServiceName, framepackv1.DeviceService_ServiceDesc.ServiceName,
+	framepackv1.PresetService_ServiceDesc.ServiceName, framepackv1.BatchService_ServiceDesc.ServiceName}
 
 // GRPCServer returns a gRPC server with the framepack.v1 services, health and reflection,
 // recovery and logging interceptors, and a receive limit that fits the largest image.
@@ -153,6 +181,8 @@ func (s *Server) GRPCServer(opts ...grpc.ServerOption) *grpc.Server {
 	g := grpc.NewServer(opts...)
 	framepackv1.RegisterJobServiceServer(g, s)
 	framepackv1.RegisterDeviceServiceServer(g, s)
+	framepackv1.RegisterPresetServiceServer(g, s)
+	framepackv1.RegisterBatchServiceServer(g, s)
 	healthpb.RegisterHealthServer(g, s.health)
 	reflection.Register(g)
 	s.ready.mu.Lock()
@@ -240,6 +270,16 @@ func requireID(id string) error {
 // server can run jobs now); a repeat with another image or spec is ALREADY_EXISTS.
 func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
 	var once jobs.ClientRequest
+	// The request as sent identifies a repeat (its hash); the preset's settings and a named
+	// job's video join the spec for everything after that (presets.go, video.go).
+	sent := req.GetSpec()
+	req, err := s.withPreset(req)
+	if err != nil {
+		return nil, err
+	}
+	if req, err = s.withSourceVideo(req); err != nil {
+		return nil, err
+	}
 	// spec is req's spec with the defaults filled in: withDefaults clones it, end image and
 	// all, so it runs once, for the early lookup of a client request id or before the
 	// checks that need the defaults.
@@ -252,7 +292,7 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 		// A request without a spec has no job to look up: validateSubmit refuses it below.
 		if req.GetSpec() != nil {
 			spec = s.withDefaults(req.GetSpec())
-			hash, err := jobs.RequestHash(spec, req.GetImage())
+			hash, err := jobs.RequestHash(s.withDefaults(sent), req.GetImage())
 			if err != nil {
 				return nil, statusOf(err)
 			}
@@ -286,14 +326,16 @@ func (s *Server) SubmitJob(ctx context.Context, req *framepackv1.SubmitJobReques
 	}
 	v := validateSubmit(req, s.cfg.Queue.Lanes(), s.decoder(ctx))
 	checkVariant(&v, req.GetSpec().GetVariant(), s.cfg.CheckVariant)
+	if len(v) == 0 {
+		s.checkVideo(ctx, &v, req.GetSpec()) // decodes: only once the rest is right
+	}
 	if err := v.Err("SubmitJobRequest"); err != nil {
 		return nil, err
 	}
-	if err := s.admit(spec, len(req.GetImage())+len(spec.GetEndImage())); err != nil {
+	if err := s.admit(spec, requestBytes(req)); err != nil {
 		return nil, err
 	}
 	var job *framepackv1.Job
-	var err error
 	created := true
 	if once.ID == "" {
 		job, err = s.cfg.Queue.Submit(ctx, spec, req.GetImage())
@@ -424,7 +466,13 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 	if err := requireID(id); err != nil {
 		return err
 	}
-	history, sub, err := s.cfg.Hub.Watch(id, events.SubscribeOptions{Previews: req.GetIncludePreviews()})
+	return s.watchOne(stream.Context(), id, req.GetIncludePreviews(), stream.Send)
+}
+
+// watchOne sends job id's snapshot, history and live events to send until the job ends (the
+// stream of WatchJob; WatchBatch runs one per job).
+func (s *Server) watchOne(ctx context.Context, id string, previews bool, send func(*framepackv1.JobEvent) error) error {
+	history, sub, err := s.cfg.Hub.Watch(id, events.SubscribeOptions{Previews: previews})
 	if err != nil {
 		return jobStatus(err, id)
 	}
@@ -434,7 +482,7 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 	if err != nil {
 		return jobStatus(err, id)
 	}
-	if err := stream.Send(&framepackv1.JobEvent{JobId: id, Time: timestamppb.New(s.cfg.Now()), Event: &framepackv1.JobEvent_Snapshot{Snapshot: job}}); err != nil {
+	if err := send(&framepackv1.JobEvent{JobId: id, Time: timestamppb.New(s.cfg.Now()), Event: &framepackv1.JobEvent_Snapshot{Snapshot: job}}); err != nil {
 		return err
 	}
 	for _, ev := range history {
@@ -442,7 +490,7 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 		// history is shared).
 		ev = proto.Clone(ev).(*framepackv1.JobEvent)
 		ev.Replay = true
-		if err := stream.Send(ev); err != nil {
+		if err := send(ev); err != nil {
 			return err
 		}
 		if events.IsTerminal(ev) {
@@ -451,14 +499,14 @@ func (s *Server) WatchJob(req *framepackv1.WatchJobRequest, stream grpc.ServerSt
 	}
 	if ev := terminalOf(job, s.cfg.Now()); ev != nil {
 		// Ended, but its terminal event is not in the log (yet): say how it ended.
-		return stream.Send(ev)
+		return send(ev)
 	}
 	for {
-		ev, err := sub.Next(stream.Context())
+		ev, err := sub.Next(ctx)
 		if err != nil {
 			return statusOf(err)
 		}
-		if err := stream.Send(ev); err != nil {
+		if err := send(ev); err != nil {
 			return err
 		}
 		if events.IsTerminal(ev) {

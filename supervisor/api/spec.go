@@ -25,6 +25,11 @@ const (
 	DefaultLoraStrength            = plan.DefaultLoraStrength
 	DefaultEndStrength             = plan.DefaultEndStrength
 	DefaultSeed                    = plan.DefaultSeed
+	DefaultMagCacheThreshold       = plan.DefaultMagCacheThreshold
+	DefaultMagCacheMaxSkips        = plan.DefaultMagCacheMaxSkips
+	DefaultMagCacheRetentionRatio  = plan.DefaultMagCacheRetentionRatio
+	DefaultVideoContextFrames      = plan.DefaultVideoContextFrames
+	DefaultVideoIncludeInput       = plan.DefaultVideoIncludeInput
 )
 
 // WithDefaults returns a copy of spec with every default filled in, as the Job stores it.
@@ -48,8 +53,19 @@ func WithDefaults(spec *framepackv1.JobSpec) *framepackv1.JobSpec {
 	if s.Resolution == 0 {
 		s.Resolution = DefaultResolution
 	}
-	if s.UseTeacache == nil {
-		s.UseTeacache = proto.Bool(DefaultUseTeaCache)
+	// The cache is named once: cache, with use_teacache saying the same.
+	s.Cache = plan.SpecCache(s)
+	s.UseTeacache = proto.Bool(s.Cache == plan.CacheTeaCache)
+	if s.Cache == plan.CacheMagCache {
+		if s.MagcacheThreshold == nil {
+			s.MagcacheThreshold = proto.Float64(DefaultMagCacheThreshold)
+		}
+		if s.MagcacheMaxConsecutiveSkips == nil {
+			s.MagcacheMaxConsecutiveSkips = proto.Uint32(DefaultMagCacheMaxSkips)
+		}
+		if s.MagcacheRetentionRatio == nil {
+			s.MagcacheRetentionRatio = proto.Float64(DefaultMagCacheRetentionRatio)
+		}
 	}
 	if s.Mp4Crf == nil {
 		s.Mp4Crf = proto.Uint32(DefaultMP4CRF)
@@ -64,6 +80,14 @@ func WithDefaults(spec *framepackv1.JobSpec) *framepackv1.JobSpec {
 	}
 	if len(s.EndImage) > 0 && s.EndStrength == nil {
 		s.EndStrength = proto.Float32(DefaultEndStrength)
+	}
+	if extendsVideo(s) {
+		if s.VideoContextFrames == nil {
+			s.VideoContextFrames = proto.Uint32(DefaultVideoContextFrames)
+		}
+		if s.VideoIncludeInput == nil {
+			s.VideoIncludeInput = proto.Bool(DefaultVideoIncludeInput)
+		}
 	}
 	return s
 }

@@ -33,9 +33,12 @@ const (
 	MaxReasonBytes = 1 << 10
 	// MaxClientRequestIDBytes is the longest client_request_id.
 	MaxClientRequestIDBytes = 128
-	// MaxRecvMsgBytes is the largest request the server accepts: the largest start image, the
-	// largest end image (JobSpec.end_image) and room for the rest of the spec.
-	MaxRecvMsgBytes = 2*MaxImageBytes + 1<<20
+	// MaxRequestBytes bounds the images (start, end, keyframes) and the input video of one
+	// request together.
+	MaxRequestBytes = 512 << 20
+	// MaxRecvMsgBytes is the largest request the server accepts: MaxRequestBytes of images and
+	// video and room for the rest of the spec.
+	MaxRecvMsgBytes = MaxRequestBytes + 1<<20
 )
 
 // Violations collects the field violations of one request.
@@ -98,6 +101,10 @@ func badFloat(f float32) bool {
 func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode func([]byte) (int, int, error)) Violations {
 	var v Violations
 	switch img := req.GetImage(); {
+	case len(img) == 0 && extendsVideo(req.GetSpec()):
+		// A job that extends a video starts from the video's frames.
+	case len(img) > 0 && extendsVideo(req.GetSpec()):
+		v.Add("image", "a job that extends a video takes no image: its frames come from the video (send one or the other)")
 	case len(img) == 0:
 		v.Add("image", "required: the start frame as PNG, JPEG or WebP bytes")
 	case len(img) > MaxImageBytes:
@@ -153,7 +160,9 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	case rs < 0 || rs > 1:
 		v.Add("spec.rs", "must be 0 to 1, got %g", rs)
 	}
-	// spec.use_teacache: true, false or unset (true) are all valid.
+	for _, fv := range plan.CheckCache(s) {
+		v.Add(fv.Field, "%s", fv.Description)
+	}
 	// spec.resolution and spec.buckets: the pipeline's rules (supervisor/pipeline/plan).
 	for _, fv := range plan.CheckBuckets(s) {
 		v.Add(fv.Field, "%s", fv.Description)
@@ -177,6 +186,14 @@ func validateSubmit(req *framepackv1.SubmitJobRequest, lanes []string, decode fu
 	checkLoras(&v, s.GetLoras())
 	checkWeights(&v, s)
 	checkEndFrame(&v, s, decode)
+	checkKeyframes(&v, s, decode)
+	checkVideoSpec(&v, s)
+	if n := requestBytes(req); n > MaxRequestBytes {
+		v.Add("spec", "the images and video of the request hold %d bytes together, the limit is %d (512 MiB)", n, MaxRequestBytes)
+	}
+	if b := s.GetBatchId(); b != "" {
+		checkBatchID(&v, "spec.batch_id", b)
+	}
 	if l := s.GetLane(); l != "" && !slices.Contains(lanes, l) {
 		v.Add("spec.lane", "no lane %q on this server (lanes: %s)", l, strings.Join(lanes, ", "))
 	}

@@ -32,10 +32,14 @@ import (
 type record struct {
 	// Job is the binary framepack.v1.Job; its video paths are relative to the job directory,
 	// so that each daemon reports them in its own working copy.
-	Job        []byte    `json:"job"`
-	Seq        uint64    `json:"seq"`
-	Input      string    `json:"input"`
-	End        string    `json:"end,omitempty"`
+	Job   []byte `json:"job"`
+	Seq   uint64 `json:"seq"`
+	Input string `json:"input"`
+	End   string `json:"end,omitempty"`
+	// Keyframes and Video are the keyframe images' and the input video's objects (jobs.Store's
+	// meta).
+	Keyframes  []string  `json:"keyframes,omitempty"`
+	Video      string    `json:"video,omitempty"`
 	FirstStart time.Time `json:"first_start,omitzero"`
 	// Checkpoint is the resume point; its VideoPath is relative to the job directory.
 	Checkpoint *jobs.Checkpoint   `json:"checkpoint,omitempty"`
@@ -283,16 +287,21 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req jobs.ClientR
 		s.removeObjects(ctx, id)
 		return nil, false, fmt.Errorf("create job %s: %w", id, err)
 	}
-	spec, endImage := jobs.StoredSpec(spec)
-	rec := &record{Input: "input" + jobs.ImageExt(image), Request: req}
-	if _, err := s.obs.PutBytes(ctx, objectName(id, rec.Input), image); err != nil {
-		return fail(fmt.Errorf("store input image: %w", err))
-	}
-	if len(endImage) > 0 {
-		rec.End = "end" + jobs.ImageExt(endImage)
-		if _, err := s.obs.PutBytes(ctx, objectName(id, rec.End), endImage); err != nil {
-			return fail(fmt.Errorf("store end image: %w", err))
+	spec, files := jobs.StoredSpec(spec)
+	rec := &record{Request: req, End: files.End, Keyframes: files.Keyframes, Video: files.Video}
+	if len(image) > 0 { // a job that extends a video has no image
+		rec.Input = "input" + jobs.ImageExt(image)
+		if _, err := s.obs.PutBytes(ctx, objectName(id, rec.Input), image); err != nil {
+			return fail(fmt.Errorf("store input image: %w", err))
 		}
+	}
+	if err := files.Each(func(name string, data []byte) error {
+		if _, err := s.obs.PutBytes(ctx, objectName(id, name), data); err != nil {
+			return fmt.Errorf("store %s: %w", name, err)
+		}
+		return nil
+	}); err != nil {
+		return fail(err)
 	}
 	if rec.Seq, err = s.nextSeq(ctx); err != nil {
 		return fail(err)
@@ -500,14 +509,29 @@ func (s *Store) Prepare(id string) (jobs.Prepared, error) {
 	}
 	ctx, cancel := opContext()
 	defer cancel()
-	p := jobs.Prepared{Dir: dir, InputPath: s.localPath(id, rec.Input), FirstStart: rec.FirstStart}
-	if err := s.fetch(ctx, id, rec.Input); err != nil {
-		return jobs.Prepared{}, fmt.Errorf("prepare job %s: input image: %w", id, err)
+	p := jobs.Prepared{Dir: dir, FirstStart: rec.FirstStart}
+	if rec.Input != "" {
+		p.InputPath = s.localPath(id, rec.Input)
+		if err := s.fetch(ctx, id, rec.Input); err != nil {
+			return jobs.Prepared{}, fmt.Errorf("prepare job %s: input image: %w", id, err)
+		}
 	}
 	if rec.End != "" {
 		p.EndImagePath = s.localPath(id, rec.End)
 		if err := s.fetch(ctx, id, rec.End); err != nil {
 			return jobs.Prepared{}, fmt.Errorf("prepare job %s: end image: %w", id, err)
+		}
+	}
+	for _, k := range rec.Keyframes {
+		p.KeyframePaths = append(p.KeyframePaths, s.localPath(id, k))
+		if err := s.fetch(ctx, id, k); err != nil {
+			return jobs.Prepared{}, fmt.Errorf("prepare job %s: keyframe %s: %w", id, k, err)
+		}
+	}
+	if rec.Video != "" {
+		p.VideoPath = s.localPath(id, rec.Video)
+		if err := s.fetch(ctx, id, rec.Video); err != nil {
+			return jobs.Prepared{}, fmt.Errorf("prepare job %s: input video: %w", id, err)
 		}
 	}
 	if cp := rec.Checkpoint; cp != nil {

@@ -127,6 +127,12 @@ func New(cfg Config) (http.Handler, error) {
 	if err := framepackv1.RegisterDeviceServiceHandlerClient(ctx, h.gw, framepackv1.NewDeviceServiceClient(cfg.Conn)); err != nil {
 		return nil, fmt.Errorf("new http api: %w", err)
 	}
+	if err := framepackv1.RegisterPresetServiceHandlerClient(ctx, h.gw, framepackv1.NewPresetServiceClient(cfg.Conn)); err != nil {
+		return nil, fmt.Errorf("new http api: %w", err)
+	}
+	if err := framepackv1.RegisterBatchServiceHandlerClient(ctx, h.gw, framepackv1.NewBatchServiceClient(cfg.Conn)); err != nil {
+		return nil, fmt.Errorf("new http api: %w", err)
+	}
 
 	routes := h.routes()
 	if h.openapi, err = buildOpenAPI(cfg.Version, routes); err != nil {
@@ -187,9 +193,12 @@ func (h *handler) wrap(next http.Handler) http.Handler {
 	})
 }
 
-// bodyLimit is the largest request body: two base64 images of MaxUploadBytes (the start
-// frame and the end frame) and the rest.
-func (h *handler) bodyLimit() int64 { return 2*((h.cfg.MaxUploadBytes+2)/3*4) + formOverhead }
+// bodyLimit is the largest request body: a request may carry several images (start, end,
+// keyframes) and a video, so eight base64 images of MaxUploadBytes, at most the gRPC API's
+// MaxRequestBytes in base64, and the rest.
+func (h *handler) bodyLimit() int64 {
+	return min(8*((h.cfg.MaxUploadBytes+2)/3*4), (api.MaxRequestBytes+2)/3*4) + formOverhead
+}
 
 // needsToken reports whether r must carry the token: the API and metrics do, the page's
 // static files (no data in them) and the session call (it checks the token itself) do not.

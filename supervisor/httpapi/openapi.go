@@ -80,7 +80,14 @@ func (h *handler) routes() []route {
 		{pattern: "POST /v1/jobs", handler: h.submit, amend: func(op map[string]any) {
 			op["consumes"] = []string{"application/json", "multipart/form-data"}
 			op["description"] = "The body is a SubmitJobRequest as JSON (image in base64), or multipart/form-data with an " +
-				"\"image\" file part, a \"spec\" part holding the JobSpec as JSON and an optional \"end_image\" file part."
+				"\"image\" file part, a \"spec\" part holding the JobSpec as JSON and an optional \"end_image\" file part; " +
+				"also a \"keyframe\" file part for each spec.keyframes entry without an image (in order) and an \"input_video\" " +
+				"file part (a video to extend: then no \"image\" part)."
+		}},
+		{pattern: "POST /v1/batches", handler: h.submitBatch, amend: func(op map[string]any) {
+			op["consumes"] = []string{"application/json", "multipart/form-data"}
+			op["description"] = "The body is a SubmitBatchRequest as JSON, or multipart/form-data with one \"image\" file " +
+				"part per job, a \"spec\" part holding the JobSpec all the jobs share as JSON and an optional \"batch_id\" part."
 		}},
 		{pattern: "GET /v1/jobs/{jobId}/events", handler: h.events,
 			op: eventStream("HTTP_WatchJobEvents", "watch a job's events as SSE or NDJSON", "previews")},

@@ -21,7 +21,8 @@ func gatewayRoutes(t *testing.T) []string {
 	t.Helper()
 	camel := regexp.MustCompile(`_([a-z])`)
 	var out []string
-	for _, fd := range []protoreflect.FileDescriptor{framepackv1.File_framepack_v1_job_service_proto, framepackv1.File_framepack_v1_device_service_proto} {
+	for _, fd := range []protoreflect.FileDescriptor{framepackv1.File_framepack_v1_job_service_proto, framepackv1.File_framepack_v1_device_service_proto,
+		framepackv1.File_framepack_v1_preset_service_proto, framepackv1.File_framepack_v1_batch_service_proto} {
 		svcs := fd.Services()
 		for i := range svcs.Len() {
 			ms := svcs.Get(i).Methods()

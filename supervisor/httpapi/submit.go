@@ -60,6 +60,7 @@ func (h *handler) readMultipart(r *http.Request) (*framepackv1.SubmitJobRequest,
 	var haveImage, haveSpec bool
 	var filename string
 	var endImage []byte
+	var files extraParts
 	for {
 		part, err := mr.NextPart()
 		if errors.Is(err, io.EOF) {
@@ -116,16 +117,23 @@ func (h *handler) readMultipart(r *http.Request) (*framepackv1.SubmitJobRequest,
 				return nil, status.Errorf(codes.InvalidArgument, "spec: not a JobSpec in JSON: %v", err)
 			}
 			req.Spec = spec
+		case "keyframe", "input_video":
+			if err := files.read(part, h.cfg.MaxUploadBytes); err != nil {
+				return nil, err
+			}
 		default:
-			return nil, status.Errorf(codes.InvalidArgument, "multipart part %q: want \"image\" (the file), \"spec\" (a JobSpec as JSON) and optionally \"end_image\" (the end frame)", part.FormName())
+			return nil, status.Errorf(codes.InvalidArgument, "multipart part %q: want \"image\" (the file), \"spec\" (a JobSpec as JSON) and optionally \"end_image\" (the end frame), \"keyframe\" (one per keyframe of the spec) and \"input_video\" (a video to extend, instead of the image)", part.FormName())
 		}
 		_ = part.Close()
 	}
-	if !haveImage {
-		return nil, status.Error(codes.InvalidArgument, `multipart body has no "image" part`)
-	}
 	if !haveSpec {
 		return nil, status.Error(codes.InvalidArgument, `multipart body has no "spec" part (a JobSpec as JSON)`)
+	}
+	if err := files.apply(req.Spec); err != nil {
+		return nil, err
+	}
+	if !haveImage && len(req.Spec.GetInputVideo()) == 0 && req.Spec.GetInputVideoJobId() == "" {
+		return nil, status.Error(codes.InvalidArgument, `multipart body has no "image" part (or "input_video" part, to extend a video)`)
 	}
 	if len(endImage) > 0 {
 		if len(req.Spec.GetEndImage()) > 0 {

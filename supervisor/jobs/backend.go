@@ -37,8 +37,13 @@ type Backend interface {
 type Prepared struct {
 	// Dir is the job's directory on this daemon.
 	Dir Dir
-	// InputPath and EndImagePath are the submitted images (EndImagePath "" without one).
+	// InputPath and EndImagePath are the submitted images (EndImagePath "" without one;
+	// InputPath "" for a job that extends a video).
 	InputPath, EndImagePath string
+	// KeyframePaths are the keyframe images (JobSpec.keyframes' order); VideoPath the input
+	// video of a job that extends one, "" else.
+	KeyframePaths []string
+	VideoPath     string
 	// Resume is the job's last checkpoint, its files in Dir; nil to start from scratch.
 	Resume *Checkpoint
 	// FirstStart is when the job first started anywhere (JobResult.duration counts from it).
@@ -60,11 +65,16 @@ func (s *Store) Prepare(id string) (Prepared, error) {
 	if err != nil {
 		return Prepared{}, err
 	}
+	keyframes, video, err := s.ExtraInputs(id)
+	if err != nil {
+		return Prepared{}, err
+	}
 	cp, err := s.Checkpoint(id)
 	if err != nil {
 		return Prepared{}, err
 	}
-	return Prepared{Dir: s.JobDir(id), InputPath: input, EndImagePath: end, Resume: cp, FirstStart: first}, nil
+	return Prepared{Dir: s.JobDir(id), InputPath: input, EndImagePath: end, KeyframePaths: keyframes, VideoPath: video,
+		Resume: cp, FirstStart: first}, nil
 }
 
 var _ Backend = (*Store)(nil)

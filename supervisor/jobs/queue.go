@@ -609,6 +609,8 @@ func (q *Queue) startRun(st *loopState, lane string, p pendingJob) bool {
 		Dir:            prep.Dir,
 		InputPath:      prep.InputPath,
 		EndImagePath:   prep.EndImagePath,
+		KeyframePaths:  prep.KeyframePaths,
+		VideoPath:      prep.VideoPath,
 		TotalSections:  total,
 		Resume:         cp,
 		Draining:       q.draining,

@@ -59,6 +59,11 @@ type Job struct {
 	InputPath string
 	// EndImagePath is the submitted end image (JobSpec.end_image), "" when the job has none.
 	EndImagePath string
+	// KeyframePaths are the keyframe images (JobSpec.keyframes, in order).
+	KeyframePaths []string
+	// VideoPath is the input video of a job that extends one (JobSpec.input_video), "" else;
+	// InputPath is then "".
+	VideoPath string
 	// TotalSections is the job's section count (Config.Sections).
 	TotalSections int
 	// Resume is the last finished section when the job ran before (a restart, a graceful

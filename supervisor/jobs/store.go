@@ -62,7 +62,11 @@ type meta struct {
 	Seq   uint64 `json:"seq"`
 	Input string `json:"input"`
 	// End is the end image's file name in the job directory; empty without one.
-	End        string      `json:"end,omitempty"`
+	End string `json:"end,omitempty"`
+	// Keyframes are the keyframe images' file names, in JobSpec.keyframes' order; Video is the
+	// input video's (a job that extends a video, whose Input is then empty).
+	Keyframes  []string    `json:"keyframes,omitempty"`
+	Video      string      `json:"video,omitempty"`
 	FirstStart time.Time   `json:"first_start,omitzero"`
 	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
 	// Request is the client request that created the job; empty without a client request id.
@@ -169,7 +173,7 @@ func Open(dir string) (*Store, error) {
 		return nil, fmt.Errorf("open job store %s: %w", dir, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketJobs, bucketMeta, bucketOrder, bucketEvents, bucketRequests} {
+		for _, b := range [][]byte{bucketJobs, bucketMeta, bucketOrder, bucketEvents, bucketRequests, bucketPresets} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -335,17 +339,16 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 		_ = os.RemoveAll(dir.Path())
 		return nil, false, fmt.Errorf("create job %s: %w", id, err)
 	}
-	input := "input" + ImageExt(image)
-	if err := WriteFileAtomic(filepath.Join(dir.Path(), input), image); err != nil {
-		return fail(err)
-	}
-	spec, endImage := StoredSpec(spec)
-	var end string
-	if len(endImage) > 0 {
-		end = "end" + ImageExt(endImage)
-		if err := WriteFileAtomic(filepath.Join(dir.Path(), end), endImage); err != nil {
+	var input string // a job that extends a video has no image
+	if len(image) > 0 {
+		input = "input" + ImageExt(image)
+		if err := WriteFileAtomic(filepath.Join(dir.Path(), input), image); err != nil {
 			return fail(err)
 		}
+	}
+	spec, files := StoredSpec(spec)
+	if err := files.Each(func(name string, data []byte) error { return WriteFileAtomic(filepath.Join(dir.Path(), name), data) }); err != nil {
+		return fail(err)
 	}
 	specJSON, err := protojson.MarshalOptions{Multiline: true, EmitUnpopulated: true}.Marshal(spec)
 	if err != nil {
@@ -380,7 +383,7 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 		if err := tx.Bucket(bucketOrder).Put(seqKey(seq), []byte(id)); err != nil {
 			return err
 		}
-		if err := putMeta(tx, id, &meta{Seq: seq, Input: input, End: end, Request: req}); err != nil {
+		if err := putMeta(tx, id, &meta{Seq: seq, Input: input, End: files.End, Keyframes: files.Keyframes, Video: files.Video, Request: req}); err != nil {
 			return err
 		}
 		if req.ID != "" {
@@ -400,17 +403,71 @@ func (s *Store) create(spec *framepackv1.JobSpec, image []byte, req ClientReques
 	return job, true, nil
 }
 
-// StoredSpec returns spec as a store keeps it, and its end image: the end image is kept beside
-// the input, not in the stored spec, which names it by its SHA-256.
-func StoredSpec(spec *framepackv1.JobSpec) (*framepackv1.JobSpec, []byte) {
-	e := spec.GetEndImage()
-	if len(e) == 0 {
-		return spec, nil
+// InputFiles are the files a job keeps beside its input image: the end image, the keyframe
+// images (JobSpec.keyframes' order) and the input video, by file name.
+type InputFiles struct {
+	End       string
+	Keyframes []string
+	Video     string
+	data      map[string][]byte
+}
+
+// Each calls fn with each file's name and bytes.
+func (f InputFiles) Each(fn func(name string, data []byte) error) error {
+	for _, name := range append(append([]string{f.End}, f.Keyframes...), f.Video) {
+		if name == "" {
+			continue
+		}
+		if err := fn(name, f.data[name]); err != nil {
+			return err
+		}
 	}
-	sum := sha256.Sum256(e)
+	return nil
+}
+
+// StoredSpec returns spec as a store keeps it, and the files kept beside the input: the end
+// image, the keyframe images and the input video are not in the stored spec, which names each
+// by its SHA-256.
+func StoredSpec(spec *framepackv1.JobSpec) (*framepackv1.JobSpec, InputFiles) {
+	files := InputFiles{data: map[string][]byte{}}
+	if len(spec.GetEndImage()) == 0 && len(spec.GetKeyframes()) == 0 && len(spec.GetInputVideo()) == 0 {
+		return spec, files
+	}
 	spec = proto.Clone(spec).(*framepackv1.JobSpec)
-	spec.EndImage, spec.EndImageSha256 = nil, hex.EncodeToString(sum[:])
-	return spec, e
+	keep := func(name string, data []byte) string {
+		files.data[name] = data
+		sum := sha256.Sum256(data)
+		return hex.EncodeToString(sum[:])
+	}
+	if e := spec.GetEndImage(); len(e) > 0 {
+		files.End = "end" + ImageExt(e)
+		spec.EndImage, spec.EndImageSha256 = nil, keep(files.End, e)
+	}
+	for i, k := range spec.GetKeyframes() {
+		if len(k.GetImage()) == 0 {
+			continue
+		}
+		name := fmt.Sprintf("keyframe-%02d%s", i, ImageExt(k.GetImage()))
+		k.Image, k.ImageSha256 = nil, keep(name, k.GetImage())
+		files.Keyframes = append(files.Keyframes, name)
+	}
+	if v := spec.GetInputVideo(); len(v) > 0 {
+		files.Video = "input-video" + videoExt(v)
+		spec.InputVideo, spec.InputVideoSha256 = nil, keep(files.Video, v)
+	}
+	return spec, files
+}
+
+// videoExt is a video's file extension from its first bytes: .mp4 (ISO base media, MOV
+// included), .mkv (Matroska, WebM included), else .video.
+func videoExt(v []byte) string {
+	switch {
+	case len(v) >= 8 && string(v[4:8]) == "ftyp":
+		return ".mp4"
+	case len(v) >= 4 && string(v[:4]) == "\x1a\x45\xdf\xa3":
+		return ".mkv"
+	}
+	return ".video"
 }
 
 // NewJob is a new job's record in JOB_STATE_QUEUED, created now.
@@ -508,13 +565,33 @@ func (s *Store) viewMeta(id string) (*meta, error) {
 	return m, err
 }
 
-// InputPath returns the path of job id's input image.
+// InputPath returns the path of job id's input image ("" for a job that extends a video).
 func (s *Store) InputPath(id string) (string, error) {
 	m, err := s.viewMeta(id)
 	if err != nil {
 		return "", fmt.Errorf("input of job: %w", err)
 	}
+	if m.Input == "" {
+		return "", nil
+	}
 	return filepath.Join(s.JobDir(id).Path(), m.Input), nil
+}
+
+// ExtraInputs returns the paths of job id's keyframe images (JobSpec.keyframes' order) and of
+// its input video ("" without one).
+func (s *Store) ExtraInputs(id string) (keyframes []string, video string, err error) {
+	m, err := s.viewMeta(id)
+	if err != nil {
+		return nil, "", fmt.Errorf("inputs of job: %w", err)
+	}
+	dir := s.JobDir(id).Path()
+	for _, k := range m.Keyframes {
+		keyframes = append(keyframes, filepath.Join(dir, k))
+	}
+	if m.Video != "" {
+		video = filepath.Join(dir, m.Video)
+	}
+	return keyframes, video, nil
 }
 
 // EndImagePath returns the path of job id's end image, "" when the job has none.

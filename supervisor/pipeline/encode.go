@@ -64,87 +64,13 @@ func (j *jobRun) encode(ctx context.Context) error {
 		return jobs.ErrInterrupted
 	}
 
-	// Prepare: nearest bucket, LANCZOS resize-to-cover + centre crop, [-1, 1].
-	var pixels vol
-	if err := j.hostStage(ctx, framepackv1.Stage_STAGE_PREPARE, -1, func() error {
-		img, _, err := imageproc.DecodeFile(j.job.InputPath, imageproc.Options{MaxPixels: j.r.cfg.MaxImagePixels})
-		if err != nil {
-			return fmt.Errorf("%w: input image: %w", errBadInput, err)
-		}
-		b, err := imageproc.FindNearestBucket(img.Height, img.Width, j.buckets)
-		if err != nil {
-			return fmt.Errorf("%w: %w", errBadInput, err)
-		}
-		np, err := imageproc.ResizeAndCenterCrop(img, b.Width, b.Height)
-		if err != nil {
-			return fmt.Errorf("%w: resize: %w", errBadInput, err)
-		}
-		c.imageNP, c.height, c.width = np.Pix, np.Height, np.Width
-		pixels = imageproc.ImageToVideo(np)
-		j.log.WithFields(map[string]any{"input": fmt.Sprintf("%dx%d", img.Width, img.Height), "bucket": fmt.Sprintf("%dx%d", b.Width, b.Height)}).Info("start frame prepared")
-		if j.job.EndImagePath == "" {
-			return nil
-		}
-		// FramePack-Studio's end frame (original_with_endframe_pipeline.py preprocess_inputs):
-		// resized and cropped to the start frame's bucket, then VAE-encoded with it.
-		end, _, err := imageproc.DecodeFile(j.job.EndImagePath, imageproc.Options{MaxPixels: j.r.cfg.MaxImagePixels})
-		if err != nil {
-			return fmt.Errorf("%w: end image: %w", errBadInput, err)
-		}
-		endNP, err := imageproc.ResizeAndCenterCrop(end, b.Width, b.Height)
-		if err != nil {
-			return fmt.Errorf("%w: resize end image: %w", errBadInput, err)
-		}
-		c.endNP, c.endStrength = endNP.Pix, spec.GetEndStrength()
-		if pixels, err = concatB(pixels, imageproc.ImageToVideo(endNP)); err != nil {
+	// The start frame (and end frame, keyframes) or the input video, VAE-encoded.
+	if j.job.VideoPath != "" {
+		if err := j.encodeVideo(ctx, c); err != nil { // video.go
 			return err
 		}
-		j.log.WithFields(map[string]any{"end": fmt.Sprintf("%dx%d", end.Width, end.Height), "strength": c.endStrength}).Info("end frame prepared")
-		return nil
-	}); err != nil {
+	} else if err := j.encodeImages(ctx, c); err != nil {
 		return err
-	}
-	j.cond = c // the frame size is known: the stages below are sized by it
-
-	// VAE encode of the start frame (and the end frame, as a second sample of the same run):
-	// the posterior mean × scaling_factor.
-	pixSeg, err := j.segment("start-pixels")
-	if err != nil {
-		return err
-	}
-	if _, err := shm.WriteSegment(pixSeg, []safetensors.Tensor{f32Tensor("pixels", pixels)}); err != nil {
-		return fmt.Errorf("job %s: start pixels: %w", j.job.ID, err)
-	}
-	latSeg, err := j.segment("start-latent")
-	if err != nil {
-		return err
-	}
-	vst := j.vaeStage(&workerkit.VAEEncodeRequest{Pixels: workerkit.TensorRef{Path: pixSeg, Name: "pixels"}, Tiling: j.vaeTiling(),
-		Latents: workerkit.TensorRef{Path: latSeg, Name: "latents"}})
-	vst.Keep = j.r.cfg.Residency
-	vst.Need = j.need(ctx, vst, maxDecodeFrames(j.window)) // the decodes' estimate: this worker may serve them
-	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, vst)
-	if err != nil {
-		return err
-	}
-	mean, err := readSegmentVol(latSeg, "latents")
-	if err == nil && mean.B != pixels.B {
-		err = fmt.Errorf("the vae encoded %d images, it was given %d", mean.B, pixels.B)
-	}
-	if err == nil {
-		c.scalingFactor, c.scalingFactorStr, err = vaeFacts(rep.Loaded, mean, c.height, c.width)
-	}
-	if err != nil {
-		return j.failure(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, j.r.cfg.Now(), 0, err)
-	}
-	c.startLatent = scaled(sampleB(mean, 0), c.scalingFactor)
-	if c.endNP != nil {
-		end := scaled(sampleB(mean, 1), c.scalingFactor)
-		c.endLatent = &end
-	}
-	j.dropSegments("start-pixels", "start-latent")
-	if j.draining() {
-		return jobs.ErrInterrupted
 	}
 
 	// SigLIP of the bucketed start frame.
@@ -194,4 +120,94 @@ func (j *jobRun) readSegment(path string, fn func(*shm.Mapped) error) error {
 	}
 	defer m.Close()
 	return fn(m)
+}
+
+// encodeImages prepares the start frame (with the end frame and keyframes) and VAE-encodes them.
+func (j *jobRun) encodeImages(ctx context.Context, c *conditioning) error {
+	spec := j.job.Spec
+	// Prepare: nearest bucket, LANCZOS resize-to-cover + centre crop, [-1, 1].
+	var pixels vol
+	if err := j.hostStage(ctx, framepackv1.Stage_STAGE_PREPARE, -1, func() error {
+		img, _, err := imageproc.DecodeFile(j.job.InputPath, imageproc.Options{MaxPixels: j.r.cfg.MaxImagePixels})
+		if err != nil {
+			return fmt.Errorf("%w: input image: %w", errBadInput, err)
+		}
+		b, err := imageproc.FindNearestBucket(img.Height, img.Width, j.buckets)
+		if err != nil {
+			return fmt.Errorf("%w: %w", errBadInput, err)
+		}
+		np, err := imageproc.ResizeAndCenterCrop(img, b.Width, b.Height)
+		if err != nil {
+			return fmt.Errorf("%w: resize: %w", errBadInput, err)
+		}
+		c.imageNP, c.height, c.width = np.Pix, np.Height, np.Width
+		pixels = imageproc.ImageToVideo(np)
+		j.log.WithFields(map[string]any{"input": fmt.Sprintf("%dx%d", img.Width, img.Height), "bucket": fmt.Sprintf("%dx%d", b.Width, b.Height)}).Info("start frame prepared")
+		if err := j.prepareKeyframes(c, b); err != nil {
+			return err
+		}
+		if j.job.EndImagePath == "" {
+			return nil
+		}
+		// FramePack-Studio's end frame (original_with_endframe_pipeline.py preprocess_inputs):
+		// resized and cropped to the start frame's bucket, then VAE-encoded with it.
+		end, _, err := imageproc.DecodeFile(j.job.EndImagePath, imageproc.Options{MaxPixels: j.r.cfg.MaxImagePixels})
+		if err != nil {
+			return fmt.Errorf("%w: end image: %w", errBadInput, err)
+		}
+		endNP, err := imageproc.ResizeAndCenterCrop(end, b.Width, b.Height)
+		if err != nil {
+			return fmt.Errorf("%w: resize end image: %w", errBadInput, err)
+		}
+		c.endNP, c.endStrength = endNP.Pix, spec.GetEndStrength()
+		j.log.WithFields(map[string]any{"end": fmt.Sprintf("%dx%d", end.Width, end.Height), "strength": c.endStrength}).Info("end frame prepared")
+		return nil
+	}); err != nil {
+		return err
+	}
+
+	j.cond = c // the frame size is known: the stages below are sized by it
+
+	// VAE encode of the start frame (and the end frame and the keyframes, as more samples of
+	// the same run): the posterior mean × scaling_factor.
+	pixels, err := concatB(append([]vol{pixels}, c.extraFrames()...)...)
+	if err != nil {
+		return err
+	}
+	pixSeg, err := j.segment("start-pixels")
+	if err != nil {
+		return err
+	}
+	if _, err := shm.WriteSegment(pixSeg, []safetensors.Tensor{f32Tensor("pixels", pixels)}); err != nil {
+		return fmt.Errorf("job %s: start pixels: %w", j.job.ID, err)
+	}
+	latSeg, err := j.segment("start-latent")
+	if err != nil {
+		return err
+	}
+	vst := j.vaeStage(&workerkit.VAEEncodeRequest{Pixels: workerkit.TensorRef{Path: pixSeg, Name: "pixels"}, Tiling: j.vaeTiling(),
+		Latents: workerkit.TensorRef{Path: latSeg, Name: "latents"}})
+	vst.Keep = j.r.cfg.Residency
+	vst.Need = j.need(ctx, vst, maxDecodeFrames(j.window)) // the decodes' estimate: this worker may serve them
+	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, vst)
+	if err != nil {
+		return err
+	}
+	mean, err := readSegmentVol(latSeg, "latents")
+	if err == nil && mean.B != pixels.B {
+		err = fmt.Errorf("the vae encoded %d images, it was given %d", mean.B, pixels.B)
+	}
+	if err == nil {
+		c.scalingFactor, c.scalingFactorStr, err = vaeFacts(rep.Loaded, mean, c.height, c.width)
+	}
+	if err != nil {
+		return j.failure(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, j.r.cfg.Now(), 0, err)
+	}
+	c.startLatent = scaled(sampleB(mean, 0), c.scalingFactor)
+	c.setExtraLatents(func(b int) vol { return scaled(sampleB(mean, b), c.scalingFactor) })
+	j.dropSegments("start-pixels", "start-latent")
+	if j.draining() {
+		return jobs.ErrInterrupted
+	}
+	return nil
 }

@@ -6,34 +6,42 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/framepackd/framepackd/internal/workerkit"
+	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
 )
 
 // Settings are a job's settings as its videos carry them (the MP4's "comment" tag and a JSON
 // file beside each video): enough to make the video again.
 type Settings struct {
-	Job            string            `json:"job"`
-	Section        int               `json:"section"`
-	Sections       int               `json:"sections"`
-	Variant        string            `json:"variant"`
-	Prompt         string            `json:"prompt"`
-	Prompts        []SettingsPrompt  `json:"prompts,omitempty"` // a timed prompt's entries
-	NegativePrompt string            `json:"negative_prompt,omitempty"`
-	Seed           int64             `json:"seed"`
-	Seconds        float32           `json:"total_second_length"`
-	Window         uint32            `json:"latent_window_size"`
-	Steps          uint32            `json:"steps"`
-	CFG            float32           `json:"cfg"`
-	GS             float32           `json:"gs"`
-	RS             float32           `json:"rs"`
-	TeaCache       bool              `json:"use_teacache"`
-	Resolution     uint32            `json:"resolution"`
-	Width          int               `json:"width"`
-	Height         int               `json:"height"`
-	Loras          []SettingsLora    `json:"loras,omitempty"`
-	EndFrame       *SettingsEndFrame `json:"end_frame,omitempty"`
-	Weights        *SettingsWeights  `json:"weights,omitempty"`
-	Models         map[string]string `json:"models"` // model → revision (hub snapshot) or folder
+	Job            string              `json:"job"`
+	Section        int                 `json:"section"`
+	Sections       int                 `json:"sections"`
+	Variant        string              `json:"variant"`
+	Preset         string              `json:"preset,omitempty"`   // the preset the settings came from
+	BatchID        string              `json:"batch_id,omitempty"` // the batch the job belongs to
+	Prompt         string              `json:"prompt"`
+	Prompts        []SettingsPrompt    `json:"prompts,omitempty"` // a timed prompt's entries
+	NegativePrompt string              `json:"negative_prompt,omitempty"`
+	Seed           int64               `json:"seed"`
+	Seconds        float32             `json:"total_second_length"`
+	Window         uint32              `json:"latent_window_size"`
+	Steps          uint32              `json:"steps"`
+	CFG            float32             `json:"cfg"`
+	GS             float32             `json:"gs"`
+	RS             float32             `json:"rs"`
+	TeaCache       bool                `json:"use_teacache"`
+	Cache          string              `json:"cache"`
+	MagCache       *SettingsMagCache   `json:"magcache,omitempty"`
+	Resolution     uint32              `json:"resolution"`
+	Width          int                 `json:"width"`
+	Height         int                 `json:"height"`
+	Loras          []SettingsLora      `json:"loras,omitempty"`
+	EndFrame       *SettingsEndFrame   `json:"end_frame,omitempty"`
+	Keyframes      []SettingsKeyframe  `json:"keyframes,omitempty"`
+	InputVideo     *SettingsInputVideo `json:"input_video,omitempty"`
+	Weights        *SettingsWeights    `json:"weights,omitempty"`
+	Models         map[string]string   `json:"models"` // model → revision (hub snapshot) or folder
 }
 
 // SettingsPrompt is one entry of a timed prompt.
@@ -42,12 +50,42 @@ type SettingsPrompt struct {
 	Prompt string  `json:"prompt"`
 }
 
+// SettingsMagCache is a job's MagCache settings and the calibration table its transformer
+// reads.
+type SettingsMagCache struct {
+	Threshold           float64 `json:"threshold"`
+	MaxConsecutiveSkips uint32  `json:"max_consecutive_skips"`
+	RetentionRatio      float64 `json:"retention_ratio"`
+	Calibration         string  `json:"calibration"`
+}
+
 // SettingsEndFrame is a job's end frame (JobSpec.end_image): which image, where the server
 // keeps it, and its strength.
 type SettingsEndFrame struct {
 	SHA256   string  `json:"sha256"`
 	Image    string  `json:"image"`
 	Strength float32 `json:"strength"`
+}
+
+// SettingsKeyframe is one of a job's keyframes: the section it belongs to (video time), how
+// the job gave it (section or seconds), which image and where the server keeps it.
+type SettingsKeyframe struct {
+	Section int      `json:"section"`
+	Seconds *float32 `json:"seconds,omitempty"`
+	SHA256  string   `json:"sha256"`
+	Image   string   `json:"image"`
+}
+
+// SettingsInputVideo is the video a job extends: which file, where the server keeps it, the
+// job it came from (when it did), its decoded frames, the context frames and whether the output
+// starts with its frames.
+type SettingsInputVideo struct {
+	SHA256        string `json:"sha256"`
+	Video         string `json:"video"`
+	JobID         string `json:"job_id,omitempty"`
+	Frames        int    `json:"frames,omitempty"`
+	ContextFrames int    `json:"context_frames"`
+	IncludeInput  bool   `json:"include_input"`
 }
 
 // SettingsWeights is how a job's transformer held its weights when they were not the model
@@ -73,7 +111,15 @@ func (j *jobRun) settings(i int) Settings {
 	s := Settings{Job: j.job.ID, Section: i, Sections: j.total, Variant: j.variant.Name(), Prompt: spec.GetPrompt(),
 		NegativePrompt: spec.GetNegativePrompt(), Seed: spec.GetSeed(), Seconds: spec.GetTotalSecondLength(),
 		Window: spec.GetLatentWindowSize(), Steps: spec.GetSteps(), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
-		TeaCache: spec.GetUseTeacache(), Resolution: spec.GetResolution(), Models: map[string]string{}}
+		Resolution: spec.GetResolution(), Models: map[string]string{}}
+	s.Preset, s.BatchID = spec.GetPreset(), spec.GetBatchId()
+	s.Cache = plan.SpecCache(spec)
+	s.TeaCache = s.Cache == plan.CacheTeaCache
+	if m := j.magCache(); m != nil {
+		s.MagCache = &SettingsMagCache{Threshold: m.Threshold, MaxConsecutiveSkips: m.MaxConsecutiveSkips,
+			RetentionRatio: spec.GetMagcacheRetentionRatio(), Calibration: map[workerkit.MagCacheCalibration]string{
+				workerkit.MagCacheFramePack: "framepack", workerkit.MagCacheFramePackF1: "framepack_f1"}[m.Calibration]}
+	}
 	if j.cond != nil {
 		s.Width, s.Height = j.cond.width, j.cond.height
 	}
@@ -90,6 +136,25 @@ func (j *jobRun) settings(i int) Settings {
 	}
 	if j.job.EndImagePath != "" {
 		s.EndFrame = &SettingsEndFrame{SHA256: spec.GetEndImageSha256(), Image: j.job.EndImagePath, Strength: spec.GetEndStrength()}
+	}
+	if secs, err := plan.KeyframeSections(spec); err == nil {
+		for i, k := range spec.GetKeyframes() {
+			sk := SettingsKeyframe{Section: secs[i], SHA256: k.GetImageSha256()}
+			if t, ok := k.GetAt().(*framepackv1.Keyframe_Seconds); ok {
+				sk.Seconds = &t.Seconds
+			}
+			if i < len(j.job.KeyframePaths) {
+				sk.Image = j.job.KeyframePaths[i]
+			}
+			s.Keyframes = append(s.Keyframes, sk)
+		}
+	}
+	if j.job.VideoPath != "" {
+		s.InputVideo = &SettingsInputVideo{SHA256: spec.GetInputVideoSha256(), Video: j.job.VideoPath, JobID: spec.GetInputVideoJobId(),
+			ContextFrames: int(spec.GetVideoContextFrames()), IncludeInput: spec.GetVideoIncludeInput()}
+		if j.cond != nil {
+			s.InputVideo.Frames = j.cond.videoFrames
+		}
 	}
 	for k, l := range jobLoras(spec) {
 		sl := SettingsLora{Path: l.Path, Strength: l.Strength}

@@ -133,6 +133,9 @@ func New(cfg Config) (*Runner, error) {
 // CheckVariant says whether a job of the named sampling variant can run here: the variant is
 // known and its transformer was found. The API calls it at submit.
 func (r *Runner) CheckVariant(name string) error {
+	if name == VariantVideo || name == VariantVideoF1 {
+		return fmt.Errorf("variant %q is what a job that extends a video runs: give the video (input_video) with variant i2v or f1", name)
+	}
 	v, err := variantByName(name)
 	if err != nil {
 		return err
@@ -146,7 +149,7 @@ func (r *Runner) CheckVariant(name string) error {
 
 // transformerDir is the transformer folder a variant samples with ("" when not installed).
 func (r *Runner) transformerDir(variant string) string {
-	if variant == VariantF1 {
+	if variantTransformer(variant) == VariantF1 {
 		return r.cfg.Models.TransformerF1
 	}
 	return r.cfg.Models.Transformer
@@ -193,6 +196,9 @@ type StageRecord struct {
 	// the worker kept on the device and streamed from host memory.
 	ResidentBlocks uint32 `json:"resident_blocks,omitempty"`
 	StreamedBlocks uint32 `json:"streamed_blocks,omitempty"`
+	// CacheSkippedSteps are the sampling steps (0-based) TeaCache or MagCache skipped
+	// (transformer stages).
+	CacheSkippedSteps []uint32 `json:"cache_skipped_steps,omitempty"`
 	// Err is the failure, empty on success.
 	Err string `json:"error,omitempty"`
 	// ConvTiers are the worker's convolution tier counts (metrics).
@@ -353,6 +359,9 @@ func (j *jobRun) run(ctx context.Context) (jobs.Result, error) {
 		if err := j.encode(ctx); err != nil {
 			return jobs.Result{}, err
 		}
+	}
+	if err := j.bindVideo(); err != nil {
+		return jobs.Result{}, &jobs.FailureError{Failure: &framepackv1.JobFailure{Message: err.Error()}}
 	}
 	if j.hist == nil {
 		latents, generated, err := j.variant.InitialHistory(j.cond.startLatent, j.cond.endFrame())
@@ -532,6 +541,9 @@ func (j *jobRun) workerStage(ctx context.Context, stage framepackv1.Stage, secti
 	}
 	if !rep.Reused {
 		rec.WeightBytes = rep.WeightBytes
+	}
+	if rep.Result != nil {
+		rec.CacheSkippedSteps = rep.Result.CacheSkippedSteps
 	}
 	if rep.Result != nil && rep.Result.VAETiling != nil {
 		vt := rep.Result.VAETiling

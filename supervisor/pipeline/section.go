@@ -34,8 +34,9 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	sfx := fmt.Sprintf("s%03d-", i)
 	start := j.cond.startLatent
 
-	// Clean latents 1x/2x/4x and the frame indices, as the job's variant takes them.
-	sc, err := j.variant.Context(sec, start, hist.latents)
+	// Clean latents 1x/2x/4x and the frame indices, as the job's variant takes them; a
+	// keyframed section's start-side latent is its keyframe's (FramePack-eichi).
+	sc, err := j.variant.Context(sec, j.cond.anchor(j.variant, sec), hist.latents)
 	if err != nil {
 		return jobs.Result{}, fmt.Errorf("section %d: %w", i, err)
 	}
@@ -85,7 +86,7 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 		},
 		Negative: workerkit.TransformerText{LlamaVec: cref(tLlamaVecN), LlamaMask: cref(tLlamaMaskN), ClipPooler: cref(tClipPoolerN)},
 		Steps:    uint32(j.steps), CFG: spec.GetCfg(), GS: spec.GetGs(), RS: spec.GetRs(),
-		UseTeaCache: spec.GetUseTeacache(), Sampler: workerkit.SamplerUniPCBH1,
+		UseTeaCache: plan.SpecCache(spec) == plan.CacheTeaCache, MagCache: j.magCache(), Sampler: workerkit.SamplerUniPCBH1,
 		GeneratorState: hist.generator, Seed: spec.GetSeed(),
 		Width: uint32(j.cond.width), Height: uint32(j.cond.height), Frames: uint32(plan.Frames(j.window)),
 		Latents:      workerkit.TensorRef{Path: latSeg, Name: "latents"},
@@ -102,6 +103,7 @@ func (j *jobRun) section(ctx context.Context, i int, condSeg string) (jobs.Resul
 	if l := loadedLoras(rep); len(l) > 0 {
 		j.lorasApplied = l
 	}
+	j.logCacheSkips(i, rep.Result)
 	if rep.Loaded != nil && rep.Loaded.WeightsFormat != "" {
 		j.weightsFormat, j.fp8Compute = rep.Loaded.WeightsFormat, rep.Loaded.FP8Compute
 	}
@@ -284,6 +286,9 @@ func pendingOf(v Variant, current vol, overlap int) vol {
 // (plan.CleanFrames) and its decode range (at most plan.DecodeFrames), at the end the history
 // grows from. The rest is in the video already and leaves memory and the checkpoint.
 func retain(v Variant, latents vol, window int) vol {
+	if k, ok := v.(interface{ keepsWholeHistory() bool }); ok && k.keepsWholeHistory() {
+		return latents
+	}
 	keep := max(plan.CleanFrames, plan.DecodeFrames(window, true))
 	if latents.T <= keep {
 		return latents
@@ -383,6 +388,15 @@ func (j *jobRun) saveSection(ctx context.Context, h *history, pending, final vol
 		return video.Output{}, fmt.Errorf("settings: %w", err)
 	}
 	parts := video.Parts{Segments: segments, Frames: frames, Metadata: map[string]string{"comment": string(settings)}}
+	// A video extension's output starts with the input's frames: a segment of their own, first.
+	lead, leadFrames, err := j.inputSegment(ctx, segDir)
+	if err != nil {
+		return video.Output{}, err
+	}
+	if lead != "" {
+		parts.Segments = append([]string{lead}, parts.Segments...)
+		parts.Frames += leadFrames
+	}
 	if pending.T > 0 {
 		// The frames the next section blends are in the video so far, but not written to
 		// disk: they live in the job's shared memory until the next section replaces them.
@@ -426,6 +440,7 @@ func (j *jobRun) saveSection(ctx context.Context, h *history, pending, final vol
 	// between daemons carries them along: supervisor/cluster); after the last section the
 	// joined video holds them.
 	videos := filepath.Base(dir.Videos())
+	segments = parts.Segments
 	if h.section == j.total-1 {
 		segments = nil
 	} else if _, err := os.Stat(video.PartsPath(name)); err == nil {

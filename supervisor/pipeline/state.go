@@ -72,6 +72,14 @@ type conditioning struct {
 	endLatent   *vol
 	endNP       []byte
 	endStrength float32
+	// keyframes are the job's keyframes (keyframes.go), nil without.
+	keyframes []keyframe
+	// videoLatents are the input video's latents × scaling_factor of a job that extends a video
+	// (video.go), nil else; inputFrames its frames at 30 fps fitted to the bucket, kept for the
+	// output (empty when the output leaves them out); videoFrames its decoded frame count.
+	videoLatents *vol
+	inputFrames  []byte
+	videoFrames  int
 	// scalingFactor is the VAE's scaling_factor as its worker reported it at encode
 	// (LoadResponse.vae); scalingFactorStr prints it in the conditioning file.
 	scalingFactor    float32
@@ -104,6 +112,8 @@ func (c *conditioning) save(path string) error {
 			safetensors.FromUint8(tEndNP, []int64{int64(c.height), int64(c.width), 3}, c.endNP))
 		meta["end_strength"] = strconv.FormatFloat(float64(c.endStrength), 'g', -1, 32)
 	}
+	ts = append(ts, c.keyframeTensors(meta)...)
+	ts = append(ts, c.videoTensors(meta)...)
 	if err := safetensors.WriteFile(path, ts, safetensors.WriteOptions{Metadata: meta}); err != nil {
 		return fmt.Errorf("save conditioning: %w", err)
 	}
@@ -164,6 +174,12 @@ func loadConditioning(path string) (*conditioning, error) {
 			return nil, fmt.Errorf("load conditioning: %w", err)
 		}
 		c.endLatent, c.endStrength, c.endNP = &end, float32(st), np.Data
+	}
+	if err := c.loadKeyframes(f); err != nil {
+		return nil, fmt.Errorf("load conditioning: %w", err)
+	}
+	if err := c.loadVideo(f); err != nil {
+		return nil, fmt.Errorf("load conditioning: %w", err)
 	}
 	return c, nil
 }

@@ -19,8 +19,9 @@ import (
 // clean-latent context, the history append, the decode range, the blend order and the
 // initial history.
 //
-// A Variant holds no per-job state: everything it needs comes in the arguments, so a resumed
-// job gets the same answers from the section file alone. Latent volumes are [1, C, T, H, W]
+// A Variant holds no per-job state beyond what the job's conditioning file gives it (the video
+// variants carry the input video's latents): everything else comes in the arguments, so a
+// resumed job gets the same answers from its files alone. Latent volumes are [1, C, T, H, W]
 // float32; pixel volumes [1, 3, T, H, W] in [-1, 1].
 type Variant interface {
 	// Name is the variant's name as checkpoints record it (VariantI2V, …).
@@ -190,6 +191,9 @@ func (i2v) Blend(s Section, current, history vol) (vol, error) {
 // jobVariant is the sampling variant a new job asks for: JobSpec.variant, empty meaning
 // VariantI2V.
 func jobVariant(spec *framepackv1.JobSpec) string {
+	if len(spec.GetInputVideo()) > 0 || spec.GetInputVideoSha256() != "" || spec.GetInputVideoJobId() != "" {
+		return jobVideoVariant(spec)
+	}
 	if v := spec.GetVariant(); v != "" {
 		return v
 	}

@@ -206,7 +206,7 @@ func TestPageInBrowser(t *testing.T) {
 		const set = (id, v) => { document.getElementById(id).value = v; };
 		set('seconds', '1'); set('steps', '2'); set('resolution', '96'); set('window', '3'); set('seed', '7');
 		set('end-strength', '0.5'); set('loras', %q);
-		document.getElementById('teacache').checked = false;
+		document.getElementById('cache').value = 'none';
 	})()`, lora+" 0.7")
 
 	start := time.Now()
@@ -273,14 +273,14 @@ func TestPageInBrowser(t *testing.T) {
 	p.js("change the form", `(() => {
 		const set = (id, v) => { document.getElementById(id).value = v; };
 		set('seed', '99'); set('steps', '9'); set('loras', ''); set('end-strength', '1'); set('resolution', '640');
-		document.getElementById('teacache').checked = true;
+		document.getElementById('cache').value = 'teacache';
 		document.getElementById('image').value = ''; document.getElementById('end-image').value = '';
 	})()`)
 	p.js("use these settings", fmt.Sprintf(`document.querySelector('%s button.reuse').click()`, card))
 	p.poll("form filled", fmt.Sprintf(`document.getElementById('job-form').dataset.reusedFrom === %q`, id), 10*time.Second)
 	form := p.text(`['seed', 'steps', 'resolution', 'window', 'seconds', 'end-strength', 'loras', 'prompt'].map((id) => document.getElementById(id).value).join('|') +
-		'|' + document.getElementById('teacache').checked + '|' + document.getElementById('image').files.length + '|' + document.getElementById('end-image').files.length`)
-	if want := fmt.Sprintf("7|2|96|3|1|0.5|%s 0.7|%s|false|1|1", lora, spec.GetPrompt()); form != want {
+		'|' + document.getElementById('cache').value + '|' + document.getElementById('image').files.length + '|' + document.getElementById('end-image').files.length`)
+	if want := fmt.Sprintf("7|2|96|3|1|0.5|%s 0.7|%s|none|1|1", lora, spec.GetPrompt()); form != want {
 		t.Errorf("form after use these settings\n got %s\nwant %s", form, want)
 	}
 	// Submitted as it is, longer (10 sections of 20 steps), so that it still runs when the job

@@ -20,9 +20,16 @@ type samplerModel struct {
 
 	sections map[*sampler.Conditioning]*dit.Section
 	teacache [2]dit.TeaCache
+	// magSettings are the MagCache settings InitializeMagCache applies; magcache is one
+	// MagCache per branch.
+	magSettings dit.MagCacheSettings
+	magcache    [2]dit.MagCache
 }
 
-var _ sampler.TeaCacheModel = (*samplerModel)(nil)
+var (
+	_ sampler.TeaCacheModel = (*samplerModel)(nil)
+	_ sampler.MagCacheModel = (*samplerModel)(nil)
+)
 
 func newSamplerModel(m *dit.Model) *samplerModel {
 	return &samplerModel{model: m, sections: map[*sampler.Conditioning]*dit.Section{}}
@@ -37,6 +44,38 @@ func (s *samplerModel) InitializeTeaCache(enable bool, numSteps int, relL1Thresh
 
 // teaCache returns a branch's TeaCache state (its Calls say which forwards were skipped).
 func (s *samplerModel) teaCache(b sampler.Branch) *dit.TeaCache { return &s.teacache[b] }
+
+// InitializeMagCache resets both branches' MagCache with the model's settings for a section of
+// numSteps steps whose latents have the given shape (8 pixels a latent).
+func (s *samplerModel) InitializeMagCache(enable bool, numSteps int, shape sampler.Shape) error {
+	for i := range s.magcache {
+		if err := s.magcache[i].Reset(enable, s.magSettings, numSteps, shape.H()*8, shape.W()*8); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// cacheCalls returns what the positive branch's block cache did at each forward (nil without a
+// cache).
+func (s *samplerModel) cacheCalls() []dit.CacheCall {
+	if s.magcache[sampler.Positive].Enabled {
+		return s.magcache[sampler.Positive].Calls
+	}
+	if s.teacache[sampler.Positive].Enabled {
+		return s.teacache[sampler.Positive].Calls
+	}
+	return nil
+}
+
+// cacheSkipped is the number of forwards of both branches whose blocks a cache skipped.
+func (s *samplerModel) cacheSkipped() int {
+	n := 0
+	for i := range s.teacache {
+		n += s.teacache[i].Skipped() + s.magcache[i].Skipped()
+	}
+	return n
+}
 
 // prepare embeds c for latents of shape once (dit.Model.Prepare); forwards of c use it.
 func (s *samplerModel) prepare(c *sampler.Conditioning, shape sampler.Shape) (*dit.Section, error) {
@@ -69,7 +108,7 @@ func (s *samplerModel) Forward(ctx context.Context, in sampler.ForwardInput) ([]
 	if s.onForward != nil {
 		s.onForward(in)
 	}
-	return s.model.Forward(ctx, sec, in.X, in.Timestep, in.Guidance, dit.ForwardOptions{TeaCache: &s.teacache[in.Branch]})
+	return s.model.Forward(ctx, sec, in.X, in.Timestep, in.Guidance, dit.ForwardOptions{TeaCache: &s.teacache[in.Branch], MagCache: &s.magcache[in.Branch]})
 }
 
 // Close frees the sections and the TeaCache residuals.
@@ -80,5 +119,6 @@ func (s *samplerModel) Close() {
 	}
 	for i := range s.teacache {
 		s.teacache[i].Close()
+		s.magcache[i].Close()
 	}
 }

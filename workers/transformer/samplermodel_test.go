@@ -115,3 +115,83 @@ func abs(x float64) float64 {
 	}
 	return x
 }
+
+// TestMagCacheSkipsBlocks samples the sampler fixture's TeaCache case with MagCache instead:
+// the positive branch's forwards skip exactly the steps dit.MagCacheSkips names for the
+// section's shape and steps, a skipped step changes the result (the cached residual stands in
+// for the blocks), and a threshold that skips nothing gives the uncached result bit for bit.
+// The values of a skipped run against FramePack-Studio's are TestParityPipelineMagCache's
+// (supervisor/pipeline).
+func TestMagCacheSkipsBlocks(t *testing.T) {
+	fx := parity.Load(t, "sampler")
+	m := loadFixtureDiT(t, fx)
+	var d samplertest.Case
+	found := false
+	for _, c := range fx.Cases {
+		if c.Op != samplertest.OpSampleHunyuan {
+			continue
+		}
+		if d = samplertest.Decode(t, c); d.Request.Guidance.CFG == 1 && d.Request.Steps >= 3 {
+			found = true
+			break
+		}
+	}
+	if !found {
+		t.Fatal("the sampler fixture has no sample_hunyuan case at cfg 1 with 3 steps or more")
+	}
+	run := func(settings *dit.MagCacheSettings) ([]float32, *samplerModel) {
+		t.Helper()
+		sm := newSamplerModel(m)
+		t.Cleanup(sm.Close)
+		req := d.Request
+		req.TeaCache = false
+		if settings != nil {
+			sm.magSettings = *settings
+			req.MagCache = true
+		}
+		out, err := sampler.Sample(t.Context(), sm, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out, sm
+	}
+	plain, _ := run(nil)
+	settings := dit.MagCacheSettings{Calibration: dit.MagCacheFramePack, Threshold: 0.25, MaxConsecutiveSkips: 3, RetentionRatio: 0}
+	cached, sm := run(&settings)
+	shape := d.Request.Shape
+	ratios, err := dit.MagRatios(settings.Calibration, shape.H()*8, shape.W()*8, d.Request.Steps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := dit.MagCacheSkips(ratios, settings.Threshold, settings.MaxConsecutiveSkips, settings.RetentionRatio)
+	calls := sm.cacheCalls()
+	if len(calls) != len(want) {
+		t.Fatalf("%d forwards, want %d", len(calls), len(want))
+	}
+	skipped := 0
+	for i, c := range calls {
+		if c.Computed == want[i] {
+			t.Errorf("step %d computed=%v, the pattern skips=%v", i, c.Computed, want[i])
+		}
+		if !c.Computed {
+			skipped++
+		}
+	}
+	t.Logf("magcache pattern %v, %d of %d steps skipped", want, skipped, len(want))
+	if skipped == 0 {
+		t.Fatal("the case skips no step: pick settings that skip one")
+	}
+	if rel := parity.RelL2(cached, plain); rel == 0 || rel > 0.5 {
+		t.Errorf("skipping %d steps moved the result by rel_l2 %v; want a change, and a small one", skipped, rel)
+	}
+	none := dit.MagCacheSettings{Calibration: dit.MagCacheFramePack, Threshold: 1e-9, MaxConsecutiveSkips: 1, RetentionRatio: 0}
+	same, sm2 := run(&none)
+	if sm2.cacheSkipped() != 0 {
+		t.Fatalf("threshold 1e-9 skipped %d forwards", sm2.cacheSkipped())
+	}
+	for i := range same {
+		if same[i] != plain[i] {
+			t.Fatalf("MagCache that skips nothing differs from no cache at %d: %v vs %v", i, same[i], plain[i])
+		}
+	}
+}

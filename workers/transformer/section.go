@@ -12,6 +12,7 @@ import (
 	"github.com/framepackd/framepackd/internal/workerkit"
 	"github.com/framepackd/framepackd/internal/workerkit/tensorio"
 	"github.com/framepackd/framepackd/workers/transformer/conditioning"
+	"github.com/framepackd/framepackd/workers/transformer/dit"
 	"github.com/framepackd/framepackd/workers/transformer/sampler"
 )
 
@@ -22,6 +23,7 @@ const maxSteps = 100
 // and the generator the noise comes from.
 type sectionPlan struct {
 	req       sampler.Request
+	magcache  dit.MagCacheSettings
 	gen       *torchrng.Generator
 	pos, neg  *conditioning.Conditioning
 	previews  []workerkit.TensorRef
@@ -56,12 +58,17 @@ func (w *worker) plan(req *workerkit.TransformerSectionRequest) (*sectionPlan, e
 	if req.TeaCacheThreshold < 0 {
 		return nil, workerkit.InvalidArgumentf("teacache_threshold %v", req.TeaCacheThreshold)
 	}
+	mag, err := magCacheSettings(req)
+	if err != nil {
+		return nil, err
+	}
 	opts := sampler.Options{
 		Steps:             int(req.Steps),
 		Guidance:          sampler.Guidance{Distilled: float64(req.GS), CFG: float64(req.CFG), Rescale: float64(req.RS)},
 		DType:             w.dtype,
 		TeaCache:          req.UseTeaCache,
 		TeaCacheThreshold: float64(req.TeaCacheThreshold),
+		MagCache:          req.MagCache != nil,
 	}
 	if req.Shift != nil {
 		if err := finite("shift", *req.Shift); err != nil || *req.Shift <= 0 {
@@ -119,6 +126,7 @@ func (w *worker) plan(req *workerkit.TransformerSectionRequest) (*sectionPlan, e
 	}
 	return &sectionPlan{
 		req:       sampler.Request{Shape: shape, Positive: pos, Negative: neg, Options: opts},
+		magcache:  mag,
 		gen:       gen,
 		pos:       pos,
 		neg:       neg,
@@ -149,6 +157,7 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 		return nil, err
 	}
 	sm := newSamplerModel(m)
+	sm.magSettings = sp.magcache
 	defer sm.Close()
 	for _, c := range []*sampler.Conditioning{sp.pos, sp.neg} {
 		if c == nil {
@@ -179,14 +188,18 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 		w.base.Beacon.SetStep(s.Step+1, s.Steps)
 		w.base.Beacon.SetBytes(int64(w.rt.Memory().Allocated))
 		fields := map[string]string{"step": fmt.Sprint(s.Step + 1), "sigma": fmt.Sprint(s.Sigma)}
-		if req.UseTeaCache {
-			tc := sm.teaCache(sampler.Positive).Calls
-			if n := len(tc); n > 0 {
-				fields["teacache"] = "computed"
-				if !tc[n-1].Computed {
-					fields["teacache"] = "skipped"
-				}
-				fields["teacache_accumulated"] = fmt.Sprint(tc[n-1].Accumulated)
+		if tc := sm.cacheCalls(); len(tc) > 0 {
+			name := "teacache"
+			if req.MagCache != nil {
+				name = "magcache"
+			}
+			last := tc[len(tc)-1]
+			fields[name] = "computed"
+			if !last.Computed {
+				fields[name] = "skipped"
+			}
+			if req.UseTeaCache {
+				fields["teacache_accumulated"] = fmt.Sprint(last.Accumulated)
 			}
 		}
 		if err := send(&workerkit.LogLine{Level: workerkit.LogDebug, Message: "step done", Fields: fields}); err != nil {
@@ -218,7 +231,45 @@ func (w *worker) section(ctx context.Context, req *workerkit.TransformerSectionR
 	if err != nil {
 		return nil, fmt.Errorf("latents: %w", err)
 	}
-	log.WithFields(logrus.Fields{"steps": steps, "transformer_calls": calls, "teacache_skipped": sm.teaCache(sampler.Positive).Skipped() + sm.teaCache(sampler.Negative).Skipped(),
-		"shape": fmt.Sprint(shape.Ints())}).Info("section sampled")
-	return &workerkit.Result{Outputs: []workerkit.TensorRef{written}, Stats: w.base.Stats(), GeneratorState: state}, nil
+	var skipped []uint32
+	for i, c := range sm.cacheCalls() {
+		if !c.Computed {
+			skipped = append(skipped, uint32(i))
+		}
+	}
+	log.WithFields(logrus.Fields{"steps": steps, "transformer_calls": calls, "cache_skipped": sm.cacheSkipped(),
+		"skipped_steps": fmt.Sprint(skipped), "shape": fmt.Sprint(shape.Ints())}).Info("section sampled")
+	return &workerkit.Result{Outputs: []workerkit.TensorRef{written}, Stats: w.base.Stats(), GeneratorState: state, CacheSkippedSteps: skipped}, nil
+}
+
+// magCacheSettings checks a request's MagCache settings and fills in the defaults.
+func magCacheSettings(req *workerkit.TransformerSectionRequest) (dit.MagCacheSettings, error) {
+	m := req.MagCache
+	if m == nil {
+		return dit.MagCacheSettings{}, nil
+	}
+	if req.UseTeaCache {
+		return dit.MagCacheSettings{}, workerkit.InvalidArgumentf("magcache and use_teacache are both set; use one")
+	}
+	s := dit.MagCacheSettings{Threshold: m.Threshold, MaxConsecutiveSkips: int(m.MaxConsecutiveSkips), RetentionRatio: dit.DefaultMagCacheRetentionRatio}
+	switch m.Calibration {
+	case workerkit.MagCacheFramePack:
+		s.Calibration = dit.MagCacheFramePack
+	case workerkit.MagCacheFramePackF1:
+		s.Calibration = dit.MagCacheFramePackF1
+	default:
+		return s, workerkit.InvalidArgumentf("magcache.calibration %d: want framepack (1) or framepack_f1 (2)", m.Calibration)
+	}
+	if m.RetentionRatio != nil {
+		s.RetentionRatio = *m.RetentionRatio
+	}
+	switch {
+	case math.IsNaN(s.Threshold) || s.Threshold < 0 || s.Threshold > 1:
+		return s, workerkit.InvalidArgumentf("magcache.threshold %v: want (0, 1], 0 for 0.1", s.Threshold)
+	case s.MaxConsecutiveSkips > maxSteps:
+		return s, workerkit.InvalidArgumentf("magcache.max_consecutive_skips %d: want 1 to %d, 0 for 2", s.MaxConsecutiveSkips, maxSteps)
+	case math.IsNaN(s.RetentionRatio) || s.RetentionRatio < 0 || s.RetentionRatio > 1:
+		return s, workerkit.InvalidArgumentf("magcache.retention_ratio %v: want 0 to 1", s.RetentionRatio)
+	}
+	return s, nil
 }

@@ -297,11 +297,17 @@ func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.
 	if err != nil {
 		return nil, err
 	}
-	tiling, used, err := w.tiling(m, req.Tiling, x.Shape, true, log)
+	// With independent runs the tiling is chosen for one run's frames.
+	n := int(req.IndependentFrames)
+	runShape := x.Shape
+	if n > 0 {
+		runShape[2] = min(runShape[2], n)
+	}
+	tiling, used, err := w.tiling(m, req.Tiling, runShape, true, log)
 	if err != nil {
 		return nil, fmt.Errorf("pixels: %w", err)
 	}
-	shape, err := m.EncodedShape(x.Shape, tiling)
+	shape, err := m.ChunkedShape(x.Shape, n, tiling)
 	if err != nil {
 		return nil, fmt.Errorf("pixels: %w", err)
 	}
@@ -310,7 +316,7 @@ func (w *worker) encode(ctx context.Context, m *causalvae.Model, req *workerkit.
 		return nil, err
 	}
 	defer outs.Abort()
-	mv, lv, err := m.Encode(ctx, x, causalvae.RunOptions{Tiling: tiling, Progress: w.progress(ctx, "encode", emit, start)})
+	mv, lv, err := m.EncodeChunks(ctx, x, n, causalvae.RunOptions{Tiling: tiling, Progress: w.progress(ctx, "encode", emit, start)})
 	if err != nil {
 		return nil, err
 	}

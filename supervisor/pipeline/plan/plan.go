@@ -140,7 +140,27 @@ const (
 	DefaultUseTeaCache             = true
 	DefaultLoraStrength            = 1.0
 	DefaultEndStrength             = 1.0
+	// FramePack-Studio's MagCache defaults (modules/interface.py) and the default step cache.
+	DefaultMagCacheThreshold      = 0.1
+	DefaultMagCacheMaxSkips       = 2
+	DefaultMagCacheRetentionRatio = 0.25
+	DefaultCache                  = CacheTeaCache
+	// DefaultVideoContextFrames is video_context_frames of a job that extends a video,
+	// FramePack-Studio's num_cleaned_frames default.
+	DefaultVideoContextFrames = 5
+	// DefaultVideoIncludeInput is video_include_input of a job that extends a video: the output
+	// starts with the input video's frames, as FramePack-Studio's does.
+	DefaultVideoIncludeInput = true
 )
+
+// VideoContextLatents is FramePack-Studio's min_real_frames_to_encode's
+// max_latents_used_for_context (modules/generators/video_base_generator.py): the most latent
+// frames of an input video's end that are encoded (4 pixel frames each).
+const VideoContextLatents = 27
+
+// VideoTrimmedFrames is how many of n input video frames FramePack-Studio encodes: the last
+// min(n, 4·VideoContextLatents), floored to a multiple of 4.
+func VideoTrimmedFrames(n int) int { return min(n, 4*VideoContextLatents) / 4 * 4 }
 
 // TotalSections is FramePack's section count for a spec with defaults filled in
 // (api.WithDefaults): int(max(round(total_second_length·30 / (latent_window_size·4)), 1)),

@@ -51,6 +51,12 @@ async function api(path, opts = {}) {
   return body;
 }
 
+// Feature modules (features.js) hook in here: spec(spec) adds their fields to the spec a submit
+// sends, parts(form) their files to its multipart body, submit(spec) may take a submission over
+// (true when it did), settings(job) returns more [name, value] rows for the live view, reuse(job)
+// fills their controls from a job ("use these settings").
+const hooks = { spec: [], parts: [], submit: [], settings: [], reuse: [] };
+
 const shortState = (s) => (s || '').replace(/^(JOB_STATE_|LANE_STATE_)/, '');
 const seconds = (d) => (d ? parseFloat(d) : NaN); // protojson Duration: "12.5s"
 
@@ -137,7 +143,6 @@ function specFromForm() {
     gs: num('gs'),
     cfg: num('cfg'),
     rs: num('rs'),
-    useTeacache: $('teacache').checked,
     gpuMemoryPreservationGb: num('gpumem'),
     mp4Crf: num('crf'),
     resolution: num('resolution'),
@@ -148,6 +153,8 @@ function specFromForm() {
   const loras = parseLoras($('loras').value);
   if (loras.length) spec.loras = loras;
   if ($('end-image').files[0]) spec.endStrength = num('end-strength');
+  // A feature's error is the form's, not the LoRA field's (the one error above).
+  for (const f of hooks.spec) { try { f(spec); } catch (e) { e.form = true; throw e; } }
   return spec;
 }
 
@@ -157,7 +164,7 @@ function specFromForm() {
 const FIELD_INPUT = {
   'image': 'image', 'spec.image_filename': 'image', 'spec.prompt': 'prompt', 'spec.negative_prompt': 'negative',
   'spec.total_second_length': 'seconds', 'spec.seed': 'seed', 'spec.steps': 'steps', 'spec.gs': 'gs', 'spec.cfg': 'cfg',
-  'spec.rs': 'rs', 'spec.use_teacache': 'teacache', 'spec.gpu_memory_preservation_gb': 'gpumem', 'spec.mp4_crf': 'crf',
+  'spec.rs': 'rs', 'spec.use_teacache': 'cache', 'spec.gpu_memory_preservation_gb': 'gpumem', 'spec.mp4_crf': 'crf',
   'spec.resolution': 'resolution', 'spec.buckets': 'resolution', 'spec.latent_window_size': 'window', 'spec.lane': 'lane',
   'spec.variant': 'variant', 'spec.end_image': 'end-image', 'spec.end_strength': 'end-strength', 'spec.loras': 'loras',
 };
@@ -214,14 +221,21 @@ $('job-form').addEventListener('submit', async (ev) => {
   ev.preventDefault();
   $('submit-error').textContent = '';
   clearFieldErrors();
+  let spec;
+  try { spec = specFromForm(); } catch (e) {
+    if (e.form) $('submit-error').textContent = e.message; else showFieldError('loras', e.message);
+    return;
+  }
+  for (const f of hooks.submit) {
+    try { if (await f(spec)) return; } catch (e) { $('submit-error').textContent = e.message; return; }
+  }
   const file = $('image').files[0];
   if (!file) { $('submit-error').textContent = 'choose a start image'; return; }
-  let spec;
-  try { spec = specFromForm(); } catch (e) { showFieldError('loras', e.message); return; }
   const form = new FormData();
   form.append('image', file, file.name);
   const end = $('end-image').files[0];
   if (end) form.append('end_image', end, end.name);
+  for (const f of hooks.parts) f(form);
   form.append('spec', JSON.stringify(spec));
   $('submit').disabled = true;
   try {
@@ -388,7 +402,7 @@ function showJob(job) {
   }
   const dl = $('settings');
   dl.replaceChildren();
-  for (const [k, v] of settingsRows(job)) {
+  for (const [k, v] of [...settingsRows(job), ...hooks.settings.flatMap((f) => f(job))]) {
     if (v === undefined || v === '') continue;
     dl.append(el('dt', { textContent: k }), el('dd', { textContent: String(v), dataset: { setting: k } }));
   }
@@ -558,7 +572,7 @@ async function reuse(job) {
   set('crf', s.mp4Crf || 0);
   set('window', s.latentWindowSize);
   set('end-strength', s.endStrength === undefined ? 1 : s.endStrength);
-  $('teacache').checked = s.useTeacache !== false;
+  for (const f of hooks.reuse) f(job);
   const pick = (id, v) => { if ([...$(id).options].some((o) => o.value === v)) $(id).value = v; };
   pick('resolution', String(s.resolution || 640));
   pick('variant', s.variant || 'i2v');

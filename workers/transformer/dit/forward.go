@@ -18,6 +18,9 @@ type Tracer func(name string, t *runtime.Tensor)
 type ForwardOptions struct {
 	// TeaCache, when non-nil and enabled, may skip the blocks (see TeaCache).
 	TeaCache *TeaCache
+	// MagCache, when non-nil and enabled, may skip the blocks (see MagCache); not together
+	// with an enabled TeaCache.
+	MagCache *MagCache
 	// Trace receives intermediates (tests).
 	Trace Tracer
 }
@@ -100,18 +103,15 @@ func (m *Model) forward(ctx context.Context, s *Section, x []float32, timestep, 
 		return nil, p.Err()
 	}
 
+	cache, err := m.blockCache(opts)
+	if err != nil {
+		return nil, err
+	}
 	compute := true
-	tc := opts.TeaCache
-	if tc != nil && tc.Enabled {
-		mod := m.teaCacheInput(p, img, temb)
-		if !p.OK() {
-			return nil, p.Err()
-		}
-		var err error
-		if compute, err = tc.decide(mod, img); err != nil {
+	if cache != nil {
+		if compute, err = cache.decide(p, img, temb); err != nil {
 			return nil, err
 		}
-		p.Drop(mod)
 	}
 
 	if compute {
@@ -119,17 +119,17 @@ func (m *Model) forward(ctx context.Context, s *Section, x []float32, timestep, 
 		if err != nil {
 			return nil, err
 		}
-		if tc != nil && tc.Enabled {
+		if cache != nil {
 			res := p.Do(rt.Sub(out, img))
 			if !p.OK() {
 				out.Free()
 				return nil, p.Err()
 			}
-			tc.setResidual(p.Keep(res))
+			cache.setResidual(p.Keep(res))
 		}
 		img = p.Do(out, nil)
 	} else {
-		img = p.Do(rt.Add(img, tc.residual))
+		img = p.Do(rt.Add(img, cache.cached()))
 	}
 
 	h := m.NormOut.Forward(p, img, temb)
@@ -152,6 +152,59 @@ func (m *Model) forward(ctx context.Context, s *Section, x []float32, timestep, 
 		return nil, fmt.Errorf("%w: %v", ErrNonFinite, err)
 	}
 	return v, nil
+}
+
+// blockCache is what skips the blocks of a forward: TeaCache or MagCache. decide says whether
+// the blocks run; when they do, the forward hands it their residual (output − input); when they
+// do not, the input plus the cached residual stands in for their output.
+type blockCache interface {
+	decide(p *nn.Pass, img, temb *runtime.Tensor) (bool, error)
+	setResidual(r *runtime.Tensor)
+	cached() *runtime.Tensor
+}
+
+// teaCacheBlocks is TeaCache as a blockCache of model m.
+type teaCacheBlocks struct {
+	m *Model
+	t *TeaCache
+}
+
+func (c teaCacheBlocks) decide(p *nn.Pass, img, temb *runtime.Tensor) (bool, error) {
+	mod := c.m.teaCacheInput(p, img, temb)
+	if !p.OK() {
+		return false, p.Err()
+	}
+	compute, err := c.t.decide(mod, img)
+	p.Drop(mod)
+	return compute, err
+}
+
+func (c teaCacheBlocks) setResidual(r *runtime.Tensor) { c.t.setResidual(r) }
+func (c teaCacheBlocks) cached() *runtime.Tensor       { return c.t.residual }
+
+// magCacheBlocks is MagCache as a blockCache.
+type magCacheBlocks struct{ c *MagCache }
+
+func (c magCacheBlocks) decide(_ *nn.Pass, img, _ *runtime.Tensor) (bool, error) {
+	return c.c.decide(img), nil
+}
+
+func (c magCacheBlocks) setResidual(r *runtime.Tensor) { c.c.setResidual(r) }
+func (c magCacheBlocks) cached() *runtime.Tensor       { return c.c.residual }
+
+// blockCache is the forward's enabled block cache, nil for none.
+func (m *Model) blockCache(opts ForwardOptions) (blockCache, error) {
+	tea := opts.TeaCache != nil && opts.TeaCache.Enabled
+	mag := opts.MagCache != nil && opts.MagCache.Enabled
+	switch {
+	case tea && mag:
+		return nil, invalidf("TeaCache and MagCache are both enabled; use one")
+	case tea:
+		return teaCacheBlocks{m: m, t: opts.TeaCache}, nil
+	case mag:
+		return magCacheBlocks{c: opts.MagCache}, nil
+	}
+	return nil, nil
 }
 
 // teaCacheInput is transformer_blocks[0].norm1's modulated image input: TeaCache's

@@ -43,13 +43,7 @@ type TeaCache struct {
 
 	// Calls records each forward: whether the blocks ran and the accumulated distance after it
 	// (0 where they ran), as the reference's accumulated_rel_l1_distance.
-	Calls []TeaCacheCall
-}
-
-// TeaCacheCall is one forward's TeaCache outcome.
-type TeaCacheCall struct {
-	Computed    bool
-	Accumulated float64
+	Calls []CacheCall
 }
 
 // NewTeaCache returns an enabled TeaCache for numSteps forwards; threshold 0 means 0.15.
@@ -79,15 +73,7 @@ func (t *TeaCache) Close() {
 }
 
 // Skipped returns the number of forwards whose blocks were skipped.
-func (t *TeaCache) Skipped() int {
-	n := 0
-	for _, c := range t.Calls {
-		if !c.Computed {
-			n++
-		}
-	}
-	return n
-}
+func (t *TeaCache) Skipped() int { return skippedCalls(t.Calls) }
 
 // decide is the reference's should_calc for modulated input mod; img is the blocks' input (its
 // shape must match the cached residual's to reuse it).
@@ -127,7 +113,7 @@ func (t *TeaCache) decide(mod, img *runtime.Tensor) (bool, error) {
 	if t.cnt == t.NumSteps {
 		t.cnt = 0
 	}
-	t.Calls = append(t.Calls, TeaCacheCall{Computed: calc, Accumulated: t.acc})
+	t.Calls = append(t.Calls, CacheCall{Computed: calc, Accumulated: t.acc})
 	return calc, nil
 }
 

@@ -115,3 +115,11 @@ type TeaCacheModel interface {
 	Model
 	InitializeTeaCache(enable bool, numSteps int, relL1Threshold float64)
 }
+
+// MagCacheModel is a Model with MagCache (FramePack-Studio's magnitude-ratio step skipping,
+// whose settings the model holds). Sample calls InitializeMagCache before the first forward of
+// every section, with enable false when MagCache is off; shape is the section's latents'.
+type MagCacheModel interface {
+	Model
+	InitializeMagCache(enable bool, numSteps int, shape Shape) error
+}

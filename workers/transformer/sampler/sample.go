@@ -26,6 +26,9 @@ type Options struct {
 	// reference's 0.15). The model must implement TeaCacheModel.
 	TeaCache          bool
 	TeaCacheThreshold float64
+	// MagCache enables the model's MagCache (its settings are the model's); not with TeaCache.
+	// The model must implement MagCacheModel.
+	MagCache bool
 	// InitialLatent, when set, starts from InitialLatent·(1−σ0) + noise·σ0 with the sigmas
 	// scaled by Strength (sample_hunyuan's initial_latent and strength; FramePack's i2v app does
 	// not use it).
@@ -119,6 +122,16 @@ func Sample(ctx context.Context, model Model, req Request) ([]float32, error) {
 	denoise, err := FlowMatchDenoiser(model, req.Shape, req.Positive, req.Negative, req.Guidance, req.DType)
 	if err != nil {
 		return nil, err
+	}
+	if req.TeaCache && req.MagCache {
+		return nil, fmt.Errorf("%w: TeaCache and MagCache both requested; use one", ErrBadRequest)
+	}
+	if mc, ok := model.(MagCacheModel); ok {
+		if err := mc.InitializeMagCache(req.MagCache, req.Steps, req.Shape); err != nil {
+			return nil, fmt.Errorf("%w: magcache: %w", ErrBadRequest, err)
+		}
+	} else if req.MagCache {
+		return nil, fmt.Errorf("%w: MagCache requested but the model has none", ErrBadRequest)
 	}
 	if tc, ok := model.(TeaCacheModel); ok {
 		th := req.TeaCacheThreshold

@@ -372,6 +372,65 @@ type JobSpec struct {
 	// end_image_sha256 is the hex SHA-256 of the job's end image, set by the
 	// server. OUTPUT ONLY: a spec sent with it and no end_image is refused.
 	EndImageSha256 string `protobuf:"bytes,21,opt,name=end_image_sha256,json=endImageSha256,proto3" json:"end_image_sha256,omitempty"`
+	// cache is the transformer's step cache: "teacache" (FramePack's
+	// TeaCache), "magcache" (FramePack-Studio's MagCache: skips steps by the
+	// magnitude ratios calibrated for the i2v and F1 transformers) or "none".
+	// Empty means use_teacache decides ("teacache" when it is true or unset,
+	// "none" when false); the stored spec always has it. A use_teacache that
+	// contradicts it is refused.
+	Cache string `protobuf:"bytes,22,opt,name=cache,proto3" json:"cache,omitempty"`
+	// magcache_threshold is MagCache's accumulated-error threshold, 0.01 to 1;
+	// unset means 0.1 (Studio's default). Only with cache "magcache". A double:
+	// the reference compares it in float64, so a float would move the skipped
+	// steps.
+	MagcacheThreshold *float64 `protobuf:"fixed64,23,opt,name=magcache_threshold,json=magcacheThreshold,proto3,oneof" json:"magcache_threshold,omitempty"`
+	// magcache_max_consecutive_skips is the most steps MagCache skips in a
+	// row, 1 to 5; unset means 2. Only with cache "magcache".
+	MagcacheMaxConsecutiveSkips *uint32 `protobuf:"varint,24,opt,name=magcache_max_consecutive_skips,json=magcacheMaxConsecutiveSkips,proto3,oneof" json:"magcache_max_consecutive_skips,omitempty"`
+	// magcache_retention_ratio is the share of each section's first steps that
+	// always run, 0 to 1; unset means 0.25. Only with cache "magcache". A
+	// double, as magcache_threshold.
+	MagcacheRetentionRatio *float64 `protobuf:"fixed64,25,opt,name=magcache_retention_ratio,json=magcacheRetentionRatio,proto3,oneof" json:"magcache_retention_ratio,omitempty"`
+	// preset names a preset (PresetService) the job's settings come from: the
+	// server fills every field this spec leaves unset (a zero value, an absent
+	// optional field, an empty list) from the preset's, and stores the result
+	// with the name. An unknown name is refused.
+	Preset string `protobuf:"bytes,26,opt,name=preset,proto3" json:"preset,omitempty"`
+	// batch_id names the batch the job belongs to (BatchService): 1 to 64
+	// letters, digits and ._- characters, chosen by the client (or by
+	// SubmitBatch); the jobs sharing it are watched and cancelled together.
+	// Empty for a job of its own.
+	BatchId string `protobuf:"bytes,27,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	// keyframes are images for chosen sections (FramePack-eichi's keyframes),
+	// at most 32, i2v only: a section samples with the keyframe of the latest
+	// keyed section at or before it (in video time) as its start-side clean
+	// latent instead of the start image's; sections before every keyframe use
+	// the start image. Each image is resized and cropped to the start image's
+	// bucket. Combinable with timed prompts and the end frame.
+	Keyframes []*Keyframe `protobuf:"bytes,28,rep,name=keyframes,proto3" json:"keyframes,omitempty"`
+	// input_video is a video to extend (FramePack-Studio's "Video" model with
+	// the i2v variant, "Video F1" with f1), MP4, WebM, MKV or MOV bytes that
+	// ffmpeg decodes, within the server's --max-video-* limits; the job then
+	// takes no image. Its frames are fitted to the bucket of its frame size;
+	// its last frames (up to 108) are VAE-encoded into the history the new
+	// sections continue. The server keeps it beside the job and stores the
+	// spec without these bytes (input_video_sha256 says which video it was).
+	InputVideo []byte `protobuf:"bytes,29,opt,name=input_video,json=inputVideo,proto3" json:"input_video,omitempty"`
+	// input_video_sha256 is the hex SHA-256 of the job's input video, set by
+	// the server. OUTPUT ONLY.
+	InputVideoSha256 string `protobuf:"bytes,30,opt,name=input_video_sha256,json=inputVideoSha256,proto3" json:"input_video_sha256,omitempty"`
+	// input_video_job_id names a succeeded job whose video is extended,
+	// instead of input_video; the server copies that video into the new job.
+	InputVideoJobId string `protobuf:"bytes,34,opt,name=input_video_job_id,json=inputVideoJobId,proto3" json:"input_video_job_id,omitempty"`
+	// video_context_frames is how many latent frames of the input video's end
+	// the first sections hold on to (Studio's "Number of Context Frames
+	// (Adherence to Video)", num_cleaned_frames), 1 to 10; unset means 5. Only
+	// with an input video.
+	VideoContextFrames *uint32 `protobuf:"varint,35,opt,name=video_context_frames,json=videoContextFrames,proto3,oneof" json:"video_context_frames,omitempty"`
+	// video_include_input says whether the output begins with the input
+	// video's frames (fitted to the bucket) before the new ones; unset means
+	// true. Only with an input video.
+	VideoIncludeInput *bool `protobuf:"varint,36,opt,name=video_include_input,json=videoIncludeInput,proto3,oneof" json:"video_include_input,omitempty"`
 	// weights is how the transformer's Linear weights are held: empty as the
 	// checkpoint stores them (16 bits, or 8 bits for an fp8 checkpoint), or
 	// "fp8" to quantize 16-bit weights to float8_e4m3fn at load, one scale per
@@ -578,6 +637,90 @@ func (x *JobSpec) GetEndImageSha256() string {
 	return ""
 }
 
+func (x *JobSpec) GetCache() string {
+	if x != nil {
+		return x.Cache
+	}
+	return ""
+}
+
+func (x *JobSpec) GetMagcacheThreshold() float64 {
+	if x != nil && x.MagcacheThreshold != nil {
+		return *x.MagcacheThreshold
+	}
+	return 0
+}
+
+func (x *JobSpec) GetMagcacheMaxConsecutiveSkips() uint32 {
+	if x != nil && x.MagcacheMaxConsecutiveSkips != nil {
+		return *x.MagcacheMaxConsecutiveSkips
+	}
+	return 0
+}
+
+func (x *JobSpec) GetMagcacheRetentionRatio() float64 {
+	if x != nil && x.MagcacheRetentionRatio != nil {
+		return *x.MagcacheRetentionRatio
+	}
+	return 0
+}
+
+func (x *JobSpec) GetPreset() string {
+	if x != nil {
+		return x.Preset
+	}
+	return ""
+}
+
+func (x *JobSpec) GetBatchId() string {
+	if x != nil {
+		return x.BatchId
+	}
+	return ""
+}
+
+func (x *JobSpec) GetKeyframes() []*Keyframe {
+	if x != nil {
+		return x.Keyframes
+	}
+	return nil
+}
+
+func (x *JobSpec) GetInputVideo() []byte {
+	if x != nil {
+		return x.InputVideo
+	}
+	return nil
+}
+
+func (x *JobSpec) GetInputVideoSha256() string {
+	if x != nil {
+		return x.InputVideoSha256
+	}
+	return ""
+}
+
+func (x *JobSpec) GetInputVideoJobId() string {
+	if x != nil {
+		return x.InputVideoJobId
+	}
+	return ""
+}
+
+func (x *JobSpec) GetVideoContextFrames() uint32 {
+	if x != nil && x.VideoContextFrames != nil {
+		return *x.VideoContextFrames
+	}
+	return 0
+}
+
+func (x *JobSpec) GetVideoIncludeInput() bool {
+	if x != nil && x.VideoIncludeInput != nil {
+		return *x.VideoIncludeInput
+	}
+	return false
+}
+
 func (x *JobSpec) GetWeights() string {
 	if x != nil {
 		return x.Weights
@@ -606,6 +749,116 @@ func (x *JobSpec) GetKeepAlive() *durationpb.Duration {
 	return nil
 }
 
+// Keyframe is one section's image of JobSpec.keyframes.
+type Keyframe struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// at says which section the keyframe belongs to. REQUIRED: one of them.
+	//
+	// Types that are valid to be assigned to At:
+	//
+	//	*Keyframe_Section
+	//	*Keyframe_Seconds
+	At isKeyframe_At `protobuf_oneof:"at"`
+	// image is the keyframe, PNG, JPEG or WebP bytes, at most 64 MiB. The
+	// server keeps it beside the job and stores the spec without these bytes.
+	Image []byte `protobuf:"bytes,3,opt,name=image,proto3" json:"image,omitempty"`
+	// image_sha256 is the hex SHA-256 of the image, set by the server. OUTPUT
+	// ONLY.
+	ImageSha256   string `protobuf:"bytes,4,opt,name=image_sha256,json=imageSha256,proto3" json:"image_sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Keyframe) Reset() {
+	*x = Keyframe{}
+	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Keyframe) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Keyframe) ProtoMessage() {}
+
+func (x *Keyframe) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Keyframe.ProtoReflect.Descriptor instead.
+func (*Keyframe) Descriptor() ([]byte, []int) {
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Keyframe) GetAt() isKeyframe_At {
+	if x != nil {
+		return x.At
+	}
+	return nil
+}
+
+func (x *Keyframe) GetSection() uint32 {
+	if x != nil {
+		if x, ok := x.At.(*Keyframe_Section); ok {
+			return x.Section
+		}
+	}
+	return 0
+}
+
+func (x *Keyframe) GetSeconds() float32 {
+	if x != nil {
+		if x, ok := x.At.(*Keyframe_Seconds); ok {
+			return x.Seconds
+		}
+	}
+	return 0
+}
+
+func (x *Keyframe) GetImage() []byte {
+	if x != nil {
+		return x.Image
+	}
+	return nil
+}
+
+func (x *Keyframe) GetImageSha256() string {
+	if x != nil {
+		return x.ImageSha256
+	}
+	return ""
+}
+
+type isKeyframe_At interface {
+	isKeyframe_At()
+}
+
+type Keyframe_Section struct {
+	// section is the section, 0-based in video time (section 0 follows the
+	// start frame; section k starts at k * latent_window_size * 4 / 30 s).
+	Section uint32 `protobuf:"varint,1,opt,name=section,proto3,oneof"`
+}
+
+type Keyframe_Seconds struct {
+	// seconds is a video time: the keyframe belongs to the first section
+	// that starts at or after it (as a timed prompt's entry applies from the
+	// sections starting at or after its time).
+	Seconds float32 `protobuf:"fixed32,2,opt,name=seconds,proto3,oneof"`
+}
+
+func (*Keyframe_Section) isKeyframe_At() {}
+
+func (*Keyframe_Seconds) isKeyframe_At() {}
+
 // Lora is one LoRA file and the strength it is merged with.
 type Lora struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -620,7 +873,7 @@ type Lora struct {
 
 func (x *Lora) Reset() {
 	*x = Lora{}
-	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	mi := &file_framepack_v1_job_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +885,7 @@ func (x *Lora) String() string {
 func (*Lora) ProtoMessage() {}
 
 func (x *Lora) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[1]
+	mi := &file_framepack_v1_job_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +898,7 @@ func (x *Lora) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lora.ProtoReflect.Descriptor instead.
 func (*Lora) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{1}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Lora) GetPath() string {
@@ -680,7 +933,7 @@ type LoraApplied struct {
 
 func (x *LoraApplied) Reset() {
 	*x = LoraApplied{}
-	mi := &file_framepack_v1_job_proto_msgTypes[2]
+	mi := &file_framepack_v1_job_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -692,7 +945,7 @@ func (x *LoraApplied) String() string {
 func (*LoraApplied) ProtoMessage() {}
 
 func (x *LoraApplied) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[2]
+	mi := &file_framepack_v1_job_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -705,7 +958,7 @@ func (x *LoraApplied) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoraApplied.ProtoReflect.Descriptor instead.
 func (*LoraApplied) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{2}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *LoraApplied) GetPath() string {
@@ -750,7 +1003,7 @@ type Bucket struct {
 
 func (x *Bucket) Reset() {
 	*x = Bucket{}
-	mi := &file_framepack_v1_job_proto_msgTypes[3]
+	mi := &file_framepack_v1_job_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -762,7 +1015,7 @@ func (x *Bucket) String() string {
 func (*Bucket) ProtoMessage() {}
 
 func (x *Bucket) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[3]
+	mi := &file_framepack_v1_job_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -775,7 +1028,7 @@ func (x *Bucket) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Bucket.ProtoReflect.Descriptor instead.
 func (*Bucket) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{3}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Bucket) GetHeight() uint32 {
@@ -822,7 +1075,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_framepack_v1_job_proto_msgTypes[4]
+	mi := &file_framepack_v1_job_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +1087,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[4]
+	mi := &file_framepack_v1_job_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +1100,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{4}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Job) GetId() string {
@@ -946,7 +1199,7 @@ type JobProgress struct {
 
 func (x *JobProgress) Reset() {
 	*x = JobProgress{}
-	mi := &file_framepack_v1_job_proto_msgTypes[5]
+	mi := &file_framepack_v1_job_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -958,7 +1211,7 @@ func (x *JobProgress) String() string {
 func (*JobProgress) ProtoMessage() {}
 
 func (x *JobProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[5]
+	mi := &file_framepack_v1_job_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -971,7 +1224,7 @@ func (x *JobProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobProgress.ProtoReflect.Descriptor instead.
 func (*JobProgress) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{5}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *JobProgress) GetStage() Stage {
@@ -1045,7 +1298,7 @@ type JobResult struct {
 
 func (x *JobResult) Reset() {
 	*x = JobResult{}
-	mi := &file_framepack_v1_job_proto_msgTypes[6]
+	mi := &file_framepack_v1_job_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1057,7 +1310,7 @@ func (x *JobResult) String() string {
 func (*JobResult) ProtoMessage() {}
 
 func (x *JobResult) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[6]
+	mi := &file_framepack_v1_job_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1070,7 +1323,7 @@ func (x *JobResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobResult.ProtoReflect.Descriptor instead.
 func (*JobResult) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{6}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *JobResult) GetVideoPath() string {
@@ -1112,7 +1365,7 @@ type JobFailure struct {
 
 func (x *JobFailure) Reset() {
 	*x = JobFailure{}
-	mi := &file_framepack_v1_job_proto_msgTypes[7]
+	mi := &file_framepack_v1_job_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1124,7 +1377,7 @@ func (x *JobFailure) String() string {
 func (*JobFailure) ProtoMessage() {}
 
 func (x *JobFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[7]
+	mi := &file_framepack_v1_job_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1137,7 +1390,7 @@ func (x *JobFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobFailure.ProtoReflect.Descriptor instead.
 func (*JobFailure) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{7}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *JobFailure) GetMessage() string {
@@ -1196,7 +1449,7 @@ type Attempt struct {
 
 func (x *Attempt) Reset() {
 	*x = Attempt{}
-	mi := &file_framepack_v1_job_proto_msgTypes[8]
+	mi := &file_framepack_v1_job_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1208,7 +1461,7 @@ func (x *Attempt) String() string {
 func (*Attempt) ProtoMessage() {}
 
 func (x *Attempt) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_v1_job_proto_msgTypes[8]
+	mi := &file_framepack_v1_job_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1221,7 +1474,7 @@ func (x *Attempt) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attempt.ProtoReflect.Descriptor instead.
 func (*Attempt) Descriptor() ([]byte, []int) {
-	return file_framepack_v1_job_proto_rawDescGZIP(), []int{8}
+	return file_framepack_v1_job_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Attempt) GetStage() Stage {
@@ -1291,7 +1544,7 @@ var File_framepack_v1_job_proto protoreflect.FileDescriptor
 
 const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
-	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd1\a\n" +
+	"\x16framepack/v1/job.proto\x12\fframepack.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfd\f\n" +
 	"\aJobSpec\x12%\n" +
 	"\x0eimage_filename\x18\x01 \x01(\tR\rimageFilename\x12\x16\n" +
 	"\x06prompt\x18\x02 \x01(\tR\x06prompt\x12'\n" +
@@ -1316,7 +1569,20 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\avariant\x18\x12 \x01(\tR\avariant\x12\x1b\n" +
 	"\tend_image\x18\x13 \x01(\fR\bendImage\x12&\n" +
 	"\fend_strength\x18\x14 \x01(\x02H\x04R\vendStrength\x88\x01\x01\x12(\n" +
-	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256\x12\x18\n" +
+	"\x10end_image_sha256\x18\x15 \x01(\tR\x0eendImageSha256\x12\x14\n" +
+	"\x05cache\x18\x16 \x01(\tR\x05cache\x122\n" +
+	"\x12magcache_threshold\x18\x17 \x01(\x01H\x05R\x11magcacheThreshold\x88\x01\x01\x12H\n" +
+	"\x1emagcache_max_consecutive_skips\x18\x18 \x01(\rH\x06R\x1bmagcacheMaxConsecutiveSkips\x88\x01\x01\x12=\n" +
+	"\x18magcache_retention_ratio\x18\x19 \x01(\x01H\aR\x16magcacheRetentionRatio\x88\x01\x01\x12\x16\n" +
+	"\x06preset\x18\x1a \x01(\tR\x06preset\x12\x19\n" +
+	"\bbatch_id\x18\x1b \x01(\tR\abatchId\x124\n" +
+	"\tkeyframes\x18\x1c \x03(\v2\x16.framepack.v1.KeyframeR\tkeyframes\x12\x1f\n" +
+	"\vinput_video\x18\x1d \x01(\fR\n" +
+	"inputVideo\x12,\n" +
+	"\x12input_video_sha256\x18\x1e \x01(\tR\x10inputVideoSha256\x12+\n" +
+	"\x12input_video_job_id\x18\" \x01(\tR\x0finputVideoJobId\x125\n" +
+	"\x14video_context_frames\x18# \x01(\rH\bR\x12videoContextFrames\x88\x01\x01\x123\n" +
+	"\x13video_include_input\x18$ \x01(\bH\tR\x11videoIncludeInput\x88\x01\x01\x12\x18\n" +
 	"\aweights\x18\x1f \x01(\tR\aweights\x125\n" +
 	"\x16transformer_checkpoint\x18  \x01(\tR\x15transformerCheckpoint\x12\x1f\n" +
 	"\vfp8_compute\x18! \x01(\tR\n" +
@@ -1328,7 +1594,18 @@ const file_framepack_v1_job_proto_rawDesc = "" +
 	"\n" +
 	"\b_mp4_crfB\x1d\n" +
 	"\x1b_gpu_memory_preservation_gbB\x0f\n" +
-	"\r_end_strength\"6\n" +
+	"\r_end_strengthB\x15\n" +
+	"\x13_magcache_thresholdB!\n" +
+	"\x1f_magcache_max_consecutive_skipsB\x1b\n" +
+	"\x19_magcache_retention_ratioB\x17\n" +
+	"\x15_video_context_framesB\x16\n" +
+	"\x14_video_include_input\"\x81\x01\n" +
+	"\bKeyframe\x12\x1a\n" +
+	"\asection\x18\x01 \x01(\rH\x00R\asection\x12\x1a\n" +
+	"\aseconds\x18\x02 \x01(\x02H\x00R\aseconds\x12\x14\n" +
+	"\x05image\x18\x03 \x01(\fR\x05image\x12!\n" +
+	"\fimage_sha256\x18\x04 \x01(\tR\vimageSha256B\x04\n" +
+	"\x02at\"6\n" +
 	"\x04Lora\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1a\n" +
 	"\bstrength\x18\x02 \x01(\x02R\bstrength\"~\n" +
@@ -1432,50 +1709,52 @@ func file_framepack_v1_job_proto_rawDescGZIP() []byte {
 }
 
 var file_framepack_v1_job_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_framepack_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_framepack_v1_job_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_framepack_v1_job_proto_goTypes = []any{
 	(JobState)(0),                 // 0: framepack.v1.JobState
 	(Stage)(0),                    // 1: framepack.v1.Stage
 	(AttemptClass)(0),             // 2: framepack.v1.AttemptClass
 	(ConvTier)(0),                 // 3: framepack.v1.ConvTier
 	(*JobSpec)(nil),               // 4: framepack.v1.JobSpec
-	(*Lora)(nil),                  // 5: framepack.v1.Lora
-	(*LoraApplied)(nil),           // 6: framepack.v1.LoraApplied
-	(*Bucket)(nil),                // 7: framepack.v1.Bucket
-	(*Job)(nil),                   // 8: framepack.v1.Job
-	(*JobProgress)(nil),           // 9: framepack.v1.JobProgress
-	(*JobResult)(nil),             // 10: framepack.v1.JobResult
-	(*JobFailure)(nil),            // 11: framepack.v1.JobFailure
-	(*Attempt)(nil),               // 12: framepack.v1.Attempt
-	(*durationpb.Duration)(nil),   // 13: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 14: google.protobuf.Timestamp
+	(*Keyframe)(nil),              // 5: framepack.v1.Keyframe
+	(*Lora)(nil),                  // 6: framepack.v1.Lora
+	(*LoraApplied)(nil),           // 7: framepack.v1.LoraApplied
+	(*Bucket)(nil),                // 8: framepack.v1.Bucket
+	(*Job)(nil),                   // 9: framepack.v1.Job
+	(*JobProgress)(nil),           // 10: framepack.v1.JobProgress
+	(*JobResult)(nil),             // 11: framepack.v1.JobResult
+	(*JobFailure)(nil),            // 12: framepack.v1.JobFailure
+	(*Attempt)(nil),               // 13: framepack.v1.Attempt
+	(*durationpb.Duration)(nil),   // 14: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_framepack_v1_job_proto_depIdxs = []int32{
-	7,  // 0: framepack.v1.JobSpec.buckets:type_name -> framepack.v1.Bucket
-	5,  // 1: framepack.v1.JobSpec.loras:type_name -> framepack.v1.Lora
-	13, // 2: framepack.v1.JobSpec.keep_alive:type_name -> google.protobuf.Duration
-	0,  // 3: framepack.v1.Job.state:type_name -> framepack.v1.JobState
-	4,  // 4: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
-	14, // 5: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
-	14, // 6: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
-	9,  // 7: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
-	10, // 8: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
-	11, // 9: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
-	6,  // 10: framepack.v1.Job.loras_applied:type_name -> framepack.v1.LoraApplied
-	1,  // 11: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
-	13, // 12: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
-	13, // 13: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
-	1,  // 14: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
-	12, // 15: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
-	1,  // 16: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
-	2,  // 17: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
-	14, // 18: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
-	13, // 19: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	8,  // 0: framepack.v1.JobSpec.buckets:type_name -> framepack.v1.Bucket
+	6,  // 1: framepack.v1.JobSpec.loras:type_name -> framepack.v1.Lora
+	5,  // 2: framepack.v1.JobSpec.keyframes:type_name -> framepack.v1.Keyframe
+	14, // 3: framepack.v1.JobSpec.keep_alive:type_name -> google.protobuf.Duration
+	0,  // 4: framepack.v1.Job.state:type_name -> framepack.v1.JobState
+	4,  // 5: framepack.v1.Job.spec:type_name -> framepack.v1.JobSpec
+	15, // 6: framepack.v1.Job.create_time:type_name -> google.protobuf.Timestamp
+	15, // 7: framepack.v1.Job.update_time:type_name -> google.protobuf.Timestamp
+	10, // 8: framepack.v1.Job.progress:type_name -> framepack.v1.JobProgress
+	11, // 9: framepack.v1.Job.result:type_name -> framepack.v1.JobResult
+	12, // 10: framepack.v1.Job.failure:type_name -> framepack.v1.JobFailure
+	7,  // 11: framepack.v1.Job.loras_applied:type_name -> framepack.v1.LoraApplied
+	1,  // 12: framepack.v1.JobProgress.stage:type_name -> framepack.v1.Stage
+	14, // 13: framepack.v1.JobProgress.eta:type_name -> google.protobuf.Duration
+	14, // 14: framepack.v1.JobResult.duration:type_name -> google.protobuf.Duration
+	1,  // 15: framepack.v1.JobFailure.stage:type_name -> framepack.v1.Stage
+	13, // 16: framepack.v1.JobFailure.attempts:type_name -> framepack.v1.Attempt
+	1,  // 17: framepack.v1.Attempt.stage:type_name -> framepack.v1.Stage
+	2,  // 18: framepack.v1.Attempt.class:type_name -> framepack.v1.AttemptClass
+	15, // 19: framepack.v1.Attempt.start_time:type_name -> google.protobuf.Timestamp
+	14, // 20: framepack.v1.Attempt.duration:type_name -> google.protobuf.Duration
+	21, // [21:21] is the sub-list for method output_type
+	21, // [21:21] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_framepack_v1_job_proto_init() }
@@ -1484,13 +1763,17 @@ func file_framepack_v1_job_proto_init() {
 		return
 	}
 	file_framepack_v1_job_proto_msgTypes[0].OneofWrappers = []any{}
+	file_framepack_v1_job_proto_msgTypes[1].OneofWrappers = []any{
+		(*Keyframe_Section)(nil),
+		(*Keyframe_Seconds)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_v1_job_proto_rawDesc), len(file_framepack_v1_job_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

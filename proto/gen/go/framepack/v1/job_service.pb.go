@@ -93,7 +93,8 @@ func (ArtifactKind) EnumDescriptor() ([]byte, []int) {
 type SubmitJobRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// image is the start frame, PNG, JPEG or WebP bytes, at most 64 MiB.
-	// REQUIRED.
+	// REQUIRED, except for a job that extends a video (JobSpec.input_video or
+	// input_video_job_id), which takes none.
 	Image []byte `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
 	// spec holds the job's parameters. REQUIRED.
 	Spec *JobSpec `protobuf:"bytes,2,opt,name=spec,proto3" json:"spec,omitempty"`

@@ -75,6 +75,63 @@ func (SamplerVariant) EnumDescriptor() ([]byte, []int) {
 	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{0}
 }
 
+// MagCacheCalibration names the table of magnitude ratios MagCache reads:
+// FramePack-Studio's MAG_RATIOS_DB entry for the transformer family the
+// section samples with.
+type MagCacheCalibration int32
+
+const (
+	// MAG_CACHE_CALIBRATION_UNSPECIFIED is refused.
+	MagCacheCalibration_MAG_CACHE_CALIBRATION_UNSPECIFIED MagCacheCalibration = 0
+	// MAG_CACHE_CALIBRATION_FRAMEPACK is the FramePack transformer's table
+	// (MAG_RATIOS_DB["Original"]).
+	MagCacheCalibration_MAG_CACHE_CALIBRATION_FRAMEPACK MagCacheCalibration = 1
+	// MAG_CACHE_CALIBRATION_FRAMEPACK_F1 is the FramePack-F1 transformer's
+	// table (MAG_RATIOS_DB["F1"]).
+	MagCacheCalibration_MAG_CACHE_CALIBRATION_FRAMEPACK_F1 MagCacheCalibration = 2
+)
+
+// Enum value maps for MagCacheCalibration.
+var (
+	MagCacheCalibration_name = map[int32]string{
+		0: "MAG_CACHE_CALIBRATION_UNSPECIFIED",
+		1: "MAG_CACHE_CALIBRATION_FRAMEPACK",
+		2: "MAG_CACHE_CALIBRATION_FRAMEPACK_F1",
+	}
+	MagCacheCalibration_value = map[string]int32{
+		"MAG_CACHE_CALIBRATION_UNSPECIFIED":  0,
+		"MAG_CACHE_CALIBRATION_FRAMEPACK":    1,
+		"MAG_CACHE_CALIBRATION_FRAMEPACK_F1": 2,
+	}
+)
+
+func (x MagCacheCalibration) Enum() *MagCacheCalibration {
+	p := new(MagCacheCalibration)
+	*p = x
+	return p
+}
+
+func (x MagCacheCalibration) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MagCacheCalibration) Descriptor() protoreflect.EnumDescriptor {
+	return file_framepack_worker_v1_run_proto_enumTypes[1].Descriptor()
+}
+
+func (MagCacheCalibration) Type() protoreflect.EnumType {
+	return &file_framepack_worker_v1_run_proto_enumTypes[1]
+}
+
+func (x MagCacheCalibration) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MagCacheCalibration.Descriptor instead.
+func (MagCacheCalibration) EnumDescriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{1}
+}
+
 // LogLevel is the severity of a LogLine.
 type LogLevel int32
 
@@ -120,11 +177,11 @@ func (x LogLevel) String() string {
 }
 
 func (LogLevel) Descriptor() protoreflect.EnumDescriptor {
-	return file_framepack_worker_v1_run_proto_enumTypes[1].Descriptor()
+	return file_framepack_worker_v1_run_proto_enumTypes[2].Descriptor()
 }
 
 func (LogLevel) Type() protoreflect.EnumType {
-	return &file_framepack_worker_v1_run_proto_enumTypes[1]
+	return &file_framepack_worker_v1_run_proto_enumTypes[2]
 }
 
 func (x LogLevel) Number() protoreflect.EnumNumber {
@@ -133,7 +190,7 @@ func (x LogLevel) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use LogLevel.Descriptor instead.
 func (LogLevel) EnumDescriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{1}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{2}
 }
 
 // ErrorCode classifies a failed stage for the supervisor's recovery.
@@ -187,11 +244,11 @@ func (x ErrorCode) String() string {
 }
 
 func (ErrorCode) Descriptor() protoreflect.EnumDescriptor {
-	return file_framepack_worker_v1_run_proto_enumTypes[2].Descriptor()
+	return file_framepack_worker_v1_run_proto_enumTypes[3].Descriptor()
 }
 
 func (ErrorCode) Type() protoreflect.EnumType {
-	return &file_framepack_worker_v1_run_proto_enumTypes[2]
+	return &file_framepack_worker_v1_run_proto_enumTypes[3]
 }
 
 func (x ErrorCode) Number() protoreflect.EnumNumber {
@@ -200,7 +257,7 @@ func (x ErrorCode) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ErrorCode.Descriptor instead.
 func (ErrorCode) EnumDescriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{2}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{3}
 }
 
 // RunRequest asks a loaded worker to run one stage. The stage must match the
@@ -774,9 +831,14 @@ type VaeEncodeRequest struct {
 	// diffusers' DiagonalGaussianDistribution) in latents' shape. Unset means
 	// the fallback: the worker writes it into latents' file as the tensor
 	// "<latents.name>.logvar". Either way Result.outputs is [latents, logvar].
-	Logvar        *TensorRef `protobuf:"bytes,4,opt,name=logvar,proto3" json:"logvar,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Logvar *TensorRef `protobuf:"bytes,4,opt,name=logvar,proto3" json:"logvar,omitempty"`
+	// independent_frames, when set, encodes the frames in independent runs of
+	// this many frames (the last may be shorter), each as a request of its own
+	// would, and joins their latents in time: FramePack-Studio's video_encode
+	// with its vae_batch_size of 16. 0 encodes all frames in one run.
+	IndependentFrames uint32 `protobuf:"varint,5,opt,name=independent_frames,json=independentFrames,proto3" json:"independent_frames,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *VaeEncodeRequest) Reset() {
@@ -835,6 +897,13 @@ func (x *VaeEncodeRequest) GetLogvar() *TensorRef {
 		return x.Logvar
 	}
 	return nil
+}
+
+func (x *VaeEncodeRequest) GetIndependentFrames() uint32 {
+	if x != nil {
+		return x.IndependentFrames
+	}
+	return 0
 }
 
 // VaeDecodeRequest decodes unscaled latents into pixels.
@@ -1027,7 +1096,11 @@ type TransformerSectionRequest struct {
 	// step_previews, when non-empty, has exactly steps entries: entry i
 	// receives the denoised latents after step i+1, announced by a
 	// StepPreview event. Empty means no previews.
-	StepPreviews  []*TensorRef `protobuf:"bytes,29,rep,name=step_previews,json=stepPreviews,proto3" json:"step_previews,omitempty"`
+	StepPreviews []*TensorRef `protobuf:"bytes,29,rep,name=step_previews,json=stepPreviews,proto3" json:"step_previews,omitempty"`
+	// magcache, when set, enables MagCache step skipping with these settings
+	// (FramePack-Studio's diffusers_helper/models/mag_cache.py); unset means
+	// off. Not together with use_teacache (ERROR_CODE_INVALID_ARGUMENT).
+	Magcache      *MagCacheSettings `protobuf:"bytes,30,opt,name=magcache,proto3" json:"magcache,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1265,6 +1338,91 @@ func (x *TransformerSectionRequest) GetStepPreviews() []*TensorRef {
 	return nil
 }
 
+func (x *TransformerSectionRequest) GetMagcache() *MagCacheSettings {
+	if x != nil {
+		return x.Magcache
+	}
+	return nil
+}
+
+// MagCacheSettings are MagCache's settings for one section. The skip rule
+// reads only the calibrated ratios, so which steps are skipped is known from
+// these settings, steps, width and height before sampling.
+type MagCacheSettings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// calibration is the table of magnitude ratios. REQUIRED.
+	Calibration MagCacheCalibration `protobuf:"varint,1,opt,name=calibration,proto3,enum=framepack.worker.v1.MagCacheCalibration" json:"calibration,omitempty"`
+	// threshold is the accumulated error under which a step may be skipped,
+	// (0, 1]; 0 means 0.1.
+	Threshold float64 `protobuf:"fixed64,2,opt,name=threshold,proto3" json:"threshold,omitempty"`
+	// max_consecutive_skips is the most steps skipped in a row, 1 to 50; 0
+	// means 2.
+	MaxConsecutiveSkips uint32 `protobuf:"varint,3,opt,name=max_consecutive_skips,json=maxConsecutiveSkips,proto3" json:"max_consecutive_skips,omitempty"`
+	// retention_ratio is the share of the first steps that always compute, 0
+	// to 1; unset means 0.25.
+	RetentionRatio *float64 `protobuf:"fixed64,4,opt,name=retention_ratio,json=retentionRatio,proto3,oneof" json:"retention_ratio,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *MagCacheSettings) Reset() {
+	*x = MagCacheSettings{}
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MagCacheSettings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MagCacheSettings) ProtoMessage() {}
+
+func (x *MagCacheSettings) ProtoReflect() protoreflect.Message {
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MagCacheSettings.ProtoReflect.Descriptor instead.
+func (*MagCacheSettings) Descriptor() ([]byte, []int) {
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *MagCacheSettings) GetCalibration() MagCacheCalibration {
+	if x != nil {
+		return x.Calibration
+	}
+	return MagCacheCalibration_MAG_CACHE_CALIBRATION_UNSPECIFIED
+}
+
+func (x *MagCacheSettings) GetThreshold() float64 {
+	if x != nil {
+		return x.Threshold
+	}
+	return 0
+}
+
+func (x *MagCacheSettings) GetMaxConsecutiveSkips() uint32 {
+	if x != nil {
+		return x.MaxConsecutiveSkips
+	}
+	return 0
+}
+
+func (x *MagCacheSettings) GetRetentionRatio() float64 {
+	if x != nil && x.RetentionRatio != nil {
+		return *x.RetentionRatio
+	}
+	return 0
+}
+
 // TransformerForwardRequest runs one forward of the packed FramePack
 // transformer (diffusers_helper HunyuanVideoTransformer3DModelPacked.forward,
 // batch 1) and writes its output: the predicted flow velocity. The
@@ -1318,7 +1476,7 @@ type TransformerForwardRequest struct {
 
 func (x *TransformerForwardRequest) Reset() {
 	*x = TransformerForwardRequest{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1330,7 +1488,7 @@ func (x *TransformerForwardRequest) String() string {
 func (*TransformerForwardRequest) ProtoMessage() {}
 
 func (x *TransformerForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[8]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1343,7 +1501,7 @@ func (x *TransformerForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransformerForwardRequest.ProtoReflect.Descriptor instead.
 func (*TransformerForwardRequest) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{8}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TransformerForwardRequest) GetHiddenStates() *TensorRef {
@@ -1473,7 +1631,7 @@ type RunEvent struct {
 
 func (x *RunEvent) Reset() {
 	*x = RunEvent{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1643,7 @@ func (x *RunEvent) String() string {
 func (*RunEvent) ProtoMessage() {}
 
 func (x *RunEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[9]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1656,7 @@ func (x *RunEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunEvent.ProtoReflect.Descriptor instead.
 func (*RunEvent) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{9}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RunEvent) GetEvent() isRunEvent_Event {
@@ -1626,7 +1784,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1638,7 +1796,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[10]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1651,7 +1809,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{10}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Progress) GetPhase() string {
@@ -1695,7 +1853,7 @@ type StepPreview struct {
 
 func (x *StepPreview) Reset() {
 	*x = StepPreview{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1707,7 +1865,7 @@ func (x *StepPreview) String() string {
 func (*StepPreview) ProtoMessage() {}
 
 func (x *StepPreview) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[11]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1720,7 +1878,7 @@ func (x *StepPreview) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StepPreview.ProtoReflect.Descriptor instead.
 func (*StepPreview) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{11}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StepPreview) GetStep() uint32 {
@@ -1755,7 +1913,7 @@ type ConvFallback struct {
 
 func (x *ConvFallback) Reset() {
 	*x = ConvFallback{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1767,7 +1925,7 @@ func (x *ConvFallback) String() string {
 func (*ConvFallback) ProtoMessage() {}
 
 func (x *ConvFallback) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[12]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1780,7 +1938,7 @@ func (x *ConvFallback) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConvFallback.ProtoReflect.Descriptor instead.
 func (*ConvFallback) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{12}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ConvFallback) GetShapeKey() string {
@@ -1826,7 +1984,7 @@ type LogLine struct {
 
 func (x *LogLine) Reset() {
 	*x = LogLine{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1838,7 +1996,7 @@ func (x *LogLine) String() string {
 func (*LogLine) ProtoMessage() {}
 
 func (x *LogLine) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[13]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1851,7 +2009,7 @@ func (x *LogLine) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogLine.ProtoReflect.Descriptor instead.
 func (*LogLine) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{13}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LogLine) GetLevel() LogLevel {
@@ -1887,14 +2045,18 @@ type Result struct {
 	// section's TransformerSectionRequest. Transformer sections only.
 	GeneratorState []byte `protobuf:"bytes,3,opt,name=generator_state,json=generatorState,proto3" json:"generator_state,omitempty"`
 	// vae_tiling is the tiling a VAE stage ran with. VAE stages only.
-	VaeTiling     *VaeTilingUsed `protobuf:"bytes,4,opt,name=vae_tiling,json=vaeTiling,proto3" json:"vae_tiling,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	VaeTiling *VaeTilingUsed `protobuf:"bytes,4,opt,name=vae_tiling,json=vaeTiling,proto3" json:"vae_tiling,omitempty"`
+	// cache_skipped_steps are the sampling steps (0-based) whose transformer
+	// blocks TeaCache or MagCache skipped, for the positive branch.
+	// Transformer sections only.
+	CacheSkippedSteps []uint32 `protobuf:"varint,5,rep,packed,name=cache_skipped_steps,json=cacheSkippedSteps,proto3" json:"cache_skipped_steps,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Result) Reset() {
 	*x = Result{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[14]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1906,7 +2068,7 @@ func (x *Result) String() string {
 func (*Result) ProtoMessage() {}
 
 func (x *Result) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[14]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1919,7 +2081,7 @@ func (x *Result) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Result.ProtoReflect.Descriptor instead.
 func (*Result) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{14}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Result) GetOutputs() []*TensorRef {
@@ -1950,6 +2112,13 @@ func (x *Result) GetVaeTiling() *VaeTilingUsed {
 	return nil
 }
 
+func (x *Result) GetCacheSkippedSteps() []uint32 {
+	if x != nil {
+		return x.CacheSkippedSteps
+	}
+	return nil
+}
+
 // VaeTilingUsed is the tiling a VAE stage ran with. With the request's
 // tiling unset the worker chooses it: diffusers' framewise chunking, alone
 // when its estimated peak fits what the memory cap leaves beside the weights,
@@ -1976,7 +2145,7 @@ type VaeTilingUsed struct {
 
 func (x *VaeTilingUsed) Reset() {
 	*x = VaeTilingUsed{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[15]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1988,7 +2157,7 @@ func (x *VaeTilingUsed) String() string {
 func (*VaeTilingUsed) ProtoMessage() {}
 
 func (x *VaeTilingUsed) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[15]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2001,7 +2170,7 @@ func (x *VaeTilingUsed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VaeTilingUsed.ProtoReflect.Descriptor instead.
 func (*VaeTilingUsed) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{15}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *VaeTilingUsed) GetTiling() *VaeTiling {
@@ -2059,7 +2228,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[16]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2071,7 +2240,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_framepack_worker_v1_run_proto_msgTypes[16]
+	mi := &file_framepack_worker_v1_run_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2084,7 +2253,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{16}
+	return file_framepack_worker_v1_run_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Error) GetCode() ErrorCode {
@@ -2171,19 +2340,20 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\x1atile_sample_min_num_frames\x18\x05 \x01(\rR\x16tileSampleMinNumFrames\x129\n" +
 	"\x19tile_sample_stride_height\x18\x06 \x01(\rR\x16tileSampleStrideHeight\x127\n" +
 	"\x18tile_sample_stride_width\x18\a \x01(\rR\x15tileSampleStrideWidth\x12@\n" +
-	"\x1dtile_sample_stride_num_frames\x18\b \x01(\rR\x19tileSampleStrideNumFramesJ\x04\b\x02\x10\x03R\x16enable_temporal_tiling\"\xf4\x01\n" +
+	"\x1dtile_sample_stride_num_frames\x18\b \x01(\rR\x19tileSampleStrideNumFramesJ\x04\b\x02\x10\x03R\x16enable_temporal_tiling\"\xa3\x02\n" +
 	"\x10VaeEncodeRequest\x126\n" +
 	"\x06pixels\x18\x01 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x06pixels\x126\n" +
 	"\x06tiling\x18\x02 \x01(\v2\x1e.framepack.worker.v1.VaeTilingR\x06tiling\x128\n" +
 	"\alatents\x18\x03 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\alatents\x126\n" +
-	"\x06logvar\x18\x04 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x06logvar\"\xbc\x01\n" +
+	"\x06logvar\x18\x04 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x06logvar\x12-\n" +
+	"\x12independent_frames\x18\x05 \x01(\rR\x11independentFrames\"\xbc\x01\n" +
 	"\x10VaeDecodeRequest\x128\n" +
 	"\alatents\x18\x01 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\alatents\x126\n" +
 	"\x06tiling\x18\x02 \x01(\v2\x1e.framepack.worker.v1.VaeTilingR\x06tiling\x126\n" +
 	"\x06pixels\x18\x03 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x06pixels\"\x96\x01\n" +
 	"\x12ImageEncodeRequest\x124\n" +
 	"\x05image\x18\x01 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x05image\x12J\n" +
-	"\x11last_hidden_state\x18\x02 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x0flastHiddenState\"\x89\v\n" +
+	"\x11last_hidden_state\x18\x02 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\x0flastHiddenState\"\xcc\v\n" +
 	"\x19TransformerSectionRequest\x12;\n" +
 	"\tllama_vec\x18\x01 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\bllamaVec\x12=\n" +
 	"\n" +
@@ -2217,8 +2387,15 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\x06height\x18\x1a \x01(\rR\x06height\x12\x16\n" +
 	"\x06frames\x18\x1b \x01(\rR\x06frames\x128\n" +
 	"\alatents\x18\x1c \x01(\v2\x1e.framepack.worker.v1.TensorRefR\alatents\x12C\n" +
-	"\rstep_previews\x18\x1d \x03(\v2\x1e.framepack.worker.v1.TensorRefR\fstepPreviewsB\b\n" +
-	"\x06_shift\"\xfc\x06\n" +
+	"\rstep_previews\x18\x1d \x03(\v2\x1e.framepack.worker.v1.TensorRefR\fstepPreviews\x12A\n" +
+	"\bmagcache\x18\x1e \x01(\v2%.framepack.worker.v1.MagCacheSettingsR\bmagcacheB\b\n" +
+	"\x06_shift\"\xf2\x01\n" +
+	"\x10MagCacheSettings\x12J\n" +
+	"\vcalibration\x18\x01 \x01(\x0e2(.framepack.worker.v1.MagCacheCalibrationR\vcalibration\x12\x1c\n" +
+	"\tthreshold\x18\x02 \x01(\x01R\tthreshold\x122\n" +
+	"\x15max_consecutive_skips\x18\x03 \x01(\rR\x13maxConsecutiveSkips\x12,\n" +
+	"\x0fretention_ratio\x18\x04 \x01(\x01H\x00R\x0eretentionRatio\x88\x01\x01B\x12\n" +
+	"\x10_retention_ratio\"\xfc\x06\n" +
 	"\x19TransformerForwardRequest\x12C\n" +
 	"\rhidden_states\x18\x01 \x01(\v2\x1e.framepack.worker.v1.TensorRefR\fhiddenStates\x12\x1a\n" +
 	"\btimestep\x18\x02 \x01(\x02R\btimestep\x12\x1a\n" +
@@ -2266,13 +2443,14 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\x06fields\x18\x03 \x03(\v2(.framepack.worker.v1.LogLine.FieldsEntryR\x06fields\x1a9\n" +
 	"\vFieldsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe8\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x02\n" +
 	"\x06Result\x128\n" +
 	"\aoutputs\x18\x01 \x03(\v2\x1e.framepack.worker.v1.TensorRefR\aoutputs\x128\n" +
 	"\x05stats\x18\x02 \x01(\v2\".framepack.worker.v1.StatsResponseR\x05stats\x12'\n" +
 	"\x0fgenerator_state\x18\x03 \x01(\fR\x0egeneratorState\x12A\n" +
 	"\n" +
-	"vae_tiling\x18\x04 \x01(\v2\".framepack.worker.v1.VaeTilingUsedR\tvaeTiling\"\xc6\x01\n" +
+	"vae_tiling\x18\x04 \x01(\v2\".framepack.worker.v1.VaeTilingUsedR\tvaeTiling\x12.\n" +
+	"\x13cache_skipped_steps\x18\x05 \x03(\rR\x11cacheSkippedSteps\"\xc6\x01\n" +
 	"\rVaeTilingUsed\x126\n" +
 	"\x06tiling\x18\x01 \x01(\v2\x1e.framepack.worker.v1.VaeTilingR\x06tiling\x12\x16\n" +
 	"\x06chosen\x18\x02 \x01(\bR\x06chosen\x12.\n" +
@@ -2287,7 +2465,11 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\x0eSamplerVariant\x12\x1f\n" +
 	"\x1bSAMPLER_VARIANT_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19SAMPLER_VARIANT_UNIPC_BH1\x10\x01\x12\x1d\n" +
-	"\x19SAMPLER_VARIANT_UNIPC_BH2\x10\x02*w\n" +
+	"\x19SAMPLER_VARIANT_UNIPC_BH2\x10\x02*\x89\x01\n" +
+	"\x13MagCacheCalibration\x12%\n" +
+	"!MAG_CACHE_CALIBRATION_UNSPECIFIED\x10\x00\x12#\n" +
+	"\x1fMAG_CACHE_CALIBRATION_FRAMEPACK\x10\x01\x12&\n" +
+	"\"MAG_CACHE_CALIBRATION_FRAMEPACK_F1\x10\x02*w\n" +
 	"\bLogLevel\x12\x19\n" +
 	"\x15LOG_LEVEL_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fLOG_LEVEL_DEBUG\x10\x01\x12\x12\n" +
@@ -2315,109 +2497,113 @@ func file_framepack_worker_v1_run_proto_rawDescGZIP() []byte {
 	return file_framepack_worker_v1_run_proto_rawDescData
 }
 
-var file_framepack_worker_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_framepack_worker_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_framepack_worker_v1_run_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_framepack_worker_v1_run_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_framepack_worker_v1_run_proto_goTypes = []any{
 	(SamplerVariant)(0),               // 0: framepack.worker.v1.SamplerVariant
-	(LogLevel)(0),                     // 1: framepack.worker.v1.LogLevel
-	(ErrorCode)(0),                    // 2: framepack.worker.v1.ErrorCode
-	(*RunRequest)(nil),                // 3: framepack.worker.v1.RunRequest
-	(*TextEncodeRequest)(nil),         // 4: framepack.worker.v1.TextEncodeRequest
-	(*ExtraPrompt)(nil),               // 5: framepack.worker.v1.ExtraPrompt
-	(*VaeTiling)(nil),                 // 6: framepack.worker.v1.VaeTiling
-	(*VaeEncodeRequest)(nil),          // 7: framepack.worker.v1.VaeEncodeRequest
-	(*VaeDecodeRequest)(nil),          // 8: framepack.worker.v1.VaeDecodeRequest
-	(*ImageEncodeRequest)(nil),        // 9: framepack.worker.v1.ImageEncodeRequest
-	(*TransformerSectionRequest)(nil), // 10: framepack.worker.v1.TransformerSectionRequest
-	(*TransformerForwardRequest)(nil), // 11: framepack.worker.v1.TransformerForwardRequest
-	(*RunEvent)(nil),                  // 12: framepack.worker.v1.RunEvent
-	(*Progress)(nil),                  // 13: framepack.worker.v1.Progress
-	(*StepPreview)(nil),               // 14: framepack.worker.v1.StepPreview
-	(*ConvFallback)(nil),              // 15: framepack.worker.v1.ConvFallback
-	(*LogLine)(nil),                   // 16: framepack.worker.v1.LogLine
-	(*Result)(nil),                    // 17: framepack.worker.v1.Result
-	(*VaeTilingUsed)(nil),             // 18: framepack.worker.v1.VaeTilingUsed
-	(*Error)(nil),                     // 19: framepack.worker.v1.Error
-	nil,                               // 20: framepack.worker.v1.LogLine.FieldsEntry
-	(*TensorRef)(nil),                 // 21: framepack.worker.v1.TensorRef
-	(*durationpb.Duration)(nil),       // 22: google.protobuf.Duration
-	(ConvTier)(0),                     // 23: framepack.worker.v1.ConvTier
-	(ConvOutcome)(0),                  // 24: framepack.worker.v1.ConvOutcome
-	(*StatsResponse)(nil),             // 25: framepack.worker.v1.StatsResponse
+	(MagCacheCalibration)(0),          // 1: framepack.worker.v1.MagCacheCalibration
+	(LogLevel)(0),                     // 2: framepack.worker.v1.LogLevel
+	(ErrorCode)(0),                    // 3: framepack.worker.v1.ErrorCode
+	(*RunRequest)(nil),                // 4: framepack.worker.v1.RunRequest
+	(*TextEncodeRequest)(nil),         // 5: framepack.worker.v1.TextEncodeRequest
+	(*ExtraPrompt)(nil),               // 6: framepack.worker.v1.ExtraPrompt
+	(*VaeTiling)(nil),                 // 7: framepack.worker.v1.VaeTiling
+	(*VaeEncodeRequest)(nil),          // 8: framepack.worker.v1.VaeEncodeRequest
+	(*VaeDecodeRequest)(nil),          // 9: framepack.worker.v1.VaeDecodeRequest
+	(*ImageEncodeRequest)(nil),        // 10: framepack.worker.v1.ImageEncodeRequest
+	(*TransformerSectionRequest)(nil), // 11: framepack.worker.v1.TransformerSectionRequest
+	(*MagCacheSettings)(nil),          // 12: framepack.worker.v1.MagCacheSettings
+	(*TransformerForwardRequest)(nil), // 13: framepack.worker.v1.TransformerForwardRequest
+	(*RunEvent)(nil),                  // 14: framepack.worker.v1.RunEvent
+	(*Progress)(nil),                  // 15: framepack.worker.v1.Progress
+	(*StepPreview)(nil),               // 16: framepack.worker.v1.StepPreview
+	(*ConvFallback)(nil),              // 17: framepack.worker.v1.ConvFallback
+	(*LogLine)(nil),                   // 18: framepack.worker.v1.LogLine
+	(*Result)(nil),                    // 19: framepack.worker.v1.Result
+	(*VaeTilingUsed)(nil),             // 20: framepack.worker.v1.VaeTilingUsed
+	(*Error)(nil),                     // 21: framepack.worker.v1.Error
+	nil,                               // 22: framepack.worker.v1.LogLine.FieldsEntry
+	(*TensorRef)(nil),                 // 23: framepack.worker.v1.TensorRef
+	(*durationpb.Duration)(nil),       // 24: google.protobuf.Duration
+	(ConvTier)(0),                     // 25: framepack.worker.v1.ConvTier
+	(ConvOutcome)(0),                  // 26: framepack.worker.v1.ConvOutcome
+	(*StatsResponse)(nil),             // 27: framepack.worker.v1.StatsResponse
 }
 var file_framepack_worker_v1_run_proto_depIdxs = []int32{
-	4,  // 0: framepack.worker.v1.RunRequest.text_encode:type_name -> framepack.worker.v1.TextEncodeRequest
-	7,  // 1: framepack.worker.v1.RunRequest.vae_encode:type_name -> framepack.worker.v1.VaeEncodeRequest
-	8,  // 2: framepack.worker.v1.RunRequest.vae_decode:type_name -> framepack.worker.v1.VaeDecodeRequest
-	9,  // 3: framepack.worker.v1.RunRequest.image_encode:type_name -> framepack.worker.v1.ImageEncodeRequest
-	10, // 4: framepack.worker.v1.RunRequest.transformer_section:type_name -> framepack.worker.v1.TransformerSectionRequest
-	11, // 5: framepack.worker.v1.RunRequest.transformer_forward:type_name -> framepack.worker.v1.TransformerForwardRequest
-	21, // 6: framepack.worker.v1.TextEncodeRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	21, // 7: framepack.worker.v1.TextEncodeRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	21, // 8: framepack.worker.v1.TextEncodeRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	21, // 9: framepack.worker.v1.TextEncodeRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
-	21, // 10: framepack.worker.v1.TextEncodeRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
-	21, // 11: framepack.worker.v1.TextEncodeRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
-	21, // 12: framepack.worker.v1.TextEncodeRequest.llama_ids:type_name -> framepack.worker.v1.TensorRef
-	21, // 13: framepack.worker.v1.TextEncodeRequest.llama_attention_mask:type_name -> framepack.worker.v1.TensorRef
-	21, // 14: framepack.worker.v1.TextEncodeRequest.clip_ids:type_name -> framepack.worker.v1.TensorRef
-	5,  // 15: framepack.worker.v1.TextEncodeRequest.extra_prompts:type_name -> framepack.worker.v1.ExtraPrompt
-	21, // 16: framepack.worker.v1.ExtraPrompt.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	21, // 17: framepack.worker.v1.ExtraPrompt.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	21, // 18: framepack.worker.v1.ExtraPrompt.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	21, // 19: framepack.worker.v1.VaeEncodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
-	6,  // 20: framepack.worker.v1.VaeEncodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
-	21, // 21: framepack.worker.v1.VaeEncodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
-	21, // 22: framepack.worker.v1.VaeEncodeRequest.logvar:type_name -> framepack.worker.v1.TensorRef
-	21, // 23: framepack.worker.v1.VaeDecodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
-	6,  // 24: framepack.worker.v1.VaeDecodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
-	21, // 25: framepack.worker.v1.VaeDecodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
-	21, // 26: framepack.worker.v1.ImageEncodeRequest.image:type_name -> framepack.worker.v1.TensorRef
-	21, // 27: framepack.worker.v1.ImageEncodeRequest.last_hidden_state:type_name -> framepack.worker.v1.TensorRef
-	21, // 28: framepack.worker.v1.TransformerSectionRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	21, // 29: framepack.worker.v1.TransformerSectionRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	21, // 30: framepack.worker.v1.TransformerSectionRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	21, // 31: framepack.worker.v1.TransformerSectionRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
-	21, // 32: framepack.worker.v1.TransformerSectionRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
-	21, // 33: framepack.worker.v1.TransformerSectionRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
-	21, // 34: framepack.worker.v1.TransformerSectionRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
-	21, // 35: framepack.worker.v1.TransformerSectionRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
-	21, // 36: framepack.worker.v1.TransformerSectionRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
-	21, // 37: framepack.worker.v1.TransformerSectionRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
+	5,  // 0: framepack.worker.v1.RunRequest.text_encode:type_name -> framepack.worker.v1.TextEncodeRequest
+	8,  // 1: framepack.worker.v1.RunRequest.vae_encode:type_name -> framepack.worker.v1.VaeEncodeRequest
+	9,  // 2: framepack.worker.v1.RunRequest.vae_decode:type_name -> framepack.worker.v1.VaeDecodeRequest
+	10, // 3: framepack.worker.v1.RunRequest.image_encode:type_name -> framepack.worker.v1.ImageEncodeRequest
+	11, // 4: framepack.worker.v1.RunRequest.transformer_section:type_name -> framepack.worker.v1.TransformerSectionRequest
+	13, // 5: framepack.worker.v1.RunRequest.transformer_forward:type_name -> framepack.worker.v1.TransformerForwardRequest
+	23, // 6: framepack.worker.v1.TextEncodeRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	23, // 7: framepack.worker.v1.TextEncodeRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	23, // 8: framepack.worker.v1.TextEncodeRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	23, // 9: framepack.worker.v1.TextEncodeRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
+	23, // 10: framepack.worker.v1.TextEncodeRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
+	23, // 11: framepack.worker.v1.TextEncodeRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
+	23, // 12: framepack.worker.v1.TextEncodeRequest.llama_ids:type_name -> framepack.worker.v1.TensorRef
+	23, // 13: framepack.worker.v1.TextEncodeRequest.llama_attention_mask:type_name -> framepack.worker.v1.TensorRef
+	23, // 14: framepack.worker.v1.TextEncodeRequest.clip_ids:type_name -> framepack.worker.v1.TensorRef
+	6,  // 15: framepack.worker.v1.TextEncodeRequest.extra_prompts:type_name -> framepack.worker.v1.ExtraPrompt
+	23, // 16: framepack.worker.v1.ExtraPrompt.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	23, // 17: framepack.worker.v1.ExtraPrompt.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	23, // 18: framepack.worker.v1.ExtraPrompt.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	23, // 19: framepack.worker.v1.VaeEncodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
+	7,  // 20: framepack.worker.v1.VaeEncodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
+	23, // 21: framepack.worker.v1.VaeEncodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	23, // 22: framepack.worker.v1.VaeEncodeRequest.logvar:type_name -> framepack.worker.v1.TensorRef
+	23, // 23: framepack.worker.v1.VaeDecodeRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	7,  // 24: framepack.worker.v1.VaeDecodeRequest.tiling:type_name -> framepack.worker.v1.VaeTiling
+	23, // 25: framepack.worker.v1.VaeDecodeRequest.pixels:type_name -> framepack.worker.v1.TensorRef
+	23, // 26: framepack.worker.v1.ImageEncodeRequest.image:type_name -> framepack.worker.v1.TensorRef
+	23, // 27: framepack.worker.v1.ImageEncodeRequest.last_hidden_state:type_name -> framepack.worker.v1.TensorRef
+	23, // 28: framepack.worker.v1.TransformerSectionRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	23, // 29: framepack.worker.v1.TransformerSectionRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	23, // 30: framepack.worker.v1.TransformerSectionRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	23, // 31: framepack.worker.v1.TransformerSectionRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
+	23, // 32: framepack.worker.v1.TransformerSectionRequest.llama_vec_n:type_name -> framepack.worker.v1.TensorRef
+	23, // 33: framepack.worker.v1.TransformerSectionRequest.llama_mask_n:type_name -> framepack.worker.v1.TensorRef
+	23, // 34: framepack.worker.v1.TransformerSectionRequest.clip_pooler_n:type_name -> framepack.worker.v1.TensorRef
+	23, // 35: framepack.worker.v1.TransformerSectionRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
+	23, // 36: framepack.worker.v1.TransformerSectionRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
+	23, // 37: framepack.worker.v1.TransformerSectionRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
 	0,  // 38: framepack.worker.v1.TransformerSectionRequest.sampler:type_name -> framepack.worker.v1.SamplerVariant
-	21, // 39: framepack.worker.v1.TransformerSectionRequest.latents:type_name -> framepack.worker.v1.TensorRef
-	21, // 40: framepack.worker.v1.TransformerSectionRequest.step_previews:type_name -> framepack.worker.v1.TensorRef
-	21, // 41: framepack.worker.v1.TransformerForwardRequest.hidden_states:type_name -> framepack.worker.v1.TensorRef
-	21, // 42: framepack.worker.v1.TransformerForwardRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
-	21, // 43: framepack.worker.v1.TransformerForwardRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
-	21, // 44: framepack.worker.v1.TransformerForwardRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
-	21, // 45: framepack.worker.v1.TransformerForwardRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
-	21, // 46: framepack.worker.v1.TransformerForwardRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
-	21, // 47: framepack.worker.v1.TransformerForwardRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
-	21, // 48: framepack.worker.v1.TransformerForwardRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
-	21, // 49: framepack.worker.v1.TransformerForwardRequest.velocity:type_name -> framepack.worker.v1.TensorRef
-	13, // 50: framepack.worker.v1.RunEvent.progress:type_name -> framepack.worker.v1.Progress
-	14, // 51: framepack.worker.v1.RunEvent.step_preview:type_name -> framepack.worker.v1.StepPreview
-	15, // 52: framepack.worker.v1.RunEvent.conv_fallback:type_name -> framepack.worker.v1.ConvFallback
-	16, // 53: framepack.worker.v1.RunEvent.log:type_name -> framepack.worker.v1.LogLine
-	17, // 54: framepack.worker.v1.RunEvent.result:type_name -> framepack.worker.v1.Result
-	19, // 55: framepack.worker.v1.RunEvent.error:type_name -> framepack.worker.v1.Error
-	22, // 56: framepack.worker.v1.Progress.elapsed:type_name -> google.protobuf.Duration
-	21, // 57: framepack.worker.v1.StepPreview.denoised:type_name -> framepack.worker.v1.TensorRef
-	23, // 58: framepack.worker.v1.ConvFallback.tier:type_name -> framepack.worker.v1.ConvTier
-	24, // 59: framepack.worker.v1.ConvFallback.outcome:type_name -> framepack.worker.v1.ConvOutcome
-	1,  // 60: framepack.worker.v1.LogLine.level:type_name -> framepack.worker.v1.LogLevel
-	20, // 61: framepack.worker.v1.LogLine.fields:type_name -> framepack.worker.v1.LogLine.FieldsEntry
-	21, // 62: framepack.worker.v1.Result.outputs:type_name -> framepack.worker.v1.TensorRef
-	25, // 63: framepack.worker.v1.Result.stats:type_name -> framepack.worker.v1.StatsResponse
-	18, // 64: framepack.worker.v1.Result.vae_tiling:type_name -> framepack.worker.v1.VaeTilingUsed
-	6,  // 65: framepack.worker.v1.VaeTilingUsed.tiling:type_name -> framepack.worker.v1.VaeTiling
-	2,  // 66: framepack.worker.v1.Error.code:type_name -> framepack.worker.v1.ErrorCode
-	67, // [67:67] is the sub-list for method output_type
-	67, // [67:67] is the sub-list for method input_type
-	67, // [67:67] is the sub-list for extension type_name
-	67, // [67:67] is the sub-list for extension extendee
-	0,  // [0:67] is the sub-list for field type_name
+	23, // 39: framepack.worker.v1.TransformerSectionRequest.latents:type_name -> framepack.worker.v1.TensorRef
+	23, // 40: framepack.worker.v1.TransformerSectionRequest.step_previews:type_name -> framepack.worker.v1.TensorRef
+	12, // 41: framepack.worker.v1.TransformerSectionRequest.magcache:type_name -> framepack.worker.v1.MagCacheSettings
+	1,  // 42: framepack.worker.v1.MagCacheSettings.calibration:type_name -> framepack.worker.v1.MagCacheCalibration
+	23, // 43: framepack.worker.v1.TransformerForwardRequest.hidden_states:type_name -> framepack.worker.v1.TensorRef
+	23, // 44: framepack.worker.v1.TransformerForwardRequest.llama_vec:type_name -> framepack.worker.v1.TensorRef
+	23, // 45: framepack.worker.v1.TransformerForwardRequest.llama_mask:type_name -> framepack.worker.v1.TensorRef
+	23, // 46: framepack.worker.v1.TransformerForwardRequest.clip_pooler:type_name -> framepack.worker.v1.TensorRef
+	23, // 47: framepack.worker.v1.TransformerForwardRequest.image_embeddings:type_name -> framepack.worker.v1.TensorRef
+	23, // 48: framepack.worker.v1.TransformerForwardRequest.clean_latents:type_name -> framepack.worker.v1.TensorRef
+	23, // 49: framepack.worker.v1.TransformerForwardRequest.clean_latents_2x:type_name -> framepack.worker.v1.TensorRef
+	23, // 50: framepack.worker.v1.TransformerForwardRequest.clean_latents_4x:type_name -> framepack.worker.v1.TensorRef
+	23, // 51: framepack.worker.v1.TransformerForwardRequest.velocity:type_name -> framepack.worker.v1.TensorRef
+	15, // 52: framepack.worker.v1.RunEvent.progress:type_name -> framepack.worker.v1.Progress
+	16, // 53: framepack.worker.v1.RunEvent.step_preview:type_name -> framepack.worker.v1.StepPreview
+	17, // 54: framepack.worker.v1.RunEvent.conv_fallback:type_name -> framepack.worker.v1.ConvFallback
+	18, // 55: framepack.worker.v1.RunEvent.log:type_name -> framepack.worker.v1.LogLine
+	19, // 56: framepack.worker.v1.RunEvent.result:type_name -> framepack.worker.v1.Result
+	21, // 57: framepack.worker.v1.RunEvent.error:type_name -> framepack.worker.v1.Error
+	24, // 58: framepack.worker.v1.Progress.elapsed:type_name -> google.protobuf.Duration
+	23, // 59: framepack.worker.v1.StepPreview.denoised:type_name -> framepack.worker.v1.TensorRef
+	25, // 60: framepack.worker.v1.ConvFallback.tier:type_name -> framepack.worker.v1.ConvTier
+	26, // 61: framepack.worker.v1.ConvFallback.outcome:type_name -> framepack.worker.v1.ConvOutcome
+	2,  // 62: framepack.worker.v1.LogLine.level:type_name -> framepack.worker.v1.LogLevel
+	22, // 63: framepack.worker.v1.LogLine.fields:type_name -> framepack.worker.v1.LogLine.FieldsEntry
+	23, // 64: framepack.worker.v1.Result.outputs:type_name -> framepack.worker.v1.TensorRef
+	27, // 65: framepack.worker.v1.Result.stats:type_name -> framepack.worker.v1.StatsResponse
+	20, // 66: framepack.worker.v1.Result.vae_tiling:type_name -> framepack.worker.v1.VaeTilingUsed
+	7,  // 67: framepack.worker.v1.VaeTilingUsed.tiling:type_name -> framepack.worker.v1.VaeTiling
+	3,  // 68: framepack.worker.v1.Error.code:type_name -> framepack.worker.v1.ErrorCode
+	69, // [69:69] is the sub-list for method output_type
+	69, // [69:69] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_run_proto_init() }
@@ -2437,7 +2623,8 @@ func file_framepack_worker_v1_run_proto_init() {
 		(*RunRequest_TransformerForward)(nil),
 	}
 	file_framepack_worker_v1_run_proto_msgTypes[7].OneofWrappers = []any{}
-	file_framepack_worker_v1_run_proto_msgTypes[9].OneofWrappers = []any{
+	file_framepack_worker_v1_run_proto_msgTypes[8].OneofWrappers = []any{}
+	file_framepack_worker_v1_run_proto_msgTypes[10].OneofWrappers = []any{
 		(*RunEvent_Progress)(nil),
 		(*RunEvent_StepPreview)(nil),
 		(*RunEvent_ConvFallback)(nil),
@@ -2450,8 +2637,8 @@ func file_framepack_worker_v1_run_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_framepack_worker_v1_run_proto_rawDesc), len(file_framepack_worker_v1_run_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   18,
+			NumEnums:      4,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
