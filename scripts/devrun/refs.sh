@@ -26,7 +26,8 @@ start)
 		for g in gen_fp8 gen_pipeline_features; do
 			[ -e "testdata/reference/$g.py" ] || continue
 			args=(--third-party "$tp" --out "$out")
-			[ "$g" = gen_pipeline_features ] && args+=(--studio "$D/studio")
+			# --check: the timestep mode that reproduces testdata/parity (float64), recorded in the fixture
+			[ "$g" = gen_pipeline_features ] && args+=(--studio "$D/studio" --check)
 			echo "== $g $(date -u +%T)"
 			OMP_NUM_THREADS=${REF_THREADS:-4} MKL_NUM_THREADS=${REF_THREADS:-4} nice -n 19 python3 "testdata/reference/$g.py" "${args[@]}" >"$D/out/testdata/reference/$g.log" 2>&1
 			echo "== $g exit $? $(date -u +%T)"

@@ -86,7 +86,7 @@ func loadVideoCase(t *testing.T, c parity.Case) videoCase {
 	for _, b := range buckets {
 		spec.Buckets = append(spec.Buckets, &framepackv1.Bucket{Height: uint32(b[0]), Width: uint32(b[1])})
 	}
-	return videoCase{i2vCase: i2vCase{c: c, spec: spec, window: window, sections: sections}, f1: variant == "f1", frames: in.Ints, total: len(sections)}
+	return videoCase{i2vCase: i2vCase{c: c, spec: spec, window: window, sections: sections, models: caseModels(t, c)}, f1: variant == "f1", frames: in.Ints, total: len(sections)}
 }
 
 // TestParityPipelineVideo runs every case of the pipeline_video reference fixture (FramePack-
