@@ -625,11 +625,13 @@ func fromMagCache(m *pb.MagCacheSettings) *MagCacheSettings {
 }
 
 func toError(e *Error) *pb.Error {
-	return &pb.Error{Code: pb.ErrorCode(e.Code), Message: e.Message, RequestedBytes: e.RequestedBytes, AvailableBytes: e.AvailableBytes}
+	return &pb.Error{Code: pb.ErrorCode(e.Code), Message: e.Message, RequestedBytes: e.RequestedBytes, AvailableBytes: e.AvailableBytes,
+		Traits: toModelTraits(e.Traits)}
 }
 
 func fromError(e *pb.Error) *Error {
-	return &Error{Code: ErrorCode(e.GetCode()), Message: e.GetMessage(), RequestedBytes: e.GetRequestedBytes(), AvailableBytes: e.GetAvailableBytes()}
+	return &Error{Code: ErrorCode(e.GetCode()), Message: e.GetMessage(), RequestedBytes: e.GetRequestedBytes(), AvailableBytes: e.GetAvailableBytes(),
+		Traits: fromModelTraits(e.GetTraits())}
 }
 
 func toTilingUsed(t *VAETilingUsed) *pb.VaeTilingUsed {

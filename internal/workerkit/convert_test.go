@@ -128,7 +128,8 @@ func TestErrorStatusRoundTrip(t *testing.T) {
 		wantGRPC codes.Code
 		wantMsg  string
 	}{
-		{"oom", &Error{Code: CodeOutOfMemory, Message: "alloc", RequestedBytes: 8, AvailableBytes: 4}, CodeOutOfMemory, codes.ResourceExhausted, "alloc"},
+		{"oom", &Error{Code: CodeOutOfMemory, Message: "alloc", RequestedBytes: 8, AvailableBytes: 4,
+			Traits: &ModelTraits{Convolves: true, Tiles: true, FallbackDTypes: []string{"fp16"}}}, CodeOutOfMemory, codes.ResourceExhausted, "alloc"},
 		{"wrapped", fmt.Errorf("load vae: %w", Errorf(CodeDeviceLost, "hipErrorLaunchFailure")), CodeDeviceLost, codes.Unavailable, "load vae: hipErrorLaunchFailure"},
 		{"plain", errors.New("boom"), CodeInternal, codes.Internal, "boom"},
 		{"cancelled", fmt.Errorf("run: %w", context.Canceled), CodeCancelled, codes.Canceled, "run: context canceled"},
@@ -147,6 +148,9 @@ func TestErrorStatusRoundTrip(t *testing.T) {
 			}
 			if tt.wantCode == CodeOutOfMemory && (we.RequestedBytes != 8 || we.AvailableBytes != 4) {
 				t.Fatalf("oom sizes lost: %+v", we)
+			}
+			if tr := TraitsOf(back); tt.wantCode == CodeOutOfMemory && (tr == nil || !tr.Tiles || !tr.Convolves || len(tr.FallbackDTypes) != 1) {
+				t.Fatalf("oom traits lost: %+v", tr)
 			}
 		})
 	}

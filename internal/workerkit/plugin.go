@@ -161,7 +161,7 @@ func (s *grpcServer) Load(ctx context.Context, req *pb.LoadRequest) (*pb.LoadRes
 		return s.impl.Load(ctx, fromLoadRequest(req))
 	}()
 	if err != nil {
-		return nil, statusOf(err)
+		return nil, statusOf(s.withTraits(err))
 	}
 	s.mu.Lock()
 	s.loaded = true
@@ -200,6 +200,18 @@ func (s *grpcServer) Run(req *pb.RunRequest, stream pb.WorkerService_RunServer) 
 		res = &Result{}
 	}
 	return stream.Send(&pb.RunEvent{Event: &pb.RunEvent_Result{Result: toResult(res)}})
+}
+
+// withTraits adds the model's traits to a Load's out-of-memory error when the worker declares
+// them (TraitsDeclarer).
+func (s *grpcServer) withTraits(err error) error {
+	td, ok := s.impl.(TraitsDeclarer)
+	if !ok || CodeOf(err) != CodeOutOfMemory || TraitsOf(err) != nil {
+		return err
+	}
+	we := *asError(err)
+	we.Traits = td.Traits()
+	return &we
 }
 
 // Stats serves the worker's counters.

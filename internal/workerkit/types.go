@@ -622,6 +622,27 @@ type Error struct {
 	Message        string
 	RequestedBytes uint64 // CodeOutOfMemory only
 	AvailableBytes uint64 // CodeOutOfMemory only
+	// Traits is what the model has that a retry can change, on a Load that ran out of memory
+	// (TraitsDeclarer); nil otherwise.
+	Traits *ModelTraits
+}
+
+// TraitsDeclarer is a worker that knows its model's traits before a Load succeeds: its Load's
+// out-of-memory errors carry them (Error.Traits), so that the supervisor's ladder can step
+// down for a model whose weights never fitted.
+type TraitsDeclarer interface {
+	// Traits returns the model's traits as far as the worker knows them (a stack's length
+	// only once a Load read it).
+	Traits() *ModelTraits
+}
+
+// TraitsOf returns the model traits an error carries (a Load that ran out of memory), or nil.
+func TraitsOf(err error) *ModelTraits {
+	var we *Error
+	if errors.As(err, &we) {
+		return we.Traits
+	}
+	return nil
 }
 
 // Error returns the message; the code is in Code.

@@ -473,6 +473,9 @@ func (j *Job) Run(ctx context.Context, st StageInfo, fn AttemptFunc) error {
 		dur := time.Since(start)
 		v := a.guard.Verdict()
 		class, why := Classify(ctx, err, v)
+		if a.Traits == nil { // a Load that ran out of memory declares them in its error
+			a.Traits = workerkit.TraitsOf(err)
+		}
 		if a.Traits != nil { // what the worker declared at Load: the next attempts' rungs
 			st.Traits = *a.Traits
 			w.mu.Lock()

@@ -62,6 +62,9 @@ func modelDirs(dir string) (enc, fe string, err error) {
 		"load: no feature_extractor/preprocessor_config.json for %s", dir)
 }
 
+// Traits declares the model's traits before a Load succeeds (workerkit.TraitsDeclarer).
+func (w *worker) Traits() *workerkit.ModelTraits { return w.base.Traits() }
+
 // Load opens the runtime of req.Backend and loads the encoder.
 func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerkit.LoadResponse, error) {
 	start := time.Now()

@@ -46,6 +46,9 @@ func classify(err error) error {
 	return modelrt.Classify(err, nn.ErrBadInput, tokenizer.ErrInvalidPrompt)
 }
 
+// Traits declares the model's traits before a Load succeeds (workerkit.TraitsDeclarer).
+func (w *worker) Traits() *workerkit.ModelTraits { return w.base.Traits() }
+
 // Load opens the runtime of req.Backend and loads both text encoders from the snapshot folder
 // req.ModelDir (text_encoder/, text_encoder_2/, tokenizer/, tokenizer_2/).
 func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerkit.LoadResponse, error) {

@@ -45,6 +45,9 @@ func classify(err error) error {
 	return modelrt.Classify(err, dit.ErrMemoryBudget, lora.ErrInvalid, dit.ErrInvalidInput, dit.ErrUnsupportedConfig, dit.ErrBadCheckpoint, sampler.ErrBadRequest)
 }
 
+// Traits declares the model's traits before a Load succeeds (workerkit.TraitsDeclarer).
+func (w *worker) Traits() *workerkit.ModelTraits { return w.base.Traits() }
+
 // Load opens the runtime of req.Backend and loads the transformer from req.ModelDir.
 func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (*workerkit.LoadResponse, error) {
 	w.mu.Lock()

@@ -45,6 +45,9 @@ func classify(err error) error {
 
 // ---- Load ----------------------------------------------------------------------------------
 
+// Traits declares the model's traits before a Load succeeds (workerkit.TraitsDeclarer).
+func (w *worker) Traits() *workerkit.ModelTraits { return w.base.Traits() }
+
 // Load opens the backend and loads the VAE from req.ModelDir (config.json and
 // diffusion_pytorch_model.safetensors, or a sharded checkpoint).
 func (w *worker) Load(ctx context.Context, req *workerkit.LoadRequest) (resp *workerkit.LoadResponse, err error) {

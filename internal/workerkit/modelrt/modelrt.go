@@ -224,18 +224,26 @@ func (b *Base) Loaded(rt *runtime.Runtime, start time.Time, weightBytes int64) *
 	if act == 0 {
 		act = runtime.F32
 	}
-	traits := &workerkit.ModelTraits{BlockStack: b.stack, Convolves: b.conv, Tiles: b.tiles}
-	if n := runtime.DType(b.narrower.Load()); n != 0 {
-		traits.FallbackDTypes = []string{n.ProtoName()}
-	}
 	return &workerkit.LoadResponse{
 		Backend: info.Name, DType: act.ProtoName(),
 		Device:               Device(info),
 		WeightBytes:          uint64(max(weightBytes, 0)),
 		DeviceAllocatedBytes: mem.Allocated,
 		LoadDuration:         d,
-		Traits:               traits,
+		Traits:               b.Traits(),
 	}
+}
+
+// Traits returns the model's traits as the worker knows them (workerkit.TraitsDeclarer): its
+// Config, and the narrower dtype once Activation chose the activations; the stack's length comes
+// with SetResidency. A worker's Traits method returns these, so that a Load that ran out of
+// memory declares them too.
+func (b *Base) Traits() *workerkit.ModelTraits {
+	traits := &workerkit.ModelTraits{BlockStack: b.stack, Convolves: b.conv, Tiles: b.tiles}
+	if n := runtime.DType(b.narrower.Load()); n != 0 {
+		traits.FallbackDTypes = []string{n.ProtoName()}
+	}
+	return traits
 }
 
 // SetResidency records in resp the blocks of the model's stack (Config.BlockStack) kept on the

@@ -2222,8 +2222,13 @@ type Error struct {
 	// available_bytes is what the cap or device had left at that moment
 	// (ERROR_CODE_OUT_OF_MEMORY only).
 	AvailableBytes uint64 `protobuf:"varint,4,opt,name=available_bytes,json=availableBytes,proto3" json:"available_bytes,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// traits is what the model has that a retry can change, on a Load that
+	// ran out of memory (the worker knows them before its weights are in): the
+	// degradation ladder's rungs for a model no Load of which has succeeded
+	// on the lane yet. Unset otherwise.
+	Traits        *ModelTraits `protobuf:"bytes,5,opt,name=traits,proto3" json:"traits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Error) Reset() {
@@ -2284,11 +2289,18 @@ func (x *Error) GetAvailableBytes() uint64 {
 	return 0
 }
 
+func (x *Error) GetTraits() *ModelTraits {
+	if x != nil {
+		return x.Traits
+	}
+	return nil
+}
+
 var File_framepack_worker_v1_run_proto protoreflect.FileDescriptor
 
 const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\n" +
-	"\x1dframepack/worker/v1/run.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1fframepack/worker/v1/stats.proto\x1a framepack/worker/v1/tensor.proto\x1a\x1egoogle/protobuf/duration.proto\"\x9b\x04\n" +
+	"\x1dframepack/worker/v1/run.proto\x12\x13framepack.worker.v1\x1a\x1eframepack/worker/v1/conv.proto\x1a\x1eframepack/worker/v1/load.proto\x1a\x1fframepack/worker/v1/stats.proto\x1a framepack/worker/v1/tensor.proto\x1a\x1egoogle/protobuf/duration.proto\"\x9b\x04\n" +
 	"\n" +
 	"RunRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12I\n" +
@@ -2456,12 +2468,13 @@ const file_framepack_worker_v1_run_proto_rawDesc = "" +
 	"\x06chosen\x18\x02 \x01(\bR\x06chosen\x12.\n" +
 	"\x13peak_estimate_bytes\x18\x03 \x01(\x04R\x11peakEstimateBytes\x12!\n" +
 	"\fbudget_bytes\x18\x04 \x01(\x04R\vbudgetBytes\x12\x12\n" +
-	"\x04runs\x18\x05 \x01(\rR\x04runs\"\xa7\x01\n" +
+	"\x04runs\x18\x05 \x01(\rR\x04runs\"\xe1\x01\n" +
 	"\x05Error\x122\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x1e.framepack.worker.v1.ErrorCodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12'\n" +
 	"\x0frequested_bytes\x18\x03 \x01(\x04R\x0erequestedBytes\x12'\n" +
-	"\x0favailable_bytes\x18\x04 \x01(\x04R\x0eavailableBytes*o\n" +
+	"\x0favailable_bytes\x18\x04 \x01(\x04R\x0eavailableBytes\x128\n" +
+	"\x06traits\x18\x05 \x01(\v2 .framepack.worker.v1.ModelTraitsR\x06traits*o\n" +
 	"\x0eSamplerVariant\x12\x1f\n" +
 	"\x1bSAMPLER_VARIANT_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19SAMPLER_VARIANT_UNIPC_BH1\x10\x01\x12\x1d\n" +
@@ -2528,6 +2541,7 @@ var file_framepack_worker_v1_run_proto_goTypes = []any{
 	(ConvTier)(0),                     // 25: framepack.worker.v1.ConvTier
 	(ConvOutcome)(0),                  // 26: framepack.worker.v1.ConvOutcome
 	(*StatsResponse)(nil),             // 27: framepack.worker.v1.StatsResponse
+	(*ModelTraits)(nil),               // 28: framepack.worker.v1.ModelTraits
 }
 var file_framepack_worker_v1_run_proto_depIdxs = []int32{
 	5,  // 0: framepack.worker.v1.RunRequest.text_encode:type_name -> framepack.worker.v1.TextEncodeRequest
@@ -2599,11 +2613,12 @@ var file_framepack_worker_v1_run_proto_depIdxs = []int32{
 	20, // 66: framepack.worker.v1.Result.vae_tiling:type_name -> framepack.worker.v1.VaeTilingUsed
 	7,  // 67: framepack.worker.v1.VaeTilingUsed.tiling:type_name -> framepack.worker.v1.VaeTiling
 	3,  // 68: framepack.worker.v1.Error.code:type_name -> framepack.worker.v1.ErrorCode
-	69, // [69:69] is the sub-list for method output_type
-	69, // [69:69] is the sub-list for method input_type
-	69, // [69:69] is the sub-list for extension type_name
-	69, // [69:69] is the sub-list for extension extendee
-	0,  // [0:69] is the sub-list for field type_name
+	28, // 69: framepack.worker.v1.Error.traits:type_name -> framepack.worker.v1.ModelTraits
+	70, // [70:70] is the sub-list for method output_type
+	70, // [70:70] is the sub-list for method input_type
+	70, // [70:70] is the sub-list for extension type_name
+	70, // [70:70] is the sub-list for extension extendee
+	0,  // [0:70] is the sub-list for field type_name
 }
 
 func init() { file_framepack_worker_v1_run_proto_init() }
@@ -2612,6 +2627,7 @@ func file_framepack_worker_v1_run_proto_init() {
 		return
 	}
 	file_framepack_worker_v1_conv_proto_init()
+	file_framepack_worker_v1_load_proto_init()
 	file_framepack_worker_v1_stats_proto_init()
 	file_framepack_worker_v1_tensor_proto_init()
 	file_framepack_worker_v1_run_proto_msgTypes[0].OneofWrappers = []any{
