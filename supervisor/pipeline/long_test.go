@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
+	"github.com/framepackd/framepackd/supervisor/pipeline"
 	"github.com/framepackd/framepackd/supervisor/video"
 )
 
@@ -68,6 +69,7 @@ func TestLongJobLinearWrites(t *testing.T) {
 	seen := fileSizes(t, dir)
 	var perSection, histSizes []int64
 	var total, other int64
+	condWrites := 0 // the conditioning file: the job's encoded inputs, written once
 	last, err := watch(ctx, c, id, func(ev *framepackv1.JobEvent) bool {
 		if ev.GetSectionVideo() == nil {
 			return true
@@ -77,9 +79,12 @@ func TestLongJobLinearWrites(t *testing.T) {
 		for p, st := range now {
 			if old, ok := seen[p]; (!ok || old != st) && !strings.HasSuffix(p, ".jsonl") && !strings.HasSuffix(p, ".db") {
 				n += st[0]
-				if strings.Contains(p, string(filepath.Separator)+"history"+string(filepath.Separator)+"section-") {
+				switch {
+				case strings.Contains(p, string(filepath.Separator)+"history"+string(filepath.Separator)+"section-"):
 					histSizes = append(histSizes, st[0])
-				} else {
+				case filepath.Base(p) == pipeline.ConditioningFile:
+					condWrites++
+				default:
 					other += st[0]
 				}
 			}
@@ -126,7 +131,12 @@ func TestLongJobLinearWrites(t *testing.T) {
 		t.Errorf("history file sizes %v: want one per section, the same size but for a few bytes of segment names", histSizes)
 	}
 	// Each frame is encoded into its segment once and the segments joined once, besides the
-	// small settings and parts files of each section.
+	// small settings and parts files of each section (and the thumbnail). The conditioning file
+	// (the encoded prompt and images, 160 KB here) is neither video nor a section's: it is written
+	// once, before the first section, and counted apart.
+	if condWrites != 1 {
+		t.Errorf("the conditioning file was written %d times, want once", condWrites)
+	}
 	if other > 2*videoBytes+int64(n)*16<<10 {
 		t.Errorf("the job wrote %d bytes of video and other files for a %d-byte video: more than each frame encoded and joined once", other, videoBytes)
 	}
