@@ -12,8 +12,9 @@
  *      directly: out = GELU?(alpha · s_a[m] · s_w[n] · Σ q(a)·q(w) + bias[n]) in out's dtype, the
  *      scales as its A/B scale pointers — one scalar each when both are per tensor, else
  *      cuBLAS 12.9's outer-vector mode with both as vectors (a per-tensor one repeated) — and the
- *      bias and GELU as its epilogue for 16-bit outputs (an f32 output gets them from a kernel
- *      after: the fp8 kernels read a bias in 16 bits only). Each such variant (scalar or vector
+ *      bias and GELU as its epilogue for 16-bit outputs (an f32 output, or a 16-bit one whose
+ *      epilogue variant is off, gets them from a kernel after: the fp8 kernels read a bias in 16
+ *      bits only). Each such variant (scalar or vector
  *      scales, output dtype, epilogue, weight type) is self-checked before its first use; one the
  *      library refuses (an older cuBLAS, no algorithm for the shape) or that fails its check goes
  *      to step 3.
@@ -505,37 +506,49 @@ static fpk_status q8_direct_ready(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
 }
 
 /* Step 2: out straight from cuBLASLt (sa [M] the activations' scales, swv [N] scratch for a
- * per-tensor weight scale as a vector). FPK_ERR_UNAVAILABLE when the variant is off or cuBLASLt
- * declines this shape: nothing was written then. */
+ * per-tensor weight scale as a vector). A 16-bit output takes the bias and GELU in cuBLASLt's
+ * epilogue, or, where that variant is off, from a kernel after the product. FPK_ERR_UNAVAILABLE
+ * when no variant serves or cuBLASLt declines this shape: nothing was written then. */
 static fpk_status q8_direct(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_q_params *p,
                             const uint8_t *aq, const float *sa, float *swv, int64_t M, int64_t N, int64_t K, const fpk_gt *w,
                             const fpk_gt *w_scale, const fpk_gt *bias, const fpk_gt *out) {
     const int sw_rows = w_scale && w_scale->shape[0] != 1;
     const int vec = p->act_quant == FPK_ACT_QUANT_TOKEN || sw_rows;
     const int gelu = p->epilogue == FPK_GEMM_EPILOGUE_GELU_TANH;
-    const int lt_epi = out->dtype != FPK_F32; /* cuBLASLt's fp8 kernels add a 16-bit bias only */
-    const int epi = lt_epi ? (bias ? 1 : 0) | (gelu ? 2 : 0) : 0;
-    int ready = 0;
-    FPK_TRY(q8_direct_ready(c, st, sf, vec, out->dtype, epi, w->dtype, &ready));
-    if (!ready) return FPK_ERR_UNAVAILABLE;
+    /* the epilogues to try: cuBLASLt's (a 16-bit output only: its fp8 kernels add a 16-bit bias),
+     * then none (a kernel adds them) */
+    const int full = out->dtype != FPK_F32 ? (bias ? 1 : 0) | (gelu ? 2 : 0) : 0;
+    const int epis[2] = {full, 0}, tries = full ? 2 : 1;
     const float *wsd = w_scale ? (const float *)w_scale->data : NULL, *sw = wsd;
-    if (!sw_rows && (vec || !wsd)) { /* the per-tensor weight scale (or 1) as N values, or the unit scalar */
-        int64_t n = vec ? N : 1;
-        k_fill_scale<<<fpk_blocks(n), FPK_BLOCK, 0, st>>>(swv, n, wsd);
-        FPK_TRY(fpk_gpu_launched("gemm q: weight scales"));
-        sw = swv;
+    int filled = 0;
+    for (int t = 0; t < tries; t++) {
+        const int epi = epis[t];
+        int ready = 0;
+        FPK_TRY(q8_direct_ready(c, st, sf, vec, out->dtype, epi, w->dtype, &ready));
+        if (!ready) continue;
+        if (!sw_rows && (vec || !wsd) && !filled) { /* the per-tensor weight scale (or 1) as N values, or the unit scalar */
+            int64_t n = vec ? N : 1;
+            k_fill_scale<<<fpk_blocks(n), FPK_BLOCK, 0, st>>>(swv, n, wsd);
+            FPK_TRY(fpk_gpu_launched("gemm q: weight scales"));
+            sw = swv;
+            filled = 1;
+        }
+        fpk_fp8_gemm_desc g;
+        memset(&g, 0, sizeof g);
+        g.M = M, g.N = N, g.K = K, g.aq = aq, g.wq = (const uint8_t *)w->data, g.wdt = w->dtype;
+        g.scales = vec ? FPK_FP8_SCALES_OUTER : FPK_FP8_SCALES_SCALAR, g.sa = sa, g.sw = sw;
+        g.alpha = p->alpha != 0 ? p->alpha : 1.0f;
+        g.bias = (epi & 1) ? bias->data : NULL, g.bias_dt = bias ? bias->dtype : 0, g.gelu = (epi & 2) != 0;
+        g.d = out->data, g.ddt = out->dtype;
+        fpk_status s = fpk_vendor_gemm_fp8_lt(c, st, sf, &g);
+        if (s == FPK_ERR_UNAVAILABLE) continue;
+        FPK_TRY(s);
+        if (epi == 0 && (bias || gelu))
+            return fpk_gpu_bias_gelu_cols(st, out->data, out->dtype, N, M, 0, N, bias ? bias->data : NULL, bias ? bias->dtype : 0,
+                                          gelu);
+        return FPK_OK;
     }
-    fpk_fp8_gemm_desc g;
-    memset(&g, 0, sizeof g);
-    g.M = M, g.N = N, g.K = K, g.aq = aq, g.wq = (const uint8_t *)w->data, g.wdt = w->dtype;
-    g.scales = vec ? FPK_FP8_SCALES_OUTER : FPK_FP8_SCALES_SCALAR, g.sa = sa, g.sw = sw;
-    g.alpha = p->alpha != 0 ? p->alpha : 1.0f;
-    g.bias = lt_epi && bias ? bias->data : NULL, g.bias_dt = bias ? bias->dtype : 0, g.gelu = lt_epi && gelu;
-    g.d = out->data, g.ddt = out->dtype;
-    FPK_TRY(fpk_vendor_gemm_fp8_lt(c, st, sf, &g));
-    if (!lt_epi && (bias || gelu))
-        return fpk_gpu_bias_gelu_cols(st, out->data, out->dtype, N, M, 0, N, bias ? bias->data : NULL, bias ? bias->dtype : 0, gelu);
-    return FPK_OK;
+    return FPK_ERR_UNAVAILABLE;
 }
 
 /* Most bytes of f32 product per chunk of rows. */
