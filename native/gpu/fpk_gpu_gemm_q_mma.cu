@@ -9,7 +9,7 @@
  *      maxima into one, then the bytes). Every row's s_a is written, so both modes hand the
  *      product a vector of M scales.
  *   2. On NVIDIA (compute capability 8.9 and later: Ada, Hopper), cuBLASLt's FP8 matmul writes out
- *      directly: out = GELU?(alpha · s_a[m] · s_w[n] · Σ q(a)·q(w) + bias[n]) in out's dtype, the
+ *      directly (alpha 1): out = GELU?(s_a[m] · s_w[n] · Σ q(a)·q(w) + bias[n]) in out's dtype, the
  *      scales as its A/B scale pointers — one scalar each when both are per tensor, else
  *      cuBLAS 12.9's outer-vector mode with both as vectors (a per-tensor one repeated) — and the
  *      bias and GELU as its epilogue for 16-bit outputs (an f32 output, or a 16-bit one whose
@@ -370,10 +370,11 @@ static fpk_status q8_self_check(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_s
 
 static const char *q8_dt_name(int dt) { return dt == FPK_F32 ? "f32" : dt == FPK_F16 ? "f16" : dt == FPK_BF16 ? "bf16" : "?"; }
 
-/* A direct variant's self-check: cuBLASLt writes out (dtype odt) = epilogue(alpha · sa[m] · sw[n] ·
+/* A direct variant's self-check: cuBLASLt writes out (dtype odt) = epilogue(sa[m] · sw[n] ·
  * Σ q(a)·q(w) + bias[n]) for the self-check's operands, with scales that differ per row and per
- * column (vec; else one scalar each), alpha 0.5, a bias (bit 1 of epi) of values exact in 16 bits
- * handed over in f32 (so the conversion into out's dtype runs too) and GELU (bit 2); the
+ * column (vec; else one scalar each), alpha 1 (q8_direct runs nothing else), a bias (bit 1 of
+ * epi) of values exact in 16 bits handed over in f32 (so the conversion into out's dtype runs
+ * too) and GELU (bit 2); the
  * reference kernel's product gets the same on the host in double. *ok when every output was
  * written and the relative L2 distance is at most 1e-3 (f32) or 1e-2 (16-bit: one rounding of
  * the output, and of the bias). A variant cuBLASLt refuses (FPK_ERR_UNAVAILABLE) is *ok false
@@ -416,7 +417,7 @@ static fpk_status q8_direct_check(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
         fpk_fp8_gemm_desc g;
         memset(&g, 0, sizeof g);
         g.M = M, g.N = N, g.K = K, g.aq = aq, g.wq = wq, g.wdt = wdt;
-        g.scales = vec ? FPK_FP8_SCALES_OUTER : FPK_FP8_SCALES_SCALAR, g.sa = sa, g.sw = sw, g.alpha = 0.5f;
+        g.scales = vec ? FPK_FP8_SCALES_OUTER : FPK_FP8_SCALES_SCALAR, g.sa = sa, g.sw = sw, g.alpha = 1.f;
         g.bias = bias ? b : NULL, g.bias_dt = FPK_F32, g.gelu = gelu, g.d = d, g.ddt = odt;
         if (s == FPK_OK) s = fpk_vendor_gemm_fp8_lt(c, st, sf, &g);
         if (s == FPK_OK) s = fpk_gpu_convert(st, df, FPK_F32, d, odt, nd);
@@ -435,7 +436,7 @@ static fpk_status q8_direct_check(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
     }
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
-            double v = 0.5 * (double)hr[m * N + n] * hsa[vec ? m : 0] * hsw[vec ? n : 0] + (bias ? hb[n] : 0.0);
+            double v = (double)hr[m * N + n] * hsa[vec ? m : 0] * hsw[vec ? n : 0] + (bias ? hb[n] : 0.0);
             if (gelu) v = 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
             hwant[m * N + n] = (float)v;
         }
@@ -515,6 +516,7 @@ static fpk_status q8_direct(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
     const int sw_rows = w_scale && w_scale->shape[0] != 1;
     const int vec = p->act_quant == FPK_ACT_QUANT_TOKEN || sw_rows;
     const int gelu = p->epilogue == FPK_GEMM_EPILOGUE_GELU_TANH;
+    if (p->alpha != 0 && p->alpha != 1.0f) return FPK_ERR_UNAVAILABLE; /* the self-checks ran with alpha 1 (as LinearQ's) */
     /* the epilogues to try: cuBLASLt's (a 16-bit output only: its fp8 kernels add a 16-bit bias),
      * then none (a kernel adds them) */
     const int full = out->dtype != FPK_F32 ? (bias ? 1 : 0) | (gelu ? 2 : 0) : 0;
@@ -537,7 +539,7 @@ static fpk_status q8_direct(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
         memset(&g, 0, sizeof g);
         g.M = M, g.N = N, g.K = K, g.aq = aq, g.wq = (const uint8_t *)w->data, g.wdt = w->dtype;
         g.scales = vec ? FPK_FP8_SCALES_OUTER : FPK_FP8_SCALES_SCALAR, g.sa = sa, g.sw = sw;
-        g.alpha = p->alpha != 0 ? p->alpha : 1.0f;
+        g.alpha = 1.f;
         g.bias = (epi & 1) ? bias->data : NULL, g.bias_dt = bias ? bias->dtype : 0, g.gelu = (epi & 2) != 0;
         g.d = out->data, g.ddt = out->dtype;
         fpk_status s = fpk_vendor_gemm_fp8_lt(c, st, sf, &g);
