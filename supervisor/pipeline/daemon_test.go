@@ -27,6 +27,7 @@ import (
 	"github.com/framepackd/framepackd/supervisor/api"
 	"github.com/framepackd/framepackd/supervisor/lanes"
 	"github.com/framepackd/framepackd/supervisor/pipeline"
+	"github.com/framepackd/framepackd/supervisor/video"
 )
 
 // daemonEnv turns the test binary into a framepackd process (the supervisor a test kills):
@@ -50,6 +51,8 @@ type daemonOpts struct {
 	KeepHistory bool                   `json:"keep_history"`
 	Residency   bool                   `json:"residency"`
 	NoPreviews  bool                   `json:"no_previews"`
+	// NoFFmpeg runs the daemon as on a machine without ffmpeg: videos are PNG frame folders.
+	NoFFmpeg bool `json:"no_ffmpeg"`
 	// DeviceMemory is the lane's device memory (lanes.Config.DeviceMemory); 0: no worker cap.
 	DeviceMemory uint64 `json:"device_memory"`
 	// KeepAlive is the runner's keep-alive for jobs without their own (pipeline.Config), and
@@ -129,7 +132,11 @@ func newDaemon(o daemonOpts, log *logrus.Logger) (*api.Daemon, error) {
 	if err != nil {
 		return nil, err
 	}
-	runner, err := pipeline.New(pipeline.Config{Models: models, Shm: root, Log: log,
+	var vw *video.Writer
+	if o.NoFFmpeg {
+		vw = &video.Writer{LookPath: func(string) (string, error) { return "", exec.ErrNotFound }}
+	}
+	runner, err := pipeline.New(pipeline.Config{Models: models, Shm: root, Log: log, Video: vw,
 		Lane: func(name string) (*lanes.Lane, error) {
 			if name != laneName {
 				return nil, fmt.Errorf("no lane %q", name)

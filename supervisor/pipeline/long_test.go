@@ -155,3 +155,57 @@ func TestLongJobLinearWrites(t *testing.T) {
 		t.Fatalf("the linear job's video (%d bytes of frames) differs from the whole-history job's (%d)", len(a), len(b))
 	}
 }
+
+// TestPNGFramesWithoutFFmpeg runs a three-section job on a daemon without ffmpeg (as on a
+// machine where it is not installed): every section's video is a folder of PNG frames, the
+// checkpoint after each section names the video so far by its MP4 name (its parts file is
+// written beside that name, its frames are joined into the .frames folder at the end), and
+// the job's video holds one PNG per frame, the same frames as the same job keeping every
+// section's history.
+func TestPNGFramesWithoutFFmpeg(t *testing.T) {
+	jc := firstCase(t)
+	jc.spec = proto.Clone(jc.spec).(*framepackv1.JobSpec)
+	jc.spec.TotalSecondLength, jc.spec.LatentWindowSize, jc.spec.Steps = 1.2, 3, 1 // 3 sections
+	workers := buildWorkers(t)
+	var results []*framepackv1.JobResult
+	for _, keepHistory := range []bool{false, true} {
+		o := newOpts(t, workers)
+		o.KeepHistory, o.NoPreviews, o.NoFFmpeg = keepHistory, true, true
+		d, err := newDaemon(o, testLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		job, evs := runJob(t, jc, o.Socket)
+		d.Kill()
+		sections := 0
+		for _, ev := range evs {
+			if ev.GetSectionVideo() != nil {
+				sections++
+			}
+		}
+		res := job.GetResult()
+		if sections < 3 {
+			t.Fatalf("%d sections, want 3", sections)
+		}
+		if !strings.HasSuffix(res.GetVideoPath(), video.FramesDirExt) {
+			t.Fatalf("video %q: want a PNG frames folder", res.GetVideoPath())
+		}
+		pngs, err := filepath.Glob(filepath.Join(res.GetVideoPath(), "*.png"))
+		if err != nil || len(pngs) != int(res.GetFrameCount()) || len(pngs) == 0 {
+			t.Fatalf("%d PNG files for %d frames (%v)", len(pngs), res.GetFrameCount(), err)
+		}
+		results = append(results, res)
+	}
+	ctx := t.Context()
+	a, err := (&video.Writer{}).ReadFrames(ctx, results[0].GetVideoPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := (&video.Writer{}).ReadFrames(ctx, results[1].GetVideoPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(a, b) {
+		t.Fatalf("the PNG job's frames (%d bytes) differ from the whole-history job's (%d)", len(a), len(b))
+	}
+}

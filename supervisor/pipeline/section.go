@@ -402,10 +402,10 @@ func (j *jobRun) saveSection(ctx context.Context, h *history, pending, final vol
 	if err := video.WriteParts(name, parts); err != nil {
 		return video.Output{}, err
 	}
+	// Until it is joined the video so far is named by its MP4 name in either format: its parts
+	// file is written beside that name, and video.Writer.Materialize makes the MP4 or, without
+	// ffmpeg, the PNG folder (video.FramesDir) from it when it is first read.
 	out := video.Output{Path: name, Format: format, Frames: parts.Frames + parts.PendingFrames}
-	if format == video.FormatPNG {
-		out.Path = video.FramesDir(name)
-	}
 	if h.section == j.total-1 || j.r.cfg.KeepSectionVideos {
 		if out, err = j.r.cfg.Video.Join(ctx, name, parts); err != nil {
 			return video.Output{}, err
