@@ -35,7 +35,9 @@
 #         an e5m2 block-wise checkpoint, the footprint; with PyTorch and third_party_ref/ the
 #         float64 reference testdata/reference/gen_fp8.py writes (copied to $OUT/fp8_reference)
 #         and its parity test; then BenchmarkLinearFP8 (one Linear at full size: bf16 against fp8
-#         weight-only, per tensor, per token)
+#         weight-only, per tensor, per token); cuBLASLt's trace of TestLinearQ and one bench pass
+#         says which fp8 matmuls ran (cublaslt-fp8.log, summarized: the direct bf16 output with
+#         outer-vector scales, or the f32 fallback)
 # bench   full-size speed table against PyTorch on the same GPU (scripts/gpubench), then a per-op
 #         profile of the transformer (profile-transformer.json; BENCH_PROFILE=0 skips it), needs
 #         third_party_ref/ (diffusers + FramePack's diffusers_helper sources, git-ignored; scripts/gpubench/third_party_ref.sh packs them)
@@ -109,6 +111,26 @@ gotest() { # name pkgdir binary limit args...
 	local rc=$?
 	[ $rc -ne 0 ] && status=1
 	return $rc
+}
+
+# One line per kind of cuBLASLt FP8 matmul in a CUBLASLT_LOG_FILE (phase fp8): its count, D's
+# descriptor, the scale modes and the epilogue as the trace names them; the trace's first lines
+# when it has none in that form, and its errors.
+lt_fp8_summary() {
+	local f=$1
+	if [ ! -s "$f" ]; then
+		echo "cuBLASLt fp8 trace: no log written ($f)"
+		return
+	fi
+	echo "cuBLASLt fp8 matmuls (count, D, scale modes, epilogue):"
+	local lines
+	lines=$(grep 'cublasLtMatmul\]' "$f" | grep 'R_8F' | while IFS= read -r l; do
+		d=$(grep -o 'Ddesc=\[[^]]*\]' <<<"$l" | head -1 | sed -E 's/ (ld|order|batchCount|strideB?|batchStride)=[^] ]*//g')
+		m=$(grep -oiE '[a-z]*(scalemode|scale_mode|epilogue)[a-z]*=[A-Za-z0-9_]+' <<<"$l" | tr '\n' ' ')
+		echo "$d $m"
+	done | sort | uniq -c | sort -rn | head -20)
+	if [ -n "$lines" ]; then echo "$lines"; else grep -m3 'R_8F' "$f" | cut -c1-700; fi
+	grep -m5 -i '\[error\]' "$f" | cut -c1-400
 }
 
 for phase in "${phases[@]}"; do
@@ -312,6 +334,14 @@ for phase in "${phases[@]}"; do
 		chmod +x "$BIN"/*-worker 2>/dev/null
 		export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
 		gotest "fp8 ops" internal/runtime runtime.test 300 -test.run 'FP8|LinearQ' -test.v -fp8.require-mma
+		# which cuBLASLt fp8 calls served: cuBLASLt's own trace (its CUBLASLT_LOG_* variables) of
+		# TestLinearQ and one pass of BenchmarkLinearFP8, summarized by D's layout, scale modes and
+		# epilogue: the direct path writes D in the activations' type (R_16BF at the bench's
+		# 12288 x 17226) with OUTER_VEC scales; its fallback writes R_32F chunks with unit scales
+		rm -f "$OUT/cublaslt-fp8.log"
+		CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_MASK=3 CUBLASLT_LOG_FILE="$OUT/cublaslt-fp8.log" gotest "fp8 cuBLASLt trace" \
+			internal/runtime runtime.test 300 -test.run 'TestLinearQ$' -test.bench 'LinearFP8' -test.benchtime 1x -test.v
+		lt_fp8_summary "$OUT/cublaslt-fp8.log" | tee -a "$SUMMARY" >>"$LOG"
 		if [ -d third_party_ref ] && python3 -c 'import torch, safetensors' 2>/dev/null; then
 			run "fp8 reference (gen_fp8.py)" 590 python3 testdata/reference/gen_fp8.py --third-party third_party_ref
 			mkdir -p "$OUT/fp8_reference" && cp testdata/reference/cases/fp8_reference.* "$OUT/fp8_reference/" 2>/dev/null

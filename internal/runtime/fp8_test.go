@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"flag"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"path/filepath"
@@ -157,36 +158,108 @@ func TestFP8CastMatchesTorch(t *testing.T) {
 var requireFP8MMA = flag.Bool("fp8.require-mma", false, "TestLinearQ: the fp8 x fp8 path must serve per-channel weights")
 
 // TestLinearQ checks LinearQ in every compute mode against float64: a weight [N, K] in e4m3 with
-// per-channel and block-wise scales, activations taken as they are (weight-only) or quantized to
-// e4m3 per tensor or per token with s = max|x|/448 in f32 and q = e4m3(clamp(x/s, ±448)), the
-// bias and GELU epilogue, f32 and bf16 activations; and the stats count the mode that served. The
-// cpu backend serves every mode; a GPU falls back to weight-only where it has no fp8 × fp8 path
-// (block-wise scales always), and the output is then checked against the weight-only reference.
+// per-channel, per-tensor and block-wise scales, activations taken as they are (weight-only) or
+// quantized to e4m3 per tensor or per token with s = max|x|/448 in f32 and q = e4m3(clamp(x/s,
+// ±448)), with the bias and GELU epilogue and with neither, f32 and bf16 activations, at two
+// sizes (N 20: rows of an odd byte length, which cuBLASLt's direct fp8 output declines; N 48 with
+// K 96: one it takes); and the stats count the mode that served. The cpu backend serves every
+// mode; a GPU falls back to weight-only where it has no fp8 × fp8 path (block-wise scales
+// always), and the output is then checked against the weight-only reference.
 func TestLinearQ(t *testing.T) {
 	rt := newTestRuntime(t, Options{})
 	r := rand.New(rand.NewPCG(7, 8))
-	const M, N, K, block = 6, 20, 64, 16
-	xv := make([]float32, 2*M*K) // [2, M, K]: the batch dims flatten
-	for i := range xv {
-		xv[i] = float32(r.NormFloat64() * (1 + float64(i%K)/8))
-	}
-	wq := make([]byte, N*K)
-	for i := range wq {
-		wq[i] = byte(r.IntN(256))
-		if wq[i]&0x7f == 0x7f { // no NaN weights
-			wq[i] = 0x3c
+	for _, size := range []struct{ M, N, K, block int }{{6, 20, 64, 16}, {5, 48, 96, 32}} {
+		M, N, K := size.M, size.N, size.K
+		xv := make([]float32, 2*M*K) // [2, M, K]: the batch dims flatten
+		for i := range xv {
+			xv[i] = float32(r.NormFloat64() * (1 + float64(i%K)/8))
+		}
+		wq := make([]byte, N*K)
+		for i := range wq {
+			wq[i] = byte(r.IntN(256))
+			if wq[i]&0x7f == 0x7f { // no NaN weights
+				wq[i] = 0x3c
+			}
+		}
+		bias := make([]float32, N)
+		for i := range bias {
+			bias[i] = float32(r.NormFloat64())
+		}
+		for _, sc := range []struct {
+			name       string
+			rows, nb   int
+			bias, gelu bool
+		}{
+			{"per channel", N, 1, true, true}, {"per channel, no epilogue", N, 1, false, false},
+			{"per tensor", 1, 1, true, true}, {"per tensor, bias only", 1, 1, true, false},
+			{"block-wise", N, K / size.block, true, true},
+		} {
+			name := fmt.Sprintf("%dx%dx%d %s", M, N, K, sc.name)
+			sv := make([]float32, sc.rows*sc.nb)
+			for i := range sv {
+				sv[i] = float32(0.01 + r.Float64())
+			}
+			w, err := rt.FromBytes(F8E4M3, F8E4M3, wq, N, K)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s, err := rt.FromFloat32(sv, sc.rows, sc.nb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			deqw := make([]float64, N*K)
+			for n := range N {
+				srow := n
+				if sc.rows == 1 {
+					srow = 0
+				}
+				for k := range K {
+					deqw[n*K+k] = float64(safetensors.E4M3ToF32(wq[n*K+k])) * float64(sv[srow*sc.nb+k/(K/sc.nb)])
+				}
+			}
+			epi := EpilogueNone
+			if sc.gelu {
+				epi = EpilogueGELUTanh
+			}
+			for _, mode := range []FP8Compute{FP8WeightOnly, FP8ActPerTensor, FP8ActPerToken} {
+				for _, adt := range []DType{F32, BF16} {
+					checkLinearQ(t, rt, linearQCase{name: name, M: M, N: N, K: K, x: xv, bias: bias, useBias: sc.bias, epi: epi,
+						w: w, s: s, deqw: deqw, mode: mode, adt: adt, perChannelOrTensor: sc.nb == 1})
+				}
+			}
+			w.Free()
+			s.Free()
 		}
 	}
-	bias := make([]float32, N)
-	for i := range bias {
-		bias[i] = float32(r.NormFloat64())
-	}
+	rt.SetFP8Compute(FP8WeightOnly)
+}
+
+// linearQCase is one LinearQ call of TestLinearQ: x [2, M, K] (f32 values), the weight w and its
+// scales s, deqw the dequantized weight in float64, the bias (when useBias) and epilogue, the
+// compute mode and the activation dtype.
+type linearQCase struct {
+	name               string
+	M, N, K            int
+	x, bias            []float32
+	useBias            bool
+	epi                GemmEpilogue
+	w, s               *Tensor
+	deqw               []float64
+	mode               FP8Compute
+	adt                DType
+	perChannelOrTensor bool // scales an fp8 x fp8 path must serve (-fp8.require-mma)
+}
+
+func checkLinearQ(t *testing.T, rt *Runtime, c linearQCase) {
+	t.Helper()
+	M, N, K := c.M, c.N, c.K
+	label := fmt.Sprintf("%s %s %s", c.name, c.mode, c.adt)
 	quant := func(v []float32, s float32) []float64 {
-		c := make([]float32, len(v))
+		cl := make([]float32, len(v))
 		for i, x := range v {
-			c[i] = max(-448, min(448, x/s))
+			cl[i] = max(-448, min(448, x/s))
 		}
-		q, err := rt.FromFloat32As(F8E4M3, c, len(c))
+		q, err := rt.FromFloat32As(F8E4M3, cl, len(cl))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -208,114 +281,98 @@ func TestLinearQ(t *testing.T) {
 		}
 		return m / 448
 	}
-	for _, sc := range []struct {
-		name string
-		nb   int
-	}{{"per channel", 1}, {"block-wise", K / block}} {
-		sv := make([]float32, N*sc.nb)
-		for i := range sv {
-			sv[i] = float32(0.01 + r.Float64())
+	xin := c.x
+	if c.adt == BF16 { // the reference sees the bf16 values
+		xin = make([]float32, len(c.x))
+		for i, x := range c.x {
+			xin[i] = safetensors.BF16ToF32(safetensors.F32ToBF16(x))
 		}
-		w, err := rt.FromBytes(F8E4M3, F8E4M3, wq, N, K)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := rt.FromFloat32(sv, N, sc.nb)
-		if err != nil {
-			t.Fatal(err)
-		}
-		deqw := make([]float64, N*K)
-		for n := range N {
-			for k := range K {
-				deqw[n*K+k] = float64(safetensors.E4M3ToF32(wq[n*K+k])) * float64(sv[n*sc.nb+k/(K/sc.nb)])
-			}
-		}
-		for _, mode := range []FP8Compute{FP8WeightOnly, FP8ActPerTensor, FP8ActPerToken} {
-			for _, adt := range []DType{F32, BF16} {
-				xin := xv
-				if adt == BF16 { // the reference sees the bf16 values
-					xin = make([]float32, len(xv))
-					for i, x := range xv {
-						xin[i] = safetensors.BF16ToF32(safetensors.F32ToBF16(x))
-					}
-				}
-				ref := func(xq []float64) []float64 {
-					want := make([]float64, 2*M*N)
-					for row := range 2 * M {
-						for n := range N {
-							acc := float64(bias[n])
-							for k := range K {
-								acc += xq[row*K+k] * deqw[n*K+k]
-							}
-							want[row*N+n] = 0.5 * acc * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(acc+0.044715*acc*acc*acc)))
-						}
-					}
-					return want
-				}
-				var xq []float64
-				switch mode {
-				case FP8WeightOnly:
-					xq = toF64(xin)
-				case FP8ActPerTensor:
-					xq = quant(xin, scaleOf(xin))
-				case FP8ActPerToken:
-					for row := range 2 * M {
-						xq = append(xq, quant(xin[row*K:(row+1)*K], scaleOf(xin[row*K:(row+1)*K]))...)
-					}
-				}
-				want := ref(xq)
-				x, err := rt.FromFloat32As(adt, xin, 2, M, K)
-				if err != nil {
-					t.Fatal(err)
-				}
-				b, err := rt.FromFloat32As(adt, bias, N)
-				if err != nil {
-					t.Fatal(err)
-				}
-				rt.SetFP8Compute(mode)
-				before := rt.FP8Stats()
-				y, err := rt.LinearQ(x, w, s, b, EpilogueGELUTanh)
-				x.Free()
-				b.Free()
-				if err != nil {
-					t.Fatalf("%s %s %s: %v", sc.name, mode, adt, err)
-				}
-				if y.DType() != adt || !equalInts(y.Shape(), []int{2, M, N}) {
-					t.Fatalf("%s %s %s: out %s", sc.name, mode, adt, y)
-				}
-				got := values(t, y)
-				y.Free()
-				after := rt.FP8Stats()
-				served := [3]uint64{after.WeightOnly - before.WeightOnly, after.PerTensor - before.PerTensor, after.PerToken - before.PerToken}
-				fell := after.FellBack != before.FellBack
-				host := rt.Backend().IsHost
-				servedBy := mode
-				switch {
-				case fell && (host || (*requireFP8MMA && sc.nb == 1)):
-					t.Errorf("%s %s %s: fell back to weight-only (stats %+v → %+v)", sc.name, mode, adt, before, after)
-				case fell:
-					t.Logf("%s %s %s: no fp8 x fp8 path here, weight-only served", sc.name, mode, adt)
-					want, servedBy = ref(toF64(xin)), FP8WeightOnly
-				}
-				if served[servedBy] != 1 {
-					t.Errorf("%s %s: stats %+v → %+v", sc.name, mode, before, after)
-				}
-				tol := 1e-6
-				switch {
-				case adt == BF16:
-					tol = 8e-3 // one bf16 rounding of the output (and of the widened weight on a GPU)
-				case !host:
-					tol = 1e-4 // f32 sums in another order (and the matrix units' fp8 accumulation)
-				}
-				if d := relL2(got, want); d > tol {
-					t.Errorf("%s %s %s: rel L2 %.3g > %g", sc.name, mode, adt, d, tol)
-				}
-			}
-		}
-		w.Free()
-		s.Free()
 	}
-	rt.SetFP8Compute(FP8WeightOnly)
+	ref := func(xq []float64) []float64 {
+		want := make([]float64, 2*M*N)
+		for row := range 2 * M {
+			for n := range N {
+				acc := 0.0
+				if c.useBias {
+					acc = float64(c.bias[n])
+				}
+				for k := range K {
+					acc += xq[row*K+k] * c.deqw[n*K+k]
+				}
+				if c.epi == EpilogueGELUTanh {
+					acc = 0.5 * acc * (1 + math.Tanh(math.Sqrt(2/math.Pi)*(acc+0.044715*acc*acc*acc)))
+				}
+				want[row*N+n] = acc
+			}
+		}
+		return want
+	}
+	var xq []float64
+	switch c.mode {
+	case FP8WeightOnly:
+		xq = toF64(xin)
+	case FP8ActPerTensor:
+		xq = quant(xin, scaleOf(xin))
+	case FP8ActPerToken:
+		for row := range 2 * M {
+			xq = append(xq, quant(xin[row*K:(row+1)*K], scaleOf(xin[row*K:(row+1)*K]))...)
+		}
+	}
+	want := ref(xq)
+	x, err := rt.FromFloat32As(c.adt, xin, 2, M, K)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Free()
+	var b *Tensor
+	if c.useBias {
+		if b, err = rt.FromFloat32As(c.adt, c.bias, N); err != nil {
+			t.Fatal(err)
+		}
+		defer b.Free()
+	}
+	rt.SetFP8Compute(c.mode)
+	before := rt.FP8Stats()
+	y, err := rt.LinearQ(x, c.w, c.s, b, c.epi)
+	if err != nil {
+		t.Fatalf("%s: %v", label, err)
+	}
+	defer y.Free()
+	if y.DType() != c.adt || !equalInts(y.Shape(), []int{2, M, N}) {
+		t.Fatalf("%s: out %s", label, y)
+	}
+	got := values(t, y)
+	after := rt.FP8Stats()
+	served := [3]uint64{after.WeightOnly - before.WeightOnly, after.PerTensor - before.PerTensor, after.PerToken - before.PerToken}
+	fell := after.FellBack != before.FellBack
+	host := rt.Backend().IsHost
+	servedBy := c.mode
+	switch {
+	case fell && (host || (*requireFP8MMA && c.perChannelOrTensor)):
+		t.Errorf("%s: fell back to weight-only (stats %+v → %+v)", label, before, after)
+	case fell:
+		t.Logf("%s: no fp8 x fp8 path here, weight-only served", label)
+		want, servedBy = ref(toF64(xin)), FP8WeightOnly
+	}
+	if served[servedBy] != 1 {
+		t.Errorf("%s: stats %+v → %+v", label, before, after)
+	}
+	tol := 1e-6
+	switch {
+	case c.adt == BF16:
+		tol = 8e-3 // one bf16 rounding of the output (and of the widened weight on a GPU)
+	case !host && servedBy != FP8WeightOnly:
+		// the matrix units' fp8 products: Hopper's fp8 MMA accumulates with reduced precision
+		// (about 14 bits, DeepSeek-V3's report; cuBLASLt promotes the partial sums to f32 every
+		// so many steps), so f32 sums in another order differ more than in f32 (measured on an
+		// H200: rel L2 1.06e-4 per tensor, 1.0e-4 per token at N 20)
+		tol = 1e-3
+	case !host:
+		tol = 1e-4 // f32 sums in another order
+	}
+	if d := relL2(got, want); d > tol {
+		t.Errorf("%s: rel L2 %.3g > %g", label, d, tol)
+	}
 }
 
 // TestLinearQBadArgs checks LinearQ and MatMul refuse what fpk_op_gemm_q's contract does not

@@ -245,6 +245,10 @@ fpk_status fpk_gpu_gemm_run(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
                             const fpk_gemm_desc *d);
 /* Our own batched GEMM kernel (any float dtypes, f32 accumulation). */
 fpk_status fpk_gpu_gemm_own(cudaStream_t st, const fpk_gemm_desc *d);
+/* out[r][n0 + j] = GELU?(out[r][n0 + j] + bias[n0 + j]) for r < rows, j < nn, out of dtype odt with
+ * row stride ldo, bias (dtype bdt) NULL for none, GELU(tanh) when gelu (fpk_gpu_gemm_q.cu). */
+fpk_status fpk_gpu_bias_gelu_cols(cudaStream_t st, void *out, int odt, int64_t ldo, int64_t rows, int64_t n0, int64_t nn,
+                                  const void *bias, int bdt, int gelu);
 
 /* fpk_op_gemm_q with act_quant per tensor or per token: activations quantized to e4m3 and
  * fp8 × fp8 products on the matrix units (fpk_gpu_gemm_q_mma.cu). FPK_ERR_UNAVAILABLE, with the
@@ -264,11 +268,39 @@ fpk_status fpk_vendor_gemm(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gemm_desc 
  * FPK_ERR_UNAVAILABLE when the library is missing or declines the shape (the caller then runs
  * the GEMM and adds the epilogue itself). */
 fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_gemm_desc *d);
-/* d [M, N] f32 = aq [M, K] (e4m3) · wq [N, K]ᵀ (e4m3 or e5m2, wdt) with unit scales: cuBLASLt's
- * FP8 matmul (NVIDIA, compute capability 8.9+). FPK_ERR_UNAVAILABLE with the reason when the
- * library, the device or the shape (K a multiple of 16, 16-byte aligned operands) does not allow it. */
-fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const uint8_t *aq,
-                                  const uint8_t *wq, int wdt, int64_t M, int64_t N, int64_t K, float *d);
+/* How an fp8 product's operands are scaled (fpk_fp8_gemm_desc.scales). */
+enum {
+    FPK_FP8_SCALES_NONE = 0,   /* unit scales: d = q(a)·q(w)ᵀ */
+    FPK_FP8_SCALES_SCALAR = 1, /* one scale each: sa[0], sw[0] */
+    FPK_FP8_SCALES_OUTER = 2   /* a scale per row of a (sa [M]) and per row of w (sw [N]) */
+};
+
+/* One fp8 × fp8 product for cuBLASLt: d [M, N] (row stride N, dtype ddt: f32, f16 or bf16) =
+ * epilogue(alpha · sa[m] · sw[n] · Σ_k aq[m][k] · wq[n][k] + bias[n]), aq [M, K] e4m3, wq [N, K]
+ * e4m3 or e5m2 (wdt), f32 accumulation, each output rounded once. sa and sw are device f32 (as
+ * scales says); bias [N] (bias_dt) or NULL, only with a 16-bit ddt (the fp8 kernels read their
+ * bias in 16 bits); gelu: GELU(tanh) after the bias. */
+typedef struct fpk_fp8_gemm_desc {
+    int64_t M, N, K;
+    const uint8_t *aq, *wq;
+    int wdt;
+    int scales;
+    const float *sa, *sw;
+    float alpha;
+    const void *bias;
+    int bias_dt;
+    int gelu;
+    void *d;
+    int ddt;
+} fpk_fp8_gemm_desc;
+
+/* d's product through cuBLASLt's FP8 matmul (NVIDIA, compute capability 8.9+): the scales as
+ * CUBLASLT_MATMUL_DESC_{A,B}_SCALE_POINTER (scalar, or the outer-vector mode of cuBLAS 12.9+),
+ * the bias and GELU as its epilogue, d written in its own dtype. FPK_ERR_UNAVAILABLE with the
+ * reason when the library, the device, the shape (K a multiple of 16, 16-byte aligned operands)
+ * or the loaded cuBLASLt (an attribute, a mode or the combination refused, no algorithm) does not
+ * allow it; nothing was launched then. */
+fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_fp8_gemm_desc *d);
 /* Whether cuBLASLt loaded (the fp8 matmul's library). */
 int fpk_vendor_has_fp8_lt(fpk_gpu_ctx *c);
 /* Conv through the vendor DNN library: tuned (Find) or default (heuristic / immediate).

@@ -359,9 +359,18 @@ static const char *const lt_syms[] = {
     "cublasLtMatmulAlgoGetHeuristic", "cublasLtMatmul", NULL};
 static const char *const lt_names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11", NULL};
 
-/* cublasLt.h's values (cublasLtMatmulDescAttributes_t, cublasLtEpilogue_t, the preference). */
-enum { LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4, LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8 };
+/* cublasLt.h's values (cublasLtMatmulDescAttributes_t, cublasLtEpilogue_t, cublasLtMatmulMatrixScale_t,
+ * the preference, cublasStatus_t). The scale pointers (17, 18: const void *, device f32) are
+ * cuBLAS 11.8's; the scale modes (31, 32: int32_t) and OUTER_VEC_32F (3: a vector of M f32 for A,
+ * one scale per row of op(A), and of N for B, one per column of op(B)) are cuBLAS 12.9's, FP8 on
+ * Ada and Hopper; an older library refuses the attribute (CUBLAS_STATUS_INVALID_VALUE). */
+enum {
+    LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4, LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8, LT_DESC_A_SCALE_POINTER = 17,
+    LT_DESC_B_SCALE_POINTER = 18, LT_DESC_A_SCALE_MODE = 31, LT_DESC_B_SCALE_MODE = 32
+};
 enum { LT_EPILOGUE_DEFAULT = 1, LT_EPILOGUE_BIAS = 4, LT_EPILOGUE_GELU = 32, LT_EPILOGUE_GELU_BIAS = 36 };
+enum { LT_MATRIX_SCALE_OUTER_VEC_32F = 3 };
+enum { LT_STATUS_INVALID_VALUE = 7, LT_STATUS_ARCH_MISMATCH = 8, LT_STATUS_NOT_SUPPORTED = 15 };
 enum { LT_PREF_MAX_WORKSPACE_BYTES = 1, LT_PREF_MIN_ALIGNMENT_A_BYTES = 5 }; /* then B, C, D: 6, 7, 8 */
 #define LT_WORKSPACE ((size_t)32 << 20)
 
@@ -389,6 +398,7 @@ typedef int (*lt_matmul_t)(void *, void *, const void *, const void *, void *, c
 struct fpk_lt_plan {
     int64_t M, N, K;
     int ta, tb, at, ct, epi, align;
+    int scales; /* fp8: FPK_FP8_SCALES_* (0 for the 16-bit GEMMs) */
     int ok;
     lt_heuristic_t h;
     struct fpk_lt_plan *next;
@@ -415,7 +425,7 @@ static struct fpk_lt_plan *lt_plan(fpk_vendor_blaslt *lt, lt_call &k, const stru
     struct fpk_lt_plan *pl = lt->plans;
     for (; pl; pl = pl->next)
         if (pl->M == key->M && pl->N == key->N && pl->K == key->K && pl->ta == key->ta && pl->tb == key->tb && pl->at == key->at &&
-            pl->ct == key->ct && pl->epi == key->epi && pl->align == key->align)
+            pl->ct == key->ct && pl->epi == key->epi && pl->align == key->align && pl->scales == key->scales)
             return pl;
     pl = (struct fpk_lt_plan *)calloc(1, sizeof *pl);
     if (!pl) return NULL;
@@ -478,7 +488,7 @@ fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
     if (lc(&k.la, at, ar, ac, d->ldb) != 0 || lc(&k.lb, at, br, bc, d->lda) != 0 ||
         lc(&k.lc, ct, (uint64_t)d->N, (uint64_t)d->M, d->ldc) != 0)
         return FPK_ERR_UNAVAILABLE;
-    struct fpk_lt_plan key = {d->M, d->N, d->K, ta, tb, at, ct, epi, (int)align, 0, {}, NULL};
+    struct fpk_lt_plan key = {d->M, d->N, d->K, ta, tb, at, ct, epi, (int)align, 0, 0, {}, NULL};
     struct fpk_lt_plan *pl = lt_plan(lt, k, &key);
     if (!pl || !pl->ok) return FPK_ERR_UNAVAILABLE;
     fpk_scratch ws(sf);
@@ -492,17 +502,25 @@ fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
     return FPK_OK;
 }
 
-/* cuBLASLt's FP8 matmul (compute capability 8.9 and later): d [M, N] f32 = aq [M, K] · wq [N, K]ᵀ, aq
- * e4m3 and wq e4m3 or e5m2, unit scales, f32 accumulation. FP8 wants both operands K-major ("TN"):
- * in column-major terms dᵀ (N × M) = wqᵀ-as-stored (op T of a K × N matrix) · aq (K × M). */
-fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const uint8_t *aq,
-                                  const uint8_t *wq, int wdt, int64_t M, int64_t N, int64_t K, float *d) {
+/* cuBLASLt's FP8 matmul (compute capability 8.9 and later), fpk_fp8_gemm_desc's contract. FP8 wants
+ * both operands K-major ("TN"): in column-major terms dᵀ (N × M) = wqᵀ-as-stored (op T of a K × N
+ * matrix) · aq (K × M). So cuBLASLt's A is our weight and its B our activations: its A scale is
+ * sw (the outer vector along op(A)'s N rows, one per output channel) and its B scale is sa (along
+ * op(B)'s M columns, one per token); D's rows are our columns, so the bias (one per row of D) is
+ * one per output channel, as Linear's. C is never read (beta 0) and is not d (as PyTorch's
+ * scaled_gemm: the FP8 kernels take no C aliasing D): it points at wq with D's layout. */
+fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_fp8_gemm_desc *d) {
     fpk_vendor_blaslt *lt = &c->blaslt;
+    const int64_t M = d->M, N = d->N, K = d->K;
     if (!lt->handle) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt did not load");
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX || K % 16 != 0)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt fp8 takes K a multiple of 16 and 32-bit dims");
+    const int dt = cuda_type(d->ddt);
+    if (dt < 0 || (d->bias && dt == FPK_CUDA_R_32F))
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt fp8 writes f32, f16 or bf16, with a bias 16-bit only");
     if (M == 0 || N == 0) return FPK_OK;
-    const int at = FPK_CUDA_R_8F_E4M3, bt = wdt == FPK_F8E5M2 ? FPK_CUDA_R_8F_E5M2 : FPK_CUDA_R_8F_E4M3;
+    const int at = FPK_CUDA_R_8F_E4M3, bt = d->wdt == FPK_F8E5M2 ? FPK_CUDA_R_8F_E5M2 : FPK_CUDA_R_8F_E4M3;
+    const int epi = d->bias ? (d->gelu ? LT_EPILOGUE_GELU_BIAS : LT_EPILOGUE_BIAS) : (d->gelu ? LT_EPILOGUE_GELU : LT_EPILOGUE_DEFAULT);
     lt_call k(lt);
     if (((lt_desc_create_t)lt->fn[LT_DESC_CREATE])(&k.desc, FPK_CUBLAS_COMPUTE_32F, FPK_CUDA_R_32F) != 0)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cublasLtMatmulDescCreate failed");
@@ -510,27 +528,56 @@ fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu
     int32_t ta = FPK_CUBLAS_OP_T, tb = FPK_CUBLAS_OP_N;
     if (dset(k.desc, LT_DESC_TRANSA, &ta, sizeof ta) != 0 || dset(k.desc, LT_DESC_TRANSB, &tb, sizeof tb) != 0)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt descriptor attributes refused");
+    fpk_scratch sbias(sf);
+    const void *bias = d->bias;
+    if (bias && d->bias_dt != d->ddt) { /* the epilogue reads the bias in the output's type */
+        FPK_TRY(sbias.alloc((size_t)N * fpk_dt_size(d->ddt)));
+        FPK_TRY(fpk_gpu_convert(st, sbias.ptr, d->ddt, bias, d->bias_dt, N));
+        bias = sbias.ptr;
+    }
+    uint32_t e = (uint32_t)epi;
+    if (epi != LT_EPILOGUE_DEFAULT &&
+        (dset(k.desc, LT_DESC_EPILOGUE, &e, sizeof e) != 0 || (bias && dset(k.desc, LT_DESC_BIAS_POINTER, &bias, sizeof bias) != 0)))
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt refused the fp8 epilogue %d", epi);
+    if (d->scales != FPK_FP8_SCALES_NONE) {
+        const void *sa = d->sw, *sb = d->sa; /* Lt's A is our weight, its B our activations */
+        if (dset(k.desc, LT_DESC_A_SCALE_POINTER, &sa, sizeof sa) != 0 || dset(k.desc, LT_DESC_B_SCALE_POINTER, &sb, sizeof sb) != 0)
+            return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt refused the fp8 scale pointers");
+        int32_t mode = LT_MATRIX_SCALE_OUTER_VEC_32F;
+        if (d->scales == FPK_FP8_SCALES_OUTER &&
+            (dset(k.desc, LT_DESC_A_SCALE_MODE, &mode, sizeof mode) != 0 || dset(k.desc, LT_DESC_B_SCALE_MODE, &mode, sizeof mode) != 0))
+            return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: %s has no outer-vector fp8 scales (cuBLAS 12.9 or later has)",
+                                     lt->library);
+    }
     lt_layout_create_t lc = (lt_layout_create_t)lt->fn[LT_LAYOUT_CREATE];
     if (lc(&k.la, bt, (uint64_t)K, (uint64_t)N, K) != 0 || lc(&k.lb, at, (uint64_t)K, (uint64_t)M, K) != 0 ||
-        lc(&k.lc, FPK_CUDA_R_32F, (uint64_t)N, (uint64_t)M, N) != 0)
+        lc(&k.lc, dt, (uint64_t)N, (uint64_t)M, N) != 0)
         return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt layouts refused");
     uint32_t align = 256;
-    const void *ptrs[3] = {aq, wq, d};
-    for (int i = 0; i < 3; i++)
-        while (((uintptr_t)ptrs[i] % align) != 0) align /= 2;
+    const void *ptrs[4] = {d->aq, d->wq, d->d, bias};
+    for (int i = 0; i < 4; i++)
+        while (ptrs[i] && ((uintptr_t)ptrs[i] % align) != 0) align /= 2;
     if (align < 16) return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt fp8 wants 16-byte aligned operands");
     const int plan_at = 1000 + bt; /* fp8 plans apart from the 16-bit ones in the cache */
-    struct fpk_lt_plan key = {M, N, K, ta, tb, plan_at, FPK_CUDA_R_32F, LT_EPILOGUE_DEFAULT, (int)align, 0, {}, NULL};
+    struct fpk_lt_plan key = {M, N, K, ta, tb, plan_at, dt, epi, (int)align, d->scales, 0, {}, NULL};
     struct fpk_lt_plan *pl = lt_plan(lt, k, &key);
     if (!pl) return fpk_gpu_set_oom(sizeof *pl, 0, "cuBLASLt plan");
     if (!pl->ok)
-        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cuBLASLt has no fp8 algorithm for %lld x %lld x %lld", (long long)M,
-                                 (long long)N, (long long)K);
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE,
+                                 "gemm q: cuBLASLt has no fp8 algorithm for %lld x %lld x %lld (output type %d, epilogue %d, scales %d)",
+                                 (long long)M, (long long)N, (long long)K, dt, epi, d->scales);
     fpk_scratch wsp(sf);
     if (pl->h.workspace) FPK_TRY(wsp.alloc(pl->h.workspace));
-    float alpha = 1.f, beta = 0.f;
-    int s = ((lt_matmul_t)lt->fn[LT_MATMUL])(lt->handle, k.desc, &alpha, wq, k.la, aq, k.lb, &beta, d, k.lc, d, k.lc,
-                                             &pl->h.algo, wsp.ptr, pl->h.workspace, st);
+    float alpha = d->alpha, beta = 0.f;
+    int s = ((lt_matmul_t)lt->fn[LT_MATMUL])(lt->handle, k.desc, &alpha, d->wq, k.la, d->aq, k.lb, &beta, d->wq, k.lc, d->d,
+                                             k.lc, &pl->h.algo, wsp.ptr, pl->h.workspace, st);
+    if (s == LT_STATUS_INVALID_VALUE || s == LT_STATUS_NOT_SUPPORTED || s == LT_STATUS_ARCH_MISMATCH) {
+        /* refused before launching (cublasLt.h: a scale pointer set for a combination the library
+         * does not support fails the matmul, not the heuristic) */
+        pl->ok = 0;
+        return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: cublasLtMatmul fp8 refused (status %d, %lld x %lld x %lld, scales %d)", s,
+                                 (long long)M, (long long)N, (long long)K, d->scales);
+    }
     if (s != 0)
         return fpk_gpu_set_error(FPK_ERR_BACKEND, "gemm q: cublasLtMatmul fp8 status %d (%lld x %lld x %lld)", s, (long long)M,
                                  (long long)N, (long long)K);
@@ -746,9 +793,8 @@ fpk_status fpk_vendor_gemm_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
 static void lt_open(fpk_gpu_ctx *c, const char *dir) { (void)c, (void)dir; }
 static void lt_close(fpk_gpu_ctx *c) { (void)c; }
 /* hipBLASLt's fp8 is not wired: CDNA3 runs our MFMA kernel (fpk_gpu_gemm_q_mma.cu). */
-fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const uint8_t *aq,
-                                  const uint8_t *wq, int wdt, int64_t M, int64_t N, int64_t K, float *d) {
-    (void)c, (void)st, (void)sf, (void)aq, (void)wq, (void)wdt, (void)M, (void)N, (void)K, (void)d;
+fpk_status fpk_vendor_gemm_fp8_lt(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scratch_fn *sf, const fpk_fp8_gemm_desc *d) {
+    (void)c, (void)st, (void)sf, (void)d;
     return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "gemm q: no fp8 vendor GEMM on ROCm here");
 }
 int fpk_vendor_has_fp8_lt(fpk_gpu_ctx *c) { (void)c; return 0; }

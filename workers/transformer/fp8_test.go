@@ -21,8 +21,8 @@ import (
 )
 
 // fp8Compute is the compute mode TestParityFP8Weights loads with (scripts/gpu-check.sh phase fp8
-// runs it per mode on a GPU); the activation modes are held to parity.HalfRelL2, their
-// quantization's error, against the weight-only reference.
+// runs it per mode on a GPU); the activation modes are held to fp8ActivationsTol against the
+// reference (fp8 weights, float64 activations).
 var fp8Compute = flag.String("fp8.compute", "", "TestParityFP8Weights: LoadRequest.fp8_compute (weight_only, tensor, token)")
 
 // opForwardWeights is the fp8 fixture's op: the forward with the weights of a single-file
@@ -79,7 +79,11 @@ func TestParityFP8Weights(t *testing.T) {
 					t.Fatalf("no block streamed: %+v", resp)
 				}
 				half := workertest.HalfActivations(t, resp)
-				cc := c.ForActivations(half || cmp.Or(*fp8Compute, "weight_only") != "weight_only")
+				cc := c.ForActivations(half)
+				tol := cc.Tolerance.RelL2
+				if cmp.Or(*fp8Compute, "weight_only") != "weight_only" {
+					tol = fp8ActivationsTol(t, c)
+				}
 				fc := writeForwardCase(t, shmtest.Arena(t, "job"), cc)
 				res, _, err := runForward(t, p, fc.req)
 				if err != nil {
@@ -89,13 +93,31 @@ func TestParityFP8Weights(t *testing.T) {
 				if streamed {
 					what = "sample (fp8 weights, streamed)"
 				}
-				cc.Check(t, what, readFloat(t, res.Outputs[0]), fc.shape, cc.Output(t, "sample"))
+				cc.CheckTol(t, what, readFloat(t, res.Outputs[0]), fc.shape, cc.Output(t, "sample"), tol)
 			}
 		})
 	}
 	if ran == 0 {
 		t.Fatal("no transformer.forward_weights cases")
 	}
+}
+
+// fp8ActivationsTol is the tolerance of a forward with the activations quantized to e4m3 (the
+// tensor and token compute modes) against the case's reference, which has the fp8 weights but
+// float64 activations: quantizing the activations to the 8-bit format moves the output no further
+// than quantizing the weights did. The fixture's sample_bf16_weights (the same forward with the
+// bf16 weights the checkpoint was quantized from) measures the latter: the tolerance is the
+// largest of the case's, parity.HalfRelL2 and relL2(sample, sample_bf16_weights). Measured on an
+// H200: plain e4m3 0.0244 (tensor) and 0.0253 (token), ComfyUI-scaled 0.0247 and 0.0252, against
+// the fixture's weight-quantization distances 0.0271 and 0.0275 (musubi per-channel: 0.0036, so
+// HalfRelL2 holds it). A case without sample_bf16_weights gets HalfRelL2.
+func fp8ActivationsTol(t *testing.T, c parity.Case) float64 {
+	t.Helper()
+	tol := max(c.Tolerance.RelL2, parity.HalfRelL2)
+	if c.HasOutput("sample_bf16_weights") {
+		tol = max(tol, parity.RelL2(c.Output(t, "sample").F32, c.Output(t, "sample_bf16_weights").F32))
+	}
+	return tol
 }
 
 // quantRow quantizes one weight row w (float32) to fmt's 8-bit type with scale s, as the rules
