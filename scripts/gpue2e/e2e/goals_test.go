@@ -49,15 +49,7 @@ func TestReportGoals(t *testing.T) {
 	if err := json.Unmarshal(raw, &r); err != nil {
 		t.Fatal(err)
 	}
-	goal := func(prefix string) Goal {
-		for _, g := range r.Goals {
-			if strings.HasPrefix(g.Measure, prefix) {
-				return g
-			}
-		}
-		t.Fatalf("no goal %q in %+v", prefix, r.Goals)
-		return Goal{}
-	}
+	goal := func(prefix string) Goal { return findGoal(t, r, prefix) }
 	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 	isMet := func(g Goal, want bool) bool { return g.Met != nil && *g.Met == want }
 	if g := goal("4 s job where everything fits"); !near(g.Value, 50.0/60) || !isMet(g, true) {
@@ -175,39 +167,30 @@ func TestReportFP8(t *testing.T) {
 	if j := jobs["16"]; j.BitReference != "all" || j.SameLatentsAsAll == nil || !*j.SameLatentsAsAll || j.TransformerRSSGiB != 35 {
 		t.Errorf("16: %+v", j)
 	}
-	goal := func(r Report, prefix string) Goal {
-		for _, g := range r.Goals {
-			if strings.HasPrefix(g.Measure, prefix) {
-				return g
-			}
-		}
-		t.Fatalf("no goal %q in %+v", prefix, r.Goals)
-		return Goal{}
-	}
 	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 	isMet := func(g Goal, want bool) bool { return g.Met != nil && *g.Met == want }
-	if g := goal(r, "4 s job at 6 GB: fp8 weights (token) vs our bf16, time"); !near(g.Value, 1.5) || !isMet(g, true) {
+	if g := findGoal(t, r, "4 s job at 6 GB: fp8 weights (token) vs our bf16, time"); !near(g.Value, 1.5) || !isMet(g, true) {
 		t.Errorf("fp8-6 vs 6: %+v", g)
 	}
-	if g := goal(r, "4 s job at 16 GB: fp8 weights (token) vs our bf16, time"); !near(g.Value, 40.0/60) || g.Met != nil {
+	if g := findGoal(t, r, "4 s job at 16 GB: fp8 weights (token) vs our bf16, time"); !near(g.Value, 40.0/60) || g.Met != nil {
 		t.Errorf("fp8-16 vs 16 (no goal): %+v", g)
 	}
-	if g := goal(r, "host RAM at 16 GB: fp8 weights (token) vs our bf16"); !near(g.Value, 0.5) || !isMet(g, true) || !strings.Contains(g.Result, "all our processes 0.56×") {
+	if g := findGoal(t, r, "host RAM at 16 GB: fp8 weights (token) vs our bf16"); !near(g.Value, 0.5) || !isMet(g, true) || !strings.Contains(g.Result, "all our processes 0.56×") {
 		t.Errorf("fp8-16 RSS: %+v", g)
 	}
-	if g := goal(r, "4 s job at 16 GB, fp8 weights (token): every block resident"); !near(g.Value, 60.0/65) || !isMet(g, true) {
+	if g := findGoal(t, r, "4 s job at 16 GB, fp8 weights (token): every block resident"); !near(g.Value, 60.0/65) || !isMet(g, true) {
 		t.Errorf("fp8-16 vs all: %+v", g)
 	}
-	if g := goal(r, "4 s job at 6 GB, fp8 weights (token) vs FramePack low-VRAM at 6 GB"); !near(g.Value, 5) || g.Met != nil || g.FramePack == "" {
+	if g := findGoal(t, r, "4 s job at 6 GB, fp8 weights (token) vs FramePack low-VRAM at 6 GB"); !near(g.Value, 5) || g.Met != nil || g.FramePack == "" {
 		t.Errorf("fp8-6 vs FramePack low-VRAM: %+v", g)
 	}
-	if g := goal(r, "4 s job where everything fits (keep-alive on, warm workers), fp8 weights (token) vs FramePack high-VRAM"); !near(g.Value, 0.75) || g.Met != nil {
+	if g := findGoal(t, r, "4 s job where everything fits (keep-alive on, warm workers), fp8 weights (token) vs FramePack high-VRAM"); !near(g.Value, 0.75) || g.Met != nil {
 		t.Errorf("fp8-keep vs FramePack high-VRAM: %+v", g)
 	}
-	if g := goal(r, "4 s job where everything fits (keep-alive on, warm workers): fp8 weights (token) vs our bf16, time"); !near(g.Value, 50.0/45) {
+	if g := findGoal(t, r, "4 s job where everything fits (keep-alive on, warm workers): fp8 weights (token) vs our bf16, time"); !near(g.Value, 50.0/45) {
 		t.Errorf("fp8-keep vs keep: %+v", g)
 	}
-	if g := goal(r, "host RAM, 16 GB, fp8 weights (token)"); g.Met != nil || !strings.Contains(g.FramePack, "low_vram") {
+	if g := findGoal(t, r, "host RAM, 16 GB, fp8 weights (token)"); g.Met != nil || !strings.Contains(g.FramePack, "low_vram") {
 		t.Errorf("host RAM of fp8-16 (FramePack low-VRAM 16 beside it): %+v", g)
 	}
 	table := table(r, fpResults{})
@@ -250,4 +233,16 @@ func TestSpecFP8(t *testing.T) {
 			t.Errorf("%s: no error", b)
 		}
 	}
+}
+
+// findGoal is the report's goal whose measure begins with prefix.
+func findGoal(t *testing.T, r Report, prefix string) Goal {
+	t.Helper()
+	for _, g := range r.Goals {
+		if strings.HasPrefix(g.Measure, prefix) {
+			return g
+		}
+	}
+	t.Fatalf("no goal %q in %+v", prefix, r.Goals)
+	return Goal{}
 }
