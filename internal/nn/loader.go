@@ -90,6 +90,7 @@ type Loader struct {
 	hosts     []*HostSource // every host copy BeginHost made (freed by Free)
 	hostStrip string
 	hostBytes int64
+	hostViews []string // BeginHost..EndHost: tensors copied straight from the checkpoint's mapping
 
 	staging     Staging      // SetStaging; off: every tensor through LoadTensor
 	ring        *stagingRing // made at the first staged tensor, freed by Finish and Free

@@ -20,8 +20,9 @@ import (
 // contested each worker is killed before the next stage spawns, as the design asks. The section
 // loop's pair (transformer and VAE, which alternate every section) gets a plan before its first
 // section: both at their fastest when that fits, else the budget split between them (the
-// transformer streams more blocks, the VAE decodes in tiles) when both still fit, else neither
-// is kept and each stage has the whole budget.
+// transformer streams more blocks, the VAE decodes in tiles) when both still fit and the VAE
+// keeps at least half of its fastest tiling's memory, else neither is kept and each stage has
+// the whole budget.
 
 // sectionPlan is the residency plan of the section loop.
 type sectionPlan struct {
@@ -57,6 +58,15 @@ func planSection(t, v *lanes.Need, budget, overhead uint64) sectionPlan {
 		// cost the decode more.
 		vc := min(vFull, budget-overhead-tMin)
 		tc := min(budget-overhead-vc, tFull)
+		if vc < vFull/2 {
+			// Small tiles cost the decode more than a reload costs the transformer: on an H200
+			// at a 6 GiB lane the decode beside the kept transformer (1.02 GiB) took 8.8 s a
+			// section against 2.1–2.9 s at its fastest tiling, while the transformer's reload
+			// from the page cache took 2.4 s (docs/bench/2026-11-29-h200-e2e.json).
+			return sectionPlan{why: fmt.Sprintf(
+				"the vae would decode in %.2f GiB beside the transformer's %.2f GiB, under half of its fastest tiling's %.2f GiB: each killed after its stage, with the whole %.2f GiB budget",
+				gib(vc), gib(tc), gib(vFull), gib(budget))}
+		}
 		return sectionPlan{transformer: tc, vae: vc, keep: true, why: fmt.Sprintf(
 			"transformer and vae kept between sections, the %.2f GiB budget split: transformer %.2f GiB (fastest %.2f), vae %.2f GiB (fastest %.2f)",
 			gib(budget), gib(tc), gib(tFull), gib(vc), gib(vFull))}
