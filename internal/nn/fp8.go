@@ -82,6 +82,7 @@ func (l *Loader) LinearWeight(name string, out, in int) (w, scale *runtime.Tenso
 			l.problem(full, "unreadable: %v", err)
 			return nil, nil
 		}
+		l.release(full)
 		defer t.Free()
 		return l.quantizeBind(full, t, shape)
 	}

@@ -271,7 +271,9 @@ func (l *Loader) toHost(full string, dt runtime.DType, shape []int, info safeten
 		if l.rng != nil {
 			t, err = l.random(full, shape, dt)
 		} else {
-			t, err = l.rt.LoadTensor(l.src, full, dt)
+			if t, err = l.rt.LoadTensor(l.src, full, dt); err == nil {
+				l.release(full)
+			}
 		}
 		if err == nil {
 			raw, err = t.Bytes()

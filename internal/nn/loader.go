@@ -339,8 +339,8 @@ func (l *Loader) bindAs(dt runtime.DType, name string, shape []int, stored8 bool
 	var err error
 	if sdt, n, ok := l.stageable(info, dt); ok {
 		t, err = l.loadStaged(full, sdt, shape, n)
-	} else {
-		t, err = l.rt.LoadTensor(l.src, full, dt)
+	} else if t, err = l.rt.LoadTensor(l.src, full, dt); err == nil {
+		l.release(full)
 	}
 	if err != nil {
 		if errors.Is(err, runtime.ErrOutOfMemory) || errors.Is(err, errStaging) {
