@@ -74,10 +74,14 @@ func (l *Loader) LinearWeight(name string, out, in int) (w, scale *runtime.Tenso
 	}
 	if qw == nil { // quantize at load: a 16- or 32-bit weight (or an 8-bit one a LoRA changed)
 		l.requantized = l.requantized || !l.quantize
-		if _, ok := l.check(full, shape); !ok || len(l.errs) > 0 {
+		info, ok := l.check(full, shape)
+		if !ok || len(l.errs) > 0 {
 			return nil, nil
 		}
-		t, err := l.rt.LoadTensor(l.src, full, runtime.F32)
+		// As stored (bf16 as bf16, staged where the loader stages): QuantizeRows widens it
+		// to f32 on the device, exactly, so the result is the one of an f32 upload at half
+		// the bytes moved and no host conversion.
+		t, err := l.upload(full, info, runtime.AsStored, shape)
 		if err != nil {
 			l.problem(full, "unreadable: %v", err)
 			return nil, nil

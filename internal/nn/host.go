@@ -234,6 +234,22 @@ func (l *Loader) EndHost() {
 	if err := h.fill(); err != nil {
 		l.errs = append(l.errs, fmt.Errorf("host copy of %s: %w", strip, err))
 	}
+	for _, full := range l.hostViews {
+		l.release(full) // copied: the mapping's pages may go
+	}
+	l.hostViews = l.hostViews[:0]
+}
+
+// releaser is a Source whose Bytes are views into a file mapping it can drop from the
+// process's resident memory once they are copied (safetensors.Checkpoint.Release).
+type releaser interface{ Release(name string) }
+
+// release drops tensor full's mapped pages when the source can (a LoRA-merged source holds
+// its tensors in Go memory and cannot).
+func (l *Loader) release(full string) {
+	if r, ok := l.src.(releaser); ok {
+		r.Release(full)
+	}
 }
 
 // toHost records tensor full (already checked as info, or random: info unused) in the host
@@ -249,12 +265,15 @@ func (l *Loader) toHost(full string, dt runtime.DType, shape []int, info safeten
 	}
 	if direct {
 		raw, err = l.src.Bytes(full) // a view into the checkpoint, open until EndHost
+		l.hostViews = append(l.hostViews, full)
 	} else {
 		var t *runtime.Tensor
 		if l.rng != nil {
 			t, err = l.random(full, shape, dt)
 		} else {
-			t, err = l.rt.LoadTensor(l.src, full, dt)
+			if t, err = l.rt.LoadTensor(l.src, full, dt); err == nil {
+				l.release(full)
+			}
 		}
 		if err == nil {
 			raw, err = t.Bytes()

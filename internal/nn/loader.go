@@ -90,6 +90,7 @@ type Loader struct {
 	hosts     []*HostSource // every host copy BeginHost made (freed by Free)
 	hostStrip string
 	hostBytes int64
+	hostViews []string // BeginHost..EndHost: tensors copied straight from the checkpoint's mapping
 
 	staging     Staging      // SetStaging; off: every tensor through LoadTensor
 	ring        *stagingRing // made at the first staged tensor, freed by Finish and Free
@@ -334,13 +335,7 @@ func (l *Loader) bindAs(dt runtime.DType, name string, shape []int, stored8 bool
 		l.toHost(full, dt, shape, info)
 		return nil
 	}
-	var t *runtime.Tensor
-	var err error
-	if sdt, n, ok := l.stageable(info, dt); ok {
-		t, err = l.loadStaged(full, sdt, shape, n)
-	} else {
-		t, err = l.rt.LoadTensor(l.src, full, dt)
-	}
+	t, err := l.upload(full, info, dt, shape)
 	if err != nil {
 		if errors.Is(err, runtime.ErrOutOfMemory) || errors.Is(err, errStaging) {
 			l.errs = append(l.errs, fmt.Errorf("tensor %s: %w", full, err))
@@ -350,6 +345,20 @@ func (l *Loader) bindAs(dt runtime.DType, name string, shape []int, stored8 bool
 		return nil
 	}
 	return l.keep(full, t, nil)
+}
+
+// upload puts checkpoint tensor full (described by info) into the runtime as dt: through the
+// staging ring where the loader stages and the tensor fits a slot, else by LoadTensor; the
+// checkpoint's pages of it are released once copied.
+func (l *Loader) upload(full string, info safetensors.TensorInfo, dt runtime.DType, shape []int) (*runtime.Tensor, error) {
+	if sdt, n, ok := l.stageable(info, dt); ok {
+		return l.loadStaged(full, sdt, shape, n)
+	}
+	t, err := l.rt.LoadTensor(l.src, full, dt)
+	if err == nil {
+		l.release(full)
+	}
+	return t, err
 }
 
 func (l *Loader) keep(full string, t *runtime.Tensor, err error) *runtime.Tensor {

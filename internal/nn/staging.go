@@ -262,6 +262,7 @@ func (l *Loader) loadStaged(full string, dt runtime.DType, shape []int, n int) (
 		return nil, err
 	}
 	l.stagedBytes += int64(len(raw))
+	l.release(full) // in the slot now: the mapping's pages may go
 	return t, nil
 }
 

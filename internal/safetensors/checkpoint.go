@@ -152,6 +152,13 @@ func (c *Checkpoint) Bytes(name string) ([]byte, error) {
 	return f.Bytes(name)
 }
 
+// Release drops tensor name's pages from the process's resident memory (File.Release).
+func (c *Checkpoint) Release(name string) {
+	if f, ok := c.byName[name]; ok {
+		f.Release(name)
+	}
+}
+
 // Float32 returns tensor name converted to float32 and its shape.
 func (c *Checkpoint) Float32(name string) ([]float32, []int64, error) {
 	f, ok := c.byName[name]

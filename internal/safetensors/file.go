@@ -113,6 +113,28 @@ func (f *File) info(name string) (TensorInfo, []byte, error) {
 	return t, raw, nil
 }
 
+// Release drops the pages of tensor name from this process's resident memory: the mapping is
+// shared and read-only, so the file's pages stay in the page cache and a later read of the
+// tensor faults them back in. A loader that has copied a tensor (to the device or into a host
+// copy) releases it, so the process's resident size counts each weight once, not twice (the
+// copy and the mapping) while the rest of the checkpoint loads. It never changes what a view
+// reads, even one still in use: the mapping is file-backed, so a dropped page is read back from
+// the page cache (or the file) on its next touch. Only pages wholly inside the tensor are
+// dropped; a closed file or unknown name is a no-op.
+func (f *File) Release(name string) {
+	t, ok := f.header.Lookup(name)
+	if !ok || f.data == nil {
+		return
+	}
+	page := int64(os.Getpagesize())
+	s := f.header.DataStart
+	begin := (s + t.Begin + page - 1) / page * page
+	end := (s + t.End) / page * page
+	if end > begin {
+		_ = unix.Madvise(f.data[begin:end], unix.MADV_DONTNEED) // advice only: a refusal changes nothing
+	}
+}
+
 // Close unmaps the file. Slices returned by Bytes must not be used afterwards.
 func (f *File) Close() error {
 	if f.data == nil {

@@ -25,6 +25,10 @@
 #            foreground no budget starts that would pass $E2E_LIMIT (default 8m) of this call
 # long       the $LONG_SECONDS (60) s job at $LONG_GB (16) GiB with $LONG_STEPS (5) steps
 # extra      ours at $EXTRA_BUDGETS (default 24,8): the budgets the goals table does not need
+# fp8        ours at $FP8_BUDGETS (default fp8-keep,fp8-16,fp8-6): keep, 16 and 6 with the
+#            transformer quantized to fp8 at load (`framepack generate --weights fp8
+#            --fp8-compute $FP8_COMPUTE`, default token); the report sets them beside FramePack at
+#            the same memory and beside our bf16 budget of the same memory (issue 31)
 # report     merge into $D/out/<date>-<gpu>-e2e.json (docs/bench/) and table.md
 # all        build models framepack ours long report (what `make gpu-e2e` runs, in the foreground)
 #
@@ -40,11 +44,12 @@
 # logs' tails), table.md and progress.txt. Results of an earlier machine carried back under
 # build/e2e/results/ are seeded into $D/out first.
 # Knobs: D (/tmp/fpk-e2e), BUDGETS, STEPS (25; the same steps on both sides), JOB_SECONDS (4),
-# LONG_SECONDS, LONG_GB, LONG_STEPS, EXTRA_BUDGETS, E2E_LIMIT, FP_MODES ("high low"), FP_BUDGETS,
-# FP_TIMEOUT (900), FP_WRITE_VIDEO (1: FramePack writes its MP4s as demo_gradio.py does), WAIT_S,
-# CUDA_ARCHS (90). A dry run of the phases on a machine without a GPU (checks this script, not
-# the GPU): LANE=cpu DEVICE_GIB=3 TINY=1 BUDGETS=keep,all,0.25 gpu-e2e.sh models ours long report
-# (tiny models from the fixtures, a 96x64 job; long: 2 s at 1 GiB, 1 step).
+# LONG_SECONDS, LONG_GB, LONG_STEPS, EXTRA_BUDGETS, FP8_BUDGETS, FP8_COMPUTE (token; weight_only,
+# tensor), E2E_LIMIT, FP_MODES ("high low"), FP_BUDGETS, FP_TIMEOUT (900), FP_WRITE_VIDEO (1:
+# FramePack writes its MP4s as demo_gradio.py does), WAIT_S, CUDA_ARCHS (90). A dry run of the
+# phases on a machine without a GPU (checks this script, not the GPU): LANE=cpu DEVICE_GIB=3 TINY=1
+# BUDGETS=keep,all,0.25 FP8_BUDGETS=fp8-all,fp8-0.25 gpu-e2e.sh models ours fp8 long report (tiny
+# models from the fixtures, a 96x64 job; long: 2 s at 1 GiB, 1 step).
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$PWD
@@ -54,7 +59,7 @@ cpu_lane() { [ "${LANE%%:*}" = cpu ]; }
 mkdir -p "$D/parts" "$D/out" "$D/lib" "$D/bg"
 # Knobs given to an earlier call (the one that started the conductor) hold for the later ones
 # (a later `bg extra+report` runs at the same steps); a knob given again wins.
-KNOBS="STEPS JOB_SECONDS LONG_SECONDS LONG_GB LONG_STEPS LONG_TIMEOUT BUDGETS EXTRA_BUDGETS TWICE FP_MODES FP_BUDGETS FP_TIMEOUT FP_WRITE_VIDEO"
+KNOBS="STEPS JOB_SECONDS LONG_SECONDS LONG_GB LONG_STEPS LONG_TIMEOUT BUDGETS EXTRA_BUDGETS FP8_BUDGETS FP8_COMPUTE TWICE FP_MODES FP_BUDGETS FP_TIMEOUT FP_WRITE_VIDEO"
 # shellcheck disable=SC1091
 [ -e "$D/knobs" ] && . "$D/knobs"
 for k in $KNOBS; do
@@ -254,6 +259,9 @@ run_phase() {
 	extra)
 		ours_run "${EXTRA_BUDGETS:-24,8}"
 		;;
+	fp8)
+		ours_run "${FP8_BUDGETS:-fp8-keep,fp8-16,fp8-6}" -fp8-compute "${FP8_COMPUTE:-token}"
+		;;
 	framepack)
 		local pkg
 		pkg=$(early_pkg) || status=1
@@ -286,9 +294,9 @@ run_phase() {
 		short=$(echo "$gpu" | tr 'A-Z' 'a-z' | grep -oE 'h100|h200|a100|l40s|[a-z]?[0-9]{3,4}' | head -1)
 		f="$D/out/$(date -u +%F)-${short:-gpu}-e2e.json"
 		[ -e "$D/out/framepack.json" ] && fp=(-framepack "$D/out/framepack.json")
-		"$D/pkg/bin/e2e" -out "$D/out" -budgets "keep,all,24,16,8,6,cold,${BUDGETS:-},${EXTRA_BUDGETS:-},long" -report "$f" "${fp[@]}" -gpu "$gpu" >"$D/out/table.md"
+		"$D/pkg/bin/e2e" -out "$D/out" -budgets "keep,all,24,16,8,6,cold,${BUDGETS:-},${EXTRA_BUDGETS:-},fp8-keep,fp8-all,fp8-24,fp8-16,fp8-8,fp8-6,${FP8_BUDGETS:-},long" -report "$f" "${fp[@]}" -gpu "$gpu" >"$D/out/table.md"
 		[ "${PIPESTATUS[0]}" = 0 ] || status=1
-		head -c 6000 "$D/out/table.md"
+		head -c 9000 "$D/out/table.md"
 		echo
 		;;
 	*)

@@ -171,9 +171,18 @@ type Budget struct {
 	Error              string `json:"error,omitempty"`
 	// Note is what a finished job reports besides its video (frames saved as PNG files where
 	// the server has no ffmpeg, as on the GPU machine).
-	Note   string `json:"note,omitempty"`
-	Rows   []Row  `json:"rows,omitempty"`
-	Params string `json:"params"`
+	Note string `json:"note,omitempty"`
+	// Weights and FP8Compute are what an fp8 budget's job asked for (`framepack generate
+	// --weights fp8 --fp8-compute …`; empty: the checkpoint's bf16); WeightsFormat and
+	// ServedFP8Compute what the job's settings (the JSON file beside its video) say the
+	// transformer loaded: the 8-bit format ("quantized" for quantize-at-load) and the compute
+	// mode the worker reported at load.
+	Weights          string `json:"weights,omitempty"`
+	FP8Compute       string `json:"fp8_compute,omitempty"`
+	WeightsFormat    string `json:"weights_format,omitempty"`
+	ServedFP8Compute string `json:"served_fp8_compute,omitempty"`
+	Rows             []Row  `json:"rows,omitempty"`
+	Params           string `json:"params"`
 }
 
 const gib = 1 << 30
@@ -187,24 +196,43 @@ type budgetSpec struct {
 	keepAlive time.Duration
 	timeout   time.Duration
 	coldCache bool
+	// weights and fp8Compute are the job's --weights and --fp8-compute (fp8 budgets).
+	weights, fp8Compute string
+}
+
+// fp8Prefix makes a budget an fp8 one: fp8-keep, fp8-all, fp8-cold, fp8-N run as keep, all,
+// cold, N with the transformer quantized to fp8 at load.
+const fp8Prefix = "fp8-"
+
+// baseBudget splits an fp8 budget's name into the budget it behaves as and true; any other
+// name is itself and false.
+func baseBudget(b string) (string, bool) {
+	return strings.CutPrefix(b, fp8Prefix)
 }
 
 func (o options) spec(b string) (budgetSpec, error) {
 	s := budgetSpec{seconds: o.seconds, steps: o.steps, twice: o.twice[b], timeout: o.timeout}
-	switch b {
+	base, fp8 := baseBudget(b)
+	switch base {
 	case "all":
 	case "cold":
 		s.coldCache = true
 	case "keep":
 		s.twice, s.keepAlive = true, o.keepAlive
 	case "long":
+		if fp8 {
+			return s, fmt.Errorf("budget %q: fp8- goes before a number of GiB, all, keep or cold", b)
+		}
 		s.laneGB, s.seconds, s.steps, s.timeout = o.longGB, o.longSeconds, o.longSteps, o.longTimeout
 	default:
-		v, err := strconv.ParseFloat(b, 64)
+		v, err := strconv.ParseFloat(base, 64)
 		if err != nil || v <= 0 {
-			return s, fmt.Errorf("budget %q: want a number of GiB, all, keep, cold or long", b)
+			return s, fmt.Errorf("budget %q: want a number of GiB, all, keep, cold or long, or fp8- before a number, all, keep or cold", b)
 		}
 		s.laneGB = v
+	}
+	if fp8 {
+		s.weights, s.fp8Compute = "fp8", o.fp8Compute
 	}
 	return s, nil
 }
@@ -249,6 +277,7 @@ func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 		return nil, err
 	}
 	res := &Budget{Budget: b, DeviceGiB: dev, LaneMemoryGB: sp.laneGB, Seconds: sp.seconds, Steps: sp.steps, KeepAlive: sp.keepAlive.String(),
+		Weights: sp.weights, FP8Compute: sp.fp8Compute,
 		Params: fmt.Sprintf("%dx%d, resolution %d, window %d, %d steps, %g s, lane %s",
 			o.width, o.height, o.resolution, o.window, sp.steps, sp.seconds, o.lane)}
 	res.CapGiB = dev - 1
@@ -335,9 +364,13 @@ func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 			err := cmd.Run()
 			return stdout.String(), stderr.String(), err
 		}
-		id, msg, err := cli("generate", "--detach", "--image", img, "--prompt", o.prompt, "--seconds", fmt.Sprint(sp.seconds),
+		args := []string{"generate", "--detach", "--image", img, "--prompt", o.prompt, "--seconds", fmt.Sprint(sp.seconds),
 			"--window", fmt.Sprint(o.window), "--steps", fmt.Sprint(sp.steps), "--resolution", fmt.Sprint(o.resolution),
-			"--teacache=false", "--lane", o.lane, "--gpu-preserve", "0", "--keep-alive", sp.keepAlive.String())
+			"--teacache=false", "--lane", o.lane, "--gpu-preserve", "0", "--keep-alive", sp.keepAlive.String()}
+		if sp.weights != "" {
+			args = append(args, "--weights", sp.weights, "--fp8-compute", sp.fp8Compute)
+		}
+		id, msg, err := cli(args...)
 		if err != nil {
 			return jobRun{secs: time.Since(t0).Seconds(), out: id + msg, err: err}
 		}
@@ -391,6 +424,8 @@ func runBudget(o options, b string, dev float64, img string) (*Budget, error) {
 	}
 	if res.Error == "" {
 		if err := res.hashOutputs(history, job.video); err != nil {
+			res.Error = err.Error()
+		} else if err := res.readWeights(job.video); err != nil {
 			res.Error = err.Error()
 		}
 	}

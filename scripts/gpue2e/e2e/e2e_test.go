@@ -66,16 +66,16 @@ func TestE2ECPU(t *testing.T) {
 		}
 		return string(b)
 	}
-	const budgets = "keep,all,0.25,long"
+	const budgets = "keep,all,0.25,fp8-all,fp8-0.25,long"
 	args := []string{"-bin", bin, "-models", models, "-out", out, "-lane", "cpu", "-device-gib", "3", "-budgets", budgets,
 		"-width", "96", "-height", "64", "-resolution", "96", "-window", "3", "-steps", "2", "-seconds", "0.5", "-timeout", "2m",
 		"-long-seconds", "2", "-long-steps", "1", "-long-gb", "1", "-long-timeout", "4m"}
 	t.Log(harness(args...))
-	if again := harness(args...); strings.Count(again, "kept") != 4 {
+	if again := harness(args...); strings.Count(again, "kept") != 6 {
 		t.Errorf("second run did not keep every budget:\n%s", again)
 	}
 	rep := filepath.Join(out, "e2e.json")
-	table := harness("-out", out, "-budgets", budgets, "-report", rep, "-gpu", "cpu", "-require", "4")
+	table := harness("-out", out, "-budgets", budgets, "-report", rep, "-gpu", "cpu", "-require", "6")
 	t.Log(table)
 	var r Report
 	raw, err := os.ReadFile(rep)
@@ -89,7 +89,7 @@ func TestE2ECPU(t *testing.T) {
 	for _, j := range r.Jobs {
 		jobs[j.Budget.Budget] = j
 	}
-	if len(r.Jobs) != 4 || jobs["all"].VsAll != 1 || jobs["0.25"].CapGiB != 0.25 || jobs["0.25"].LaneMemoryGB != 0.25 || jobs["all"].LaneMemoryGB != 0 {
+	if len(r.Jobs) != 6 || jobs["all"].VsAll != 1 || jobs["0.25"].CapGiB != 0.25 || jobs["0.25"].LaneMemoryGB != 0.25 || jobs["all"].LaneMemoryGB != 0 {
 		t.Errorf("jobs %+v", r.Jobs)
 	}
 	// keep: the daemon's second job found every worker the first left alive
@@ -99,10 +99,19 @@ func TestE2ECPU(t *testing.T) {
 	if a := jobs["all"]; a.ReusedStages == a.WorkerStages || a.KeepAlive != "0s" {
 		t.Errorf("all: %d of %d worker stages reused (a fresh daemon's job loads its workers), keep-alive %s", a.ReusedStages, a.WorkerStages, a.KeepAlive)
 	}
-	// the tiny models never stream and the VAE tiles alike at every budget: the same video;
-	// the long job is another video
+	// the tiny models never stream and the VAE tiles alike at every budget: the same video (fp8
+	// budgets: the fp8-all job's, which is not the bf16 one's); the long job is another video
 	for _, j := range r.Jobs {
 		b := j.Budget.Budget
+		if _, fp8 := baseBudget(b); fp8 {
+			if j.Weights != "fp8" || j.FP8Compute != "token" || j.WeightsFormat != "quantized" || j.ServedFP8Compute != "token" ||
+				j.BitReference != "fp8-all" || j.LatentsSHA256 == jobs["all"].LatentsSHA256 || j.TransformerRSSGiB <= 0 {
+				t.Errorf("budget %s: weights %q %q, settings report %q %q, compared with %q, latents %q (bf16 all %q), transformer RSS %.3f GiB",
+					b, j.Weights, j.FP8Compute, j.WeightsFormat, j.ServedFP8Compute, j.BitReference, j.LatentsSHA256, jobs["all"].LatentsSHA256, j.TransformerRSSGiB)
+			}
+		} else if j.Weights != "" || j.WeightsFormat != "" || (b != "long" && j.BitReference != "all") {
+			t.Errorf("budget %s: weights %q, settings report %q, compared with %q", b, j.Weights, j.WeightsFormat, j.BitReference)
+		}
 		if j.OutputSHA256 == "" || j.LatentsSHA256 == "" || j.LatentsSHA256 == j.OutputSHA256 || j.VideoBytes <= 0 || j.VideoFormat == "" {
 			t.Errorf("budget %s: output %q, latents %q, video %s %d bytes", b, j.OutputSHA256, j.LatentsSHA256, j.VideoFormat, j.VideoBytes)
 		}
@@ -151,7 +160,8 @@ func TestE2ECPU(t *testing.T) {
 			t.Errorf("no row of %s", s)
 		}
 	}
-	for _, want := range []string{"| measure |", "| all resident |", "| 0.25 GB |", "first job", "long (2 s)", "Long job (2 s, 5 sections", "not run"} {
+	for _, want := range []string{"| measure |", "| all resident |", "| 0.25 GB |", "first job", "long (2 s)", "Long job (2 s, 5 sections", "not run",
+		"| 0.25 GB, fp8 weights (token) |", "| 0.5 s job at 0.25 GB: fp8 weights (token) vs our bf16, time without video | fp8 ", "| host RAM at 16 GB: fp8 weights vs our bf16, transformer worker RSS peak | not run |"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("table has no %q:\n%s", want, table)
 		}

@@ -54,38 +54,10 @@ func goals(jobs []JobTotal, fp fpResults) []Goal {
 			job = fmt.Sprintf("%g s job", b.Seconds)
 		}
 	}
-	// ourTime is b's time to set beside FramePack's job r: with our video writing where r
-	// wrote its video, else without.
-	ourTime := func(b *Budget, r *fpRow) (float64, string) {
-		if r != nil && r.WroteVideo {
-			return b.TotalS, fmt.Sprintf("%.1f s with video (%.1f s without)", b.TotalS, b.TotalNoVideoS)
-		}
-		return b.TotalNoVideoS, fmt.Sprintf("%.1f s without video (%.1f s with)", b.TotalNoVideoS, b.TotalS)
-	}
-	fpTime := func(r *fpRow) string {
-		v := "without video"
-		if r.WroteVideo {
-			v = "with video"
-		}
-		if r.Beside != "" {
-			v += "; " + r.Beside
-		}
-		return fmt.Sprintf("%.1f s %s (+ %.1f s load)", r.Seconds, v, r.LoadS)
-	}
 	var out []Goal
 
 	g := Goal{Measure: job + " where everything fits (keep-alive on, warm workers) vs FramePack high-VRAM", Goal: fmt.Sprintf("≤ %.1f× FramePack's time", goalKeepVsHighFP)}
-	keep, high := byName["keep"], fp.job("high_vram", 0)
-	if keep != nil && keep.OK {
-		t, s := ourTime(keep, high)
-		g.Ours = s
-		if high != nil && high.Seconds > 0 && t > 0 {
-			g.FramePack, g.Value = fpTime(high), t/high.Seconds
-			g.Result = fmt.Sprintf("%.2f× FramePack's time", g.Value)
-			g.Met = met(g.Value <= goalKeepVsHighFP)
-		}
-	}
-	out = append(out, notRun(g))
+	out = append(out, againstFP(g, byName["keep"], fp.job("high_vram", 0), false, func(v float64) bool { return v <= goalKeepVsHighFP }))
 
 	goalOf := map[string]float64{}
 	for _, gb := range goalBudgets {
@@ -103,22 +75,12 @@ func goals(jobs []JobTotal, fp fpResults) []Goal {
 		}
 		v, _ := strconv.ParseFloat(b, 64)
 		g := Goal{Measure: fmt.Sprintf("%s at %s GB vs FramePack low-VRAM at %s GB", job, b, b), Goal: "–"}
+		var check func(float64) bool
 		if hasGoal {
 			g.Goal = fmt.Sprintf("≥ %.1f× faster", want)
+			check = func(v float64) bool { return v >= want }
 		}
-		ours, low := byName[b], fp.job("low_vram", v)
-		if ours != nil && ours.OK {
-			t, s := ourTime(ours, low)
-			g.Ours = s
-			if low != nil && t > 0 {
-				g.FramePack, g.Value = fpTime(low), low.Seconds/t
-				g.Result = fmt.Sprintf("%.2f× faster", g.Value)
-				if hasGoal {
-					g.Met = met(g.Value >= want)
-				}
-			}
-		}
-		out = append(out, notRun(g))
+		out = append(out, againstFP(g, byName[b], fp.job("low_vram", v), true, check))
 	}
 
 	g = Goal{Measure: "load share of the 16 GB job (spawn → ready + load of every stage / job time)", Goal: fmt.Sprintf("≤ %.0f %%", 100*goalLoadShare)}
@@ -152,26 +114,208 @@ func goals(jobs []JobTotal, fp fpResults) []Goal {
 		if !b.OK {
 			continue
 		}
-		g := Goal{Measure: fmt.Sprintf("host RAM, %s: all our processes' RSS peak (system used above baseline)", budgetName(b.Budget, b.Seconds)), Goal: "every number in the record"}
+		g := Goal{Measure: fmt.Sprintf("host RAM, %s: all our processes' RSS peak (system used above baseline)", b.label()), Goal: "every number in the record"}
 		if _, ok := goalOf[b.Budget]; ok {
 			g.Goal = fmt.Sprintf("≤ %.0f GiB", goalHostRSSGiB)
 			g.Met = met(b.ProcsRSSPeakGiB <= goalHostRSSGiB)
 		}
 		g.Ours = fmt.Sprintf("%.1f GiB RSS (%.1f anon+shmem, largest worker %.1f), system +%.1f GiB", b.ProcsRSSPeakGiB, b.ProcsPrivatePeakGiB, b.WorkerRSSPeakGiB, b.HostUsedPeakGiB)
 		g.Value, g.Result = b.ProcsRSSPeakGiB, fmt.Sprintf("%.1f GiB", b.ProcsRSSPeakGiB)
-		var r *fpRow
-		switch b.Budget {
-		case "keep", "all", "cold":
-			r = fp.job("high_vram", 0)
-		default:
-			if v, err := strconv.ParseFloat(b.Budget, 64); err == nil {
-				r = fp.job("low_vram", v)
-			}
-		}
-		if r != nil {
+		if r := fp.sameMemory(b.Budget); r != nil {
 			g.FramePack = fmt.Sprintf("%s: %.1f GiB RSS, system +%.1f GiB", r.Mode, r.HostRSSPeakGiB, r.HostUsedPeakGiB)
 		}
 		out = append(out, g)
+	}
+	return append(out, fp8Goals(jobs, fp, job)...)
+}
+
+// ourTime is b's time to set beside FramePack's job r: with our video writing where r wrote its
+// video, else without.
+func ourTime(b *Budget, r *fpRow) (float64, string) {
+	if r != nil && r.WroteVideo {
+		return b.TotalS, fmt.Sprintf("%.1f s with video (%.1f s without)", b.TotalS, b.TotalNoVideoS)
+	}
+	return b.TotalNoVideoS, fmt.Sprintf("%.1f s without video (%.1f s with)", b.TotalNoVideoS, b.TotalS)
+}
+
+// fpTime is FramePack's job r in words.
+func fpTime(r *fpRow) string {
+	v := "without video"
+	if r.WroteVideo {
+		v = "with video"
+	}
+	if r.Beside != "" {
+		v += "; " + r.Beside
+	}
+	return fmt.Sprintf("%.1f s %s (+ %.1f s load)", r.Seconds, v, r.LoadS)
+}
+
+// againstFP fills g with our job set beside FramePack's job r (nil: none that finished): our
+// time over its (speedup false: against high-VRAM) or its time over ours (speedup true: against
+// low-VRAM); check says whether the value meets the goal (nil: the row has none).
+func againstFP(g Goal, ours *Budget, r *fpRow, speedup bool, check func(float64) bool) Goal {
+	if ours == nil || !ours.OK {
+		return notRun(g)
+	}
+	t, s := ourTime(ours, r)
+	g.Ours = s
+	if r != nil && r.Seconds > 0 && t > 0 {
+		g.FramePack = fpTime(r)
+		if speedup {
+			g.Value, g.Result = r.Seconds/t, fmt.Sprintf("%.2f× faster", r.Seconds/t)
+		} else {
+			g.Value, g.Result = t/r.Seconds, fmt.Sprintf("%.2f× FramePack's time", t/r.Seconds)
+		}
+		if check != nil {
+			g.Met = met(check(g.Value))
+		}
+	}
+	return notRun(g)
+}
+
+// sameMemory is FramePack's job at budget b's memory: high-VRAM beside keep, all and cold,
+// low-VRAM at N GB beside N (fp8 budgets as the budget they behave as).
+func (f fpResults) sameMemory(b string) *fpRow {
+	base, _ := baseBudget(b)
+	switch base {
+	case "keep", "all", "cold":
+		return f.job("high_vram", 0)
+	}
+	if v, err := strconv.ParseFloat(base, 64); err == nil {
+		return f.job("low_vram", v)
+	}
+	return nil
+}
+
+// Issue 31's goals for the fp8 budgets (against our bf16 budget of the same memory).
+const (
+	goalFP8SpeedupAt6 = 1.3  // fp8-6 at least this much faster than 6
+	goalFP8RSSAt16    = 0.55 // fp8-16's transformer worker RSS at most this share of 16's
+	goalFP8At16VsAll  = 1.0  // fp8-16's time at most this share of all's, every block resident
+)
+
+// fp8Goals are the rows of the fp8 budgets (fp8-keep, fp8-N, …): each against FramePack at the
+// same memory (fp8-keep: high-VRAM; fp8-N: low-VRAM at N GB; no goal), against our bf16 budget
+// of the same memory (time without video, and the transformer worker's host RSS peak: fp8
+// weights halve its host copy; issue 31 wants fp8-6 ≥ 1.3× faster than 6 and fp8-16's
+// transformer RSS ≤ 0.55× of 16's), and fp8-16 against our bf16 all-resident job (every block
+// resident and no slower). With any fp8 budget in the report, the rows with a goal appear as
+// "not run" where their budget did not run; with none, no row appears.
+func fp8Goals(jobs []JobTotal, fp fpResults, job string) []Goal {
+	byName := map[string]*JobTotal{}
+	var names []string
+	for i := range jobs {
+		byName[jobs[i].Budget.Budget] = &jobs[i]
+		if _, fp8 := baseBudget(jobs[i].Budget.Budget); fp8 {
+			names = append(names, jobs[i].Budget.Budget)
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	for _, b := range []string{fp8Prefix + "16", fp8Prefix + "6"} {
+		if byName[b] == nil {
+			names = append(names, b)
+		}
+	}
+	where := func(base string) string {
+		switch base {
+		case "keep":
+			return "where everything fits (keep-alive on, warm workers)"
+		case "all":
+			return "all resident"
+		case "cold":
+			return "all resident, first job"
+		}
+		return "at " + base + " GB"
+	}
+	ok := func(b string) *Budget {
+		if j := byName[b]; j != nil && j.OK {
+			return &j.Budget
+		}
+		return nil
+	}
+	var out []Goal
+	for _, name := range names {
+		base, _ := baseBudget(name)
+		f8, bf := ok(name), ok(base)
+		weights := "fp8 weights"
+		if f8 != nil {
+			weights = f8.fp8Words()
+		}
+		// against FramePack at the same memory
+		switch _, err := strconv.ParseFloat(base, 64); {
+		case base == "keep":
+			out = append(out, againstFP(Goal{Measure: fmt.Sprintf("%s %s, %s vs FramePack high-VRAM", job, where(base), weights), Goal: "–"},
+				f8, fp.job("high_vram", 0), false, nil))
+		case err == nil:
+			out = append(out, againstFP(Goal{Measure: fmt.Sprintf("%s %s, %s vs FramePack low-VRAM at %s GB", job, where(base), weights, base), Goal: "–"},
+				f8, fp.sameMemory(base), true, nil))
+		}
+		// against our bf16 budget of the same memory: time
+		g := Goal{Measure: fmt.Sprintf("%s %s: %s vs our bf16, time without video", job, where(base), weights), Goal: "–"}
+		if base == "6" {
+			g.Goal = fmt.Sprintf("≥ %.1f× faster", goalFP8SpeedupAt6)
+		}
+		if f8 != nil {
+			g.Ours = fmt.Sprintf("fp8 %.1f s (%.1f s with video)", f8.TotalNoVideoS, f8.TotalS)
+			if bf == nil {
+				g.Ours += fmt.Sprintf("; bf16 budget %s not run", base)
+			} else if f8.TotalNoVideoS > 0 {
+				g.Ours += fmt.Sprintf(", bf16 %.1f s (%.1f s with video)", bf.TotalNoVideoS, bf.TotalS)
+				g.Value = bf.TotalNoVideoS / f8.TotalNoVideoS
+				g.Result = fmt.Sprintf("fp8 %.2f× as fast as bf16", g.Value)
+				if base == "6" {
+					g.Met = met(g.Value >= goalFP8SpeedupAt6)
+				}
+			}
+		}
+		out = append(out, notRun(g))
+		// against our bf16 budget of the same memory: host RAM
+		g = Goal{Measure: fmt.Sprintf("host RAM %s: %s vs our bf16, transformer worker RSS peak", where(base), weights), Goal: "–"}
+		if base == "16" {
+			g.Goal = fmt.Sprintf("≤ %.2f× of bf16", goalFP8RSSAt16)
+		}
+		if f8 != nil {
+			j := byName[name]
+			g.Ours = fmt.Sprintf("fp8: transformer %.1f GiB, all our processes %.1f GiB, system +%.1f GiB", j.TransformerRSSGiB, f8.ProcsRSSPeakGiB, f8.HostUsedPeakGiB)
+			if bf == nil {
+				g.Ours += fmt.Sprintf("; bf16 budget %s not run", base)
+			} else {
+				jb := byName[base]
+				g.Ours += fmt.Sprintf("; bf16: transformer %.1f GiB, all our processes %.1f GiB, system +%.1f GiB", jb.TransformerRSSGiB, bf.ProcsRSSPeakGiB, bf.HostUsedPeakGiB)
+				if jb.TransformerRSSGiB > 0 {
+					g.Value = j.TransformerRSSGiB / jb.TransformerRSSGiB
+					g.Result = fmt.Sprintf("%.2f× of bf16", g.Value)
+					if bf.ProcsRSSPeakGiB > 0 {
+						g.Result += fmt.Sprintf(" (all our processes %.2f×)", f8.ProcsRSSPeakGiB/bf.ProcsRSSPeakGiB)
+					}
+					if base == "16" {
+						g.Met = met(g.Value <= goalFP8RSSAt16)
+					}
+				}
+			}
+		}
+		out = append(out, notRun(g))
+		if base != "16" {
+			continue
+		}
+		// fp8 at 16 GB against our bf16 all-resident job
+		g = Goal{Measure: fmt.Sprintf("%s %s, %s: every block resident; vs our bf16 all-resident job", job, where(base), weights),
+			Goal: fmt.Sprintf("every block resident; ≤ %.1f× bf16 all-resident's time", goalFP8At16VsAll)}
+		if f8 != nil {
+			j, all := byName[name], ok("all")
+			g.Ours = fmt.Sprintf("%d/%d transformer blocks resident/streamed, %.1f s without video", j.Resident, j.Streamed, f8.TotalNoVideoS)
+			if all == nil {
+				g.Ours += "; bf16 all-resident not run"
+			} else if all.TotalNoVideoS > 0 {
+				g.Ours += fmt.Sprintf("; bf16 all-resident %.1f s", all.TotalNoVideoS)
+				g.Value = f8.TotalNoVideoS / all.TotalNoVideoS
+				g.Result = fmt.Sprintf("%.2f× bf16 all-resident's time, %d blocks streamed", g.Value, j.Streamed)
+				g.Met = met(j.Resident > 0 && j.Streamed == 0 && g.Value <= goalFP8At16VsAll)
+			}
+		}
+		out = append(out, notRun(g))
 	}
 	return out
 }

@@ -13,13 +13,16 @@
 // Budgets: a number (GiB: the lane's limit), all (no limit), keep (no limit, keep-alive on:
 // the daemon runs the job twice and the second, on warm workers, is measured), cold (as all,
 // with no conv decisions or cuDNN Find results yet), long (a -long-seconds job at -long-gb with
-// -long-steps: time and disk writes against the length).
+// -long-steps: time and disk writes against the length), fp8-keep, fp8-all, fp8-cold, fp8-N (as
+// keep, all, cold, N with the job's transformer quantized to fp8 at load: `--weights fp8
+// --fp8-compute` -fp8-compute).
 //
 // Resumable: each budget's result is OUT/budget-<b>.json, and a budget whose file exists is not
 // run again. -report merges the budgets found and FramePack's runs (framepack_e2e.py) into one
 // JSON file and prints the goals table of issue 30 and the README tables.
 //
 //	e2e -bin bin -models ROOT -out DIR -lane cuda:0 -budgets keep,all,24,16,8,6,long
+//	e2e -bin bin -models ROOT -out DIR -lane cuda:0 -budgets fp8-keep,fp8-16,fp8-6 -fp8-compute token
 //	e2e -out DIR -report docs/bench/2026-11-29-h200-e2e.json [-framepack DIR/framepack.json] -gpu H200
 package main
 
@@ -55,6 +58,7 @@ type options struct {
 	keepAlive           time.Duration
 	hostEvery           time.Duration
 	report, framepack   string
+	fp8Compute          string
 	gpu                 string
 	minBudgets          int
 	limit               time.Duration
@@ -73,7 +77,8 @@ func run() error {
 	flag.StringVar(&o.models, "models", "", "model root (mkmodels' -out)")
 	flag.StringVar(&o.out, "out", "", "results folder (one budget-<b>.json per budget; existing ones are kept)")
 	flag.StringVar(&o.lane, "lane", "cuda:0", "lane to run on (cuda:N, hip:N or cpu)")
-	flag.StringVar(&o.budgets, "budgets", defaultBudgets, "comma-separated: a number of GiB (the lane's --lane-memory-gb); all: no limit; keep: no limit, keep-alive on, the second of two jobs measured; cold: as all with empty conv caches; long: the -long-* job")
+	flag.StringVar(&o.budgets, "budgets", defaultBudgets, "comma-separated: a number of GiB (the lane's --lane-memory-gb); all: no limit; keep: no limit, keep-alive on, the second of two jobs measured; cold: as all with empty conv caches; long: the -long-* job; fp8-keep, fp8-all, fp8-cold, fp8-N: as keep, all, cold, N with the transformer quantized to fp8 at load")
+	flag.StringVar(&o.fp8Compute, "fp8-compute", "token", "the fp8 budgets' --fp8-compute: weight_only, tensor or token")
 	flag.Float64Var(&o.deviceGiB, "device-gib", 0, "the lane's device memory in GiB (cpu: given to framepackd as --cpu-device-memory-gb; cuda: 0 reads nvidia-smi)")
 	flag.IntVar(&o.width, "width", 704, "input image width (the bucket follows its aspect)")
 	flag.IntVar(&o.height, "height", 544, "input image height")
@@ -102,6 +107,11 @@ func run() error {
 	o.twice = map[string]bool{}
 	for _, b := range splitList(*twice) {
 		o.twice[b] = true
+	}
+	switch o.fp8Compute {
+	case "weight_only", "tensor", "token":
+	default:
+		return fmt.Errorf("-fp8-compute %q: want weight_only, tensor or token", o.fp8Compute)
 	}
 	if o.report != "" {
 		return report(o)
@@ -151,8 +161,8 @@ func run() error {
 		if err := os.WriteFile(path, raw, 0o644); err != nil {
 			return err
 		}
-		fmt.Printf("e2e budget %s: job %.1f s (%.1f s without writing video), load share %.1f %%, %d/%d worker stages reused, lane budget %.2f GiB, max peak %.2f GiB, host used +%.1f GiB, our RSS %.1f GiB, disk writes %.0f MB, video %.0f MB, ok=%v %s\n",
-			b, res.TotalS, res.TotalNoVideoS, 100*res.LoadShare, res.ReusedStages, res.WorkerStages, res.CapGiB, res.MaxPeakGiB,
+		fmt.Printf("e2e budget %s: %sjob %.1f s (%.1f s without writing video), load share %.1f %%, %d/%d worker stages reused, lane budget %.2f GiB, max peak %.2f GiB, host used +%.1f GiB, our RSS %.1f GiB, disk writes %.0f MB, video %.0f MB, ok=%v %s\n",
+			b, res.weightsNote(), res.TotalS, res.TotalNoVideoS, 100*res.LoadShare, res.ReusedStages, res.WorkerStages, res.CapGiB, res.MaxPeakGiB,
 			res.HostUsedPeakGiB, res.ProcsRSSPeakGiB, float64(res.DiskWriteBytes)/1e6, float64(res.VideoBytes)/1e6, res.OK, res.Error)
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -121,4 +122,37 @@ func framesHash(path string, pngDir bool) (string, error) {
 		}
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// jobSettings is the part of the job's settings (pipeline.Settings, the JSON file beside each
+// video) the benchmark reads: how the transformer held its weights.
+type jobSettings struct {
+	Weights *struct {
+		Quantize   string `json:"quantize"`
+		Format     string `json:"format"`
+		FP8Compute string `json:"fp8_compute"`
+	} `json:"weights"`
+}
+
+// readWeights sets the weights format and fp8 compute mode the job's settings beside its final
+// video report (<video without extension>.json, for an MP4 and a PNG folder alike). A job that
+// asked for fp8 weights must have loaded them: an fp8 budget whose transformer ran in 16 bits
+// would measure the wrong thing.
+func (res *Budget) readWeights(videoPath string) error {
+	name := strings.TrimSuffix(videoPath, filepath.Ext(videoPath)) + ".json"
+	raw, err := os.ReadFile(name)
+	if err != nil {
+		return fmt.Errorf("the job's settings: %w", err)
+	}
+	var s jobSettings
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return fmt.Errorf("the job's settings %s: %w", name, err)
+	}
+	if s.Weights != nil {
+		res.WeightsFormat, res.ServedFP8Compute = s.Weights.Format, s.Weights.FP8Compute
+	}
+	if res.Weights != "" && res.WeightsFormat == "" {
+		return fmt.Errorf("the job asked for --weights %s, but its settings (%s) report no 8-bit weights", res.Weights, name)
+	}
+	return nil
 }

@@ -14,14 +14,20 @@ import (
 // compares with the all-resident job.
 type JobTotal struct {
 	Budget
+	// VsAll is the job's time over the (bf16) all-resident job's, fp8 budgets' too.
 	VsAll      float64 `json:"vs_all_resident,omitempty"`
 	TransformS float64 `json:"transformer_s"`
 	Resident   uint32  `json:"transformer_resident_blocks"`
 	Streamed   uint32  `json:"transformer_streamed_blocks"`
-	// SameAsAll: the final video's frames are the all-resident job's, bit for bit (nil: either
-	// has no hash, or the jobs differ in length or steps).
+	// TransformerRSSGiB is the largest host RSS peak of the job's transformer stages.
+	TransformerRSSGiB float64 `json:"transformer_rss_peak_gib"`
+	// BitReference is the job the outputs are compared with: all, or fp8-all for an fp8 budget
+	// (other weights give other latents); empty: none to compare with.
+	BitReference string `json:"bit_reference,omitempty"`
+	// SameAsAll: the final video's frames are BitReference's, bit for bit (nil: either has no
+	// hash, or the jobs differ in length or steps, or no reference ran).
 	SameAsAll *bool `json:"same_output_as_all,omitempty"`
-	// SameLatentsAsAll: the last section's latents are the all-resident job's, bit for bit.
+	// SameLatentsAsAll: the last section's latents are BitReference's, bit for bit.
 	SameLatentsAsAll *bool `json:"same_latents_as_all,omitempty"`
 }
 
@@ -67,6 +73,7 @@ func report(o options) error {
 		for _, row := range r.Rows {
 			if row.Worker == "transformer" {
 				jt.TransformS += row.Seconds
+				jt.TransformerRSSGiB = max(jt.TransformerRSSGiB, row.RSSPeakGiB)
 				if !row.Reused {
 					jt.Resident, jt.Streamed = row.ResidentBlocks, row.StreamedBlocks
 				}
@@ -74,10 +81,13 @@ func report(o options) error {
 		}
 		rep.Jobs = append(rep.Jobs, jt)
 	}
-	var all *JobTotal
+	var all, fp8All *JobTotal
 	for i := range rep.Jobs {
-		if rep.Jobs[i].Budget.Budget == "all" {
+		switch rep.Jobs[i].Budget.Budget {
+		case "all":
 			all = &rep.Jobs[i]
+		case fp8Prefix + "all":
+			fp8All = &rep.Jobs[i]
 		}
 	}
 	sameAs := func(h, ref string) *bool {
@@ -87,16 +97,22 @@ func report(o options) error {
 		same := h == ref
 		return &same
 	}
+	alike := func(j, ref *JobTotal) bool { return ref != nil && j.Seconds == ref.Seconds && j.Steps == ref.Steps }
 	for i := range rep.Jobs {
 		j := &rep.Jobs[i]
-		if all == nil || j.Seconds != all.Seconds || j.Steps != all.Steps {
-			continue
-		}
-		if all.TotalS > 0 {
+		if alike(j, all) && all.TotalS > 0 {
 			j.VsAll = j.TotalS / all.TotalS
 		}
-		j.SameAsAll = sameAs(j.OutputSHA256, all.OutputSHA256)
-		j.SameLatentsAsAll = sameAs(j.LatentsSHA256, all.LatentsSHA256)
+		ref := all
+		if _, fp8 := baseBudget(j.Budget.Budget); fp8 {
+			ref = fp8All
+		}
+		if !alike(j, ref) {
+			continue
+		}
+		j.BitReference = ref.Budget.Budget
+		j.SameAsAll = sameAs(j.OutputSHA256, ref.OutputSHA256)
+		j.SameLatentsAsAll = sameAs(j.LatentsSHA256, ref.LatentsSHA256)
 	}
 	var fp fpResults
 	if o.framepack != "" {
@@ -155,8 +171,8 @@ func (r *Budget) problems() []string {
 	if !r.OK {
 		out = append(out, fmt.Sprintf("budget %s: job failed: %s", b, r.Error))
 	}
-	if b == "keep" && r.OK && r.ReusedStages < r.WorkerStages {
-		out = append(out, fmt.Sprintf("budget keep: the second job reused a kept worker in %d of %d worker stages", r.ReusedStages, r.WorkerStages))
+	if base, _ := baseBudget(b); base == "keep" && r.OK && r.ReusedStages < r.WorkerStages {
+		out = append(out, fmt.Sprintf("budget %s: the second job reused a kept worker in %d of %d worker stages", b, r.ReusedStages, r.WorkerStages))
 	}
 	return out
 }
@@ -206,7 +222,7 @@ func table(rep Report, fp fpResults) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\nEnd to end (%s; %s; %s)\n\n", rep.GPU, rep.Params, rep.Date)
 	b.WriteString(goalsTable(rep.Goals))
-	b.WriteString("\n| budget | lane GiB | job s | without video s | vs all-resident | load share | reused/worker stages | transformer s | blocks resident/streamed | max peak GiB | NVML peak GiB | host used GiB | our RSS GiB (anon+shmem) | max worker RSS GiB | disk writes MB | video MB | output = all | latents = all | ok |\n")
+	b.WriteString("\n| budget | lane GiB | job s | without video s | vs all-resident | load share | reused/worker stages | transformer s | blocks resident/streamed | max peak GiB | NVML peak GiB | host used GiB | our RSS GiB (anon+shmem) | max worker RSS GiB | disk writes MB | video MB | output = all (fp8: fp8-all) | latents = all (fp8: fp8-all) | ok |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, j := range rep.Jobs {
 		job := fmt.Sprintf("%.1f", j.TotalS)
@@ -218,7 +234,7 @@ func table(rep Report, fp fpResults) string {
 			vs = fmt.Sprintf("%.2f×", j.VsAll)
 		}
 		fmt.Fprintf(&b, "| %s | %.2f | %s | %.1f | %s | %.1f %% | %d/%d | %.1f | %d/%d | %.2f | %.2f | %.1f | %.1f (%.1f) | %.1f | %.0f | %.0f | %s | %s | %v |\n",
-			budgetName(j.Budget.Budget, j.Seconds), j.CapGiB, job, j.TotalNoVideoS, vs, 100*j.LoadShare, j.ReusedStages, j.WorkerStages, j.TransformS,
+			j.label(), j.CapGiB, job, j.TotalNoVideoS, vs, 100*j.LoadShare, j.ReusedStages, j.WorkerStages, j.TransformS,
 			j.Resident, j.Streamed, j.MaxPeakGiB, j.NVMLPeakGiB, j.HostUsedPeakGiB, j.ProcsRSSPeakGiB, j.ProcsPrivatePeakGiB, j.WorkerRSSPeakGiB,
 			float64(j.DiskWriteBytes)/1e6, float64(j.VideoBytes)/1e6, word(j.SameAsAll), word(j.SameLatentsAsAll), j.OK)
 	}
@@ -257,18 +273,42 @@ func table(rep Report, fp fpResults) string {
 	return b.String()
 }
 
-func budgetName(b string, seconds float64) string {
-	switch b {
+// label names a budget in the tables: "16 GB", "all resident", "16 GB, fp8 weights (token)".
+func (r *Budget) label() string {
+	base, fp8 := baseBudget(r.Budget)
+	name := base + " GB"
+	switch base {
 	case "all":
-		return "all resident"
+		name = "all resident"
 	case "keep":
-		return "all resident, keep-alive (second job)"
+		name = "all resident, keep-alive (second job)"
 	case "cold":
-		return "all resident, first job (no conv caches)"
+		name = "all resident, first job (no conv caches)"
 	case "long":
-		return fmt.Sprintf("long (%g s)", seconds)
+		name = fmt.Sprintf("long (%g s)", r.Seconds)
 	}
-	return b + " GB"
+	if fp8 {
+		name += ", " + r.fp8Words()
+	}
+	return name
+}
+
+// fp8Words is an fp8 budget's weights in words: "fp8 weights (token)", with the compute mode
+// the job's settings report (else the one it asked for).
+func (r *Budget) fp8Words() string {
+	c := r.ServedFP8Compute
+	if c == "" {
+		c = r.FP8Compute
+	}
+	return fmt.Sprintf("fp8 weights (%s)", c)
+}
+
+// weightsNote is the progress line's word on an fp8 budget's weights (empty for bf16).
+func (r *Budget) weightsNote() string {
+	if r.Weights == "" {
+		return ""
+	}
+	return fmt.Sprintf("weights %s (format %s, compute %s asked, %s reported), ", r.Weights, r.WeightsFormat, r.FP8Compute, r.ServedFP8Compute)
 }
 
 func word(p *bool) string {
