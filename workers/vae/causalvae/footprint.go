@@ -28,7 +28,7 @@ type FootprintOptions struct {
 type meter struct {
 	rt    *runtime.Runtime
 	m     *Model
-	base  int64             // bytes the weights hold
+	base  int64              // bytes the weights hold
 	peaks map[meterKey]int64 // measured tiles
 }
 

@@ -236,4 +236,3 @@ func TestChooseTilingFullSize(t *testing.T) {
 		}
 	}
 }
-
