@@ -75,6 +75,7 @@ type Loader struct {
 	src    Source                   // checkpoint mode
 	rng    *rand.Rand               // random mode
 	shapes map[string][]int         // shape mode
+	empty  bool                     // empty mode: tensors without contents (NewEmptyLoader)
 	sdtype map[string]runtime.DType // shape mode: the dtype each bind asked for
 	dtype  runtime.DType
 	wdtype runtime.DType
@@ -161,6 +162,16 @@ func NewShapeLoaderFor(o Options) *Loader {
 	l := NewLoader(nil, nil, o, "")
 	l.shapes = map[string][]int{}
 	l.sdtype = map[string]runtime.DType{}
+	return l
+}
+
+// NewEmptyLoader returns a loader that binds every tensor asked for as a new tensor of rt with
+// that shape and the dtype a loader with options o would upload it as, without contents (a
+// weight dtype of runtime.AsStored binds F32): a model on a shape-only runtime (runtime.Options
+// ShapeOnly) whose forward measures memory.
+func NewEmptyLoader(rt *runtime.Runtime, o Options) *Loader {
+	l := NewLoader(rt, nil, o, "")
+	l.empty = true
 	return l
 }
 
@@ -307,6 +318,16 @@ func (l *Loader) bindAs(dt runtime.DType, name string, shape []int, stored8 bool
 		l.shapes[full] = slices.Clone(shape)
 		l.sdtype[full] = dt
 		return nil
+	case l.empty:
+		l.used[full] = true
+		if len(l.errs) > 0 {
+			return nil
+		}
+		if dt == runtime.AsStored {
+			dt = runtime.F32
+		}
+		t, err := l.rt.NewTensor(dt, shape...)
+		return l.keep(full, t, err)
 	case l.rng != nil:
 		l.used[full] = true
 		if len(l.errs) > 0 {

@@ -109,6 +109,19 @@ func (p Conv3dParams) norm() Conv3dParams {
 	return p
 }
 
+// c is p as the C ABI takes it.
+func (p Conv3dParams) c() C.fpk_conv3d_params {
+	cp := C.fpk_conv3d_params{groups: C.int64_t(p.Groups)}
+	for i := range 3 {
+		cp.stride[i] = C.int64_t(p.Stride[i])
+		cp.padding[i] = C.int64_t(p.Padding[i])
+		cp.upsample[i] = C.int64_t(p.Input.Upsample[i])
+		cp.replicate_before[i] = C.int64_t(p.Input.Replicate.Before[i])
+		cp.replicate_after[i] = C.int64_t(p.Input.Replicate.After[i])
+	}
+	return cp
+}
+
 // Conv2dParams are a 2-D convolution's options (H, W), as Conv3dParams.
 type Conv2dParams struct {
 	Stride  [2]int
@@ -502,14 +515,7 @@ func (c *convChain) run(key string, p Conv3dParams, hs []C.fpk_tensor_t, out *Te
 	rt := c.rt
 	c.count(func(s *ConvStats) { s.Convs++ })
 	entry := c.lookup(key)
-	cp := C.fpk_conv3d_params{groups: C.int64_t(p.Groups)}
-	for i := range 3 {
-		cp.stride[i] = C.int64_t(p.Stride[i])
-		cp.padding[i] = C.int64_t(p.Padding[i])
-		cp.upsample[i] = C.int64_t(p.Input.Upsample[i])
-		cp.replicate_before[i] = C.int64_t(p.Input.Replicate.Before[i])
-		cp.replicate_after[i] = C.int64_t(p.Input.Replicate.After[i])
-	}
+	cp := p.c()
 	var tierErrs []string
 	var oom error
 	first := rt.opts.ConvPolicy.firstTier(key)

@@ -88,6 +88,15 @@ type Options struct {
 	// oom_at_op fault through it. It must be fast and must not call back into the runtime.
 	OpFault func(OpEvent) error
 
+	// ShapeOnly opens a shape-only runtime (native fpk_backend_new_shape) instead of a backend:
+	// its tensors have a shape and a dtype and no memory, uploads and downloads move nothing, its
+	// ops check their operands and allocate their outputs and compute nothing, and its memory
+	// accounting (MemoryCap, Memory's Peak) counts every tensor, and the scratch the convs and
+	// attention of the backend Backend names ("cpu", "cuda", "hip": ScratchPolicy) would take,
+	// as that backend's would. A model's forward run on it measures what the forward holds at a
+	// shape. Device, PCIBusID, FindDB, Threads and Poison are ignored.
+	ShapeOnly bool
+
 	// hostBounce makes the cpu backend refuse its own conv tier so the core's host round trip
 	// serves the CPU tier, as it will on a GPU backend (tests).
 	hostBounce bool
@@ -187,7 +196,7 @@ func New(opts Options) (*Runtime, error) {
 	if opts.AttentionTier < 0 || int(opts.AttentionTier) >= NumAttentionTiers {
 		return nil, argError("new runtime", "attention tier %d out of range", int(opts.AttentionTier))
 	}
-	if opts.Backend == "auto" {
+	if opts.Backend == "auto" && !opts.ShapeOnly {
 		return newAuto(opts)
 	}
 	if opts.MemoryCap < 0 || opts.CacheLimit < 0 || opts.Threads < 0 || opts.Device < 0 {
@@ -230,11 +239,18 @@ func New(opts Options) (*Runtime, error) {
 		cfg.flags |= C.FPK_BACKEND_FLAG_TEST_HOST_BOUNCE
 	}
 	rt := &Runtime{opts: opts}
-	if opts.Backend == "cpu" {
+	switch {
+	case opts.ShapeOnly:
+		cfg.flags &^= C.FPK_BACKEND_FLAG_POISON
+		pol := ScratchPolicy(opts.Backend).c()
+		if err := call("new shape-only runtime", func() C.fpk_status { return C.fpk_backend_new_shape(&cfg, &pol, &rt.be) }); err != nil {
+			return nil, err
+		}
+	case opts.Backend == "cpu":
 		if err := call("new runtime", func() C.fpk_status { return C.fpk_backend_new_cpu(&cfg, &rt.be) }); err != nil {
 			return nil, err
 		}
-	} else {
+	default:
 		path, err := libraryPath(opts)
 		if err != nil {
 			return nil, err

@@ -10,6 +10,7 @@
  * Both read [B, H, L, D] or [B, L, H, D] operands through strides (fpk_attention_layout).
  */
 #include "fpk_cpu.h"
+#include "fpk_scratch.h"
 #include "fpk_cpu_vexp.h"
 
 #include <cblas.h>
@@ -17,7 +18,7 @@
 #include <string.h>
 
 /* Scores kept per chunk (floats) when the caller gives no chunk size. */
-#define SCORE_BUDGET ((int64_t)4 << 20)
+#define SCORE_BUDGET FPK_CPU_SCORE_BUDGET /* fpk_scratch.h */
 
 typedef struct {
     float *s;

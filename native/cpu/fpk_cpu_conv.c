@@ -1,18 +1,15 @@
 /*
  * fpk_cpu_conv.c — conv3d on the cpu: im2col per output time slice and band of output rows
- * (scratch bounded by COL_BUDGET bytes), then one SGEMM per band; 1×1×1 convs are a plain GEMM.
- * An f16/bf16 weight is widened to f32 into scratch of at most WEIGHT_BUDGET bytes.
+ * (scratch bounded by FPK_CPU_COL_BUDGET bytes), then one SGEMM per band; 1×1×1 convs are a plain GEMM.
+ * An f16/bf16 weight is widened to f32 into scratch of at most FPK_CPU_WEIGHT_BUDGET bytes.
  */
 #include "fpk_cpu.h"
+#include "fpk_scratch.h"
 
 #include <cblas.h>
 #include <string.h>
 
-/* Upper bound of the im2col scratch per conv. */
-#define COL_BUDGET ((size_t)32 << 20)
-/* Upper bound of the f32 copy of an f16/bf16 weight per conv: a group's whole weight when it
- * fits (every conv of the HunyuanVideo VAE does), else panels of output channels per band. */
-#define WEIGHT_BUDGET ((size_t)32 << 20)
+/* Scratch bounds: FPK_CPU_COL_BUDGET and FPK_CPU_WEIGHT_BUDGET (fpk_scratch.h). */
 
 typedef struct {
     const float *x; /* x[n, g*Cg] for this (n, g): [Cg, T, H, W] */
@@ -125,9 +122,7 @@ fpk_status fpk_cpu_conv3d(void *ctx, void *stream, fpk_conv_tier tier, const fpk
     size_t colbytes = 0;
     int64_t rows = 1;
     if (!pointwise) {
-        rows = (int64_t)(COL_BUDGET / ((size_t)K * (size_t)Wo * sizeof(float)));
-        if (rows < 1) rows = 1;
-        if (rows > Ho) rows = Ho;
+        rows = fpk_cpu_conv_band_rows(K, Wo, Ho);
         colbytes = (size_t)K * (size_t)rows * (size_t)Wo * sizeof(float);
         st = fpk_cpu_scratch(x, colbytes, (void **)&col);
         while (st == FPK_ERR_OUT_OF_MEMORY && rows > 1) { /* narrower bands under memory pressure */
@@ -142,7 +137,7 @@ fpk_status fpk_cpu_conv3d(void *ctx, void *stream, fpk_conv_tier tier, const fpk
     weight_rows wr = {.c = c, .w = w, .Cog = Cog, .K = K, .rows = Cog, .g_loaded = -1};
     size_t pbytes = 0;
     if (fpk_cpu_is_half(w)) {
-        st = fpk_cpu_panel_alloc(x, K, (int64_t)(WEIGHT_BUDGET / ((size_t)K * sizeof(float))), &wr.rows,
+        st = fpk_cpu_panel_alloc(x, K, (int64_t)(FPK_CPU_WEIGHT_BUDGET / ((size_t)K * sizeof(float))), &wr.rows,
                                  &wr.panel, &pbytes);
         if (st != FPK_OK) {
             fpk_cpu_scratch_free(x, col, colbytes);

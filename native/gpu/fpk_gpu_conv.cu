@@ -307,15 +307,7 @@ static fpk_status conv_nhwc(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scrat
     int64_t frames = To;
     if (own || p->padding[0] == 0) {
         /* fpk_gpu_cfg.cudnn_slab_bytes (default 1 GiB), at least one output frame */
-        int64_t lim = fpk_gpu_cfg.cudnn_slab_bytes / (int64_t)es;
-        for (frames = 1; frames < To; frames++) {
-            int64_t n1 = frames + 1, tin = (n1 - 1) * sT + kT;
-            if (tin > T) tin = T;
-            int64_t xin = N * Cin * HW * tin, yout = N * K * oHW * n1;
-            if (xin + yout > lim || xin > INT_MAX || yout > INT_MAX) break;
-        }
-        int64_t slabs = (To + frames - 1) / frames;
-        frames = (To + slabs - 1) / slabs; /* even slabs: one shape, or two */
+        frames = fpk_gpu_nhwc_slab_frames(fpk_gpu_cfg.cudnn_slab_bytes, es, N, Cin, HW, T, kT, sT, K, oHW, To);
     }
     int64_t tin_max = (frames - 1) * sT + kT;
     if (tin_max > T || frames == To) tin_max = T;
@@ -407,14 +399,9 @@ static fpk_status conv_vendor(fpk_gpu_ctx *c, cudaStream_t st, const fpk_gpu_scr
         /* slabs of output frames: per slab, input frames [t0*sT, (t1-1)*sT + kT) */
         int64_t N = xs[0], Cin = xs[1], T = xs[2], HW = xs[3] * xs[4], Cout = ys[1], To = ys[2], oHW = ys[3] * ys[4];
         int64_t kT = ws[2];
-        int64_t per_in = N * Cin * HW * sT, per_out = N * Cout * oHW;
-        int64_t lim = INT_MAX;
-        int64_t maxb = ((int64_t)1 << 31) / (int64_t)(es > 2 ? es : 2); /* ≤ 2 GiB of elements per slab */
-        if (maxb < lim) lim = maxb;
-        int64_t frames = (lim - N * Cin * HW * kT) / (per_in > per_out ? per_in : per_out);
+        int64_t frames = fpk_gpu_ncdhw_slab_frames(es, N, Cin, HW, kT, sT, Cout, oHW, To);
         if (frames < 1)
             return fpk_gpu_set_error(FPK_ERR_UNAVAILABLE, "conv3d vendor tier: one output frame exceeds 32-bit counts");
-        if (frames > To) frames = To;
         int64_t tin_max = (frames - 1) * sT + kT;
         FPK_TRY(sx.alloc((size_t)(N * Cin * tin_max * HW) * es));
         FPK_TRY(sy.alloc((size_t)(N * Cout * frames * oHW) * es));

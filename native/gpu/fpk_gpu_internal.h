@@ -7,6 +7,7 @@
 
 #include "fpk_gpu_compat.h"
 #include "fpk_gpu.h"
+#include "fpk_scratch.h"
 
 #include <pthread.h>
 #include <stddef.h>

@@ -163,22 +163,13 @@ static size_t find_workspace(fpk_scratch &ws, size_t want) {
     return 0;
 }
 
-/* What Find may offer cuDNN as workspace for a conv whose input and output take io_bytes: twice
- * that (room for cuDNN to transform both into the channels-last layout its matrix-unit kernels
- * want for our NCDHW tensors), at least 16 MiB, at most fpk_gpu_cfg.cudnn_workspace_bytes
- * (default 8 GiB), and never more than fits under the memory cap (find_workspace halves down to what does).
- * Measured on an H100 (docs/bench/notes/2026-11-25-16bit-activations.md): the full-size VAE
- * decode took 18.7 s with a 1 GiB ceiling (cuDNN fell back to kernels without the matrix units)
- * and 3.8 s with 8 GiB; a small conv (SigLIP's patch embedding) no longer holds a 1 GiB block
- * that outweighs its model. */
+/* What Find may offer cuDNN as workspace (fpk_gpu_find_workspace_want, native/src/fpk_scratch.h:
+ * the policy the shape-only backend estimates with): NCDHW at most fpk_gpu_cfg.cudnn_workspace_bytes
+ * (default 8 GiB), channels-last at most fpk_gpu_cfg.cudnn_nhwc_workspace_bytes (default 256 MiB),
+ * and never more than fits under the memory cap (find_workspace halves down to what does). */
 static size_t find_workspace_want(size_t io_bytes, int nhwc) {
-    /* channels-last: no layout transforms, so the workspace is the algorithm's own (split-K and
-     * the like): half the input's and output's bytes, at most
-     * fpk_gpu_cfg.cudnn_nhwc_workspace_bytes (default 256 MiB) */
-    size_t want = nhwc ? io_bytes / 2 : 2 * io_bytes, least = (size_t)16 << 20;
-    size_t most = (size_t)(nhwc ? fpk_gpu_cfg.cudnn_nhwc_workspace_bytes : fpk_gpu_cfg.cudnn_workspace_bytes);
-    if (want < least) want = least;
-    return want < most ? want : most;
+    return fpk_gpu_find_workspace_want(io_bytes, nhwc,
+                                       nhwc ? fpk_gpu_cfg.cudnn_nhwc_workspace_bytes : fpk_gpu_cfg.cudnn_workspace_bytes);
 }
 
 int fpk_vendor_conv_nhwc(fpk_gpu_ctx *c, int dt) {

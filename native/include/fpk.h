@@ -348,6 +348,36 @@ static inline int64_t fpk_conv_view_dim(const fpk_conv3d_params *p, int i, int64
 fpk_status fpk_op_conv3d(fpk_stream_t stream, fpk_conv_tier tier, const fpk_conv3d_params *params,
                          fpk_tensor_t x, fpk_tensor_t w, fpk_tensor_t bias, fpk_tensor_t out);
 
+/* ---- scratch, and the shape-only backend --------------------------------------------------- */
+
+/* Which backend's scratch policy to answer for, with its knobs (zero: the backend's default; the
+ * gpu backends read the same knobs from their settings). */
+typedef struct fpk_scratch_policy {
+    char backend[32];                  /* "cpu", "cuda", "hip" (anything else: "cpu") */
+    int64_t conv_workspace_bytes;      /* gpu: most workspace an NCDHW conv's search is offered (8 GiB) */
+    int64_t conv_nhwc_workspace_bytes; /* cuda: most workspace of a channels-last conv (256 MiB) */
+    int64_t conv_slab_bytes;           /* cuda: most bytes of a channels-last slab (1 GiB) */
+    int32_t conv_ncdhw;                /* cuda: 16-bit convs stay NCDHW (no channels-last slabs) */
+    int64_t attention_score_bytes;     /* gpu: most bytes of the chunked attention's scores (1 GiB) */
+} fpk_scratch_policy;
+/* The bytes of scratch fpk_op_conv3d takes beside its operands on the policy's backend, on its
+ * first tier (the vendor's on gpus), for x [N, Cin, T, H, W] (before the params' input view),
+ * w [Cout, Cin/groups, kT, kH, kW] and out, in those dtypes; *reads_view says whether the backend
+ * reads the params' input view in place (else the core makes that tensor for the call). The
+ * backends' ops size their scratch with the same functions (src/fpk_scratch.h). */
+fpk_status fpk_conv3d_scratch(const fpk_scratch_policy *policy, const fpk_conv3d_params *params,
+                              fpk_dtype x_dtype, const int64_t *x_shape, fpk_dtype w_dtype,
+                              const int64_t *w_shape, fpk_dtype out_dtype, const int64_t *out_shape,
+                              uint64_t *bytes, int *reads_view);
+/* Creates a shape-only backend: its tensors have a shape and a dtype but no memory (uploads and
+ * downloads move nothing), its ops are checked as on any backend and compute nothing, and its
+ * allocator counts every tensor, and the scratch each conv and attention of the policy's backend
+ * would hold during the op, as that backend's would (cap, peak, 64 KiB rounding). A model's
+ * forward run on it measures the memory the forward holds at a shape. is_host is 0; the conv
+ * tiers are the policy backend's (the CPU tier for "cpu"). */
+fpk_status fpk_backend_new_shape(const fpk_backend_config *config, const fpk_scratch_policy *policy,
+                                 fpk_backend_t *out);
+
 /* Group norm over [N, C, ...]: statistics per (n, group) over C/groups channels and all
  * trailing dims; weight and bias [C] or NULL. */
 fpk_status fpk_op_group_norm(fpk_stream_t stream, int64_t groups, float eps, fpk_tensor_t x,

@@ -296,14 +296,14 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report, 
 		// decode: diffusers' default (framewise, as PyTorch's side); decode_tiled: the tiling
 		// the model chooses from what the cap leaves beside its weights; decode_tiled256:
 		// enable_tiling's 256/192 px tiles, as PyTorch's tiled stage; encode: the default.
-		ch, err := m.Estimate(z.Shape, causalvae.DefaultTiling(), false, m.Footprint(m.BackendScratch()))
+		ch, err := m.Estimate(z.Shape, causalvae.DefaultTiling(), false, m.Footprint())
 		switch {
 		case err != nil:
 			return err
 		case stage == "vae_decode_tiled256":
 			t := causalvae.DefaultTiling()
 			t.Spatial = true
-			if ch, err = m.Estimate(z.Shape, t, false, m.Footprint(m.BackendScratch())); err != nil {
+			if ch, err = m.Estimate(z.Shape, t, false, m.Footprint()); err != nil {
 				return err
 			}
 		case stage == "vae_decode_tiled":
@@ -313,7 +313,7 @@ func runStage(dir, backend, stage string, pool *pool, res *result, rep *report, 
 			}
 			res.Note = fmt.Sprintf("tiling chosen at a %.3g GiB cap (%.2f GiB left beside the weights)", tiledCapGiB, float64(budget)/(1<<30))
 		case stage == "vae_encode":
-			if ch, err = m.Estimate(x.Shape, causalvae.DefaultTiling(), true, m.Footprint(m.BackendScratch())); err != nil {
+			if ch, err = m.Estimate(x.Shape, causalvae.DefaultTiling(), true, m.Footprint()); err != nil {
 				return err
 			}
 		}

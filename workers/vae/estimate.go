@@ -51,7 +51,7 @@ func (w *worker) Estimate(_ context.Context, req *workerkit.EstimateRequest) (*w
 			convW = runtime.StoredDType(info.DType)
 		}
 	}
-	o := causalvae.FootprintFor(act.Size(), convW.Size(), causalvae.ScratchFor(lr.Backend))
+	o := causalvae.FootprintFor(lr.Backend, act, convW)
 	frames := int(req.VAEDecodeLatentFrames)
 	if frames == 0 {
 		frames = int(max(wl.LatentWindowSize, 1))

@@ -246,7 +246,7 @@ func (w *worker) tiling(m *causalvae.Model, req *workerkit.VAETiling, in [5]int,
 		if budget, capped, err = m.Budget(); err != nil || !capped {
 			budget = math.MaxInt64
 		}
-		if ch, err = m.Estimate(in, tilingFrom(req), encode, m.Footprint(m.BackendScratch())); err != nil {
+		if ch, err = m.Estimate(in, tilingFrom(req), encode, m.Footprint()); err != nil {
 			return causalvae.Tiling{}, nil, err
 		}
 	} else if ch, budget, err = m.AutoTiling(in, encode); err != nil {
@@ -258,7 +258,7 @@ func (w *worker) tiling(m *causalvae.Model, req *workerkit.VAETiling, in [5]int,
 		used.BudgetBytes = uint64(max(budget, 0))
 	}
 	f := log.WithFields(logrus.Fields{"tiling": ch.String(), "chosen": used.Chosen, "tile_px": ch.TilePx,
-		"peak_estimate_bytes": ch.PeakBytes, "peak_at": ch.PeakAt, "budget_bytes": used.BudgetBytes})
+		"peak_estimate_bytes": ch.PeakBytes, "budget_bytes": used.BudgetBytes})
 	if req != nil && used.BudgetBytes > 0 && ch.PeakBytes > budget {
 		f.Warn("the requested tiling's estimated peak is over what the memory cap leaves")
 	} else {

@@ -2,23 +2,11 @@ package causalvae
 
 import (
 	"github.com/framepackd/framepackd/internal/nn"
+	"github.com/framepackd/framepackd/internal/runtime"
 )
 
 // Estimates before a load (the vae worker's Estimate): the same candidates and peaks an
 // automatic tiling chooses from (Candidates, ChooseTiling), computed from the config alone.
-
-// ScratchFor is the scratch model of a backend by name, as BackendScratch picks it for a
-// runtime: "cpu" (and an unknown backend, "auto", whose f32 host path is the larger) the host's,
-// "cuda" cuDNN's, "hip" MIOpen's.
-func ScratchFor(backend string) Scratch {
-	switch backend {
-	case "cuda":
-		return CUDAScratch()
-	case "hip":
-		return GPUScratch()
-	}
-	return CPUScratch()
-}
 
 // Need returns, for an input of shape in, the tiling an unbounded budget would choose (the least
 // work: what the fastest run holds) and the smallest one (the least memory any tiling holds),
@@ -46,8 +34,8 @@ func EstimateWeights(cfg Config, src nn.Source, o Options) int64 {
 	return l.ShapeBytes(src, "")
 }
 
-// FootprintFor is Footprint for a model not loaded yet: activations in act, conv weights in
-// the dtype the loader would keep them (weights), with scratch s.
-func FootprintFor(actSize, weightSize int, s Scratch) FootprintOptions {
-	return FootprintOptions{ActivationBytes: actSize, WeightBytes: weightSize, Scratch: s}
+// FootprintFor is Footprint for a model not loaded yet, to run on backend ("cpu", "cuda",
+// "hip") with activations in act and conv weights in weights.
+func FootprintFor(backend string, act, weights runtime.DType) FootprintOptions {
+	return FootprintOptions{Backend: backend, DType: act, WeightDType: weights}
 }

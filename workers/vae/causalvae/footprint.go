@@ -2,439 +2,110 @@ package causalvae
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
 
-	"github.com/framepackd/framepackd/internal/envconfig"
+	"github.com/framepackd/framepackd/internal/nn"
+	"github.com/framepackd/framepackd/internal/runtime"
 )
 
-// Scratch says how many bytes of scratch a backend's ops take beside their outputs (im2col
-// bands, converted weights, algorithm workspace, attention scores). The footprint estimate
-// adds it, transiently, to the tensors a tile holds.
-type Scratch struct {
-	// Conv is the scratch of one conv3d: kernel k (kT, kH, kW), input shape in [B, Cin, T, H,
-	// W] (as the conv reads it, before its own padding: upsampled for an upsampler's conv),
-	// output shape out [B, Cout, T', H', W'], activation element size elem, weight element size
-	// welem.
-	Conv func(k [3]int, in, out [5]int, elem, welem int) int64
-	// Attention is the scratch of one attention call of lq queries and lk keys of width d.
-	Attention func(lq, lk, d, elem int) int64
-	// ReadsInPlace reports whether a conv of elem-byte activations and welem-byte weights
-	// reads its padded (and upsampled) input in place (runtime.ConvInput); when not, the
-	// native core makes that tensor for the call. Nil means never.
-	ReadsInPlace func(elem, welem int) bool
-}
-
-// CPUScratch is the cpu backend's scratch (native/cpu): one im2col band of at most 32 MiB
-// per conv plus a widened (f32) copy of a 16-bit weight, and chunks of 4 MiB-of-floats
-// of scores per attention call.
-func CPUScratch() Scratch {
-	const colBudget = 32 << 20
-	const scoreBudget = 4 << 20
-	return Scratch{
-		Conv: func(k [3]int, in, out [5]int, _, welem int) int64 {
-			var n int64
-			K := int64(in[1]) * int64(k[0]*k[1]*k[2])
-			if k != unit {
-				wo := int64(out[4])
-				rows := max(min(int64(colBudget)/(K*wo*4), int64(out[3])), 1)
-				n += charged(K * rows * wo * 4)
-			}
-			if welem != 4 {
-				n += charged(int64(out[1]) * K * 4)
-			}
-			return n
-		},
-		Attention: func(lq, lk, _, _ int) int64 {
-			chunk := max(min(int64(scoreBudget)/int64(lk), int64(lq)), 1)
-			return charged(chunk * int64(lk) * 4)
-		},
-	}
-}
-
-// GPUScratch is the cuda and hip backends' scratch (native/gpu): a weight of another dtype
-// than the activations converted to theirs, plus the workspace the vendor's algorithm search
-// offers a conv (native/gpu/fpk_gpu_vendor.cu find_workspace_want: twice the bytes of its input
-// and output, at least 16 MiB, at most envconfig.CUDNNWorkspaceMB, default 8 GiB), and the
-// chunked attention tier's scores (up to 1 GiB).
-//
-// The search halves its workspace down to what the cap leaves, so a tiling chosen without it
-// runs, but slowly: on an H100 an 8 GiB cap chose 512 px tiles that left cuDNN too little room
-// for its matrix-unit kernels (16.1 s, against 9.8 s for 256 px tiles with room). Counting the
-// workspace the search wants makes the choice trade tile size for fast convolutions; with it,
-// the untiled decode's estimate (15.0 GiB) is what it measured (15.5 GiB with the weights).
-func GPUScratch() Scratch {
-	const scoreBudget = 1 << 30
-	most := envMiB(envconfig.CUDNNWorkspaceMB, 8192)
-	return Scratch{
-		Conv: func(k [3]int, in, out [5]int, elem, welem int) int64 {
-			// the input without the conv's padding: within a few percent for the decoder's convs
-			io := convIOBytes(in, out, elem)
-			n := min(max(2*io, 16<<20), most)
-			if welem != elem {
-				n += convWeightBytes(k, in[1], out[1], elem)
-			}
-			return n
-		},
-		Attention: func(lq, lk, _, _ int) int64 {
-			return charged(min(int64(lq)*int64(lk)*4, scoreBudget))
-		},
-	}
-}
-
-// CUDAScratch is the cuda backend's scratch: GPUScratch's, except for 16-bit convs with 16-bit
-// weights (a weight of another dtype makes native/gpu conv_vendor compute in f32), which run
-// channels-last (native/gpu fpk_vendor_conv_nhwc, unless envconfig.CUDNNLayout is ncdhw) in
-// slabs of output frames: one slab's input and output transposed into scratch (at most
-// envconfig.CUDNNSlabMB, default 1024 MiB), the weights transposed, and the workspace cuDNN's
-// search offers then (find_workspace_want: half the slab's bytes, at least 16 MiB, at most
-// envconfig.CUDNNNHWCWorkspaceMB, default 256 MiB; without layout transforms cuDNN's
-// matrix-unit kernels need little). Those convs gather their padded, upsampled input into the
-// slab (ReadsInPlace): no padded copy.
-func CUDAScratch() Scratch {
-	s := GPUScratch()
-	if envconfig.CUDNNLayout.Get() == "ncdhw" {
-		return s
-	}
-	most, slab := envMiB(envconfig.CUDNNNHWCWorkspaceMB, 256), envMiB(envconfig.CUDNNSlabMB, 1024)
-	ncdhw := s.Conv
-	s.Conv = func(k [3]int, in, out [5]int, elem, welem int) int64 {
-		if elem != 2 || welem != elem {
-			// f32, or a weight of another dtype: the conv computes in f32, NCDHW
-			return ncdhw(k, in, out, elem, welem)
-		}
-		io := min(convIOBytes(in, out, elem), slab)
-		return convWeightBytes(k, in[1], out[1], elem) + charged(io) + min(max(io/2, 16<<20), most)
-	}
-	s.ReadsInPlace = func(elem, welem int) bool { return elem == 2 && welem == elem }
-	return s
-}
-
-// envMiB is the size the backend's knob v gives in MiB, in bytes: defMiB when it is unset, not
-// a number or under 16, as the native side reads it (native/gpu/fpk_gpu_settings.cu).
-func envMiB(v envconfig.Var, defMiB int64) int64 {
-	if mb, err := strconv.ParseInt(v.Get(), 10, 64); err == nil && mb >= 16 {
-		return mb << 20
-	}
-	return defMiB << 20
-}
-
-// convIOBytes is the bytes of a conv's input and output.
-func convIOBytes(in, out [5]int, elem int) int64 {
-	return (int64(numel5(in)) + int64(numel5(out))) * int64(elem)
-}
-
-// convWeightBytes is what a conv weight [cout, cin, k] in elem-byte elements is charged.
-func convWeightBytes(k [3]int, cin, cout, elem int) int64 {
-	return charged(int64(cout) * int64(cin) * int64(k[0]*k[1]*k[2]) * int64(elem))
-}
-
-// FootprintOptions describe how a tile runs, for the memory estimate.
+// FootprintOptions describe how a tile runs, for the memory estimate: whose scratch its ops take
+// and the dtypes of its activations and conv weights.
 type FootprintOptions struct {
-	ActivationBytes int // element size of the activations (4 for f32)
-	WeightBytes     int // element size of the conv weights
-	Scratch         Scratch
+	// Backend is the backend whose scratch the convs and attention take: "cpu", "cuda" or
+	// "hip" (runtime.ScratchPolicy; anything else, "auto" included, the cpu's).
+	Backend     string
+	DType       runtime.DType // the activations' (and norms', biases') dtype; 0 means F32
+	WeightDType runtime.DType // the conv weights' dtype; 0 means DType
 }
 
-// charged is what the runtime's allocator charges for a buffer of n bytes (native/src
-// fpk_core.c: blocks of 1 MiB and more are rounded up to 64 KiB).
-func charged(n int64) int64 {
-	const cacheMin, round = 1 << 20, 64 << 10
-	if n < cacheMin {
-		return n
+// meter measures the memory a tile's forward holds: the model's real forward run on a
+// shape-only runtime (no compute) whose allocator counts every tensor, and every conv's and
+// attention's scratch as the backend's own ops would take it (native/src/fpk_scratch.h).
+type meter struct {
+	rt    *runtime.Runtime
+	m     *Model
+	base  int64              // bytes the weights hold
+	peaks map[meterKey]int64 // measured tiles
+}
+
+type meterKey struct {
+	shape  [5]int
+	encode bool
+}
+
+func newMeter(c Config, o FootprintOptions) (*meter, error) {
+	rt, err := runtime.New(runtime.Options{Backend: o.Backend, ShapeOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("vae footprint: %w", err)
 	}
-	return (n + round - 1) / round * round
-}
-
-// memSim follows the bytes a forward holds, op by op, as the model code allocates and frees
-// them (nn.Pass: Then frees a step's input after the step; a block's first resnet frees the
-// block's input once read). TestFootprintEstimate keeps it in step with the model code.
-type memSim struct {
-	o          FootprintOptions
-	live, peak int64
-	at, peakAt string // the step being walked, and the one that held the peak
-	groups     int    // norm groups (whether a narrowing resnet splits: ResnetBlock.canSplit)
-}
-
-func (s *memSim) bytes(sh [5]int) int64 {
-	return charged(int64(s.o.ActivationBytes) * int64(numel5(sh)))
-}
-
-func (s *memSim) alloc(sh [5]int) {
-	s.live += s.bytes(sh)
-	s.mark(s.live)
-}
-
-func (s *memSim) mark(n int64) {
-	if n > s.peak {
-		s.peak, s.peakAt = n, s.at
+	dt := o.DType
+	if dt == 0 {
+		dt = runtime.F32
 	}
-}
-
-func (s *memSim) free(sh [5]int) { s.live -= s.bytes(sh) }
-
-// inPlace is Scratch.ReadsInPlace for the walk's dtypes.
-func (s *memSim) inPlace() bool {
-	return s.o.Scratch.ReadsInPlace != nil && s.o.Scratch.ReadsInPlace(s.o.ActivationBytes, s.o.WeightBytes)
-}
-
-// transient accounts n bytes held only during one op.
-func (s *memSim) transient(n int64) {
-	s.mark(s.live + n)
-}
-
-func withC(sh [5]int, c int) [5]int {
-	sh[1] = c
-	return sh
-}
-
-// conv is CausalConv3d.Forward on x (x stays live): the conv of x replicate padded (kT−1
-// before, k/2 around), with a padded copy made for it unless the backend reads the padding in
-// place (Scratch.ReadsInPlace). Returns the output shape (allocated).
-func (s *memSim) conv(x [5]int, cout int, k int, stride [3]int) [5]int {
-	kk := [3]int{k, k, k}
-	out := x
-	out[1] = cout
-	for i := range 3 {
-		st := max(stride[i], 1)
-		out[2+i] = (x[2+i]-1)/st + 1
-	}
-	scratch := s.o.Scratch.Conv(kk, x, out, s.o.ActivationBytes, s.o.WeightBytes)
-	if k == 1 || s.inPlace() {
-		s.alloc(out)
-		s.transient(scratch)
-		return out
-	}
-	padded := x
-	padded[2] += k - 1
-	padded[3] += k - 1
-	padded[4] += k - 1
-	s.alloc(padded)
-	s.alloc(out)
-	s.transient(scratch)
-	s.free(padded)
-	return out
-}
-
-// resnet is ResnetBlock.Consume: x is freed once read (after norm1 with a shortcut, which
-// runs first; at the end without one, x being the residual); returns the output (allocated).
-func (s *memSim) resnet(x [5]int, cout int) [5]int {
-	s.at = fmt.Sprintf("resnet %d→%d at %v", x[1], cout, x[2:])
-	shortcut := x[1] != cout
-	var sc [5]int
-	if shortcut {
-		sc = s.conv(x, cout, 1, unit)
-	}
-	var h [5]int
-	if shortcut && x[1] > cout && x[1]%2 == 0 && s.groups%2 == 0 {
-		// halves of the input channels (ResnetBlock.halvesConv1)
-		half := withC(x, x[1]/2)
-		s.alloc(half)
-		s.alloc(half)
-		s.free(x)
-		var outs [2][5]int
-		for i := range 2 {
-			s.alloc(half) // norm1 + silu of the half
-			s.free(half)  // the slice
-			outs[i] = s.conv(half, cout, 3, unit)
-			s.free(half)
+	l := nn.NewEmptyLoader(rt, nn.Options{DType: dt, WeightDType: o.WeightDType})
+	m := &Model{Config: c, rt: rt, act: dt}
+	m.bind(l)
+	ws, _, err := l.Finish()
+	if err == nil {
+		m.Weights = ws
+		for _, r := range m.resnets() {
+			var made []*runtime.Tensor
+			made, err = r.split(rt)
+			m.halves = append(m.halves, made...)
+			if err != nil {
+				break
+			}
 		}
-		h = outs[0]
-		s.alloc(h) // the sum
-		s.free(outs[0])
-		s.free(outs[1])
+	}
+	if err != nil {
+		m.Close()
+		rt.Close()
+		return nil, fmt.Errorf("vae footprint: %w", err)
+	}
+	return &meter{rt: rt, m: m, base: int64(rt.Memory().Allocated), peaks: map[meterKey]int64{}}, nil
+}
+
+// peak is the most bytes beside the weights the forward of one tile of shape sh holds:
+// its input uploaded, the activations as the model code allocates and frees them, each op's
+// scratch, and the output until it is downloaded.
+func (mt *meter) peak(ctx context.Context, sh [5]int, encode bool) (int64, error) {
+	k := meterKey{sh, encode}
+	if n, ok := mt.peaks[k]; ok {
+		return n, nil
+	}
+	if err := mt.rt.ResetPeak(); err != nil {
+		return 0, err
+	}
+	x, err := mt.rt.NewTensor(mt.m.act, sh[:]...)
+	if err != nil {
+		return 0, err
+	}
+	var out *runtime.Tensor
+	if encode {
+		out, err = mt.m.encodeForward(ctx, x)
 	} else {
-		n1 := x
-		s.alloc(n1) // norm1 + silu (one op)
-		if shortcut {
-			s.free(x)
-		}
-		h = s.conv(n1, cout, 3, unit)
-		s.free(n1)
+		out, err = mt.m.decodeForward(ctx, x)
 	}
-	s.alloc(h) // norm2 + silu
-	s.free(h)
-	h2 := s.conv(h, cout, 3, unit)
-	s.free(h)
-	s.alloc(h2) // + residual
-	s.free(h2)
-	if shortcut {
-		s.free(sc)
-	} else {
-		s.free(x)
+	out.Free()
+	if err != nil {
+		return 0, fmt.Errorf("vae footprint of %v: %w", sh, err)
 	}
-	return h2
+	n := int64(mt.rt.Memory().Peak) - mt.base
+	mt.peaks[k] = n
+	return n, nil
 }
 
-// attention is Attention.Forward on x [B, C, T, H, W] (x stays live).
-func (s *memSim) attention(x [5]int) [5]int {
-	s.at = fmt.Sprintf("attention at %v", x[2:])
-	B, C, T, HW := x[0], x[1], x[2], x[3]*x[4]
-	tok := func(l int) [5]int { return [5]int{B, 1, 1, l, C} }
-	L := T * HW
-	s.alloc(x) // group norm
-	s.alloc(x) // permute
-	s.free(x)
-	s.alloc(tok(L)) // q
-	s.alloc(tok(L)) // k
-	s.alloc(tok(L)) // v
-	s.free(x)       // tokens dropped
-	for t := range T {
-		var held [][5]int
-		if T > 1 {
-			held = append(held, tok(HW))
-		}
-		if t < T-1 {
-			held = append(held, tok((t+1)*HW), tok((t+1)*HW))
-		}
-		for _, h := range held {
-			s.alloc(h)
-		}
-		s.alloc(tok(HW)) // this frame's output, kept
-		s.transient(s.o.Scratch.Attention(HW, (t+1)*HW, C, s.o.ActivationBytes))
-		for _, h := range held {
-			s.free(h)
-		}
-	}
-	for range 3 {
-		s.free(tok(L)) // q, k, v
-	}
-	if T > 1 {
-		s.alloc(tok(L)) // concat
-		for range T {
-			s.free(tok(HW))
-		}
-	}
-	s.alloc(tok(L)) // to_out
-	s.free(tok(L))
-	s.alloc(x) // permute back
-	s.free(x)
-	s.alloc(x) // + x
-	s.free(x)
-	return x
+func (mt *meter) close() {
+	mt.m.Close()
+	mt.rt.Close()
 }
 
-// mid is MidBlock.Forward (x is consumed by the first resnet).
-func (s *memSim) mid(x [5]int, attention bool) [5]int {
-	h := s.resnet(x, x[1])
-	if attention {
-		a := s.attention(h)
-		s.free(h)
-		h = a
-	}
-	h2 := s.resnet(h, x[1])
-	return h2
-}
-
-// resnets runs the block's resnets from x, each consuming its input.
-func (s *memSim) resnets(x [5]int, b blockPlan) [5]int {
-	h := s.resnet(x, b.out)
-	for range b.layers - 1 {
-		h = s.resnet(h, b.out)
-	}
-	return h
-}
-
-// upBlock is UpBlock.Forward (x is consumed by the first resnet).
-func (s *memSim) upBlock(x [5]int, b blockPlan) [5]int {
-	h := s.resnets(x, b)
-	if !b.resampled() {
-		return h
-	}
-	// UpsampleCausal3D: the conv of h upsampled and causally padded, read in place where the
-	// backend can (else the core makes that tensor for the call)
-	s.at = fmt.Sprintf("upsampler %d at %v", h[1], h[2:])
-	out := h
-	out[1] = b.out
-	out[2] = 1 + b.stride[0]*(h[2]-1)
-	out[3] *= b.stride[1]
-	out[4] *= b.stride[2]
-	// the conv reads h upsampled: an input of the output's extent
-	scratch := s.o.Scratch.Conv([3]int{3, 3, 3}, withC(out, h[1]), out, s.o.ActivationBytes, s.o.WeightBytes)
-	if s.inPlace() {
-		s.alloc(out)
-		s.transient(scratch)
-		s.free(h)
-		return out
-	}
-	padded := h
-	padded[2], padded[3], padded[4] = out[2]+2, out[3]+2, out[4]+2
-	s.alloc(padded)
-	s.alloc(out)
-	s.transient(scratch)
-	s.free(padded)
-	s.free(h)
-	return out
-}
-
-// downBlock is DownBlock.Forward (x is consumed by the first resnet).
-func (s *memSim) downBlock(x [5]int, b blockPlan) [5]int {
-	h := s.resnets(x, b)
-	if !b.resampled() {
-		return h
-	}
-	out := s.conv(h, b.out, 3, b.stride)
-	s.free(h)
-	return out
-}
-
-// normAct is conv_norm_out and SiLU (one op) on x (x stays live); returns the activation.
-func (s *memSim) normAct(x [5]int) [5]int {
-	s.at = fmt.Sprintf("norm_out and conv_out at %v", x[2:])
-	s.alloc(x)
-	return x
-}
-
-// decodeSim walks decodeTile for latents of shape z.
-func (c Config) decodeSim(z [5]int, o FootprintOptions) *memSim {
-	s := &memSim{o: o, at: "post_quant_conv and conv_in", groups: c.NormNumGroups}
-	s.alloc(z)                                // upload (held until the tile ends)
-	h := s.conv(z, c.LatentChannels, 1, unit) // post_quant_conv
-	last := c.BlockOutChannels[len(c.BlockOutChannels)-1]
-	x := s.conv(h, last, 3, unit) // conv_in
-	s.free(h)
-	x = s.mid(x, c.MidBlockAddAttention)
-	for _, b := range c.upPlan() {
-		x = s.upBlock(x, b)
-	}
-	a := s.normAct(x)
-	s.free(x)
-	out := s.conv(a, c.OutChannels, 3, unit)
-	s.free(a)
-	// the output is downloaded while held
-	_ = out
-	return s
-}
-
-// encodeSim walks encodeTile for pixels of shape in.
-func (c Config) encodeSim(in [5]int, o FootprintOptions) *memSim {
-	s := &memSim{o: o, at: "conv_in", groups: c.NormNumGroups}
-	s.alloc(in) // upload (held until the tile ends)
-	x := s.conv(in, c.BlockOutChannels[0], 3, unit)
-	for _, b := range c.downPlan() {
-		x = s.downBlock(x, b)
-	}
-	y := s.mid(x, c.MidBlockAddAttention)
-	a := s.normAct(y)
-	s.free(y)
-	out := s.conv(a, 2*c.LatentChannels, 3, unit)
-	s.free(a)
-	q := s.conv(out, 2*c.LatentChannels, 1, unit) // quant_conv
-	s.free(out)
-	_ = q
-	return s
-}
-
-// smallScratch covers the ops' small scratch the walk does not follow (group norm statistics,
-// attention bookkeeping: tens of KiB on the tiny model).
-const smallScratch = 1 << 20
-
-// planPeak is the most bytes any tile of p holds (one sample at a time) and the step holding
-// them.
-func (c Config) planPeak(in [5]int, p plan, encode bool, o FootprintOptions) (int64, string) {
+// planPeak is the most bytes any tile of p holds (one sample at a time), measured by mt.
+func (c Config) planPeak(mt *meter, in [5]int, p plan, encode bool) (int64, error) {
 	axis := func(a *axisPlan, n int) []int {
 		if a == nil {
 			return []int{n}
@@ -450,24 +121,18 @@ func (c Config) planPeak(in [5]int, p plan, encode bool, o FootprintOptions) (in
 		return out
 	}
 	var peak int64
-	var at string
 	for _, t := range axis(p.temporal, in[2]) {
 		for _, h := range axis(p.h, in[3]) {
 			for _, w := range axis(p.w, in[4]) {
-				sh := [5]int{1, in[1], t, h, w}
-				var sim *memSim
-				if encode {
-					sim = c.encodeSim(sh, o)
-				} else {
-					sim = c.decodeSim(sh, o)
+				n, err := mt.peak(context.Background(), [5]int{1, in[1], t, h, w}, encode)
+				if err != nil {
+					return 0, err
 				}
-				if sim.peak > peak {
-					peak, at = sim.peak, sim.peakAt
-				}
+				peak = max(peak, n)
 			}
 		}
 	}
-	return peak + smallScratch, at
+	return peak, nil
 }
 
 // planWork is the work of p in output voxels computed (decode) or input voxels read
@@ -506,10 +171,9 @@ func (c Config) planWork(in [5]int, p plan, encode bool) int64 {
 // TilingChoice is a tiling with its estimated peak and work.
 type TilingChoice struct {
 	Tiling    Tiling
-	PeakBytes int64  // estimated bytes one tile holds at most (activations and scratch)
-	PeakAt    string // the step of the forward that holds them (for logs)
-	Work      int64  // voxels computed over all tiles (relative time)
-	Runs      int    // model runs per sample
+	PeakBytes int64 // bytes one tile holds at most (activations and scratch), measured
+	Work      int64 // voxels computed over all tiles (relative time)
+	Runs      int   // model runs per sample
 	// TilePx is the spatial tile's smaller side in pixels (a strip's width or height); 0 when
 	// not spatially tiled.
 	TilePx int
@@ -547,12 +211,23 @@ var autoTilePx = []int{512, 384, 256, 192, 128, 96, 64, 32}
 
 // Estimate returns the footprint and work of running an input of shape in with tiling t.
 func (m *Model) Estimate(in [5]int, t Tiling, encode bool, o FootprintOptions) (TilingChoice, error) {
+	mt, err := newMeter(m.Config, o)
+	if err != nil {
+		return TilingChoice{}, err
+	}
+	defer mt.close()
+	return m.estimate(mt, in, t, encode)
+}
+
+func (m *Model) estimate(mt *meter, in [5]int, t Tiling, encode bool) (TilingChoice, error) {
 	p, err := m.makePlan(in, t, encode)
 	if err != nil {
 		return TilingChoice{}, err
 	}
 	ch := TilingChoice{Tiling: t, Work: m.Config.planWork(in, p, encode), Runs: p.runs}
-	ch.PeakBytes, ch.PeakAt = m.Config.planPeak(in, p, encode, o)
+	if ch.PeakBytes, err = m.Config.planPeak(mt, in, p, encode); err != nil {
+		return TilingChoice{}, err
+	}
 	if p.h != nil {
 		ch.TilePx = min(t.TileSampleMinHeight, t.TileSampleMinWidth)
 	}
@@ -570,8 +245,13 @@ func (m *Model) Estimate(in [5]int, t Tiling, encode bool, o FootprintOptions) (
 // The list runs from the largest estimated peak down, keeping only tilings that tile this
 // input and need less memory than the one before.
 func (m *Model) Candidates(in [5]int, encode bool, o FootprintOptions) ([]TilingChoice, error) {
+	mt, err := newMeter(m.Config, o)
+	if err != nil {
+		return nil, err
+	}
+	defer mt.close()
 	base := DefaultTiling()
-	first, err := m.Estimate(in, base, encode, o)
+	first, err := m.estimate(mt, in, base, encode)
 	if err != nil {
 		return nil, err
 	}
@@ -603,7 +283,7 @@ func (m *Model) Candidates(in [5]int, encode bool, o FootprintOptions) ([]Tiling
 		if t.Validate(m.Config) != nil {
 			continue
 		}
-		ch, err := m.Estimate(in, t, encode, o)
+		ch, err := m.estimate(mt, in, t, encode)
 		if err != nil {
 			return nil, err
 		}
@@ -665,23 +345,14 @@ func (m *Model) Budget() (bytes int64, capped bool, err error) {
 	return int64(min(free+mem.Cached, math.MaxInt64)), true, nil
 }
 
-// BackendScratch is the scratch model of the runtime m runs on.
-func (m *Model) BackendScratch() Scratch {
-	if b := m.rt.Backend(); !b.IsHost {
-		return ScratchFor(b.Name)
-	}
-	return CPUScratch()
-}
-
 // AutoTiling chooses the tiling of an encode (encode true) or decode of an input of shape in
-// from the memory the runtime's cap leaves now (Budget): ChooseTiling with the backend's
-// scratch. It also returns the budget (math.MaxInt64 with none).
+// from the memory the runtime's cap leaves now (Budget): ChooseTiling with m's Footprint. It also returns the budget (math.MaxInt64 with none).
 func (m *Model) AutoTiling(in [5]int, encode bool) (TilingChoice, int64, error) {
 	budget, _, err := m.Budget()
 	if err != nil {
 		return TilingChoice{}, 0, err
 	}
-	ch, err := m.ChooseTiling(in, encode, budget, m.Footprint(m.BackendScratch()))
+	ch, err := m.ChooseTiling(in, encode, budget, m.Footprint())
 	return ch, budget, err
 }
 

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/framepackd/framepackd/internal/parity"
+	"github.com/framepackd/framepackd/internal/runtime"
 )
 
 // TestFootprintEstimate runs tiles of several shapes on the cpu runtime and compares the
@@ -13,7 +14,7 @@ import (
 func TestFootprintEstimate(t *testing.T) {
 	m := peakModel(t)
 	c := m.Config
-	o := m.Footprint(CPUScratch())
+	o := m.Footprint()
 	whole := DefaultTiling()
 	whole.TileSampleMinNumFrames, whole.TileSampleStrideNumFrames = 1<<20, 1<<20
 	for _, tc := range []struct {
@@ -76,7 +77,7 @@ func capModel(t *testing.T, fx *parity.Fixture, budget int64) *Model {
 func TestChooseTilingUnderCap(t *testing.T) {
 	fx := parity.Load(t, "vae")
 	probe := peakModel(t)
-	o := probe.Footprint(CPUScratch())
+	o := probe.Footprint()
 	ran := 0
 	for _, c := range fx.Cases {
 		if c.Op != "vae.decode" && c.Op != "vae.encode" {
@@ -164,7 +165,7 @@ func TestChooseTilingUnderCap(t *testing.T) {
 // without spatial tiles (the least work).
 func TestChooseTilingLargeBudget(t *testing.T) {
 	m := peakModel(t)
-	o := m.Footprint(CPUScratch())
+	o := m.Footprint()
 	for _, T := range []int{2, 6} {
 		in := [5]int{1, m.Config.LatentChannels, T, 8, 12}
 		ch, err := m.ChooseTiling(in, false, 1<<40, o)
@@ -188,18 +189,17 @@ func TestChooseTilingFullSize(t *testing.T) {
 	m := &Model{Config: DefaultConfig()}
 	in := [5]int{1, 16, 18, 68, 88}
 	for _, tc := range []struct {
-		name    string
-		elem    int
-		scratch Scratch
-	}{{"hip f32", 4, GPUScratch()}, {"hip 16-bit", 2, GPUScratch()}, {"cuda 16-bit", 2, CUDAScratch()}} {
-		elem := tc.elem
-		o := FootprintOptions{ActivationBytes: elem, WeightBytes: 2, Scratch: tc.scratch}
+		name string
+		o    FootprintOptions
+	}{{"hip f32", FootprintOptions{"hip", runtime.F32, runtime.F16}}, {"hip 16-bit", FootprintOptions{"hip", runtime.F16, runtime.F16}},
+		{"cuda 16-bit", FootprintOptions{"cuda", runtime.F16, runtime.F16}}} {
+		o := tc.o
 		cands, err := m.Candidates(in, false, o)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for i, c := range cands {
-			t.Logf("%s: %s: %.2f GiB (at %s), work %.3g", tc.name, c, float64(c.PeakBytes)/(1<<30), c.PeakAt, float64(c.Work))
+			t.Logf("%s: %s: %.2f GiB, work %.3g", tc.name, c, float64(c.PeakBytes)/(1<<30), float64(c.Work))
 			if i > 0 && (c.PeakBytes >= cands[i-1].PeakBytes || c.TilePx == 0) {
 				t.Errorf("candidate %d (%s) does not need less than the one before", i, c)
 			}
@@ -234,79 +234,5 @@ func TestChooseTilingFullSize(t *testing.T) {
 		if _, err := m.ChooseTiling(in, false, 32<<20, o); !errors.Is(err, ErrMemoryBudget) {
 			t.Errorf("32 MiB: %v", err)
 		}
-	}
-}
-
-// The GPU scratch of a conv is the workspace the vendor search wants (twice its input and
-// output, 16 MiB … FRAMEPACK_CUDNN_WORKSPACE_MB, default 8 GiB) plus a converted weight when the
-// weight's dtype is not the activations'.
-func TestGPUScratchWorkspace(t *testing.T) {
-	k := [3]int{3, 3, 3}
-	out := [5]int{1, 128, 9, 272, 352} // a decoder resnet conv at half resolution
-	io := int64(256) * 9 * 272 * 352 * 2
-	conv := GPUScratch().Conv
-	if got := conv(k, withC(out, 128), out, 2, 2); got != 2*io {
-		t.Errorf("16-bit conv: %d, want %d", got, 2*io)
-	}
-	if got := conv(k, [5]int{1, 4, 1, 8, 8}, [5]int{1, 4, 1, 8, 8}, 2, 2); got != 16<<20 {
-		t.Errorf("small conv: %d, want the 16 MiB floor", got)
-	}
-	big := [5]int{1, 512, 17, 544, 704}
-	if got := conv(k, withC(big, 512), big, 2, 2); got != 8<<30 {
-		t.Errorf("huge conv: %d, want the 8 GiB ceiling", got)
-	}
-	if got := conv(k, withC(out, 128), out, 2, 4); got != 2*io+charged(128*128*27*2) {
-		t.Errorf("f32 weight, 16-bit activations: %d", got)
-	}
-	t.Setenv("FRAMEPACK_CUDNN_WORKSPACE_MB", "1024")
-	if got := GPUScratch().Conv(k, withC(big, 512), big, 2, 2); got != 1<<30 {
-		t.Errorf("FRAMEPACK_CUDNN_WORKSPACE_MB=1024: %d", got)
-	}
-}
-
-// On cuda a 16-bit conv runs channels-last in slabs: scratch for one slab's input and output
-// (at most 1 GiB) and the weights transposed, plus half the slab's bytes of workspace
-// (16 MiB … 256 MiB); f32 convs, a weight of another dtype (the conv computes in f32) and
-// FRAMEPACK_CUDNN_LAYOUT=ncdhw keep GPUScratch's.
-func TestCUDAScratchChannelsLast(t *testing.T) {
-	k := [3]int{3, 3, 3}
-	small := [5]int{1, 128, 4, 272, 352}
-	io := int64(256) * 4 * 272 * 352 * 2 // input and output bytes, under a slab
-	w := charged(128 * 128 * 27 * 2)
-	conv := CUDAScratch().Conv
-	if got, want := conv(k, withC(small, 128), small, 2, 2), w+charged(io)+io/2; got != want {
-		t.Errorf("16-bit conv: %d, want %d", got, want)
-	}
-	if got, want := conv(k, withC(small, 128), small, 2, 4), GPUScratch().Conv(k, withC(small, 128), small, 2, 4); got != want {
-		t.Errorf("f32 weight, 16-bit activations (computed in f32, NCDHW): %d, want GPUScratch's %d", got, want)
-	}
-	big := [5]int{1, 128, 17, 544, 704} // 3.3 GB of input and output: slabs of 1 GiB
-	if got, want := conv(k, withC(big, 128), big, 2, 2), w+1<<30+256<<20; got != want {
-		t.Errorf("full-resolution conv: %d, want %d", got, want)
-	}
-	if got, want := conv(k, withC(small, 128), small, 4, 4), GPUScratch().Conv(k, withC(small, 128), small, 4, 4); got != want {
-		t.Errorf("f32 conv: %d, want GPUScratch's %d", got, want)
-	}
-	// a strided conv (a downsampler's 2×2 in space): the slab holds its input, 4× its output
-	in, out := [5]int{1, 128, 3, 544, 704}, [5]int{1, 128, 3, 272, 352}
-	sio := int64(128) * 3 * (544*704 + 272*352) * 2
-	if got, want := conv(k, in, out, 2, 2), w+charged(sio)+sio/2; got != want {
-		t.Errorf("strided 16-bit conv: %d, want %d (its input counted)", got, want)
-	}
-	// the channels-last convs read their padded, upsampled input in place; the f32 path does not
-	if rp := CUDAScratch().ReadsInPlace; rp == nil || !rp(2, 2) || rp(4, 4) || rp(2, 4) {
-		t.Errorf("ReadsInPlace: in place only for 16-bit activations with 16-bit weights")
-	}
-	t.Setenv("FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB", "64")
-	t.Setenv("FRAMEPACK_CUDNN_SLAB_MB", "512")
-	if got, want := CUDAScratch().Conv(k, withC(big, 128), big, 2, 2), w+512<<20+64<<20; got != want {
-		t.Errorf("FRAMEPACK_CUDNN_SLAB_MB=512, FRAMEPACK_CUDNN_NHWC_WORKSPACE_MB=64: %d, want %d", got, want)
-	}
-	t.Setenv("FRAMEPACK_CUDNN_LAYOUT", "ncdhw")
-	if got, want := CUDAScratch().Conv(k, withC(small, 128), small, 2, 2), GPUScratch().Conv(k, withC(small, 128), small, 2, 2); got != want {
-		t.Errorf("FRAMEPACK_CUDNN_LAYOUT=ncdhw: %d, want GPUScratch's %d", got, want)
-	}
-	if CUDAScratch().ReadsInPlace != nil {
-		t.Errorf("FRAMEPACK_CUDNN_LAYOUT=ncdhw: the NCDHW path reads no padding in place")
 	}
 }

@@ -126,12 +126,15 @@ func (m *Model) bind(l *nn.Loader) {
 // Runtime returns the runtime holding the weights.
 func (m *Model) Runtime() *runtime.Runtime { return m.rt }
 
-// Footprint returns what the memory estimate needs to know of how m runs: its activation and
-// conv weight element sizes, with the backend's scratch s.
-func (m *Model) Footprint(s Scratch) FootprintOptions {
-	o := FootprintOptions{ActivationBytes: m.act.Size(), WeightBytes: m.act.Size(), Scratch: s}
+// Footprint returns what the memory estimate needs to know of how m runs: its backend (the
+// cpu's scratch on a host backend) and its activation and conv weight dtypes.
+func (m *Model) Footprint() FootprintOptions {
+	o := FootprintOptions{Backend: "cpu", DType: m.act, WeightDType: m.act}
+	if b := m.rt.Backend(); !b.IsHost {
+		o.Backend = b.Name
+	}
 	if w := m.Decoder.ConvOut.Conv.Weight; w != nil {
-		o.WeightBytes = w.DType().Size()
+		o.WeightDType = w.DType()
 	}
 	return o
 }
@@ -162,27 +165,56 @@ func (m *Model) Close() {
 // encodeTile runs encoder and quant_conv on one tile: x [B, in, T, H, W] → moments
 // [B, 2·latent, T', H', W'], on the host.
 func (m *Model) encodeTile(ctx context.Context, x Volume) (Volume, error) {
-	p := nn.NewPass(ctx, m.rt)
-	defer p.Free()
-	h := m.Encoder.Forward(p, p.Do(m.rt.FromFloat32As(m.act, x.Data, x.ShapeInt()...)))
-	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return m.QuantConv.Forward(p, h) })
-	if err := p.Err(); err != nil {
+	t, err := m.rt.FromFloat32As(m.act, x.Data, x.ShapeInt()...)
+	if err != nil {
 		return Volume{}, fmt.Errorf("encode tile %v: %w", x.Shape, err)
 	}
-	return download(h)
+	return downloadFree(m.encodeForward(ctx, t))
+}
+
+// encodeForward is encodeTile on x in the runtime (consumed): the moments, in the runtime.
+func (m *Model) encodeForward(ctx context.Context, x *runtime.Tensor) (*runtime.Tensor, error) {
+	shape := x.Shape()
+	p := nn.NewPass(ctx, m.rt)
+	defer p.Free()
+	h := m.Encoder.Forward(p, p.Do(x, nil))
+	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return m.QuantConv.Forward(p, h) })
+	if err := p.Err(); err != nil {
+		return nil, fmt.Errorf("encode tile %v: %w", shape, err)
+	}
+	return p.Keep(h), nil
 }
 
 // decodeTile runs post_quant_conv and the decoder on one tile: z [B, latent, T, h, w] →
 // pixels [B, out, T', H, W], on the host.
 func (m *Model) decodeTile(ctx context.Context, z Volume) (Volume, error) {
-	p := nn.NewPass(ctx, m.rt)
-	defer p.Free()
-	h := m.PostQuantConv.Forward(p, p.Do(m.rt.FromFloat32As(m.act, z.Data, z.ShapeInt()...)))
-	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return m.Decoder.Forward(p, h) })
-	if err := p.Err(); err != nil {
+	t, err := m.rt.FromFloat32As(m.act, z.Data, z.ShapeInt()...)
+	if err != nil {
 		return Volume{}, fmt.Errorf("decode tile %v: %w", z.Shape, err)
 	}
-	return download(h)
+	return downloadFree(m.decodeForward(ctx, t))
+}
+
+// decodeForward is decodeTile on z in the runtime (consumed): the pixels, in the runtime.
+func (m *Model) decodeForward(ctx context.Context, z *runtime.Tensor) (*runtime.Tensor, error) {
+	shape := z.Shape()
+	p := nn.NewPass(ctx, m.rt)
+	defer p.Free()
+	h := m.PostQuantConv.Forward(p, p.Do(z, nil))
+	h = p.Then(h, func(h *runtime.Tensor) *runtime.Tensor { return m.Decoder.Forward(p, h) })
+	if err := p.Err(); err != nil {
+		return nil, fmt.Errorf("decode tile %v: %w", shape, err)
+	}
+	return p.Keep(h), nil
+}
+
+// downloadFree downloads t and frees it.
+func downloadFree(t *runtime.Tensor, err error) (Volume, error) {
+	if err != nil {
+		return Volume{}, err
+	}
+	defer t.Free()
+	return download(t)
 }
 
 func download(t *runtime.Tensor) (Volume, error) {

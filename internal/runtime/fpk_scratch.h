@@ -1,0 +1,1 @@
+../../native/src/fpk_scratch.h

@@ -1,0 +1,1 @@
+../../native/src/fpk_shape.c
