@@ -249,6 +249,18 @@ for phase in "${phases[@]}"; do
 			sed -n '/^profile transformer/,/^$/p' "$LOG" | head -40 >>"$SUMMARY"
 		fi
 		;;
+	features)
+		# issue 33: MagCache (its skipped steps), keyframes and video extension through the daemon
+		# on a cuda:0 lane against the float64 references (testdata/reference), in f32
+		# activations and in the models' default 16-bit ones
+		chmod +x "$BIN"/*-worker 2>/dev/null
+		export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
+		FRAMEPACK_ACTIVATION_DTYPE=f32 gotest "parity pipeline features: MagCache, keyframes, video extension (f32)" supervisor/pipeline \
+			pipeline.test 400 -test.run 'TestParityPipeline(MagCache|Keyframes|Video)|TestMagCacheFixtureMatters' -test.v
+		gotest "parity pipeline features: MagCache, keyframes, video extension (16-bit)" supervisor/pipeline \
+			pipeline.test 400 -test.run 'TestParityPipeline(MagCache|Keyframes|Video)|TestMagCacheFixtureMatters' -test.v
+		grep -E "rel_l2|skipped|SKIP" "$LOG" | grep -iE "magcache|keyframe|video" | tail -30 >>"$SUMMARY"
+		;;
 	cachebench)
 		# issue 33: one whole section (25 steps, 544x704, window 9) with no step cache, TeaCache and
 		# MagCache, in one run on this GPU (random weights: TeaCache's skips follow the data)

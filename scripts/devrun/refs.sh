@@ -8,7 +8,8 @@
 #                     $D/ref and start the generators in a new session
 #   refs.sh collect   tar what they wrote (cases and logs) into $OUT/refs.tar.gz
 #
-# D defaults to /tmp/fpk-refs. Unpack the returned refs.tar.gz at the repository root: the cases
+# GENS names the generators (default "gen_fp8 gen_pipeline_features"), REF_THREADS their
+# threads (4). D defaults to /tmp/fpk-refs. Unpack the returned refs.tar.gz at the repository root: the cases
 # land in testdata/reference/cases, the logs beside the scripts.
 set -uo pipefail
 ROOT=$PWD
@@ -23,7 +24,7 @@ start)
 	setsid bash -c '
 		cd "$0" || exit 1
 		tp=$1 out=$2 D=$3
-		for g in gen_fp8 gen_pipeline_features; do
+		for g in ${GENS:-gen_fp8 gen_pipeline_features}; do
 			[ -e "testdata/reference/$g.py" ] || continue
 			args=(--third-party "$tp" --out "$out")
 			# --check: the timestep mode that reproduces testdata/parity (float64), recorded in the fixture
