@@ -21,7 +21,7 @@ mkdir -p "$OUT"
 status=0
 bash scripts/devrun/refs.sh start
 # shellcheck disable=SC2086 # phase lists
-OUT=$OUT/1-${PHASES// /+} bash scripts/gpu-check.sh $PHASES || status=1
+OUT=$OUT/1-${PHASES// /_} bash scripts/gpu-check.sh $PHASES || status=1
 want=$(wc -w <<<"${GENS:-gen_fp8 gen_pipeline_features}")
 t0=$SECONDS
 until [ "$(grep -c '^== .* exit ' "$D/progress.txt" 2>/dev/null)" -ge "$want" ]; do
@@ -35,7 +35,7 @@ done
 cat "$D/progress.txt"
 cp -f "$D"/out/testdata/reference/cases/* testdata/reference/cases/ 2>/dev/null
 # shellcheck disable=SC2086
-[ -n "$AFTER" ] && { OUT=$OUT/2-${AFTER// /+} bash scripts/gpu-check.sh $AFTER || status=1; }
+[ -n "$AFTER" ] && { OUT=$OUT/2-${AFTER// /_} bash scripts/gpu-check.sh $AFTER || status=1; }
 OUT=$OUT bash scripts/devrun/refs.sh collect
 for s in "$OUT"/*/summary.txt; do
 	echo "== $s"
