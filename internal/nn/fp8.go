@@ -78,10 +78,16 @@ func (l *Loader) LinearWeight(name string, out, in int) (w, scale *runtime.Tenso
 		if !ok || len(l.errs) > 0 {
 			return nil, nil
 		}
-		// As stored (bf16 as bf16, staged where the loader stages): QuantizeRows widens it
-		// to f32 on the device, exactly, so the result is the one of an f32 upload at half
-		// the bytes moved and no host conversion.
-		t, err := l.upload(full, info, runtime.AsStored, shape)
+		// A 16- or 32-bit weight as stored (bf16 as bf16, staged where the loader stages):
+		// QuantizeRows widens it to f32 on the device, exactly, so the result is the one of
+		// an f32 upload at half the bytes moved and no host conversion. Anything else (an
+		// 8-bit weight a LoRA source re-encoded) is widened to f32 by LoadTensor first.
+		dt := runtime.F32
+		switch info.DType {
+		case safetensors.BF16, safetensors.F16, safetensors.F32:
+			dt = runtime.AsStored
+		}
+		t, err := l.upload(full, info, dt, shape)
 		if err != nil {
 			l.problem(full, "unreadable: %v", err)
 			return nil, nil
