@@ -174,22 +174,7 @@ func (j *jobRun) encodeImages(ctx context.Context, c *conditioning) error {
 	if err != nil {
 		return err
 	}
-	pixSeg, err := j.segment("start-pixels")
-	if err != nil {
-		return err
-	}
-	if _, err := shm.WriteSegment(pixSeg, []safetensors.Tensor{f32Tensor("pixels", pixels)}); err != nil {
-		return fmt.Errorf("job %s: start pixels: %w", j.job.ID, err)
-	}
-	latSeg, err := j.segment("start-latent")
-	if err != nil {
-		return err
-	}
-	vst := j.vaeStage(&workerkit.VAEEncodeRequest{Pixels: workerkit.TensorRef{Path: pixSeg, Name: "pixels"}, Tiling: j.vaeTiling(),
-		Latents: workerkit.TensorRef{Path: latSeg, Name: "latents"}})
-	vst.Keep = j.r.cfg.Residency
-	vst.Need = j.need(ctx, vst, maxDecodeFrames(j.window)) // the decodes' estimate: this worker may serve them
-	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, vst)
+	rep, latSeg, err := j.vaeEncode(ctx, "start-pixels", "start-latent", pixels, 0)
 	if err != nil {
 		return err
 	}
@@ -210,4 +195,28 @@ func (j *jobRun) encodeImages(ctx context.Context, c *conditioning) error {
 		return jobs.ErrInterrupted
 	}
 	return nil
+}
+
+// vaeEncode runs the VAE's encode stage on pixels: written to the job's segment pixName, the
+// posterior mean left in segment latName (read and dropped by the caller), frames encoded in
+// independent runs of runs frames when it is above 0 (Studio's video_encode). The worker asks
+// to be kept with the decodes' estimate: the same worker may serve them.
+func (j *jobRun) vaeEncode(ctx context.Context, pixName, latName string, pixels vol, runs uint32) (lanes.Report, string, error) {
+	pixSeg, err := j.segment(pixName)
+	if err != nil {
+		return lanes.Report{}, "", err
+	}
+	if _, err := shm.WriteSegment(pixSeg, []safetensors.Tensor{f32Tensor("pixels", pixels)}); err != nil {
+		return lanes.Report{}, "", fmt.Errorf("job %s: %s: %w", j.job.ID, pixName, err)
+	}
+	latSeg, err := j.segment(latName)
+	if err != nil {
+		return lanes.Report{}, "", err
+	}
+	vst := j.vaeStage(&workerkit.VAEEncodeRequest{Pixels: workerkit.TensorRef{Path: pixSeg, Name: "pixels"}, Tiling: j.vaeTiling(),
+		Latents: workerkit.TensorRef{Path: latSeg, Name: "latents"}, IndependentFrames: runs})
+	vst.Keep = j.r.cfg.Residency
+	vst.Need = j.need(ctx, vst, maxDecodeFrames(j.window))
+	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, vst)
+	return rep, latSeg, err
 }

@@ -11,8 +11,6 @@ import (
 
 	"github.com/framepackd/framepackd/internal/imageproc"
 	"github.com/framepackd/framepackd/internal/safetensors"
-	"github.com/framepackd/framepackd/internal/shm"
-	"github.com/framepackd/framepackd/internal/workerkit"
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 	"github.com/framepackd/framepackd/supervisor/jobs"
 	"github.com/framepackd/framepackd/supervisor/pipeline/plan"
@@ -75,22 +73,7 @@ func (j *jobRun) encodeVideo(ctx context.Context, c *conditioning) error {
 			copy(pixels.Data[(ch*len(frames)+t)*n:(ch*len(frames)+t+1)*n], v.Data[ch*n:(ch+1)*n])
 		}
 	}
-	pixSeg, err := j.segment("video-pixels")
-	if err != nil {
-		return err
-	}
-	if _, err := shm.WriteSegment(pixSeg, []safetensors.Tensor{f32Tensor("pixels", pixels)}); err != nil {
-		return fmt.Errorf("job %s: video pixels: %w", j.job.ID, err)
-	}
-	latSeg, err := j.segment("video-latents")
-	if err != nil {
-		return err
-	}
-	vst := j.vaeStage(&workerkit.VAEEncodeRequest{Pixels: workerkit.TensorRef{Path: pixSeg, Name: "pixels"}, Tiling: j.vaeTiling(),
-		Latents: workerkit.TensorRef{Path: latSeg, Name: "latents"}, IndependentFrames: videoEncodeRun})
-	vst.Keep = j.r.cfg.Residency
-	vst.Need = j.need(ctx, vst, maxDecodeFrames(j.window))
-	rep, err := j.workerStage(ctx, framepackv1.Stage_STAGE_VAE_ENCODE, -1, vst)
+	rep, latSeg, err := j.vaeEncode(ctx, "video-pixels", "video-latents", pixels, videoEncodeRun)
 	if err != nil {
 		return err
 	}
