@@ -113,6 +113,13 @@ gotest() { # name pkgdir binary limit args...
 	return $rc
 }
 
+# worker tests build their workers through internal/testbin, and this machine has no go:
+# scripts/fakego/go answers it with the carried <model>-worker binaries
+use_workers() {
+	chmod +x "$BIN"/*-worker 2>/dev/null
+	export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
+}
+
 # One line per kind of cuBLASLt FP8 matmul in a CUBLASLT_LOG_FILE (phase fp8): its count, D's
 # descriptor, the scale modes and the epilogue as the trace names them; the trace's first lines
 # when it has none in that form, and its errors.
@@ -161,10 +168,7 @@ for phase in "${phases[@]}"; do
 			-test.run 'AttentionTiers|AttentionHalf' -test.v
 		;;
 	tests)
-		# worker tests build their workers through internal/testbin, and this machine has no go:
-		# scripts/fakego/go answers it with the carried <model>-worker binaries
-		chmod +x "$BIN"/*-worker 2>/dev/null
-		export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
+		use_workers
 		# pass 1, f32 activations everywhere (FRAMEPACK_ACTIVATION_DTYPE=f32: every case at its own
 		# tolerance); the in-process TestParity*Half tests still run their model's 16-bit dtype
 		export FRAMEPACK_ACTIVATION_DTYPE=f32
@@ -253,8 +257,7 @@ for phase in "${phases[@]}"; do
 		# issue 33: MagCache (its skipped steps), keyframes and video extension through the daemon
 		# on a cuda:0 lane against the float64 references (testdata/reference), in f32
 		# activations and in the models' default 16-bit ones
-		chmod +x "$BIN"/*-worker 2>/dev/null
-		export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
+		use_workers
 		FRAMEPACK_ACTIVATION_DTYPE=f32 gotest "parity pipeline features: MagCache, keyframes, video extension (f32)" supervisor/pipeline \
 			pipeline.test 400 -test.run 'TestParityPipeline(MagCache|Keyframes|Video)|TestMagCacheFixtureMatters' -test.v
 		gotest "parity pipeline features: MagCache, keyframes, video extension (16-bit)" supervisor/pipeline \
@@ -283,8 +286,7 @@ for phase in "${phases[@]}"; do
 			FRAMEPACK_CONV_TIER=$tier gotest "parity vae, conv tier $tier forced" workers/vae/causalvae causalvae.test 300 \
 				-test.run '^TestParityVAE(Half)?$' -test.v
 		done
-		chmod +x "$BIN"/*-worker 2>/dev/null
-		(export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
+		(use_workers
 			gotest "parity vae worker (default: fp16)" workers/vae vae.test 300 -test.run '^TestParityVAE$' -test.v)
 		;;
 	vaebench)
@@ -343,8 +345,7 @@ for phase in "${phases[@]}"; do
 		done
 		;;
 	fp8)
-		chmod +x "$BIN"/*-worker 2>/dev/null
-		export GPU_CHECK_BIN=$BIN PATH="$ROOT/scripts/fakego:$PATH"
+		use_workers
 		gotest "fp8 ops" internal/runtime runtime.test 300 -test.run 'FP8|LinearQ' -test.v -fp8.require-mma
 		# which cuBLASLt fp8 calls served: cuBLASLt's own trace (its CUBLASLT_LOG_* variables) of
 		# TestLinearQ and one pass of BenchmarkLinearFP8, summarized by D's layout, scale modes and

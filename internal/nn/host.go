@@ -271,9 +271,7 @@ func (l *Loader) toHost(full string, dt runtime.DType, shape []int, info safeten
 		if l.rng != nil {
 			t, err = l.random(full, shape, dt)
 		} else {
-			if t, err = l.rt.LoadTensor(l.src, full, dt); err == nil {
-				l.release(full)
-			}
+			t, err = l.upload(full, info, dt, shape) // not stored as dt: LoadTensor converts it
 		}
 		if err == nil {
 			raw, err = t.Bytes()

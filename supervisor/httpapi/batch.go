@@ -1,9 +1,9 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"io"
-	"mime"
 	"net/http"
 	"path/filepath"
 
@@ -19,31 +19,9 @@ import (
 // through the gateway. The whole batch goes to SubmitBatch in one call, so every item is checked
 // before any is submitted; its size is bounded by the gRPC message limit.
 func (h *handler) submitBatch(w http.ResponseWriter, r *http.Request) {
-	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if err != nil || mt != "multipart/form-data" {
-		h.gw.ServeHTTP(w, r)
-		return
-	}
-	if params["boundary"] == "" {
-		h.writeError(w, r, status.Error(codes.InvalidArgument, "multipart/form-data without a boundary"))
-		return
-	}
-	req, err := h.readBatchMultipart(r)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			h.writeErrorStatus(w, r, http.StatusRequestEntityTooLarge, status.Errorf(codes.InvalidArgument, "request body too large: the limit is %d bytes (submit a larger batch with the CLI, one job at a time)", h.bodyLimit()))
-			return
-		}
-		h.writeError(w, r, err)
-		return
-	}
-	resp, err := framepackv1.NewBatchServiceClient(h.cfg.Conn).SubmitBatch(r.Context(), req)
-	if err != nil {
-		h.writeError(w, r, err)
-		return
-	}
-	h.writeProto(w, http.StatusOK, resp)
+	serveMultipart(h, w, r, h.readBatchMultipart, func(ctx context.Context, req *framepackv1.SubmitBatchRequest) (*framepackv1.SubmitBatchResponse, error) {
+		return framepackv1.NewBatchServiceClient(h.cfg.Conn).SubmitBatch(ctx, req)
+	}, "submit a larger batch with the CLI, one job at a time")
 }
 
 // readBatchMultipart reads a multipart batch: "image" file parts (one job each, its file name

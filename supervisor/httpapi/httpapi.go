@@ -285,10 +285,19 @@ func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 func (h *handler) gatewayError(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) || strings.Contains(err.Error(), "http: request body too large") {
-		h.writeErrorStatus(w, r, http.StatusRequestEntityTooLarge, status.Errorf(codes.InvalidArgument, "request body too large: the limit is %d bytes", h.bodyLimit()))
+		h.writeTooLarge(w, r, "")
 		return
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+}
+
+// writeTooLarge answers a body over the limit: 413 with the limit, and hint in brackets.
+func (h *handler) writeTooLarge(w http.ResponseWriter, r *http.Request, hint string) {
+	msg := fmt.Sprintf("request body too large: the limit is %d bytes", h.bodyLimit())
+	if hint != "" {
+		msg += " (" + hint + ")"
+	}
+	h.writeErrorStatus(w, r, http.StatusRequestEntityTooLarge, status.Error(codes.InvalidArgument, msg))
 }
 
 // writeError writes err (a gRPC status, or an error turned into one) as the gateway does.

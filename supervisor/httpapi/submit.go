@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	framepackv1 "github.com/framepackd/framepackd/proto/gen/go/framepack/v1"
 )
@@ -22,6 +24,16 @@ const maxSpecBytes = 512 << 10
 // submit takes POST /v1/jobs: a multipart upload here, anything else (the JSON
 // SubmitJobRequest) through the gateway.
 func (h *handler) submit(w http.ResponseWriter, r *http.Request) {
+	serveMultipart(h, w, r, h.readMultipart, func(ctx context.Context, req *framepackv1.SubmitJobRequest) (*framepackv1.SubmitJobResponse, error) {
+		return h.jobs.SubmitJob(ctx, req)
+	}, "")
+}
+
+// serveMultipart answers a multipart/form-data POST: its body read by read, the request sent
+// by call and the response written as the gateway writes it; any other body goes to the
+// gateway. A body over the limit is 413, its message followed by hint when there is one.
+func serveMultipart[Req any, Resp proto.Message](h *handler, w http.ResponseWriter, r *http.Request,
+	read func(*http.Request) (Req, error), call func(context.Context, Req) (Resp, error), hint string) {
 	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mt != "multipart/form-data" {
 		h.gw.ServeHTTP(w, r)
@@ -31,17 +43,17 @@ func (h *handler) submit(w http.ResponseWriter, r *http.Request) {
 		h.writeError(w, r, status.Error(codes.InvalidArgument, "multipart/form-data without a boundary"))
 		return
 	}
-	req, err := h.readMultipart(r)
+	req, err := read(r)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			h.writeErrorStatus(w, r, http.StatusRequestEntityTooLarge, status.Errorf(codes.InvalidArgument, "request body too large: the limit is %d bytes", h.bodyLimit()))
+			h.writeTooLarge(w, r, hint)
 			return
 		}
 		h.writeError(w, r, err)
 		return
 	}
-	resp, err := h.jobs.SubmitJob(r.Context(), req)
+	resp, err := call(r.Context(), req)
 	if err != nil {
 		h.writeError(w, r, err)
 		return
