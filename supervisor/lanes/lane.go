@@ -198,7 +198,12 @@ type Need struct {
 // (allocator rounding, transient buffers). An estimate that is still short fails as an
 // out-of-memory, which the watchdog retries one rung down (fewer resident blocks, smaller
 // tiles).
-func (n Need) Cap() uint64 { return n.Full + n.Full/8 + 256<<20 }
+func (n Need) Cap() uint64 { return withMargin(n.Full) }
+
+// MinCap is Cap's rule for the least configuration: the smallest cap the stage may run under.
+func (n Need) MinCap() uint64 { return withMargin(n.Min) }
+
+func withMargin(b uint64) uint64 { return b + b/8 + 256<<20 }
 
 // Stage is one model stage to run on a lane.
 type Stage struct {

@@ -35,9 +35,6 @@ type sectionPlan struct {
 	why string
 }
 
-// margin is what a plan adds to an estimate it gives as a cap (lanes.Need.Cap's rule).
-func margin(n uint64) uint64 { return n + n/8 + 256<<20 }
-
 // planSection splits budget between the transformer (needing t) and the VAE (needing v), each
 // live worker beyond the first costing overhead.
 func planSection(t, v *lanes.Need, budget, overhead uint64) sectionPlan {
@@ -47,7 +44,7 @@ func planSection(t, v *lanes.Need, budget, overhead uint64) sectionPlan {
 	case t == nil || v == nil:
 		return sectionPlan{why: "no memory estimate from the transformer or the vae: both killed after each stage"}
 	}
-	tFull, vFull, tMin, vMin := t.Cap(), v.Cap(), margin(t.Min), margin(v.Min)
+	tFull, vFull, tMin, vMin := t.Cap(), v.Cap(), t.MinCap(), v.MinCap()
 	if tFull+vFull+overhead <= budget {
 		return sectionPlan{transformer: tFull, vae: vFull, keep: true, why: fmt.Sprintf(
 			"transformer and vae kept between sections at their fastest (%.2f + %.2f GiB of %.2f GiB)", gib(tFull), gib(vFull), gib(budget))}
