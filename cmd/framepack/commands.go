@@ -295,8 +295,12 @@ func retryLost(ctx context.Context, d *display, srv *server, budget time.Duratio
 	for {
 		err := try()
 		if err == nil || !lost(err) {
+			if status.Code(err) != codes.Unavailable {
+				srv.answered() // nil, or an error the server itself returned
+			}
 			return err
 		}
+		srv.markLost()
 		if lostSince.IsZero() {
 			lostSince = time.Now()
 		}
@@ -349,7 +353,7 @@ func follow(ctx context.Context, client framepackv1.JobServiceClient, srv *serve
 	defer d.done()
 	var last *framepackv1.JobEvent
 	err := retryLost(ctx, d, srv, reconnectFor, func() error {
-		ev, err := followOnce(ctx, client, id, d, previews)
+		ev, err := followOnce(ctx, client, srv, id, d, previews)
 		if err != nil && ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -365,7 +369,7 @@ func follow(ctx context.Context, client framepackv1.JobServiceClient, srv *serve
 	return last, nil
 }
 
-func followOnce(ctx context.Context, client framepackv1.JobServiceClient, id string, d *display, previews string) (*framepackv1.JobEvent, error) {
+func followOnce(ctx context.Context, client framepackv1.JobServiceClient, srv *server, id string, d *display, previews string) (*framepackv1.JobEvent, error) {
 	stream, err := client.WatchJob(ctx, &framepackv1.WatchJobRequest{JobId: id, IncludePreviews: previews != ""})
 	if err != nil {
 		return nil, err
@@ -378,6 +382,7 @@ func followOnce(ctx context.Context, client framepackv1.JobServiceClient, id str
 			}
 			return nil, err
 		}
+		srv.answered()
 		if p := ev.GetPreview(); p != nil && previews != "" {
 			name := filepath.Join(previews, fmt.Sprintf("section-%03d-step-%03d.png", p.GetSectionIndex(), p.GetStep()))
 			if err := os.WriteFile(name, p.GetPng(), 0o644); err != nil {

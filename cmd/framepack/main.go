@@ -391,14 +391,23 @@ type server struct {
 	addr string // the address as given (--addr, $FRAMEPACK_ADDR or the default socket)
 	seen atomic.Bool
 	up   atomic.Bool
+	// lost is set when a call or the event stream lost the server, and cleared by the next
+	// answer: the channel's state (up) may still read Ready for a moment after the stream
+	// broke.
+	lost atomic.Bool
 }
 
 // reached reports whether the connection was up at some time during this command: the
 // daemon was there, so losing it is a restart worth waiting for.
 func (s *server) reached() bool { return s.seen.Load() }
 
-// connected reports whether the connection is up now.
-func (s *server) connected() bool { return s.up.Load() }
+// connected reports whether the connection is up now: the channel is ready and no call has
+// lost the server since its last answer.
+func (s *server) connected() bool { return s.up.Load() && !s.lost.Load() }
+
+// answered records an answer from the server; markLost a call that lost it.
+func (s *server) answered() { s.lost.Store(false) }
+func (s *server) markLost() { s.lost.Store(true) }
 
 // watchState follows the connection's state until it is closed.
 func (s *server) watchState() {
